@@ -1,0 +1,40 @@
+"""The `mimo-jobs` command line. Commands live in mimo_jobs/commands/*, one module per concern; each keeps
+its heavy imports (duckdb, submitit, torch) inside the command body so `mimo-jobs --help` starts fast."""
+
+from __future__ import annotations
+
+import typer
+
+from . import __version__
+from .commands import data, jobs, plan, results
+
+app = typer.Typer(
+    name="mimo-jobs",
+    help="Scaling studies of heterogeneous multimodal (MIMO) training: validate, render, submit, ingest, report.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for _mod in (plan, jobs, results, data):
+    _mod.register(app)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mimo-jobs {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """mimo-jobs: study file -> validated sbatch/torchrun scripts -> jobs -> DuckDB -> scaling report."""
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

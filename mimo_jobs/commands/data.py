@@ -1,0 +1,7 @@
+"""CLI commands (placeholder: filled in by its owner)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

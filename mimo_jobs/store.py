@@ -1,0 +1,141 @@
+"""The DuckDB store: one embedded file (default ./mimo-jobs.duckdb; --db or MIMO_JOBS_DB).
+
+This module owns the schema and the connection only. Writers live with their data: `launch`/`jobs` write
+studies, runs and jobs; `ingest` writes iterations, events and ingested_files. Every write that touches
+more than one row runs in one transaction, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+DEFAULT_DB = "mimo-jobs.duckdb"
+SCHEMA_VERSION = 1
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS studies (
+        name VARCHAR PRIMARY KEY,
+        description VARCHAR,
+        scaling VARCHAR,              -- strong | weak
+        baseline_nodes INTEGER,
+        source_path VARCHAR,
+        spec_json JSON,               -- the resolved study
+        created_at TIMESTAMP,
+        updated_at TIMESTAMP)""",
+    """CREATE TABLE IF NOT EXISTS runs (
+        run_id VARCHAR PRIMARY KEY,   -- hash of the resolved run config
+        study VARCHAR NOT NULL,
+        name VARCHAR NOT NULL,        -- readable, e.g. 33n-e1x8-l2x8x128-g768
+        idx INTEGER,
+        repeat INTEGER,
+        nodes INTEGER, gpus_per_node INTEGER, world INTEGER,
+        enc_tp INTEGER, enc_pp INTEGER, enc_dp INTEGER,
+        llm_tp INTEGER, llm_pp INTEGER, llm_ep INTEGER, llm_etp INTEGER, llm_dp INTEGER,
+        gbs INTEGER, mbs INTEGER, seq_length INTEGER, model VARCHAR,
+        accelerator VARCHAR,
+        run_dir VARCHAR,
+        spec_json JSON,               -- RunSpec.to_dict()
+        script_sha256 VARCHAR,        -- hash of the rendered sbatch.sh (or launch.sh for local)
+        pkg_version VARCHAR, git_sha VARCHAR,
+        created_at TIMESTAMP)""",
+    """CREATE TABLE IF NOT EXISTS jobs (
+        run_id VARCHAR NOT NULL,
+        job_id VARCHAR NOT NULL,      -- scheduler id (SLURM job id, or local-<n>)
+        executor VARCHAR,             -- slurm | local
+        attempt INTEGER,              -- 0 for the first submission; requeues/retries count up
+        state VARCHAR,                -- PENDING RUNNING COMPLETED FAILED CANCELLED TIMEOUT PREEMPTED NODE_FAIL ...
+        reason VARCHAR,               -- why it ended (sacct reason, first error from the log)
+        exit_code INTEGER,
+        submit_time TIMESTAMP, start_time TIMESTAMP, end_time TIMESTAMP,
+        node_list VARCHAR,
+        script_sha256 VARCHAR,
+        updated_at TIMESTAMP,
+        PRIMARY KEY (run_id, job_id))""",
+    """CREATE TABLE IF NOT EXISTS iterations (
+        run_id VARCHAR NOT NULL,
+        job_id VARCHAR NOT NULL,
+        iteration INTEGER NOT NULL,
+        time TIMESTAMP,
+        elapsed_ms DOUBLE,
+        loss DOUBLE,
+        lr DOUBLE,
+        grad_norm DOUBLE,
+        consumed_samples BIGINT,
+        gbs INTEGER,
+        loss_scale DOUBLE,
+        skipped INTEGER, nan INTEGER,
+        samples_per_s DOUBLE,
+        tokens_per_s DOUBLE,
+        tokens_per_s_per_gpu DOUBLE,
+        tflops_per_gpu DOUBLE,
+        moe_aux_loss DOUBLE,
+        phases JSON,
+        extras JSON,
+        source VARCHAR,               -- jsonl | megatron-log
+        PRIMARY KEY (run_id, job_id, iteration))""",
+    """CREATE TABLE IF NOT EXISTS events (
+        run_id VARCHAR,
+        job_id VARCHAR,
+        rank INTEGER,
+        time TIMESTAMP,
+        kind VARCHAR,                 -- traceback nccl_timeout gloo_timeout oom time_limit preemption requeue
+                                      -- node_fail checkpoint_saved checkpoint_loaded
+        message VARCHAR,
+        source_file VARCHAR NOT NULL,
+        line_no BIGINT NOT NULL,
+        PRIMARY KEY (source_file, line_no, kind))""",
+    """CREATE TABLE IF NOT EXISTS ingested_files (
+        path VARCHAR PRIMARY KEY,
+        run_id VARCHAR,
+        size BIGINT, mtime DOUBLE,
+        lines BIGINT, bad_lines BIGINT, undecodable_lines BIGINT,
+        ingested_at TIMESTAMP)""",
+]
+
+
+def db_path(db: str | os.PathLike | None = None) -> Path:
+    return Path(db or os.environ.get("MIMO_JOBS_DB") or DEFAULT_DB)
+
+
+def connect(db: str | os.PathLike | None = None, read_only: bool = False, retries: int = 50):
+    """Open (and create/migrate) the store. DuckDB allows one writing process per file: a second writer
+    waits for the lock (retries) instead of failing, so two ingests at once serialize cleanly."""
+    import duckdb
+
+    path = db_path(db)
+    if read_only and not path.exists():
+        raise FileNotFoundError(f"no store at {path} (run `mimo-jobs submit` or `ingest` first, or pass --db)")
+    if not read_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    last = None
+    for i in range(retries):
+        try:
+            con = duckdb.connect(str(path), read_only=read_only)
+            break
+        except duckdb.IOException as e:  # lock held by another process
+            last = e
+            time.sleep(min(0.05 * (i + 1), 1.0))
+    else:
+        raise RuntimeError(f"store {path} is locked by another mimo-jobs process: {last}")
+    if not read_only:
+        for stmt in SCHEMA:
+            con.execute(stmt)
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+    return con
+
+
+@contextmanager
+def transaction(con) -> Iterator:
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    else:
+        con.execute("COMMIT")

@@ -1,0 +1,246 @@
+"""Topology arithmetic for a heterogeneous (non-colocated) MIMO layout.
+
+Pure integers, no torch: the CLI checks every study point with it before anything is submitted, and the
+trainer re-checks the same plan at start and builds its grids from it.
+
+Rank layout: encoder ranks occupy [0, E) and LLM ranks [E, world), E = enc_tp*enc_pp*enc_dp. Inside each
+module ranks are ordered tp (fastest) -> pp -> dp (slowest), matching the grids the trainer builds, so a
+TP group is a run of consecutive ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One study point's parallel layout (what the user asked for)."""
+
+    nodes: int
+    gpus_per_node: int
+    enc_tp: int
+    enc_pp: int
+    enc_dp: int
+    llm_tp: int
+    llm_pp: int
+    llm_dp: int
+    llm_ep: int = 1
+    llm_etp: int = 1
+    llm_cp: int = 1
+    num_experts: int = 0  # 0 = dense LLM
+    gbs: int = 1
+    mbs: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def enc_ranks(self) -> int:
+        return self.enc_tp * self.enc_pp * self.enc_dp
+
+    @property
+    def llm_ranks(self) -> int:
+        return self.llm_tp * self.llm_cp * self.llm_pp * self.llm_dp
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A broken rule: `rule` is a stable id, `message` has the numbers, `fit` a value that would work."""
+
+    rule: str
+    message: str
+    fit: str | None = None
+
+    def __str__(self) -> str:
+        return f"[{self.rule}] {self.message}" + (f"; {self.fit}" if self.fit else "")
+
+
+class TopologyError(ValueError):
+    def __init__(self, violations: list[Violation]):
+        self.violations = violations
+        super().__init__("; ".join(str(v) for v in violations))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a feasible layout implies: rank ranges, node roles, bridge fan-out, microbatches."""
+
+    layout: Layout
+    world: int
+    enc_rank_start: int
+    enc_rank_end: int  # exclusive
+    llm_rank_start: int
+    llm_rank_end: int  # exclusive
+    encoder_nodes: list[int]  # node indices that host at least one encoder rank
+    llm_nodes: list[int]
+    shared_nodes: list[int]  # nodes hosting both (allowed; reported)
+    expert_dp: int  # size of the expert-data-parallel group (0 for dense)
+    num_microbatches: int
+    fan: str  # "out" (enc_dp < llm_dp), "in" (enc_dp > llm_dp) or "1:1"
+    lanes_per_encoder: int  # LLM DP lanes served by one encoder replica (1 for fan-in / 1:1)
+    encoders_per_lane: int  # encoder replicas feeding one LLM lane (1 for fan-out / 1:1)
+    samples_per_encoder_microbatch: int  # samples one encoder replica embeds per LLM microbatch step
+    extras: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["layout"] = asdict(self.layout)
+        return d
+
+    def lanes_of_encoder(self, enc_dp_rank: int) -> list[int]:
+        """LLM DP lanes whose samples encoder replica `enc_dp_rank` embeds (fan-out: k lanes; fan-in: 1)."""
+        if self.fan == "in":
+            return [enc_dp_rank // self.encoders_per_lane]
+        k = self.lanes_per_encoder
+        return list(range(enc_dp_rank * k, (enc_dp_rank + 1) * k))
+
+    def encoders_of_lane(self, llm_dp_rank: int) -> list[int]:
+        """Encoder replicas that embed LLM lane `llm_dp_rank`'s samples (fan-in: k replicas; else 1)."""
+        if self.fan == "in":
+            k = self.encoders_per_lane
+            return list(range(llm_dp_rank * k, (llm_dp_rank + 1) * k))
+        return [llm_dp_rank // self.lanes_per_encoder]
+
+    def node_of_rank(self, rank: int) -> int:
+        return rank // self.layout.gpus_per_node
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _nearest(candidates: list[int], target: int) -> int | None:
+    return min(candidates, key=lambda c: (abs(c - target), c)) if candidates else None
+
+
+def check(lay: Layout) -> list[Violation]:
+    """Every rule of DESIGN.md, all at once. An empty list means feasible."""
+    v: list[Violation] = []
+    positive = {
+        "nodes": lay.nodes, "gpus_per_node": lay.gpus_per_node,
+        "encoder.tp": lay.enc_tp, "encoder.pp": lay.enc_pp, "encoder.dp": lay.enc_dp,
+        "llm.tp": lay.llm_tp, "llm.pp": lay.llm_pp, "llm.dp": lay.llm_dp, "llm.ep": lay.llm_ep,
+        "llm.etp": lay.llm_etp, "llm.cp": lay.llm_cp, "gbs": lay.gbs, "mbs": lay.mbs,
+    }
+    bad = [k for k, x in positive.items() if not isinstance(x, int) or x < 1]
+    if bad:
+        return [Violation("positive", "must be integers >= 1: " + ", ".join(f"{k}={positive[k]}" for k in bad))]
+    if lay.num_experts < 0:
+        return [Violation("positive", f"num_experts={lay.num_experts} must be >= 0")]
+
+    world, gpn = lay.world, lay.gpus_per_node
+    e, l_ = lay.enc_ranks, lay.llm_ranks
+
+    # 1. Tiling: encoder + LLM ranks cover the world exactly, no idle or stub rank.
+    if e + l_ != world:
+        per_dp = lay.llm_tp * lay.llm_cp * lay.llm_pp
+        rest = world - e
+        if rest > 0 and rest % per_dp == 0:
+            fit = f"llm.dp={rest // per_dp} fits"
+        elif rest > 0:
+            fit = f"no llm.dp fits: {rest} LLM GPUs is not a multiple of llm.tp*cp*pp={per_dp}"
+        else:
+            fit = f"the encoder alone needs {e} GPUs; use at least {math.ceil((e + per_dp) / gpn)} nodes"
+        what = f"leaves {world - e - l_} GPUs unused" if e + l_ < world else f"needs {e + l_ - world} GPUs more"
+        v.append(Violation(
+            "tiling",
+            f"encoder {lay.enc_tp}x{lay.enc_pp}x{lay.enc_dp}={e} + llm "
+            f"{lay.llm_tp}x{lay.llm_cp}x{lay.llm_pp}x{lay.llm_dp}={l_} ranks {what} on "
+            f"{lay.nodes}x{gpn}={world}", fit))
+
+    # 2. TP groups stay inside a node. Encoder TP blocks start at 0, LLM blocks at E.
+    for name, tp, start in (("encoder.tp", lay.enc_tp, 0), ("llm.tp", lay.llm_tp, e)):
+        if gpn % tp != 0 or (start % gpn) % tp != 0:
+            fits = [d for d in _divisors(gpn) if (start % gpn) % d == 0]
+            v.append(Violation(
+                "tp-within-node",
+                f"{name}={tp} makes TP groups cross node boundaries (gpus_per_node={gpn}, first rank {start})",
+                f"{name} in {fits} fits"))
+
+    # 3. No context parallelism in this trainer (bridge scatters whole sequences).
+    if lay.llm_cp != 1:
+        v.append(Violation("cp", f"llm.cp={lay.llm_cp} is not supported", "llm.cp=1"))
+
+    # 4. MoE expert layout.
+    expert_dp = 0
+    if lay.num_experts > 0:
+        if lay.num_experts % lay.llm_ep != 0:
+            fits = [d for d in _divisors(lay.num_experts) if (lay.llm_tp * lay.llm_dp) % (d * lay.llm_etp) == 0]
+            v.append(Violation("moe-experts", f"num_experts={lay.num_experts} is not divisible by llm.ep={lay.llm_ep}",
+                               f"llm.ep in {fits} fits"))
+        if (lay.llm_tp * lay.llm_dp) % (lay.llm_ep * lay.llm_etp) != 0:
+            v.append(Violation(
+                "moe-expert-dp",
+                f"llm.tp*llm.dp={lay.llm_tp * lay.llm_dp} is not divisible by llm.ep*llm.etp="
+                f"{lay.llm_ep * lay.llm_etp}",
+                f"llm.ep in {[d for d in _divisors(lay.llm_tp * lay.llm_dp) if lay.num_experts % d == 0]} fits"))
+        else:
+            expert_dp = lay.llm_tp * lay.llm_dp // (lay.llm_ep * lay.llm_etp)
+    elif lay.llm_ep != 1 or lay.llm_etp != 1:
+        v.append(Violation("moe-dense", f"llm.ep={lay.llm_ep}, llm.etp={lay.llm_etp} given for a dense model "
+                           "(num_experts=0)", "llm.ep=1 (or choose an MoE model preset)"))
+
+    # 5. Global batch splits into microbatches across LLM DP lanes.
+    if lay.gbs % (lay.mbs * lay.llm_dp) != 0:
+        step = lay.mbs * lay.llm_dp
+        lo, hi = (lay.gbs // step) * step, (lay.gbs // step + 1) * step
+        v.append(Violation(
+            "gbs",
+            f"gbs={lay.gbs} is not divisible by mbs*llm.dp={lay.mbs}*{lay.llm_dp}={step}",
+            f"gbs={hi}" + (f" or gbs={lo}" if lo > 0 else "") + " fits"))
+
+    # 6. Bridge: one of enc_dp, llm_dp divides the other, and each encoder replica gets whole samples.
+    if lay.enc_dp % lay.llm_dp != 0 and lay.llm_dp % lay.enc_dp != 0:
+        cands = [d for d in _divisors(lay.llm_dp)] + [lay.llm_dp * m for m in range(2, 5)]
+        v.append(Violation(
+            "bridge-ratio",
+            f"encoder.dp={lay.enc_dp} and llm.dp={lay.llm_dp}: neither divides the other",
+            f"encoder.dp={_nearest(cands, lay.enc_dp)} fits"))
+    elif (lay.mbs * lay.llm_dp) % lay.enc_dp != 0:
+        need = lay.enc_dp // math.gcd(lay.enc_dp, lay.llm_dp)
+        v.append(Violation(
+            "bridge-samples",
+            f"mbs*llm.dp={lay.mbs}*{lay.llm_dp}={lay.mbs * lay.llm_dp} samples per microbatch do not split over "
+            f"encoder.dp={lay.enc_dp} replicas",
+            f"mbs={need} (a multiple of {need}) fits"))
+    return v
+
+
+def plan(lay: Layout) -> Plan:
+    """The plan of a feasible layout; raises TopologyError listing every broken rule."""
+    violations = check(lay)
+    if violations:
+        raise TopologyError(violations)
+    gpn, e = lay.gpus_per_node, lay.enc_ranks
+    enc_nodes = sorted({r // gpn for r in range(0, e)}) if e else []
+    llm_nodes = sorted(set(range(e // gpn, lay.nodes)))
+    if lay.enc_dp == lay.llm_dp:
+        fan, lpe, epl = "1:1", 1, 1
+    elif lay.enc_dp < lay.llm_dp:
+        fan, lpe, epl = "out", lay.llm_dp // lay.enc_dp, 1
+    else:
+        fan, lpe, epl = "in", 1, lay.enc_dp // lay.llm_dp
+    expert_dp = lay.llm_tp * lay.llm_dp // (lay.llm_ep * lay.llm_etp) if lay.num_experts else 0
+    return Plan(
+        layout=lay, world=lay.world,
+        enc_rank_start=0, enc_rank_end=e, llm_rank_start=e, llm_rank_end=lay.world,
+        encoder_nodes=enc_nodes, llm_nodes=llm_nodes,
+        shared_nodes=sorted(set(enc_nodes) & set(llm_nodes)),
+        expert_dp=expert_dp,
+        num_microbatches=lay.gbs // (lay.mbs * lay.llm_dp),
+        fan=fan, lanes_per_encoder=lpe, encoders_per_lane=epl,
+        samples_per_encoder_microbatch=lay.mbs * lay.llm_dp // lay.enc_dp,
+    )
+
+
+def derive_llm_dp(nodes: int, gpus_per_node: int, enc_tp: int, enc_pp: int, enc_dp: int,
+                  llm_tp: int, llm_pp: int, llm_cp: int = 1) -> int | None:
+    """The llm.dp that tiles the world exactly, or None when none does."""
+    rest = nodes * gpus_per_node - enc_tp * enc_pp * enc_dp
+    per = llm_tp * llm_pp * llm_cp
+    if rest <= 0 or per <= 0 or rest % per:
+        return None
+    return rest // per
