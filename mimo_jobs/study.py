@@ -520,3 +520,18 @@ def load_run_yaml(path: str | Path) -> tuple[RunSpec, dict]:
     """Read a rendered run.yaml: the RunSpec plus the whole document (paths, provenance)."""
     doc = yaml.safe_load(Path(path).read_text())
     return RunSpec.from_dict(doc["run"]), doc
+
+
+def run_yaml_doc(spec: RunSpec, run_dir: str | Path, provenance: dict | None = None) -> dict:
+    """The document render writes to <run dir>/run.yaml (the trainer's whole input)."""
+    from .rundir import RunDir
+
+    rd = RunDir(Path(run_dir).resolve())
+    ckpt = spec.trainer.checkpoint_dir or str(rd.checkpoints)
+    return {
+        "run": spec.to_dict(),
+        "plan": spec.plan().to_dict(),
+        "paths": {"run_dir": str(rd.root), "metrics": str(rd.metrics), "logs": str(rd.logs),
+                  "checkpoints": ckpt},
+        "provenance": provenance or {},
+    }

@@ -30,3 +30,22 @@ class LaneBatch:
     @property
     def num_image_tokens(self) -> int:
         return sum(self.image_token_counts)
+
+
+class Provider:
+    """What the trainer needs from a data source (mock or energon). One provider object per rank, built for
+    the lanes that rank consumes: an LLM rank -> [its DP lane]; an encoder replica -> the lanes it serves;
+    the one-process reference -> all lanes. Each lane is an independent deterministic stream, so the
+    encoder replica and the LLM lane draw identical samples in identical order.
+
+    Built by `mimo_jobs.trainer.data.make_provider(run_spec, plan, lanes, need_images, need_text)`.
+    """
+
+    def next(self, lane: int) -> LaneBatch:  # the lane's next microbatch (mbs samples)
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:  # enough to resume every lane exactly (checkpoints)
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError

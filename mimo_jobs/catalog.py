@@ -1,0 +1,38 @@
+"""Writers for the `studies` and `runs` tables (shared by submit, render-with-store and ingest of a run
+dir that the store has not seen yet: run dirs are self-describing through run.yaml)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+from .study import RunSpec, StudySpec
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def record_study(con, study: StudySpec, source_path: str | None = None) -> None:
+    now = _now()
+    con.execute(
+        """INSERT INTO studies VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+           ON CONFLICT (name) DO UPDATE SET description = excluded.description, scaling = excluded.scaling,
+             baseline_nodes = excluded.baseline_nodes, source_path = excluded.source_path,
+             spec_json = excluded.spec_json, updated_at = excluded.updated_at""",
+        [study.name, study.description, study.scaling, study.baseline_nodes, source_path,
+         json.dumps(study.model_dump(mode="json")), now, now])
+
+
+def record_run(con, spec: RunSpec, run_dir: str, script_sha256: str | None = None,
+               provenance: dict | None = None) -> None:
+    """Insert the run if new (run ids are content hashes: the same id is the same run)."""
+    lay, prov = spec.layout, provenance or {}
+    con.execute(
+        """INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+           ON CONFLICT (run_id) DO UPDATE SET run_dir = excluded.run_dir,
+             script_sha256 = coalesce(excluded.script_sha256, runs.script_sha256)""",
+        [spec.run_id, spec.study, spec.name, spec.index, spec.repeat, lay.nodes, lay.gpus_per_node, lay.world,
+         lay.enc_tp, lay.enc_pp, lay.enc_dp, lay.llm_tp, lay.llm_pp, lay.llm_ep, lay.llm_etp, lay.llm_dp,
+         lay.gbs, lay.mbs, spec.trainer.seq_length, spec.trainer.model, spec.cluster.accelerator, str(run_dir),
+         json.dumps(spec.to_dict()), script_sha256, prov.get("version"), prov.get("git_sha"), _now()])
