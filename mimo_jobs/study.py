@@ -48,12 +48,44 @@ class _Strict(BaseModel):
 # ---------------------------------------------------------------- cluster
 
 
+# Paths and image references reach srun flags (pyxis splits mounts on ',' and ':'), so they are
+# restricted to characters that need no quoting and carry no separator.
+PATH_WORD_RE = re.compile(r"^[A-Za-z0-9_./@+=~-]+$")
+IMAGE_RE = re.compile(r"^[A-Za-z0-9_./@+=~#:-]+$")
+MOUNT_RE = re.compile(r"^[A-Za-z0-9_./@+=~-]+(?::[A-Za-z0-9_./@+=~-]+(?::[a-z+]+)?)?$")
+ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:=+/@%-]+)?$")
+
+
 class ContainerSpec(_Strict):
     image: str  # pyxis image reference or .sqsh path; apptainer .sif
     runtime: Literal["pyxis", "apptainer"] = "pyxis"
     mounts: list[str] = Field(default_factory=list)  # "src:dst[:flags]"
     workdir: str | None = None
     mount_home: bool = False
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not IMAGE_RE.match(v):
+            raise ValueError(f"{v!r} is not an image reference or path (letters, digits, _./@+=~#:- only, "
+                             "e.g. nvcr.io#nvidia/pytorch:25.04-py3 or /images/mimo.sqsh)")
+        return v
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        for m in v:
+            if not MOUNT_RE.match(m):
+                raise ValueError(f"mount {m!r} must look like /src:/dst or /src:/dst:ro (no spaces, commas, "
+                                 "quotes or shell characters)")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is not None and not (PATH_WORD_RE.match(v) and v.startswith("/")):
+            raise ValueError(f"workdir {v!r} must be an absolute path of letters, digits and _./@+=~-")
+        return v
 
 
 class ClusterSpec(_Strict):
@@ -99,17 +131,41 @@ class ClusterSpec(_Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for k in v:
+        for k, x in v.items():
             if not ENV_KEY_RE.match(k):
                 raise ValueError(f"environment variable name {k!r} is not a valid shell identifier")
+            if "\0" in x:
+                raise ValueError(f"environment variable {k}: a value cannot contain a NUL character")
         return {k: str(x) for k, x in v.items()}
 
-    @field_validator("sbatch_args")
+    @field_validator("env", mode="before")
     @classmethod
-    def _sbatch(cls, v: list[str]) -> list[str]:
+    def _env_scalars(cls, v: Any) -> Any:
+        # YAML turns `X: 1` into an int; numbers are fine as env values, booleans are ambiguous (1/true/True).
+        if isinstance(v, dict):
+            out = {}
+            for k, x in v.items():
+                if isinstance(x, bool):
+                    raise ValueError(f"environment variable {k}: write the value as a quoted string "
+                                     f"(\"1\" or \"true\"), not the YAML boolean {x}")
+                out[k] = str(x) if isinstance(x, (int, float)) else x
+            return out
+        return v
+
+    @field_validator("sbatch_args", "srun_args")
+    @classmethod
+    def _args(cls, v: list[str], info) -> list[str]:
+        what = "sbatch" if info.field_name == "sbatch_args" else "srun"
         for a in v:
-            if not re.match(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:=+/@%-]+)?$", a):
-                raise ValueError(f"sbatch arg {a!r} must look like --key or --key=value (no spaces or quotes)")
+            if not ARG_RE.match(a):
+                raise ValueError(f"{what} arg {a!r} must look like --key or --key=value (no spaces or quotes)")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        if not PATH_WORD_RE.match(v):
+            raise ValueError(f"python {v!r} must be one command or path (e.g. python3 or /opt/venv/bin/python)")
         return v
 
     def time_limit_seconds(self) -> int:
@@ -435,7 +491,7 @@ def run_id_of(study: StudySpec, point: PointSpec, repeat: int) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def _raw_points(m: MatrixSpec) -> list[tuple[str, dict]]:
+def _raw_points(m: MatrixSpec, problems: list[tuple[str, str]]) -> list[tuple[str, dict]]:
     pts: list[tuple[str, dict]] = []
     for i, p in enumerate(m.points):
         pts.append((f"matrix.points[{i}]", _deep_merge(m.defaults, p)))
@@ -443,24 +499,28 @@ def _raw_points(m: MatrixSpec) -> list[tuple[str, dict]]:
         axes = list(m.product)
         for combo in itertools.product(*(m.product[a] for a in axes)):
             d = m.defaults
-            for a, val in zip(axes, combo):
-                d = _set_dotted(d, a, val)
             label = "matrix.product{" + ", ".join(f"{a}={v}" for a, v in zip(axes, combo)) + "}"
+            try:
+                for a, val in zip(axes, combo):
+                    d = _set_dotted(d, a, val)
+            except ValueError as e:
+                problems.append((f"matrix.product.{a}", str(e)))
+                break
             pts.append((label, d))
     if not pts and m.defaults:
         pts.append(("matrix.defaults", copy.deepcopy(m.defaults)))
     return pts
 
 
-def expand(study: StudySpec, source: str = "<study>") -> list[PointResult]:
-    """All points of the matrix, each with its RunSpec or its violations. Raises StudyError for malformed
-    points (unknown keys, wrong types) and duplicate run names; topology violations are returned per point."""
+def _expand(matrix: MatrixSpec, gpus_per_node: int, num_experts: int,
+            study: StudySpec | None) -> tuple[list[PointResult], list[tuple[str, str]]]:
+    """Expand the matrix; schema problems are returned, not raised, so every problem can be reported at once.
+    Without a valid `study` (diagnosis of a broken file) points are only checked, no RunSpec is built."""
     problems: list[tuple[str, str]] = []
     results: list[PointResult] = []
-    raw = _raw_points(study.matrix)
-    if not raw:
-        raise StudyError(source, [("matrix", "no points: give matrix.points and/or matrix.product")])
-    preset = PRESETS[study.trainer.model]
+    raw = _raw_points(matrix, problems)
+    if not raw and not problems:
+        problems.append(("matrix", "no points: give matrix.points and/or matrix.product"))
     index = 0
     seen: dict[str, str] = {}
     for label, d in raw:
@@ -471,7 +531,7 @@ def expand(study: StudySpec, source: str = "<study>") -> list[PointResult]:
             for path, msg in _pydantic_problems(e):
                 problems.append((f"{label}.{path}", msg))
             continue
-        gpn = study.cluster.gpus_per_node
+        gpn = gpus_per_node
         dp = p.llm.dp
         if dp is None:
             dp = topology.derive_llm_dp(p.nodes, gpn, p.encoder.tp, p.encoder.pp, p.encoder.dp,
@@ -479,7 +539,7 @@ def expand(study: StudySpec, source: str = "<study>") -> list[PointResult]:
         lay = topology.Layout(
             nodes=p.nodes, gpus_per_node=gpn, enc_tp=p.encoder.tp, enc_pp=p.encoder.pp, enc_dp=p.encoder.dp,
             llm_tp=p.llm.tp, llm_pp=p.llm.pp, llm_dp=dp if dp is not None else 0, llm_ep=p.llm.ep,
-            llm_etp=p.llm.etp, llm_cp=p.llm.cp, num_experts=preset.llm.num_experts, gbs=p.gbs, mbs=p.mbs)
+            llm_etp=p.llm.etp, llm_cp=p.llm.cp, num_experts=num_experts, gbs=p.gbs, mbs=p.mbs)
         if dp is None:
             viol = [topology.Violation(
                 "tiling", f"llm.dp cannot be derived: {p.nodes}x{gpn} GPUs minus encoder "
@@ -498,13 +558,114 @@ def expand(study: StudySpec, source: str = "<study>") -> list[PointResult]:
                 problems.append((label, f"duplicate run {name!r} (also {seen[name]})"))
                 continue
             seen[name] = label
-            spec = RunSpec(study=study.name, name=name, run_id=run_id_of(study, p, r), index=index, repeat=r,
-                           point=p, layout=lay, cluster=study.cluster, trainer=study.trainer)
+            spec = None
+            if study is not None:
+                spec = RunSpec(study=study.name, name=name, run_id=run_id_of(study, p, r), index=index, repeat=r,
+                               point=p, layout=lay, cluster=study.cluster, trainer=study.trainer)
             results.append(PointResult(index, label, spec, []))
             index += 1
+    return results, problems
+
+
+def expand(study: StudySpec, source: str = "<study>") -> list[PointResult]:
+    """All points of the matrix, each with its RunSpec or its violations. Raises StudyError for malformed
+    points (unknown keys, wrong types) and duplicate run names; topology violations are returned per point."""
+    results, problems = _expand(study.matrix, study.cluster.gpus_per_node,
+                                PRESETS[study.trainer.model].llm.num_experts, study)
     if problems:
         raise StudyError(source, problems)
     return results
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a study: where (YAML path or point label), which rule, what, and what would fit."""
+
+    path: str
+    rule: str  # "yaml", "env", "schema" or a topology rule id (topology.Violation.rule)
+    message: str
+    fit: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.path}: [{self.rule}] {self.message}" + (f"; {self.fit}" if self.fit else "")
+
+
+@dataclass
+class Diagnosis:
+    """Everything `validate` reports: the spec when it parsed, every point, and every problem found."""
+
+    source: str
+    study: StudySpec | None
+    points: list[PointResult]
+    problems: list[Problem]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def runs(self) -> list[RunSpec]:
+        return [p.run for p in self.points if p.run is not None]
+
+
+def _partial(model: type[BaseModel], data: Any) -> Any:
+    try:
+        return model.model_validate(data if data is not None else {})
+    except ValidationError:
+        return None
+
+
+def diagnose_data(data: Any, source: str = "<study>", env: dict[str, str] | None = None) -> Diagnosis:
+    """Check a study document and report ALL its problems at once: unset ${ENV}, schema errors with their
+    YAML paths, and the topology rules every point breaks. When the top level does not validate, the matrix
+    is still checked against whatever cluster/trainer parts did (gpus_per_node, the model's experts)."""
+    if not isinstance(data, dict):
+        return Diagnosis(source, None, [], [Problem("<root>", "schema",
+                                                    f"a study is a mapping, got {type(data).__name__}")])
+    env_problems: list[tuple[str, str]] = []
+    data = _interpolate(data, (), dict(os.environ) if env is None else env, env_problems)
+    problems = [Problem(p, "env", m) for p, m in env_problems]
+    study: StudySpec | None = None
+    try:
+        study = StudySpec.model_validate(data)
+    except ValidationError as e:
+        problems += [Problem(p, "schema", m) for p, m in _pydantic_problems(e)]
+    if problems and study is not None:
+        study = None  # an unset variable was replaced by "": the spec is not what the user meant
+    if study is not None:
+        matrix, gpn, experts = study.matrix, study.cluster.gpus_per_node, PRESETS[study.trainer.model].llm.num_experts
+    else:
+        # Only the two facts the topology needs are taken from the raw cluster/trainer sections.
+        matrix = _partial(MatrixSpec, data.get("matrix"))
+        cluster = data.get("cluster") if isinstance(data.get("cluster"), dict) else {}
+        trainer = data.get("trainer") if isinstance(data.get("trainer"), dict) else {}
+        gpn = cluster.get("gpus_per_node", ClusterSpec.model_fields["gpus_per_node"].default)
+        gpn = gpn if isinstance(gpn, int) and not isinstance(gpn, bool) and 1 <= gpn <= 64 else None
+        model = trainer.get("model", TrainerSpec.model_fields["model"].default)
+        experts = PRESETS[model].llm.num_experts if isinstance(model, str) and model in PRESETS else None
+        if matrix is None or gpn is None or experts is None:
+            return Diagnosis(source, None, [], problems)
+    points, point_problems = _expand(matrix, gpn, experts, study)
+    problems += [Problem(p, "schema", m) for p, m in point_problems]
+    for pr in points:
+        problems += [Problem(pr.label, v.rule, v.message, v.fit) for v in pr.violations]
+    return Diagnosis(source, study, points, problems)
+
+
+def diagnose(path: str | Path, env: dict[str, str] | None = None) -> Diagnosis:
+    """diagnose_data for a study file; unreadable files and YAML syntax errors are problems too."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        return Diagnosis(str(path), None, [], [Problem("<file>", "file", f"cannot read: {e.strerror}")])
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "<yaml>"
+        return Diagnosis(str(path), None, [], [Problem(where, "yaml", f"invalid YAML: {getattr(e, 'problem', e)}")])
+    return diagnose_data(data, str(path), env)
 
 
 def runs_of(study: StudySpec, source: str = "<study>") -> list[RunSpec]:
