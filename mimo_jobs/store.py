@@ -77,14 +77,20 @@ SCHEMA = [
         phases JSON,
         extras JSON,
         source VARCHAR,               -- jsonl | megatron-log
+        attempt INTEGER,              -- restart count that wrote the row (a later attempt replaces it)
+        train_iters INTEGER,
+        superseded BOOLEAN DEFAULT false,  -- a later job of the same run re-ran this iteration
+        source_file VARCHAR,
         PRIMARY KEY (run_id, job_id, iteration))""",
     """CREATE TABLE IF NOT EXISTS events (
         run_id VARCHAR,
         job_id VARCHAR,
         rank INTEGER,
+        node INTEGER,                 -- when only the node is known (srun label of a per-node torchrun)
         time TIMESTAMP,
         kind VARCHAR,                 -- traceback nccl_timeout gloo_timeout oom time_limit preemption requeue
-                                      -- node_fail checkpoint_saved checkpoint_loaded
+                                      -- node_fail checkpoint_saved checkpoint_loaded peer_lost cancelled
+                                      -- child_failed task_exit segfault start end (see logparse.py)
         message VARCHAR,
         source_file VARCHAR NOT NULL,
         line_no BIGINT NOT NULL,
@@ -94,7 +100,13 @@ SCHEMA = [
         run_id VARCHAR,
         size BIGINT, mtime DOUBLE,
         lines BIGINT, bad_lines BIGINT, undecodable_lines BIGINT,
-        ingested_at TIMESTAMP)""",
+        ingested_at TIMESTAMP,
+        kind VARCHAR,                 -- metrics | log | sacct
+        "offset" BIGINT,              -- bytes consumed (end of the last complete line): appends resume here
+        head_sha VARCHAR,             -- hash of the first bytes: a rewritten file is re-read from 0
+        truncated BOOLEAN,            -- last line had no newline (left for the next ingest)
+        state JSON)                   -- parser carry-over between appends (last iteration, restarts, time)
+        """,
 ]
 
 

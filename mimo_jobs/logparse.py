@@ -1,0 +1,462 @@
+"""Pure parsing of training/scheduler log text: no I/O, no database.
+
+What it understands (facts in shared/notes/anchors-peers.md §3):
+- Megatron iteration lines, parsed generically as `key: value |` pairs after ` iteration N/ M |`, so upstream
+  Megatron-LM logs (dynamic loss keys, MoE keys, fields absent on some ranks, timestamps with or without
+  microseconds) and our trainer's lines go through the same code.
+- Line origins: srun --label `N: ` prefixes, torchrun --tee `[default3]:` (local rank) and torch's own
+  `[rank3]:` (global rank) prefixes, nested in any order, and per-rank torchrun log paths
+  logs/job-<job>/node-<n>/<rdzv>/attempt_<k>/<local_rank>/{stdout,stderr}.log.
+- Events: Python tracebacks (exception type + message), NCCL/gloo watchdog timeouts, CUDA/host OOM,
+  SLURM `DUE TO TIME LIMIT`/preemption/requeue/node failure, checkpoints saved/loaded, torchrun's
+  "Root Cause" summary, segfaults, srun task exits.
+
+Ingest finds candidate lines with fast substring search (`TRIGGERS`) and hands each to these functions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+
+# ----------------------------------------------------------------------------------------- prefixes
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who wrote a line, as far as its prefixes tell. `rank` is global; `task` is the srun task id."""
+
+    task: int | None = None  # srun --label N (a node index when srun launches one torchrun per node)
+    local_rank: int | None = None  # torchrun [defaultK]:
+    rank: int | None = None  # torch's own [rankK]:
+
+    def global_rank(self, gpus_per_node: int | None = None, node: int | None = None) -> int | None:
+        """Global rank: [rankK] wins; else node*gpn + local rank (node from the label or the file path)."""
+        if self.rank is not None:
+            return self.rank
+        n = self.task if self.task is not None else node
+        if self.local_rank is not None:
+            if n is None:
+                return self.local_rank if gpus_per_node in (None, 1) or node is None else None
+            if gpus_per_node is None:
+                return None
+            return n * gpus_per_node + self.local_rank
+        if self.task is not None and gpus_per_node == 1:
+            return self.task
+        return None
+
+
+# No `^`: Pattern.match(line, pos) anchors at pos, and `^` would only match at 0.
+_PREFIX_RE = re.compile(r"[ \t]*(\d{1,6}): |\[default(\d{1,4})\]:|\[rank(\d{1,6})\]: ?")  # torch writes "[rank3]: text"
+
+
+def split_origin(line: str) -> tuple[Origin, str]:
+    """Strip any chain of srun/torchrun prefixes ("0: [default3]:[rank3]: text") and say who wrote it."""
+    task = local = rank = None
+    pos = 0
+    for _ in range(4):  # prefixes never nest deeper; bound the loop against odd input
+        m = _PREFIX_RE.match(line, pos)
+        if not m:
+            break
+        if m.group(1) is not None:
+            task = int(m.group(1))
+        elif m.group(2) is not None:
+            local = int(m.group(2))
+        else:
+            rank = int(m.group(3))
+        pos = m.end()
+    return Origin(task, local, rank), line[pos:]
+
+
+_RANK_PATH_RE = re.compile(
+    r"(?:^|/)job-(?P<job>[^/]+)/node-(?P<node>\d+)/(?:[^/]+/)?attempt_(?P<attempt>\d+)/(?P<local>\d+)/"
+    r"(?P<stream>stdout|stderr|error)\.(?:log|json)$")
+_JOB_FILE_RE = re.compile(r"(?:^|/)(?:slurm|local)-(?P<job>[A-Za-z0-9_.\-]+?)(?:\.\d+)?\.(?:out|err|log)$")
+_JOB_DIR_RE = re.compile(r"(?:^|/)job-(?P<job>[^/]+)/")
+
+
+@dataclass(frozen=True)
+class PathInfo:
+    job_id: str | None = None
+    node: int | None = None
+    attempt: int | None = None  # torchrun restart (attempt_<k>)
+    local_rank: int | None = None
+    stream: str | None = None
+
+
+def path_info(path: str) -> PathInfo:
+    """What a log file's path says: its job, and for torchrun per-rank files the node/attempt/local rank."""
+    p = path.replace("\\", "/")
+    m = _RANK_PATH_RE.search(p)
+    if m:
+        return PathInfo(m["job"], int(m["node"]), int(m["attempt"]), int(m["local"]), m["stream"])
+    m = _JOB_FILE_RE.search(p)
+    if m:
+        return PathInfo(m["job"])
+    m = _JOB_DIR_RE.search(p)
+    if m:
+        return PathInfo(m["job"])
+    return PathInfo()
+
+
+# ----------------------------------------------------------------------------------------- timestamps
+
+_ISO_RE = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?")
+_GLOG_RE = re.compile(r"\[[EWIF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?")
+
+
+def _dt(y, mo, d, h, mi, s, frac) -> datetime | None:
+    try:
+        us = int(frac.ljust(6, "0")) if frac else 0
+        return datetime(int(y), int(mo), int(d), int(h), int(mi), int(s), us)
+    except ValueError:
+        return None
+
+
+def find_time(text: str, year_hint: int | None = None) -> datetime | None:
+    """First timestamp in a line: ISO-like (Megatron, SLURM, Python logging) or glog `[E0406 03:04:12.1`
+    (NCCL watchdog lines carry no year: `year_hint` supplies it)."""
+    m = _ISO_RE.search(text)
+    if m:
+        return _dt(*m.groups())
+    if year_hint:
+        m = _GLOG_RE.search(text)
+        if m:
+            return _dt(year_hint, *m.groups())
+    return None
+
+
+# ----------------------------------------------------------------------------------------- iterations
+
+_ITER_RE = re.compile(r"(?:\[(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?\]\s*)?"
+                      r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+
+# Megatron key -> our column. Everything else lands in `extras` (loss keys in extras["losses"]).
+_FLOAT_KEYS = {
+    "elapsed time per iteration (ms)": "elapsed_ms",
+    "throughput per GPU (TFLOP/s/GPU)": "tflops_per_gpu",
+    "learning rate": "lr",
+    "loss scale": "loss_scale",
+    "grad norm": "grad_norm",
+}
+_INT_KEYS = {
+    "consumed samples": "consumed_samples",
+    "global batch size": "gbs",
+    "number of skipped iterations": "skipped",
+    "number of nan iterations": "nan",
+}
+
+
+@dataclass
+class MegatronIteration:
+    iteration: int
+    train_iters: int
+    time: datetime | None
+    consumed_samples: int | None = None
+    elapsed_ms: float | None = None
+    lr: float | None = None
+    gbs: int | None = None
+    loss: float | None = None
+    loss_scale: float | None = None
+    grad_norm: float | None = None
+    skipped: int | None = None
+    nan: int | None = None
+    tflops_per_gpu: float | None = None
+    moe_aux_loss: float | None = None
+    losses: dict[str, float] = field(default_factory=dict)
+    extras: dict[str, float | str] = field(default_factory=dict)
+
+
+def _num(v: str) -> float | None:
+    try:
+        return float(v)
+    except ValueError:
+        return None
+
+
+def parse_iteration(text: str) -> MegatronIteration | None:
+    """Parse one Megatron iteration line (prefixes already stripped or not: the match is searched)."""
+    m = _ITER_RE.search(text)
+    if not m:
+        return None
+    ts = _dt(*m.group(1, 2, 3, 4, 5, 6, 7)) if m.group(1) else None
+    it = MegatronIteration(int(m.group(8)), int(m.group(9)), ts)
+    for seg in text[m.end():].split("|"):
+        key, sep, val = seg.rpartition(":")
+        if not sep:
+            continue
+        key, val = key.strip(), val.strip()
+        if not key:
+            continue
+        if key in _FLOAT_KEYS:
+            setattr(it, _FLOAT_KEYS[key], _num(val))
+        elif key in _INT_KEYS:
+            x = _num(val)
+            setattr(it, _INT_KEYS[key], int(x) if x is not None and x == x else None)
+        elif key.endswith("loss") or key.endswith("_loss") or " loss" in key:
+            x = _num(val)
+            if x is not None:
+                it.losses[key] = x
+        else:
+            x = _num(val)
+            it.extras[key] = x if x is not None else val
+    # The language-model loss is "lm loss" upstream and in our trainer; a log with one other loss key
+    # (e.g. a renamed objective) still gets a loss curve.
+    if "lm loss" in it.losses:
+        it.loss = it.losses["lm loss"]
+    else:
+        main = [k for k in it.losses if "load_balancing" not in k and "z_loss" not in k and "mtp" not in k]
+        if len(main) == 1:
+            it.loss = it.losses[main[0]]
+    for k, v in it.losses.items():
+        if "load_balancing" in k:
+            it.moe_aux_loss = v
+            break
+    return it
+
+
+# ----------------------------------------------------------------------------------------- events
+
+ROOT_KINDS = ("traceback", "oom", "segfault", "node_fail")  # a rank's own failure
+SUMMARY_KINDS = ("child_failed", "task_exit")  # launcher summaries of a failure seen elsewhere
+VICTIM_KINDS = ("nccl_timeout", "gloo_timeout", "peer_lost")  # waited on a peer that failed or hung
+SCHEDULER_KINDS = ("time_limit", "preemption", "requeue", "cancelled")
+INFO_KINDS = ("checkpoint_saved", "checkpoint_loaded", "end")
+
+# Substrings that make a line worth classifying (ingest searches whole chunks for them, so keep them
+# few and specific). Order does not matter.
+TRIGGERS = (
+    "Traceback (most recent call last)",
+    "Watchdog caught collective",
+    "gloo/transport",
+    "out of memory",
+    "oom-kill",
+    "OutOfMemoryError",
+    "CANCELLED AT",
+    "Node failure",
+    "NODE_FAIL",
+    "equeue",  # requeue / Requeued
+    "REQUEUE",
+    "reempt",  # preempted / Preemption
+    "PREEMPT",
+    "checkpoint",
+    "Root Cause (first observed failure)",
+    "Segmentation fault",
+    "Exited with exit code",
+)
+
+_VICTIM_MSG_RE = re.compile(
+    r"Timed out waiting|Connection closed by peer|Connection reset by peer|Watchdog caught|"
+    r"collective operation timeout|DistNetworkError|NCCL communicator was aborted|"
+    r"remote process exited|Broken pipe|failed to recv|ncclRemoteError", re.I)
+_SLURM_CANCEL_RE = re.compile(r"\*\*\* (?:JOB|STEP) ([\w.\[\]+-]+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))?"
+                              r"(?:,.*)? \*\*\*")
+_CKPT_ITER_RE = re.compile(r"iteration\s+(\d+)|iter_0*(\d+)")
+_EXC_RE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)?)(?::\s?(.*))?$")
+
+
+@dataclass
+class Event:
+    kind: str
+    message: str
+    time: datetime | None = None
+
+
+def is_victim_message(msg: str) -> bool:
+    """A failure that only says a peer went away or a collective timed out (a consequence, not a cause)."""
+    return bool(_VICTIM_MSG_RE.search(msg))
+
+
+def classify_line(text: str, year_hint: int | None = None) -> list[Event]:
+    """Events in one line (prefixes stripped). Tracebacks are handled by `TracebackTracker`."""
+    out: list[Event] = []
+    t = None
+
+    def add(kind: str, msg: str) -> None:
+        nonlocal t
+        if t is None:
+            t = find_time(text, year_hint)
+        out.append(Event(kind, msg.strip()[:500], t))
+
+    if "Watchdog caught collective" in text:
+        add("nccl_timeout", text)
+    if "gloo/transport" in text:
+        add("gloo_timeout" if "Timed out" in text else "peer_lost", text)
+    if ("out of memory" in text or "OutOfMemoryError" in text) and "CUDA" in text:
+        add("oom", text)
+    elif "oom-kill" in text or "Out Of Memory" in text or "OutOfMemoryError" in text:
+        add("oom", text)
+    if "CANCELLED AT" in text:
+        m = _SLURM_CANCEL_RE.search(text)
+        reason = (m.group(4) or "") if m else ""
+        if m:
+            t = find_time(m.group(3)) or t
+        if "TIME LIMIT" in reason:
+            add("time_limit", text)
+        elif "PREEMPT" in reason:
+            add("preemption", text)
+        elif "NODE FAIL" in reason:
+            add("node_fail", text)
+        elif "REQUEUE" in reason:
+            add("requeue", text)
+        else:
+            add("cancelled", text)
+    elif "DUE TO TIME LIMIT" in text:
+        add("time_limit", text)
+    if "Node failure" in text or "NODE_FAIL" in text:
+        if not any(e.kind == "node_fail" for e in out):
+            add("node_fail", text)
+    low = text.lower()
+    if ("requeued" in low or "requeuing" in low or "job requeue" in low) and not any(
+            e.kind == "requeue" for e in out):
+        add("requeue", text)
+    if ("preempted" in low or "preemption" in low) and not any(e.kind == "preemption" for e in out):
+        add("preemption", text)
+    if "checkpoint" in text:
+        if "saved checkpoint" in low or "checkpoint saved" in low:
+            add("checkpoint_saved", text)
+        elif "loaded checkpoint" in low or "checkpoint loaded" in low or "resumed from checkpoint" in low:
+            add("checkpoint_loaded", text)
+    if "Segmentation fault" in text:
+        add("segfault", text)
+    if "Exited with exit code" in text:
+        add("task_exit", text)
+    return out
+
+
+def checkpoint_iteration(msg: str) -> int | None:
+    m = _CKPT_ITER_RE.search(msg)
+    if not m:
+        return None
+    return int(m.group(1) or m.group(2))
+
+
+@dataclass
+class _Pending:
+    start_line: int
+    time: datetime | None
+    seen: int = 0
+
+
+class TracebackTracker:
+    """Follows Python tracebacks per writer (interleaved multi-rank output keeps one state per origin).
+
+    feed() gets every line of an origin after its traceback header; it returns the finished event (at the
+    exception line: "Type: message") or None. Chained tracebacks ("During handling ...") continue the same
+    event and report the last exception, which is the one that ended the process.
+    """
+
+    MAX_LINES = 400  # a traceback longer than this is cut off and reported with what we have
+
+    def __init__(self) -> None:
+        self.pending: dict[object, _Pending] = {}
+
+    def start(self, key: object, line_no: int, time: datetime | None) -> None:
+        if key not in self.pending:
+            self.pending[key] = _Pending(line_no, time)
+
+    def active(self, key: object) -> bool:
+        return key in self.pending
+
+    def feed(self, key: object, text: str) -> tuple[int, Event] | None:
+        p = self.pending.get(key)
+        if p is None:
+            return None
+        p.seen += 1
+        s = text.rstrip("\r\n")
+        if not s.strip() or s.startswith((" ", "\t")) or s.startswith("Traceback (most recent call last)"):
+            if p.seen > self.MAX_LINES:
+                del self.pending[key]
+                return p.start_line, Event("traceback", "traceback cut off (no exception line)", p.time)
+            return None
+        if s.startswith(("During handling of the above exception", "The above exception was the direct cause")):
+            return None
+        if s.startswith("^") or s.lstrip().startswith("~"):
+            return None
+        del self.pending[key]
+        m = _EXC_RE.match(s.strip())
+        msg = s.strip() if m else s.strip()
+        return p.start_line, Event("traceback", msg[:500], p.time)
+
+    def flush(self) -> list[tuple[int, Event]]:
+        """Tracebacks still open at end of input (file truncated mid-traceback)."""
+        out = [(p.start_line, Event("traceback", "traceback truncated (no exception line)", p.time))
+               for p in self.pending.values()]
+        self.pending.clear()
+        return out
+
+
+# ----------------------------------------------------------------------------------------- torchrun summary
+
+_ROOT_RANK_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_ROOT_EXIT_RE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_ROOT_TIME_RE = re.compile(r"time\s*:\s*(\d{4}-\d{2}-\d{2}_\d{2}:\d{2}:\d{2})")
+
+
+def parse_root_cause(lines: list[str]) -> tuple[int | None, Event] | None:
+    """torchrun's ChildFailedError summary: the lines after "Root Cause (first observed failure):"."""
+    rank = None
+    exitcode = None
+    t = None
+    for s in lines[:12]:
+        if rank is None and (m := _ROOT_RANK_RE.search(s)):
+            rank = int(m.group(1))
+        if exitcode is None and (m := _ROOT_EXIT_RE.search(s)):
+            exitcode = int(m.group(1))
+        if t is None and (m := _ROOT_TIME_RE.search(s)):
+            t = find_time(m.group(1))
+    if rank is None:
+        return None
+    return rank, Event("child_failed", f"torchrun root cause: rank {rank} exitcode {exitcode}", t)
+
+
+# ----------------------------------------------------------------------------------------- sacct
+
+
+@dataclass
+class SacctRecord:
+    job_id: str
+    state: str
+    exit_code: int | None
+    start: datetime | None
+    end: datetime | None
+    node_list: str | None
+    reason: str | None
+    restarts: int | None
+
+
+def parse_sacct(lines: list[str]) -> list[SacctRecord]:
+    """`sacct --parsable2` (or --parsable) output with a header row. Job steps (123.batch, 123.0) are
+    skipped: the allocation's own row carries the job's state. Unknown columns are ignored."""
+    if not lines:
+        return []
+    header = [h.strip() for h in lines[0].rstrip("\n").rstrip("|").split("|")]
+    if "JobID" not in header or "State" not in header:
+        raise ValueError(f"not sacct --parsable2 output: header {lines[0].strip()[:80]!r} lacks JobID/State")
+    col = {h: i for i, h in enumerate(header)}
+    out = []
+    for s in lines[1:]:
+        f = s.rstrip("\n").split("|")
+        if len(f) < len(header):
+            continue
+        jid = f[col["JobID"]].strip()
+        if not jid or "." in jid:
+            continue
+        state = f[col["State"]].split()[0] if f[col["State"]].strip() else ""  # "CANCELLED by 0" -> CANCELLED
+
+        def get(name: str) -> str | None:
+            v = f[col[name]].strip() if name in col else ""
+            return v if v and v not in ("Unknown", "None") else None
+
+        ec = get("ExitCode")
+        exit_code = int(ec.split(":")[0]) if ec and ec.split(":")[0].lstrip("-").isdigit() else None
+        st, en = get("Start"), get("End")
+        rs = get("Restarts")
+        out.append(SacctRecord(jid, state, exit_code, find_time(st) if st else None, find_time(en) if en else None,
+                               get("NodeList"), get("Reason"), int(rs) if rs and rs.isdigit() else None))
+    return out
+
+
+SACCT_EVENT = {"TIMEOUT": "time_limit", "PREEMPTED": "preemption", "NODE_FAIL": "node_fail",
+               "OUT_OF_MEMORY": "oom", "REQUEUED": "requeue"}
