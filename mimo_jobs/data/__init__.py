@@ -1,0 +1,10 @@
+"""Real multimodal data for the trainer through megatron-energon.
+
+Modules (none imports energon/torch at import time except task_encoder/energon_provider, which only the
+trainer loads):
+  synth          synthetic image-caption + text-only WebDataset shards, energon-prepared, plus a blend YAML
+  tokenizer      built-in character tokenizer (synthetic data) or a local HuggingFace tokenizer
+  images         image size -> patch-token count and pixel preprocessing shared with the trainer's encoder
+  task_encoder   energon TaskEncoder: placeholders, labels, loss mask, flat variable-length image batches
+  energon_provider  the trainer's Provider: one savable energon loader per LLM DP lane, exact resume
+"""

@@ -1,0 +1,75 @@
+"""Image geometry and pixels, shared by both sides of the bridge.
+
+The LLM side needs only the token count of an image (read from the header, no decode); the encoder side
+needs the pixels. Both must agree exactly, so the geometry is one pure function here:
+
+  (h, w) -> scale down so max(h, w) <= image_size (aspect kept, rounded) -> round each side down to a
+  multiple of patch_size (at least one patch) -> tokens = (H/p) * (W/p)      (dynamic resolution)
+
+Pixels: RGB (or L when channels == 1), resized to (H, W) when needed, float32 [C, H, W] in [0, 1] -- the
+same layout and range as the trainer's mock images and energon's "torchrgb" decoder.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ImageGeometry:
+    patch_size: int
+    image_size: int  # max side in pixels
+    channels: int = 3
+
+    def target_hw(self, h: int, w: int) -> tuple[int, int]:
+        p, m = self.patch_size, self.image_size
+        if h < 1 or w < 1:
+            raise ValueError(f"image of {h}x{w} pixels has no area")
+        if max(h, w) > m:
+            scale = m / max(h, w)
+            h, w = max(1, round(h * scale)), max(1, round(w * scale))
+        return max(p, h // p * p), max(p, w // p * p)
+
+    def tokens(self, h: int, w: int) -> int:
+        th, tw = self.target_hw(h, w)
+        return (th // self.patch_size) * (tw // self.patch_size)
+
+    @property
+    def max_tokens(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+def geometry_of_preset(preset_name: str) -> ImageGeometry:
+    from ..presets import get_preset
+
+    enc = get_preset(preset_name).encoder
+    return ImageGeometry(patch_size=enc.patch_size, image_size=enc.image_size, channels=enc.channels)
+
+
+def header_size(data: bytes) -> tuple[int, int]:
+    """(h, w) of an encoded image from its header, without decoding pixels; checks the file's integrity
+    (PIL verify: chunk CRCs, truncation) so that both sides of the bridge reject the same broken images."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        w, h = im.size
+        im.verify()
+    return h, w
+
+
+def decode(data: bytes, geom: ImageGeometry):
+    """Encoded image -> float32 tensor [C, H, W] in [0, 1] at the geometry's target size."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        im = im.convert("L" if geom.channels == 1 else "RGB")
+        th, tw = geom.target_hw(im.height, im.width)
+        if (im.height, im.width) != (th, tw):
+            im = im.resize((tw, th), Image.BILINEAR)
+        arr = np.asarray(im, dtype=np.uint8)
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)

@@ -1,0 +1,220 @@
+"""Synthetic energon datasets: image-caption shards (several image sizes -> different token counts),
+text-only shards and a MetadatasetV2 blend YAML, prepared for energon without prompts.
+
+Layout written under DIR:
+  DIR/caps/   caps-000000.tar ...  <key>.png + <key>.txt   (CaptioningSample, field_map image: png, caption: txt)
+  DIR/text/   text-000000.tar ...  <key>.txt               (TextSample, field_map text: txt)
+  DIR/blend.yaml                   MetadatasetV2: text weight F, caps weight 1-F (only the non-empty parts)
+  DIR/synth.json                   what was generated (counts, sizes, seed) for humans and tests
+
+Every key is globally unique (energon's prepare exits the process on duplicates). Content is a pure
+function of (seed, index), so two calls with the same arguments write identical samples.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import re
+import tarfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import DataError
+
+COLORS = {
+    "red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (230, 210, 40),
+    "purple": (150, 60, 190), "orange": (240, 140, 30), "gray": (128, 128, 128), "cyan": (40, 200, 210),
+}
+SHAPES = ("square", "stripe", "dot", "cross")
+WORDS = ("the", "a", "model", "reads", "data", "from", "many", "nodes", "and", "learns", "to", "see", "small",
+         "images", "of", "color", "text", "tokens", "flow", "across", "ranks", "every", "step")
+
+CAPTIONING = {"sample_type": {"__module__": "megatron.energon", "__class__": "CaptioningSample"},
+              "field_map": {"image": "png", "caption": "txt"}}
+TEXT = {"sample_type": {"__module__": "megatron.energon", "__class__": "TextSample"},
+        "field_map": {"text": "txt"}}
+
+
+def parse_size(s: str) -> tuple[int, int]:
+    """'8' -> (8, 8); '16x8' -> (16, 8) as (height, width)."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*", str(s))
+    if not m:
+        raise DataError(f"image size {s!r}: write N (square) or HxW, e.g. 8 or 16x8")
+    h = int(m.group(1))
+    w = int(m.group(2) or h)
+    if h < 1 or w < 1 or h > 4096 or w > 4096:
+        raise DataError(f"image size {s!r}: sides must be between 1 and 4096 pixels")
+    return h, w
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    samples: int = 512  # total samples (text-only + image-caption)
+    text_only_fraction: float = 0.25  # share of text-only samples, also the blend weight of the text part
+    image_sizes: tuple[tuple[int, int], ...] = ((8, 8), (12, 12), (16, 16))  # (H, W); tiny preset: patch 4
+    samples_per_shard: int = 64
+    seed: int = 0
+    max_text_chars: int = 40  # keeps synthetic samples inside small seq_lengths (tiny: 64)
+
+    def check(self) -> None:
+        if self.samples < 1:
+            raise DataError(f"samples={self.samples}: need at least 1")
+        if not 0.0 <= self.text_only_fraction <= 1.0:
+            raise DataError(f"text_only_fraction={self.text_only_fraction}: must be within [0, 1]")
+        if not self.image_sizes and self.n_caps:
+            raise DataError("image_sizes is empty but image-caption samples were asked for")
+        if self.samples_per_shard < 1:
+            raise DataError(f"samples_per_shard={self.samples_per_shard}: need at least 1")
+
+    @property
+    def n_text(self) -> int:
+        return round(self.samples * self.text_only_fraction)
+
+    @property
+    def n_caps(self) -> int:
+        return self.samples - self.n_text
+
+
+@dataclass
+class SynthResult:
+    root: Path
+    blend: Path
+    caps: Path | None
+    text: Path | None
+    n_caps: int
+    n_text: int
+    caps_shards: list[str] = field(default_factory=list)
+    text_shards: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- sample content (pure)
+
+
+def caption_sample(seed: int, i: int, sizes: tuple[tuple[int, int], ...]) -> tuple[str, tuple[int, int], str, str]:
+    """(key, (h, w), color, caption) of image-caption sample i."""
+    rng = random.Random(f"caps:{seed}:{i}")
+    h, w = sizes[rng.randrange(len(sizes))]
+    color = rng.choice(sorted(COLORS))
+    shape = rng.choice(SHAPES)
+    return f"cap-{i:07d}", (h, w), color, f"a {color} {shape} {h}x{w}"
+
+
+def text_sample(seed: int, i: int, max_chars: int) -> tuple[str, str]:
+    rng = random.Random(f"text:{seed}:{i}")
+    words: list[str] = []
+    target = rng.randint(max(8, max_chars // 3), max_chars)
+    while True:
+        w = rng.choice(WORDS)
+        if len(" ".join(words + [w])) > target:
+            break
+        words.append(w)
+    return f"txt-{i:07d}", " ".join(words) or WORDS[0]
+
+
+def render_png(h: int, w: int, color: str, seed: int, i: int) -> bytes:
+    """A small PNG: the color as background with a darker pattern, deterministic per (seed, i)."""
+    from PIL import Image
+
+    rng = random.Random(f"px:{seed}:{i}")
+    r, g, b = COLORS[color]
+    img = Image.new("RGB", (w, h), (r, g, b))
+    px = img.load()
+    period = rng.randint(2, 4)
+    for y in range(h):
+        for x in range(w):
+            if (x + y) % period == 0:
+                px[x, y] = (r // 2, g // 2, b // 2)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 0  # byte-identical shards for identical arguments
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_shards(root: Path, prefix: str, samples: list[tuple[str, dict[str, bytes]]], per_shard: int) -> list[str]:
+    """Write (key, {ext: bytes}) samples into prefix-NNNNNN.tar files; returns shard names relative to root."""
+    root.mkdir(parents=True, exist_ok=True)
+    names = []
+    for s in range(0, len(samples), per_shard):
+        name = f"{prefix}-{s // per_shard:06d}.tar"
+        with tarfile.open(root / name, "w") as tar:
+            for key, files in samples[s:s + per_shard]:
+                for ext, data in files.items():
+                    _add(tar, f"{key}.{ext}", data)
+        names.append(name)
+    return names
+
+
+def prepare(root: Path, shards: list[str], dataset_yaml: dict) -> None:
+    """Index the shards for energon (train split = everything) and write .nv-meta/dataset.yaml."""
+    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
+
+    try:
+        BaseWebdatasetFactory.prepare_dataset(
+            root, shards, split_parts_ratio=[("train", 1.0), ("val", 0.0), ("test", 0.0)],
+            shuffle_seed=None, workers=1, progress_fn=lambda x, y=None: x)
+    except SystemExit as e:  # energon exits the process on duplicate keys; turn it into an error
+        raise DataError(f"{root}: energon prepare failed (exit {e.code}); sample keys must be unique") from None
+    (root / ".nv-meta" / "dataset.yaml").write_text(yaml.safe_dump(dataset_yaml, sort_keys=False))
+
+
+def blend_doc(parts: list[tuple[float, str, str]]) -> dict:
+    """MetadatasetV2 train blend of (weight, relative path, kind)."""
+    return {
+        "__module__": "megatron.energon",
+        "__class__": "MetadatasetV2",
+        "splits": {"train": {"blend": [
+            {"weight": float(w), "path": p, "subflavors": {"kind": k}} for w, p, k in parts]}},
+    }
+
+
+def synth(root: str | Path, cfg: SynthConfig = SynthConfig(), progress=None) -> SynthResult:
+    """Write the synthetic datasets and blend under root. `progress(advance)` is called per sample."""
+    cfg.check()
+    root = Path(root)
+    for sub in ("caps", "text"):
+        if (root / sub / ".nv-meta").exists():
+            raise DataError(f"{root / sub} is already an energon dataset; choose an empty DIR or remove it")
+    root.mkdir(parents=True, exist_ok=True)
+    tick = progress or (lambda n=1: None)
+    res = SynthResult(root=root, blend=root / "blend.yaml", caps=None, text=None, n_caps=cfg.n_caps, n_text=cfg.n_text)
+    parts: list[tuple[float, str, str]] = []
+    if cfg.n_caps:
+        samples = []
+        for i in range(cfg.n_caps):
+            key, (h, w), color, caption = caption_sample(cfg.seed, i, cfg.image_sizes)
+            samples.append((key, {"png": render_png(h, w, color, cfg.seed, i), "txt": caption.encode()}))
+            tick(1)
+        res.caps = root / "caps"
+        res.caps_shards = write_shards(res.caps, "caps", samples, cfg.samples_per_shard)
+        prepare(res.caps, res.caps_shards, CAPTIONING)
+        parts.append((1.0 - cfg.text_only_fraction, "./caps", "image_caption"))
+    if cfg.n_text:
+        samples = []
+        for i in range(cfg.n_text):
+            key, text = text_sample(cfg.seed, i, cfg.max_text_chars)
+            samples.append((key, {"txt": text.encode()}))
+            tick(1)
+        res.text = root / "text"
+        res.text_shards = write_shards(res.text, "text", samples, cfg.samples_per_shard)
+        prepare(res.text, res.text_shards, TEXT)
+        parts.append((cfg.text_only_fraction, "./text", "text"))
+    if len(parts) == 2 and min(w for w, _, _ in parts) == 0:
+        parts = [p for p in parts if p[0] > 0]
+    res.blend.write_text(yaml.safe_dump(blend_doc(parts), sort_keys=False))
+    manifest = {**asdict(cfg), "n_caps": cfg.n_caps, "n_text": cfg.n_text,
+                "caps_shards": res.caps_shards, "text_shards": res.text_shards, "blend": res.blend.name}
+    (root / "synth.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return res

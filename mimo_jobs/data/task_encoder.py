@@ -1,0 +1,231 @@
+"""The energon TaskEncoder: raw samples -> the trainer's microbatch contract (see trainer/batch.py).
+
+Per sample (both sides of the bridge, identically): tokenize the text, read the image size from the
+header (no pixel decode) and insert one placeholder per image token, build labels and the loss mask.
+Per batch: pad to seq_length and stack; on encoder ranks only, decode the images (flat variable-length
+list with per-sample token counts). Samples arrive undecoded (decoder=None) so LLM ranks never pay for
+pixels and every failure passes through code that names the shard and the sample key.
+
+Bad samples (corrupt image, missing/undecodable field, empty text, too long for seq_length) either raise
+DataError naming dataset, shard and key (on_bad_sample="error") or are skipped and *counted*: the skip is
+attached to the next batch the lane yields, so the provider logs it and keeps totals. Every check runs on
+the LLM side too, so the encoder replica and its lanes skip exactly the same samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from megatron.energon import (
+    Batch,
+    CaptioningSample,
+    DefaultTaskEncoder,
+    Sample,
+    SkipSample,
+    TextSample,
+    VQASample,
+    edataclass,
+)
+
+from ..trainer.batch import IGNORE_INDEX
+from .errors import DataError, describe
+from .images import ImageGeometry, decode, header_size
+from .tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class EncodeConfig:
+    seq_length: int
+    geometry: ImageGeometry
+    need_images: bool = True  # decode pixels (encoder ranks); LLM ranks only need token counts
+    on_bad_sample: Literal["error", "skip"] = "error"
+    truncate_text: bool = False  # True: cut overlong text to fit (counted); images are never cut
+    image_slice: tuple[int, int] | None = None  # decode only these batch positions (fan-in encoder replica)
+
+
+@edataclass
+class EncodedSample(Sample):
+    tokens: list[int]  # unpadded, starts with BOS
+    loss_from: int  # first position whose *target* counts (prompt tokens before it carry no loss)
+    image_token_count: int
+    image: bytes | None  # encoded image, decoded later (encoder side only)
+    truncated: bool
+
+
+@edataclass
+class EncodedBatch(Batch):
+    tokens: torch.Tensor  # [B, S] long
+    labels: torch.Tensor  # [B, S] long, IGNORE_INDEX where no loss
+    loss_mask: torch.Tensor  # [B, S] float
+    position_ids: torch.Tensor  # [B, S] long
+    image_token_counts: list[int]
+    images: list[Any] | None  # [C, H, W] float tensors (None for text-only / not decoded) or None on LLM side
+    events: list[dict]  # skipped/truncated samples since the lane's previous batch (counted by the provider)
+
+
+def _source(sample: Any) -> tuple[str | None, str | None, str | None]:
+    key = getattr(sample, "__key__", None) if not isinstance(sample, dict) else sample.get("__key__")
+    srcs = getattr(sample, "__sources__", None) if not isinstance(sample, dict) else sample.get("__sources__")
+    shard = dataset = None
+    if srcs:
+        shard = getattr(srcs[0], "shard_name", None)
+        dataset = str(getattr(srcs[0], "dataset_path", "")) or None
+    return key, shard, dataset
+
+
+def _text(value: Any, what: str) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"field {what!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"field {what!r} has type {type(value).__name__}, expected text")
+
+
+class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, EncodedBatch]):
+    """One instance per lane loader: `_events` is that lane's (per worker process) pending skip list."""
+
+    decoder = None  # raw bytes in; we decode images ourselves, only where needed
+
+    def __init__(self, tokenizer: Tokenizer, cfg: EncodeConfig):
+        super().__init__()
+        self.tok = tokenizer
+        self.cfg = cfg
+        self._events: list[dict] = []
+
+    # ------------------------------------------------------------ failures
+
+    def _bad(self, sample: Any, reason: str, detail: str) -> None:
+        key, shard, dataset = _source(sample)
+        if self.cfg.on_bad_sample == "error":
+            raise DataError(f"{describe(key, shard, dataset)}: {detail} "
+                            "(set trainer.data.on_bad_sample: skip to skip and count such samples)")
+        self._events.append({"kind": "skipped", "reason": reason, "key": key, "shard": shard, "detail": detail})
+        raise SkipSample()
+
+    def on_error(self, exc: Exception, sample: Any, sources: Any = None) -> None:
+        """energon's global_error_handler: failures inside energon (e.g. a field missing from the shard)."""
+        if isinstance(exc, DataError):
+            raise exc
+        key, shard, dataset = _source(sample)
+        if sources and not shard:
+            shard = getattr(sources[0], "shard_name", None)
+            dataset = str(getattr(sources[0], "dataset_path", "")) or dataset
+        detail = f"{type(exc).__name__}: {exc}"
+        if self.cfg.on_bad_sample == "error":
+            raise DataError(f"{describe(key, shard, dataset)}: energon failed to load the sample: {detail}") from exc
+        # energon drops the sample after this returns; we count it.
+        self._events.append({"kind": "skipped", "reason": "load", "key": key, "shard": shard, "detail": detail})
+
+    # ------------------------------------------------------------ per sample
+
+    def encode_sample(self, sample: Sample) -> EncodedSample:
+        image = None
+        try:
+            if isinstance(sample, CaptioningSample):
+                prompt, response, image = "", _text(sample.caption, "caption"), sample.image
+            elif isinstance(sample, VQASample):
+                answers = sample.answers if isinstance(sample.answers, list) else [sample.answers]
+                if not answers:
+                    raise ValueError("field 'answers' is empty")
+                prompt, response, image = _text(sample.context, "context"), _text(answers[0], "answers"), sample.image
+            elif isinstance(sample, TextSample):
+                prompt, response = "", _text(sample.text, "text")
+            else:
+                raise ValueError(f"unsupported sample type {type(sample).__name__} "
+                                 "(use CaptioningSample, VQASample or TextSample)")
+        except ValueError as e:
+            self._bad(sample, "field", str(e))
+        if not response.strip():
+            self._bad(sample, "empty", "text is empty")
+        n_img = 0
+        if image is not None:
+            if not isinstance(image, (bytes, bytearray)):
+                self._bad(sample, "field", f"image field has type {type(image).__name__}, expected encoded bytes")
+            try:
+                h, w = header_size(bytes(image))
+            except Exception as e:  # PIL raises many types for broken files
+                self._bad(sample, "image", f"corrupt image ({type(e).__name__}: {e})")
+            n_img = self.cfg.geometry.tokens(h, w)
+        t = self.tok
+        head = [t.bos_id] + [t.image_token_id] * n_img + t.encode(prompt)
+        body = t.encode(response) + [t.eos_id]
+        seq = self.cfg.seq_length
+        truncated = False
+        if len(head) + len(body) > seq:
+            need = len(head) + len(body)
+            if not self.cfg.truncate_text or len(head) + 1 > seq:
+                self._bad(sample, "overlong", f"{need} tokens ({n_img} image tokens) do not fit "
+                          f"seq_length={seq}" + ("" if self.cfg.truncate_text else
+                                                 "; set trainer.data.truncate_text: true to cut text"))
+            body = body[: seq - len(head)]
+            truncated = True
+            key, shard, _ = _source(sample)
+            self._events.append({"kind": "truncated", "reason": "overlong", "key": key, "shard": shard,
+                                 "detail": f"{need} tokens cut to {seq}"})
+        return EncodedSample.derive_from(sample, tokens=head + body, loss_from=len(head) - 1,
+                                         image_token_count=n_img, image=bytes(image) if n_img else None,
+                                         truncated=truncated)
+
+    # ------------------------------------------------------------ per batch
+
+    def batch(self, samples: list[EncodedSample]) -> EncodedBatch:
+        seq, b = self.cfg.seq_length, len(samples)
+        tokens = torch.full((b, seq), self.tok.pad_id, dtype=torch.long)
+        labels = torch.full((b, seq), IGNORE_INDEX, dtype=torch.long)
+        for i, s in enumerate(samples):
+            ids = torch.tensor(s.tokens, dtype=torch.long)
+            tokens[i, : len(ids)] = ids
+            # next-token targets; positions before loss_from predict prompt/image tokens: no loss
+            labels[i, s.loss_from: len(ids) - 1] = ids[s.loss_from + 1:]
+        loss_mask = (labels != IGNORE_INDEX).float()
+        position_ids = torch.arange(seq, dtype=torch.long).unsqueeze(0).expand(b, seq).contiguous()
+        images = None
+        if self.cfg.need_images:
+            lo, hi = self.cfg.image_slice or (0, b)
+            images = []
+            for i, s in enumerate(samples):
+                if s.image is None or not lo <= i < hi:
+                    images.append(None)
+                    continue
+                try:
+                    img = decode(s.image, self.cfg.geometry)
+                except Exception as e:
+                    # The LLM side accepted this image from its header; skipping here would misalign the
+                    # lanes, so this is always an error.
+                    key, shard, dataset = _source(s)
+                    raise DataError(f"{describe(key, shard, dataset)}: image passed the header check but "
+                                    f"failed to decode ({type(e).__name__}: {e}); remove or fix the sample") from e
+                g = self.cfg.geometry
+                n = (img.shape[1] // g.patch_size) * (img.shape[2] // g.patch_size)
+                if n != s.image_token_count:  # header and pixels disagree (e.g. EXIF/frames): never silent
+                    raise DataError(f"{describe(*_source(s))}: header size gives {s.image_token_count} image "
+                                    f"tokens but the decoded image gives {n}")
+                images.append(img)
+        events, self._events = self._events, []
+        return EncodedBatch.from_samples(
+            samples, tokens=tokens, labels=labels, loss_mask=loss_mask, position_ids=position_ids,
+            image_token_counts=[s.image_token_count for s in samples], images=images, events=events)
+
+
+@dataclass
+class Totals:
+    """Counted outcomes of a lane (or a provider): never a silent drop."""
+
+    samples: int = 0
+    image_samples: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+    truncated: int = 0
+
+    def add(self, b: EncodedBatch) -> None:
+        self.samples += len(b.image_token_counts)
+        self.image_samples += sum(1 for n in b.image_token_counts if n)
+        for e in b.events:
+            if e["kind"] == "skipped":
+                self.skipped[e["reason"]] = self.skipped.get(e["reason"], 0) + 1
+            else:
+                self.truncated += 1
