@@ -1,7 +1,153 @@
-"""CLI commands (placeholder: filled in by its owner)."""
+"""`validate` and `render`: study file -> plan table / precise errors -> run directories with scripts.
+
+Exit codes: 0 ok, 2 bad input (every problem is printed, with its YAML path, rule and a value that fits).
+Imports of pydantic/jinja stay inside the commands so `mimo-jobs --help` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
+if TYPE_CHECKING:
+    from ..study import Diagnosis, Problem
+
+EXIT_INVALID = 2
+
+
+def _console(stderr: bool = False):
+    import os
+    import sys
+
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output (CI logs, files) keeps whole rows instead of rich's 80-column default.
+    wide = None if stream.isatty() or os.environ.get("COLUMNS") else 200
+    return Console(stderr=stderr, highlight=False, width=wide)
+
+
+def _print_problems(source: str, problems: list[Problem]) -> None:
+    con = _console(stderr=True)
+    con.print(f"{source}: {len(problems)} problem(s)", style="bold red", markup=False)
+    for p in problems:
+        fit = f"\n      -> {p.fit}" if p.fit else ""
+        con.print(f"  {p.path}: [{p.rule}] {p.message}{fit}", markup=False, soft_wrap=True)
+
+
+def _cells(plan) -> dict[str, str]:
+    """Table cells of one plan, in the words of DESIGN.md's worked example."""
+    lay = plan.layout
+
+    def nodes(n: int) -> str:
+        return f"{n} node" + ("s" if n != 1 else "")
+
+    enc = f"TP{lay.enc_tp}" + (f" PP{lay.enc_pp}" if lay.enc_pp > 1 else "") + f" DP{lay.enc_dp}"
+    llm = (f"TP{lay.llm_tp}" + (f" PP{lay.llm_pp}" if lay.llm_pp > 1 else "")
+           + (f" EP{lay.llm_ep}" if lay.llm_ep > 1 else "") + f" DP{lay.llm_dp}")
+    shared = " (shared)" if plan.shared_nodes else ""
+    if plan.fan == "in":
+        lanes = f"1/{plan.encoders_per_lane}"  # fan-in: several encoder replicas per lane
+    else:
+        lanes = str(plan.lanes_per_encoder)
+    return {
+        "encoder": f"{nodes(len(plan.encoder_nodes))}{shared}, {enc}",
+        "llm": f"{nodes(len(plan.llm_nodes))}{shared}, {llm}",
+        "expert_dp": str(plan.expert_dp) if plan.expert_dp else "-",
+        "fan": plan.fan, "lanes": lanes, "microbatches": str(plan.num_microbatches),
+    }
+
+
+def _plan_table(diag: Diagnosis):
+    from rich.table import Table
+
+    name = diag.study.name if diag.study else diag.source
+    t = Table(title=f"{name}: {len(diag.runs)} run(s)", title_justify="left")
+    for col, just in (("run", "left"), ("run id", "left"), ("nodes", "right"), ("encoder", "left"),
+                      ("LLM", "left"), ("expert-DP", "right"), ("fan", "center"), ("lanes/encoder", "right"),
+                      ("microbatches", "right")):
+        t.add_column(col, justify=just, overflow="fold")
+    for r in diag.runs:
+        c = _cells(r.plan())
+        t.add_row(r.name, r.run_id, str(r.layout.nodes), c["encoder"], c["llm"], c["expert_dp"], c["fan"],
+                  c["lanes"], c["microbatches"])
+    return t
+
+
+def _diagnose(study_file: Path) -> Diagnosis:
+    from ..render import setup_problems
+    from ..study import diagnose
+
+    diag = diagnose(study_file)
+    if diag.study is not None:
+        diag.problems += setup_problems(diag.study.cluster)
+    return diag
+
+
+def validate(
+    study_file: Path = typer.Argument(..., help="Study YAML file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan (or the problems) as JSON."),
+) -> None:
+    """Check a study: every point's topology plan, or every problem at once (exit code 2)."""
+    diag = _diagnose(study_file)
+    if as_json:
+        doc = {
+            "study": diag.study.name if diag.study else None,
+            "source": diag.source,
+            "ok": diag.ok,
+            "runs": [{"name": r.name, "run_id": r.run_id, "index": r.index, "repeat": r.repeat,
+                      "nodes": r.layout.nodes, "time_limit": r.time_limit, "plan": r.plan().to_dict()}
+                     for r in diag.runs],
+            "problems": [{"path": p.path, "rule": p.rule, "message": p.message, "fit": p.fit}
+                         for p in diag.problems],
+        }
+        typer.echo(json.dumps(doc, indent=2))
+        raise typer.Exit(0 if diag.ok else EXIT_INVALID)
+    if diag.runs:
+        _console().print(_plan_table(diag))
+    if not diag.ok:
+        _print_problems(diag.source, diag.problems)
+        raise typer.Exit(EXIT_INVALID)
+    _console().print(f"{diag.source}: OK, {len(diag.runs)} run(s) feasible", style="green", markup=False)
+
+
+def render(
+    study_file: Path = typer.Argument(..., help="Study YAML file."),
+    output: Path = typer.Option(Path("runs"), "--output", "-o", help="Runs root: writes <root>/<study>/<run>/."),
+    templates: Optional[Path] = typer.Option(  # noqa: UP045 (typer needs Optional on 3.10)
+        None, "--templates", help="Directory whose sbatch.sh.j2 / launch.sh.j2 override the packaged ones."),
+    only: Optional[list[str]] = typer.Option(  # noqa: UP045
+        None, "--only", help="Render only this run (name or run id); repeatable."),
+) -> None:
+    """Write run.yaml, launch.sh and sbatch.sh for every run of a study (nothing is written on any error)."""
+    from ..render import RenderError, render_study
+
+    diag = _diagnose(study_file)
+    if not diag.ok or diag.study is None:
+        _print_problems(diag.source, diag.problems)
+        raise typer.Exit(EXIT_INVALID)
+    try:
+        rendered = render_study(diag.study, output, templates_dir=templates, only=only or None,
+                                source=diag.source)
+    except RenderError as e:
+        _print_problems(diag.source, e.problems)
+        raise typer.Exit(EXIT_INVALID) from None
+    except FileNotFoundError as e:
+        _console(stderr=True).print(str(e), style="red", markup=False)
+        raise typer.Exit(EXIT_INVALID) from None
+    from rich.table import Table
+
+    t = Table(title=f"{diag.study.name}: rendered {len(rendered)} run(s) under {output}", title_justify="left")
+    for col in ("run", "run id", "status", "run dir", "sbatch sha256"):
+        t.add_column(col, overflow="fold")
+    for r in rendered:
+        t.add_row(r.run.name, r.run.run_id, r.status, str(r.run_dir), r.sbatch_sha256[:12])
+    _console().print(t)
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("validate")(validate)
+    app.command("render")(render)
