@@ -214,6 +214,11 @@ class DataSpec(_Strict):
     text_only_fraction: float = Field(0.25, ge=0, le=1)  # mock provider: share of samples with no image
     image_sizes: list[int] = Field(default_factory=lambda: [8, 12, 16])  # mock: square sides in pixels
     tokenizer: str | None = None  # local HuggingFace tokenizer path (energon); built-in byte tokenizer if None
+    # energon: a corrupt/incomplete/too-long sample stops the run naming shard and key, or is skipped and counted
+    on_bad_sample: Literal["error", "skip"] = "error"
+    truncate_text: bool = False  # energon: cut text that does not fit seq_length (counted); images never cut
+    shuffle_buffer_size: int | None = Field(100, ge=1)  # energon sample shuffle buffer (None: no shuffle)
+    max_samples_per_sequence: int | None = Field(100, ge=1)  # energon: samples read in a row from one shard
 
     @model_validator(mode="after")
     def _check(self) -> DataSpec:

@@ -6,14 +6,17 @@ needs the pixels. Both must agree exactly, so the geometry is one pure function 
   (h, w) -> scale down so max(h, w) <= image_size (aspect kept, rounded) -> round each side down to a
   multiple of patch_size (at least one patch) -> tokens = (H/p) * (W/p)      (dynamic resolution)
 
-Pixels: RGB (or L when channels == 1), resized to (H, W) when needed, float32 [C, H, W] in [0, 1] -- the
-same layout and range as the trainer's mock images and energon's "torchrgb" decoder.
+Pixels: RGB (or L when channels == 1), resized to (H, W) when needed, float32 [C, H, W], standardized with
+the CLIP per-channel mean/std (roughly zero mean, unit scale: the range of the trainer's mock images).
 """
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 @dataclass(frozen=True)
@@ -72,4 +75,8 @@ def decode(data: bytes, geom: ImageGeometry):
         arr = np.asarray(im, dtype=np.uint8)
     if arr.ndim == 2:
         arr = arr[:, :, None]
-    return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+    x = torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+    c = x.shape[0]
+    mean = torch.tensor(CLIP_MEAN[:c] if c == 3 else [sum(CLIP_MEAN) / 3]).view(c, 1, 1)
+    std = torch.tensor(CLIP_STD[:c] if c == 3 else [sum(CLIP_STD) / 3]).view(c, 1, 1)
+    return (x - mean) / std

@@ -14,7 +14,7 @@ the LLM side too, so the encoder replica and its lanes skip exactly the same sam
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -33,6 +33,8 @@ from ..trainer.batch import IGNORE_INDEX
 from .errors import DataError, describe
 from .images import ImageGeometry, decode, header_size
 from .tokenizer import Tokenizer
+
+MAX_CONSECUTIVE_SKIPS = 1000
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
         self.tok = tokenizer
         self.cfg = cfg
         self._events: list[dict] = []
+        self._consecutive_skips = 0
 
     # ------------------------------------------------------------ failures
 
@@ -104,8 +107,17 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
         if self.cfg.on_bad_sample == "error":
             raise DataError(f"{describe(key, shard, dataset)}: {detail} "
                             "(set trainer.data.on_bad_sample: skip to skip and count such samples)")
-        self._events.append({"kind": "skipped", "reason": reason, "key": key, "shard": shard, "detail": detail})
+        self._skip_event(reason, key, shard, detail)
         raise SkipSample()
+
+    def _skip_event(self, reason: str, key: str | None, shard: str | None, detail: str) -> None:
+        self._events.append({"kind": "skipped", "reason": reason, "key": key, "shard": shard, "detail": detail})
+        # energon does not count SkipSample towards its failure tolerance: an all-bad dataset would loop
+        # forever. Stop with the evidence instead.
+        self._consecutive_skips += 1
+        if self._consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
+            raise DataError(f"{self._consecutive_skips} consecutive samples were skipped as bad (last: "
+                            f"{describe(key, shard)}: {detail}); the dataset looks broken")
 
     def on_error(self, exc: Exception, sample: Any, sources: Any = None) -> None:
         """energon's global_error_handler: failures inside energon (e.g. a field missing from the shard)."""
@@ -119,7 +131,7 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
         if self.cfg.on_bad_sample == "error":
             raise DataError(f"{describe(key, shard, dataset)}: energon failed to load the sample: {detail}") from exc
         # energon drops the sample after this returns; we count it.
-        self._events.append({"kind": "skipped", "reason": "load", "key": key, "shard": shard, "detail": detail})
+        self._skip_event("load", key, shard, detail)
 
     # ------------------------------------------------------------ per sample
 
@@ -136,7 +148,7 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             elif isinstance(sample, TextSample):
                 prompt, response = "", _text(sample.text, "text")
             else:
-                raise ValueError(f"unsupported sample type {type(sample).__name__} "
+                raise ValueError(f"unsupported sample type {type(sample).__name__} "  # noqa: TRY004
                                  "(use CaptioningSample, VQASample or TextSample)")
         except ValueError as e:
             self._bad(sample, "field", str(e))
@@ -148,7 +160,7 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
                 self._bad(sample, "field", f"image field has type {type(image).__name__}, expected encoded bytes")
             try:
                 h, w = header_size(bytes(image))
-            except Exception as e:  # PIL raises many types for broken files
+            except Exception as e:  # noqa: BLE001 -- PIL raises many types for broken files
                 self._bad(sample, "image", f"corrupt image ({type(e).__name__}: {e})")
             n_img = self.cfg.geometry.tokens(h, w)
         t = self.tok
@@ -167,7 +179,11 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             key, shard, _ = _source(sample)
             self._events.append({"kind": "truncated", "reason": "overlong", "key": key, "shard": shard,
                                  "detail": f"{need} tokens cut to {seq}"})
-        return EncodedSample.derive_from(sample, tokens=head + body, loss_from=len(head) - 1,
+        self._consecutive_skips = 0
+        # The last head token predicts the first response token, unless it is an image position: the
+        # contract (trainer/batch.py) keeps loss_mask 0 on every image position, as the mock provider does.
+        loss_from = len(head) - 1 if head[-1] != t.image_token_id else len(head)
+        return EncodedSample.derive_from(sample, tokens=head + body, loss_from=loss_from,
                                          image_token_count=n_img, image=bytes(image) if n_img else None,
                                          truncated=truncated)
 
@@ -210,22 +226,3 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
         return EncodedBatch.from_samples(
             samples, tokens=tokens, labels=labels, loss_mask=loss_mask, position_ids=position_ids,
             image_token_counts=[s.image_token_count for s in samples], images=images, events=events)
-
-
-@dataclass
-class Totals:
-    """Counted outcomes of a lane (or a provider): never a silent drop."""
-
-    samples: int = 0
-    image_samples: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
-    truncated: int = 0
-
-    def add(self, b: EncodedBatch) -> None:
-        self.samples += len(b.image_token_counts)
-        self.image_samples += sum(1 for n in b.image_token_counts if n)
-        for e in b.events:
-            if e["kind"] == "skipped":
-                self.skipped[e["reason"]] = self.skipped.get(e["reason"], 0) + 1
-            else:
-                self.truncated += 1

@@ -1,0 +1,262 @@
+"""The trainer's Provider on megatron-energon: one savable loader per LLM DP lane.
+
+Placement (DESIGN.md, trainer step 2): lane j's samples come from WorkerConfig(rank=j, world_size=llm_dp,
+seed_offset=trainer.seed). An LLM rank builds the loader of its own lane; the encoder replica serving lanes
+[i*k, (i+1)*k) builds exactly those k lanes' loaders (fan-in: the one lane it helps); the one-process
+reference builds all. Same dataset, same WorkerConfig, same TaskEncoder logic -> identical keys in identical
+order on both sides of the bridge. Only encoder ranks (need_images) decode pixels.
+
+State: per lane the energon loader state (pickled to bytes so any checkpoint format can hold it), the count
+of microbatches consumed and the counted outcomes (skips/truncations) so totals survive a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..trainer.batch import LaneBatch, Provider
+from .errors import DataError
+from .images import ImageGeometry, geometry_of_preset
+from .tokenizer import load_tokenizer
+
+log = logging.getLogger("mimo_jobs.data")
+
+STATE_FORMAT = 1
+
+
+def image_token_id(vocab_size: int) -> int:
+    """The image placeholder: the last vocabulary entry, as in the trainer's mock provider
+    (mimo_jobs.trainer.data.image_token_id); the LLM scatters image embeddings where tokens == this id."""
+    return vocab_size - 1
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Everything that determines a lane's sample stream (pure data; from the run spec)."""
+
+    path: str
+    llm_dp: int
+    mbs: int
+    num_microbatches: int
+    seq_length: int
+    geometry: ImageGeometry
+    vocab_size: int
+    image_token_id: int = -1  # -1: image_token_id(vocab_size)
+    tokenizer: str | None = None
+    num_workers: int = 0
+    seed: int = 0
+    on_bad_sample: Literal["error", "skip"] = "error"
+    truncate_text: bool = False
+    shuffle_buffer_size: int | None = 100
+    max_samples_per_sequence: int | None = 100
+
+    @classmethod
+    def from_run(cls, run_spec: Any, plan: Any) -> LoaderConfig:
+        from ..presets import get_preset
+
+        tr = run_spec.trainer
+        d = tr.data
+        preset = get_preset(tr.model)
+        return cls(
+            path=str(d.path), llm_dp=plan.layout.llm_dp, mbs=plan.layout.mbs,
+            num_microbatches=plan.num_microbatches, seq_length=tr.seq_length,
+            geometry=geometry_of_preset(tr.model), vocab_size=preset.llm.vocab_size,
+            image_token_id=image_token_id(preset.llm.vocab_size),
+            tokenizer=d.tokenizer, num_workers=d.num_workers, seed=tr.seed,
+            on_bad_sample=d.on_bad_sample, truncate_text=d.truncate_text,
+            shuffle_buffer_size=d.shuffle_buffer_size, max_samples_per_sequence=d.max_samples_per_sequence,
+        )
+
+
+@dataclass
+class LaneTotals:
+    microbatches: int = 0
+    samples: int = 0
+    image_samples: int = 0
+    truncated: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+    def merge(self, o: LaneTotals) -> LaneTotals:
+        sk = dict(self.skipped)
+        for k, v in o.skipped.items():
+            sk[k] = sk.get(k, 0) + v
+        return LaneTotals(self.microbatches + o.microbatches, self.samples + o.samples,
+                          self.image_samples + o.image_samples, self.truncated + o.truncated, sk)
+
+
+def _check_path(path: str) -> None:
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"trainer.data.path={path!r} does not exist (make one: mimo-jobs data synth DIR)")
+    if p.is_dir() and not (p / ".nv-meta").is_dir():
+        hint = " (it holds blend.yaml: point data.path at that file)" if (p / "blend.yaml").exists() else ""
+        raise DataError(f"trainer.data.path={path!r} is not an energon dataset: no .nv-meta/ inside{hint}; "
+                        "prepare it with `energon prepare` or `mimo-jobs data synth`")
+
+
+class _Lane:
+    def __init__(self, lane: int, cfg: LoaderConfig, enc_cfg: Any, tokenizer: Any):
+        from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
+        from megatron.energon.flavors.webdataset.empty_dataset_error import EmptyDatasetError
+
+        from .task_encoder import MimoTaskEncoder
+
+        self.lane = lane
+        self.encoder = MimoTaskEncoder(tokenizer, enc_cfg)
+
+        def restore_error(e: Exception, sample: Any, sources: Any = None) -> None:
+            raise DataError(f"lane {lane}: could not restore a sample from the checkpointed loader state: "
+                            f"{type(e).__name__}: {e}") from e
+
+        # energon's default handler logs and skips; ours raises or counts (see MimoTaskEncoder.on_error)
+        self.worker_config = WorkerConfig(
+            rank=lane, world_size=cfg.llm_dp, num_workers=cfg.num_workers, seed_offset=cfg.seed,
+            global_error_handler=self.encoder.on_error, restore_error_handler=restore_error)
+        try:
+            ds = get_train_dataset(
+                cfg.path, worker_config=self.worker_config, batch_size=cfg.mbs,
+                shuffle_buffer_size=cfg.shuffle_buffer_size, max_samples_per_sequence=cfg.max_samples_per_sequence,
+                task_encoder=self.encoder, repeat=True)
+        except EmptyDatasetError as e:
+            raise DataError(f"trainer.data.path={cfg.path!r}: the train split is empty for lane {lane} of "
+                            f"{cfg.llm_dp} ({e}); add samples/shards or use fewer LLM DP lanes") from None
+        self.loader = get_savable_loader(ds)
+        self.it = None
+        self.totals = LaneTotals()
+
+    def next(self) -> Any:
+        from megatron.energon.flavors.webdataset.empty_dataset_error import EmptyDatasetError
+
+        if self.it is None:
+            self.it = iter(self.loader)
+        try:
+            return next(self.it)
+        except EmptyDatasetError as e:
+            raise DataError(f"lane {self.lane}: no samples ({e}); the dataset is too small for "
+                            f"{self.worker_config.world_size} lanes x {max(1, self.worker_config.num_workers)} "
+                            "workers") from None
+
+    def close(self) -> None:
+        # Closing the iterator ends the workers at once (otherwise ~5 s join timeout per worker on GC).
+        if self.it is not None:
+            self.it.close()
+            self.it = None
+
+
+class EnergonProvider(Provider):
+    def __init__(self, cfg: LoaderConfig, lanes: list[int], need_images: bool, need_text: bool = True,
+                 image_slice: tuple[int, int] | None = None):
+        from .task_encoder import EncodeConfig
+
+        _check_path(cfg.path)
+        bad = [x for x in lanes if not 0 <= x < cfg.llm_dp]
+        if bad or not lanes:
+            raise DataError(f"lanes {lanes} must be a non-empty subset of [0, llm_dp={cfg.llm_dp})")
+        self.cfg = cfg
+        self.lanes = list(lanes)
+        self.need_images = need_images
+        self.need_text = need_text  # text is always tokenized: both sides need identical skip decisions
+        img_id = cfg.image_token_id if cfg.image_token_id >= 0 else image_token_id(cfg.vocab_size)
+        self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.vocab_size, img_id)
+        self.image_token_id = self.tokenizer.image_token_id
+        self.enc_cfg = EncodeConfig(seq_length=cfg.seq_length, geometry=cfg.geometry, need_images=need_images,
+                                    on_bad_sample=cfg.on_bad_sample, truncate_text=cfg.truncate_text,
+                                    image_slice=image_slice)
+        self._lanes = {x: _Lane(x, cfg, self.enc_cfg, self.tokenizer) for x in self.lanes}
+
+    # ------------------------------------------------------------ Provider
+
+    def next(self, lane: int) -> LaneBatch:
+        try:
+            ln = self._lanes[lane]
+        except KeyError:
+            raise DataError(f"this provider serves lanes {self.lanes}, not lane {lane}") from None
+        b = ln.next()
+        n = ln.totals.microbatches
+        t = ln.totals
+        t.microbatches += 1
+        t.samples += len(b.image_token_counts)
+        t.image_samples += sum(1 for c in b.image_token_counts if c)
+        for e in b.events:
+            if e["kind"] == "skipped":
+                t.skipped[e["reason"]] = t.skipped.get(e["reason"], 0) + 1
+                log.warning("data lane %d: skipped sample %r in shard %s (%s); %d skipped so far on this lane",
+                            lane, e["key"], e["shard"], e["detail"], t.skipped_total)
+            else:
+                t.truncated += 1
+                log.warning("data lane %d: truncated sample %r in shard %s (%s)", lane, e["key"], e["shard"],
+                            e["detail"])
+        nmb = self.cfg.num_microbatches
+        return LaneBatch(
+            lane=lane, step=n // nmb, microbatch=n % nmb, sample_keys=list(b.__key__),
+            tokens=b.tokens, labels=b.labels, loss_mask=b.loss_mask, position_ids=b.position_ids,
+            image_token_counts=list(b.image_token_counts),
+            images=list(b.images) if (self.need_images and b.images is not None) else None,
+            meta={"events": list(b.events), "image_token_id": self.image_token_id,
+                  "subflavors": list(b.__subflavors__ or [])},
+        )
+
+    def state_dict(self) -> dict:
+        lanes = {}
+        for x, ln in self._lanes.items():
+            # Safe with workers: the iterator (if any) has yielded at least once (pitfall: saving between
+            # iter() and the first next() hangs); without an iterator energon returns None = initial state.
+            st = ln.loader.save_state_rank()
+            lanes[x] = {"loader": pickle.dumps(st), "totals": asdict(ln.totals)}
+        return {"format": STATE_FORMAT, "kind": "energon", "path": self.cfg.path,
+                "num_workers": self.cfg.num_workers, "llm_dp": self.cfg.llm_dp, "mbs": self.cfg.mbs,
+                "seed": self.cfg.seed, "lanes": lanes}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("kind") != "energon" or state.get("format") != STATE_FORMAT:
+            raise DataError(f"checkpointed data state is {state.get('kind')!r} format {state.get('format')!r}; "
+                            f"this run reads energon format {STATE_FORMAT}")
+        for k in ("num_workers", "llm_dp", "mbs", "seed"):
+            if state[k] != getattr(self.cfg, k):
+                raise DataError(f"checkpointed data state was saved with {k}={state[k]}, this run has "
+                                f"{getattr(self.cfg, k)}: resume with the same value (the sample order depends on it)")
+        missing = [x for x in self.lanes if x not in state["lanes"]]
+        if missing:
+            raise DataError(f"checkpointed data state has lanes {sorted(state['lanes'])}, missing {missing}")
+        for x in self.lanes:
+            ln = self._lanes[x]
+            if ln.it is not None:  # energon restores only before iterating: start this lane afresh
+                ln.close()
+                ln = _Lane(x, self.cfg, self.enc_cfg, self.tokenizer)
+            ln.loader.restore_state_rank(pickle.loads(state["lanes"][x]["loader"]))
+            ln.totals = LaneTotals(**state["lanes"][x]["totals"])
+            self._lanes[x] = ln
+
+    # ------------------------------------------------------------ extras
+
+    def totals(self) -> LaneTotals:
+        out = LaneTotals()
+        for ln in self._lanes.values():
+            out = out.merge(ln.totals)
+        return out
+
+    def lane_totals(self, lane: int) -> LaneTotals:
+        return self._lanes[lane].totals
+
+    def close(self) -> None:
+        for ln in self._lanes.values():
+            ln.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown: workers may already be gone
+            self.close()
+
+
+def make_energon_provider(run_spec: Any, plan: Any, lanes: list[int], need_images: bool, need_text: bool,
+                          image_slice: tuple[int, int] | None = None) -> EnergonProvider:
+    """The trainer's entry point (mimo_jobs.trainer.data.make_provider, provider 'energon')."""
+    return EnergonProvider(LoaderConfig.from_run(run_spec, plan), lanes, need_images, need_text, image_slice)
