@@ -1,0 +1,165 @@
+"""Every torch.cuda monkeypatch megatron-core 0.16.1 needs to train on a CPU-only torch build.
+
+Loaded by the trainer only when CUDA is absent (`install()` refuses to run in a CUDA process: these are
+process-global patches and would silently move GPU work to the CPU). Each shim names the megatron-core
+call site that needs it (see /work/shared/notes/probe-megatron-core-cpu.md for the failures without it).
+"""
+
+from __future__ import annotations
+
+import types
+
+_INSTALLED = False
+
+
+class _FakeStream:
+    """Stand-in for torch.cuda.Stream/Event: CPU work is synchronous, so every wait/sync is a no-op."""
+
+    def __init__(self, *a, **k):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def wait_stream(self, *a, **k):
+        pass
+
+    def wait_event(self, *a, **k):
+        pass
+
+    def record_event(self, *a, **k):
+        return _FakeStream()
+
+    def record(self, *a, **k):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, other):
+        return 0.0
+
+
+def _cpu_device(kw: dict) -> dict:
+    d = kw.get("device")
+    if d is not None and "cuda" in str(d):
+        kw = dict(kw, device="cpu")
+    return kw
+
+
+def _torch_proxy(torch):
+    """A `torch` look-alike whose tensor factories turn device='cuda' into 'cpu'. Installed as the `torch`
+    global of the megatron modules that hard-code device='cuda' (optimizer scale/found_inf buffers,
+    clip_grads norm buffers, grad_scaler, param_and_grad_buffer warm-up, utils l2-norm, schedules)."""
+    proxy = types.ModuleType("torch_cpu_proxy")
+    proxy.__dict__.update({k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")})
+    for name in ("tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like",
+                 "empty_like", "full_like", "randn", "rand"):
+        orig = getattr(torch, name)
+
+        def make(orig):
+            def f(*a, **k):
+                return orig(*a, **_cpu_device(k))
+            return f
+        setattr(proxy, name, make(orig))
+    return proxy
+
+
+def install() -> None:
+    """Install all shims once, before any megatron model/optimizer is built."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        raise RuntimeError("cuda_shims.install() called in a process that has CUDA; the shims are CPU-only")
+
+    # S1: rope (rotary_pos_embedding.py), GlobalMemoryBuffer (utils.py), param buffers and schedules all do
+    # torch.empty(..., device=torch.cuda.current_device()); "cpu" is a valid device string for all of them.
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.device_count = lambda: 0
+    # S1: the model-parallel RNG tracker (attention dropout fork, model_parallel_cuda_manual_seed) keeps
+    # "CUDA" RNG states; redirect them to the CPU generator.
+    import megatron.core.tensor_parallel.random as R
+
+    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
+    torch.cuda.manual_seed = lambda seed: torch.manual_seed(seed)
+    R._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()
+    R._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)
+
+    # S2: streams/events (MoE alltoall dispatcher __init__, DDP overlap communication stream): synchronous
+    # stand-ins; synchronize/empty_cache become no-ops.
+    torch.cuda.Stream = _FakeStream
+    torch.cuda.Event = _FakeStream
+    torch.cuda.current_stream = lambda *a, **k: _FakeStream()
+    torch.cuda.default_stream = lambda *a, **k: _FakeStream()
+    torch.cuda.stream = lambda *a, **k: _FakeStream()
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.empty_cache = lambda *a, **k: None
+
+    # S2: MoE without Transformer Engine. moe_utils references te_general_gemm although TE is absent
+    # (NameError in the router); the alltoall dispatcher passes split sizes as CPU tensors to
+    # all_to_all_single (TypeError in mappings.py) unless converted to numpy like the GPU path does.
+    import megatron.core.transformer.moe.moe_utils as mu
+    import megatron.core.transformer.moe.token_dispatcher as td
+
+    if not hasattr(mu, "te_general_gemm"):
+        mu.te_general_gemm = None
+    orig_move = td.maybe_move_tensor_to_cpu
+
+    def _move(t, as_numpy=False, record_stream=False):
+        if torch.is_tensor(t) and not t.is_cuda and as_numpy:
+            return t.numpy()
+        return orig_move(t, as_numpy=as_numpy, record_stream=record_stream)
+
+    td.maybe_move_tensor_to_cpu = _move
+
+    # S3: optimizer, clip-grad, grad scaler, DDP buffers, utils and schedules create tensors with
+    # device='cuda' literals: give those modules a torch whose factories map 'cuda' -> 'cpu'.
+    import importlib
+
+    proxy = _torch_proxy(torch)
+    for modname in ("megatron.core.optimizer.optimizer", "megatron.core.optimizer.clip_grads",
+                    "megatron.core.optimizer.grad_scaler", "megatron.core.optimizer.distrib_optimizer",
+                    "megatron.core.distributed.param_and_grad_buffer", "megatron.core.utils",
+                    "megatron.core.pipeline_parallel.schedules"):
+        try:
+            m = importlib.import_module(modname)
+        except ImportError:  # pragma: no cover - optional module
+            continue
+        m.torch = proxy
+    # S3: `.cuda()` calls (CLIPViT __init__, optimizer state reload) become identity on CPU.
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    # S3: clip_grads asserts param.grad.type() == 'torch.cuda.FloatTensor' and the distributed optimizer
+    # accepts only torch.cuda.* types: report CPU float tensors under their CUDA type name (no-arg call only).
+    orig_type = torch.Tensor.type
+
+    def _type(self, *a, **k):
+        if a or k:
+            return orig_type(self, *a, **k)
+        t = orig_type(self)
+        return t.replace("torch.", "torch.cuda.", 1) if t.startswith("torch.") and ".cuda." not in t else t
+
+    torch.Tensor.type = _type
+
+    # S4: BridgeCommunicator and some helpers hard-code backend='nccl' for new subgroups (we do not use
+    # mcore's bridge, but keep any stray nccl request on gloo so it cannot fail on a CPU build).
+    import torch.distributed as dist
+
+    orig_nsbe = dist.new_subgroups_by_enumeration
+
+    def _nsbe(ranks_per_subgroup_list, timeout=None, backend=None, pg_options=None, group_desc=None):
+        return orig_nsbe(ranks_per_subgroup_list, timeout=timeout,
+                         backend="gloo" if backend == "nccl" else backend, pg_options=pg_options,
+                         group_desc=group_desc)
+
+    dist.new_subgroups_by_enumeration = _nsbe
+    _INSTALLED = True

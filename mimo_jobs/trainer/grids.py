@@ -1,0 +1,151 @@
+"""Process groups of both modules, built on every rank in one fixed order, and this rank's role.
+
+`new_subgroups_by_enumeration` (behind HyperCommGrid.create_pg) calls `new_group` for every subgroup on
+every rank, so all ranks must create the same groups in the same order or the world deadlocks (probe P1).
+`build_grids` is therefore the only place that creates groups, and it creates all of them on every rank.
+
+Rank layout (topology.py): encoder ranks [0, E), LLM ranks [E, world); inside a module tp is the fastest
+dimension, then pp, then dp. HyperCommGrid orders dims with the first name fastest, hence [tp, cp, pp, dp].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..topology import Plan
+
+ENCODER, LANGUAGE = "encoder", "language"
+
+
+@dataclass(frozen=True)
+class ModuleShape:
+    name: str  # ENCODER or LANGUAGE
+    offset: int
+    tp: int
+    pp: int
+    dp: int
+    ep: int = 1
+    etp: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def edp(self) -> int:
+        return self.tp * self.dp // (self.ep * self.etp)
+
+    def contains(self, rank: int) -> bool:
+        return self.offset <= rank < self.offset + self.size
+
+    # Pure coordinate arithmetic (same convention as the grid): local = tp + tp*pp_rank + tp*pp*dp_rank.
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        local = rank - self.offset
+        return local % self.tp, (local // self.tp) % self.pp, local // (self.tp * self.pp)
+
+    def rank_of(self, tp_rank: int, pp_rank: int, dp_rank: int) -> int:
+        return self.offset + tp_rank + self.tp * (pp_rank + self.pp * dp_rank)
+
+    def leader_of(self, dp_rank: int) -> int:
+        """The replica's bridge leader: TP rank 0 of the boundary (only, PP=1) stage."""
+        return self.rank_of(0, 0, dp_rank)
+
+
+def module_shapes(plan: Plan) -> tuple[ModuleShape, ModuleShape]:
+    lay = plan.layout
+    enc = ModuleShape(ENCODER, 0, lay.enc_tp, lay.enc_pp, lay.enc_dp, 1, lay.enc_tp)
+    llm = ModuleShape(LANGUAGE, plan.llm_rank_start, lay.llm_tp, lay.llm_pp, lay.llm_dp,
+                      lay.llm_ep if lay.num_experts else 1, lay.llm_etp if lay.num_experts else 1)
+    return enc, llm
+
+
+def single_process_shapes(plan: Plan) -> tuple[ModuleShape, ModuleShape]:
+    """The reference: both modules colocated on rank 0, every parallel size 1."""
+    return ModuleShape(ENCODER, 0, 1, 1, 1), ModuleShape(LANGUAGE, 0, 1, 1, 1)
+
+
+@dataclass(frozen=True)
+class RankRole:
+    """What this rank does: which module(s) it runs and where it sits inside them."""
+
+    rank: int
+    modules: tuple[str, ...]  # (ENCODER,), (LANGUAGE,) or both for the one-process reference
+    tp_rank: int
+    dp_rank: int
+    is_first_stage: bool
+    is_last_stage: bool
+    is_leader: bool  # TP rank 0: talks over the bridge and broadcasts to its TP peers
+
+    @property
+    def is_encoder(self) -> bool:
+        return ENCODER in self.modules
+
+    @property
+    def is_language(self) -> bool:
+        return LANGUAGE in self.modules
+
+
+def role_of(rank: int, enc: ModuleShape, llm: ModuleShape) -> RankRole:
+    mods = tuple(m.name for m in (enc, llm) if m.contains(rank))
+    if not mods:
+        raise RuntimeError(f"rank {rank} is in no grid (encoder ranks [{enc.offset}, {enc.offset + enc.size}), "
+                           f"LLM ranks [{llm.offset}, {llm.offset + llm.size})): refusing a stub rank")
+    own = llm if LANGUAGE in mods else enc
+    tp, pp, dp = own.coords(rank)
+    return RankRole(rank, mods, tp, dp, pp == 0, pp == own.pp - 1, tp == 0)
+
+
+@dataclass
+class ModuleGroups:
+    shape: ModuleShape
+    pgc: Any  # megatron ProcessGroupCollection (None off the module's ranks)
+    grid: Any
+    expert_grid: Any
+
+
+def _pgc(shape: ModuleShape, backend: str, timeout) -> ModuleGroups:
+    from megatron.core.hyper_comm_grid import HyperCommGrid
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    g = HyperCommGrid([shape.tp, 1, shape.pp, shape.dp], ["tp", "cp", "pp", "dp"], rank_offset=shape.offset,
+                      backend=backend)
+    # Expert view over the same ranks: ETP x EP x expert-DP (pp kept in the same place).
+    eg = HyperCommGrid([shape.etp, shape.ep, shape.pp, shape.edp], ["tp", "ep", "pp", "dp"],
+                       rank_offset=shape.offset, backend=backend)
+    kw = {"timeout": timeout}
+    # The fixed creation order. Every rank runs every line (create_pg returns None off the grid).
+    groups = dict(
+        tp=g.create_pg("tp", **kw), cp=g.create_pg("cp", **kw), pp=g.create_pg("pp", **kw),
+        dp=g.create_pg("dp", **kw), tp_cp=g.create_pg(["tp", "cp"], **kw), dp_cp=g.create_pg(["cp", "dp"], **kw),
+        mp=g.create_pg(["tp", "pp"], **kw), tp_dp_cp=g.create_pg(["tp", "cp", "dp"], **kw),
+        # probe P4: the optimizer's grad-norm group must be the whole module grid, not the dp group
+        intra_dist_opt=g.create_pg(["tp", "cp", "pp", "dp"], **kw),
+        expt_tp=eg.create_pg("tp", **kw), ep=eg.create_pg("ep", **kw), expt_dp=eg.create_pg("dp", **kw),
+        tp_ep=eg.create_pg(["tp", "ep"], **kw), tp_ep_pp=eg.create_pg(["tp", "ep", "pp"], **kw),
+    )
+    import torch.distributed as dist
+
+    if not shape.contains(dist.get_rank()):
+        return ModuleGroups(shape, None, g, eg)
+    pgc = ProcessGroupCollection(**groups)
+    pgc.embd = pgc.pos_embd = pgc.pp  # PP == 1: the embedding group is the (single-stage) pp group
+    return ModuleGroups(shape, pgc, g, eg)
+
+
+@dataclass
+class Grids:
+    encoder: ModuleGroups
+    language: ModuleGroups
+    role: RankRole
+
+
+def build_grids(enc: ModuleShape, llm: ModuleShape, backend: str, timeout) -> Grids:
+    """Encoder grid first, then the language grid, on every rank. The bridge itself needs no extra group:
+    it uses point-to-point messages on the world group between replica leaders (see bridge.py)."""
+    import torch.distributed as dist
+
+    role = role_of(dist.get_rank(), enc, llm)
+    e = _pgc(enc, backend, timeout)
+    lm = _pgc(llm, backend, timeout)
+    return Grids(e, lm, role)

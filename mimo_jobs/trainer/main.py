@@ -1,0 +1,174 @@
+"""Entry point: `python -m mimo_jobs.trainer RUN_YAML [--reference]` (under torchrun for the real run).
+
+Order matters: everything that can be checked from run.yaml and the launch environment is checked on every
+rank BEFORE the first collective, so a mismatched launch ends every rank with one clear message instead of
+a hang. After that, an exception on any rank prints `rank N failed: ...` and exits at once (os._exit, no
+teardown collectives); torchrun then stops the sibling workers, and the collective timeout
+(trainer.timeout_s) bounds the wait anywhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+
+class LaunchError(ValueError):
+    pass
+
+
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise LaunchError(f"environment variable {name}={v!r} is not an integer") from None
+
+
+def preflight(run, doc: dict, reference: bool) -> None:
+    """Every check that needs no collective. Raises LaunchError with one specific message."""
+    from .. import topology
+    from .data import mock_config
+
+    lay = run.layout
+    viol = topology.check(lay)
+    if viol:
+        raise LaunchError("run.yaml: infeasible layout: " + "; ".join(str(v) for v in viol))
+    plan = topology.plan(lay)
+    stored = doc.get("plan") or {}
+    if stored and stored != plan.to_dict():
+        diff = sorted(k for k in set(stored) | set(plan.to_dict()) if stored.get(k) != plan.to_dict().get(k))
+        raise LaunchError(f"run.yaml: the stored plan does not match the layout (fields {diff}); re-render it")
+    if lay.enc_pp != 1 or lay.llm_pp != 1:
+        raise LaunchError(f"run.yaml: encoder.pp={lay.enc_pp}, llm.pp={lay.llm_pp}: pipeline parallelism inside "
+                          "a module is not implemented by this trainer; use pp=1")
+    if run.trainer.data.provider == "mock":
+        mock_config(run, plan)
+    if reference:
+        return
+    world = _env_int("WORLD_SIZE", 1)
+    if world != plan.world:
+        raise LaunchError(
+            f"world size mismatch: launched with WORLD_SIZE={world} but run.yaml's layout needs {plan.world} "
+            f"ranks ({lay.nodes} nodes x {lay.gpus_per_node}: encoder {plan.enc_rank_end} + LLM "
+            f"{plan.llm_rank_end - plan.llm_rank_start}); launch with --nnodes {lay.nodes} --nproc-per-node "
+            f"{lay.gpus_per_node}")
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local is not None and int(local) != lay.gpus_per_node:
+        raise LaunchError(f"LOCAL_WORLD_SIZE={local} but run.yaml has gpus_per_node={lay.gpus_per_node} processes "
+                          "per node (TP groups must stay inside a node); use --nproc-per-node "
+                          f"{lay.gpus_per_node}")
+    if run.cluster.accelerator == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise LaunchError("cluster.accelerator=gpu but CUDA is not available on this node; use accelerator: "
+                              "cpu for a CPU (gloo) run")
+
+
+def _init_dist(run, reference: bool):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=run.trainer.timeout_s)
+    use_gpu = run.cluster.accelerator == "gpu" and torch.cuda.is_available()
+    if use_gpu:
+        torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
+    backend = "nccl" if use_gpu else "gloo"
+    if reference:
+        os.environ["WORLD_SIZE"] = "1"  # HyperCommGrid reads WORLD_SIZE from the environment
+        os.environ["RANK"] = "0"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
+    return backend, timeout
+
+
+def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: int | None, quiet: bool) -> int:
+    from ..study import load_run_yaml
+
+    run, doc = load_run_yaml(run_yaml)
+    # CI/CPU: the native fused cross entropy is torch.compile'd; compiling costs ~16 s cold (probe P5).
+    if run.cluster.accelerator == "cpu":
+        os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    preflight(run, doc, reference)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        from .cuda_shims import install
+
+        install()
+    backend, timeout = _init_dist(run, reference)
+    import torch.distributed as dist
+
+    from .build import build_state
+    from .iterlog import IterLogger, layout_line
+    from .step import train_step
+
+    plan = run.plan()
+    st = build_state(run, plan, reference, timeout)
+    mode = "reference" if reference else "hetero"
+    last = dist.get_rank() == dist.get_world_size() - 1  # the last rank is an LLM rank (LLM ranks come last)
+    paths = doc.get("paths") or {}
+    if metrics is None and paths.get("metrics"):
+        metrics = Path(paths["metrics"])
+        if reference:
+            metrics = metrics.with_name("metrics.reference.jsonl")
+    n_iters = iters or st.train_iters
+    log = IterLogger(run, plan, metrics, n_iters, active=last, echo=not quiet)
+    log.start(layout_line(run, plan, mode, backend), mode, backend)
+    while st.iteration < n_iters:
+        stats = train_step(st)
+        log.iteration(stats, st.consumed_samples, st.preset, run.trainer.seq_length)
+    log.end("completed", st.iteration, st.consumed_samples)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mimo_jobs.trainer",
+                                 description="The heterogeneous MIMO trainer (launch under torchrun).")
+    ap.add_argument("run_yaml", type=Path, help="runs/<study>/<run>/run.yaml")
+    ap.add_argument("--reference", action="store_true",
+                    help="one process, same model and global batches: the correctness yardstick")
+    ap.add_argument("--metrics", type=Path, default=None,
+                    help="metrics.jsonl to append to (default: paths.metrics; metrics.reference.jsonl with "
+                         "--reference)")
+    ap.add_argument("--iters", type=int, default=None, help="stop after this many iterations")
+    ap.add_argument("--quiet", action="store_true", help="do not print iteration lines")
+    a = ap.parse_args(argv)
+    rank = _env_int("RANK", 0) if not a.reference else 0
+    local_rank = _env_int("LOCAL_RANK", 0) if not a.reference else 0
+    try:
+        if not a.run_yaml.is_file():
+            raise LaunchError(f"{a.run_yaml}: no such run.yaml")
+        return run_training(a.run_yaml, a.reference, a.metrics, a.iters, a.quiet)
+    except LaunchError as e:
+        # identical on every rank (it depends only on run.yaml and the environment): say it once per node
+        if local_rank == 0:
+            print(f"mimo-jobs trainer: error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_BAD_INPUT)
+    except Exception as e:  # noqa: BLE001 - any failure ends this rank at once, naming it
+        from ..study import StudyError
+
+        if isinstance(e, (StudyError, KeyError, FileNotFoundError)) and local_rank == 0:
+            print(f"mimo-jobs trainer: error: cannot read {a.run_yaml}: {e}", file=sys.stderr, flush=True)
+            os._exit(EXIT_BAD_INPUT)
+        print(f"mimo-jobs trainer: rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(EXIT_FAILED)

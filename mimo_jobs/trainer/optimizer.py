@@ -1,0 +1,112 @@
+"""The MIMO optimizer: one megatron optimizer per module, one decision for the whole world.
+
+Each module's optimizer sees only its own ranks, but clipping needs the global grad norm and a skipped
+step must be skipped everywhere, so `step()` agrees world-wide (the same design as upstream's
+MimoOptimizer, which 0.16.1 lacks):
+  1. prepare_grads on each active optimizer; found_inf all-reduced (MAX) over the world -> skip together;
+  2. norm^2 per module in a fixed slot vector, all-reduced with MAX (every rank of a module holds the same
+     module norm, other ranks hold 0), global norm = sqrt(sum of slots);
+  3. clip every module by the global norm; step; success all-reduced with MIN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def build_megatron_optimizer(ddp, pgc, spec, prec, max_lr: float):
+    """get_megatron_optimizer for one module. A WORLD collective in 0.16.1 (probe P2: all_gather_object of
+    param-group keys), so every rank must call either this or `skip_megatron_optimizer` exactly once per
+    module it owns, in the same order."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    o = spec.optimizer
+    cfg = OptimizerConfig(optimizer=o.name, lr=max_lr, min_lr=spec.lr.min, weight_decay=o.weight_decay,
+                          adam_beta1=o.beta1, adam_beta2=o.beta2, adam_eps=o.eps,
+                          clip_grad=0.0,  # clipping is done by MimoOptimizer with the global norm
+                          bf16=prec.bf16, params_dtype=prec.dtype,
+                          use_distributed_optimizer=spec.use_distributed_optimizer)
+    # probe P3: with a pg_collection, gloo helper groups must be off
+    return get_megatron_optimizer(cfg, [ddp], use_gloo_process_groups=False, pg_collection=pgc)
+
+
+def skip_megatron_optimizer() -> None:
+    """What a rank whose module is frozen contributes to get_megatron_optimizer's world all_gather_object:
+    no param-group keys (it builds no optimizer)."""
+    import torch.distributed as dist
+
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, [])
+
+
+def _leaves(opt) -> list:
+    return list(getattr(opt, "chained_optimizers", [opt]))
+
+
+@dataclass
+class StepResult:
+    ok: bool
+    grad_norm: float | None
+    skipped: bool
+    nan: bool
+
+
+class MimoOptimizer:
+    def __init__(self, slots: list[str], optimizers: dict, weight_decay: float, device):
+        self.slots = list(slots)  # fixed module order, the same on every rank
+        self.optimizers = {k: v for k, v in optimizers.items() if v is not None}  # the active ones
+        self.weight_decay = weight_decay
+        self.device = device
+
+    def zero_grad(self) -> None:
+        for o in self.optimizers.values():
+            o.zero_grad()
+
+    def set_lr(self, lr: float) -> None:
+        for o in self.optimizers.values():
+            for g in o.param_groups:
+                g["lr"] = lr
+                g["weight_decay"] = self.weight_decay * g.get("wd_mult", 1.0)
+
+    def _all_reduce(self, values: list[float], op):
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64 if self.device == "cpu" else torch.float32,
+                         device=self.device)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
+
+    def grad_norm(self) -> float:
+        import torch.distributed as dist
+
+        sq = [0.0] * len(self.slots)
+        for i, name in enumerate(self.slots):
+            if name in self.optimizers:
+                n = float(self.optimizers[name].get_grad_norm() or 0.0)
+                sq[i] = n * n
+        return math.sqrt(sum(self._all_reduce(sq, dist.ReduceOp.MAX)))
+
+    def step(self, clip_grad: float) -> StepResult:
+        import torch.distributed as dist
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        found = any([o.prepare_grads() for o in self.optimizers.values()])
+        if self._all_reduce([1.0 if found else 0.0], dist.ReduceOp.MAX)[0] > 0:
+            return StepResult(False, None, True, True)
+        norm = self.grad_norm()
+        if not math.isfinite(norm):
+            return StepResult(False, norm, True, True)
+        if clip_grad > 0:
+            for o in self.optimizers.values():
+                for leaf in _leaves(o):
+                    params = leaf.get_parameters()
+                    if params and not getattr(leaf, "is_stub_optimizer", False):
+                        clip_grad_by_total_norm_fp32(params, max_norm=clip_grad, total_norm=norm)
+        ok = all([o.step_with_ready_grads() for o in self.optimizers.values()])
+        ok = self._all_reduce([1.0 if ok else 0.0], dist.ReduceOp.MIN)[0] > 0
+        return StepResult(ok, norm, not ok, False)
+
+    def state_dict(self) -> dict:
+        return {k: o.state_dict() for k, o in self.optimizers.items()}
