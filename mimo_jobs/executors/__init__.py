@@ -1,0 +1,59 @@
+"""Executors: how a rendered run becomes a scheduler job, and how that job is observed and cancelled.
+
+Both executors report the same facts (`mimo_jobs.jobs.JobFacts`: job id, state, submit/start/end times, exit
+code, node list, reason), so the jobs table, the retry policy and `status` do not care which one ran a job.
+
+- slurm: `sbatch --parsable --chdir=<run dir> <run dir>/sbatch.sh` (the rendered file itself), submitit
+  `SlurmJob` handles for cancel, one batched `sacct` per poll for state (squeue for jobs sacct has not seen).
+- local: a detached runner process per job runs `<run dir>/launch.sh` (one-node torchrun) and keeps a state
+  file next to its log; jobs queue for a machine-wide slot so several local runs do not oversubscribe it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..jobs import JobFacts
+from ..rundir import RunDir
+
+
+class SubmitError(RuntimeError):
+    """The scheduler refused the job (nothing was submitted)."""
+
+
+class Executor(Protocol):
+    name: str
+
+    def submit_command(self, rd: RunDir, job_id: str | None = None) -> list[str]:
+        """The command line that submits the run (shown by --dry-run)."""
+
+    def new_job_id(self) -> str | None:
+        """A job id chosen before submission (local), or None when the scheduler assigns it (slurm)."""
+
+    def submit(self, rd: RunDir, attempt: int, time_limit_s: int, signal: str, job_id: str | None = None) -> str:
+        """Submit; return the scheduler job id. Raises SubmitError when nothing was submitted. The time limit
+        and signal are enforced by the local runner; SLURM reads them from the script's #SBATCH lines."""
+
+    def poll(self, rds: dict[str, RunDir]) -> dict[str, JobFacts]:
+        """Current facts of the given jobs (job id -> its run dir)."""
+
+    def cancel(self, job_id: str, rd: RunDir) -> None:
+        """Ask the scheduler to stop the job (idempotent)."""
+
+    def find(self, rd: RunDir, since_epoch: float) -> list[JobFacts]:
+        """Jobs of this run submitted since `since_epoch` (recovers a submission whose store write was lost)."""
+
+    def log_path(self, rd: RunDir, job_id: str) -> str:
+        """The job's main output file."""
+
+
+def get_executor(name: str) -> Executor:
+    if name == "slurm":
+        from .slurm import SlurmExecutor
+
+        return SlurmExecutor()
+    if name == "local":
+        from .local import LocalExecutor
+
+        return LocalExecutor()
+    raise ValueError(f"unknown executor {name!r}: use slurm or local")

@@ -1,0 +1,159 @@
+"""The local executor's job process: `python -m mimo_jobs.executors.local_runner STATE_FILE ...`.
+
+Started detached (own session) by `LocalExecutor.submit`, so the submitting CLI may exit while it runs. It
+records the same facts SLURM does in STATE_FILE (JSON, replaced atomically): PENDING while it waits for a
+machine slot, RUNNING with start time, then COMPLETED / FAILED (exit code) / CANCELLED (SIGTERM from
+`mimo-jobs cancel`) / TIMEOUT (time limit). Like SLURM it sends the warning signal `signal_s` seconds before
+the limit, then TERM at the limit and KILL `KILL_WAIT_S` later, always to launch.sh's whole process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+KILL_WAIT_S = 5.0  # like SLURM's KillWait
+POLL_S = 0.1
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(timespec="milliseconds")
+
+
+class State:
+    def __init__(self, path: Path, **facts):
+        self.path = path
+        self.facts = facts
+
+    def set(self, **kw) -> None:
+        self.facts.update(kw)
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.facts))
+        os.replace(tmp, self.path)  # readers never see a half-written file
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _acquire_slot(slots_dir: Path, slots: int, stop) -> object | None:
+    """Hold one of `slots` machine-wide flock slots (released by the kernel when this process dies)."""
+    slots_dir.mkdir(parents=True, exist_ok=True)
+    while not stop():
+        for i in range(slots):
+            fh = open(slots_dir / f"slot-{i}.lock", "a+")  # noqa: SIM115 (held for the job's life)
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fh
+            except BlockingIOError:
+                fh.close()
+        time.sleep(0.2)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("state_file")
+    ap.add_argument("--launch", required=True)
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--job-id", required=True)
+    ap.add_argument("--attempt", type=int, default=0)
+    ap.add_argument("--time-limit-s", type=float, required=True)
+    ap.add_argument("--signal", default="USR2")
+    ap.add_argument("--signal-s", type=float, default=0)
+    ap.add_argument("--slots-dir", required=True)
+    ap.add_argument("--slots", type=int, default=1)
+    a = ap.parse_args(argv)
+
+    state = State(Path(a.state_file), job_id=a.job_id, runner_pid=os.getpid(), state="PENDING",
+                  submit_time=_now(), start_time=None, end_time=None, exit_code=None, reason=None,
+                  node_list=socket.gethostname())
+    state.set()
+    cancelled = False
+
+    def on_term(signum, frame):
+        nonlocal cancelled
+        cancelled = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    slot = _acquire_slot(Path(a.slots_dir), a.slots, lambda: cancelled)
+    if slot is None:
+        state.set(state="CANCELLED", end_time=_now(), reason="cancelled while pending")
+        return 0
+
+    env = dict(os.environ)
+    for k in [k for k in env if k.startswith("SLURM_")]:
+        del env[k]  # a local job must not think it is inside a SLURM allocation
+    env.update(MIMO_JOBS_JOB_ID=a.job_id, MIMO_JOBS_ATTEMPT=str(a.attempt), MIMO_JOBS_RUN_DIR=a.run_dir,
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), MIMO_JOBS_EXECUTOR="local")
+    out = open(a.out, "ab", buffering=0)  # noqa: SIM115 (the job's output, open until it ends)
+    out.write(f"mimo-jobs: local job {a.job_id} attempt {a.attempt} starts {_now()}Z\n".encode())
+    start = time.monotonic()
+    proc = subprocess.Popen(["bash", a.launch], cwd=a.run_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    state.set(state="RUNNING", start_time=_now(), child_pid=proc.pid)
+
+    def group(sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(first: int) -> int:
+        group(first)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        if proc.poll() is None:
+            group(signal.SIGKILL)
+        return proc.wait()
+
+    warn_sig = getattr(signal, "SIG" + a.signal.split(":")[-1])
+    warned = False
+    ended = None
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            break
+        el = time.monotonic() - start
+        if cancelled:
+            rc, ended = stop(signal.SIGTERM), "CANCELLED"
+            break
+        if el >= a.time_limit_s:
+            rc, ended = stop(signal.SIGTERM), "TIMEOUT"
+            break
+        if not warned and a.signal_s > 0 and el >= a.time_limit_s - a.signal_s:
+            group(warn_sig)
+            warned = True
+        time.sleep(POLL_S)
+    group(signal.SIGKILL)  # stray grandchildren of launch.sh (a torchrun worker left behind) die with the job
+    code = 128 - rc if rc < 0 else rc  # killed by signal N -> 128+N, as a shell reports it
+    msg = {"CANCELLED": "cancelled", "TIMEOUT": f"time limit {a.time_limit_s:.0f}s reached"}.get(ended or "")
+    final = ended or ("COMPLETED" if code == 0 else "FAILED")
+    out.write(f"mimo-jobs: local job {a.job_id} ended {final} exit {code} at {_now()}Z\n".encode())
+    if ended == "TIMEOUT":
+        # SLURM's wording, so log scanners (logparse) read a local timeout like a cluster one.
+        stamp = datetime.now().strftime("%Y-%m-%dT%H:%M:%S")
+        out.write(f"mimo-jobs: *** JOB {a.job_id} ON {socket.gethostname()} CANCELLED AT {stamp} "
+                  f"DUE TO TIME LIMIT ***\n".encode())
+    state.set(state=final, exit_code=code, end_time=_now(), reason=msg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""SLURM executor: the rendered sbatch.sh is submitted as is; submitit provides the job handles.
+
+How the rendered script and submitit fit together: submitit's own submission path writes its own batch
+script around a pickled callable, which would be a second script generator. So submission is one
+`sbatch --parsable --chdir=<run dir> <run dir>/sbatch.sh` on the rendered file (exactly what SLURM runs;
+its sha256 is recorded), and the returned id becomes a `submitit.SlurmJob` handle, through which jobs are
+cancelled. State comes from sacct (slurmdbd), like submitit's watcher, but in one batched call per poll
+for all jobs and with the columns submitit does not read (exit code, times, reason); jobs too new for
+sacct are looked up in squeue.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from datetime import datetime, timezone
+
+from ..jobs import JobFacts
+from ..rundir import RunDir
+from . import SubmitError
+
+SACCT_FIELDS = "JobID,State,ExitCode,Submit,Start,End,NodeList,Reason,WorkDir"
+SQUEUE_FORMAT = "%i|%T|%V|%S|%N|%r|%Z"
+
+
+def _time(s: str) -> datetime | None:
+    """sacct/squeue print the controller's local time; the store keeps naive UTC."""
+    s = s.strip()
+    if not s or s in ("Unknown", "None", "N/A") or not s[0].isdigit():
+        return None
+    try:
+        return datetime.fromisoformat(s).astimezone(timezone.utc).replace(tzinfo=None)
+    except ValueError:
+        return None
+
+
+def _exit_code(s: str) -> int | None:
+    """sacct ExitCode is "code:signal"; a signal death is reported like a shell would (128 + signal)."""
+    if ":" not in s:
+        return None
+    code, sig = s.split(":", 1)
+    try:
+        c, g = int(code), int(sig)
+    except ValueError:
+        return None
+    return 128 + g if c == 0 and g else c
+
+
+def parse_sacct(text: str) -> dict[str, tuple[JobFacts, str]]:
+    """`sacct -X -n -P -o SACCT_FIELDS` -> job id -> (facts, work dir). With requeues sacct may list a job
+    id twice; the last line is the newest."""
+    out: dict[str, tuple[JobFacts, str]] = {}
+    for line in text.splitlines():
+        f = line.split("|")
+        if len(f) < 9 or not f[0] or "." in f[0]:
+            continue
+        state = f[1].split()[0] if f[1].strip() else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
+        reason = f[7].strip() if f[7].strip() not in ("", "None") else None
+        out[f[0]] = (JobFacts(f[0], state, _exit_code(f[2]), _time(f[3]), _time(f[4]), _time(f[5]),
+                              f[6].strip() if f[6].strip() not in ("", "None assigned") else None, reason),
+                     f[8].strip())
+    return out
+
+
+def parse_squeue(text: str) -> dict[str, tuple[JobFacts, str]]:
+    out: dict[str, tuple[JobFacts, str]] = {}
+    for line in text.splitlines():
+        f = line.split("|")
+        if len(f) < 7 or not f[0]:
+            continue
+        reason = f[5].strip() if f[5].strip() not in ("", "None") else None
+        out[f[0]] = (JobFacts(f[0], f[1].strip() or "UNKNOWN", None, _time(f[2]), _time(f[3]), None,
+                              f[4].strip() or None, reason), f[6].strip())
+    return out
+
+
+def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SubmitError(f"{cmd[0]} not found: is this a SLURM login node? (or use --executor local)") from None
+
+
+class SlurmExecutor:
+    name = "slurm"
+
+    def __init__(self) -> None:
+        self.sacct_s = 0.0  # time spent in sacct/squeue (the benchmark reports it apart)
+        self.sacct_calls = 0
+
+    def submit_command(self, rd: RunDir, job_id: str | None = None) -> list[str]:
+        return ["sbatch", "--parsable", f"--chdir={rd.root}", str(rd.sbatch_sh)]
+
+    def new_job_id(self) -> None:
+        return None  # SLURM names the job
+
+    def submit(self, rd: RunDir, attempt: int, time_limit_s: int, signal: str, job_id: str | None = None) -> str:
+        rd.logs.mkdir(parents=True, exist_ok=True)  # sbatch does not create the --output directory
+        p = _run(self.submit_command(rd))
+        if p.returncode != 0:
+            raise SubmitError(f"sbatch {rd.sbatch_sh} failed (exit {p.returncode}): {p.stderr.strip()}")
+        job_id = p.stdout.strip().split(";")[0]  # --parsable prints "id" or "id;cluster"
+        if not job_id.isdigit():
+            raise SubmitError(f"sbatch {rd.sbatch_sh} printed no job id: {p.stdout.strip()!r}")
+        return job_id
+
+    def _query(self, ids: list[str]) -> dict[str, tuple[JobFacts, str]]:
+        t0 = time.perf_counter()
+        try:
+            found: dict[str, tuple[JobFacts, str]] = {}
+            if ids:
+                p = _run(["sacct", "-X", "-n", "-P", "-o", SACCT_FIELDS, "-j", ",".join(ids)])
+                if p.returncode == 0:
+                    found.update(parse_sacct(p.stdout))
+                missing = [i for i in ids if i not in found]
+                if missing:  # sacct lags sbatch by 1-5 s; squeue knows the job at once
+                    p = _run(["squeue", "-h", "-o", SQUEUE_FORMAT, "-j", ",".join(missing)])
+                    if p.returncode == 0:
+                        found.update(parse_squeue(p.stdout))
+            return found
+        finally:
+            self.sacct_s += time.perf_counter() - t0
+            self.sacct_calls += 1
+
+    def poll(self, rds: dict[str, RunDir]) -> dict[str, JobFacts]:
+        found = self._query(sorted(rds))
+        return {i: found[i][0] if i in found else JobFacts(i, "UNKNOWN") for i in rds}
+
+    def cancel(self, job_id: str, rd: RunDir) -> None:
+        import submitit
+
+        submitit.SlurmJob(folder=rd.logs / "submitit", job_id=job_id).cancel(check=False)
+
+    def find(self, rd: RunDir, since_epoch: float) -> list[JobFacts]:
+        since = datetime.fromtimestamp(since_epoch - 60).strftime("%Y-%m-%dT%H:%M:%S")
+        t0 = time.perf_counter()
+        found = parse_squeue(_run(["squeue", "-h", "-o", SQUEUE_FORMAT]).stdout)
+        p = _run(["sacct", "-X", "-n", "-P", "-o", SACCT_FIELDS, "-S", since])
+        self.sacct_s += time.perf_counter() - t0
+        if p.returncode == 0:
+            found.update(parse_sacct(p.stdout))
+        root = str(rd.root)
+        return [f for f, wd in found.values() if wd.rstrip("/") == root]
+
+    def log_path(self, rd: RunDir, job_id: str) -> str:
+        return str(rd.slurm_out(job_id))
