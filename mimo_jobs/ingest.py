@@ -1,0 +1,669 @@
+"""Ingest: stream run dirs and log files into the store (iterations, events, jobs from sacct).
+
+- Files are read in binary chunks cut at the last newline, never whole. Only candidate lines (found by
+  substring search over the whole chunk, see logparse.TRIGGERS) are parsed in Python, so throughput stays
+  close to a plain line count on large multi-rank logs.
+- Bad input is counted, not fatal: invalid UTF-8 (lines decoded with replacement and counted), a truncated
+  last line (counted, left for the next ingest in case the file is still growing), malformed JSON lines,
+  interleaved/garbled iteration lines.
+- Idempotent: `ingested_files` keeps size, mtime, the byte offset consumed and a hash of the file's head.
+  Unchanged files are skipped; grown files resume at the offset; rewritten files are re-read. Rows are
+  keyed (iterations: run/job/iteration; events: file/line/kind) so re-reading never duplicates.
+- Each file commits in one transaction (rows + its ingested_files row). DuckDB lets one process write a
+  store at a time; store.connect waits for the lock, so two ingests at once serialize.
+- Attempts stitch: within a job a later attempt replaces an iteration it re-ran; across jobs of one run
+  the older rows are marked `superseded`, and the report reads only the rest.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Iterable
+
+from . import catalog, logparse
+from .rundir import RunDir
+
+CHUNK = 8 << 20
+MAX_LINE = 16 << 20  # a "line" longer than this is binary garbage: counted and dropped
+HEAD = 4096
+LOG_SUFFIXES = (".out", ".err", ".log", ".txt")
+
+
+class IngestError(ValueError):
+    """Bad ingest input (missing path, unreadable run.yaml): raised before anything is written."""
+
+
+@dataclass
+class IngestStats:
+    files: int = 0
+    lines: int = 0
+    iterations: int = 0
+    events: int = 0
+    bad_lines: int = 0
+    undecodable: int = 0
+    skipped_unchanged: int = 0
+    truncated_files: int = 0
+    runs_registered: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LogRunInfo:
+    """What the user says about logs that come without a run.yaml (upstream Megatron-LM output)."""
+
+    study: str = "logs"
+    name: str | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    seq_length: int | None = None
+
+
+@dataclass
+class _RunCtx:
+    run_id: str
+    gpus_per_node: int | None
+    has_metrics: bool  # metrics.jsonl carries the iterations: log lines then only give events
+
+
+@dataclass
+class _Target:
+    path: Path
+    kind: str  # metrics | log | sacct
+    run_dir: Path | None
+
+
+# ----------------------------------------------------------------------------------------- discovery
+
+
+def _run_dir_of(path: Path) -> Path | None:
+    for d in [path if path.is_dir() else path.parent, *path.resolve().parents][:10]:
+        if (d / "run.yaml").is_file():
+            return d
+    return None
+
+
+def _kind_of(path: Path) -> str | None:
+    n = path.name
+    if n.endswith(".jsonl"):
+        return "metrics"
+    if "sacct" in n:
+        return "sacct"
+    if n.endswith(LOG_SUFFIXES):
+        return "log"
+    return None
+
+
+def _run_dir_targets(rd: Path) -> list[_Target]:
+    out = []
+    m = RunDir(rd).metrics
+    if m.is_file():
+        out.append(_Target(m, "metrics", rd))
+    logs = RunDir(rd).logs
+    if logs.is_dir():
+        for p in sorted(logs.rglob("*")):
+            k = _kind_of(p) if p.is_file() else None
+            if k:
+                out.append(_Target(p, k, rd))
+    return out
+
+
+def discover(paths: Iterable[Path]) -> list[_Target]:
+    """Files to read: run dirs (run.yaml inside), trees of run dirs, or single log/jsonl/sacct files."""
+    targets: list[_Target] = []
+    missing = [str(p) for p in paths if not Path(p).exists()]
+    if missing:
+        raise IngestError(f"no such file or directory: {', '.join(missing)}")
+    for p in map(Path, paths):
+        if p.is_dir():
+            if (p / "run.yaml").is_file():
+                targets += _run_dir_targets(p)
+                continue
+            run_dirs = sorted({y.parent for y in p.rglob("run.yaml")})
+            if run_dirs:
+                for rd in run_dirs:
+                    targets += _run_dir_targets(rd)
+            else:
+                for f in sorted(p.rglob("*")):
+                    k = _kind_of(f) if f.is_file() else None
+                    if k:
+                        targets.append(_Target(f, k, None))
+        else:
+            targets.append(_Target(p, _kind_of(p) or "log", _run_dir_of(p)))
+    seen: set[str] = set()
+    uniq = []
+    for t in targets:
+        key = str(t.path.resolve())
+        if key not in seen:
+            seen.add(key)
+            uniq.append(t)
+    return uniq
+
+
+# ----------------------------------------------------------------------------------------- run registration
+
+
+def _register_runs(con, targets: list[_Target], log_run: LogRunInfo | None, stats: IngestStats) -> dict:
+    """Run dirs first (all run.yaml files parsed before anything is written), then bare logs."""
+    from .study import load_run_yaml
+
+    ctx: dict[Path | str, _RunCtx] = {}
+    specs = {}
+    for rd in sorted({t.run_dir for t in targets if t.run_dir is not None}):
+        try:
+            specs[rd] = load_run_yaml(rd / "run.yaml")
+        except Exception as e:  # noqa: BLE001 - any parse/validation failure names the file
+            raise IngestError(f"{rd / 'run.yaml'}: cannot read run description: {e}") from None
+    for rd, (spec, doc) in specs.items():
+        known = con.execute("SELECT 1 FROM runs WHERE run_id = ?", [spec.run_id]).fetchone()
+        if not known:
+            catalog.ensure_study(con, spec.study, description="(recorded by ingest from run.yaml)")
+            catalog.record_run(con, spec, str(rd.resolve()), provenance=doc.get("provenance") or {})
+            stats.runs_registered += 1
+        ctx[rd] = _RunCtx(spec.run_id, spec.layout.gpus_per_node, RunDir(rd).metrics.is_file())
+    info = log_run or LogRunInfo()
+    for t in targets:
+        if t.run_dir is None:
+            key = str(t.path.resolve())
+            # One run per file unless the user names the run (then all given files are its attempts).
+            ident = f"{info.study}/{info.name}" if info.name else key
+            rid = "log-" + hashlib.sha1(ident.encode()).hexdigest()[:10]
+            name = info.name or t.path.stem
+            known = con.execute("SELECT 1 FROM runs WHERE run_id = ?", [rid]).fetchone()
+            catalog.ensure_study(con, info.study, description="(logs ingested without a run.yaml)")
+            catalog.record_log_run(con, rid, info.study, name, str(t.path.resolve().parent), nodes=info.nodes,
+                                   gpus_per_node=info.gpus_per_node, seq_length=info.seq_length)
+            if not known:
+                stats.runs_registered += 1
+            ctx[key] = _RunCtx(rid, info.gpus_per_node, False)
+    return ctx
+
+
+# ----------------------------------------------------------------------------------------- staging
+
+
+ITER_COLS = ["run_id", "job_id", "iteration", "time", "elapsed_ms", "loss", "lr", "grad_norm",
+             "consumed_samples", "gbs", "loss_scale", "skipped", "nan", "samples_per_s", "tokens_per_s",
+             "tokens_per_s_per_gpu", "tflops_per_gpu", "moe_aux_loss", "phases", "extras", "source",
+             "attempt", "train_iters", "source_file"]
+ITER_TYPES = {"run_id": "VARCHAR", "job_id": "VARCHAR", "iteration": "INTEGER", "time": "TIMESTAMP",
+              "elapsed_ms": "DOUBLE", "loss": "DOUBLE", "lr": "DOUBLE", "grad_norm": "DOUBLE",
+              "consumed_samples": "BIGINT", "gbs": "INTEGER", "loss_scale": "DOUBLE", "skipped": "INTEGER",
+              "nan": "INTEGER", "samples_per_s": "DOUBLE", "tokens_per_s": "DOUBLE",
+              "tokens_per_s_per_gpu": "DOUBLE", "tflops_per_gpu": "DOUBLE", "moe_aux_loss": "DOUBLE",
+              "phases": "VARCHAR", "extras": "VARCHAR", "source": "VARCHAR", "attempt": "INTEGER",
+              "train_iters": "INTEGER", "source_file": "VARCHAR", "seq": "BIGINT"}
+EVENT_COLS = ["run_id", "job_id", "rank", "node", "time", "kind", "message", "source_file", "line_no"]
+EVENT_TYPES = {"run_id": "VARCHAR", "job_id": "VARCHAR", "rank": "INTEGER", "node": "INTEGER",
+               "time": "TIMESTAMP", "kind": "VARCHAR", "message": "VARCHAR", "source_file": "VARCHAR",
+               "line_no": "BIGINT"}
+
+
+class _Stage:
+    """Rows written to temp CSV files as they are parsed (memory stays flat on huge logs), then loaded
+    with one bulk `INSERT ... SELECT FROM read_csv` each: far faster than executemany."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="mimo-ingest-")
+        self._it_f = open(os.path.join(self.dir, "it.csv"), "w", newline="")
+        self._ev_f = open(os.path.join(self.dir, "ev.csv"), "w", newline="")
+        self.it = csv.writer(self._it_f)
+        self.ev = csv.writer(self._ev_f)
+        self.n_it = 0
+        self.n_ev = 0
+        self._ev_keys: set[tuple[int, str]] = set()
+
+    def iteration(self, row: list) -> None:
+        self.n_it += 1
+        self.it.writerow(row + [self.n_it])
+
+    def event(self, row: list) -> None:
+        key = (row[-1], row[5])
+        if key in self._ev_keys:
+            return
+        self._ev_keys.add(key)
+        self.n_ev += 1
+        self.ev.writerow(row)
+
+    def _read(self, name: str, types: dict) -> str:
+        cols = ", ".join(f"'{k}': '{v}'" for k, v in types.items())
+        path = os.path.join(self.dir, name).replace("'", "''")
+        return (f"read_csv('{path}', header=false, columns={{{cols}}}, quote='\"', escape='\"', "
+                f"nullstr='', auto_detect=false, delim=',', strict_mode=false)")
+
+    def load(self, con) -> tuple[int, int]:
+        self._it_f.close()
+        self._ev_f.close()
+        if self.n_it:
+            cols = ", ".join(ITER_COLS)
+            sel = ", ".join(f"CAST({c} AS JSON)" if c in ("phases", "extras") else c for c in ITER_COLS)
+            upd = ", ".join(f"{c} = excluded.{c}" for c in ITER_COLS if c not in ("run_id", "job_id", "iteration"))
+            # Newest attempt wins, then the later line of the same attempt; never let an older attempt
+            # (re-ingested file) overwrite a newer one.
+            con.execute(
+                f"""INSERT INTO iterations ({cols})
+                    SELECT {sel} FROM {self._read('it.csv', ITER_TYPES)}
+                    QUALIFY row_number() OVER (PARTITION BY run_id, job_id, iteration
+                                               ORDER BY attempt DESC NULLS LAST, seq DESC) = 1
+                    ON CONFLICT (run_id, job_id, iteration) DO UPDATE SET {upd}
+                    WHERE coalesce(excluded.attempt, 0) >= coalesce(iterations.attempt, 0)""")
+        if self.n_ev:
+            con.execute(f"""INSERT INTO events ({', '.join(EVENT_COLS)})
+                            SELECT * FROM {self._read('ev.csv', EVENT_TYPES)} ON CONFLICT DO NOTHING""")
+        return self.n_it, self.n_ev
+
+    def close(self) -> None:
+        for f in (self._it_f, self._ev_f):
+            if not f.closed:
+                f.close()
+        for n in ("it.csv", "ev.csv"):
+            try:
+                os.unlink(os.path.join(self.dir, n))
+            except OSError:
+                pass
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+def _ts(t: datetime | None) -> str | None:
+    return t.isoformat(sep=" ") if t else None
+
+
+def _parse_iso(s) -> datetime | None:
+    if not s or not isinstance(s, str):
+        return None
+    try:
+        t = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return logparse.find_time(s)
+    if t.tzinfo is not None:  # the store keeps naive UTC
+        from datetime import timezone
+
+        t = t.astimezone(timezone.utc).replace(tzinfo=None)
+    return t
+
+
+# ----------------------------------------------------------------------------------------- chunk reader
+
+
+@dataclass
+class _FileState:
+    lines: int = 0  # complete lines consumed so far (line numbers continue after an append)
+    bad: int = 0
+    undecodable: int = 0
+    last_iter: int | None = None
+    restarts: int = 0
+    last_time: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({"last_iter": self.last_iter, "restarts": self.restarts, "last_time": self.last_time})
+
+
+def _chunks(path: Path, offset: int, st: _FileState, on_bytes: Callable[[int], None] | None):
+    """Yield (first_line_no, text) for blocks of complete lines starting at `offset`; the caller reads the
+    final offset and whether a partial last line was left from the generator's return value."""
+    consumed = offset
+    carry = b""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            buf = f.read(CHUNK)
+            if on_bytes:
+                on_bytes(len(buf))
+            if not buf:
+                break
+            data = carry + buf if carry else buf
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                carry = data
+                if len(carry) > MAX_LINE:  # no newline in 16 MiB: binary garbage, drop it
+                    st.bad += 1
+                    consumed += len(carry)
+                    carry = b""
+                continue
+            carry = data[cut:]
+            block = data[:cut]
+            text = _decode(block, st)
+            first = st.lines
+            st.lines += block.count(b"\n")
+            consumed += cut
+            yield first, text
+    return consumed, bool(carry)
+
+
+def _decode(block: bytes, st: _FileState) -> str:
+    try:
+        text = block.decode("utf-8")
+    except UnicodeDecodeError:
+        parts = block.split(b"\n")
+        out = []
+        for p in parts:
+            try:
+                out.append(p.decode("utf-8"))
+            except UnicodeDecodeError:
+                st.undecodable += 1
+                out.append(p.decode("utf-8", "replace"))
+        text = "\n".join(out)
+    if "\x00" in text:  # NUL bytes: binary garbage inside a text log (e.g. a crashed writer's page)
+        st.bad += sum(1 for ln in text.split("\n") if "\x00" in ln)
+        text = text.replace("\x00", "")
+    return text
+
+
+# ----------------------------------------------------------------------------------------- per-kind parsers
+
+
+def _metrics_rows(text: str, first: int, st: _FileState, ctx: _RunCtx, stage: _Stage, src: str) -> None:
+    line_no = first
+    for line in text.split("\n")[:-1]:
+        line_no += 1
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            if not isinstance(r, dict):
+                raise ValueError("not an object")
+            kind = r.get("kind", "iteration")
+            if kind == "iteration":
+                it = int(r["iteration"])
+                phases = r.get("phases_ms") or {}
+                extras = r.get("extras") or {}
+                job = str(r.get("job_id") or "unknown")
+                t = _parse_iso(r.get("time"))
+                stage.iteration([
+                    ctx.run_id, job, it, _ts(t), r.get("elapsed_ms"), r.get("loss"), r.get("lr"),
+                    r.get("grad_norm"), r.get("consumed_samples"), r.get("gbs"), r.get("loss_scale"),
+                    r.get("skipped"), r.get("nan"), r.get("samples_per_s"), r.get("tokens_per_s"),
+                    r.get("tokens_per_s_per_gpu"), r.get("tflops_per_gpu"), r.get("moe_aux_loss"),
+                    json.dumps(phases), json.dumps(extras), "jsonl", int(r.get("attempt") or 0),
+                    r.get("train_iters"), src])
+                st.last_time = _ts(t) or st.last_time
+            elif kind in ("start", "end"):
+                msg = {k: v for k, v in r.items() if k not in ("kind", "run_id", "job_id", "time")}
+                stage.event([ctx.run_id, str(r.get("job_id") or "unknown"), None, None,
+                             _ts(_parse_iso(r.get("time"))), kind, json.dumps(msg, default=str)[:2000], src,
+                             line_no])
+        except (ValueError, KeyError, TypeError):
+            st.bad += 1
+
+
+def _walk_tracebacks(text: str, pos: int, tracker: logparse.TracebackTracker, keys: set, key_of,
+                     line_no: int, emit) -> None:
+    """Feed the lines after `pos` to the open tracebacks of `keys` until they end (other writers' lines
+    in between are skipped: output of many ranks interleaves)."""
+    budget = logparse.TracebackTracker.MAX_LINES * 4
+    n = len(text)
+    while keys and pos < n and budget > 0:
+        end = text.find("\n", pos)
+        if end < 0:
+            end = n
+        line_no += 1
+        budget -= 1
+        origin, body = logparse.split_origin(text[pos:end])
+        k = key_of(origin)
+        if k in keys:
+            done = tracker.feed(k, body)
+            if done:
+                emit(k, origin, done[0], done[1])
+                keys.discard(k)
+        pos = end + 1
+
+
+def _log_block(text: str, first: int, st: _FileState, ctx: _RunCtx, job: str, pinfo: logparse.PathInfo,
+               stage: _Stage, src: str, tracker: logparse.TracebackTracker, want_iters: bool) -> None:
+    # 1. candidate line starts: one fast substring scan per trigger over the whole block
+    starts: set[int] = set()
+    for trig in ("iteration", *logparse.TRIGGERS):
+        pos = text.find(trig)
+        while pos >= 0:
+            ls = text.rfind("\n", 0, pos) + 1
+            starts.add(ls)
+            le = text.find("\n", pos)
+            if le < 0:
+                break
+            pos = text.find(trig, le + 1)
+    gpn = ctx.gpus_per_node
+    base_attempt = pinfo.attempt or 0
+
+    def key_of(origin: logparse.Origin):
+        return (origin.task, origin.local_rank, origin.rank)
+
+    def rank_of(origin: logparse.Origin) -> tuple[int | None, int | None]:
+        if origin.rank is None and origin.local_rank is None and origin.task is None and pinfo.local_rank is not None:
+            origin = logparse.Origin(local_rank=pinfo.local_rank)
+        node = origin.task if origin.task is not None else pinfo.node
+        return origin.global_rank(gpn, pinfo.node), node
+
+    def last_time() -> datetime | None:
+        return datetime.fromisoformat(st.last_time) if st.last_time else None
+
+    def emit(key, origin, line_no: int, ev: logparse.Event) -> None:
+        rank, node = rank_of(origin)
+        t = ev.time or last_time()
+        stage.event([ctx.run_id, job, rank, node, _ts(t), ev.kind, ev.message, src, line_no])
+
+    # Tracebacks left open by the previous block continue at the top of this one.
+    if tracker.pending:
+        pend = set(tracker.pending)
+        _walk_tracebacks(text, 0, tracker, pend, key_of, first, lambda k, o, ln, ev: emit(k, o, ln, ev))
+    line_no = first
+    prev = 0
+    for ls in sorted(starts):
+        line_no += text.count("\n", prev, ls) if ls > prev else 0
+        prev = ls
+        le = text.find("\n", ls)
+        line = text[ls:le]
+        origin, body = logparse.split_origin(line)
+        ln = line_no + 1  # 1-based
+        if "iteration" in body:
+            it = logparse.parse_iteration(body)
+            if it is not None:
+                if it.elapsed_ms is None:
+                    st.bad += 1  # garbled (e.g. interleaved with another rank's output)
+                else:
+                    if it.time:
+                        st.last_time = _ts(it.time)
+                    if st.last_iter is not None and it.iteration <= st.last_iter:
+                        st.restarts += 1  # the job resumed from a checkpoint and re-ran iterations
+                    st.last_iter = it.iteration
+                    if want_iters:
+                        extras = dict(it.extras)
+                        if it.losses:
+                            extras["losses"] = it.losses
+                        sps = it.gbs / (it.elapsed_ms / 1000.0) if it.gbs and it.elapsed_ms else None
+                        stage.iteration([
+                            ctx.run_id, job, it.iteration, _ts(it.time), it.elapsed_ms, it.loss, it.lr,
+                            it.grad_norm, it.consumed_samples, it.gbs, it.loss_scale, it.skipped, it.nan,
+                            sps, None, None, it.tflops_per_gpu, it.moe_aux_loss, None, json.dumps(extras),
+                            "megatron-log", base_attempt + st.restarts, it.train_iters, src])
+                continue
+        if "Traceback (most recent call last)" in body:
+            k = key_of(origin)
+            if not tracker.active(k):
+                lt = last_time()
+                tracker.start(k, ln, logparse.find_time(body, lt.year if lt else None) or lt)
+                _walk_tracebacks(text, le + 1, tracker, {k}, key_of, ln, emit)
+            continue
+        if "Root Cause (first observed failure)" in body:
+            follow = text[le + 1: le + 2000].split("\n")[:12]
+            rc = logparse.parse_root_cause([logparse.split_origin(s)[1] for s in follow])
+            if rc:
+                r, ev = rc
+                stage.event([ctx.run_id, job, r, None, _ts(ev.time or last_time()), ev.kind, ev.message, src, ln])
+            continue
+        lt = last_time()
+        for ev in logparse.classify_line(body, lt.year if lt else None):
+            emit(None, origin, ln, ev)
+
+
+def _sacct_rows(con, text: str, ctx: _RunCtx | None, src: str, st: _FileState, stage: _Stage) -> None:
+    lines = text.split("\n")[:-1]
+    try:
+        recs = logparse.parse_sacct(lines)
+    except ValueError as e:
+        st.bad += len(lines)
+        raise IngestError(f"{src}: {e}") from None
+    if ctx is None:
+        return
+    for i, r in enumerate(recs):
+        con.execute(
+            """INSERT INTO jobs (run_id, job_id, executor, attempt, state, reason, exit_code, start_time,
+                                 end_time, node_list, updated_at)
+               VALUES (?, ?, 'slurm', ?, ?, ?, ?, ?, ?, ?, now())
+               ON CONFLICT (run_id, job_id) DO UPDATE SET state = excluded.state,
+                 exit_code = coalesce(excluded.exit_code, jobs.exit_code),
+                 start_time = coalesce(excluded.start_time, jobs.start_time),
+                 end_time = coalesce(excluded.end_time, jobs.end_time),
+                 node_list = coalesce(excluded.node_list, jobs.node_list),
+                 reason = coalesce(jobs.reason, excluded.reason), updated_at = now()""",
+            [ctx.run_id, r.job_id, r.restarts or 0, r.state, r.reason, r.exit_code, r.start, r.end, r.node_list])
+        kind = logparse.SACCT_EVENT.get(r.state)
+        if kind:
+            stage.event([ctx.run_id, r.job_id, None, None, _ts(r.end or r.start), kind,
+                         f"sacct: job {r.job_id} {r.state}" + (f" ({r.reason})" if r.reason else ""), src, i + 2])
+
+
+# ----------------------------------------------------------------------------------------- driver
+
+
+def _head_sha(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha1(f.read(HEAD)).hexdigest()
+
+
+def _ingest_one(con, t: _Target, ctx: _RunCtx | None, stats: IngestStats, force: bool,
+                on_bytes: Callable[[int], None] | None) -> None:
+    src = str(t.path.resolve())
+    stt = t.path.stat()
+    size, mtime = stt.st_size, stt.st_mtime
+    head = _head_sha(t.path)
+    row = con.execute("""SELECT size, mtime, "offset", head_sha, lines, bad_lines, undecodable_lines, state
+                         FROM ingested_files WHERE path = ?""", [src]).fetchone()
+    st = _FileState()
+    offset = 0
+    if row and not force:
+        psize, pmtime, poff, phead, plines, pbad, pund, pstate = row
+        same_head = phead == head or (poff or 0) < HEAD  # a short file's head grows with appends
+        if psize == size and pmtime == mtime and phead == head:
+            stats.skipped_unchanged += 1
+            if on_bytes:
+                on_bytes(size)
+            return
+        if same_head and poff is not None and size >= poff:
+            offset = poff
+            s = json.loads(pstate) if pstate else {}
+            st = _FileState(lines=plines or 0, bad=pbad or 0, undecodable=pund or 0, last_iter=s.get("last_iter"),
+                            restarts=s.get("restarts", 0), last_time=s.get("last_time"))
+            if on_bytes:
+                on_bytes(offset)
+    stats.files += 1
+    before = (st.lines, st.bad, st.undecodable)
+    stage = _Stage()
+    try:
+        if ctx is None:
+            raise IngestError(f"{src}: no run for this file")
+        pinfo = logparse.path_info(src)
+        job = pinfo.job_id or t.path.stem
+        tracker = logparse.TracebackTracker()
+        gen = _chunks(t.path, offset, st, on_bytes)
+        sacct_text = []
+        while True:
+            try:
+                first, text = next(gen)
+            except StopIteration as e:
+                end_offset, partial = e.value
+                break
+            if t.kind == "metrics":
+                _metrics_rows(text, first, st, ctx, stage, src)
+            elif t.kind == "sacct":
+                sacct_text.append(text)
+            else:
+                _log_block(text, first, st, ctx, job, pinfo, stage, src, tracker, want_iters=not ctx.has_metrics)
+        if partial:
+            st.bad += 1  # truncated last line: counted; left unread so a growing file resumes cleanly
+            stats.truncated_files += 1
+        for ln, ev in tracker.flush():
+            stage.event([ctx.run_id, job, None, pinfo.node, _ts(ev.time), ev.kind, ev.message, src, ln])
+        from .store import transaction
+
+        with transaction(con):
+            if offset == 0 and row:
+                con.execute("DELETE FROM events WHERE source_file = ?", [src])  # file rewritten: start over
+            if sacct_text:
+                _sacct_rows(con, "".join(sacct_text), ctx, src, st, stage)
+            n_it, n_ev = stage.load(con)
+            if n_it and t.kind != "sacct":
+                _restitch(con, ctx.run_id)
+            con.execute(
+                """INSERT OR REPLACE INTO ingested_files (path, run_id, size, mtime, lines, bad_lines,
+                     undecodable_lines, ingested_at, kind, "offset", head_sha, truncated, state)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, now(), ?, ?, ?, ?, ?)""",
+                [src, ctx.run_id, size, mtime, st.lines, st.bad, st.undecodable, t.kind, end_offset, head,
+                 partial, st.to_json()])
+        stats.iterations += n_it
+        stats.events += n_ev
+        stats.lines += st.lines - before[0]
+        stats.bad_lines += st.bad - before[1]
+        stats.undecodable += st.undecodable - before[2]
+    finally:
+        stage.close()
+
+
+def _restitch(con, run_id: str) -> None:
+    """Across jobs of one run (a retry is a new job that resumed from a checkpoint), the newest attempt's
+    row for each iteration is the curve; older rows are kept but marked superseded."""
+    n = con.execute("SELECT count(DISTINCT job_id) FROM iterations WHERE run_id = ?", [run_id]).fetchone()[0]
+    if n <= 1:
+        con.execute("UPDATE iterations SET superseded = false WHERE run_id = ? AND superseded", [run_id])
+        return
+    con.execute(
+        """UPDATE iterations SET superseded = (s.rn > 1)
+           FROM (SELECT job_id, iteration, row_number() OVER (
+                   PARTITION BY iteration ORDER BY attempt DESC NULLS LAST, time DESC NULLS LAST, job_id DESC) rn
+                 FROM iterations WHERE run_id = ?) s
+           WHERE iterations.run_id = ? AND iterations.job_id = s.job_id AND iterations.iteration = s.iteration
+             AND iterations.superseded IS DISTINCT FROM (s.rn > 1)""", [run_id, run_id])
+
+
+def ingest_paths(con, paths: list[Path], force: bool = False, log_run: LogRunInfo | None = None,
+                 progress: Callable[[str, int, int], None] | None = None) -> IngestStats:
+    """Ingest run dirs / trees of run dirs / single files. `progress(name, bytes_done, bytes_total)` is
+    called as bytes are read (the CLI draws a rich progress bar from it)."""
+    stats = IngestStats()
+    targets = discover([Path(p) for p in paths])
+    from .store import transaction
+
+    with transaction(con):
+        ctx = _register_runs(con, targets, log_run, stats)
+    total = sum(t.path.stat().st_size for t in targets)
+    done = 0
+
+    def on_bytes(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress:
+            progress(cur, done, total)
+
+    for t in targets:
+        cur = t.path.name
+        c = ctx.get(t.run_dir) if t.run_dir is not None else ctx.get(str(t.path.resolve()))
+        try:
+            _ingest_one(con, t, c, stats, force, on_bytes)
+        except IngestError as e:
+            stats.problems.append(str(e))
+        except OSError as e:
+            stats.problems.append(f"{t.path}: {e.strerror or e}")
+    return stats

@@ -1,0 +1,175 @@
+"""Report math: pure functions, no database (the SQL in build.py only aggregates rows).
+
+Conventions (shared/notes/anchors-peers.md §4, DESIGN.md "Figures the report uses"):
+- steady-state window: iterations from `steady_cutoff` on (skip the first 10% of the logged span, at least
+  the first iteration, which carries start-up cost); median/mean/std of the iteration time over it;
+- samples/s = gbs / t_iter; tokens/s = samples/s * seq_length; per GPU = / ALL GPUs of the job
+  (encoder GPUs included);
+- MFU = model FLOPs per sample * samples/s / (GPUs * dense BF16 peak);
+- scaling efficiency E(N) = P(N) / P(N0), P = per-GPU throughput (tokens/s/GPU, or samples/s/GPU when the
+  sequence length is unknown), N0 = baseline node count (same formula for strong and weak scaling);
+- loss parity: losses interpolated at equal consumed samples.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Dense BF16 peak FLOP/s per GPU (not the 2:4-sparse figure): Megatron-LM#1276/#1565, torchtitan.
+PEAK_BF16 = {
+    "H200": 989e12,
+    "GH200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+}
+
+EFFICIENCY_FLOOR = 0.80  # below this E(N) is flagged as a slow-down
+SPEEDUP_TOLERANCE = 0.05  # E(N) above 1 + this is an unexpected (super-linear) speed-up
+NOISE_CV = 0.20  # std/mean of the iteration time above this is flagged as noisy
+PARITY_TOLERANCE = 0.05  # relative loss difference at equal samples flagged above this
+
+
+def peak_flops(gpu: str | None) -> float | None:
+    """Dense BF16 peak of a GPU named like "NVIDIA H100 80GB HBM3" / "h200"; None when unknown."""
+    if not gpu:
+        return None
+    g = gpu.upper()
+    for name in sorted(PEAK_BF16, key=len, reverse=True):  # GH200 before H200
+        if name in g:
+            return PEAK_BF16[name]
+    return None
+
+
+def steady_cutoff(first: int, last: int, frac: float = 0.10, min_skip: int = 1) -> int:
+    """First iteration of the steady-state window: skip max(min_skip, ceil(frac * span)) iterations of
+    the logged span [first, last]; never past `last` (a run with one logged iteration keeps it)."""
+    span = last - first + 1
+    skip = max(min_skip, math.ceil(frac * span - 1e-9))
+    return min(first + skip, last)
+
+
+@dataclass(frozen=True)
+class Stats:
+    median: float
+    mean: float
+    std: float | None  # sample std (n-1); None for one value
+    n: int
+
+
+def stats(values: list[float]) -> Stats:
+    v = sorted(values)
+    n = len(v)
+    if n == 0:
+        raise ValueError("no values")
+    med = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+    mean = sum(v) / n
+    std = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1)) if n > 1 else None
+    return Stats(med, mean, std, n)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    samples_per_s: float
+    tokens_per_s: float | None
+    samples_per_s_per_gpu: float | None
+    tokens_per_s_per_gpu: float | None  # over ALL GPUs of the job (encoder GPUs included)
+
+
+def throughput(gbs: int, t_iter_ms: float, seq_length: int | None, gpus: int | None) -> Throughput:
+    sps = gbs / (t_iter_ms / 1000.0)
+    tps = sps * seq_length if seq_length else None
+    return Throughput(sps, tps, sps / gpus if gpus else None, tps / gpus if tps is not None and gpus else None)
+
+
+def mfu(flops_per_sample: float, samples_per_s: float, gpus: int, peak: float) -> float:
+    return flops_per_sample * samples_per_s / (gpus * peak)
+
+
+def image_tokens_per_sample(data: dict, patch_size: int, image_size: int) -> tuple[float, str]:
+    """Mean ViT patches per sample for the FLOP count, and how it was obtained. The mock provider's image
+    mix is known exactly; for real data we assume one full-size image per sample (an upper bound)."""
+    if data.get("provider", "mock") == "mock":
+        sizes = data.get("image_sizes") or [image_size]
+        text_only = float(data.get("text_only_fraction", 0.0))
+        per_image = sum((s // patch_size) ** 2 for s in sizes) / len(sizes)
+        return (1 - text_only) * per_image, "mock data mix"
+    return float((image_size // patch_size) ** 2), "one full-size image per sample (upper bound)"
+
+
+def efficiency(p: float | None, p0: float | None) -> float | None:
+    if p is None or not p0:
+        return None
+    return p / p0
+
+
+def scaling_flags(eff: float | None, nodes: int | None, base_nodes: int | None, t_ms: float | None,
+                  t0_ms: float | None, scaling: str, cv: float | None, gbs: int | None,
+                  base_gbs: int | None) -> list[str]:
+    """Flags a person should look at: an unexpected speed-up is as suspicious as a slow-down."""
+    out = []
+    if eff is not None and nodes != base_nodes:
+        if eff > 1 + SPEEDUP_TOLERANCE:
+            out.append(f"unexpected speed-up (E={eff:.2f} > {1 + SPEEDUP_TOLERANCE:.2f})")
+        elif eff < EFFICIENCY_FLOOR:
+            out.append(f"slow-down (E={eff:.2f} < {EFFICIENCY_FLOOR:.2f})")
+    if (scaling == "strong" and nodes and base_nodes and nodes > base_nodes and t_ms and t0_ms
+            and t_ms > t0_ms):
+        out.append(f"slower per iteration than {base_nodes} nodes ({t_ms:.1f} > {t0_ms:.1f} ms)")
+    if cv is not None and cv > NOISE_CV:
+        out.append(f"noisy iteration time (std/mean={cv:.2f})")
+    if scaling == "strong" and gbs and base_gbs and gbs != base_gbs:
+        out.append(f"gbs {gbs} differs from baseline {base_gbs} in a strong-scaling study")
+    return out
+
+
+def interp(curve: list[tuple[float, float]], x: float) -> float | None:
+    """Linear interpolation of y at x on a curve sorted by x; None outside its range."""
+    if not curve or x < curve[0][0] or x > curve[-1][0]:
+        return None
+    lo, hi = 0, len(curve) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if curve[mid][0] <= x:
+            lo = mid
+        else:
+            hi = mid
+    (x0, y0), (x1, y1) = curve[lo], curve[hi]
+    if x1 == x0 or x == x0:
+        return y0
+    if x == x1:
+        return y1
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class Parity:
+    samples: list[float]  # consumed-sample points compared
+    loss: list[float | None]
+    baseline_loss: list[float | None]
+    max_abs_diff: float | None
+    max_rel_diff: float | None
+
+
+def parity_points(curves: list[list[tuple[float, float]]], n: int = 4) -> list[float]:
+    """n evenly spaced consumed-sample counts inside the range every curve covers (ends included)."""
+    curves = [c for c in curves if c]
+    if not curves:
+        return []
+    lo = max(c[0][0] for c in curves)
+    hi = min(c[-1][0] for c in curves)
+    if hi < lo:
+        return []
+    if hi == lo:
+        return [float(hi)]
+    return [lo + (hi - lo) * (i + 1) / n for i in range(n)]
+
+
+def loss_parity(curve: list[tuple[float, float]], base: list[tuple[float, float]],
+                points: list[float]) -> Parity:
+    ys = [interp(curve, s) for s in points]
+    bs = [interp(base, s) for s in points]
+    diffs = [(y - b, (y - b) / abs(b) if b else None) for y, b in zip(ys, bs) if y is not None and b is not None]
+    mad = max((abs(d) for d, _ in diffs), default=None)
+    mrd = max((abs(r) for _, r in diffs if r is not None), default=None)
+    return Parity(points, ys, bs, mad, mrd)

@@ -1,0 +1,104 @@
+"""Failure triage: from a failed or hung job's events, the first rank that failed or went silent, and why.
+
+Pure: events in, verdict out. Order of evidence (a peer's timeout is a consequence, never the cause):
+1. a rank's own failure (traceback that is not a timeout, OOM, segfault, node failure), earliest first;
+2. launcher summaries (torchrun "Root Cause", srun task exit);
+3. scheduler ends (time limit, preemption, requeue, cancel);
+4. timeouts only: the ranks that did NOT report a timeout went silent (they never joined the collective
+   the others waited in); if every rank timed out, the earliest;
+5. nothing at all: the run went silent after its last iteration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from ..logparse import ROOT_KINDS, SCHEDULER_KINDS, SUMMARY_KINDS, VICTIM_KINDS, is_victim_message
+
+
+@dataclass(frozen=True)
+class EventRow:
+    rank: int | None
+    node: int | None
+    time: datetime | None
+    kind: str
+    message: str
+    source_file: str
+    line_no: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rank: int | None
+    node: int | None
+    kind: str  # failed | silent | scheduler | unknown
+    reason: str
+    time: datetime | None
+    evidence: str  # file:line of the event used
+
+
+def _order(e: EventRow):
+    # Earliest first; events without a time sort after timed ones, then by file position.
+    return (e.time is None, e.time or datetime.min, e.source_file, e.line_no)
+
+
+def _where(e: EventRow) -> str:
+    return f"{e.source_file}:{e.line_no}"
+
+
+def _who(rank: int | None, node: int | None) -> str:
+    if rank is not None:
+        return f"rank {rank}"
+    if node is not None:
+        return f"node {node}"
+    return "an unknown rank"
+
+
+def triage(events: list[EventRow], world: int | None = None, last_iteration: int | None = None,
+           last_time: datetime | None = None) -> Verdict:
+    root = [e for e in events if (e.kind in ROOT_KINDS and not (e.kind == "traceback" and
+                                                                 is_victim_message(e.message)))]
+    victims = [e for e in events if e.kind in VICTIM_KINDS or (e.kind == "traceback" and
+                                                              is_victim_message(e.message))]
+    n_victim_ranks = len({e.rank for e in victims if e.rank is not None})
+    tail = f"; {n_victim_ranks} other rank(s) then timed out waiting" if n_victim_ranks else ""
+    if root:
+        # Prefer a rank-attributed event at the earliest time; a traceback beats an OOM line of the
+        # same rank only for its message (the OOM line names the allocation).
+        first = min(root, key=lambda e: (e.rank is None and e.node is None, *_order(e)))
+        others = [e for e in root if e.rank == first.rank and e.kind == "traceback"]
+        msg = others[0].message if others and first.kind != "traceback" else first.message
+        return Verdict(first.rank, first.node, "failed", f"{_who(first.rank, first.node)} failed: {msg}{tail}",
+                       first.time, _where(first))
+    summary = [e for e in events if e.kind in SUMMARY_KINDS]
+    child = [e for e in summary if e.kind == "child_failed"]
+    if child:
+        first = min(child, key=_order)
+        return Verdict(first.rank, first.node, "failed", f"{_who(first.rank, first.node)} failed "
+                       f"({first.message}){tail}", first.time, _where(first))
+    sched = [e for e in events if e.kind in SCHEDULER_KINDS]
+    if sched:
+        first = min(sched, key=_order)
+        label = {"time_limit": "time limit reached", "preemption": "preempted", "requeue": "requeued",
+                 "cancelled": "cancelled"}[first.kind]
+        return Verdict(None, None, "scheduler", f"{label}: {first.message}", first.time, _where(first))
+    if victims:
+        reporters = {e.rank for e in victims if e.rank is not None}
+        if world and reporters:
+            silent = sorted(set(range(world)) - reporters)
+            if silent and len(silent) < world:
+                first_to = min(victims, key=_order)
+                return Verdict(silent[0], None, "silent",
+                               f"rank(s) {', '.join(map(str, silent))} went silent: the other "
+                               f"{len(reporters)} rank(s) timed out waiting in a collective "
+                               f"({first_to.kind})", first_to.time, _where(first_to))
+        first = min(victims, key=_order)
+        return Verdict(first.rank, first.node, "failed", f"{_who(first.rank, first.node)} timed out first: "
+                       f"{first.message}", first.time, _where(first))
+    if summary:
+        first = min(summary, key=_order)
+        return Verdict(first.rank, first.node, "failed", first.message, first.time, _where(first))
+    it = f" after iteration {last_iteration}" if last_iteration is not None else " before its first iteration"
+    at = f" (last output {last_time:%Y-%m-%d %H:%M:%S})" if last_time else ""
+    return Verdict(None, None, "silent", f"no error in the logs: the job went silent{it}{at}", last_time, "")
