@@ -607,6 +607,10 @@ def _ingest_one(con, t: _Target, ctx: _RunCtx | None, stats: IngestStats, force:
             n_it, n_ev = stage.load(con)
             if n_it and t.kind != "sacct":
                 _restitch(con, ctx.run_id)
+                # runs known only from logs learn their global batch size from the iteration lines
+                con.execute("""UPDATE runs SET gbs = (SELECT arg_max(gbs, iteration) FROM iterations
+                                                     WHERE run_id = ? AND gbs IS NOT NULL)
+                               WHERE run_id = ? AND gbs IS NULL""", [ctx.run_id, ctx.run_id])
             con.execute(
                 """INSERT OR REPLACE INTO ingested_files (path, run_id, size, mtime, lines, bad_lines,
                      undecodable_lines, ingested_at, kind, "offset", head_sha, truncated, state)

@@ -1,7 +1,114 @@
-"""CLI commands (placeholder: filled in by its owner)."""
+"""`mimo-jobs ingest` and `mimo-jobs report`: logs -> DuckDB -> scaling report."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
+_DB_HELP = "DuckDB store (default ./mimo-jobs.duckdb, or $MIMO_JOBS_DB)"
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def ingest_cmd(
+    paths: list[Path] = typer.Argument(..., help="run dirs (with run.yaml), trees of run dirs, or log / "
+                                       "metrics.jsonl / sacct files"),
+    db: Path | None = typer.Option(None, "--db", help=_DB_HELP),
+    force: bool = typer.Option(False, "--force", help="re-read files even if unchanged since the last ingest"),
+    study: str = typer.Option("logs", "--study", help="study name for logs without a run.yaml"),
+    name: str | None = typer.Option(None, "--name", help="run name for logs without a run.yaml (all given "
+                                    "files become attempts of this one run)"),
+    nodes: int | None = typer.Option(None, "--nodes", min=1, help="node count of logs without a run.yaml"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node, ditto"),
+    seq_length: int | None = typer.Option(None, "--seq-length", min=1, help="sequence length, ditto"),
+) -> None:
+    """Ingest logs and metrics into the store (idempotent: unchanged files are skipped, appends resume)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    from ..ingest import IngestError, LogRunInfo, ingest_paths
+    from ..store import connect
+
+    err = Console(stderr=True)
+    info = LogRunInfo(study=study, name=name, nodes=nodes, gpus_per_node=gpus_per_node, seq_length=seq_length)
+    try:
+        con = connect(db)
+    except RuntimeError as e:
+        _fail(str(e))
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                      console=err, transient=True) as prog:
+            task = prog.add_task("ingest", total=None)
+
+            def progress(name: str, done: int, total: int) -> None:
+                prog.update(task, description=f"ingest {name[:40]}", completed=done, total=total)
+
+            stats = ingest_paths(con, list(paths), force=force, log_run=info, progress=progress)
+    except IngestError as e:
+        _fail(str(e))
+    finally:
+        con.close()
+    typer.echo(f"ingested {stats.files} file(s) ({stats.skipped_unchanged} unchanged, skipped): "
+               f"{stats.lines:,} lines, {stats.iterations:,} iterations, {stats.events:,} events, "
+               f"{stats.runs_registered} new run(s)")
+    if stats.bad_lines or stats.undecodable or stats.truncated_files:
+        typer.echo(f"tolerated: {stats.bad_lines:,} bad line(s), {stats.undecodable:,} undecodable line(s), "
+                   f"{stats.truncated_files} file(s) ending in a partial line")
+    for p in stats.problems:
+        typer.echo(f"problem: {p}", err=True)
+    if stats.problems:
+        raise typer.Exit(1)
+
+
+def report_cmd(
+    study: str | None = typer.Argument(None, help="study name (default: every study in the store)"),
+    baseline_nodes: int | None = typer.Option(None, "--baseline-nodes", min=1,
+                                              help="N0 for E(N)=P(N)/P(N0) (default: the study's, else the "
+                                              "smallest node count)"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table | md | html | json | csv"),
+    out: Path | None = typer.Option(None, "--out", help="write <out>/report.<ext> instead of printing "
+                                    "(html defaults to the current directory)"),
+    db: Path | None = typer.Option(None, "--db", help=_DB_HELP),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU model for MFU when the logs do not say (H100, H200, "
+                                   "A100)"),
+) -> None:
+    """Scaling report: iteration time, throughput, MFU, E(N), loss parity, failure triage."""
+    from ..report import FORMATS, ReportError, build, render
+    from ..store import connect
+
+    if fmt not in FORMATS:
+        _fail(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    try:
+        con = connect(db, read_only=True)
+    except (FileNotFoundError, RuntimeError) as e:
+        _fail(str(e))
+    try:
+        rep = build(con, study, baseline_nodes=baseline_nodes, gpu=gpu)
+    except ReportError as e:
+        _fail(str(e))
+    finally:
+        con.close()
+    if fmt == "html" and out is None:
+        out = Path(".")
+    if fmt == "table" and out is None:
+        from ..report.render_text import print_table
+
+        print_table(rep)
+        return
+    try:
+        res = render(rep, fmt, out)
+    except ReportError as e:
+        _fail(str(e))
+    if isinstance(res, Path):
+        typer.echo(f"wrote {res}")
+    else:
+        typer.echo(res, nl=False)
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("ingest")(ingest_cmd)
+    app.command("report")(report_cmd)
