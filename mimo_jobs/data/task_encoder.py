@@ -68,8 +68,15 @@ class EncodedBatch(Batch):
 
 
 def _source(sample: Any) -> tuple[str | None, str | None, str | None]:
-    key = getattr(sample, "__key__", None) if not isinstance(sample, dict) else sample.get("__key__")
-    srcs = getattr(sample, "__sources__", None) if not isinstance(sample, dict) else sample.get("__sources__")
+    """(key, shard, dataset) of a sample at any stage: an energon Sample, a raw dict, or RawSampleData (the
+    shard reader's output, which wraps the raw dicts in `.data`)."""
+    if hasattr(sample, "data") and isinstance(getattr(sample, "data"), tuple):
+        inner = [d for d in sample.data if d is not None]
+        sample = inner[0] if inner else sample
+    if isinstance(sample, dict):
+        key, srcs = sample.get("__key__"), sample.get("__sources__")
+    else:
+        key, srcs = getattr(sample, "__key__", None), getattr(sample, "__sources__", None)
     shard = dataset = None
     if srcs:
         shard = getattr(srcs[0], "shard_name", None)
@@ -127,9 +134,11 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
         if sources and not shard:
             shard = getattr(sources[0], "shard_name", None)
             dataset = str(getattr(sources[0], "dataset_path", "")) or dataset
-        detail = f"{type(exc).__name__}: {exc}"
+        # energon's messages embed the whole sample repr; keep the first clause
+        detail = f"{type(exc).__name__}: {str(exc).split(' in {', 1)[0]}"
         if self.cfg.on_bad_sample == "error":
-            raise DataError(f"{describe(key, shard, dataset)}: energon failed to load the sample: {detail}") from exc
+            raise DataError(f"{describe(key, shard, dataset)}: energon failed to load the sample: {detail} "
+                            f"(set trainer.data.on_bad_sample: skip to skip and count such samples)") from exc
         # energon drops the sample after this returns; we count it.
         self._skip_event("load", key, shard, detail)
 
