@@ -8,7 +8,7 @@ from html import escape
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
            "#bcbd22", "#7f7f7f"]
-IDEAL = "#888888"
+IDEAL = "#b8860b"  # dashed ideal lines: a hue no text or table uses (greys would mix with anti-aliased text)
 
 
 @dataclass
