@@ -214,7 +214,8 @@ def canonical_init_(module, seed: int, tag: str, tp_rank: int, tp_size: int, etp
 
     for name, p in module.named_parameters():
         cname = name
-        is_expert = not getattr(p, "allreduce", True)
+        # expert params: by name (with EP=1 mcore leaves their `allreduce` attribute True)
+        is_expert = bool(_EXPERT_RE.search(name)) or not getattr(p, "allreduce", True)
         if is_expert and num_local_experts:
             cname = _EXPERT_RE.sub(lambda m: f"experts.{ep_rank * num_local_experts + int(m.group(1))}.", name)
         rank, size = (etp_rank, etp_size) if is_expert else (tp_rank, tp_size)
