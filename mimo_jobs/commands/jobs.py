@@ -289,13 +289,12 @@ def demo(
     launch.submit_runs(con, study, str(Path(path).resolve()), prepared, diag.runs, sel, launch.executor("local"))
     sts = follow(con, study.name, f"{study.name} ({db_path(db)})")
     launch.ingest_runs(con, [launch.RunDir(Path(s.run_dir)) for s in sts if s.run_dir])
+    from .. import report
+
     try:
-        from .. import report
-    except ImportError:
-        out.print("(report module not available yet)", markup=False)
-    else:
-        rep = report.build(con, study.name)
-        out.print(report.render(rep, "text", None), markup=False)
+        typer.echo(report.render(report.build(con, study.name), "table"))
+    except report.ReportError as e:
+        _err(f"demo: report: {e}", EXIT_FAILED)
     bad = [s for s in sts if s.job is None or s.job.state != "COMPLETED"]
     if bad:
         _err("demo: " + ", ".join(f"{s.run} {s.job.state if s.job else 'not submitted'}" for s in bad), EXIT_FAILED)

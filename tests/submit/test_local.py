@@ -1,0 +1,240 @@
+"""submit / status / cancel with the local executor, through the real CLI, real run dirs rendered by the
+packaged sbatch template, real detached runner processes and a real DuckDB file.
+
+The workload is a FAKE launch.sh (tests/submit/fake_templates, swapped in with --templates) that sleeps, prints
+or fails on demand, so these tests check the job machinery in seconds; the real trainer runs under the local
+executor in test_demo.py and under SLURM in tests/slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import FAKE_TEMPLATES, all_ended, cli, job_rows, query, wait_until, write_study
+
+NCCL_MSG = ("[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600042 milliseconds before timing out.")
+
+
+@pytest.fixture
+def ws(tmp_path):
+    """A workspace: store, runs root, and a private set of local slots (4: tests may run jobs side by side)."""
+    env = {"MIMO_JOBS_LOCAL_SLOTS_DIR": str(tmp_path / "slots"), "MIMO_JOBS_LOCAL_SLOTS": "4"}
+    return {"dir": tmp_path, "db": tmp_path / "store.duckdb", "runs": tmp_path / "runs", "env": env}
+
+
+def submit(ws, study: Path, *extra: str, check: bool = True):
+    return cli("submit", study, "--db", ws["db"], "--runs-dir", ws["runs"], "--templates", FAKE_TEMPLATES, *extra,
+               env=ws["env"], check=check)
+
+
+def test_submit_complete_resubmit_is_noop_force_and_changed_spec(ws):
+    study = write_study(ws["dir"] / "s.yaml", "loc_ok", [{"nodes": 1, "gbs": 6}, {"nodes": 1, "gbs": 12}],
+                        env={"FAKE_SLEEP": 1})
+    out = submit(ws, study).stdout
+    assert out.count("submitted ") == 2
+    rows = wait_until(ws["db"], "loc_ok", all_ended, 60, ws["env"])
+    assert [(r["state"], r["exit_code"], r["attempt"], r["action"]) for r in rows] == [("COMPLETED", 0, 0, "done")] * 2
+    for r in rows:
+        assert r["submit_time"] <= r["start_time"] <= r["end_time"]
+        assert (r["end_time"] - r["start_time"]).total_seconds() >= 1  # it slept 1 s
+        log = Path(r["log_path"]).read_text()
+        assert f"fake-launch run={r['run']} node=0/1" in log and f"job={r['job_id']}" in log
+    # Provenance: the runs rows carry the rendered script's hash (local: launch.sh) and the package version.
+    for name, sha, ver, rd in query(ws["db"], "SELECT name, script_sha256, pkg_version, run_dir FROM runs"):
+        import hashlib
+
+        assert sha == hashlib.sha256((Path(rd) / "launch.sh").read_bytes()).hexdigest()
+        assert ver
+
+    again = submit(ws, study).stdout
+    assert "nothing to submit" in again and "submitted" not in again
+    assert len(job_rows(ws["db"], "loc_ok")) == 2
+
+    forced = submit(ws, study, "--force", "--only", "1n-e1x1-l1x1x1-g6").stdout
+    assert forced.count("submitted ") == 1 and "attempt 1" in forced
+    rows = wait_until(ws["db"], "loc_ok", all_ended, 60, ws["env"])
+    assert sorted((r["run"], r["attempt"]) for r in rows) == [
+        ("1n-e1x1-l1x1x1-g12", 0), ("1n-e1x1-l1x1x1-g6", 0), ("1n-e1x1-l1x1x1-g6", 1)]
+
+    # A changed spec (another env value) is a new run id: submitted although the old one completed.
+    write_study(study, "loc_ok", [{"nodes": 1, "gbs": 6}, {"nodes": 1, "gbs": 12}], env={"FAKE_SLEEP": 0})
+    out = submit(ws, study).stdout
+    assert out.count("submitted ") == 2
+    assert query(ws["db"], "SELECT count(*) FROM runs WHERE study = 'loc_ok'")[0][0] == 4
+
+
+def test_failure_is_recorded_with_reason_and_not_retried(ws):
+    study = write_study(ws["dir"] / "f.yaml", "loc_fail", [{"nodes": 1}], max_retries=2,
+                        env={"FAKE_EXIT": 3, "FAKE_MESSAGE": "ValueError: broken on purpose"})
+    submit(ws, study)
+    rows = wait_until(ws["db"], "loc_fail", all_ended, 60, ws["env"])
+    assert len(rows) == 1, "a deterministic failure must not be retried"
+    r = rows[0]
+    assert (r["state"], r["exit_code"], r["action"]) == ("FAILED", 3, "final")
+    assert "exit 3" in r["reason"] and "deterministic" in r["reason"]
+    assert r["first_error"] == "ValueError: broken on purpose"
+    st = cli("status", "loc_fail", "--db", ws["db"], env=ws["env"], check=True).stdout
+    assert "FAILED" in st and "broken on purpose" in st
+
+
+def test_flaky_failure_is_retried_up_to_max_retries(ws):
+    study = write_study(ws["dir"] / "k.yaml", "loc_flaky", [{"nodes": 1}], max_retries=1,
+                        env={"FAKE_EXIT": 1, "FAKE_MESSAGE": NCCL_MSG})
+    submit(ws, study)
+    rows = wait_until(ws["db"], "loc_flaky", lambda rs: len(rs) == 2 and all_ended(rs), 60, ws["env"])
+    first, second = rows
+    assert (first["attempt"], first["action"], first["next_job_id"]) == (0, "retry", second["job_id"])
+    assert "nccl_timeout" in first["reason"]
+    assert (second["attempt"], second["state"], second["action"]) == (1, "FAILED", "final")
+    assert "after 1 retries" in second["reason"]
+
+
+def test_timeout_without_checkpoint_is_final(ws):
+    study = write_study(ws["dir"] / "t.yaml", "loc_timeout", [{"nodes": 1}], time_limit="00:00:02",
+                        env={"FAKE_SLEEP": 60})
+    submit(ws, study)
+    t0 = time.monotonic()
+    rows = wait_until(ws["db"], "loc_timeout", all_ended, 40, ws["env"], every=0.5)
+    assert time.monotonic() - t0 < 30, "the runner must stop the job at its limit, not after the sleep"
+    r = rows[0]
+    assert (r["state"], r["action"]) == ("TIMEOUT", "final")
+    assert "no checkpoint" in r["reason"]
+    assert "DUE TO TIME LIMIT" in Path(r["log_path"]).read_text()
+
+
+def test_timeout_with_checkpoint_is_requeued_and_resumes(ws):
+    study = write_study(ws["dir"] / "c.yaml", "loc_requeue", [{"nodes": 1}], time_limit="00:00:02",
+                        env={"FAKE_SLEEP": 60, "FAKE_CKPT": 1})
+    submit(ws, study)
+    rows = wait_until(ws["db"], "loc_requeue", lambda rs: len(rs) == 2 and all_ended(rs), 40, ws["env"], every=0.5)
+    assert [(r["attempt"], r["state"], r["action"]) for r in rows] == [(0, "TIMEOUT", "requeue"),
+                                                                       (1, "COMPLETED", "done")]
+    assert "resumed from checkpoint" in Path(rows[1]["log_path"]).read_text()  # saw MIMO_JOBS_ATTEMPT=1
+
+
+def test_cancel_stops_the_whole_process_group(ws):
+    study = write_study(ws["dir"] / "x.yaml", "loc_cancel", [{"nodes": 1}], env={"FAKE_SLEEP": 120})
+    submit(ws, study)
+    rows = wait_until(ws["db"], "loc_cancel", lambda rs: rs[0]["state"] == "RUNNING", 30, ws["env"], every=0.3)
+    state_file = Path(rows[0]["run_dir"]) / "logs" / f"local-{rows[0]['job_id']}.json"
+    child = json.loads(state_file.read_text())["child_pid"]
+    out = cli("cancel", "loc_cancel", "--db", ws["db"], env=ws["env"], check=True).stdout
+    assert f"cancelled 1n-e1x1-l1x1x1-g6: local job {rows[0]['job_id']}" in out
+    rows = wait_until(ws["db"], "loc_cancel", all_ended, 30, ws["env"], every=0.3)
+    assert (rows[0]["state"], rows[0]["action"]) == ("CANCELLED", "final")
+    # launch.sh's process group (bash + sleep) is gone, not orphaned.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+        except OSError:
+            break
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"launch.sh (pid {child}) still runs after cancel")
+    again = cli("cancel", "loc_cancel", "--db", ws["db"], env=ws["env"], check=True).stdout
+    assert "no pending or running job" in again
+
+
+def test_dry_run_prints_the_rendered_script_and_writes_no_store(ws):
+    study = write_study(ws["dir"] / "d.yaml", "loc_dry", [{"nodes": 2, "gbs": 6}], executor="slurm")
+    p = cli("submit", study, "--dry-run", "--db", ws["db"], "--runs-dir", ws["runs"], check=True)
+    sbatch = ws["runs"] / "loc_dry" / "2n-e1x1-l1x1x3-g6" / "sbatch.sh"
+    assert sbatch.is_file()
+    assert sbatch.read_text().strip() in p.stdout  # exactly the file SLURM would run
+    assert f"$ sbatch --parsable --chdir={sbatch.parent.resolve()} {sbatch.resolve()}" in p.stdout
+    assert "nothing submitted" in p.stdout
+    assert not ws["db"].exists()
+
+
+def test_bad_input_is_refused_before_anything_is_written(ws):
+    study = write_study(ws["dir"] / "b.yaml", "loc_bad", [{"nodes": 1}, {"nodes": 2, "gbs": 6}])
+    p = submit(ws, study, "--only", "nosuch", check=False)
+    assert p.returncode == 2 and "no run named 'nosuch'" in p.stderr and "1n-e1x1-l1x1x1-g6" in p.stderr
+    p = submit(ws, study, check=False)  # the 2-node run cannot run on the local executor
+    assert p.returncode == 2 and "2n-e1x1-l1x1x3-g6 (2 nodes)" in p.stderr
+    p = submit(ws, study, "--executor", "pbs", check=False)
+    assert p.returncode == 2 and "use slurm or local" in p.stderr
+    assert not ws["db"].exists() and not ws["runs"].exists()
+    p = cli("status", "--db", ws["db"])
+    assert p.returncode == 2 and "no store" in p.stderr
+    broken = ws["dir"] / "broken.yaml"
+    broken.write_text("name: x\nmatrix: [\n")
+    p = submit(ws, broken, check=False)
+    assert p.returncode == 2 and "invalid YAML" in p.stderr
+
+
+def test_store_write_failure_cancels_the_job(ws, monkeypatch):
+    """No scheduler job without a row: when recording fails right after submission, the job is cancelled."""
+    from mimo_jobs import jobs, launch, store
+    from mimo_jobs.study import load_study, runs_of
+
+    for k, v in ws["env"].items():
+        monkeypatch.setenv(k, v)
+    study = write_study(ws["dir"] / "w.yaml", "loc_crash", [{"nodes": 1}], env={"FAKE_SLEEP": 60})
+    spec = runs_of(load_study(study))[0]
+    con = store.connect(ws["db"])
+    jobs.ensure_schema(con)
+    prepared = launch.prepare([spec], ws["runs"], "local", FAKE_TEMPLATES)[0]
+
+    def broken_insert(*a, **k):
+        raise RuntimeError("disk full (injected)")
+
+    monkeypatch.setattr(jobs, "insert_job", broken_insert)
+    with pytest.raises(RuntimeError, match="injected"):
+        launch.submit_prepared(con, launch.executor("local"), prepared, 0)
+    assert con.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+    state_files = list(prepared.rd.logs.glob("local-*.json"))
+    assert len(state_files) == 1
+    deadline = time.monotonic() + 15
+    while json.loads(state_files[0].read_text())["state"] != "CANCELLED":
+        assert time.monotonic() < deadline, state_files[0].read_text()
+        time.sleep(0.1)
+    assert not (prepared.rd.root / launch.INTENT).exists()
+    con.close()
+
+
+def test_crash_between_submission_and_store_write_is_recovered(ws, monkeypatch):
+    """The process dies after the scheduler took the job but before the row was written: the intent file
+    lets the next `status` find the job and record it (no lost job, no duplicate on resubmit)."""
+    from mimo_jobs import catalog, jobs, launch, store
+    from mimo_jobs.study import load_study, runs_of
+
+    for k, v in ws["env"].items():
+        monkeypatch.setenv(k, v)
+    study_path = write_study(ws["dir"] / "r.yaml", "loc_orphan", [{"nodes": 1}], env={"FAKE_SLEEP": 1})
+    study = load_study(study_path)
+    spec = runs_of(study)[0]
+    con = store.connect(ws["db"])
+    jobs.ensure_schema(con)
+    p = launch.prepare([spec], ws["runs"], "local", FAKE_TEMPLATES)[0]
+    catalog.record_study(con, study, str(study_path))
+    catalog.record_run(con, spec, str(p.rd.root), p.sha256)
+    ex = launch.executor("local")
+    job_id = ex.new_job_id()
+    launch._write_intent(p.rd, "local", 0, job_id)  # what submit_prepared does first ...
+    ex.submit(p.rd, 0, 60, "USR2@0", job_id=job_id)  # ... then the process "dies" here
+    con.close()
+
+    rows = wait_until(ws["db"], "loc_orphan", all_ended, 60, ws["env"])
+    assert [(r["job_id"], r["state"]) for r in rows] == [(job_id, "COMPLETED")]
+    assert not (p.rd.root / launch.INTENT).exists()
+    out = submit(ws, study_path).stdout
+    assert "nothing to submit" in out
+
+
+def test_status_of_unknown_study_names_the_known_ones(ws):
+    study = write_study(ws["dir"] / "u.yaml", "loc_known", [{"nodes": 1}])
+    submit(ws, study)
+    p = cli("status", "nosuch", "--db", ws["db"], env=ws["env"])
+    assert p.returncode == 2 and "loc_known" in p.stderr
+    wait_until(ws["db"], "loc_known", all_ended, 60, ws["env"])
+    assert os.environ.get("MIMO_JOBS_DB") is None or True

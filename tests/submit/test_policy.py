@@ -1,0 +1,111 @@
+"""The retry/requeue policy, first-error extraction and scheduler output parsing: pure functions, checked
+against hand-written expectations (the sacct/squeue lines are copied in the format SLURM 22.05 prints)."""
+
+from datetime import datetime
+
+import pytest
+
+from mimo_jobs import jobs
+from mimo_jobs.executors.slurm import parse_sacct, parse_squeue
+
+NCCL = ("[rank3]:[E ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=51, OpType=ALLREDUCE) ran for 600042 milliseconds before timing out.")
+GLOO = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 120000ms for recv"
+TRACEBACK = """\
+[default1]:Traceback (most recent call last):
+[default1]:  File "/x/mimo_jobs/trainer/main.py", line 10, in <module>
+[default1]:    main()
+[default1]:ValueError: seq_length 64 is shorter than the image tokens (96)
+"""
+
+
+def h(retries=0, timeouts=0):
+    return jobs.History(retries=retries, timeouts=timeouts)
+
+
+@pytest.mark.parametrize("state,text,hist,max_retries,ckpt,action,words", [
+    ("COMPLETED", "", h(), 2, False, "done", "completed"),
+    ("PREEMPTED", "", h(), 0, True, "requeue", "preempted"),
+    ("TIMEOUT", "", h(), 2, False, "final", "no checkpoint"),
+    ("TIMEOUT", "", h(), 2, True, "requeue", "resumes from checkpoint"),
+    ("TIMEOUT", "", h(timeouts=3), 2, True, "final", "4 times"),
+    ("FAILED", NCCL, h(), 2, False, "retry", "nccl_timeout"),
+    ("FAILED", GLOO, h(), 1, False, "retry", "gloo_timeout"),
+    ("FAILED", NCCL, h(retries=2), 2, False, "final", "after 2 retries"),
+    ("NODE_FAIL", "", h(), 1, False, "retry", "node_fail"),
+    ("NODE_FAIL", "", h(retries=1), 1, False, "final", "max_retries=1"),
+    ("FAILED", TRACEBACK, h(), 5, True, "final", "deterministic"),
+    ("FAILED", "torch.OutOfMemoryError: CUDA out of memory.", h(), 5, False, "final", "deterministic"),
+    ("CANCELLED", NCCL, h(), 5, False, "final", "cancelled"),
+])
+def test_classify(state, text, hist, max_retries, ckpt, action, words):
+    d = jobs.classify(state, 1, text, hist, max_retries, ckpt)
+    assert d.action == action
+    assert words in d.reason
+
+
+def test_history_counts_only_what_the_policy_did():
+    def row(attempt, state, action):
+        return jobs.JobRow("r", str(attempt), "slurm", attempt, state, None, None, None, None, None, None, None,
+                           action)
+
+    got = jobs.history_of([row(0, "FAILED", "retry"), row(1, "TIMEOUT", "requeue"), row(2, "PREEMPTED", "requeue"),
+                           row(3, "FAILED", "final")])
+    assert (got.retries, got.timeouts, got.preemptions) == (1, 1, 1)
+
+
+def test_first_error_skips_victims_and_finds_the_cause():
+    # Rank 1's real error comes after rank 0 already reported the consequence (a gloo timeout).
+    log = ("0: [default0]:Traceback (most recent call last):\n"
+           "0: [default0]:  File \"a.py\", line 1, in f\n"
+           f"0: [default0]:{GLOO}\n" + "".join("1: " + ln + "\n" for ln in TRACEBACK.splitlines()))
+    assert jobs.first_error(log) == "ValueError: seq_length 64 is shorter than the image tokens (96)"
+
+
+def test_first_error_plain_error_line_and_nothing():
+    assert jobs.first_error("starting\nerror: cannot open /data/x.tar\nbye\n") == "error: cannot open /data/x.tar"
+    assert jobs.first_error("all good\niteration 1\n") is None
+
+
+def test_flaky_signature_names():
+    assert jobs.flaky_signature(NCCL) == "nccl_timeout"
+    assert jobs.flaky_signature(GLOO) == "gloo_timeout"
+    assert jobs.flaky_signature("slurmstepd: error: *** JOB 7 ON node2 CANCELLED AT 2026-01-01T00:00:00 "
+                                "DUE TO NODE FAILURE ***") == "node_fail"
+    assert jobs.flaky_signature("ValueError: bad") is None
+
+
+def test_parse_sacct_states_exit_codes_and_steps():
+    text = ("12|COMPLETED|0:0|2026-11-21T19:04:39|2026-11-21T19:04:40|2026-11-21T19:05:10|node[1-2]|None|/r/a\n"
+            "12.batch|COMPLETED|0:0|2026-11-21T19:04:40|2026-11-21T19:04:40|2026-11-21T19:05:10|node1|None|\n"
+            "13|FAILED|3:0|2026-11-21T19:04:41|2026-11-21T19:04:42|2026-11-21T19:04:50|node3|NonZeroExitCode|/r/b\n"
+            "14|CANCELLED by 0|0:15|2026-11-21T19:04:41|2026-11-21T19:04:42|2026-11-21T19:04:45|node4|None|/r/c\n"
+            "15|PENDING|0:0|2026-11-21T19:04:41|Unknown|Unknown|None assigned|Resources|/r/d\n"
+            "16|TIMEOUT|0:0|2026-11-21T19:04:41|2026-11-21T19:04:42|2026-11-21T19:06:00|node1|None|/r/e\n")
+    got = parse_sacct(text)
+    assert sorted(got) == ["12", "13", "14", "15", "16"]  # the .batch step is not a job
+    j12, wd = got["12"]
+    assert (j12.state, j12.exit_code, j12.node_list, wd) == ("COMPLETED", 0, "node[1-2]", "/r/a")
+    # This test machine runs in UTC, so local and UTC agree (the parser converts local -> UTC).
+    assert j12.start_time == datetime(2026, 11, 21, 19, 4, 40) and j12.end_time == datetime(2026, 11, 21, 19, 5, 10)
+    assert (got["13"][0].state, got["13"][0].exit_code, got["13"][0].reason) == ("FAILED", 3, "NonZeroExitCode")
+    assert (got["14"][0].state, got["14"][0].exit_code) == ("CANCELLED", 128 + 15)
+    p = got["15"][0]
+    assert (p.state, p.start_time, p.node_list, p.reason, p.active) == ("PENDING", None, None, "Resources", True)
+    assert got["16"][0].state == "TIMEOUT" and not got["16"][0].active
+
+
+def test_parse_squeue():
+    got = parse_squeue("21|RUNNING|2026-11-21T19:04:41|2026-11-21T19:04:42|node[1-3]|None|/runs/s/r\n"
+                       "22|PENDING|2026-11-21T19:04:43|N/A||Resources|/runs/s/q\n")
+    assert got["21"][0].state == "RUNNING" and got["21"][1] == "/runs/s/r"
+    assert got["22"][0].start_time is None and got["22"][0].reason == "Resources"
+
+
+def test_last_iteration_from_metrics(tmp_path):
+    m = tmp_path / "metrics.jsonl"
+    m.write_text('{"kind": "start", "iteration": 0}\n{"kind": "iteration", "iteration": 4, "loss": 2.5}\n'
+                 '{"kind": "iteration", "iteration": 5, "loss": 2.25}\n{"kind": "end", "iteration": 5}\n'
+                 '{"kind": "iteration", "iter')  # a line still being written
+    assert jobs.last_iteration_from_metrics(m) == (5, 2.25)
+    assert jobs.last_iteration_from_metrics(tmp_path / "missing.jsonl") is None
