@@ -1,0 +1,63 @@
+# mimo-jobs: one image for the cluster (pyxis/enroot, Apptainer) and for a one-node local run.
+#
+#   docker build -t mimo-jobs --build-arg MIMO_JOBS_GIT_SHA="$(git rev-parse HEAD)" .
+#   docker run --gpus all --rm -v "$PWD:/work" mimo-jobs mimo-jobs submit studies/cpu_local.yaml --executor local --wait
+#
+# The default base is an NGC PyTorch release: CUDA, NCCL, cuDNN and Transformer Engine built against its own
+# torch 2.x (25.12: torch 2.10 pre-release build, TE 2.x within megatron-core 0.16.1's tested range).
+# CI swaps BASE_IMAGE for a locally bootstrapped Debian+Python image (tests/container/build_image.sh).
+ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.12-py3
+
+# ---------------------------------------------------------------- stage 1: the package wheel
+# Pure Python; its build backend (setuptools, fetched into pip's isolated build env) stays in this stage.
+FROM ${BASE_IMAGE} AS wheel
+WORKDIR /src
+# README.md is pyproject's long description only; the wheel builds without it.
+COPY pyproject.toml ./
+COPY templates ./templates
+COPY studies ./studies
+COPY mimo_jobs ./mimo_jobs
+# NGC images export PIP_CONSTRAINT (pins of the base's own packages); the build backend must not be held to it.
+RUN PIP_CONSTRAINT="" python3 -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+
+# ---------------------------------------------------------------- stage 2: the image
+FROM ${BASE_IMAGE}
+ARG BASE_IMAGE
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Extra wheel locations for the build only (CI bind-mounts its torch CPU wheel and sets this to that dir).
+ARG PIP_FIND_LINKS=""
+
+# One list of dependencies (pyproject.toml): the wheel goes in with --no-deps, then its own metadata names
+# the base + `train` requirements. torch is kept as the base image ships it when present (NGC: CUDA build,
+# Transformer Engine compiled against it); only a base without torch gets train's pinned torch==2.13.0.
+# PIP_BREAK_SYSTEM_PACKAGES: Debian bases mark the system Python externally managed; this image is the
+# environment, so installing into it is the point. Caches go to a build-time mount, not into the layer.
+RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
+    --mount=type=cache,target=/root/.cache/pip \
+    export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
+ && python3 -m pip install --no-deps /dist/mimo_jobs-*.whl \
+ && python3 -m mimo_jobs.image requirements --extra train --keep-installed torch > /tmp/requirements.txt \
+ && cat /tmp/requirements.txt \
+ && python3 -m pip install --requirement /tmp/requirements.txt \
+ && rm -f /tmp/requirements.txt \
+ && python3 -c "import megatron.core, megatron.energon, einops, torch; print('torch', torch.__version__)" \
+ && mimo-jobs --version
+
+# Templates and studies next to the package (the package ships its own copy too): users copy and edit these.
+COPY templates /opt/mimo-jobs/templates
+COPY studies /opt/mimo-jobs/studies
+
+# Provenance last, so a new commit only rebuilds this layer. The trainer's first log line and the store read
+# it through mimo_jobs.image.image_provenance() (or $MIMO_JOBS_GIT_SHA / $MIMO_JOBS_VERSION directly).
+ARG MIMO_JOBS_GIT_SHA=unknown
+ARG IMAGE_NAME=mimo-jobs
+RUN python3 -m mimo_jobs.image provenance --git-sha "${MIMO_JOBS_GIT_SHA}" --base-image "${BASE_IMAGE}" \
+        --image "${IMAGE_NAME}" --out /opt/mimo-jobs/PROVENANCE.json
+ENV MIMO_JOBS_GIT_SHA=${MIMO_JOBS_GIT_SHA} \
+    MIMO_JOBS_PROVENANCE=/opt/mimo-jobs/PROVENANCE.json \
+    PYTHONUNBUFFERED=1
+
+# Local use: mount the working dir here; the DuckDB store (./mimo-jobs.duckdb) and runs/ land in it.
+WORKDIR /work
+CMD ["mimo-jobs", "--help"]
