@@ -1,0 +1,142 @@
+"""Preemption and time limits: every rank stops at the same step, saves together and exits for a requeue.
+
+A handler for SIGTERM / SIGUSR1 / SIGUSR2 only sets a flag (nothing else is async-signal-safe). Once per
+step every rank contributes its flag (signal seen, deadline near) to one MAX all-reduce over the world, so
+all ranks decide identically even when the signal reached only some of them (SLURM's `--signal` goes to the
+step's tasks; torchrun forwards SIGTERM to its workers). Then the loop saves a checkpoint and exits.
+
+Requeue contract (for the launch script and the submit engineer's cluster tests):
+  * each rank exits with REQUEUE_EXIT_CODE = 75 (EX_TEMPFAIL, "try again later");
+  * torchrun reports any worker failure as exit 1, so rank 0 also writes <checkpoint_dir>/requeue.json
+    ({"iteration", "reason", "time", "job_id"}) after the checkpoint is complete. The launch script checks
+    for it after torchrun returns: if present, remove it, `scontrol requeue $SLURM_JOB_ID` on SLURM (with
+    sbatch --requeue) and exit 75 (the local executor reruns the launch). The next attempt resumes from
+    `latest` automatically.
+  * time limit: the trainer stops on its own when the deadline is near. The deadline is MIMO_JOB_DEADLINE
+    (epoch seconds, exported by the sbatch script, e.g. job start + time limit) or SLURM_JOB_END_TIME.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REQUEUE_EXIT_CODE = 75
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
+REQUEUE_MARKER = "requeue.json"
+DEADLINE_ENV = "MIMO_JOB_DEADLINE"
+
+_SIGNAL = 1  # bits of the all-reduced stop word
+_DEADLINE = 2
+
+
+def deadline_from_env(env: dict | None = None) -> float | None:
+    """The job's end (epoch seconds) if the launch told us: MIMO_JOB_DEADLINE, else SLURM_JOB_END_TIME."""
+    env = os.environ if env is None else env
+    for k in (DEADLINE_ENV, "SLURM_JOB_END_TIME"):
+        v = env.get(k)
+        if v:
+            try:
+                return float(v)
+            except ValueError:
+                raise ValueError(f"environment variable {k}={v!r} is not epoch seconds") from None
+    return None
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    reason: str  # "signal:SIGUSR2", "time_limit", or both joined with "+"
+    signal_name: str | None  # the signal this rank saw (None if only other ranks saw one)
+
+
+class PreemptionWatch:
+    """Install once after init_process_group; call `should_stop()` once per step on every rank."""
+
+    def __init__(self, deadline: float | None = None, margin_s: float = 30.0,
+                 signals: tuple[str, ...] = STOP_SIGNALS):
+        self.deadline = deadline
+        self.margin_s = margin_s
+        self.signals = signals
+        self.received: str | None = None
+        self._previous: dict = {}
+        self._step_s = 0.0  # longest recent step and save: the time the last step before the limit needs
+        self._save_s = 0.0
+
+    # -- local state
+    def _handler(self, signum, frame) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+
+    def install(self) -> PreemptionWatch:
+        for name in self.signals:
+            sig = getattr(signal, name)
+            self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, h in self._previous.items():
+            signal.signal(sig, h)
+        self._previous.clear()
+
+    def note_step(self, seconds: float) -> None:
+        self._step_s = max(seconds, 0.9 * self._step_s)
+
+    def note_save(self, seconds: float) -> None:
+        self._save_s = max(seconds, self._save_s)
+
+    def time_needed(self) -> float:
+        """Seconds that must remain to run one more step and save after it."""
+        return self.margin_s + 1.5 * (self._step_s + self._save_s)
+
+    def local_word(self, now: float | None = None) -> int:
+        w = _SIGNAL if self.received else 0
+        if self.deadline is not None:
+            now = time.time() if now is None else now
+            if self.deadline - now <= self.time_needed():
+                w |= _DEADLINE
+        return w
+
+    # -- the world-wide decision
+    def should_stop(self) -> StopDecision | None:
+        """Collective (every rank, every step): the same answer on every rank."""
+        import torch
+        import torch.distributed as dist
+
+        w = self.local_word()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dev = "cuda" if dist.get_backend() == "nccl" else "cpu"
+            t = torch.tensor([w & _SIGNAL, w & _DEADLINE], dtype=torch.int32, device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            w = (_SIGNAL if t[0].item() else 0) | (_DEADLINE if t[1].item() else 0)
+        if not w:
+            return None
+        parts = []
+        if w & _SIGNAL:
+            parts.append(f"signal:{self.received}" if self.received else "signal")
+        if w & _DEADLINE:
+            parts.append("time_limit")
+        return StopDecision("+".join(parts), self.received)
+
+
+def write_requeue_marker(checkpoint_dir: str | Path, iteration: int, reason: str,
+                         job_id: str | None = None) -> Path:
+    """Rank 0, after the checkpoint is complete: tell the launch script to requeue (see module doc)."""
+    d = Path(checkpoint_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / (REQUEUE_MARKER + ".tmp")
+    tmp.write_text(json.dumps({"iteration": iteration, "reason": reason, "job_id": job_id,
+                               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+    os.replace(tmp, d / REQUEUE_MARKER)
+    return d / REQUEUE_MARKER
+
+
+def read_requeue_marker(checkpoint_dir: str | Path) -> dict | None:
+    p = Path(checkpoint_dir) / REQUEUE_MARKER
+    try:
+        return json.loads(p.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

@@ -1,0 +1,86 @@
+"""Helpers for the checkpoint tests: render a real run.yaml and launch the real trainer under torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from mimo_jobs.rundir import RunDir
+from mimo_jobs.study import parse_study, run_yaml_doc, runs_of
+
+
+def make_run(root: Path, *, enc_dp: int, llm_dp: int, llm_tp: int = 1, enc_tp: int = 1, gbs: int,
+             iters: int, save_interval: int | None = 2, keep: int = 2, distopt: bool = False,
+             name: str = "ckpt", data: dict | None = None, seed: int = 1234, freeze: dict | None = None,
+             checkpoint_dir: str | None = None) -> Path:
+    """A one-node CPU run (processes = ranks) rendered to <root>/runs/<name>/<run>/run.yaml."""
+    world = enc_tp * enc_dp + llm_tp * llm_dp
+    trainer = {"model": "tiny", "seq_length": 32, "train_iters": iters, "save_interval": save_interval,
+               "keep_checkpoints": keep, "use_distributed_optimizer": distopt, "seed": seed,
+               "lr": {"schedule": "cosine", "max": 2e-3, "min": 1e-4, "warmup_samples": gbs},
+               "data": data or {"provider": "mock", "image_sizes": [8, 12, 16]}}
+    if freeze:
+        trainer["freeze"] = freeze
+    if checkpoint_dir:
+        trainer["checkpoint_dir"] = checkpoint_dir
+    study = parse_study({
+        "name": name, "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": world},
+        "trainer": trainer,
+        "matrix": {"points": [{"nodes": 1, "encoder": {"tp": enc_tp, "dp": enc_dp},
+                               "llm": {"tp": llm_tp, "dp": llm_dp}, "gbs": gbs, "mbs": 1}]},
+    }, env={})
+    (spec,) = runs_of(study)
+    rd = RunDir.of(root / "runs", spec.study, spec.name)
+    rd.root.mkdir(parents=True, exist_ok=True)
+    doc = run_yaml_doc(spec, rd.root, provenance={"git_sha": "0" * 40})
+    rd.run_yaml.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return rd.run_yaml
+
+
+def world_of(run_yaml: Path) -> int:
+    doc = yaml.safe_load(run_yaml.read_text())
+    return int(doc["run"]["layout"]["gpus_per_node"])
+
+
+def trainer_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONUNBUFFERED="1")
+    env.pop("MIMO_CKPT_CRASH", None)
+    env.pop("MIMO_CKPT_KILL_AFTER_ITER", None)
+    env.update(extra or {})
+    return env
+
+
+def torchrun_cmd(run_yaml: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_of(run_yaml)}",
+            "-m", "mimo_jobs.trainer", str(run_yaml), "--quiet", *args]
+
+
+def launch(run_yaml: Path, *args: str, env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun_cmd(run_yaml, *args), env=trainer_env(env), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def metrics(run_yaml: Path, name: str = "metrics.jsonl") -> list[dict]:
+    p = run_yaml.parent / name
+    if not p.exists():
+        return []
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+
+
+def curve(run_yaml: Path, name: str = "metrics.jsonl") -> dict[int, tuple]:
+    """iteration -> (loss, grad_norm, lr, consumed) from the LAST record of each iteration (a resumed run
+    redoes the iterations after its checkpoint; the later attempt's record is the one that counts)."""
+    out = {}
+    for r in metrics(run_yaml, name):
+        if r.get("kind") == "iteration":
+            out[r["iteration"]] = (r["loss"], r["grad_norm"], r["lr"], r["consumed_samples"])
+    return out
+
+
+def ends(run_yaml: Path) -> list[str]:
+    return [r["extras"].get("reason") for r in metrics(run_yaml) if r.get("kind") == "end"]
