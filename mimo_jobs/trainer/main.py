@@ -128,9 +128,21 @@ def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: i
     n_iters = iters or st.train_iters
     log = IterLogger(run, plan, metrics, n_iters, active=last, echo=not quiet)
     log.start(layout_line(run, plan, mode, backend), mode, backend)
+    # checkpoints (issue 7): resume from `latest`, periodic saves, stop-save-requeue on signals/time limit
+    from .checkpoint import Checkpointer
+    from .signals import REQUEUE_EXIT_CODE
+
+    ckpt = Checkpointer.for_run(run, doc, run_yaml, reference)
+    ckpt.resume(st)
     while st.iteration < n_iters:
         stats = train_step(st)
         log.iteration(stats, st.consumed_samples, st.preset, run.trainer.seq_length)
+        stop = ckpt.after_step(st, n_iters, stats.elapsed_s)
+        if stop is not None:
+            log.end(f"requeue: {stop.reason}", st.iteration, st.consumed_samples)
+            dist.barrier()
+            dist.destroy_process_group()
+            return REQUEUE_EXIT_CODE
     log.end("completed", st.iteration, st.consumed_samples)
     dist.barrier()
     dist.destroy_process_group()
