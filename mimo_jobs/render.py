@@ -122,7 +122,9 @@ def environment(templates_dir: str | Path | None = None) -> jinja2.Environment:
 def _bash_n(text: str) -> str | None:
     """bash's own syntax check; returns its complaint or None."""
     r = subprocess.run(["bash", "-n"], check=False, input=text, capture_output=True, text=True)
-    return None if r.returncode == 0 else (r.stderr.strip().replace("bash: ", "") or "syntax error")
+    if r.returncode == 0 and not r.stderr.strip():  # warnings count too (e.g. an unterminated here-document)
+        return None
+    return r.stderr.strip().replace("bash: ", "") or "syntax error"
 
 
 def setup_problems(cluster: ClusterSpec) -> list[Problem]:
@@ -133,7 +135,9 @@ def setup_problems(cluster: ClusterSpec) -> list[Problem]:
         if "\n" in line.strip():
             problems.append(Problem(f"cluster.setup[{i}]", "setup", "one command per list item (no newlines)"))
             continue
-        err = _bash_n(line + "\n")
+        # Inside a function body, anything that reaches past its own line (open quote or block, heredoc,
+        # trailing backslash joining the next line) leaves the closing brace unmatched: bash -n fails.
+        err = _bash_n(f"_mimo_jobs_setup() {{\n{line}\n}}\n")
         if err:
             problems.append(Problem(f"cluster.setup[{i}]", "setup",
                                     f"{line!r} is not a complete shell command ({err})",
@@ -164,7 +168,8 @@ def provenance() -> dict:
     src = Path(__file__).resolve().parent
     sha, dirty = None, None
     try:
-        r = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False, capture_output=True, text=True, timeout=5)
+        r = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False, capture_output=True,
+                           text=True, timeout=5)
         if r.returncode == 0:
             sha = r.stdout.strip()
             st = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--", "."],

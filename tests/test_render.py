@@ -273,10 +273,11 @@ def test_bad_values_are_rejected_before_rendering(tmp_path):
 
 
 def test_incomplete_setup_line_is_rejected(tmp_path):
-    doc = two_node_doc(setup=["echo ok", "echo 'unterminated", "if true; then"])
+    doc = two_node_doc(setup=["echo ok", "echo 'unterminated", "if true; then", "cat <<EOF", "echo joined \\",
+                              "}", "source /opt/env.sh && export A=1 # fine"])
     with pytest.raises(RenderError) as e:
         render_doc(doc, tmp_path / "runs")
-    assert [p.path for p in e.value.problems] == ["cluster.setup[1]", "cluster.setup[2]"]
+    assert [p.path for p in e.value.problems] == [f"cluster.setup[{i}]" for i in (1, 2, 3, 4, 5)]
     assert not (tmp_path / "runs").exists()
 
 
