@@ -54,8 +54,9 @@ def _cells(plan) -> dict[str, str]:
     else:
         lanes = str(plan.lanes_per_encoder)
     return {
-        "encoder": f"{nodes(len(plan.encoder_nodes))}{shared}, {enc}",
-        "llm": f"{nodes(len(plan.llm_nodes))}{shared}, {llm}",
+        "encoder": f"{nodes(len(plan.encoder_nodes))}{shared}, {enc} (ranks {plan.enc_rank_start}-"
+                   f"{plan.enc_rank_end - 1})",
+        "llm": f"{nodes(len(plan.llm_nodes))}{shared}, {llm} (ranks {plan.llm_rank_start}-{plan.llm_rank_end - 1})",
         "expert_dp": str(plan.expert_dp) if plan.expert_dp else "-",
         "fan": plan.fan, "lanes": lanes, "microbatches": str(plan.num_microbatches),
     }
