@@ -14,8 +14,16 @@ import yaml
 from typer.testing import CliRunner
 
 from mimo_jobs.cli import app
-from mimo_jobs.study import (StudyError, diagnose, diagnose_data, expand, load_study, parse_study, run_name,
-                             runs_of)
+from mimo_jobs.study import (
+    StudyError,
+    diagnose,
+    diagnose_data,
+    expand,
+    load_study,
+    parse_study,
+    run_name,
+    runs_of,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 STUDIES = REPO / "studies"
