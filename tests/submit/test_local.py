@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FAKE_TEMPLATES, all_ended, cli, job_rows, query, wait_until, write_study
+from submit_helpers import FAKE_TEMPLATES, all_ended, cli, job_rows, query, wait_until, write_study
 
 NCCL_MSG = ("[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
             "WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600042 milliseconds before timing out.")
