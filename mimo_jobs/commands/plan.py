@@ -79,11 +79,13 @@ def _plan_table(diag: Diagnosis):
 
 
 def _diagnose(study_file: Path) -> Diagnosis:
-    from ..render import setup_problems
+    """Every problem of a study file, including its setup lines (which only bash can judge)."""
     from ..study import diagnose
 
     diag = diagnose(study_file)
-    if diag.study is not None:
+    if diag.study is not None and diag.study.cluster.setup:
+        from ..render import setup_problems  # jinja2 only when there is something to check
+
         diag.problems += setup_problems(diag.study.cluster)
     return diag
 
