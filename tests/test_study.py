@@ -347,3 +347,12 @@ def test_validate_console_script_runs(tmp_path):
     r = subprocess.run(cmd + ["validate", str(STUDIES / "slurm_ci.yaml")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "3 run(s) feasible" in r.stdout
+
+
+def test_validate_reports_incomplete_setup_lines(tmp_path):
+    doc = minimal()
+    doc["cluster"]["setup"] = ["module load x", "echo 'open"]
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    r = runner.invoke(app, ["validate", str(f)])
+    assert r.exit_code == 2 and "cluster.setup[1]: [setup]" in r.output and "setup[0]" not in r.output
