@@ -97,6 +97,10 @@ def _init_dist(run, reference: bool):
 def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: int | None, quiet: bool) -> int:
     from ..study import load_run_yaml
 
+    import warnings
+
+    # megatron-core warns at import that TE/apex are absent (expected on CPU): keep logs readable
+    warnings.filterwarnings("ignore", message=r".*(Apex|apex|Transformer Engine|TE) .*")
     run, doc = load_run_yaml(run_yaml)
     # CI/CPU: the native fused cross entropy is torch.compile'd; compiling costs ~16 s cold (probe P5).
     if run.cluster.accelerator == "cpu":

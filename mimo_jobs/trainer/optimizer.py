@@ -31,13 +31,19 @@ def build_megatron_optimizer(ddp, pgc, spec, prec, max_lr: float):
     return get_megatron_optimizer(cfg, [ddp], use_gloo_process_groups=False, pg_collection=pgc)
 
 
+# get_megatron_optimizer (one model chunk) runs _get_param_groups twice, dense then expert params, and each
+# run all-gathers the param-group keys over the WORLD (optimizer/__init__.py:181).
+_PARAM_GROUP_GATHERS = 2
+
+
 def skip_megatron_optimizer() -> None:
-    """What a rank whose module is frozen contributes to get_megatron_optimizer's world all_gather_object:
-    no param-group keys (it builds no optimizer)."""
+    """What a rank that builds no optimizer for a module (another module's rank, or a frozen module's)
+    contributes to that module's get_megatron_optimizer: the same world gathers, with no param-group keys."""
     import torch.distributed as dist
 
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, [])
+    for _ in range(_PARAM_GROUP_GATHERS):
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, [])
 
 
 def _leaves(opt) -> list:
