@@ -47,7 +47,7 @@ _ITER_RE = re.compile(r"^iter_(\d{7,})$")
 # Layout fields that must match for a checkpoint to load (same-layout format: no resharding).
 LAYOUT_KEYS = ("nodes", "gpus_per_node", "enc_tp", "enc_pp", "enc_dp", "llm_tp", "llm_pp", "llm_dp", "llm_ep",
                "llm_etp", "llm_cp", "num_experts", "gbs", "mbs")
-# Test hook (fault injection): MIMO_CKPT_CRASH="<point>:<rank>" SIGKILLs that rank at that point of a save.
+# Test hook (fault injection), see _maybe_crash.
 CRASH_ENV = "MIMO_CKPT_CRASH"
 CRASH_POINTS = ("rank_files", "before_rename", "before_latest")
 
@@ -258,6 +258,13 @@ def _mark_no_padding(ps: dict) -> None:
 
 
 def _load_optimizer_state(opt, states: list[dict], where: str) -> None:
+    import torch
+
+    with torch.no_grad():  # fp32 distopt main params are views of params that require grad
+        _load_optimizer_state_(opt, states, where)
+
+
+def _load_optimizer_state_(opt, states: list[dict], where: str) -> None:
     leaves = _leaves(opt)
     if len(leaves) != len(states):
         raise CheckpointMismatch(f"{where}: {len(states)} optimizer parts saved, this run builds {len(leaves)}")
@@ -270,6 +277,18 @@ def _load_optimizer_state(opt, states: list[dict], where: str) -> None:
         o.load_state_dict(s["common"])  # distopt: allocates dummy state tensors, filled just below
         if "param_state" in s:
             o.load_parameter_state_from_dp_reshardable(s["param_state"])
+        _unshare_steps(o)
+
+
+def _unshare_steps(o) -> None:
+    """megatron 0.16.1's DistributedOptimizer.load_state_dict (torch-Adam path, no TE/Apex) puts ONE `step`
+    tensor into every parameter's state; torch Adam increments it in place per parameter, so after one step
+    the bias correction is wrong (seen as a bitwise mismatch from the 2nd resumed step on). Give each
+    parameter its own copy."""
+    inner = getattr(o, "optimizer", None)
+    for st in getattr(inner, "state", {}).values():
+        if isinstance(st, dict) and "step" in st and hasattr(st["step"], "clone"):
+            st["step"] = st["step"].clone()
 
 
 def _split_model_state(model) -> tuple[dict, dict]:
@@ -324,15 +343,18 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def _maybe_crash(point: str) -> None:
+def _maybe_crash(point: str, iteration: int) -> None:
+    """Test hook: MIMO_CKPT_CRASH="<point>[:<rank>[:<iteration>]]" kills the whole job (SIGKILL to this
+    process group: torchrun and every rank, like `kill -9` of the job) when `rank` reaches `point` of the
+    save of `iteration` (rank/iteration empty or '*' = any)."""
     v = os.environ.get(CRASH_ENV)
     if not v:
         return
-    want, _, rank = v.partition(":")
+    want, rank, it = (v.split(":") + ["", ""])[:3]
     import torch.distributed as dist
 
-    if want == point and (rank == "" or int(rank) == dist.get_rank()):
-        os.kill(os.getpid(), signal.SIGKILL)  # like kill -9: no cleanup, no atexit
+    if want == point and rank in ("", "*", str(dist.get_rank())) and it in ("", "*", str(iteration)):
+        os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def _agree(ok: bool) -> bool:
@@ -398,7 +420,7 @@ def save(directory: str | Path, *, iteration: int, consumed_samples: int, module
                "rng": _rng_state(), "provider": None if provider is None else provider.state_dict(),
                "extra": extra or {}}
         files[_rank_file(rank)] = _fsync_write(tmp / _rank_file(rank), own)
-        _maybe_crash("rank_files")
+        _maybe_crash("rank_files", iteration)
     except Exception as e:  # noqa: BLE001 - reported world-wide below, then raised everywhere
         err = f"rank {rank}: writing {tmp}: {type(e).__name__}: {e}"
     gathered: list = [None] * world
@@ -426,12 +448,12 @@ def save(directory: str | Path, *, iteration: int, consumed_samples: int, module
                 _fsync_dir(sub)
             _fsync_text(tmp / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
             _fsync_dir(tmp)
-            _maybe_crash("before_rename")
+            _maybe_crash("before_rename", iteration)
             if final.exists():  # complete but never `latest` (crash after rename): this save replaces it
                 _remove_dir(final)
             os.replace(tmp, final)
             _fsync_dir(root)
-            _maybe_crash("before_latest")
+            _maybe_crash("before_latest", iteration)
             _fsync_text(root / f"{LATEST}.tmp", name + "\n")
             os.replace(root / f"{LATEST}.tmp", root / LATEST)
             _fsync_dir(root)
@@ -571,6 +593,8 @@ def _load_file(d: Path, rel: str, expected: dict):
 # Test hook: MIMO_CKPT_KILL_AFTER_ITER=<n> SIGKILLs every rank right after iteration n (and its periodic
 # save, if any): a deterministic `kill -9` of the whole job for the resume tests.
 KILL_ENV = "MIMO_CKPT_KILL_AFTER_ITER"
+# Test hook: MIMO_CKPT_TEST_STEP_DELAY_S=<s> sleeps after every step, so a test's signal lands mid-run.
+DELAY_ENV = "MIMO_CKPT_TEST_STEP_DELAY_S"
 
 
 def checkpoint_dir_of(run, doc: dict, run_yaml: str | Path | None = None) -> Path:
@@ -663,6 +687,9 @@ class Checkpointer:
         kill = os.environ.get(KILL_ENV)
         if kill and int(kill) == st.iteration:
             os.kill(os.getpid(), signal.SIGKILL)
+        delay = os.environ.get(DELAY_ENV)
+        if delay:
+            time.sleep(float(delay))
         stop = self.watch.should_stop() if self.watch is not None else None
         if stop is None or st.iteration >= n_iters:
             return None  # the run is complete anyway: no requeue

@@ -30,9 +30,6 @@ STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 REQUEUE_MARKER = "requeue.json"
 DEADLINE_ENV = "MIMO_JOB_DEADLINE"
 
-_SIGNAL = 1  # bits of the all-reduced stop word
-_DEADLINE = 2
-
 
 def deadline_from_env(env: dict | None = None) -> float | None:
     """The job's end (epoch seconds) if the launch told us: MIMO_JOB_DEADLINE, else SLURM_JOB_END_TIME."""
@@ -92,32 +89,34 @@ class PreemptionWatch:
         """Seconds that must remain to run one more step and save after it."""
         return self.margin_s + 1.5 * (self._step_s + self._save_s)
 
-    def local_word(self, now: float | None = None) -> int:
-        w = _SIGNAL if self.received else 0
+    def local_state(self, now: float | None = None) -> tuple[int, bool]:
+        """(number of the signal this rank received or 0, deadline near)."""
+        sig = int(getattr(signal, self.received)) if self.received else 0
+        near = False
         if self.deadline is not None:
             now = time.time() if now is None else now
-            if self.deadline - now <= self.time_needed():
-                w |= _DEADLINE
-        return w
+            near = self.deadline - now <= self.time_needed()
+        return sig, near
 
     # -- the world-wide decision
     def should_stop(self) -> StopDecision | None:
-        """Collective (every rank, every step): the same answer on every rank."""
+        """Collective (every rank, every step): the same answer on every rank, naming the signal even on
+        ranks that did not receive it (MAX of the signal numbers)."""
         import torch
         import torch.distributed as dist
 
-        w = self.local_word()
+        sig, near = self.local_state()
         if dist.is_initialized() and dist.get_world_size() > 1:
             dev = "cuda" if dist.get_backend() == "nccl" else "cpu"
-            t = torch.tensor([w & _SIGNAL, w & _DEADLINE], dtype=torch.int32, device=dev)
+            t = torch.tensor([sig, int(near)], dtype=torch.int32, device=dev)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            w = (_SIGNAL if t[0].item() else 0) | (_DEADLINE if t[1].item() else 0)
-        if not w:
+            sig, near = int(t[0].item()), bool(t[1].item())
+        if not sig and not near:
             return None
         parts = []
-        if w & _SIGNAL:
-            parts.append(f"signal:{self.received}" if self.received else "signal")
-        if w & _DEADLINE:
+        if sig:
+            parts.append(f"signal:{signal.Signals(sig).name}")
+        if near:
             parts.append("time_limit")
         return StopDecision("+".join(parts), self.received)
 

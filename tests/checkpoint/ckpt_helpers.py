@@ -49,8 +49,9 @@ def world_of(run_yaml: Path) -> int:
 
 def trainer_env(extra: dict | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONUNBUFFERED="1")
-    env.pop("MIMO_CKPT_CRASH", None)
-    env.pop("MIMO_CKPT_KILL_AFTER_ITER", None)
+    for k in ("MIMO_CKPT_CRASH", "MIMO_CKPT_KILL_AFTER_ITER", "MIMO_CKPT_TEST_STEP_DELAY_S", "MIMO_JOB_DEADLINE",
+              "SLURM_JOB_END_TIME", "SLURM_JOB_ID", "SLURM_RESTART_COUNT"):
+        env.pop(k, None)
     env.update(extra or {})
     return env
 
@@ -60,9 +61,34 @@ def torchrun_cmd(run_yaml: Path, *args: str) -> list[str]:
             "-m", "mimo_jobs.trainer", str(run_yaml), "--quiet", *args]
 
 
-def launch(run_yaml: Path, *args: str, env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(torchrun_cmd(run_yaml, *args), env=trainer_env(env), capture_output=True, text=True,
-                          timeout=timeout)
+def launch(run_yaml: Path, *args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    # own session: the crash hook SIGKILLs its whole process group (torchrun + ranks), never pytest
+    return subprocess.run(torchrun_cmd(run_yaml, *args), check=False, env=trainer_env(env), capture_output=True, text=True,
+                          timeout=timeout, start_new_session=True)
+
+
+def start(run_yaml: Path, *args: str, env: dict | None = None, log: Path) -> subprocess.Popen:
+    with open(log, "w") as f:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(torchrun_cmd(run_yaml, *args), env=trainer_env(env), stdout=f,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def children(pid: int) -> list[int]:
+    """Direct child pids (the torchrun workers) from /proc."""
+    out = []
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(x) for x in (t / "children").read_text().split()]
+        except OSError:
+            pass
+    return sorted(out)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def metrics(run_yaml: Path, name: str = "metrics.jsonl") -> list[dict]:
@@ -80,6 +106,10 @@ def curve(run_yaml: Path, name: str = "metrics.jsonl") -> dict[int, tuple]:
         if r.get("kind") == "iteration":
             out[r["iteration"]] = (r["loss"], r["grad_norm"], r["lr"], r["consumed_samples"])
     return out
+
+
+def ckpt_dir(run_yaml: Path) -> Path:
+    return Path(yaml.safe_load(run_yaml.read_text())["paths"]["checkpoints"])
 
 
 def ends(run_yaml: Path) -> list[str]:

@@ -1,0 +1,149 @@
+"""Checkpoint discovery, pruning and compatibility (pure file logic) and the preemption watch (real signals
+sent to this process). No torch.distributed here."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from mimo_jobs.trainer import checkpoint as C
+from mimo_jobs.trainer import signals as S
+
+LAYOUT = {"nodes": 1, "gpus_per_node": 3, "enc_tp": 1, "enc_pp": 1, "enc_dp": 1, "llm_tp": 1, "llm_pp": 1,
+          "llm_dp": 2, "llm_ep": 1, "llm_etp": 1, "llm_cp": 1, "num_experts": 0, "gbs": 4, "mbs": 1}
+
+
+def fake_ckpt(root: Path, it: int, run_id: str = "r1", layout: dict | None = None, complete: bool = True) -> Path:
+    d = root / (C.iter_name(it) + ("" if complete else ".tmp"))
+    d.mkdir(parents=True)
+    (d / "rank").mkdir()
+    (d / "rank" / "rank-00000.pt").write_bytes(b"x" * 10)
+    if complete:
+        (d / "manifest.json").write_text(json.dumps({
+            "format": C.FORMAT_VERSION, "iteration": it, "consumed_samples": 4 * it, "time": "t",
+            "files": {"rank/rank-00000.pt": 10}, "bytes": 10,
+            "provenance": {"run_id": run_id, "study": "s", "run_name": "n", "layout": layout or LAYOUT, "world": 3,
+                           "git_sha": "abc"}}))
+    return d
+
+
+def prov(**kw) -> C.Provenance:
+    base = {"run_id": "r1", "study": "s", "run_name": "n", "layout": LAYOUT, "world": 3}
+    base.update(kw)
+    return C.Provenance(**base)
+
+
+def test_latest_marker_wins_and_partial_dirs_are_ignored(tmp_path):
+    fake_ckpt(tmp_path, 2)
+    fake_ckpt(tmp_path, 4)
+    fake_ckpt(tmp_path, 6, complete=False)  # a crashed save
+    (tmp_path / "latest").write_text("iter_0000002\n")
+    assert [c.iteration for c in C.list_checkpoints(tmp_path)] == [2, 4]
+    assert C.latest_checkpoint(tmp_path).iteration == 2
+    # a crash between the rename and the marker update: the marker is stale/missing -> newest complete
+    (tmp_path / "latest").unlink()
+    assert C.latest_checkpoint(tmp_path).iteration == 4
+    (tmp_path / "latest").write_text("iter_0000009\n")  # names nothing complete
+    assert C.latest_checkpoint(tmp_path).iteration == 4
+    assert C.latest_checkpoint(tmp_path / "nope") is None
+
+
+def test_manifest_of_other_format_is_named(tmp_path):
+    d = fake_ckpt(tmp_path, 2)
+    m = json.loads((d / "manifest.json").read_text())
+    m["format"] = 99
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(C.CheckpointError, match="format 99"):
+        C._read_manifest(d)
+
+
+def test_prune_keeps_k_newest_and_latest_and_clears_crash_leftovers(tmp_path):
+    for it in (2, 4, 6, 8):
+        fake_ckpt(tmp_path, it)
+    fake_ckpt(tmp_path, 5, complete=False)
+    fake_ckpt(tmp_path, 10, complete=False)  # newer than latest: may be an in-flight save, kept
+    (tmp_path / ".deleting-iter_0000001-7").mkdir()
+    (tmp_path / "latest").write_text("iter_0000008\n")
+    C.prune(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000006", "iter_0000008", "iter_0000010.tmp",
+                                                          "latest"]
+
+
+def test_prune_never_deletes_what_latest_names(tmp_path):
+    for it in (2, 4, 6):
+        fake_ckpt(tmp_path, it)
+    (tmp_path / "latest").write_text("iter_0000002\n")  # e.g. resumed from 2 after 4 and 6 were written
+    C.prune(tmp_path, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000002", "iter_0000006", "latest"]
+
+
+def test_compatibility_messages():
+    info = C.CheckpointInfo(path=Path("/c/iter_0000002"), iteration=2, consumed_samples=8, run_id="r1", study="s",
+                            run_name="n", git_sha=None, layout=LAYOUT, world=3, time="t")
+    assert C.check_compatible(info, prov()) == []
+    (msg,) = C.check_compatible(info, prov(run_id="r2", run_name="m"))
+    assert "belongs to run r1 (s/n)" in msg and "this is run r2 (s/m)" in msg
+    (msg,) = C.check_compatible(info, prov(layout={**LAYOUT, "llm_dp": 4, "enc_dp": 2}))
+    assert "enc_dp=1 vs now 2" in msg and "llm_dp=2 vs now 4" in msg and "resharding is not supported" in msg
+    assert len(C.check_compatible(info, prov(run_id="x", layout={**LAYOUT, "llm_tp": 2}))) == 2
+
+
+def test_deadline_from_env():
+    assert S.deadline_from_env({}) is None
+    assert S.deadline_from_env({"SLURM_JOB_END_TIME": "1700000000"}) == 1700000000.0
+    assert S.deadline_from_env({"MIMO_JOB_DEADLINE": "5", "SLURM_JOB_END_TIME": "9"}) == 5.0
+    with pytest.raises(ValueError, match="MIMO_JOB_DEADLINE='soon' is not epoch seconds"):
+        S.deadline_from_env({"MIMO_JOB_DEADLINE": "soon"})
+
+
+def test_deadline_accounts_for_step_and_save_time():
+    now = 1000.0
+    w = S.PreemptionWatch(deadline=now + 100, margin_s=30)
+    assert w.local_state(now) == (0, False)
+    w.note_step(20)  # 30 + 1.5 * 20 = 60 s needed
+    assert w.local_state(now) == (0, False)
+    w.note_save(30)  # 30 + 1.5 * 50 = 105 s needed > 100 s left
+    assert w.local_state(now) == (0, True)
+    assert S.PreemptionWatch(deadline=None).local_state(now) == (0, False)
+
+
+@pytest.mark.parametrize("name", S.STOP_SIGNALS)
+def test_signal_sets_the_flag_and_stops(name):
+    w = S.PreemptionWatch().install()
+    try:
+        assert w.should_stop() is None
+        os.kill(os.getpid(), getattr(signal, name))
+        for _ in range(100):  # delivered at the next bytecode boundary of the main thread
+            if w.received:
+                break
+            time.sleep(0.01)
+        assert w.received == name
+        stop = w.should_stop()  # no process group: the local decision
+        assert stop is not None and stop.reason == f"signal:{name}"
+    finally:
+        w.uninstall()
+    assert signal.getsignal(getattr(signal, name)) is not w._handler
+
+
+def test_requeue_marker_roundtrip(tmp_path):
+    assert S.read_requeue_marker(tmp_path) is None
+    p = S.write_requeue_marker(tmp_path / "ck", 7, "signal:SIGUSR2", "123")
+    assert p.name == S.REQUEUE_MARKER
+    m = S.read_requeue_marker(tmp_path / "ck")
+    assert (m["iteration"], m["reason"], m["job_id"]) == (7, "signal:SIGUSR2", "123")
+    assert S.REQUEUE_EXIT_CODE == 75
+
+
+def test_toolkit_import_stays_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, mimo_jobs.trainer.checkpoint, mimo_jobs.trainer.signals; "
+            "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
