@@ -506,3 +506,13 @@ def test_wheel_ships_templates_and_studies(tmp_path):
                        text=True, env={**os.environ, "PYTHONPATH": str(site)}, check=True)
     assert p.stdout.strip() == str(site / "mimo_jobs" / "_templates")
     assert len(list((tmp_path / "runs" / "cpu_local").glob("*/sbatch.sh"))) == 3
+
+
+def test_only_selects_by_name_or_run_id(tmp_path):
+    study = load_study(REPO / "studies" / "slurm_ci.yaml", env={})
+    runs = runs_of(study)
+    got = render_study(study, tmp_path, only=[runs[2].run_id, runs[0].name])
+    assert [r.run.name for r in got] == [runs[0].name, runs[2].name]
+    with pytest.raises(RenderError) as e:
+        render_study(study, tmp_path, only=["nope"])
+    assert e.value.problems[0].path == "--only" and runs[1].name in e.value.problems[0].fit
