@@ -1,0 +1,101 @@
+"""The trainer on a synthetic energon dataset: heterogeneous runs (torchrun, gloo) in fan-out and fan-in
+layouts reproduce the one-process --reference step for step, and each iteration consumed exactly the
+loss-bearing and image tokens that the lanes' samples hold (counted independently of the trainer)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mimo_jobs.rundir import RunDir
+from mimo_jobs.study import parse_study, run_yaml_doc, runs_of
+
+ITERS = 3
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from mimo_jobs.data.synth import SynthConfig, synth
+
+    root = tmp_path_factory.mktemp("parity")
+    with contextlib.redirect_stdout(io.StringIO()):
+        res = synth(root / "ds", SynthConfig(samples=128, text_only_fraction=0.25,
+                                             image_sizes=((8, 8), (12, 12), (16, 8)), samples_per_shard=32))
+    return root, res.blend
+
+
+def _run_yaml(root: Path, blend: Path, enc_dp: int, llm_dp: int, mbs: int, gbs: int, nw: int):
+    world = enc_dp + llm_dp
+    study = parse_study({
+        "name": "energon-parity",
+        "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": world},
+        "trainer": {"model": "tiny", "seq_length": 64, "train_iters": ITERS, "seed": 1234,
+                    "lr": {"schedule": "constant", "max": 1e-3},
+                    "data": {"provider": "energon", "path": str(blend), "num_workers": nw}},
+        "matrix": {"points": [{"nodes": 1, "encoder": {"dp": enc_dp}, "llm": {"dp": llm_dp}, "gbs": gbs, "mbs": mbs}]},
+    }, env={})
+    (spec,) = runs_of(study)
+    rd = RunDir.of(root / "runs", spec.study, spec.name)
+    rd.root.mkdir(parents=True, exist_ok=True)
+    rd.run_yaml.write_text(yaml.safe_dump(run_yaml_doc(spec, rd.root, provenance={}), sort_keys=False))
+    return spec, rd
+
+
+def _iterations(path: Path) -> dict[int, dict]:
+    return {r["iteration"]: r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "iteration"}
+
+
+def _expected_counts(spec) -> dict[int, tuple[int, int]]:
+    """Independent of the trainer: draw the global batches from the lanes and count their tokens."""
+    from mimo_jobs.data.energon_provider import make_energon_provider
+
+    plan = spec.plan()
+    lanes = list(range(plan.layout.llm_dp))
+    p = make_energon_provider(spec, plan, lanes, False, True)
+    out = {}
+    try:
+        for it in range(1, ITERS + 1):
+            loss_toks = img = 0
+            for _ in range(plan.num_microbatches):
+                for lane in lanes:
+                    b = p.next(lane)
+                    loss_toks += int(b.loss_mask.sum())
+                    img += sum(b.image_token_counts)
+            out[it] = (loss_toks, img)
+    finally:
+        p.close()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("enc_dp,llm_dp,mbs,gbs,nw", [(1, 2, 1, 4, 0), (2, 1, 2, 4, 2)], ids=["fan-out", "fan-in-nw2"])
+def test_trainer_on_energon_matches_reference(dataset, enc_dp, llm_dp, mbs, gbs, nw):
+    root, blend = dataset
+    spec, rd = _run_yaml(root, blend, enc_dp, llm_dp, mbs, gbs, nw)
+    assert spec.plan().fan == ("out" if enc_dp < llm_dp else "in")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONUNBUFFERED="1")
+    het = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          f"--nproc-per-node={enc_dp + llm_dp}", "-m", "mimo_jobs.trainer", str(rd.run_yaml),
+                          "--quiet"], env=env, capture_output=True, text=True, timeout=500)
+    assert het.returncode == 0, het.stderr[-4000:]
+    ref = subprocess.run([sys.executable, "-m", "mimo_jobs.trainer", str(rd.run_yaml), "--reference", "--quiet"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-4000:]
+    h, r = _iterations(rd.metrics), _iterations(rd.root / "metrics.reference.jsonl")
+    assert sorted(h) == sorted(r) == list(range(1, ITERS + 1))
+    want = _expected_counts(spec)
+    for it in h:
+        assert h[it]["loss"] == pytest.approx(r[it]["loss"], rel=1e-5, abs=1e-6)
+        assert h[it]["grad_norm"] == pytest.approx(r[it]["grad_norm"], rel=1e-4, abs=1e-6)
+        got = (h[it]["tokens"], h[it]["extras"]["image_tokens"])
+        assert got == (r[it]["tokens"], r[it]["extras"]["image_tokens"]) == want[it], (it, got, want[it])
+    assert any(w[1] for w in want.values()), "the batches held images"
