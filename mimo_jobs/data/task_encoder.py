@@ -70,7 +70,7 @@ class EncodedBatch(Batch):
 def _source(sample: Any) -> tuple[str | None, str | None, str | None]:
     """(key, shard, dataset) of a sample at any stage: an energon Sample, a raw dict, or RawSampleData (the
     shard reader's output, which wraps the raw dicts in `.data`)."""
-    if hasattr(sample, "data") and isinstance(getattr(sample, "data"), tuple):
+    if hasattr(sample, "data") and isinstance(sample.data, tuple):
         inner = [d for d in sample.data if d is not None]
         sample = inner[0] if inner else sample
     if isinstance(sample, dict):

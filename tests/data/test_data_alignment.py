@@ -53,8 +53,8 @@ def _check_self_consistent(rec: dict, cfg, image_token_id: int = 127) -> None:
 def test_fan_out_and_fan_in_lanes_align_across_processes(synth_blend):
     res, cfg = synth_blend
     blend = str(res.blend)
-    out_spec = dict(path=blend, gpus_per_node=6, enc_dp=2, llm_dp=4, mbs=2, gbs=16)  # fan-out k=2
-    in_spec = dict(path=blend, gpus_per_node=6, enc_dp=4, llm_dp=2, mbs=2, gbs=8)  # fan-in, 2 replicas/lane
+    out_spec = {"path": blend, "gpus_per_node": 6, "enc_dp": 2, "llm_dp": 4, "mbs": 2, "gbs": 16}  # fan-out k=2
+    in_spec = {"path": blend, "gpus_per_node": 6, "enc_dp": 4, "llm_dp": 2, "mbs": 2, "gbs": 8}  # fan-in, 2 replicas/lane
     assert run_spec(**out_spec).plan().fan == "out" and run_spec(**in_spec).plan().fan == "in"
     r = _spawn({
         "out_llm3": {"spec": out_spec, "role": "llm", "rank": 3, "n": N},

@@ -76,16 +76,16 @@ def test_geometry_token_counts():
 def test_cli_synth_and_bad_input(tmp_path):
     out = tmp_path / "ds"
     r = subprocess.run([sys.executable, "-m", "mimo_jobs.cli", "data", "synth", str(out), "--samples", "20",
-                        "--text-only-fraction", "0.5", "--image-sizes", "8,16x8"], capture_output=True, text=True)
+                        "--text-only-fraction", "0.5", "--image-sizes", "8,16x8"], check=False, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "10 image-caption samples" in r.stdout and "blend.yaml" in r.stdout
     assert (out / "caps" / ".nv-meta" / "split.yaml").exists() and (out / "text" / ".nv-meta").exists()
     assert not list(out.glob(".synth-staging*"))
     again = subprocess.run([sys.executable, "-m", "mimo_jobs.cli", "data", "synth", str(out)],
-                           capture_output=True, text=True)
+                           check=False, capture_output=True, text=True)
     assert again.returncode == 2 and "already holds" in again.stderr
     bad = subprocess.run([sys.executable, "-m", "mimo_jobs.cli", "data", "synth", str(tmp_path / "x"),
-                          "--image-sizes", "0"], capture_output=True, text=True)
+                          "--image-sizes", "0"], check=False, capture_output=True, text=True)
     assert bad.returncode == 2 and "image size '0'" in bad.stderr and not (tmp_path / "x").exists()
 
 

@@ -62,7 +62,7 @@ def test_resume_continues_with_identical_samples(synth_blend, nw, lanes, k):
     assert third.lane_totals(lanes[0]).microbatches == k + m
     third.close()
     assert mid + tail == expect[k * len(lanes):]
-    assert [r[1:3] for r in mid[: len(lanes)]][0] == (k // 2, k % 2)  # step/microbatch numbering continues
+    assert next(r[1:3] for r in mid[: len(lanes)]) == (k // 2, k % 2)  # step/microbatch numbering continues
 
 
 def test_restore_into_a_used_provider_and_mismatches(synth_blend):
