@@ -21,6 +21,8 @@ import csv
 import hashlib
 import json
 import os
+import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +33,7 @@ from . import catalog, logparse
 from .rundir import RunDir
 
 CHUNK = 8 << 20
+_FORCE_PYTHON_SCAN = False  # tests flip this to check the grep-less path gives the same rows
 MAX_LINE = 16 << 20  # a "line" longer than this is binary garbage: counted and dropped
 HEAD = 4096
 LOG_SUFFIXES = (".out", ".err", ".log", ".txt")
@@ -210,6 +213,20 @@ EVENT_TYPES = {"run_id": "VARCHAR", "job_id": "VARCHAR", "rank": "INTEGER", "nod
                "line_no": "BIGINT"}
 
 
+def _upsert_sql(select: str) -> str:
+    """Newest attempt wins, then the later line of the same attempt; an older attempt (a re-ingested
+    file) never overwrites a newer one."""
+    cols = ", ".join(ITER_COLS)
+    sel = ", ".join(f"CAST({c} AS JSON)" if c in ("phases", "extras") else c for c in ITER_COLS)
+    upd = ", ".join(f"{c} = excluded.{c}" for c in ITER_COLS if c not in ("run_id", "job_id", "iteration"))
+    return f"""INSERT INTO iterations ({cols})
+               SELECT {sel} FROM ({select})
+               QUALIFY row_number() OVER (PARTITION BY run_id, job_id, iteration
+                                          ORDER BY attempt DESC NULLS LAST, seq DESC) = 1
+               ON CONFLICT (run_id, job_id, iteration) DO UPDATE SET {upd}
+               WHERE coalesce(excluded.attempt, 0) >= coalesce(iterations.attempt, 0)"""
+
+
 class _Stage:
     """Rows written to temp CSV files as they are parsed (memory stays flat on huge logs), then loaded
     with one bulk `INSERT ... SELECT FROM read_csv` each: far faster than executemany."""
@@ -246,18 +263,7 @@ class _Stage:
         self._it_f.close()
         self._ev_f.close()
         if self.n_it:
-            cols = ", ".join(ITER_COLS)
-            sel = ", ".join(f"CAST({c} AS JSON)" if c in ("phases", "extras") else c for c in ITER_COLS)
-            upd = ", ".join(f"{c} = excluded.{c}" for c in ITER_COLS if c not in ("run_id", "job_id", "iteration"))
-            # Newest attempt wins, then the later line of the same attempt; never let an older attempt
-            # (re-ingested file) overwrite a newer one.
-            con.execute(
-                f"""INSERT INTO iterations ({cols})
-                    SELECT {sel} FROM {self._read('it.csv', ITER_TYPES)}
-                    QUALIFY row_number() OVER (PARTITION BY run_id, job_id, iteration
-                                               ORDER BY attempt DESC NULLS LAST, seq DESC) = 1
-                    ON CONFLICT (run_id, job_id, iteration) DO UPDATE SET {upd}
-                    WHERE coalesce(excluded.attempt, 0) >= coalesce(iterations.attempt, 0)""")
+            con.execute(_upsert_sql(f"SELECT * FROM {self._read('it.csv', ITER_TYPES)}"))
         if self.n_ev:
             con.execute(f"""INSERT INTO events ({', '.join(EVENT_COLS)})
                             SELECT * FROM {self._read('ev.csv', EVENT_TYPES)} ON CONFLICT DO NOTHING""")
@@ -267,7 +273,7 @@ class _Stage:
         for f in (self._it_f, self._ev_f):
             if not f.closed:
                 f.close()
-        for n in ("it.csv", "ev.csv"):
+        for n in ("it.csv", "ev.csv", "grep.out"):
             try:
                 os.unlink(os.path.join(self.dir, n))
             except OSError:
@@ -312,9 +318,11 @@ class _FileState:
         return json.dumps({"last_iter": self.last_iter, "restarts": self.restarts, "last_time": self.last_time})
 
 
-def _chunks(path: Path, offset: int, st: _FileState, on_bytes: Callable[[int], None] | None):
-    """Yield (first_line_no, text) for blocks of complete lines starting at `offset`; the caller reads the
-    final offset and whether a partial last line was left from the generator's return value."""
+def _chunks(path: Path, offset: int, st: _FileState, on_bytes: Callable[[int], None] | None,
+            need_text: bool = True):
+    """Yield (first_line_no, text) for blocks of complete lines starting at `offset` (text is None when
+    not needed: lines are still counted and checked for invalid UTF-8 / NUL bytes). Returns (offset after
+    the last complete line, whether a partial last line was left)."""
     consumed = offset
     carry = b""
     with open(path, "rb") as f:
@@ -336,21 +344,24 @@ def _chunks(path: Path, offset: int, st: _FileState, on_bytes: Callable[[int], N
                 continue
             carry = data[cut:]
             block = data[:cut]
-            text = _decode(block, st)
+            if need_text or not block.isascii():
+                text = _decode(block, st)
+            else:
+                text = None  # pure ASCII: nothing to count, and the candidate lines come from grep
+                if b"\x00" in block:
+                    st.bad += sum(1 for ln in block.split(b"\n") if b"\x00" in ln)
             first = st.lines
             st.lines += block.count(b"\n")
             consumed += cut
-            yield first, text
+            yield first, (text if need_text else None)
     return consumed, bool(carry)
-
 
 def _decode(block: bytes, st: _FileState) -> str:
     try:
         text = block.decode("utf-8")
     except UnicodeDecodeError:
-        parts = block.split(b"\n")
         out = []
-        for p in parts:
+        for p in block.split(b"\n"):
             try:
                 out.append(p.decode("utf-8"))
             except UnicodeDecodeError:
@@ -361,9 +372,6 @@ def _decode(block: bytes, st: _FileState) -> str:
         st.bad += sum(1 for ln in text.split("\n") if "\x00" in ln)
         text = text.replace("\x00", "")
     return text
-
-
-# ----------------------------------------------------------------------------------------- per-kind parsers
 
 
 def _metrics_rows(text: str, first: int, st: _FileState, ctx: _RunCtx, stage: _Stage, src: str) -> None:
@@ -400,114 +408,164 @@ def _metrics_rows(text: str, first: int, st: _FileState, ctx: _RunCtx, stage: _S
             st.bad += 1
 
 
-def _walk_tracebacks(text: str, pos: int, tracker: logparse.TracebackTracker, keys: set, key_of,
-                     line_no: int, emit) -> None:
-    """Feed the lines after `pos` to the open tracebacks of `keys` until they end (other writers' lines
-    in between are skipped: output of many ranks interleaves)."""
-    budget = logparse.TracebackTracker.MAX_LINES * 4
-    n = len(text)
-    while keys and pos < n and budget > 0:
-        end = text.find("\n", pos)
-        if end < 0:
-            end = n
-        line_no += 1
-        budget -= 1
-        origin, body = logparse.split_origin(text[pos:end])
-        k = key_of(origin)
-        if k in keys:
-            done = tracker.feed(k, body)
+class _LogScanner:
+    """Turns candidate lines (from grep, or from the pure-Python scan) into staged iterations and events.
+    Only lines containing a trigger (logparse.ALL_TRIGGERS) ever reach Python."""
+
+    def __init__(self, st: _FileState, ctx: _RunCtx, job: str, pinfo: logparse.PathInfo, stage: _Stage,
+                 src: str, want_iters: bool) -> None:
+        self.st, self.ctx, self.job, self.pinfo, self.stage, self.src = st, ctx, job, pinfo, stage, src
+        self.want_iters = want_iters
+        self.tracker = logparse.TracebackTracker()
+        self.base_attempt = pinfo.attempt or 0
+        self._root: list | None = None  # torchrun "Root Cause" block being read
+
+    def _rank(self, origin: logparse.Origin) -> tuple[int | None, int | None]:
+        p = self.pinfo
+        if origin.rank is None and origin.local_rank is None and origin.task is None and p.local_rank is not None:
+            origin = logparse.Origin(local_rank=p.local_rank)
+        node = origin.task if origin.task is not None else p.node
+        return origin.global_rank(self.ctx.gpus_per_node, p.node), node
+
+    def _last_time(self) -> datetime | None:
+        return datetime.fromisoformat(self.st.last_time) if self.st.last_time else None
+
+    def _emit(self, origin: logparse.Origin, line_no: int, ev: logparse.Event) -> None:
+        rank, node = self._rank(origin)
+        self.stage.event([self.ctx.run_id, self.job, rank, node, _ts(ev.time or self._last_time()), ev.kind,
+                          ev.message, self.src, line_no])
+
+    def line(self, line_no: int, line: str) -> None:
+        """One candidate line (1-based number, no newline)."""
+        if not self.tracker.pending and self._root is None and "iteration" in line:
+            # fast path for the bulk of a big log: an iteration line needs no origin (prefixes are
+            # skipped by the head regex; the fields are parsed later in SQL)
+            head = logparse.iteration_head(line)
+            if head is not None:
+                self._iteration(head, line)
+                return
+        origin, body = logparse.split_origin(line)
+        if self._root is not None:  # torchrun summary: its fields follow the "Root Cause" line
+            self._root[2].append(body)
+            if len(self._root[2]) >= 12 or "exitcode" in body:
+                self._finish_root()
+        key = (origin.task, origin.local_rank, origin.rank)
+        if self.tracker.active(key) and "Traceback (most recent call last)" not in body:
+            done = self.tracker.feed(key, body)
             if done:
-                emit(k, origin, done[0], done[1])
-                keys.discard(k)
-        pos = end + 1
+                self._emit(origin, done[0], done[1])
+            if body[:1] in (" ", "\t"):
+                return
+        if "iteration" in body:
+            head = logparse.iteration_head(body)
+            if head is not None:
+                self._iteration(head, body)
+                return
+        if "Traceback (most recent call last)" in body:
+            if not self.tracker.active(key):
+                lt = self._last_time()
+                self.tracker.start(key, line_no, logparse.find_time(body, lt.year if lt else None) or lt)
+            return
+        if "Root Cause (first observed failure)" in body:
+            self._root = [line_no, origin, []]
+            return
+        lt = self._last_time()
+        for ev in logparse.classify_line(body, lt.year if lt else None):
+            self._emit(origin, line_no, ev)
+
+    def _iteration(self, head: tuple, text: str) -> None:
+        it, total, ts, end = head
+        st = self.st
+        if ts:
+            st.last_time = ts
+        if st.last_iter is not None and it <= st.last_iter:
+            st.restarts += 1  # the job resumed from a checkpoint and re-ran iterations
+        st.last_iter = it
+        if not self.want_iters:
+            return
+        cols, losses, extras = logparse.parse_fields(text[end:])
+        elapsed = cols.get("elapsed_ms")
+        if elapsed is None:
+            st.bad += 1  # garbled (e.g. interleaved with another rank's output)
+            return
+        loss, aux = logparse.main_losses(losses)
+        if losses:
+            extras["losses"] = losses
+        gbs = cols.get("gbs")
+        g = cols.get
+        self.stage.iteration([
+            self.ctx.run_id, self.job, it, ts, elapsed, loss, g("lr"), g("grad_norm"), g("consumed_samples"), gbs,
+            g("loss_scale"), g("skipped"), g("nan"), gbs / (elapsed / 1000.0) if gbs and elapsed > 0 else None,
+            None, None, g("tflops_per_gpu"), aux, None, json.dumps(extras), "megatron-log",
+            self.base_attempt + st.restarts, total, self.src])
+
+    def _finish_root(self) -> None:
+        line_no, origin, follow = self._root
+        self._root = None
+        rc = logparse.parse_root_cause(follow)
+        if rc:
+            r, ev = rc
+            self.stage.event([self.ctx.run_id, self.job, r, None, _ts(ev.time or self._last_time()), ev.kind,
+                              ev.message, self.src, line_no])
+
+    def finish(self) -> None:
+        if self._root is not None:
+            self._finish_root()
+        for ln, ev in self.tracker.flush():
+            self._emit(logparse.Origin(), ln, ev)
 
 
-def _log_block(text: str, first: int, st: _FileState, ctx: _RunCtx, job: str, pinfo: logparse.PathInfo,
-               stage: _Stage, src: str, tracker: logparse.TracebackTracker, want_iters: bool) -> None:
-    # 1. candidate line starts: one fast substring scan per trigger over the whole block
+def _python_candidates(text: str, first: int):
+    """(line number, line) of every line holding a trigger: one substring scan per trigger over the block
+    (the fallback when grep is not installed)."""
     starts: set[int] = set()
-    for trig in ("iteration", *logparse.TRIGGERS):
+    for trig in logparse.ALL_TRIGGERS:
         pos = text.find(trig)
         while pos >= 0:
-            ls = text.rfind("\n", 0, pos) + 1
-            starts.add(ls)
+            starts.add(text.rfind("\n", 0, pos) + 1)
             le = text.find("\n", pos)
             if le < 0:
                 break
             pos = text.find(trig, le + 1)
-    gpn = ctx.gpus_per_node
-    base_attempt = pinfo.attempt or 0
-
-    def key_of(origin: logparse.Origin):
-        return (origin.task, origin.local_rank, origin.rank)
-
-    def rank_of(origin: logparse.Origin) -> tuple[int | None, int | None]:
-        if origin.rank is None and origin.local_rank is None and origin.task is None and pinfo.local_rank is not None:
-            origin = logparse.Origin(local_rank=pinfo.local_rank)
-        node = origin.task if origin.task is not None else pinfo.node
-        return origin.global_rank(gpn, pinfo.node), node
-
-    def last_time() -> datetime | None:
-        return datetime.fromisoformat(st.last_time) if st.last_time else None
-
-    def emit(key, origin, line_no: int, ev: logparse.Event) -> None:
-        rank, node = rank_of(origin)
-        t = ev.time or last_time()
-        stage.event([ctx.run_id, job, rank, node, _ts(t), ev.kind, ev.message, src, line_no])
-
-    # Tracebacks left open by the previous block continue at the top of this one.
-    if tracker.pending:
-        pend = set(tracker.pending)
-        _walk_tracebacks(text, 0, tracker, pend, key_of, first, lambda k, o, ln, ev: emit(k, o, ln, ev))
     line_no = first
     prev = 0
     for ls in sorted(starts):
-        line_no += text.count("\n", prev, ls) if ls > prev else 0
+        line_no += text.count("\n", prev, ls)
         prev = ls
-        le = text.find("\n", ls)
-        line = text[ls:le]
-        origin, body = logparse.split_origin(line)
-        ln = line_no + 1  # 1-based
-        if "iteration" in body:
-            it = logparse.parse_iteration(body)
-            if it is not None:
-                if it.elapsed_ms is None:
-                    st.bad += 1  # garbled (e.g. interleaved with another rank's output)
-                else:
-                    if it.time:
-                        st.last_time = _ts(it.time)
-                    if st.last_iter is not None and it.iteration <= st.last_iter:
-                        st.restarts += 1  # the job resumed from a checkpoint and re-ran iterations
-                    st.last_iter = it.iteration
-                    if want_iters:
-                        extras = dict(it.extras)
-                        if it.losses:
-                            extras["losses"] = it.losses
-                        sps = it.gbs / (it.elapsed_ms / 1000.0) if it.gbs and it.elapsed_ms else None
-                        stage.iteration([
-                            ctx.run_id, job, it.iteration, _ts(it.time), it.elapsed_ms, it.loss, it.lr,
-                            it.grad_norm, it.consumed_samples, it.gbs, it.loss_scale, it.skipped, it.nan,
-                            sps, None, None, it.tflops_per_gpu, it.moe_aux_loss, None, json.dumps(extras),
-                            "megatron-log", base_attempt + st.restarts, it.train_iters, src])
-                continue
-        if "Traceback (most recent call last)" in body:
-            k = key_of(origin)
-            if not tracker.active(k):
-                lt = last_time()
-                tracker.start(k, ln, logparse.find_time(body, lt.year if lt else None) or lt)
-                _walk_tracebacks(text, le + 1, tracker, {k}, key_of, ln, emit)
-            continue
-        if "Root Cause (first observed failure)" in body:
-            follow = text[le + 1: le + 2000].split("\n")[:12]
-            rc = logparse.parse_root_cause([logparse.split_origin(s)[1] for s in follow])
-            if rc:
-                r, ev = rc
-                stage.event([ctx.run_id, job, r, None, _ts(ev.time or last_time()), ev.kind, ev.message, src, ln])
-            continue
-        lt = last_time()
-        for ev in logparse.classify_line(body, lt.year if lt else None):
-            emit(None, origin, ln, ev)
+        yield line_no + 1, text[ls:text.find("\n", ls)]
 
+
+GREP = shutil.which("grep")
+
+
+def _grep_start(path: Path, offset: int, out_path: str):
+    """GNU/BSD grep finds the candidate lines (multi-pattern fixed-string search near `wc -l` speed) in a
+    second process, while this one counts lines and checks encodings. Reads from `offset` via stdin."""
+    args = [GREP, "-a", "-n", "-F"]
+    for t in logparse.ALL_TRIGGERS:
+        args += ["-e", t]
+    f = open(path, "rb")  # noqa: SIM115 - handed to the child, closed by _grep_lines
+    f.seek(offset)
+    out = open(out_path, "wb")  # noqa: SIM115
+    proc = subprocess.Popen(args, stdin=f, stdout=out, stderr=subprocess.PIPE,
+                            env=dict(os.environ, LC_ALL="C"))
+    return proc, f, out
+
+
+def _grep_lines(proc, f, out, out_path: str, first: int, complete: int):
+    proc.wait()
+    f.close()
+    out.close()
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.returncode not in (0, 1):  # 1 = no match
+        raise IngestError(f"grep failed ({proc.returncode}): {err.strip()[:200]}")
+    with open(out_path, "rb") as g:
+        for raw in g:
+            n, _, rest = raw.partition(b":")
+            k = int(n)
+            if k > complete:  # the partial last line: left for the next ingest
+                break
+            yield first + k, rest.rstrip(b"\n").decode("utf-8", "replace").replace("\x00", "")
 
 def _sacct_rows(con, text: str, ctx: _RunCtx | None, src: str, st: _FileState, stage: _Stage) -> None:
     lines = text.split("\n")[:-1]
@@ -577,26 +635,41 @@ def _ingest_one(con, t: _Target, ctx: _RunCtx | None, stats: IngestStats, force:
             raise IngestError(f"{src}: no run for this file")
         pinfo = logparse.path_info(src)
         job = pinfo.job_id or t.path.stem
-        tracker = logparse.TracebackTracker()
-        gen = _chunks(t.path, offset, st, on_bytes)
+        scanner = _LogScanner(st, ctx, job, pinfo, stage, src, want_iters=not ctx.has_metrics)
+        use_grep = t.kind == "log" and GREP is not None and not _FORCE_PYTHON_SCAN
+        grep = _grep_start(t.path, offset, os.path.join(stage.dir, "grep.out")) if use_grep else None
+        first_line = st.lines
+        gen = _chunks(t.path, offset, st, on_bytes, need_text=not use_grep)
         sacct_text = []
-        while True:
-            try:
-                first, text = next(gen)
-            except StopIteration as e:
-                end_offset, partial = e.value
-                break
-            if t.kind == "metrics":
-                _metrics_rows(text, first, st, ctx, stage, src)
-            elif t.kind == "sacct":
-                sacct_text.append(text)
-            else:
-                _log_block(text, first, st, ctx, job, pinfo, stage, src, tracker, want_iters=not ctx.has_metrics)
+        try:
+            while True:
+                try:
+                    first, text = next(gen)
+                except StopIteration as e:
+                    end_offset, partial = e.value
+                    break
+                if t.kind == "metrics":
+                    _metrics_rows(text, first, st, ctx, stage, src)
+                elif t.kind == "sacct":
+                    sacct_text.append(text)
+                elif not use_grep:
+                    for ln, line in _python_candidates(text, first):
+                        scanner.line(ln, line)
+        except BaseException:
+            if grep is not None:
+                grep[0].kill()
+                grep[0].wait()
+                grep[1].close()
+                grep[2].close()
+            raise
+        if grep is not None:
+            cand = _grep_lines(*grep, os.path.join(stage.dir, "grep.out"), first_line, st.lines - first_line)
+            for ln, line in cand:
+                scanner.line(ln, line)
+        scanner.finish()
         if partial:
             st.bad += 1  # truncated last line: counted; left unread so a growing file resumes cleanly
             stats.truncated_files += 1
-        for ln, ev in tracker.flush():
-            stage.event([ctx.run_id, job, None, pinfo.node, _ts(ev.time), ev.kind, ev.message, src, ln])
         from .store import transaction
 
         with transaction(con):

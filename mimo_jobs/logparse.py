@@ -16,6 +16,7 @@ Ingest finds candidate lines with fast substring search (`TRIGGERS`) and hands e
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -175,6 +176,53 @@ def _num(v: str) -> float | None:
         return None
 
 
+_COLUMN_OF = {**_FLOAT_KEYS, **_INT_KEYS}
+_INT_COLUMNS = frozenset(_INT_KEYS.values())
+
+
+def parse_fields(rest: str) -> tuple[dict, dict, dict]:
+    """The `key: value |` fields after `iteration N/ M |`, generically: (columns, losses, extras).
+    Known keys become columns (None when the value does not parse: a garbled line); keys ending in
+    "loss" are losses; anything else is kept in extras. Hot path of big-log ingest: keep it lean."""
+    cols: dict = {}
+    losses: dict = {}
+    extras: dict = {}
+    for seg in rest.split("|"):
+        key, sep, val = seg.rpartition(":")
+        if not sep:
+            continue
+        key = key.strip()
+        if not key:
+            continue
+        try:
+            x = float(val)  # float() ignores surrounding spaces
+        except ValueError:
+            x = None
+        col = _COLUMN_OF.get(key)
+        if col is not None:
+            if col in _INT_COLUMNS:
+                x = int(x) if x is not None and math.isfinite(x) else None
+            cols[col] = x
+        elif key.endswith("loss") or " loss" in key:
+            if x is not None:
+                losses[key] = x
+        else:
+            extras[key] = x if x is not None else val.strip()
+    return cols, losses, extras
+
+
+def main_losses(losses: dict) -> tuple[float | None, float | None]:
+    """(loss, MoE aux loss): "lm loss" upstream and in our trainer; a log with one other (non-auxiliary)
+    loss key still gets a loss curve; the load-balancing loss is the MoE aux loss."""
+    loss = losses.get("lm loss")
+    if loss is None:
+        main = [k for k in losses if "load_balancing" not in k and "z_loss" not in k and "mtp" not in k]
+        if len(main) == 1:
+            loss = losses[main[0]]
+    aux = next((v for k, v in losses.items() if "load_balancing" in k), None)
+    return loss, aux
+
+
 def parse_iteration(text: str) -> MegatronIteration | None:
     """Parse one Megatron iteration line (prefixes already stripped or not: the match is searched)."""
     m = _ITER_RE.search(text)
@@ -182,37 +230,10 @@ def parse_iteration(text: str) -> MegatronIteration | None:
         return None
     ts = _dt(*m.group(1, 2, 3, 4, 5, 6, 7)) if m.group(1) else None
     it = MegatronIteration(int(m.group(8)), int(m.group(9)), ts)
-    for seg in text[m.end():].split("|"):
-        key, sep, val = seg.rpartition(":")
-        if not sep:
-            continue
-        key, val = key.strip(), val.strip()
-        if not key:
-            continue
-        if key in _FLOAT_KEYS:
-            setattr(it, _FLOAT_KEYS[key], _num(val))
-        elif key in _INT_KEYS:
-            x = _num(val)
-            setattr(it, _INT_KEYS[key], int(x) if x is not None and x == x else None)
-        elif key.endswith("loss") or key.endswith("_loss") or " loss" in key:
-            x = _num(val)
-            if x is not None:
-                it.losses[key] = x
-        else:
-            x = _num(val)
-            it.extras[key] = x if x is not None else val
-    # The language-model loss is "lm loss" upstream and in our trainer; a log with one other loss key
-    # (e.g. a renamed objective) still gets a loss curve.
-    if "lm loss" in it.losses:
-        it.loss = it.losses["lm loss"]
-    else:
-        main = [k for k in it.losses if "load_balancing" not in k and "z_loss" not in k and "mtp" not in k]
-        if len(main) == 1:
-            it.loss = it.losses[main[0]]
-    for k, v in it.losses.items():
-        if "load_balancing" in k:
-            it.moe_aux_loss = v
-            break
+    cols, it.losses, it.extras = parse_fields(text[m.end():])
+    for c, v in cols.items():
+        setattr(it, c, v)
+    it.loss, it.moe_aux_loss = main_losses(it.losses)
     return it
 
 
@@ -240,11 +261,37 @@ TRIGGERS = (
     "REQUEUE",
     "reempt",  # preempted / Preemption
     "PREEMPT",
-    "checkpoint",
+    "saved checkpoint",
+    "loaded checkpoint",
+    "checkpoint saved",
+    "checkpoint loaded",
+    "from checkpoint",
     "Root Cause (first observed failure)",
     "Segmentation fault",
     "Exited with exit code",
 )
+# A traceback's last line names the exception; ingest only sees candidate lines, so these make the
+# exception lines of tracebacks candidates too (a custom exception without these words is reported as a
+# traceback without its exception line).
+EXCEPTION_TRIGGERS = ("Error", "Exception", "Interrupt", "SystemExit", "StopIteration")
+ITERATION_TRIGGER = "iteration"
+ALL_TRIGGERS = (ITERATION_TRIGGER, *TRIGGERS, *EXCEPTION_TRIGGERS)
+
+_ITER_HEAD_RE = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+_TS_RE = re.compile(r"\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,6})?)\]")
+
+
+def iteration_head(text: str) -> tuple[int, int, str | None, int] | None:
+    """Cheap first look at an iteration line: (iteration, train_iters, timestamp text or None, offset of
+    the `key: value |` fields). Ingest stages the fields and parses them in bulk in SQL."""
+    p = text.find("iteration")
+    while p >= 0:
+        m = _ITER_HEAD_RE.match(text, p)
+        if m:
+            t = _TS_RE.search(text, 0, p)
+            return int(m.group(1)), int(m.group(2)), t.group(1) if t else None, m.end()
+        p = text.find("iteration", p + 9)
+    return None
 
 _VICTIM_MSG_RE = re.compile(
     r"Timed out waiting|Connection closed by peer|Connection reset by peer|Watchdog caught|"

@@ -222,3 +222,21 @@ def test_two_ingest_processes_at_once(tmp_path):
     # one of the two did the work, the other found every file unchanged
     skipped = sorted("6 unchanged" in o for o, _ in outs)
     assert skipped == [False, True], outs
+
+
+def test_python_scan_fallback_matches_grep(tmp_path, monkeypatch):
+    """Without grep, the pure-Python candidate scan must store exactly the same rows."""
+    def ingest_all(db):
+        c = store.connect(db)
+        ingest.ingest_paths(c, [rd.root, FIXTURES / "megatron_upstream.log"])
+        it = c.execute("SELECT * EXCLUDE (source_file) FROM iterations ORDER BY ALL").fetchall()
+        ev = c.execute("SELECT * EXCLUDE (source_file) FROM events ORDER BY ALL").fetchall()
+        c.close()
+        return it, ev
+
+    (run, rd), = make_runs(tmp_path / "runs", nodes=(2,))
+    shutil.copy(FIXTURES / "slurm-4242.out", rd.logs / "slurm-4242.out")
+    with_grep = ingest_all(tmp_path / "a.duckdb")
+    monkeypatch.setattr(ingest, "_FORCE_PYTHON_SCAN", True)
+    without = ingest_all(tmp_path / "b.duckdb")
+    assert with_grep == without and len(with_grep[0]) == 8 and len(with_grep[1]) == 9

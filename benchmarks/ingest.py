@@ -1,0 +1,190 @@
+"""Ingest and report benchmarks (print figures; never run by the test suite).
+
+1. ingest rate: a generated multi-rank SLURM log (default ~1 GiB: 64 ranks on 8 nodes, srun --label +
+   torchrun --tee prefixes, one Megatron iteration line per iteration among per-rank noise, checkpoints,
+   a traceback and watchdog timeouts at the end) ingested into a fresh DuckDB store, against `wc -l` on
+   the same (page-cached) file. Target: within 3x of `wc -l`.
+2. report latency: a store with R runs x I iterations (default 100 x 50,000, phases included), timed for
+   build() + table rendering, and for the `mimo-jobs report` command end to end. Target: under 1 s.
+
+    python benchmarks/ingest.py                       # both, full size
+    python benchmarks/ingest.py --size-mb 200 --runs 20 --iters 10000   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+NOISE = [
+    "[W{md} {hms}.{us} reducer.cpp:1389] Warning: find_unused_parameters=True was specified in DDP constructor, "
+    "but did not find any unused parameters in the forward pass.",
+    "data loader: lane {lane} prefetched {n} samples ({img} images, {txt} text-only) in {ms:.1f} ms",
+    "bridge: sent {n} image embeddings [{tok}, 2048] to lanes {lane}..{lane2} in {ms:.2f} ms",
+    "/usr/local/lib/python3.11/dist-packages/torch/utils/checkpoint.py:295: FutureWarning: "
+    "`torch.cpu.amp.autocast(args...)` is deprecated.",
+    "rank memory: allocated {a:.2f} GiB, reserved {r:.2f} GiB, max allocated {m:.2f} GiB",
+]
+
+ITER = (" [2026-03-02 {hms}.{us}] iteration {it:8d}/  500000 | consumed samples: {cs:12d} | elapsed time per "
+        "iteration (ms): {ms:.1f} | throughput per GPU (TFLOP/s/GPU): {tf:.1f} | learning rate: {lr:.6E} | "
+        "global batch size:   768 | lm loss: {loss:.6E} | load_balancing_loss: {lb:.6E} | loss scale: 1.0 | "
+        "grad norm: {gn:.3f} | number of skipped iterations:   0 | number of nan iterations:   0 |")
+
+
+def generate_log(path: Path, size_mb: int, nodes: int = 8, gpn: int = 8, noise_per_iter: int = 24) -> dict:
+    """Write the multi-rank log; returns its composition."""
+    import random
+
+    rng = random.Random(0)
+    target = size_mb << 20
+    world = nodes * gpn
+    last = world - 1
+    it = 0
+    lines = 0
+    iters = 0
+    written = 0
+    with open(path, "w", buffering=1 << 22) as f:
+        while written < target:
+            buf = []
+            for _ in range(200):
+                it += 1
+                s = it % 86400
+                hms = f"{(s // 3600) % 24:02d}:{(s // 60) % 60:02d}:{s % 60:02d}"
+                for _ in range(noise_per_iter):
+                    r = rng.randrange(world)
+                    tmpl = NOISE[rng.randrange(len(NOISE))]
+                    buf.append(f"{r // gpn}: [default{r % gpn}]:" + tmpl.format(
+                        md="0302", hms=hms, us=rng.randrange(10**6), lane=r % 16, lane2=r % 16 + 3, n=rng.randrange(1, 64),
+                        img=rng.randrange(48), txt=rng.randrange(16), ms=rng.random() * 50, tok=rng.randrange(1000, 9000),
+                        a=rng.random() * 60, r=rng.random() * 70, m=rng.random() * 75))
+                buf.append(f"{last // gpn}: [default{last % gpn}]:" + ITER.format(
+                    hms=hms, us=rng.randrange(10**6), it=it, cs=it * 768, ms=2000 + rng.random() * 50,
+                    tf=400 + rng.random() * 5, lr=3e-4, loss=2 + 8 / it ** 0.3, lb=1.01, gn=1 + rng.random()))
+                iters += 1
+                if it % 1000 == 0:
+                    buf.append(f"{last // gpn}: [default{last % gpn}]:  successfully saved checkpoint from iteration "
+                               f"{it:8d} to /lustre/ckpt [ t 1/ 2, p 1/ 1 ]")
+            text = "\n".join(buf) + "\n"
+            f.write(text)
+            written += len(text)
+            lines += len(buf)
+        tail = ["3: [default5]:[rank29]: Traceback (most recent call last):",
+                '3: [default5]:[rank29]:   File "/opt/mimo_jobs/trainer/step.py", line 88, in llm_forward',
+                "3: [default5]:[rank29]: RuntimeError: shape mismatch"]
+        tail += [f"{r // gpn}: [default{r % gpn}]:[rank{r}]:[E0302 10:10:06.3 ProcessGroupNCCL.cpp:632] [Rank {r}] "
+                 "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=41, OpType=ALLREDUCE)"
+                 for r in range(world) if r != 29]
+        f.write("\n".join(tail) + "\n")
+        lines += len(tail)
+    return {"lines": lines, "iteration_lines": iters, "bytes": path.stat().st_size, "ranks": world}
+
+
+def best_of(n: int, fn) -> float:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return min(out)
+
+
+def bench_ingest(size_mb: int, workdir: Path) -> None:
+    from mimo_jobs import ingest, store
+
+    log = workdir / "slurm-1000.out"
+    t = time.perf_counter()
+    comp = generate_log(log, size_mb)
+    print(f"generated {comp['bytes'] / 2**20:,.0f} MiB log in {time.perf_counter() - t:.1f} s: {comp['lines']:,} lines "
+          f"from {comp['ranks']} ranks, {comp['iteration_lines']:,} iteration lines")
+    subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)  # page cache for both contenders
+    wc = best_of(3, lambda: subprocess.run(["wc", "-l", str(log)], stdout=subprocess.DEVNULL, check=True))
+    db = workdir / "bench.duckdb"
+
+    def run_ingest():
+        if db.exists():
+            db.unlink()
+        con = store.connect(db)
+        st = ingest.ingest_paths(con, [log], log_run=ingest.LogRunInfo(study="bench", name="big", nodes=8,
+                                                                         gpus_per_node=8, seq_length=4096))
+        con.close()
+        run_ingest.stats = st
+
+    ing = best_of(2, run_ingest)
+    st = run_ingest.stats
+    mb = comp["bytes"] / 2**20
+    print(f"wc -l:   {wc:.3f} s  ({mb / wc:,.0f} MiB/s)")
+    print(f"ingest:  {ing:.3f} s  ({mb / ing:,.0f} MiB/s; {st.lines:,} lines, {st.iterations:,} iterations, "
+          f"{st.events:,} events, {st.bad_lines} bad)")
+    print(f"ratio ingest / wc -l = {ing / wc:.2f}x   (target <= 3x)")
+    con = store.connect(db)
+    t = time.perf_counter()
+    st2 = ingest.ingest_paths(con, [log])
+    con.close()
+    print(f"re-ingest of the unchanged file: {time.perf_counter() - t:.3f} s (skipped {st2.skipped_unchanged})")
+
+
+def bench_report(runs: int, iters: int, workdir: Path) -> None:
+    from mimo_jobs import store
+    from mimo_jobs.report import build, render
+
+    db = workdir / "report.duckdb"
+    if db.exists():
+        db.unlink()
+    con = store.connect(db)
+    t = time.perf_counter()
+    node_counts = [33, 68, 100, 132]
+    con.execute("""INSERT INTO studies (name, scaling, baseline_nodes) VALUES ('big', 'strong', 33)""")
+    con.execute(f"""INSERT INTO runs (run_id, study, name, idx, nodes, gpus_per_node, world, gbs, seq_length, model,
+                                      accelerator)
+                    SELECT 'run' || i, 'big', 'r' || i, i, n, 8, n * 8, 768, 4096, 'moe-8x1b', 'gpu'
+                    FROM (SELECT i, list_extract({node_counts}, (i % {len(node_counts)}) + 1) AS n
+                          FROM range({runs}) t(i))""")
+    con.execute(f"""INSERT INTO iterations (run_id, job_id, iteration, time, elapsed_ms, loss, lr, grad_norm,
+                        consumed_samples, gbs, source, attempt, train_iters, superseded, phases)
+                    SELECT 'run' || r, '1', it, TIMESTAMP '2026-01-01' + to_seconds(it * 2), 2000 + (it % 7) * 3.0 + r,
+                           2 + 8 / pow(it, 0.3), 3e-4, 1.0, it * 768, 768, 'jsonl', 0, {iters}, false,
+                           json_object('enc_fwd', 300.0, 'enc_bwd', 500.0, 'bridge_wait', 40.0, 'llm_fwd', 400.0,
+                                       'llm_bwd', 700.0, 'optimizer', 60.0, 'data', 5.0)
+                    FROM range({runs}) a(r), range(1, {iters} + 1) b(it)""")
+    con.execute("CHECKPOINT")
+    con.close()
+    print(f"built a store of {runs} runs x {iters:,} iterations ({runs * iters:,} rows) in "
+          f"{time.perf_counter() - t:.1f} s ({db.stat().st_size / 2**20:,.0f} MiB)")
+    con = store.connect(db, read_only=True)
+    build(con, "big", gpu="H100")  # warm the file cache
+    lat = best_of(3, lambda: render(build(con, "big", gpu="H100"), "table"))
+    con.close()
+    print(f"report build+render (in process): {lat:.3f} s   (target < 1 s)")
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "mimo_jobs.cli", "report", "big", "--db", str(db), "--format", "csv"],
+                   stdout=subprocess.DEVNULL, check=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    print(f"`mimo-jobs report` end to end (process start included): {time.perf_counter() - t:.3f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mb", type=int, default=1024, help="size of the generated log (MiB)")
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--iters", type=int, default=50_000)
+    ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir, removed)")
+    ap.add_argument("--skip-ingest", action="store_true")
+    ap.add_argument("--skip-report", action="store_true")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        work = Path(d)
+        if not a.skip_ingest:
+            bench_ingest(a.size_mb, work)
+        if not a.skip_report:
+            bench_report(a.runs, a.iters, work)
+
+
+if __name__ == "__main__":
+    main()
