@@ -16,10 +16,10 @@ import contextlib
 import logging
 import pickle
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from ..trainer.batch import LaneBatch, Provider
+from .check import check_data_path
 from .errors import DataError
 from .images import ImageGeometry, geometry_of_preset
 from .tokenizer import load_tokenizer
@@ -93,16 +93,6 @@ class LaneTotals:
                           self.image_samples + o.image_samples, self.truncated + o.truncated, sk)
 
 
-def _check_path(path: str) -> None:
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"trainer.data.path={path!r} does not exist (make one: mimo-jobs data synth DIR)")
-    if p.is_dir() and not (p / ".nv-meta").is_dir():
-        hint = " (it holds blend.yaml: point data.path at that file)" if (p / "blend.yaml").exists() else ""
-        raise DataError(f"trainer.data.path={path!r} is not an energon dataset: no .nv-meta/ inside{hint}; "
-                        "prepare it with `energon prepare` or `mimo-jobs data synth`")
-
-
 class _Lane:
     def __init__(self, lane: int, cfg: LoaderConfig, enc_cfg: Any, tokenizer: Any):
         from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
@@ -157,7 +147,7 @@ class EnergonProvider(Provider):
                  image_slice: tuple[int, int] | None = None):
         from .task_encoder import EncodeConfig
 
-        _check_path(cfg.path)
+        check_data_path(cfg.path)
         bad = [x for x in lanes if not 0 <= x < cfg.llm_dp]
         if bad or not lanes:
             raise DataError(f"lanes {lanes} must be a non-empty subset of [0, llm_dp={cfg.llm_dp})")

@@ -137,7 +137,7 @@ def test_all_bad_dataset_stops_instead_of_looping(tmp_path, monkeypatch):
 
 def test_not_a_dataset_and_empty_split(tmp_path):
     (tmp_path / "plain").mkdir()
-    with pytest.raises(DataError, match=r"is not an energon dataset: no \.nv-meta"):
+    with pytest.raises(DataError, match=r"is not a prepared energon dataset \(no \.nv-meta/dataset\.yaml\)"):
         EnergonProvider(_cfg(tmp_path / "plain", "error"), [0], need_images=False)
     with pytest.raises(DataError, match="does not exist"):
         EnergonProvider(_cfg(tmp_path / "missing", "error"), [0], need_images=False)
