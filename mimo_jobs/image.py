@@ -115,7 +115,7 @@ def image_provenance(env: dict[str, str] | None = None) -> dict | None:
     except (OSError, ValueError) as e:
         raise RuntimeError(f"image provenance {path} is unreadable: {e}") from None
     if not isinstance(doc, dict):
-        raise RuntimeError(f"image provenance {path}: expected a JSON object, got {type(doc).__name__}")
+        raise TypeError(f"image provenance {path}: expected a JSON object, got {type(doc).__name__}")
     return doc
 
 
