@@ -185,8 +185,16 @@ def _register_runs(con, targets: list[_Target], log_run: LogRunInfo | None, stat
             name = info.name or t.path.stem
             known = con.execute("SELECT 1 FROM runs WHERE run_id = ?", [rid]).fetchone()
             catalog.ensure_study(con, info.study, description="(logs ingested without a run.yaml)")
-            catalog.record_log_run(con, rid, info.study, name, str(t.path.resolve().parent), nodes=info.nodes,
-                                   gpus_per_node=info.gpus_per_node, seq_length=info.seq_length)
+            catalog.record_log_run(
+                con,
+                rid,
+                info.study,
+                name,
+                str(t.path.resolve().parent),
+                nodes=info.nodes,
+                gpus_per_node=info.gpus_per_node,
+                seq_length=info.seq_length,
+            )
             if not known:
                 stats.runs_registered += 1
             ctx[key] = _RunCtx(rid, info.gpus_per_node, False)
@@ -196,21 +204,71 @@ def _register_runs(con, targets: list[_Target], log_run: LogRunInfo | None, stat
 # ----------------------------------------------------------------------------------------- staging
 
 
-ITER_COLS = ["run_id", "job_id", "iteration", "time", "elapsed_ms", "loss", "lr", "grad_norm",
-             "consumed_samples", "gbs", "loss_scale", "skipped", "nan", "samples_per_s", "tokens_per_s",
-             "tokens_per_s_per_gpu", "tflops_per_gpu", "moe_aux_loss", "phases", "extras", "source",
-             "attempt", "train_iters", "source_file"]
-ITER_TYPES = {"run_id": "VARCHAR", "job_id": "VARCHAR", "iteration": "INTEGER", "time": "TIMESTAMP",
-              "elapsed_ms": "DOUBLE", "loss": "DOUBLE", "lr": "DOUBLE", "grad_norm": "DOUBLE",
-              "consumed_samples": "BIGINT", "gbs": "INTEGER", "loss_scale": "DOUBLE", "skipped": "INTEGER",
-              "nan": "INTEGER", "samples_per_s": "DOUBLE", "tokens_per_s": "DOUBLE",
-              "tokens_per_s_per_gpu": "DOUBLE", "tflops_per_gpu": "DOUBLE", "moe_aux_loss": "DOUBLE",
-              "phases": "VARCHAR", "extras": "VARCHAR", "source": "VARCHAR", "attempt": "INTEGER",
-              "train_iters": "INTEGER", "source_file": "VARCHAR", "seq": "BIGINT"}
+ITER_COLS = [
+    "run_id",
+    "job_id",
+    "iteration",
+    "time",
+    "elapsed_ms",
+    "loss",
+    "lr",
+    "grad_norm",
+    "consumed_samples",
+    "gbs",
+    "loss_scale",
+    "skipped",
+    "nan",
+    "samples_per_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "tflops_per_gpu",
+    "moe_aux_loss",
+    "phases",
+    "extras",
+    "source",
+    "attempt",
+    "train_iters",
+    "source_file",
+]
+ITER_TYPES = {
+    "run_id": "VARCHAR",
+    "job_id": "VARCHAR",
+    "iteration": "INTEGER",
+    "time": "TIMESTAMP",
+    "elapsed_ms": "DOUBLE",
+    "loss": "DOUBLE",
+    "lr": "DOUBLE",
+    "grad_norm": "DOUBLE",
+    "consumed_samples": "BIGINT",
+    "gbs": "INTEGER",
+    "loss_scale": "DOUBLE",
+    "skipped": "INTEGER",
+    "nan": "INTEGER",
+    "samples_per_s": "DOUBLE",
+    "tokens_per_s": "DOUBLE",
+    "tokens_per_s_per_gpu": "DOUBLE",
+    "tflops_per_gpu": "DOUBLE",
+    "moe_aux_loss": "DOUBLE",
+    "phases": "VARCHAR",
+    "extras": "VARCHAR",
+    "source": "VARCHAR",
+    "attempt": "INTEGER",
+    "train_iters": "INTEGER",
+    "source_file": "VARCHAR",
+    "seq": "BIGINT",
+}
 EVENT_COLS = ["run_id", "job_id", "rank", "node", "time", "kind", "message", "source_file", "line_no"]
-EVENT_TYPES = {"run_id": "VARCHAR", "job_id": "VARCHAR", "rank": "INTEGER", "node": "INTEGER",
-               "time": "TIMESTAMP", "kind": "VARCHAR", "message": "VARCHAR", "source_file": "VARCHAR",
-               "line_no": "BIGINT"}
+EVENT_TYPES = {
+    "run_id": "VARCHAR",
+    "job_id": "VARCHAR",
+    "rank": "INTEGER",
+    "node": "INTEGER",
+    "time": "TIMESTAMP",
+    "kind": "VARCHAR",
+    "message": "VARCHAR",
+    "source_file": "VARCHAR",
+    "line_no": "BIGINT",
+}
 
 
 def _upsert_sql(select: str) -> str:
@@ -256,8 +314,10 @@ class _Stage:
     def _read(self, name: str, types: dict) -> str:
         cols = ", ".join(f"'{k}': '{v}'" for k, v in types.items())
         path = os.path.join(self.dir, name).replace("'", "''")
-        return (f"read_csv('{path}', header=false, columns={{{cols}}}, quote='\"', escape='\"', "
-                f"nullstr='', auto_detect=false, delim=',', strict_mode=false)")
+        return (
+            f"read_csv('{path}', header=false, columns={{{cols}}}, quote='\"', escape='\"', "
+            f"nullstr='', auto_detect=false, delim=',', strict_mode=false)"
+        )
 
     def load(self, con) -> tuple[int, int]:
         self._it_f.close()
@@ -265,8 +325,8 @@ class _Stage:
         if self.n_it:
             con.execute(_upsert_sql(f"SELECT * FROM {self._read('it.csv', ITER_TYPES)}"))
         if self.n_ev:
-            con.execute(f"""INSERT INTO events ({', '.join(EVENT_COLS)})
-                            SELECT * FROM {self._read('ev.csv', EVENT_TYPES)} ON CONFLICT DO NOTHING""")
+            con.execute(f"""INSERT INTO events ({", ".join(EVENT_COLS)})
+                            SELECT * FROM {self._read("ev.csv", EVENT_TYPES)} ON CONFLICT DO NOTHING""")
         return self.n_it, self.n_ev
 
     def close(self) -> None:
@@ -315,11 +375,14 @@ class _FileState:
     last_time: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"last_iter": self.last_iter, "restarts": self.restarts, "last_time": self.last_time})
+        return json.dumps(
+            {"last_iter": self.last_iter, "restarts": self.restarts, "last_time": self.last_time}
+        )
 
 
-def _chunks(path: Path, offset: int, st: _FileState, on_bytes: Callable[[int], None] | None,
-            need_text: bool = True):
+def _chunks(
+    path: Path, offset: int, st: _FileState, on_bytes: Callable[[int], None] | None, need_text: bool = True
+):
     """Yield (first_line_no, text) for blocks of complete lines starting at `offset` (text is None when
     not needed: lines are still counted and checked for invalid UTF-8 / NUL bytes). Returns (offset after
     the last complete line, whether a partial last line was left)."""
@@ -356,6 +419,7 @@ def _chunks(path: Path, offset: int, st: _FileState, on_bytes: Callable[[int], N
             yield first, (text if need_text else None)
     return consumed, bool(carry)
 
+
 def _decode(block: bytes, st: _FileState) -> str:
     try:
         text = block.decode("utf-8")
@@ -391,19 +455,50 @@ def _metrics_rows(text: str, first: int, st: _FileState, ctx: _RunCtx, stage: _S
                 extras = r.get("extras") or {}
                 job = str(r.get("job_id") or "unknown")
                 t = _parse_iso(r.get("time"))
-                stage.iteration([
-                    ctx.run_id, job, it, _ts(t), r.get("elapsed_ms"), r.get("loss"), r.get("lr"),
-                    r.get("grad_norm"), r.get("consumed_samples"), r.get("gbs"), r.get("loss_scale"),
-                    r.get("skipped"), r.get("nan"), r.get("samples_per_s"), r.get("tokens_per_s"),
-                    r.get("tokens_per_s_per_gpu"), r.get("tflops_per_gpu"), r.get("moe_aux_loss"),
-                    json.dumps(phases), json.dumps(extras), "jsonl", int(r.get("attempt") or 0),
-                    r.get("train_iters"), src])
+                stage.iteration(
+                    [
+                        ctx.run_id,
+                        job,
+                        it,
+                        _ts(t),
+                        r.get("elapsed_ms"),
+                        r.get("loss"),
+                        r.get("lr"),
+                        r.get("grad_norm"),
+                        r.get("consumed_samples"),
+                        r.get("gbs"),
+                        r.get("loss_scale"),
+                        r.get("skipped"),
+                        r.get("nan"),
+                        r.get("samples_per_s"),
+                        r.get("tokens_per_s"),
+                        r.get("tokens_per_s_per_gpu"),
+                        r.get("tflops_per_gpu"),
+                        r.get("moe_aux_loss"),
+                        json.dumps(phases),
+                        json.dumps(extras),
+                        "jsonl",
+                        int(r.get("attempt") or 0),
+                        r.get("train_iters"),
+                        src,
+                    ]
+                )
                 st.last_time = _ts(t) or st.last_time
             elif kind in ("start", "end"):
                 msg = {k: v for k, v in r.items() if k not in ("kind", "run_id", "job_id", "time")}
-                stage.event([ctx.run_id, str(r.get("job_id") or "unknown"), None, None,
-                             _ts(_parse_iso(r.get("time"))), kind, json.dumps(msg, default=str)[:2000], src,
-                             line_no])
+                stage.event(
+                    [
+                        ctx.run_id,
+                        str(r.get("job_id") or "unknown"),
+                        None,
+                        None,
+                        _ts(_parse_iso(r.get("time"))),
+                        kind,
+                        json.dumps(msg, default=str)[:2000],
+                        src,
+                        line_no,
+                    ]
+                )
         except (ValueError, KeyError, TypeError):
             st.bad += 1
 
@@ -412,8 +507,16 @@ class _LogScanner:
     """Turns candidate lines (from grep, or from the pure-Python scan) into staged iterations and events.
     Only lines containing a trigger (logparse.ALL_TRIGGERS) ever reach Python."""
 
-    def __init__(self, st: _FileState, ctx: _RunCtx, job: str, pinfo: logparse.PathInfo, stage: _Stage,
-                 src: str, want_iters: bool) -> None:
+    def __init__(
+        self,
+        st: _FileState,
+        ctx: _RunCtx,
+        job: str,
+        pinfo: logparse.PathInfo,
+        stage: _Stage,
+        src: str,
+        want_iters: bool,
+    ) -> None:
         self.st, self.ctx, self.job, self.pinfo, self.stage, self.src = st, ctx, job, pinfo, stage, src
         self.want_iters = want_iters
         self.tracker = logparse.TracebackTracker()
@@ -422,7 +525,12 @@ class _LogScanner:
 
     def _rank(self, origin: logparse.Origin) -> tuple[int | None, int | None]:
         p = self.pinfo
-        if origin.rank is None and origin.local_rank is None and origin.task is None and p.local_rank is not None:
+        if (
+            origin.rank is None
+            and origin.local_rank is None
+            and origin.task is None
+            and p.local_rank is not None
+        ):
             origin = logparse.Origin(local_rank=p.local_rank)
         node = origin.task if origin.task is not None else p.node
         return origin.global_rank(self.ctx.gpus_per_node, p.node), node
@@ -432,8 +540,19 @@ class _LogScanner:
 
     def _emit(self, origin: logparse.Origin, line_no: int, ev: logparse.Event) -> None:
         rank, node = self._rank(origin)
-        self.stage.event([self.ctx.run_id, self.job, rank, node, _ts(ev.time or self._last_time()), ev.kind,
-                          ev.message, self.src, line_no])
+        self.stage.event(
+            [
+                self.ctx.run_id,
+                self.job,
+                rank,
+                node,
+                _ts(ev.time or self._last_time()),
+                ev.kind,
+                ev.message,
+                self.src,
+                line_no,
+            ]
+        )
 
     def line(self, line_no: int, line: str) -> None:
         """One candidate line (1-based number, no newline)."""
@@ -493,11 +612,34 @@ class _LogScanner:
             extras["losses"] = losses
         gbs = cols.get("gbs")
         g = cols.get
-        self.stage.iteration([
-            self.ctx.run_id, self.job, it, ts, elapsed, loss, g("lr"), g("grad_norm"), g("consumed_samples"), gbs,
-            g("loss_scale"), g("skipped"), g("nan"), gbs / (elapsed / 1000.0) if gbs and elapsed > 0 else None,
-            None, None, g("tflops_per_gpu"), aux, None, json.dumps(extras), "megatron-log",
-            self.base_attempt + st.restarts, total, self.src])
+        self.stage.iteration(
+            [
+                self.ctx.run_id,
+                self.job,
+                it,
+                ts,
+                elapsed,
+                loss,
+                g("lr"),
+                g("grad_norm"),
+                g("consumed_samples"),
+                gbs,
+                g("loss_scale"),
+                g("skipped"),
+                g("nan"),
+                gbs / (elapsed / 1000.0) if gbs and elapsed > 0 else None,
+                None,
+                None,
+                g("tflops_per_gpu"),
+                aux,
+                None,
+                json.dumps(extras),
+                "megatron-log",
+                self.base_attempt + st.restarts,
+                total,
+                self.src,
+            ]
+        )
 
     def _finish_root(self) -> None:
         line_no, origin, follow = self._root
@@ -505,8 +647,19 @@ class _LogScanner:
         rc = logparse.parse_root_cause(follow)
         if rc:
             r, ev = rc
-            self.stage.event([self.ctx.run_id, self.job, r, None, _ts(ev.time or self._last_time()), ev.kind,
-                              ev.message, self.src, line_no])
+            self.stage.event(
+                [
+                    self.ctx.run_id,
+                    self.job,
+                    r,
+                    None,
+                    _ts(ev.time or self._last_time()),
+                    ev.kind,
+                    ev.message,
+                    self.src,
+                    line_no,
+                ]
+            )
 
     def finish(self) -> None:
         if self._root is not None:
@@ -532,7 +685,7 @@ def _python_candidates(text: str, first: int):
     for ls in sorted(starts):
         line_no += text.count("\n", prev, ls)
         prev = ls
-        yield line_no + 1, text[ls:text.find("\n", ls)]
+        yield line_no + 1, text[ls : text.find("\n", ls)]
 
 
 GREP = shutil.which("grep")
@@ -547,8 +700,9 @@ def _grep_start(path: Path, offset: int, out_path: str):
     f = open(path, "rb")  # noqa: SIM115 - handed to the child, closed by _grep_lines
     f.seek(offset)
     out = open(out_path, "wb")  # noqa: SIM115
-    proc = subprocess.Popen(args, stdin=f, stdout=out, stderr=subprocess.PIPE,
-                            env=dict(os.environ, LC_ALL="C"))
+    proc = subprocess.Popen(
+        args, stdin=f, stdout=out, stderr=subprocess.PIPE, env=dict(os.environ, LC_ALL="C")
+    )
     return proc, f, out
 
 
@@ -566,6 +720,7 @@ def _grep_lines(proc, f, out, out_path: str, first: int, complete: int):
             if k > complete:  # the partial last line: left for the next ingest
                 break
             yield first + k, rest.rstrip(b"\n").decode("utf-8", "replace").replace("\x00", "")
+
 
 def _sacct_rows(con, text: str, ctx: _RunCtx | None, src: str, st: _FileState, stage: _Stage) -> None:
     lines = text.split("\n")[:-1]
@@ -587,11 +742,33 @@ def _sacct_rows(con, text: str, ctx: _RunCtx | None, src: str, st: _FileState, s
                  end_time = coalesce(excluded.end_time, jobs.end_time),
                  node_list = coalesce(excluded.node_list, jobs.node_list),
                  reason = coalesce(jobs.reason, excluded.reason), updated_at = now()""",
-            [ctx.run_id, r.job_id, r.restarts or 0, r.state, r.reason, r.exit_code, r.start, r.end, r.node_list])
+            [
+                ctx.run_id,
+                r.job_id,
+                r.restarts or 0,
+                r.state,
+                r.reason,
+                r.exit_code,
+                r.start,
+                r.end,
+                r.node_list,
+            ],
+        )
         kind = logparse.SACCT_EVENT.get(r.state)
         if kind:
-            stage.event([ctx.run_id, r.job_id, None, None, _ts(r.end or r.start), kind,
-                         f"sacct: job {r.job_id} {r.state}" + (f" ({r.reason})" if r.reason else ""), src, i + 2])
+            stage.event(
+                [
+                    ctx.run_id,
+                    r.job_id,
+                    None,
+                    None,
+                    _ts(r.end or r.start),
+                    kind,
+                    f"sacct: job {r.job_id} {r.state}" + (f" ({r.reason})" if r.reason else ""),
+                    src,
+                    i + 2,
+                ]
+            )
 
 
 # ----------------------------------------------------------------------------------------- driver
@@ -602,14 +779,23 @@ def _head_sha(path: Path) -> str:
         return hashlib.sha1(f.read(HEAD)).hexdigest()
 
 
-def _ingest_one(con, t: _Target, ctx: _RunCtx | None, stats: IngestStats, force: bool,
-                on_bytes: Callable[[int], None] | None) -> None:
+def _ingest_one(
+    con,
+    t: _Target,
+    ctx: _RunCtx | None,
+    stats: IngestStats,
+    force: bool,
+    on_bytes: Callable[[int], None] | None,
+) -> None:
     src = str(t.path.resolve())
     stt = t.path.stat()
     size, mtime = stt.st_size, stt.st_mtime
     head = _head_sha(t.path)
-    row = con.execute("""SELECT size, mtime, "offset", head_sha, lines, bad_lines, undecodable_lines, state
-                         FROM ingested_files WHERE path = ?""", [src]).fetchone()
+    row = con.execute(
+        """SELECT size, mtime, "offset", head_sha, lines, bad_lines, undecodable_lines, state
+                         FROM ingested_files WHERE path = ?""",
+        [src],
+    ).fetchone()
     st = _FileState()
     offset = 0
     if row and not force:
@@ -623,8 +809,14 @@ def _ingest_one(con, t: _Target, ctx: _RunCtx | None, stats: IngestStats, force:
         if same_head and poff is not None and size >= poff:
             offset = poff
             s = json.loads(pstate) if pstate else {}
-            st = _FileState(lines=plines or 0, bad=pbad or 0, undecodable=pund or 0, last_iter=s.get("last_iter"),
-                            restarts=s.get("restarts", 0), last_time=s.get("last_time"))
+            st = _FileState(
+                lines=plines or 0,
+                bad=pbad or 0,
+                undecodable=pund or 0,
+                last_iter=s.get("last_iter"),
+                restarts=s.get("restarts", 0),
+                last_time=s.get("last_time"),
+            )
             if on_bytes:
                 on_bytes(offset)
     stats.files += 1
@@ -681,15 +873,31 @@ def _ingest_one(con, t: _Target, ctx: _RunCtx | None, stats: IngestStats, force:
             if n_it and t.kind != "sacct":
                 _restitch(con, ctx.run_id)
                 # runs known only from logs learn their global batch size from the iteration lines
-                con.execute("""UPDATE runs SET gbs = (SELECT arg_max(gbs, iteration) FROM iterations
+                con.execute(
+                    """UPDATE runs SET gbs = (SELECT arg_max(gbs, iteration) FROM iterations
                                                      WHERE run_id = ? AND gbs IS NOT NULL)
-                               WHERE run_id = ? AND gbs IS NULL""", [ctx.run_id, ctx.run_id])
+                               WHERE run_id = ? AND gbs IS NULL""",
+                    [ctx.run_id, ctx.run_id],
+                )
             con.execute(
                 """INSERT OR REPLACE INTO ingested_files (path, run_id, size, mtime, lines, bad_lines,
                      undecodable_lines, ingested_at, kind, "offset", head_sha, truncated, state)
                    VALUES (?, ?, ?, ?, ?, ?, ?, now(), ?, ?, ?, ?, ?)""",
-                [src, ctx.run_id, size, mtime, st.lines, st.bad, st.undecodable, t.kind, end_offset, head,
-                 partial, st.to_json()])
+                [
+                    src,
+                    ctx.run_id,
+                    size,
+                    mtime,
+                    st.lines,
+                    st.bad,
+                    st.undecodable,
+                    t.kind,
+                    end_offset,
+                    head,
+                    partial,
+                    st.to_json(),
+                ],
+            )
         stats.iterations += n_it
         stats.events += n_ev
         stats.lines += st.lines - before[0]
@@ -712,11 +920,18 @@ def _restitch(con, run_id: str) -> None:
                    PARTITION BY iteration ORDER BY attempt DESC NULLS LAST, time DESC NULLS LAST, job_id DESC) rn
                  FROM iterations WHERE run_id = ?) s
            WHERE iterations.run_id = ? AND iterations.job_id = s.job_id AND iterations.iteration = s.iteration
-             AND iterations.superseded IS DISTINCT FROM (s.rn > 1)""", [run_id, run_id])
+             AND iterations.superseded IS DISTINCT FROM (s.rn > 1)""",
+        [run_id, run_id],
+    )
 
 
-def ingest_paths(con, paths: list[Path], force: bool = False, log_run: LogRunInfo | None = None,
-                 progress: Callable[[str, int, int], None] | None = None) -> IngestStats:
+def ingest_paths(
+    con,
+    paths: list[Path],
+    force: bool = False,
+    log_run: LogRunInfo | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> IngestStats:
     """Ingest run dirs / trees of run dirs / single files. `progress(name, bytes_done, bytes_total)` is
     called as bytes are read (the CLI draws a rich progress bar from it)."""
     stats = IngestStats()

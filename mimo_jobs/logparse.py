@@ -49,7 +49,9 @@ class Origin:
 
 
 # No `^`: Pattern.match(line, pos) anchors at pos, and `^` would only match at 0.
-_PREFIX_RE = re.compile(r"[ \t]*(\d{1,6}): |\[default(\d{1,4})\]:|\[rank(\d{1,6})\]: ?")  # torch writes "[rank3]: text"
+_PREFIX_RE = re.compile(
+    r"[ \t]*(\d{1,6}): |\[default(\d{1,4})\]:|\[rank(\d{1,6})\]: ?"
+)  # torch writes "[rank3]: text"
 
 
 def split_origin(line: str) -> tuple[Origin, str]:
@@ -72,7 +74,8 @@ def split_origin(line: str) -> tuple[Origin, str]:
 
 _RANK_PATH_RE = re.compile(
     r"(?:^|/)job-(?P<job>[^/]+)/node-(?P<node>\d+)/(?:[^/]+/)?attempt_(?P<attempt>\d+)/(?P<local>\d+)/"
-    r"(?P<stream>stdout|stderr|error)\.(?:log|json)$")
+    r"(?P<stream>stdout|stderr|error)\.(?:log|json)$"
+)
 _JOB_FILE_RE = re.compile(r"(?:^|/)(?:slurm|local)-(?P<job>[A-Za-z0-9_.\-]+?)(?:\.\d+)?\.(?:out|err|log)$")
 _JOB_DIR_RE = re.compile(r"(?:^|/)job-(?P<job>[^/]+)/")
 
@@ -130,8 +133,10 @@ def find_time(text: str, year_hint: int | None = None) -> datetime | None:
 
 # ----------------------------------------------------------------------------------------- iterations
 
-_ITER_RE = re.compile(r"(?:\[(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?\]\s*)?"
-                      r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+_ITER_RE = re.compile(
+    r"(?:\[(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?\]\s*)?"
+    r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|"
+)
 
 # Megatron key -> our column. Everything else lands in `extras` (loss keys in extras["losses"]).
 _FLOAT_KEYS = {
@@ -230,7 +235,7 @@ def parse_iteration(text: str) -> MegatronIteration | None:
         return None
     ts = _dt(*m.group(1, 2, 3, 4, 5, 6, 7)) if m.group(1) else None
     it = MegatronIteration(int(m.group(8)), int(m.group(9)), ts)
-    cols, it.losses, it.extras = parse_fields(text[m.end():])
+    cols, it.losses, it.extras = parse_fields(text[m.end() :])
     for c, v in cols.items():
         setattr(it, c, v)
     it.loss, it.moe_aux_loss = main_losses(it.losses)
@@ -293,14 +298,18 @@ def iteration_head(text: str) -> tuple[int, int, str | None, int] | None:
         p = text.find("iteration", p + 9)
     return None
 
+
 _VICTIM_MSG_RE = re.compile(
     r"Timed out waiting|Connection closed by peer|Connection reset by peer|Watchdog caught|"
     r"collective operation timeout|DistNetworkError|NCCL communicator was aborted|"
-    r"remote process exited|Broken pipe|failed to recv|ncclRemoteError", re.I)
-_SLURM_CANCEL_RE = re.compile(r"\*\*\* (?:JOB|STEP) ([\w.\[\]+-]+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))?"
-                              r"(?:,.*)? \*\*\*")
+    r"remote process exited|Broken pipe|failed to recv|ncclRemoteError",
+    re.I,
+)
+_SLURM_CANCEL_RE = re.compile(
+    r"\*\*\* (?:JOB|STEP) ([\w.\[\]+-]+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))?"
+    r"(?:,.*)? \*\*\*"
+)
 _CKPT_ITER_RE = re.compile(r"iteration\s+(\d+)|iter_0*(\d+)")
-_EXC_RE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)?)(?::\s?(.*))?$")
 
 
 @dataclass
@@ -356,7 +365,8 @@ def classify_line(text: str, year_hint: int | None = None) -> list[Event]:
             add("node_fail", text)
     low = text.lower()
     if ("requeued" in low or "requeuing" in low or "job requeue" in low) and not any(
-            e.kind == "requeue" for e in out):
+        e.kind == "requeue" for e in out
+    ):
         add("requeue", text)
     if ("preempted" in low or "preemption" in low) and not any(e.kind == "preemption" for e in out):
         add("preemption", text)
@@ -417,19 +427,21 @@ class TracebackTracker:
                 del self.pending[key]
                 return p.start_line, Event("traceback", "traceback cut off (no exception line)", p.time)
             return None
-        if s.startswith(("During handling of the above exception", "The above exception was the direct cause")):
+        if s.startswith(
+            ("During handling of the above exception", "The above exception was the direct cause")
+        ):
             return None
         if s.startswith("^") or s.lstrip().startswith("~"):
             return None
         del self.pending[key]
-        m = _EXC_RE.match(s.strip())
-        msg = s.strip() if m else s.strip()
-        return p.start_line, Event("traceback", msg[:500], p.time)
+        return p.start_line, Event("traceback", s.strip()[:500], p.time)
 
     def flush(self) -> list[tuple[int, Event]]:
         """Tracebacks still open at end of input (file truncated mid-traceback)."""
-        out = [(p.start_line, Event("traceback", "traceback truncated (no exception line)", p.time))
-               for p in self.pending.values()]
+        out = [
+            (p.start_line, Event("traceback", "traceback truncated (no exception line)", p.time))
+            for p in self.pending.values()
+        ]
         self.pending.clear()
         return out
 
@@ -492,7 +504,7 @@ def parse_sacct(lines: list[str]) -> list[SacctRecord]:
             continue
         state = f[col["State"]].split()[0] if f[col["State"]].strip() else ""  # "CANCELLED by 0" -> CANCELLED
 
-        def get(name: str) -> str | None:
+        def get(name: str, f: list[str] = f) -> str | None:
             v = f[col[name]].strip() if name in col else ""
             return v if v and v not in ("Unknown", "None") else None
 
@@ -500,10 +512,25 @@ def parse_sacct(lines: list[str]) -> list[SacctRecord]:
         exit_code = int(ec.split(":")[0]) if ec and ec.split(":")[0].lstrip("-").isdigit() else None
         st, en = get("Start"), get("End")
         rs = get("Restarts")
-        out.append(SacctRecord(jid, state, exit_code, find_time(st) if st else None, find_time(en) if en else None,
-                               get("NodeList"), get("Reason"), int(rs) if rs and rs.isdigit() else None))
+        out.append(
+            SacctRecord(
+                jid,
+                state,
+                exit_code,
+                find_time(st) if st else None,
+                find_time(en) if en else None,
+                get("NodeList"),
+                get("Reason"),
+                int(rs) if rs and rs.isdigit() else None,
+            )
+        )
     return out
 
 
-SACCT_EVENT = {"TIMEOUT": "time_limit", "PREEMPTED": "preemption", "NODE_FAIL": "node_fail",
-               "OUT_OF_MEMORY": "oom", "REQUEUED": "requeue"}
+SACCT_EVENT = {
+    "TIMEOUT": "time_limit",
+    "PREEMPTED": "preemption",
+    "NODE_FAIL": "node_fail",
+    "OUT_OF_MEMORY": "oom",
+    "REQUEUED": "requeue",
+}

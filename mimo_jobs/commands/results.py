@@ -15,13 +15,19 @@ def _fail(msg: str, code: int = 2) -> None:
 
 
 def ingest_cmd(
-    paths: list[Path] = typer.Argument(..., help="run dirs (with run.yaml), trees of run dirs, or log / "
-                                       "metrics.jsonl / sacct files"),
+    paths: list[Path] = typer.Argument(
+        ..., help="run dirs (with run.yaml), trees of run dirs, or log / metrics.jsonl / sacct files"
+    ),
     db: Path | None = typer.Option(None, "--db", help=_DB_HELP),
-    force: bool = typer.Option(False, "--force", help="re-read files even if unchanged since the last ingest"),
+    force: bool = typer.Option(
+        False, "--force", help="re-read files even if unchanged since the last ingest"
+    ),
     study: str = typer.Option("logs", "--study", help="study name for logs without a run.yaml"),
-    name: str | None = typer.Option(None, "--name", help="run name for logs without a run.yaml (all given "
-                                    "files become attempts of this one run)"),
+    name: str | None = typer.Option(
+        None,
+        "--name",
+        help="run name for logs without a run.yaml (all given files become attempts of this one run)",
+    ),
     nodes: int | None = typer.Option(None, "--nodes", min=1, help="node count of logs without a run.yaml"),
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node, ditto"),
     seq_length: int | None = typer.Option(None, "--seq-length", min=1, help="sequence length, ditto"),
@@ -40,8 +46,14 @@ def ingest_cmd(
     except RuntimeError as e:
         _fail(str(e))
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                      console=err, transient=True) as prog:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=err,
+            transient=True,
+        ) as prog:
             task = prog.add_task("ingest", total=None)
 
             def progress(name: str, done: int, total: int) -> None:
@@ -52,12 +64,16 @@ def ingest_cmd(
         _fail(str(e))
     finally:
         con.close()
-    typer.echo(f"ingested {stats.files} file(s) ({stats.skipped_unchanged} unchanged, skipped): "
-               f"{stats.lines:,} lines, {stats.iterations:,} iterations, {stats.events:,} events, "
-               f"{stats.runs_registered} new run(s)")
+    typer.echo(
+        f"ingested {stats.files} file(s) ({stats.skipped_unchanged} unchanged, skipped): "
+        f"{stats.lines:,} lines, {stats.iterations:,} iterations, {stats.events:,} events, "
+        f"{stats.runs_registered} new run(s)"
+    )
     if stats.bad_lines or stats.undecodable or stats.truncated_files:
-        typer.echo(f"tolerated: {stats.bad_lines:,} bad line(s), {stats.undecodable:,} undecodable line(s), "
-                   f"{stats.truncated_files} file(s) ending in a partial line")
+        typer.echo(
+            f"tolerated: {stats.bad_lines:,} bad line(s), {stats.undecodable:,} undecodable line(s), "
+            f"{stats.truncated_files} file(s) ending in a partial line"
+        )
     for p in stats.problems:
         typer.echo(f"problem: {p}", err=True)
     if stats.problems:
@@ -66,15 +82,22 @@ def ingest_cmd(
 
 def report_cmd(
     study: str | None = typer.Argument(None, help="study name (default: every study in the store)"),
-    baseline_nodes: int | None = typer.Option(None, "--baseline-nodes", min=1,
-                                              help="N0 for E(N)=P(N)/P(N0) (default: the study's, else the "
-                                              "smallest node count)"),
+    baseline_nodes: int | None = typer.Option(
+        None,
+        "--baseline-nodes",
+        min=1,
+        help="N0 for E(N)=P(N)/P(N0) (default: the study's, else the smallest node count)",
+    ),
     fmt: str = typer.Option("table", "--format", "-f", help="table | md | html | json | csv"),
-    out: Path | None = typer.Option(None, "--out", help="write <out>/report.<ext> instead of printing "
-                                    "(html defaults to the current directory)"),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="write <out>/report.<ext> instead of printing (html defaults to the current directory)",
+    ),
     db: Path | None = typer.Option(None, "--db", help=_DB_HELP),
-    gpu: str | None = typer.Option(None, "--gpu", help="GPU model for MFU when the logs do not say (H100, H200, "
-                                   "A100)"),
+    gpu: str | None = typer.Option(
+        None, "--gpu", help="GPU model for MFU when the logs do not say (H100, H200, A100)"
+    ),
 ) -> None:
     """Scaling report: iteration time, throughput, MFU, E(N), loss parity, failure triage."""
     from ..report import FORMATS, ReportError, build, render

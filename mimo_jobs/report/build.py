@@ -42,15 +42,29 @@ def _layout(r: dict) -> str:
     return f"{enc} | {llm}"
 
 
-def _derive_state(reached: int | None, train_iters: int | None, kinds: set[str], end_reason: str | None) -> str:
+def _derive_state(
+    reached: int | None, train_iters: int | None, kinds: set[str], end_reason: str | None
+) -> str:
     if reached is not None and train_iters and reached >= train_iters:
         return "COMPLETED"
-    for kind, state in (("time_limit", "TIMEOUT"), ("node_fail", "NODE_FAIL"), ("preemption", "PREEMPTED"),
-                        ("cancelled", "CANCELLED")):
+    for kind, state in (
+        ("time_limit", "TIMEOUT"),
+        ("node_fail", "NODE_FAIL"),
+        ("preemption", "PREEMPTED"),
+        ("cancelled", "CANCELLED"),
+    ):
         if kind in kinds:
             return state
-    if kinds & {"traceback", "oom", "segfault", "child_failed", "task_exit", "nccl_timeout", "gloo_timeout",
-                "peer_lost"}:
+    if kinds & {
+        "traceback",
+        "oom",
+        "segfault",
+        "child_failed",
+        "task_exit",
+        "nccl_timeout",
+        "gloo_timeout",
+        "peer_lost",
+    }:
         return "FAILED"
     if end_reason:
         r = end_reason.lower()
@@ -80,32 +94,45 @@ def _gpu_name(start_msgs: list[str]) -> str | None:
     return None
 
 
-def build(con, study: str | None = None, baseline_nodes: int | None = None, gpu: str | None = None,
-          warmup_frac: float = 0.10, warmup_min: int = 1) -> Report:
+def build(
+    con,
+    study: str | None = None,
+    baseline_nodes: int | None = None,
+    gpu: str | None = None,
+    warmup_frac: float = 0.10,
+    warmup_min: int = 1,
+) -> Report:
     """The report for one study (or every study in the store when `study` is None)."""
     known = [r[0] for r in con.execute("SELECT DISTINCT study FROM runs ORDER BY 1").fetchall()]
     if study is not None and study not in known:
-        raise ReportError(f"no study {study!r} in the store; known: {', '.join(known) or '(none: run ingest)'}")
+        raise ReportError(
+            f"no study {study!r} in the store; known: {', '.join(known) or '(none: run ingest)'}"
+        )
     names = [study] if study is not None else known
-    cur = con.execute(f"""SELECT run_id, study, name, nodes, gpus_per_node, world, enc_tp, enc_pp, enc_dp, llm_tp,
+    cur = con.execute(
+        f"""SELECT run_id, study, name, nodes, gpus_per_node, world, enc_tp, enc_pp, enc_dp, llm_tp,
                                  llm_pp, llm_ep, llm_dp, gbs, seq_length, model, accelerator, spec_json
                           FROM runs WHERE study IN {_in_list(len(names))} ORDER BY study, nodes NULLS LAST, name""",
-                      names)
+        names,
+    )
     cols = [d[0] for d in cur.description]
     runs = [dict(zip(cols, r)) for r in cur.fetchall()]
     ids = [r["run_id"] for r in runs]
     studies = {n: {"scaling": "strong", "baseline_nodes": None} for n in names}
-    for n, sc, bn in con.execute(f"SELECT name, scaling, baseline_nodes FROM studies WHERE name IN "
-                                 f"{_in_list(len(names))}", names).fetchall():
+    for n, sc, bn in con.execute(
+        f"SELECT name, scaling, baseline_nodes FROM studies WHERE name IN {_in_list(len(names))}", names
+    ).fetchall():
         studies[n] = {"scaling": sc or "strong", "baseline_nodes": bn}
 
     # -- per run: span of the stitched curve (superseded rows are older attempts of re-run iterations)
     span = {}
     for row in con.execute(
-            f"""SELECT run_id, min(iteration), max(iteration), count(*), count(DISTINCT job_id), max(train_iters),
+        f"""SELECT run_id, min(iteration), max(iteration), count(*), count(DISTINCT job_id), max(train_iters),
                        arg_max(loss, iteration), arg_max(consumed_samples, iteration), max(time), arg_max(gbs, iteration)
                 FROM iterations WHERE run_id IN {_in_list(len(ids))} AND NOT coalesce(superseded, false)
-                GROUP BY run_id""", ids).fetchall():
+                GROUP BY run_id""",
+        ids,
+    ).fetchall():
         span[row[0]] = row[1:]
     cut = {rid: figures.steady_cutoff(s[0], s[1], warmup_frac, warmup_min) for rid, s in span.items()}
 
@@ -115,54 +142,67 @@ def build(con, study: str | None = None, baseline_nodes: int | None = None, gpu:
         vals, params = _values([(rid, c) for rid, c in cut.items()], "run_id, cutoff")
         phase_cols = ", ".join(f"avg(TRY_CAST(i.phases->>'$.{p}' AS DOUBLE))" for p in PHASES)
         for row in con.execute(
-                f"""SELECT i.run_id, median(i.elapsed_ms), avg(i.elapsed_ms), stddev_samp(i.elapsed_ms), count(*),
+            f"""SELECT i.run_id, median(i.elapsed_ms), avg(i.elapsed_ms), stddev_samp(i.elapsed_ms), count(*),
                            {phase_cols}
                     FROM iterations i JOIN {vals} ON i.run_id = w.run_id
                     WHERE NOT coalesce(i.superseded, false) AND i.iteration >= w.cutoff
                       AND i.elapsed_ms IS NOT NULL
-                    GROUP BY i.run_id""", params).fetchall():
+                    GROUP BY i.run_id""",
+            params,
+        ).fetchall():
             agg[row[0]] = row[1:]
 
     # -- loss curves, downsampled in SQL to about CURVE_POINTS per run
     curves: dict[str, list[tuple[float, float]]] = {}
     if span:
-        steps = [(rid, s[0], s[1], max(1, math.ceil((s[1] - s[0] + 1) / CURVE_POINTS))) for rid, s in span.items()]
+        steps = [
+            (rid, s[0], s[1], max(1, math.ceil((s[1] - s[0] + 1) / CURVE_POINTS))) for rid, s in span.items()
+        ]
         vals, params = _values(steps, "run_id, i0, i1, step")
         for rid, x, y in con.execute(
-                f"""SELECT i.run_id, coalesce(i.consumed_samples, i.iteration * i.gbs, i.iteration), i.loss
+            f"""SELECT i.run_id, coalesce(i.consumed_samples, i.iteration * i.gbs, i.iteration), i.loss
                     FROM iterations i JOIN {vals} ON i.run_id = w.run_id
                     WHERE NOT coalesce(i.superseded, false) AND i.loss IS NOT NULL AND NOT isnan(i.loss)
                       AND ((i.iteration - w.i0) % w.step = 0 OR i.iteration = w.i1)
-                    ORDER BY i.run_id, i.iteration""", params).fetchall():
+                    ORDER BY i.run_id, i.iteration""",
+            params,
+        ).fetchall():
             curves.setdefault(rid, []).append((float(x), float(y)))
 
     # -- scheduler state (jobs table, written by submit), else derived from events and iterations
     jobs = {}
     for rid, job, state in con.execute(
-            f"""SELECT run_id, job_id, state FROM jobs WHERE run_id IN {_in_list(len(ids))}
+        f"""SELECT run_id, job_id, state FROM jobs WHERE run_id IN {_in_list(len(ids))}
                 QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY attempt DESC NULLS LAST,
-                        submit_time DESC NULLS LAST, start_time DESC NULLS LAST, job_id DESC) = 1""", ids).fetchall():
+                        submit_time DESC NULLS LAST, start_time DESC NULLS LAST, job_id DESC) = 1""",
+        ids,
+    ).fetchall():
         jobs[rid] = (job, state)
     activity: dict[str, list[tuple]] = {}
     for rid, job, t in con.execute(
-            f"""SELECT run_id, job_id, max(t) FROM (
+        f"""SELECT run_id, job_id, max(t) FROM (
                   SELECT run_id, job_id, time AS t FROM iterations WHERE run_id IN {_in_list(len(ids))}
                   UNION ALL SELECT run_id, job_id, time FROM events WHERE run_id IN {_in_list(len(ids))}
-                    AND kind NOT IN ('start')) GROUP BY run_id, job_id""", ids + ids).fetchall():
+                    AND kind NOT IN ('start')) GROUP BY run_id, job_id""",
+        ids + ids,
+    ).fetchall():
         activity.setdefault(rid, []).append((t or datetime.min, str(job)))
     events: dict[tuple[str, str], list[EventRow]] = {}
     starts: dict[str, list[str]] = {}
     ends: dict[tuple[str, str], str] = {}
     for rid, job, rank, node, t, kind, msg, src, ln in con.execute(
-            f"""SELECT run_id, job_id, rank, node, time, kind, message, source_file, line_no FROM events
+        f"""SELECT run_id, job_id, rank, node, time, kind, message, source_file, line_no FROM events
                 WHERE run_id IN {_in_list(len(ids))} AND kind NOT IN ('checkpoint_saved', 'checkpoint_loaded')
-                ORDER BY time NULLS LAST, source_file, line_no""", ids).fetchall():
+                ORDER BY time NULLS LAST, source_file, line_no""",
+        ids,
+    ).fetchall():
         if kind == "start":
             starts.setdefault(rid, []).append(msg)
         elif kind == "end":
             try:
-                ends[(rid, job)] = str((json.loads(msg).get("extras") or {}).get("reason") or
-                                       json.loads(msg).get("reason") or "")
+                ends[(rid, job)] = str(
+                    (json.loads(msg).get("extras") or {}).get("reason") or json.loads(msg).get("reason") or ""
+                )
             except (ValueError, AttributeError):
                 ends[(rid, job)] = ""
         else:
@@ -183,19 +223,39 @@ def build(con, study: str | None = None, baseline_nodes: int | None = None, gpu:
         if rid in jobs and jobs[rid][1]:
             state, state_src = str(jobs[rid][1]).split()[0], "jobs"
         else:
-            state = _derive_state(s[1] if s else None, s[4] if s else None, {e.kind for e in evs},
-                                  ends.get((rid, last_job)) if last_job else None)
+            state = _derive_state(
+                s[1] if s else None,
+                s[4] if s else None,
+                {e.kind for e in evs},
+                ends.get((rid, last_job)) if last_job else None,
+            )
             state_src = "derived"
-        row = RunRow(study=r["study"], run_id=rid, name=r["name"], nodes=r["nodes"], gpus=gpus, gbs=gbs,
-                     seq_length=r["seq_length"], model=r["model"], layout=_layout(r), state=state,
-                     state_source=state_src, iterations=s[1] if s else None, train_iters=s[4] if s else None,
-                     jobs=s[3] if s else 0, window_from=cut.get(rid))
+        row = RunRow(
+            study=r["study"],
+            run_id=rid,
+            name=r["name"],
+            nodes=r["nodes"],
+            gpus=gpus,
+            gbs=gbs,
+            seq_length=r["seq_length"],
+            model=r["model"],
+            layout=_layout(r),
+            state=state,
+            state_source=state_src,
+            iterations=s[1] if s else None,
+            train_iters=s[4] if s else None,
+            jobs=s[3] if s else 0,
+            window_from=cut.get(rid),
+        )
         a = agg.get(rid)
         if a and a[0] is not None and gbs:
             row.t_median_ms, row.t_mean_ms, row.t_std_ms, row.window_n = a[0], a[1], a[2], a[3]
             tp = figures.throughput(gbs, a[0], r["seq_length"], gpus)
             row.samples_per_s, row.tokens_per_s = tp.samples_per_s, tp.tokens_per_s
-            row.samples_per_s_per_gpu, row.tokens_per_s_per_gpu = tp.samples_per_s_per_gpu, tp.tokens_per_s_per_gpu
+            row.samples_per_s_per_gpu, row.tokens_per_s_per_gpu = (
+                tp.samples_per_s_per_gpu,
+                tp.tokens_per_s_per_gpu,
+            )
             ph = {p: v for p, v in zip(PHASES, a[4:]) if v is not None}
             total = sum(ph.values())
             row.phase_ms = ph
@@ -211,8 +271,10 @@ def build(con, study: str | None = None, baseline_nodes: int | None = None, gpu:
                 row.mfu_note = "GPU peak unknown (pass --gpu H100|H200|A100)"
             else:
                 spec = json.loads(r["spec_json"]) if r["spec_json"] else {}
-                data = ((spec.get("trainer") or {}).get("data") or {})
-                img, how = figures.image_tokens_per_sample(data, preset.encoder.patch_size, preset.encoder.image_size)
+                data = (spec.get("trainer") or {}).get("data") or {}
+                img, how = figures.image_tokens_per_sample(
+                    data, preset.encoder.patch_size, preset.encoder.image_size
+                )
                 fps = flops_per_sample(preset, r["seq_length"], int(round(img)))
                 row.mfu = figures.mfu(fps, tp.samples_per_s, gpus, peak)
                 row.mfu_note = f"image tokens/sample from {how}"
@@ -221,8 +283,21 @@ def build(con, study: str | None = None, baseline_nodes: int | None = None, gpu:
         if state not in OK_STATES:
             last_t = max((t for t, j in activity.get(rid, []) if j == last_job), default=None)
             v = triage(evs, gpus, row.iterations, None if last_t == datetime.min else last_t)
-            triage_rows.append(TriageRow(r["study"], rid, r["name"], last_job, state, v.rank, v.node, v.kind,
-                                         v.reason, v.time, v.evidence))
+            triage_rows.append(
+                TriageRow(
+                    r["study"],
+                    rid,
+                    r["name"],
+                    last_job,
+                    state,
+                    v.rank,
+                    v.node,
+                    v.kind,
+                    v.reason,
+                    v.time,
+                    v.evidence,
+                )
+            )
             row.flags.append(f"{state.lower()}: {v.reason[:120]}")
         rows.append(row)
 
@@ -236,18 +311,22 @@ def build(con, study: str | None = None, baseline_nodes: int | None = None, gpu:
         use_tokens = bool(with_data) and all(x.tokens_per_s_per_gpu is not None for x in with_data)
         metric = "tokens/s/GPU" if use_tokens else "samples/s/GPU"
 
-        def perf(x: RunRow) -> float | None:
+        def perf(x: RunRow, use_tokens: bool = use_tokens) -> float | None:
             return x.tokens_per_s_per_gpu if use_tokens else x.samples_per_s_per_gpu
 
         n0 = baseline_nodes or studies[name]["baseline_nodes"]
         node_counts = sorted({x.nodes for x in with_data if x.nodes is not None})
         if baseline_nodes is not None and study is not None and baseline_nodes not in node_counts:
-            raise ReportError(f"--baseline-nodes {baseline_nodes}: study {name!r} has no run with data at "
-                              f"{baseline_nodes} nodes; node counts with data: "
-                              f"{', '.join(map(str, node_counts)) or 'none'}")
+            raise ReportError(
+                f"--baseline-nodes {baseline_nodes}: study {name!r} has no run with data at "
+                f"{baseline_nodes} nodes; node counts with data: "
+                f"{', '.join(map(str, node_counts)) or 'none'}"
+            )
         if n0 not in node_counts:
             if n0 is not None:
-                notes.append(f"{name}: baseline {n0} nodes has no data; using {node_counts[0] if node_counts else '-'}")
+                notes.append(
+                    f"{name}: baseline {n0} nodes has no data; using {node_counts[0] if node_counts else '-'}"
+                )
             n0 = node_counts[0] if node_counts else None
         base = [x for x in with_data if x.nodes == n0]
         p0 = _median([perf(x) for x in base])
@@ -259,8 +338,10 @@ def build(con, study: str | None = None, baseline_nodes: int | None = None, gpu:
             x.efficiency = figures.efficiency(perf(x), p0)
             x.speedup = t0 / x.t_median_ms if t0 and scaling == "strong" else None
             cv = x.t_std_ms / x.t_mean_ms if x.t_std_ms is not None and x.t_mean_ms else None
-            x.flags = figures.scaling_flags(x.efficiency, x.nodes, n0, x.t_median_ms, t0, scaling, cv, x.gbs,
-                                            g0) + x.flags
+            x.flags = (
+                figures.scaling_flags(x.efficiency, x.nodes, n0, x.t_median_ms, t0, scaling, cv, x.gbs, g0)
+                + x.flags
+            )
         # loss parity at equal consumed samples against the (first) baseline run
         base_curve = curves.get(base[0].run_id) if base else None
         if base_curve:
@@ -273,18 +354,43 @@ def build(con, study: str | None = None, baseline_nodes: int | None = None, gpu:
                 x.loss_parity_rel = par.max_rel_diff
                 if par.max_rel_diff is not None and par.max_rel_diff > figures.PARITY_TOLERANCE:
                     x.flags.append(f"loss differs from {n0} nodes by {par.max_rel_diff:.1%} at equal samples")
-                parity_rows.append(ParityRow(name, x.run_id, x.name, x.nodes, par.samples, par.loss,
-                                             par.baseline_loss, par.max_abs_diff, par.max_rel_diff))
+                parity_rows.append(
+                    ParityRow(
+                        name,
+                        x.run_id,
+                        x.name,
+                        x.nodes,
+                        par.samples,
+                        par.loss,
+                        par.baseline_loss,
+                        par.max_abs_diff,
+                        par.max_rel_diff,
+                    )
+                )
         infos.append(StudyInfo(name, scaling, n0, [x.run_id for x in base], metric))
     notes.insert(0, "per-GPU throughput divides by ALL GPUs of the job (encoder and LLM GPUs)")
-    notes.insert(1, f"steady state: iterations after the first max({warmup_min}, {warmup_frac:.0%}) of each run's "
-                    "logged span; t = median (mean, std also shown)")
-    return Report(generated_at=datetime.now(timezone.utc).replace(tzinfo=None), studies=infos, runs=rows,
-                  triage=triage_rows, parity=parity_rows, curves=curves, notes=notes,
-                  params={"warmup_frac": warmup_frac, "warmup_min": warmup_min, "gpu": gpu,
-                          "efficiency_floor": figures.EFFICIENCY_FLOOR,
-                          "speedup_tolerance": figures.SPEEDUP_TOLERANCE,
-                          "parity_tolerance": figures.PARITY_TOLERANCE})
+    notes.insert(
+        1,
+        f"steady state: iterations after the first max({warmup_min}, {warmup_frac:.0%}) of each run's "
+        "logged span; t = median (mean, std also shown)",
+    )
+    return Report(
+        generated_at=datetime.now(timezone.utc).replace(tzinfo=None),
+        studies=infos,
+        runs=rows,
+        triage=triage_rows,
+        parity=parity_rows,
+        curves=curves,
+        notes=notes,
+        params={
+            "warmup_frac": warmup_frac,
+            "warmup_min": warmup_min,
+            "gpu": gpu,
+            "efficiency_floor": figures.EFFICIENCY_FLOOR,
+            "speedup_tolerance": figures.SPEEDUP_TOLERANCE,
+            "parity_tolerance": figures.PARITY_TOLERANCE,
+        },
+    )
 
 
 def _median(vals: list[float | None]) -> float | None:

@@ -79,7 +79,9 @@ class Throughput:
 def throughput(gbs: int, t_iter_ms: float, seq_length: int | None, gpus: int | None) -> Throughput:
     sps = gbs / (t_iter_ms / 1000.0)
     tps = sps * seq_length if seq_length else None
-    return Throughput(sps, tps, sps / gpus if gpus else None, tps / gpus if tps is not None and gpus else None)
+    return Throughput(
+        sps, tps, sps / gpus if gpus else None, tps / gpus if tps is not None and gpus else None
+    )
 
 
 def mfu(flops_per_sample: float, samples_per_s: float, gpus: int, peak: float) -> float:
@@ -103,9 +105,17 @@ def efficiency(p: float | None, p0: float | None) -> float | None:
     return p / p0
 
 
-def scaling_flags(eff: float | None, nodes: int | None, base_nodes: int | None, t_ms: float | None,
-                  t0_ms: float | None, scaling: str, cv: float | None, gbs: int | None,
-                  base_gbs: int | None) -> list[str]:
+def scaling_flags(
+    eff: float | None,
+    nodes: int | None,
+    base_nodes: int | None,
+    t_ms: float | None,
+    t0_ms: float | None,
+    scaling: str,
+    cv: float | None,
+    gbs: int | None,
+    base_gbs: int | None,
+) -> list[str]:
     """Flags a person should look at: an unexpected speed-up is as suspicious as a slow-down."""
     out = []
     if eff is not None and nodes != base_nodes:
@@ -113,8 +123,15 @@ def scaling_flags(eff: float | None, nodes: int | None, base_nodes: int | None, 
             out.append(f"unexpected speed-up (E={eff:.2f} > {1 + SPEEDUP_TOLERANCE:.2f})")
         elif eff < EFFICIENCY_FLOOR:
             out.append(f"slow-down (E={eff:.2f} < {EFFICIENCY_FLOOR:.2f})")
-    if (scaling == "strong" and nodes and base_nodes and nodes > base_nodes and t_ms and t0_ms
-            and t_ms > t0_ms):
+    if (
+        scaling == "strong"
+        and nodes
+        and base_nodes
+        and nodes > base_nodes
+        and t_ms
+        and t0_ms
+        and t_ms > t0_ms
+    ):
         out.append(f"slower per iteration than {base_nodes} nodes ({t_ms:.1f} > {t0_ms:.1f} ms)")
     if cv is not None and cv > NOISE_CV:
         out.append(f"noisy iteration time (std/mean={cv:.2f})")
@@ -165,11 +182,14 @@ def parity_points(curves: list[list[tuple[float, float]]], n: int = 4) -> list[f
     return [lo + (hi - lo) * (i + 1) / n for i in range(n)]
 
 
-def loss_parity(curve: list[tuple[float, float]], base: list[tuple[float, float]],
-                points: list[float]) -> Parity:
+def loss_parity(
+    curve: list[tuple[float, float]], base: list[tuple[float, float]], points: list[float]
+) -> Parity:
     ys = [interp(curve, s) for s in points]
     bs = [interp(base, s) for s in points]
-    diffs = [(y - b, (y - b) / abs(b) if b else None) for y, b in zip(ys, bs) if y is not None and b is not None]
+    diffs = [
+        (y - b, (y - b) / abs(b) if b else None) for y, b in zip(ys, bs) if y is not None and b is not None
+    ]
     mad = max((abs(d) for d, _ in diffs), default=None)
     mrd = max((abs(r) for _, r in diffs if r is not None), default=None)
     return Parity(points, ys, bs, mad, mrd)

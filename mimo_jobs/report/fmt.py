@@ -31,15 +31,45 @@ def iters(r: RunRow) -> str:
     return f"{r.iterations}/{r.train_iters}" if r.train_iters else str(r.iterations)
 
 
-RUN_HEADERS = ["study", "run", "nodes", "GPUs", "state", "iter", "t med (ms)", "t mean", "t std", "samples/s",
-               "tokens/s", "tokens/s/GPU*", "MFU", "E(N)", "final loss", "flags"]
+RUN_HEADERS = [
+    "study",
+    "run",
+    "nodes",
+    "GPUs",
+    "state",
+    "iter",
+    "t med (ms)",
+    "t mean",
+    "t std",
+    "samples/s",
+    "tokens/s",
+    "tokens/s/GPU*",
+    "MFU",
+    "E(N)",
+    "final loss",
+    "flags",
+]
 
 
 def run_cells(r: RunRow) -> list[str]:
-    return [r.study, r.name, num(r.nodes), num(r.gpus), r.state, iters(r), num(r.t_median_ms), num(r.t_mean_ms),
-            num(r.t_std_ms), num(r.samples_per_s, 2), num(r.tokens_per_s, 0), num(r.tokens_per_s_per_gpu, 1),
-            pct(r.mfu), "-" if r.efficiency is None else f"{r.efficiency:.3f}", loss(r.final_loss),
-            "; ".join(r.flags)]
+    return [
+        r.study,
+        r.name,
+        num(r.nodes),
+        num(r.gpus),
+        r.state,
+        iters(r),
+        num(r.t_median_ms),
+        num(r.t_mean_ms),
+        num(r.t_std_ms),
+        num(r.samples_per_s, 2),
+        num(r.tokens_per_s, 0),
+        num(r.tokens_per_s_per_gpu, 1),
+        pct(r.mfu),
+        "-" if r.efficiency is None else f"{r.efficiency:.3f}",
+        loss(r.final_loss),
+        "; ".join(r.flags),
+    ]
 
 
 def phase_names(report: Report) -> list[str]:

@@ -9,11 +9,38 @@ from datetime import datetime
 
 from .model import Report, RunRow
 
-CSV_COLS = ["study", "run_id", "name", "nodes", "gpus", "gbs", "seq_length", "model", "layout", "state",
-            "state_source", "iterations", "train_iters", "jobs", "window_from", "window_n", "t_median_ms",
-            "t_mean_ms", "t_std_ms", "samples_per_s", "tokens_per_s", "samples_per_s_per_gpu",
-            "tokens_per_s_per_gpu", "mfu", "final_loss", "final_samples", "efficiency", "speedup",
-            "loss_parity_rel", "flags"]
+CSV_COLS = [
+    "study",
+    "run_id",
+    "name",
+    "nodes",
+    "gpus",
+    "gbs",
+    "seq_length",
+    "model",
+    "layout",
+    "state",
+    "state_source",
+    "iterations",
+    "train_iters",
+    "jobs",
+    "window_from",
+    "window_n",
+    "t_median_ms",
+    "t_mean_ms",
+    "t_std_ms",
+    "samples_per_s",
+    "tokens_per_s",
+    "samples_per_s_per_gpu",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "final_loss",
+    "final_samples",
+    "efficiency",
+    "speedup",
+    "loss_parity_rel",
+    "flags",
+]
 
 
 def _default(o):

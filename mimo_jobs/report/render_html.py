@@ -18,7 +18,9 @@ def _by_nodes(rows: list[RunRow], val) -> list[tuple[float, float]]:
     out = []
     for n in sorted(groups):
         vs = sorted(groups[n])
-        out.append((float(n), vs[len(vs) // 2] if len(vs) % 2 else (vs[len(vs) // 2 - 1] + vs[len(vs) // 2]) / 2))
+        out.append(
+            (float(n), vs[len(vs) // 2] if len(vs) % 2 else (vs[len(vs) // 2 - 1] + vs[len(vs) // 2]) / 2)
+        )
     return out
 
 
@@ -31,7 +33,7 @@ def charts(report: Report) -> dict[str, str]:
         color = svg.PALETTE[i % len(svg.PALETTE)]
         use_tok = s.metric.startswith("tokens")
         t_pts = _by_nodes(rows, lambda r: r.t_median_ms)
-        p_pts = _by_nodes(rows, lambda r: r.tokens_per_s_per_gpu if use_tok else r.samples_per_s_per_gpu)
+        p_pts = _by_nodes(rows, lambda r, use_tok=use_tok: r.tokens_per_s_per_gpu if use_tok else r.samples_per_s_per_gpu)
         node_ticks |= {x for x, _ in t_pts}
         label = s.name if len(report.studies) > 1 else "measured"
         t_series.append(svg.Series(label, t_pts, color))
@@ -44,36 +46,68 @@ def charts(report: Report) -> dict[str, str]:
             ideal = [(x, t0 * n0 / x if s.scaling == "strong" else t0) for x, _ in t_pts]
             t_series.append(svg.Series(f"ideal ({s.scaling})", ideal, svg.IDEAL, dashed=True, markers=False))
         if p0 is not None and p_pts:
-            p_series.append(svg.Series("ideal (E=1)", [(x, p0) for x, _ in p_pts], svg.IDEAL, dashed=True,
-                                       markers=False))
+            p_series.append(
+                svg.Series("ideal (E=1)", [(x, p0) for x, _ in p_pts], svg.IDEAL, dashed=True, markers=False)
+            )
     metric = report.studies[0].metric if report.studies else "tokens/s/GPU"
     ticks = sorted(node_ticks) or None
     out = {
-        "iteration-time": svg.line_chart(t_series, "Iteration time vs nodes (steady-state median)", "nodes",
-                                         "ms per iteration", x_ticks=ticks, y_zero=True, chart_id="chart-iteration-time"),
-        "throughput": svg.line_chart(p_series, f"Per-GPU throughput vs nodes ({metric}, all GPUs)", "nodes",
-                                     metric, x_ticks=ticks, y_zero=True, chart_id="chart-throughput"),
+        "iteration-time": svg.line_chart(
+            t_series,
+            "Iteration time vs nodes (steady-state median)",
+            "nodes",
+            "ms per iteration",
+            x_ticks=ticks,
+            y_zero=True,
+            chart_id="chart-iteration-time",
+        ),
+        "throughput": svg.line_chart(
+            p_series,
+            f"Per-GPU throughput vs nodes ({metric}, all GPUs)",
+            "nodes",
+            metric,
+            x_ticks=ticks,
+            y_zero=True,
+            chart_id="chart-throughput",
+        ),
     }
     loss_series = []
     for j, r in enumerate(report.runs):
         c = report.curves.get(r.run_id)
         if c:
-            loss_series.append(svg.Series(f"{r.nodes}n {r.name}" if r.nodes else r.name, c,
-                                          svg.PALETTE[j % len(svg.PALETTE)], markers=len(c) <= 30))
-    out["loss"] = svg.line_chart(loss_series, "Loss vs consumed samples", "consumed samples", "loss",
-                                 chart_id="chart-loss")
+            loss_series.append(
+                svg.Series(
+                    f"{r.nodes}n {r.name}" if r.nodes else r.name,
+                    c,
+                    svg.PALETTE[j % len(svg.PALETTE)],
+                    markers=len(c) <= 30,
+                )
+            )
+    out["loss"] = svg.line_chart(
+        loss_series, "Loss vs consumed samples", "consumed samples", "loss", chart_id="chart-loss"
+    )
     phases = fmt.phase_names(report)
     rows = [r for r in report.runs if r.phase_ms]
-    out["phases"] = svg.stacked_bars([r.name for r in rows], {p: [r.phase_ms.get(p, 0.0) for r in rows] for p in phases},
-                                     "Phase breakdown (mean ms per iteration, steady state)", "ms",
-                                     chart_id="chart-phases")
+    out["phases"] = svg.stacked_bars(
+        [r.name for r in rows],
+        {p: [r.phase_ms.get(p, 0.0) for r in rows] for p in phases},
+        "Phase breakdown (mean ms per iteration, steady state)",
+        "ms",
+        chart_id="chart-phases",
+    )
     return out
 
 
 def _table(headers: list[str], rows: list[list[str]], cls: str = "") -> str:
     h = "".join(f"<th>{escape(x)}</th>" for x in headers)
-    body = "".join("<tr" + (f' class="{c}"' if c else "") + ">" + "".join(f"<td>{escape(x)}</td>" for x in cells)
-                   + "</tr>" for cells, c in rows)
+    body = "".join(
+        "<tr"
+        + (f' class="{c}"' if c else "")
+        + ">"
+        + "".join(f"<td>{escape(x)}</td>" for x in cells)
+        + "</tr>"
+        for cells, c in rows
+    )
     return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -87,35 +121,90 @@ tr.bad td{background:#fde8e8}tr.warn td{background:#fff6dd}.note{font-size:12px;
 
 def render_html(report: Report) -> str:
     c = charts(report)
-    studies = "".join(f"<li><b>{escape(s.name)}</b>: {escape(s.scaling)} scaling, baseline N0 = "
-                      f"{escape(str(s.baseline_nodes))} nodes, P(N) = {escape(s.metric)}, E(N) = P(N)/P(N0)</li>"
-                      for s in report.studies)
-    run_rows = [(fmt.run_cells(r), "" if r.state == "COMPLETED" else ("warn" if r.state in ("RUNNING", "NO DATA")
-                                                                       else "bad")) for r in report.runs]
+    studies = "".join(
+        f"<li><b>{escape(s.name)}</b>: {escape(s.scaling)} scaling, baseline N0 = "
+        f"{escape(str(s.baseline_nodes))} nodes, P(N) = {escape(s.metric)}, E(N) = P(N)/P(N0)</li>"
+        for s in report.studies
+    )
+    run_rows = [
+        (
+            fmt.run_cells(r),
+            "" if r.state == "COMPLETED" else ("warn" if r.state in ("RUNNING", "NO DATA") else "bad"),
+        )
+        for r in report.runs
+    ]
     parts = [
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>mimo-jobs scaling report</title>",
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>mimo-jobs scaling report</title>',
         f"<style>{CSS}</style></head><body>",
-        f"<h1>Scaling report</h1><div class=\"note\">generated {report.generated_at:%Y-%m-%d %H:%M} UTC</div>",
+        f'<h1>Scaling report</h1><div class="note">generated {report.generated_at:%Y-%m-%d %H:%M} UTC</div>',
         f"<ul>{studies}</ul>",
-        '<div class="grid">', c["iteration-time"], c["throughput"], c["loss"], c["phases"], "</div>",
-        "<h2>Runs</h2>", _table(fmt.RUN_HEADERS, run_rows, "runs"),
-        "".join(f'<div class="note">{"*" if n.startswith("per-GPU") else ""} {escape(n)}</div>' for n in report.notes),
+        '<div class="grid">',
+        c["iteration-time"],
+        c["throughput"],
+        c["loss"],
+        c["phases"],
+        "</div>",
+        "<h2>Runs</h2>",
+        _table(fmt.RUN_HEADERS, run_rows, "runs"),
+        "".join(
+            f'<div class="note">{"*" if n.startswith("per-GPU") else ""} {escape(n)}</div>'
+            for n in report.notes
+        ),
     ]
     names = fmt.phase_names(report)
     if names:
-        parts += ["<h2>Phase time shares</h2>",
-                  _table(["run", *names], [([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]], "")
-                                           for r in report.runs if r.phase_share])]
+        parts += [
+            "<h2>Phase time shares</h2>",
+            _table(
+                ["run", *names],
+                [
+                    ([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]], "")
+                    for r in report.runs
+                    if r.phase_share
+                ],
+            ),
+        ]
     if report.parity:
-        parts += ["<h2>Loss parity at equal consumed samples</h2>",
-                  _table(["run", "nodes", "samples", "loss", "baseline", "max rel diff"],
-                         [([p.name, fmt.num(p.nodes), ", ".join(fmt.num(s, 0) for s in p.samples),
-                            ", ".join(fmt.loss(x) for x in p.loss), ", ".join(fmt.loss(x) for x in p.baseline_loss),
-                            fmt.pct(p.max_rel_diff)], "") for p in report.parity])]
+        parts += [
+            "<h2>Loss parity at equal consumed samples</h2>",
+            _table(
+                ["run", "nodes", "samples", "loss", "baseline", "max rel diff"],
+                [
+                    (
+                        [
+                            p.name,
+                            fmt.num(p.nodes),
+                            ", ".join(fmt.num(s, 0) for s in p.samples),
+                            ", ".join(fmt.loss(x) for x in p.loss),
+                            ", ".join(fmt.loss(x) for x in p.baseline_loss),
+                            fmt.pct(p.max_rel_diff),
+                        ],
+                        "",
+                    )
+                    for p in report.parity
+                ],
+            ),
+        ]
     if report.triage:
-        parts += ["<h2>Failure triage</h2>",
-                  _table(["run", "job", "state", "rank", "why", "evidence"],
-                         [([x.name, x.job_id or "-", x.state, "-" if x.rank is None else str(x.rank), x.reason,
-                            x.evidence], "bad") for x in report.triage])]
+        parts += [
+            "<h2>Failure triage</h2>",
+            _table(
+                ["run", "job", "state", "rank", "why", "evidence"],
+                [
+                    (
+                        [
+                            x.name,
+                            x.job_id or "-",
+                            x.state,
+                            "-" if x.rank is None else str(x.rank),
+                            x.reason,
+                            x.evidence,
+                        ],
+                        "bad",
+                    )
+                    for x in report.triage
+                ],
+            ),
+        ]
     parts.append("</body></html>\n")
     return "\n".join(parts)

@@ -17,12 +17,16 @@ def _tables(report: Report):
         t.add_column(h, overflow="fold", no_wrap=h not in ("flags", "run"))
     for r in report.runs:
         cells = fmt.run_cells(r)
-        style = None if r.state in ("COMPLETED",) else ("yellow" if r.state in ("RUNNING", "NO DATA") else "red")
+        style = (
+            None if r.state in ("COMPLETED",) else ("yellow" if r.state in ("RUNNING", "NO DATA") else "red")
+        )
         t.add_row(*cells, style=style)
     out.append(t)
     for s in report.studies:
-        out.append(f"[bold]{s.name}[/]: {s.scaling} scaling, baseline N0={s.baseline_nodes} nodes, "
-                   f"P(N) = {s.metric}, E(N) = P(N)/P(N0)")
+        out.append(
+            f"[bold]{s.name}[/]: {s.scaling} scaling, baseline N0={s.baseline_nodes} nodes, "
+            f"P(N) = {s.metric}, E(N) = P(N)/P(N0)"
+        )
     names = fmt.phase_names(report)
     if names:
         pt = Table(title="Phase time shares (steady state)", title_justify="left")
@@ -38,9 +42,15 @@ def _tables(report: Report):
         for h in ("run", "nodes", "samples", "loss", "baseline loss", "max |diff|", "max rel diff"):
             lt.add_column(h)
         for p in report.parity:
-            lt.add_row(p.name, fmt.num(p.nodes), ", ".join(fmt.num(s, 0) for s in p.samples),
-                       ", ".join(fmt.loss(x) for x in p.loss), ", ".join(fmt.loss(x) for x in p.baseline_loss),
-                       fmt.loss(p.max_abs_diff), fmt.pct(p.max_rel_diff))
+            lt.add_row(
+                p.name,
+                fmt.num(p.nodes),
+                ", ".join(fmt.num(s, 0) for s in p.samples),
+                ", ".join(fmt.loss(x) for x in p.loss),
+                ", ".join(fmt.loss(x) for x in p.baseline_loss),
+                fmt.loss(p.max_abs_diff),
+                fmt.pct(p.max_rel_diff),
+            )
         out.append(lt)
     if report.triage:
         tt = Table(title="Failure triage (first rank that failed or went silent)", title_justify="left")
@@ -78,25 +88,67 @@ def _md_row(cells: list[str]) -> str:
 def render_md(report: Report) -> str:
     lines = [f"# Scaling report ({report.generated_at:%Y-%m-%d %H:%M} UTC)", ""]
     for s in report.studies:
-        lines.append(f"- **{s.name}**: {s.scaling} scaling, baseline N0 = {s.baseline_nodes} nodes, "
-                     f"P(N) = {s.metric}, E(N) = P(N)/P(N0)")
+        lines.append(
+            f"- **{s.name}**: {s.scaling} scaling, baseline N0 = {s.baseline_nodes} nodes, "
+            f"P(N) = {s.metric}, E(N) = P(N)/P(N0)"
+        )
     lines += ["", "## Runs", "", _md_row(fmt.RUN_HEADERS), _md_row(["---"] * len(fmt.RUN_HEADERS))]
     lines += [_md_row(fmt.run_cells(r)) for r in report.runs]
     lines += [""] + [f"\\* {n}" if n.startswith("per-GPU") else f"- {n}" for n in report.notes]
     names = fmt.phase_names(report)
     if names:
-        lines += ["", "## Phase time shares", "", _md_row(["run", *names]), _md_row(["---"] * (len(names) + 1))]
-        lines += [_md_row([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]])
-                  for r in report.runs if r.phase_share]
+        lines += [
+            "",
+            "## Phase time shares",
+            "",
+            _md_row(["run", *names]),
+            _md_row(["---"] * (len(names) + 1)),
+        ]
+        lines += [
+            _md_row([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]])
+            for r in report.runs
+            if r.phase_share
+        ]
     if report.parity:
-        lines += ["", "## Loss parity at equal consumed samples", "",
-                  _md_row(["run", "nodes", "samples", "loss", "baseline", "max rel diff"]), _md_row(["---"] * 6)]
-        lines += [_md_row([p.name, fmt.num(p.nodes), ", ".join(fmt.num(s, 0) for s in p.samples),
-                           ", ".join(fmt.loss(x) for x in p.loss), ", ".join(fmt.loss(x) for x in p.baseline_loss),
-                           fmt.pct(p.max_rel_diff)]) for p in report.parity]
+        lines += [
+            "",
+            "## Loss parity at equal consumed samples",
+            "",
+            _md_row(["run", "nodes", "samples", "loss", "baseline", "max rel diff"]),
+            _md_row(["---"] * 6),
+        ]
+        lines += [
+            _md_row(
+                [
+                    p.name,
+                    fmt.num(p.nodes),
+                    ", ".join(fmt.num(s, 0) for s in p.samples),
+                    ", ".join(fmt.loss(x) for x in p.loss),
+                    ", ".join(fmt.loss(x) for x in p.baseline_loss),
+                    fmt.pct(p.max_rel_diff),
+                ]
+            )
+            for p in report.parity
+        ]
     if report.triage:
-        lines += ["", "## Failure triage", "", _md_row(["run", "job", "state", "rank", "why", "evidence"]),
-                  _md_row(["---"] * 6)]
-        lines += [_md_row([x.name, x.job_id or "-", x.state, "-" if x.rank is None else str(x.rank), x.reason,
-                           x.evidence]) for x in report.triage]
+        lines += [
+            "",
+            "## Failure triage",
+            "",
+            _md_row(["run", "job", "state", "rank", "why", "evidence"]),
+            _md_row(["---"] * 6),
+        ]
+        lines += [
+            _md_row(
+                [
+                    x.name,
+                    x.job_id or "-",
+                    x.state,
+                    "-" if x.rank is None else str(x.rank),
+                    x.reason,
+                    x.evidence,
+                ]
+            )
+            for x in report.triage
+        ]
     return "\n".join(lines) + "\n"

@@ -6,8 +6,18 @@ import math
 from dataclasses import dataclass, field
 from html import escape
 
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
-           "#bcbd22", "#7f7f7f"]
+PALETTE = [
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#9467bd",
+    "#ff7f0e",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+]
 IDEAL = "#b8860b"  # dashed ideal lines: a hue no text or table uses (greys would mix with anti-aliased text)
 
 
@@ -55,18 +65,30 @@ def _fmt(v: float) -> str:
     return f"{v:.3g}"
 
 
-def line_chart(series: list[Series], title: str, xlabel: str, ylabel: str, width: int = 560,
-               height: int = 340, x_ticks: list[float] | None = None, y_zero: bool = False,
-               chart_id: str = "") -> str:
+def line_chart(
+    series: list[Series],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    width: int = 560,
+    height: int = 340,
+    x_ticks: list[float] | None = None,
+    y_zero: bool = False,
+    chart_id: str = "",
+) -> str:
     pts = [p for s in series for p in s.points if p[1] is not None and math.isfinite(p[1])]
     ml, mr, mt, mb = 70, 20, 34, 48
     pw, ph = width - ml - mr, height - mt - mb
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" id="{escape(chart_id)}" class="chart" width="{width}" '
-             f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
-             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-             f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" id="{escape(chart_id)}" class="chart" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
+        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>',
+    ]
     if not pts:
-        parts.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#666">no data</text></svg>')
+        parts.append(
+            f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#666">no data</text></svg>'
+        )
         return "".join(parts)
     xs = [p[0] for p in pts]
     ys = [p[1] for p in pts]
@@ -87,50 +109,77 @@ def line_chart(series: list[Series], title: str, xlabel: str, ylabel: str, width
     def sy(y: float) -> float:
         return mt + ph - (y - y0) / (y1 - y0) * ph
 
-    parts.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#333" stroke-width="1"/>')
+    parts.append(
+        f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#333" stroke-width="1"/>'
+    )
     for t in yt:
         if y0 <= t <= y1:
-            parts.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#e5e5e5"/>'
-                         f'<text x="{ml - 6}" y="{sy(t) + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
+            parts.append(
+                f'<line x1="{ml}" x2="{ml + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#e5e5e5"/>'
+                f'<text x="{ml - 6}" y="{sy(t) + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>'
+            )
     for t in xt:
         if x0 <= t <= x1:
-            parts.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{mt + ph}" y2="{mt + ph + 5}" stroke="#333"/>'
-                         f'<text x="{sx(t):.1f}" y="{mt + ph + 18}" text-anchor="middle" font-size="11">{_fmt(t)}</text>')
-    parts.append(f'<text x="{ml + pw / 2}" y="{height - 8}" text-anchor="middle" font-size="12">{escape(xlabel)}</text>')
-    parts.append(f'<text transform="translate(14,{mt + ph / 2}) rotate(-90)" text-anchor="middle" '
-                 f'font-size="12">{escape(ylabel)}</text>')
+            parts.append(
+                f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{mt + ph}" y2="{mt + ph + 5}" stroke="#333"/>'
+                f'<text x="{sx(t):.1f}" y="{mt + ph + 18}" text-anchor="middle" font-size="11">{_fmt(t)}</text>'
+            )
+    parts.append(
+        f'<text x="{ml + pw / 2}" y="{height - 8}" text-anchor="middle" font-size="12">{escape(xlabel)}</text>'
+    )
+    parts.append(
+        f'<text transform="translate(14,{mt + ph / 2}) rotate(-90)" text-anchor="middle" '
+        f'font-size="12">{escape(ylabel)}</text>'
+    )
     for s in series:
         good = [(x, y) for x, y in s.points if y is not None and math.isfinite(y)]
         if not good:
             continue
         d = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
         dash = ' stroke-dasharray="6,4"' if s.dashed else ""
-        parts.append(f'<polyline class="series" data-name="{escape(s.name)}" points="{d}" fill="none" '
-                     f'stroke="{s.color}" stroke-width="3"{dash}/>')
+        parts.append(
+            f'<polyline class="series" data-name="{escape(s.name)}" points="{d}" fill="none" '
+            f'stroke="{s.color}" stroke-width="3"{dash}/>'
+        )
         if s.markers:
-            parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4.5" fill="{s.color}"/>' for x, y in good]
+            parts += [
+                f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4.5" fill="{s.color}"/>' for x, y in good
+            ]
     ly = mt + 8
     for s in series:
         dash = ' stroke-dasharray="6,4"' if s.dashed else ""
-        parts.append(f'<line x1="{ml + pw - 150}" x2="{ml + pw - 126}" y1="{ly}" y2="{ly}" stroke="{s.color}" '
-                     f'stroke-width="3"{dash}/><text x="{ml + pw - 120}" y="{ly + 4}" font-size="11">'
-                     f'{escape(s.name[:22])}</text>')
+        parts.append(
+            f'<line x1="{ml + pw - 150}" x2="{ml + pw - 126}" y1="{ly}" y2="{ly}" stroke="{s.color}" '
+            f'stroke-width="3"{dash}/><text x="{ml + pw - 120}" y="{ly + 4}" font-size="11">'
+            f"{escape(s.name[:22])}</text>"
+        )
         ly += 15
     parts.append("</svg>")
     return "".join(parts)
 
 
-def stacked_bars(categories: list[str], stacks: dict[str, list[float]], title: str, ylabel: str,
-                 width: int = 560, height: int = 340, chart_id: str = "") -> str:
+def stacked_bars(
+    categories: list[str],
+    stacks: dict[str, list[float]],
+    title: str,
+    ylabel: str,
+    width: int = 560,
+    height: int = 340,
+    chart_id: str = "",
+) -> str:
     ml, mr, mt, mb = 70, 130, 34, 70
     pw, ph = width - ml - mr, height - mt - mb
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" id="{escape(chart_id)}" class="chart" width="{width}" '
-             f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
-             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-             f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" id="{escape(chart_id)}" class="chart" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
+        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>',
+    ]
     totals = [sum(v[i] for v in stacks.values()) for i in range(len(categories))]
     if not categories or not any(totals):
-        parts.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#666">no phase data</text></svg>')
+        parts.append(
+            f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#666">no phase data</text></svg>'
+        )
         return "".join(parts)
     top = max(totals) * 1.05
     yt = nice_ticks(0, top)
@@ -138,8 +187,10 @@ def stacked_bars(categories: list[str], stacks: dict[str, list[float]], title: s
     for t in yt:
         if t <= top:
             y = mt + ph - t / top * ph
-            parts.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
-                         f'<text x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
+            parts.append(
+                f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
+                f'<text x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>'
+            )
     bw = pw / len(categories)
     for i, cat in enumerate(categories):
         base = 0.0
@@ -149,19 +200,27 @@ def stacked_bars(categories: list[str], stacks: dict[str, list[float]], title: s
                 continue
             y = mt + ph - (base + v) / top * ph
             h = v / top * ph
-            parts.append(f'<rect x="{ml + i * bw + bw * 0.15:.1f}" y="{y:.1f}" width="{bw * 0.7:.1f}" '
-                         f'height="{h:.1f}" fill="{PALETTE[j % len(PALETTE)]}"><title>{escape(cat)} {escape(name)}: '
-                         f'{v:.1f}</title></rect>')
+            parts.append(
+                f'<rect x="{ml + i * bw + bw * 0.15:.1f}" y="{y:.1f}" width="{bw * 0.7:.1f}" '
+                f'height="{h:.1f}" fill="{PALETTE[j % len(PALETTE)]}"><title>{escape(cat)} {escape(name)}: '
+                f"{v:.1f}</title></rect>"
+            )
             base += v
         cx = ml + i * bw + bw / 2
-        parts.append(f'<text transform="translate({cx:.1f},{mt + ph + 12}) rotate(30)" font-size="10">'
-                     f'{escape(cat[:18])}</text>')
-    parts.append(f'<text transform="translate(14,{mt + ph / 2}) rotate(-90)" text-anchor="middle" '
-                 f'font-size="12">{escape(ylabel)}</text>')
+        parts.append(
+            f'<text transform="translate({cx:.1f},{mt + ph + 12}) rotate(30)" font-size="10">'
+            f"{escape(cat[:18])}</text>"
+        )
+    parts.append(
+        f'<text transform="translate(14,{mt + ph / 2}) rotate(-90)" text-anchor="middle" '
+        f'font-size="12">{escape(ylabel)}</text>'
+    )
     ly = mt + 8
     for j, name in enumerate(stacks):
-        parts.append(f'<rect x="{ml + pw + 10}" y="{ly - 8}" width="12" height="12" fill="{PALETTE[j % len(PALETTE)]}"/>'
-                     f'<text x="{ml + pw + 26}" y="{ly + 2}" font-size="11">{escape(name)}</text>')
+        parts.append(
+            f'<rect x="{ml + pw + 10}" y="{ly - 8}" width="12" height="12" fill="{PALETTE[j % len(PALETTE)]}"/>'
+            f'<text x="{ml + pw + 26}" y="{ly + 2}" font-size="11">{escape(name)}</text>'
+        )
         ly += 16
     parts.append("</svg>")
     return "".join(parts)

@@ -55,12 +55,22 @@ def _who(rank: int | None, node: int | None) -> str:
     return "an unknown rank"
 
 
-def triage(events: list[EventRow], world: int | None = None, last_iteration: int | None = None,
-           last_time: datetime | None = None) -> Verdict:
-    root = [e for e in events if (e.kind in ROOT_KINDS and not (e.kind == "traceback" and
-                                                                 is_victim_message(e.message)))]
-    victims = [e for e in events if e.kind in VICTIM_KINDS or (e.kind == "traceback" and
-                                                              is_victim_message(e.message))]
+def triage(
+    events: list[EventRow],
+    world: int | None = None,
+    last_iteration: int | None = None,
+    last_time: datetime | None = None,
+) -> Verdict:
+    root = [
+        e
+        for e in events
+        if (e.kind in ROOT_KINDS and not (e.kind == "traceback" and is_victim_message(e.message)))
+    ]
+    victims = [
+        e
+        for e in events
+        if e.kind in VICTIM_KINDS or (e.kind == "traceback" and is_victim_message(e.message))
+    ]
     n_victim_ranks = len({e.rank for e in victims if e.rank is not None})
     tail = f"; {n_victim_ranks} other rank(s) then timed out waiting" if n_victim_ranks else ""
     if root:
@@ -69,19 +79,35 @@ def triage(events: list[EventRow], world: int | None = None, last_iteration: int
         first = min(root, key=lambda e: (e.rank is None and e.node is None, *_order(e)))
         others = [e for e in root if e.rank == first.rank and e.kind == "traceback"]
         msg = others[0].message if others and first.kind != "traceback" else first.message
-        return Verdict(first.rank, first.node, "failed", f"{_who(first.rank, first.node)} failed: {msg}{tail}",
-                       first.time, _where(first))
+        return Verdict(
+            first.rank,
+            first.node,
+            "failed",
+            f"{_who(first.rank, first.node)} failed: {msg}{tail}",
+            first.time,
+            _where(first),
+        )
     summary = [e for e in events if e.kind in SUMMARY_KINDS]
     child = [e for e in summary if e.kind == "child_failed"]
     if child:
         first = min(child, key=_order)
-        return Verdict(first.rank, first.node, "failed", f"{_who(first.rank, first.node)} failed "
-                       f"({first.message}){tail}", first.time, _where(first))
+        return Verdict(
+            first.rank,
+            first.node,
+            "failed",
+            f"{_who(first.rank, first.node)} failed ({first.message}){tail}",
+            first.time,
+            _where(first),
+        )
     sched = [e for e in events if e.kind in SCHEDULER_KINDS]
     if sched:
         first = min(sched, key=_order)
-        label = {"time_limit": "time limit reached", "preemption": "preempted", "requeue": "requeued",
-                 "cancelled": "cancelled"}[first.kind]
+        label = {
+            "time_limit": "time limit reached",
+            "preemption": "preempted",
+            "requeue": "requeued",
+            "cancelled": "cancelled",
+        }[first.kind]
         return Verdict(None, None, "scheduler", f"{label}: {first.message}", first.time, _where(first))
     if victims:
         reporters = {e.rank for e in victims if e.rank is not None}
@@ -89,13 +115,25 @@ def triage(events: list[EventRow], world: int | None = None, last_iteration: int
             silent = sorted(set(range(world)) - reporters)
             if silent and len(silent) < world:
                 first_to = min(victims, key=_order)
-                return Verdict(silent[0], None, "silent",
-                               f"rank(s) {', '.join(map(str, silent))} went silent: the other "
-                               f"{len(reporters)} rank(s) timed out waiting in a collective "
-                               f"({first_to.kind})", first_to.time, _where(first_to))
+                return Verdict(
+                    silent[0],
+                    None,
+                    "silent",
+                    f"rank(s) {', '.join(map(str, silent))} went silent: the other "
+                    f"{len(reporters)} rank(s) timed out waiting in a collective "
+                    f"({first_to.kind})",
+                    first_to.time,
+                    _where(first_to),
+                )
         first = min(victims, key=_order)
-        return Verdict(first.rank, first.node, "failed", f"{_who(first.rank, first.node)} timed out first: "
-                       f"{first.message}", first.time, _where(first))
+        return Verdict(
+            first.rank,
+            first.node,
+            "failed",
+            f"{_who(first.rank, first.node)} timed out first: {first.message}",
+            first.time,
+            _where(first),
+        )
     if summary:
         first = min(summary, key=_order)
         return Verdict(first.rank, first.node, "failed", first.message, first.time, _where(first))

@@ -14,11 +14,19 @@ from mimo_jobs.study import RunSpec, parse_study, run_yaml_doc, runs_of
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def study_doc(name: str = "scal", nodes=(1, 2, 4), gbs: int = 8, train_iters: int = 20,
-              scaling: str = "strong", model: str = "tiny", seq_length: int = 64) -> dict:
+def study_doc(
+    name: str = "scal",
+    nodes=(1, 2, 4),
+    gbs: int = 8,
+    train_iters: int = 20,
+    scaling: str = "strong",
+    model: str = "tiny",
+    seq_length: int = 64,
+) -> dict:
     # Two "GPUs" per node: the encoder gets half of the ranks, the LLM the other half (enc_dp = llm_dp).
     return {
-        "name": name, "scaling": scaling,
+        "name": name,
+        "scaling": scaling,
         "cluster": {"executor": "slurm", "accelerator": "gpu", "gpus_per_node": 2},
         "trainer": {"model": model, "train_iters": train_iters, "seq_length": seq_length},
         "matrix": {"points": [{"nodes": n, "gbs": gbs, "encoder": {"dp": n}} for n in nodes]},
@@ -37,14 +45,33 @@ def make_runs(root: Path, **kw) -> list[tuple[RunSpec, RunDir]]:
     return out
 
 
-def record(run: RunSpec, job: str, attempt: int, it: int, elapsed_ms: float, loss: float,
-           phases: dict | None = None, time: str | None = None) -> dict:
+def record(
+    run: RunSpec,
+    job: str,
+    attempt: int,
+    it: int,
+    elapsed_ms: float,
+    loss: float,
+    phases: dict | None = None,
+    time: str | None = None,
+) -> dict:
     gbs = run.layout.gbs
     return IterationRecord(
-        kind="iteration", run_id=run.run_id, job_id=job, attempt=attempt,
-        time=time or f"2026-01-01T00:{it // 60:02d}:{it % 60:02d}Z", iteration=it,
-        train_iters=run.trainer.train_iters, consumed_samples=gbs * it, elapsed_ms=elapsed_ms, lr=1e-4, gbs=gbs,
-        loss=loss, grad_norm=1.0, phases_ms=phases or {}).to_json()
+        kind="iteration",
+        run_id=run.run_id,
+        job_id=job,
+        attempt=attempt,
+        time=time or f"2026-01-01T00:{it // 60:02d}:{it % 60:02d}Z",
+        iteration=it,
+        train_iters=run.trainer.train_iters,
+        consumed_samples=gbs * it,
+        elapsed_ms=elapsed_ms,
+        lr=1e-4,
+        gbs=gbs,
+        loss=loss,
+        grad_norm=1.0,
+        phases_ms=phases or {},
+    ).to_json()
 
 
 def write_jsonl(path: Path, records: list[dict], tail: bytes = b"") -> None:

@@ -29,19 +29,38 @@ def con(tmp_path):
 
 
 def counts(con) -> tuple:
-    return tuple(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-                 for t in ("runs", "iterations", "events", "ingested_files"))
+    return tuple(
+        con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+        for t in ("runs", "iterations", "events", "ingested_files")
+    )
 
 
 def test_upstream_megatron_log(con):
-    st = ingest.ingest_paths(con, [FIXTURES / "megatron_upstream.log"], log_run=ingest.LogRunInfo(
-        study="upstream", name="gpt-moe", nodes=2, gpus_per_node=8, seq_length=4096))
+    st = ingest.ingest_paths(
+        con,
+        [FIXTURES / "megatron_upstream.log"],
+        log_run=ingest.LogRunInfo(
+            study="upstream", name="gpt-moe", nodes=2, gpus_per_node=8, seq_length=4096
+        ),
+    )
     assert (st.files, st.lines, st.iterations, st.bad_lines, st.undecodable) == (1, 9, 5, 0, 0)
     rows = con.execute("""SELECT iteration, time, elapsed_ms, loss, lr, consumed_samples, gbs, grad_norm,
                                  tflops_per_gpu, moe_aux_loss, source, train_iters FROM iterations ORDER BY iteration""").fetchall()
     assert [r[0] for r in rows] == [1, 70, 71, 72, 73]
-    assert rows[2] == (71, datetime(2024, 4, 6, 3, 2, 12), 5361.6, 1.818812, 1.42e-05, 9088, 128, 1.3, 243.6,
-                       1.013377, "megatron-log", 100)
+    assert rows[2] == (
+        71,
+        datetime(2024, 4, 6, 3, 2, 12),
+        5361.6,
+        1.818812,
+        1.42e-05,
+        9088,
+        128,
+        1.3,
+        243.6,
+        1.013377,
+        "megatron-log",
+        100,
+    )
     assert rows[3][1] == datetime(2024, 4, 6, 3, 2, 17, 483921) and rows[3][4] is None  # lr absent there
     extras = json.loads(con.execute("SELECT extras FROM iterations WHERE iteration = 72").fetchone()[0])
     assert extras["losses"]["mtp_1 loss"] == 2.101
@@ -52,7 +71,7 @@ def test_upstream_megatron_log(con):
 
 
 def _failed_run(tmp_path):
-    (run, rd), = make_runs(tmp_path / "runs", nodes=(2,))
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(2,))
     shutil.copy(FIXTURES / "slurm-4242.out", rd.logs / "slurm-4242.out")
     return run, rd
 
@@ -61,11 +80,17 @@ def test_traceback_on_one_rank_watchdog_on_the_others(tmp_path, con):
     run, rd = _failed_run(tmp_path)
     st = ingest.ingest_paths(con, [rd.root])
     assert st.iterations == 3 and st.problems == []
-    ev = con.execute("SELECT rank, kind, message FROM events WHERE kind IN ('traceback', 'nccl_timeout') "
-                     "ORDER BY line_no, kind").fetchall()
+    ev = con.execute(
+        "SELECT rank, kind, message FROM events WHERE kind IN ('traceback', 'nccl_timeout') "
+        "ORDER BY line_no, kind"
+    ).fetchall()
     # ranks from "node: [defaultK]:" (2 GPUs per node) and torch's "[rankK]:"
     assert ev[0][:2] == (0, "nccl_timeout")
-    assert ev[1] == (2, "traceback", "RuntimeError: shape mismatch: 63 image-token positions but 64 embeddings")
+    assert ev[1] == (
+        2,
+        "traceback",
+        "RuntimeError: shape mismatch: 63 image-token positions but 64 embeddings",
+    )
     assert {(r, k) for r, k, _ in ev} >= {(1, "nccl_timeout"), (3, "nccl_timeout"), (3, "traceback")}
     t = con.execute("SELECT time FROM events WHERE rank = 1 AND kind = 'nccl_timeout'").fetchone()[0]
     assert t == datetime(2026, 3, 2, 10, 10, 6, 311822)
@@ -77,12 +102,20 @@ def test_traceback_on_one_rank_watchdog_on_the_others(tmp_path, con):
 
 
 def test_per_rank_torchrun_files(tmp_path, con):
-    (run, rd), = make_runs(tmp_path / "runs", nodes=(2,))
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(2,))
     base = rd.logs / "job-77" / "node-1" / "77_rdzv" / "attempt_0"
-    for local, text in ((0, "[rank2]:[E0302 10:10:06.1 ProcessGroupNCCL.cpp:632] [Rank 2] Watchdog caught "
-                         "collective operation timeout: WorkNCCL(SeqNum=9)\n"),
-                        (1, "Traceback (most recent call last):\n  File \"m.py\", line 1\n"
-                         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")):
+    for local, text in (
+        (
+            0,
+            "[rank2]:[E0302 10:10:06.1 ProcessGroupNCCL.cpp:632] [Rank 2] Watchdog caught "
+            "collective operation timeout: WorkNCCL(SeqNum=9)\n",
+        ),
+        (
+            1,
+            'Traceback (most recent call last):\n  File "m.py", line 1\n'
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
+        ),
+    ):
         (base / str(local)).mkdir(parents=True)
         (base / str(local) / "stderr.log").write_text(text)
     ingest.ingest_paths(con, [rd.root])
@@ -93,22 +126,34 @@ def test_per_rank_torchrun_files(tmp_path, con):
 
 
 def test_attempts_stitch_into_one_curve(tmp_path, con):
-    (run, rd), = make_runs(tmp_path / "runs", nodes=(1,), train_iters=12)
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(1,), train_iters=12)
     # job 100: attempt 0 runs 1..6, is preempted; attempt 1 (same job, requeued) resumes from the
     # checkpoint at 4 and re-runs 5..8; then job 200 (a retry) resumes at 8 and runs 9..12.
     recs = [record(run, "100", 0, i, 100.0, 10.0 - i) for i in range(1, 7)]
-    recs += [record(run, "100", 1, i, 100.0, 20.0 - i, time=f"2026-01-01T01:00:{i:02d}Z") for i in range(5, 9)]
-    recs += [record(run, "200", 2, i, 100.0, 30.0 - i, time=f"2026-01-01T02:00:{i:02d}Z") for i in range(8, 13)]
+    recs += [
+        record(run, "100", 1, i, 100.0, 20.0 - i, time=f"2026-01-01T01:00:{i:02d}Z") for i in range(5, 9)
+    ]
+    recs += [
+        record(run, "200", 2, i, 100.0, 30.0 - i, time=f"2026-01-01T02:00:{i:02d}Z") for i in range(8, 13)
+    ]
     write_jsonl(rd.metrics, recs)
     st = ingest.ingest_paths(con, [rd.root])
     assert st.iterations == 15  # records read
     # stored: job 100 keeps one row per iteration 1..8 (5, 6 from attempt 1), job 200 has 8..12
     assert con.execute("SELECT count(*) FROM iterations").fetchone()[0] == 13
-    rows = con.execute("SELECT iteration, loss, job_id FROM iterations WHERE NOT superseded ORDER BY iteration").fetchall()
+    rows = con.execute(
+        "SELECT iteration, loss, job_id FROM iterations WHERE NOT superseded ORDER BY iteration"
+    ).fetchall()
     assert [r[0] for r in rows] == list(range(1, 13))
-    want = {i: 10.0 - i for i in range(1, 5)} | {i: 20.0 - i for i in range(5, 8)} | {i: 30.0 - i for i in range(8, 13)}
+    want = (
+        {i: 10.0 - i for i in range(1, 5)}
+        | {i: 20.0 - i for i in range(5, 8)}
+        | {i: 30.0 - i for i in range(8, 13)}
+    )
     assert {r[0]: r[1] for r in rows} == want
-    assert con.execute("SELECT count(*) FROM iterations WHERE superseded").fetchone()[0] == 1  # job 100's it 8
+    assert (
+        con.execute("SELECT count(*) FROM iterations WHERE superseded").fetchone()[0] == 1
+    )  # job 100's it 8
     rep = build(con, run.study)
     (r,) = rep.runs
     assert (r.state, r.iterations, r.jobs, r.final_loss) == ("COMPLETED", 12, 2, 18.0)
@@ -132,7 +177,7 @@ def test_reingest_is_idempotent_and_appends_resume(tmp_path, con):
 
 
 def test_truncated_last_line_is_counted_and_completed_later(tmp_path, con):
-    (run, rd), = make_runs(tmp_path / "runs", nodes=(1,))
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(1,))
     lines = (FIXTURES / "megatron_upstream.log").read_bytes().splitlines(keepends=True)
     log = rd.logs / "slurm-9.out"
     cut = lines[-1][:120]  # the last iteration line, cut mid-field (job killed mid-write)
@@ -147,32 +192,41 @@ def test_truncated_last_line_is_counted_and_completed_later(tmp_path, con):
 
 
 def test_invalid_utf8_and_binary_garbage(tmp_path, con):
-    (run, rd), = make_runs(tmp_path / "runs", nodes=(1,))
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(1,))
     good = (FIXTURES / "megatron_upstream.log").read_bytes().splitlines(keepends=True)
-    junk = [b"\xff\xfe\xfa broken \xc3\x28 bytes\n", b"\x00\x00\x00\x00\x01\x02 core dump page\n",
-            b"caf\xe9 latin-1 text\n"]
+    junk = [
+        b"\xff\xfe\xfa broken \xc3\x28 bytes\n",
+        b"\x00\x00\x00\x00\x01\x02 core dump page\n",
+        b"caf\xe9 latin-1 text\n",
+    ]
     log = rd.logs / "slurm-10.out"
     log.write_bytes(good[2] + junk[0] + good[3] + junk[1] + good[4] + junk[2] + good[5])
     st = ingest.ingest_paths(con, [rd.root])
     assert (st.lines, st.undecodable, st.bad_lines, st.iterations) == (7, 2, 1, 4)
-    assert con.execute("SELECT list(iteration ORDER BY iteration) FROM iterations").fetchone()[0] == [1, 70, 71, 72]
+    assert con.execute("SELECT list(iteration ORDER BY iteration) FROM iterations").fetchone()[0] == [
+        1,
+        70,
+        71,
+        72,
+    ]
     row = con.execute("SELECT undecodable_lines, bad_lines FROM ingested_files").fetchone()
     assert row == (2, 1)
 
 
 def test_interleaved_garbled_iteration_line_is_counted(tmp_path, con):
-    (run, rd), = make_runs(tmp_path / "runs", nodes=(1,))
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(1,))
     # two ranks wrote into one line without a newline between them: the iteration line lost its fields
     (rd.logs / "slurm-11.out").write_text(
         "1: [default1]: [2026-03-02 10:00:05] iteration        1/      20 | consumed samples:     0: [default0]:"
         "warming up\n1: [default1]: [2026-03-02 10:00:06] iteration        2/      20 | elapsed time per iteration "
-        "(ms): 400.0 | lm loss: 4.0 |\n")
+        "(ms): 400.0 | lm loss: 4.0 |\n"
+    )
     st = ingest.ingest_paths(con, [rd.root])
     assert (st.bad_lines, st.iterations) == (1, 1)
 
 
 def test_bad_input_writes_nothing(tmp_path, con):
-    (run, rd), = make_runs(tmp_path / "runs", nodes=(1,))
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(1,))
     with pytest.raises(ingest.IngestError, match="no such file or directory: .*missing"):
         ingest.ingest_paths(con, [rd.root, tmp_path / "missing"])
     (rd2 := tmp_path / "broken").mkdir()
@@ -184,15 +238,17 @@ def test_bad_input_writes_nothing(tmp_path, con):
 
 
 def test_sacct_records_give_the_job_state(tmp_path, con):
-    (run, rd), = make_runs(tmp_path / "runs", nodes=(1,))
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(1,))
     write_jsonl(rd.metrics, [record(run, "4242", 0, i, 100.0, 5.0) for i in range(1, 6)])
     (rd.logs / "sacct-4242.txt").write_text(
         "JobID|JobName|State|ExitCode|Start|End|NodeList|Restarts\n"
         "4242|mimo|TIMEOUT|0:0|2026-03-02T10:00:00|2026-03-02T11:00:05|node1|0\n"
-        "4242.batch|batch|CANCELLED|0:15|2026-03-02T10:00:00|2026-03-02T11:00:05|node1|0\n")
+        "4242.batch|batch|CANCELLED|0:15|2026-03-02T10:00:00|2026-03-02T11:00:05|node1|0\n"
+    )
     ingest.ingest_paths(con, [rd.root])
     assert con.execute("SELECT job_id, state, end_time FROM jobs").fetchall() == [
-        ("4242", "TIMEOUT", datetime(2026, 3, 2, 11, 0, 5))]
+        ("4242", "TIMEOUT", datetime(2026, 3, 2, 11, 0, 5))
+    ]
     (r,) = build(con, run.study).runs
     assert (r.state, r.state_source) == ("TIMEOUT", "jobs")
 
@@ -205,14 +261,18 @@ def test_two_ingest_processes_at_once(tmp_path):
     db = tmp_path / "store.duckdb"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     cmd = [sys.executable, "-m", "mimo_jobs.cli", "ingest", str(tmp_path / "runs"), "--db", str(db)]
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     c = store.connect(db, read_only=True)
     try:
         # 3 runs x (500 jsonl iterations) ; log iterations are not stored when metrics.jsonl exists
-        assert c.execute("SELECT count(*), count(DISTINCT (run_id, iteration)) FROM iterations").fetchone() == (1500, 1500)
+        assert c.execute(
+            "SELECT count(*), count(DISTINCT (run_id, iteration)) FROM iterations"
+        ).fetchone() == (1500, 1500)
         n_ev = c.execute("SELECT count(*) FROM events").fetchone()[0]
         assert n_ev == 3 * 8
         assert c.execute("SELECT count(*) FROM ingested_files").fetchone()[0] == 6
@@ -226,6 +286,7 @@ def test_two_ingest_processes_at_once(tmp_path):
 
 def test_python_scan_fallback_matches_grep(tmp_path, monkeypatch):
     """Without grep, the pure-Python candidate scan must store exactly the same rows."""
+
     def ingest_all(db):
         c = store.connect(db)
         ingest.ingest_paths(c, [rd.root, FIXTURES / "megatron_upstream.log"])
@@ -234,7 +295,7 @@ def test_python_scan_fallback_matches_grep(tmp_path, monkeypatch):
         c.close()
         return it, ev
 
-    (run, rd), = make_runs(tmp_path / "runs", nodes=(2,))
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(2,))
     shutil.copy(FIXTURES / "slurm-4242.out", rd.logs / "slurm-4242.out")
     with_grep = ingest_all(tmp_path / "a.duckdb")
     monkeypatch.setattr(ingest, "_FORCE_PYTHON_SCAN", True)

@@ -7,10 +7,12 @@ import pytest
 
 from mimo_jobs import logparse as lp
 
-REAL = (" [2024-04-06 03:02:12] iteration       71/     100 | consumed samples:         9088 | elapsed time per "
-        "iteration (ms): 5361.6 | throughput per GPU (TFLOP/s/GPU): 243.6 | learning rate: 1.420000E-05 | global "
-        "batch size:   128 | lm loss: 1.818812E+00 | load_balancing_loss: 1.013377E+00 | loss scale: 1.0 | grad "
-        "norm: 1.300 | num zeros: 0.0 | number of skipped iterations:   0 | number of nan iterations:   0 |")
+REAL = (
+    " [2024-04-06 03:02:12] iteration       71/     100 | consumed samples:         9088 | elapsed time per "
+    "iteration (ms): 5361.6 | throughput per GPU (TFLOP/s/GPU): 243.6 | learning rate: 1.420000E-05 | global "
+    "batch size:   128 | lm loss: 1.818812E+00 | load_balancing_loss: 1.013377E+00 | loss scale: 1.0 | grad "
+    "norm: 1.300 | num zeros: 0.0 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+)
 
 
 def test_real_megatron_line():
@@ -26,9 +28,11 @@ def test_real_megatron_line():
 
 
 def test_microseconds_absent_fields_and_dynamic_losses():
-    line = (" [2024-04-06 03:02:17.483921] iteration       72/     100 | consumed samples:         9216 | elapsed "
-            "time per iteration (ms): 5358.9 | global batch size:   128 | lm loss: 1.815002E+00 | mtp_1 loss: "
-            "2.101000E+00 | z_loss: 3.0E-03 | loss scale: 1.0 | number of skipped iterations:   0 |")
+    line = (
+        " [2024-04-06 03:02:17.483921] iteration       72/     100 | consumed samples:         9216 | elapsed "
+        "time per iteration (ms): 5358.9 | global batch size:   128 | lm loss: 1.815002E+00 | mtp_1 loss: "
+        "2.101000E+00 | z_loss: 3.0E-03 | loss scale: 1.0 | number of skipped iterations:   0 |"
+    )
     it = lp.parse_iteration(line)
     assert it.time == datetime(2024, 4, 6, 3, 2, 17, 483921)
     assert it.lr is None and it.grad_norm is None and it.tflops_per_gpu is None  # absent on this rank
@@ -45,13 +49,19 @@ def test_not_an_iteration_line():
     assert lp.parse_iteration("saving checkpoint at iteration      72 to /ckpt") is None
 
 
-@pytest.mark.parametrize("line,origin,body", [
-    (" 3: [default1]:hello", lp.Origin(task=3, local_rank=1), "hello"),
-    ("12: [default0]:[rank24]: Traceback (most recent call last):", lp.Origin(12, 0, 24),
-     "Traceback (most recent call last):"),
-    ("[rank3]:   File \"x.py\", line 1", lp.Origin(rank=3), "  File \"x.py\", line 1"),
-    ("plain text: with colon", lp.Origin(), "plain text: with colon"),
-])
+@pytest.mark.parametrize(
+    "line,origin,body",
+    [
+        (" 3: [default1]:hello", lp.Origin(task=3, local_rank=1), "hello"),
+        (
+            "12: [default0]:[rank24]: Traceback (most recent call last):",
+            lp.Origin(12, 0, 24),
+            "Traceback (most recent call last):",
+        ),
+        ('[rank3]:   File "x.py", line 1', lp.Origin(rank=3), '  File "x.py", line 1'),
+        ("plain text: with colon", lp.Origin(), "plain text: with colon"),
+    ],
+)
 def test_prefixes(line, origin, body):
     assert lp.split_origin(line) == (origin, body)
 
@@ -72,40 +82,77 @@ def test_path_info():
     assert lp.path_info("/x/train.log").job_id is None
 
 
-@pytest.mark.parametrize("line,kind", [
-    ("slurmstepd: error: *** JOB 1234 ON node1 CANCELLED AT 2024-04-06T03:05:00 DUE TO TIME LIMIT ***", "time_limit"),
-    ("slurmstepd: error: *** STEP 1234.0 ON node1 CANCELLED AT 2024-04-06T03:05:00 DUE TO PREEMPTION ***",
-     "preemption"),
-    ("slurmstepd: error: *** JOB 1234 ON node3 CANCELLED AT 2024-04-06T03:05:00 DUE TO NODE FAILURE, SEE "
-     "SLURMCTLD LOG FOR DETAILS ***", "node_fail"),
-    ("slurmstepd: error: *** JOB 99 ON node1 CANCELLED AT 2024-04-06T03:05:00 ***", "cancelled"),
-    ("srun: error: Node failure on node5", "node_fail"),
-    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
-     "79.11 GiB of which 1.06 GiB is free.", "oom"),
-    ("slurmstepd: error: Detected 1 oom-kill event(s) in StepId=1234.0. Some of the step tasks have been OOM "
-     "Killed.", "oom"),
-    ("[E0302 10:10:06.310421 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
-     "WorkNCCL(SeqNum=41, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600005 "
-     "milliseconds before timing out.", "nccl_timeout"),
-    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 300000ms "
-     "for recv operation to complete", "gloo_timeout"),
-    ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
-     "[10.0.0.2]:4711", "peer_lost"),
-    ("  successfully saved checkpoint from iteration      72 to /lustre/ckpt [ t 1/ 2, p 1/ 1 ]", "checkpoint_saved"),
-    ("  successfully loaded checkpoint from /lustre/ckpt [ t 1/ 2, p 1/ 1 ] at iteration 72", "checkpoint_loaded"),
-    ("submitit WARNING (2024-04-06 03:04:59,120) - Requeued job 1234 (2 remaining timeouts)", "requeue"),
-    ("srun: error: node2: task 1: Exited with exit code 1", "task_exit"),
-])
+@pytest.mark.parametrize(
+    "line,kind",
+    [
+        (
+            "slurmstepd: error: *** JOB 1234 ON node1 CANCELLED AT 2024-04-06T03:05:00 DUE TO TIME LIMIT ***",
+            "time_limit",
+        ),
+        (
+            "slurmstepd: error: *** STEP 1234.0 ON node1 CANCELLED AT 2024-04-06T03:05:00 DUE TO PREEMPTION ***",
+            "preemption",
+        ),
+        (
+            "slurmstepd: error: *** JOB 1234 ON node3 CANCELLED AT 2024-04-06T03:05:00 DUE TO NODE FAILURE, SEE "
+            "SLURMCTLD LOG FOR DETAILS ***",
+            "node_fail",
+        ),
+        ("slurmstepd: error: *** JOB 99 ON node1 CANCELLED AT 2024-04-06T03:05:00 ***", "cancelled"),
+        ("srun: error: Node failure on node5", "node_fail"),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+            "79.11 GiB of which 1.06 GiB is free.",
+            "oom",
+        ),
+        (
+            "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=1234.0. Some of the step tasks have been OOM "
+            "Killed.",
+            "oom",
+        ),
+        (
+            "[E0302 10:10:06.310421 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=41, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600005 "
+            "milliseconds before timing out.",
+            "nccl_timeout",
+        ),
+        (
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 300000ms "
+            "for recv operation to complete",
+            "gloo_timeout",
+        ),
+        (
+            "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+            "[10.0.0.2]:4711",
+            "peer_lost",
+        ),
+        (
+            "  successfully saved checkpoint from iteration      72 to /lustre/ckpt [ t 1/ 2, p 1/ 1 ]",
+            "checkpoint_saved",
+        ),
+        (
+            "  successfully loaded checkpoint from /lustre/ckpt [ t 1/ 2, p 1/ 1 ] at iteration 72",
+            "checkpoint_loaded",
+        ),
+        ("submitit WARNING (2024-04-06 03:04:59,120) - Requeued job 1234 (2 remaining timeouts)", "requeue"),
+        ("srun: error: node2: task 1: Exited with exit code 1", "task_exit"),
+    ],
+)
 def test_event_lines(line, kind):
     kinds = [e.kind for e in lp.classify_line(line, 2024)]
     assert kind in kinds, kinds
 
 
 def test_event_times():
-    (ev,) = lp.classify_line("slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2024-04-06T03:05:00 DUE TO TIME LIMIT ***")
+    (ev,) = lp.classify_line(
+        "slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2024-04-06T03:05:00 DUE TO TIME LIMIT ***"
+    )
     assert ev.time == datetime(2024, 4, 6, 3, 5, 0)
-    (ev,) = lp.classify_line("[E0302 10:10:06.310421 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective "
-                             "operation timeout", 2026)
+    (ev,) = lp.classify_line(
+        "[E0302 10:10:06.310421 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective "
+        "operation timeout",
+        2026,
+    )
     assert ev.time == datetime(2026, 3, 2, 10, 10, 6, 310421)  # glog carries no year: taken from the hint
 
 
@@ -132,8 +179,15 @@ def test_traceback_truncated_is_flushed():
 def test_traceback_keeps_last_exception_of_a_chain():
     tr = lp.TracebackTracker()
     tr.start("r", 5, None)
-    lines = ['  File "a.py", line 1', "", "During handling of the above exception, another exception occurred:", "",
-             "Traceback (most recent call last):", '  File "b.py", line 2', "RuntimeError: final"]
+    lines = [
+        '  File "a.py", line 1',
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "b.py", line 2',
+        "RuntimeError: final",
+    ]
     # The chain's first exception line ends the event (the process died on the last one, which
     # follows in the same block); what matters for triage is the type and message of an exception.
     out = [tr.feed("r", s) for s in lines]
@@ -141,13 +195,17 @@ def test_traceback_keeps_last_exception_of_a_chain():
 
 
 def test_sacct():
-    lines = ["JobID|JobName|State|ExitCode|Start|End|NodeList|Restarts\n",
-             "4242|mimo|TIMEOUT|0:0|2026-03-02T10:00:00|2026-03-02T11:00:05|node[1-2]|1\n",
-             "4242.batch|batch|CANCELLED|0:15|2026-03-02T10:00:00|2026-03-02T11:00:05|node1|0\n",
-             "4243|mimo|CANCELLED by 0|0:0|2026-03-02T10:00:00|Unknown|None assigned|0\n"]
+    lines = [
+        "JobID|JobName|State|ExitCode|Start|End|NodeList|Restarts\n",
+        "4242|mimo|TIMEOUT|0:0|2026-03-02T10:00:00|2026-03-02T11:00:05|node[1-2]|1\n",
+        "4242.batch|batch|CANCELLED|0:15|2026-03-02T10:00:00|2026-03-02T11:00:05|node1|0\n",
+        "4243|mimo|CANCELLED by 0|0:0|2026-03-02T10:00:00|Unknown|None assigned|0\n",
+    ]
     recs = lp.parse_sacct(lines)
-    assert [(r.job_id, r.state, r.exit_code, r.restarts) for r in recs] == [("4242", "TIMEOUT", 0, 1),
-                                                                            ("4243", "CANCELLED", 0, 0)]
+    assert [(r.job_id, r.state, r.exit_code, r.restarts) for r in recs] == [
+        ("4242", "TIMEOUT", 0, 1),
+        ("4243", "CANCELLED", 0, 0),
+    ]
     assert recs[0].end == datetime(2026, 3, 2, 11, 0, 5) and recs[1].end is None
     with pytest.raises(ValueError, match="JobID"):
         lp.parse_sacct(["hello|world\n"])

@@ -43,8 +43,11 @@ def test_mfu_and_peak():
 
 
 def test_image_tokens_mock_mix():
-    n, how = f.image_tokens_per_sample({"provider": "mock", "image_sizes": [8, 12, 16], "text_only_fraction": 0.25},
-                                       patch_size=4, image_size=16)
+    n, how = f.image_tokens_per_sample(
+        {"provider": "mock", "image_sizes": [8, 12, 16], "text_only_fraction": 0.25},
+        patch_size=4,
+        image_size=16,
+    )
     assert n == pytest.approx(0.75 * (4 + 9 + 16) / 3) and "mock" in how
     n, how = f.image_tokens_per_sample({"provider": "energon"}, 14, 336)
     assert n == 576 and "upper bound" in how
@@ -77,22 +80,43 @@ def ev(rank, kind, msg="", t=None, line=1):
 
 
 def test_triage_root_cause_beats_earlier_timeouts():
-    v = triage([ev(0, "nccl_timeout", "Watchdog caught collective operation timeout", datetime(2026, 1, 1, 0, 0), 1),
-                ev(3, "traceback", "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer", None, 2),
-                ev(2, "traceback", "ValueError: bad batch", datetime(2026, 1, 1, 0, 10), 3)], world=4)
+    v = triage(
+        [
+            ev(
+                0,
+                "nccl_timeout",
+                "Watchdog caught collective operation timeout",
+                datetime(2026, 1, 1, 0, 0),
+                1,
+            ),
+            ev(
+                3,
+                "traceback",
+                "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+                None,
+                2,
+            ),
+            ev(2, "traceback", "ValueError: bad batch", datetime(2026, 1, 1, 0, 10), 3),
+        ],
+        world=4,
+    )
     assert (v.rank, v.kind) == (2, "failed") and "ValueError: bad batch" in v.reason
 
 
 def test_triage_silent_rank():
     # ranks 0, 1, 3 time out waiting; rank 2 never reports: it went silent (hung outside the collective)
-    evs = [ev(r, "nccl_timeout", "Watchdog caught collective operation timeout", datetime(2026, 1, 1, 0, r), r)
-           for r in (0, 1, 3)]
+    evs = [
+        ev(r, "nccl_timeout", "Watchdog caught collective operation timeout", datetime(2026, 1, 1, 0, r), r)
+        for r in (0, 1, 3)
+    ]
     v = triage(evs, world=4)
     assert (v.rank, v.kind) == (2, "silent") and "rank(s) 2 went silent" in v.reason
 
 
 def test_triage_scheduler_and_nothing():
-    v = triage([ev(None, "time_limit", "*** JOB 1 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***")])
+    v = triage(
+        [ev(None, "time_limit", "*** JOB 1 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***")]
+    )
     assert v.kind == "scheduler" and v.reason.startswith("time limit reached")
     v = triage([], world=4, last_iteration=10, last_time=datetime(2026, 1, 1, 1, 2, 3))
     assert v.kind == "silent" and "after iteration 10" in v.reason and "2026-01-01 01:02:03" in v.reason

@@ -27,17 +27,29 @@ def _chromium() -> str:
 
 
 def screenshot(html: Path, out: Path, tmp: Path, size=(1200, 1000)) -> Path:
-    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp / 'chromium-profile'}", "--hide-scrollbars", f"--screenshot={out}",
-           f"--window-size={size[0]},{size[1]}", html.resolve().as_uri()]
+    cmd = [
+        _chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp / 'chromium-profile'}",
+        "--hide-scrollbars",
+        f"--screenshot={out}",
+        f"--window-size={size[0]},{size[1]}",
+        html.resolve().as_uri(),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert out.is_file(), f"chromium wrote no screenshot (rc {res.returncode}): {res.stderr[-2000:]}"
     return out
 
 
 def _rgb(hex_: str) -> tuple[int, int, int]:
-    return tuple(int(hex_[i:i + 2], 16) for i in (1, 3, 5))
+    return tuple(int(hex_[i : i + 2], 16) for i in (1, 3, 5))
 
 
 def analyse(png: Path) -> dict:
@@ -52,8 +64,12 @@ def analyse(png: Path) -> dict:
     for name, hex_ in (("blue", PALETTE[0]), ("red", PALETTE[1]), ("green", PALETTE[2]), ("ideal", IDEAL)):
         mask = np.abs(img - np.array(_rgb(hex_))).sum(axis=2) <= 30
         ys, xs = np.nonzero(mask)
-        out[name] = {"left": int((xs < w // 2).sum()), "right": int((xs >= w // 2).sum()),
-                     "ymin": int(ys.min()) if ys.size else None, "ymax": int(ys.max()) if ys.size else None}
+        out[name] = {
+            "left": int((xs < w // 2).sum()),
+            "right": int((xs >= w // 2).sum()),
+            "ymin": int(ys.min()) if ys.size else None,
+            "ymax": int(ys.max()) if ys.size else None,
+        }
     out["non_white"] = float((img[:800].sum(axis=2) < 720).mean())
     return out
 

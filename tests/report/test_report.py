@@ -136,5 +136,7 @@ def test_cli(tmp_path):
     assert res.exit_code == 2 and "choose one of table, md, html, json, csv" in res.output
     res = CliRunner().invoke(app, ["report", "--db", str(tmp_path / "none.duckdb")])
     assert res.exit_code == 2 and "no store at" in res.output
-    res = CliRunner().invoke(app, ["report", "scal", "--db", db, "--format", "html", "--out", str(tmp_path / "h")])
+    res = CliRunner().invoke(
+        app, ["report", "scal", "--db", db, "--format", "html", "--out", str(tmp_path / "h")]
+    )
     assert res.exit_code == 0 and (tmp_path / "h" / "report.html").is_file()
