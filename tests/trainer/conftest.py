@@ -1,0 +1,6 @@
+"""Trainer tests: helpers live next to the tests (tr_helpers.py)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

@@ -1,0 +1,65 @@
+"""Helpers for the trainer tests: run.yaml from a study dict, real torchrun launches, metrics reading."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from mimo_jobs.study import parse_study, run_yaml_doc, runs_of
+
+
+def make_run_yaml(out: Path, *, gpn: int, gbs: int, mbs: int = 1, enc: dict | None = None,
+                  llm: dict | None = None, model: str = "tiny", iters: int = 3, trainer: dict | None = None,
+                  data: dict | None = None) -> Path:
+    t = {"model": model, "seq_length": 32, "train_iters": iters,
+         "lr": {"schedule": "cosine", "max": 1e-3, "min": 1e-4, "warmup_samples": 2 * gbs},
+         "optimizer": {"name": "adam", "eps": 1e-8, "clip_grad": 1.0}, "timeout_s": 60}
+    if data:
+        t["data"] = data
+    t.update(trainer or {})
+    s = parse_study({"name": "tr", "cluster": {"executor": "local", "gpus_per_node": gpn, "accelerator": "cpu"},
+                     "trainer": t, "matrix": {"points": [{"nodes": 1, "encoder": enc or {}, "llm": llm or {},
+                                                          "gbs": gbs, "mbs": mbs}]}})
+    run = runs_of(s)[0]
+    out.mkdir(parents=True, exist_ok=True)
+    p = out / "run.yaml"
+    p.write_text(yaml.safe_dump(run_yaml_doc(run, out)))
+    return p
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ, TORCHDYNAMO_DISABLE="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def run_reference(run_yaml: Path, metrics: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mimo_jobs.trainer", str(run_yaml), "--reference",
+                           "--metrics", str(metrics)], capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def run_torchrun(run_yaml: Path, nproc: int, metrics: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m",
+                           "mimo_jobs.trainer", str(run_yaml), "--metrics", str(metrics)],
+                          capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def iterations(metrics: Path) -> list[dict]:
+    return [r for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "iteration"]
+
+
+def assert_ok(p: subprocess.CompletedProcess, what: str) -> None:
+    assert p.returncode == 0, f"{what} failed (rc={p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
