@@ -34,6 +34,7 @@ from .rundir import RunDir
 
 CHUNK = 8 << 20
 _FORCE_PYTHON_SCAN = False  # tests flip this to check the grep-less path gives the same rows
+GREP_MIN_BYTES = 4 << 20  # smaller files are scanned in-process (a process start costs more than the scan)
 MAX_LINE = 16 << 20  # a "line" longer than this is binary garbage: counted and dropped
 HEAD = 4096
 LOG_SUFFIXES = (".out", ".err", ".log", ".txt")
@@ -828,7 +829,8 @@ def _ingest_one(
         pinfo = logparse.path_info(src)
         job = pinfo.job_id or t.path.stem
         scanner = _LogScanner(st, ctx, job, pinfo, stage, src, want_iters=not ctx.has_metrics)
-        use_grep = t.kind == "log" and GREP is not None and not _FORCE_PYTHON_SCAN
+        use_grep = (t.kind == "log" and GREP is not None and not _FORCE_PYTHON_SCAN
+                    and size - offset >= GREP_MIN_BYTES)
         grep = _grep_start(t.path, offset, os.path.join(stage.dir, "grep.out")) if use_grep else None
         first_line = st.lines
         gen = _chunks(t.path, offset, st, on_bytes, need_text=not use_grep)

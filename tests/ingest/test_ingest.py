@@ -28,6 +28,18 @@ def con(tmp_path):
     c.close()
 
 
+@pytest.fixture(params=["grep", "python"])
+def scan(request, monkeypatch):
+    """Run a test through both candidate-line scanners: grep (big files) and the in-process scan."""
+    if request.param == "grep":
+        if ingest.GREP is None:
+            pytest.skip("grep not installed")
+        monkeypatch.setattr(ingest, "GREP_MIN_BYTES", 0)
+    else:
+        monkeypatch.setattr(ingest, "_FORCE_PYTHON_SCAN", True)
+    return request.param
+
+
 def counts(con) -> tuple:
     return tuple(
         con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
@@ -76,7 +88,7 @@ def _failed_run(tmp_path):
     return run, rd
 
 
-def test_traceback_on_one_rank_watchdog_on_the_others(tmp_path, con):
+def test_traceback_on_one_rank_watchdog_on_the_others(tmp_path, con, scan):
     run, rd = _failed_run(tmp_path)
     st = ingest.ingest_paths(con, [rd.root])
     assert st.iterations == 3 and st.problems == []
@@ -101,7 +113,7 @@ def test_traceback_on_one_rank_watchdog_on_the_others(tmp_path, con):
     assert tri.evidence.endswith("slurm-4242.out:9")
 
 
-def test_per_rank_torchrun_files(tmp_path, con):
+def test_per_rank_torchrun_files(tmp_path, con, scan):
     ((run, rd),) = make_runs(tmp_path / "runs", nodes=(2,))
     base = rd.logs / "job-77" / "node-1" / "77_rdzv" / "attempt_0"
     for local, text in (
@@ -176,7 +188,7 @@ def test_reingest_is_idempotent_and_appends_resume(tmp_path, con):
     assert counts(con)[1:3] == (before[1] + 1, before[2])
 
 
-def test_truncated_last_line_is_counted_and_completed_later(tmp_path, con):
+def test_truncated_last_line_is_counted_and_completed_later(tmp_path, con, scan):
     ((run, rd),) = make_runs(tmp_path / "runs", nodes=(1,))
     lines = (FIXTURES / "megatron_upstream.log").read_bytes().splitlines(keepends=True)
     log = rd.logs / "slurm-9.out"
@@ -191,7 +203,7 @@ def test_truncated_last_line_is_counted_and_completed_later(tmp_path, con):
     assert con.execute("SELECT max(iteration), count(*) FROM iterations").fetchone() == (73, 5)
 
 
-def test_invalid_utf8_and_binary_garbage(tmp_path, con):
+def test_invalid_utf8_and_binary_garbage(tmp_path, con, scan):
     ((run, rd),) = make_runs(tmp_path / "runs", nodes=(1,))
     good = (FIXTURES / "megatron_upstream.log").read_bytes().splitlines(keepends=True)
     junk = [
@@ -213,7 +225,7 @@ def test_invalid_utf8_and_binary_garbage(tmp_path, con):
     assert row == (2, 1)
 
 
-def test_interleaved_garbled_iteration_line_is_counted(tmp_path, con):
+def test_interleaved_garbled_iteration_line_is_counted(tmp_path, con, scan):
     ((run, rd),) = make_runs(tmp_path / "runs", nodes=(1,))
     # two ranks wrote into one line without a newline between them: the iteration line lost its fields
     (rd.logs / "slurm-11.out").write_text(
@@ -297,6 +309,7 @@ def test_python_scan_fallback_matches_grep(tmp_path, monkeypatch):
 
     ((run, rd),) = make_runs(tmp_path / "runs", nodes=(2,))
     shutil.copy(FIXTURES / "slurm-4242.out", rd.logs / "slurm-4242.out")
+    monkeypatch.setattr(ingest, "GREP_MIN_BYTES", 0)  # grep even for these small files
     with_grep = ingest_all(tmp_path / "a.duckdb")
     monkeypatch.setattr(ingest, "_FORCE_PYTHON_SCAN", True)
     without = ingest_all(tmp_path / "b.duckdb")
