@@ -94,6 +94,19 @@ def _init_dist(run, reference: bool):
     return backend, timeout
 
 
+FAIL_ENV = "MIMO_JOBS_TRAINER_FAIL"
+
+
+def _injected_failure() -> tuple[int, int] | None:
+    """Test hook: MIMO_JOBS_TRAINER_FAIL="<rank>:<iteration>" raises on that rank before that iteration,
+    to check that one failing rank ends the whole job promptly."""
+    v = os.environ.get(FAIL_ENV)
+    if not v:
+        return None
+    rank, _, it = v.partition(":")
+    return int(rank), int(it or 1)
+
+
 def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: int | None, quiet: bool) -> int:
     from ..study import load_run_yaml
 
@@ -138,7 +151,10 @@ def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: i
 
     ckpt = Checkpointer.for_run(run, doc, run_yaml, reference)
     ckpt.resume(st)
+    fail_at = _injected_failure()
     while st.iteration < n_iters:
+        if fail_at is not None and fail_at == (dist.get_rank(), st.iteration + 1):
+            raise RuntimeError(f"injected failure ({FAIL_ENV}) at iteration {st.iteration + 1}")
         stats = train_step(st)
         log.iteration(stats, st.consumed_samples, st.preset, run.trainer.seq_length)
         stop = ckpt.after_step(st, n_iters, stats.elapsed_s)
