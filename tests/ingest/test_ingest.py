@@ -314,3 +314,20 @@ def test_python_scan_fallback_matches_grep(tmp_path, monkeypatch):
     monkeypatch.setattr(ingest, "_FORCE_PYTHON_SCAN", True)
     without = ingest_all(tmp_path / "b.duckdb")
     assert with_grep == without and len(with_grep[0]) == 8 and len(with_grep[1]) == 9
+
+
+def test_cli_ingest(tmp_path):
+    from typer.testing import CliRunner
+
+    from mimo_jobs.cli import app
+
+    (run, rd), = make_runs(tmp_path / "runs", nodes=(2,))
+    shutil.copy(FIXTURES / "slurm-4242.out", rd.logs / "slurm-4242.out")
+    db = str(tmp_path / "s.duckdb")
+    res = CliRunner().invoke(app, ["ingest", str(tmp_path / "runs"), str(tmp_path / "nope"), "--db", db])
+    assert res.exit_code == 2 and "no such file or directory" in res.output
+    res = CliRunner().invoke(app, ["ingest", str(tmp_path / "runs"), "--db", db])
+    assert res.exit_code == 0, res.output
+    assert "ingested 1 file(s) (0 unchanged, skipped): 21 lines, 3 iterations, 8 events, 1 new run(s)" in res.output
+    res = CliRunner().invoke(app, ["ingest", str(tmp_path / "runs"), "--db", db])
+    assert "ingested 0 file(s) (1 unchanged, skipped)" in res.output
