@@ -220,18 +220,18 @@ def submit_runs(con, study: StudySpec, source: str | None, prepared: list[Prepar
 
 # ------------------------------------------------------------------------------------------- following
 
-def _run_dirs(con, study: str | None = None) -> dict[str, tuple[RunDir, dict]]:
+def _run_dirs(con, study: str | None = None) -> dict[str, tuple[RunDir, str]]:
+    """run id -> (run dir, spec_json text); the spec is parsed only for jobs that need it (settle)."""
     q = "SELECT run_id, run_dir, spec_json FROM runs" + (" WHERE study = ?" if study else "")
-    return {rid: (RunDir(Path(d)), json.loads(s) if isinstance(s, str) else s)
-            for rid, d, s in con.execute(q, [study] if study else []).fetchall() if d}
+    return {rid: (RunDir(Path(d)), s) for rid, d, s in con.execute(q, [study] if study else []).fetchall() if d}
 
 
-def reconcile(con, study: str | None = None) -> list[tuple[str, str]]:
+def reconcile(con, study: str | None = None, rdirs: dict | None = None) -> list[tuple[str, str]]:
     """Record jobs whose submission crashed before its store write (intent file left behind)."""
     from .store import transaction
 
     adopted = []
-    for rid, (rd, _) in _run_dirs(con, study).items():
+    for rid, (rd, _) in (rdirs if rdirs is not None else _run_dirs(con, study)).items():
         ip = rd.root / INTENT
         if not ip.exists():
             continue
@@ -306,12 +306,12 @@ def settle(con, row: jobs.JobRow, rd: RunDir, spec: dict) -> jobs.Decision:
 
 def refresh(con, study: str | None = None) -> list[str]:
     """Poll the scheduler for every active job (one batched query per executor), record what changed, settle
-    jobs that ended and ingest their run dirs. Returns the run ids whose job ended in this call."""
+    jobs that ended and ingest their run dirs. Returns the run ids whose job ended in this call.
+    The caller has run jobs.ensure_schema(con) once."""
     from .store import transaction
 
-    jobs.ensure_schema(con)
-    reconcile(con, study)
     rdirs = _run_dirs(con, study)
+    reconcile(con, study, rdirs)
     active = [r for r in jobs.active_jobs(con) if r.run_id in rdirs]
     by_ex: dict[str, dict[str, tuple[jobs.JobRow, RunDir]]] = {}
     for r in active:
@@ -324,13 +324,16 @@ def refresh(con, study: str | None = None) -> list[str]:
                 row = rows[jid][0]
                 if f.state == "UNKNOWN" and row.state != "UNKNOWN":
                     continue  # sacct lag right after sbatch: keep what we knew
+                if (f.state, f.start_time, f.end_time, f.node_list) == (row.state, row.start_time, row.end_time,
+                                                                       row.node_list) and f.active:
+                    continue  # nothing new: a poll of N unchanged jobs writes nothing
                 jobs.update_facts(con, row.run_id, f)
                 if not f.active:
                     ended.append(row.run_id)
     for row in jobs.unsettled_jobs(con):
         if row.run_id in rdirs:
             rd, spec = rdirs[row.run_id]
-            settle(con, row, rd, spec)
+            settle(con, row, rd, json.loads(spec) if isinstance(spec, str) else spec)
     if ended:
         ingest_runs(con, [rdirs[r][0] for r in dict.fromkeys(ended)])
     return ended

@@ -4,7 +4,8 @@ Started detached (own session) by `LocalExecutor.submit`, so the submitting CLI 
 records the same facts SLURM does in STATE_FILE (JSON, replaced atomically): PENDING while it waits for a
 machine slot, RUNNING with start time, then COMPLETED / FAILED (exit code) / CANCELLED (SIGTERM from
 `mimo-jobs cancel`) / TIMEOUT (time limit). Like SLURM it sends the warning signal `signal_s` seconds before
-the limit, then TERM at the limit and KILL `KILL_WAIT_S` later, always to launch.sh's whole process group.
+the limit (but not before half of it), then TERM at the limit and KILL `KILL_WAIT_S` later, always to
+launch.sh's whole process group.
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         if el >= a.time_limit_s:
             rc, ended = stop(signal.SIGTERM), "TIMEOUT"
             break
-        if not warned and a.signal_s > 0 and el >= a.time_limit_s - a.signal_s:
+        # Never before half the limit: a warning at t=0 (signal_s >= limit) would hit launch.sh before it
+        # could install its handler, and a job that short has nothing to save yet.
+        if not warned and a.signal_s > 0 and el >= max(a.time_limit_s - a.signal_s, a.time_limit_s / 2):
             group(warn_sig)
             warned = True
         time.sleep(POLL_S)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from submit_helpers import FAKE_TEMPLATES, REPO, all_ended, cli, job_rows, query, wait_until, write_study
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -68,7 +67,7 @@ def test_real_trainer_study_2_3_4_nodes(slurm_cluster, tmp_path):
 
         # Rank placement. launch.sh names node rank k's host; SLURM numbers nodes in allocation order.
         log = Path(r["log_path"]).read_text()
-        placed = dict(re.findall(r"attempt 0 node (\d+)/%d on (\S+)," % n, log))
+        placed = dict(re.findall(rf"attempt 0 node (\d+)/{n} on (\S+),", log))
         assert {int(k): v for k, v in placed.items()} == dict(enumerate(alloc))
         # The trainer's layout line: encoder ranks [0, 2) = the 2 ranks of node rank 0 = the first host.
         jl = Path(r["run_dir"]) / "logs" / f"job-{r['job_id']}"

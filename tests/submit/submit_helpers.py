@@ -38,8 +38,8 @@ def cli(*args: str, env: dict | None = None, timeout: float = 300, check: bool =
     e = dict(os.environ)
     e.update(env or {})
     e.setdefault("COLUMNS", "250")
-    p = subprocess.run([sys.executable, "-m", "mimo_jobs.cli", *map(str, args)], capture_output=True, text=True,
-                       timeout=timeout, env=e)
+    p = subprocess.run([sys.executable, "-m", "mimo_jobs.cli", *map(str, args)], check=False, capture_output=True,
+                       text=True, timeout=timeout, env=e)
     if check and p.returncode != 0:
         raise AssertionError(f"mimo-jobs {' '.join(map(str, args))} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
     return p

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from submit_helpers import FAKE_TEMPLATES, all_ended, cli, job_rows, query, wait_until, write_study
 
 NCCL_MSG = ("[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
@@ -97,11 +96,11 @@ def test_flaky_failure_is_retried_up_to_max_retries(ws):
 
 def test_timeout_without_checkpoint_is_final(ws):
     study = write_study(ws["dir"] / "t.yaml", "loc_timeout", [{"nodes": 1}], time_limit="00:00:02",
-                        env={"FAKE_SLEEP": 60})
+                        signal="USR2@0", env={"FAKE_SLEEP": 60})
     submit(ws, study)
     t0 = time.monotonic()
-    rows = wait_until(ws["db"], "loc_timeout", all_ended, 40, ws["env"], every=0.5)
-    assert time.monotonic() - t0 < 30, "the runner must stop the job at its limit, not after the sleep"
+    rows = wait_until(ws["db"], "loc_timeout", all_ended, 50, ws["env"], every=0.5)
+    assert time.monotonic() - t0 < 40, "the runner must stop the job at its limit, not after the sleep"
     r = rows[0]
     assert (r["state"], r["action"]) == ("TIMEOUT", "final")
     assert "no checkpoint" in r["reason"]
@@ -110,9 +109,9 @@ def test_timeout_without_checkpoint_is_final(ws):
 
 def test_timeout_with_checkpoint_is_requeued_and_resumes(ws):
     study = write_study(ws["dir"] / "c.yaml", "loc_requeue", [{"nodes": 1}], time_limit="00:00:02",
-                        env={"FAKE_SLEEP": 60, "FAKE_CKPT": 1})
+                        signal="USR2@0", env={"FAKE_SLEEP": 60, "FAKE_CKPT": 1})
     submit(ws, study)
-    rows = wait_until(ws["db"], "loc_requeue", lambda rs: len(rs) == 2 and all_ended(rs), 40, ws["env"], every=0.5)
+    rows = wait_until(ws["db"], "loc_requeue", lambda rs: len(rs) == 2 and all_ended(rs), 90, ws["env"], every=0.5)
     assert [(r["attempt"], r["state"], r["action"]) for r in rows] == [(0, "TIMEOUT", "requeue"),
                                                                        (1, "COMPLETED", "done")]
     assert "resumed from checkpoint" in Path(rows[1]["log_path"]).read_text()  # saw MIMO_JOBS_ATTEMPT=1
