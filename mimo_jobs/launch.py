@@ -340,12 +340,17 @@ def refresh(con, study: str | None = None) -> list[str]:
 
 
 def ingest_runs(con, rds: list[RunDir]) -> None:
-    """Ingest finished runs (mimo_jobs.ingest, idempotent) so status and report read the store."""
-    try:
-        from .ingest import ingest_paths
-    except ImportError:
-        return
-    ingest_paths(con, [rd.root for rd in rds])
+    """Ingest finished runs (mimo_jobs.ingest, idempotent) so status and report read the store. A run dir
+    ingest refuses (e.g. its run.yaml was removed) is reported and skipped: following jobs goes on."""
+    import sys
+
+    from .ingest import IngestError, ingest_paths
+
+    for rd in rds:
+        try:
+            ingest_paths(con, [rd.root])
+        except IngestError as e:
+            print(f"mimo-jobs: not ingested {rd.root}: {e}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------- cancelling

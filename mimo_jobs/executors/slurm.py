@@ -124,7 +124,17 @@ class SlurmExecutor:
 
     def poll(self, rds: dict[str, RunDir]) -> dict[str, JobFacts]:
         found = self._query(sorted(rds))
-        return {i: found[i][0] if i in found else JobFacts(i, "UNKNOWN") for i in rds}
+        out = {i: found[i][0] if i in found else JobFacts(i, "UNKNOWN") for i in rds}
+        # A job sbatch'ed with --requeue that SLURM itself requeued (preemption, node failure) keeps its id and
+        # is queued again: squeue knows it. It is still active; mimo-jobs must not resubmit it.
+        again = [i for i, f in out.items() if f.state in ("PREEMPTED", "NODE_FAIL")]
+        if again:
+            p = _run(["squeue", "-h", "-o", SQUEUE_FORMAT, "-j", ",".join(again)])
+            for i, (f, _) in (parse_squeue(p.stdout) if p.returncode == 0 else {}).items():
+                if i in out:
+                    f.reason = f"requeued by SLURM after {out[i].state}"
+                    out[i] = f
+        return out
 
     def cancel(self, job_id: str, rd: RunDir) -> None:
         import submitit
