@@ -68,7 +68,6 @@ def _ddp(module, cfg, pgc, spec):
 
 def build_state(run: RunSpec, plan: Plan, reference: bool, timeout) -> TrainState:
     import torch
-    import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 

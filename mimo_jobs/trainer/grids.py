@@ -115,15 +115,15 @@ def _pgc(shape: ModuleShape, backend: str, timeout) -> ModuleGroups:
                        rank_offset=shape.offset, backend=backend)
     kw = {"timeout": timeout}
     # The fixed creation order. Every rank runs every line (create_pg returns None off the grid).
-    groups = dict(
-        tp=g.create_pg("tp", **kw), cp=g.create_pg("cp", **kw), pp=g.create_pg("pp", **kw),
-        dp=g.create_pg("dp", **kw), tp_cp=g.create_pg(["tp", "cp"], **kw), dp_cp=g.create_pg(["cp", "dp"], **kw),
-        mp=g.create_pg(["tp", "pp"], **kw), tp_dp_cp=g.create_pg(["tp", "cp", "dp"], **kw),
+    groups = {
+        "tp": g.create_pg("tp", **kw), "cp": g.create_pg("cp", **kw), "pp": g.create_pg("pp", **kw),
+        "dp": g.create_pg("dp", **kw), "tp_cp": g.create_pg(["tp", "cp"], **kw), "dp_cp": g.create_pg(["cp", "dp"], **kw),
+        "mp": g.create_pg(["tp", "pp"], **kw), "tp_dp_cp": g.create_pg(["tp", "cp", "dp"], **kw),
         # probe P4: the optimizer's grad-norm group must be the whole module grid, not the dp group
-        intra_dist_opt=g.create_pg(["tp", "cp", "pp", "dp"], **kw),
-        expt_tp=eg.create_pg("tp", **kw), ep=eg.create_pg("ep", **kw), expt_dp=eg.create_pg("dp", **kw),
-        tp_ep=eg.create_pg(["tp", "ep"], **kw), tp_ep_pp=eg.create_pg(["tp", "ep", "pp"], **kw),
-    )
+        "intra_dist_opt": g.create_pg(["tp", "cp", "pp", "dp"], **kw),
+        "expt_tp": eg.create_pg("tp", **kw), "ep": eg.create_pg("ep", **kw), "expt_dp": eg.create_pg("dp", **kw),
+        "tp_ep": eg.create_pg(["tp", "ep"], **kw), "tp_ep_pp": eg.create_pg(["tp", "ep", "pp"], **kw),
+    }
     import torch.distributed as dist
 
     if not shape.contains(dist.get_rank()):

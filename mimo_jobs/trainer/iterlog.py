@@ -77,10 +77,10 @@ class IterLogger:
                 f.write(json.dumps(rec.to_json()) + "\n")
 
     def _rec(self, kind: str, **kw) -> IterationRecord:
-        base = dict(kind=kind, run_id=self.run.run_id, job_id=self.job_id, attempt=self.attempt,
-                    time=_dt.datetime.now(_dt.timezone.utc).isoformat(), iteration=0,
-                    train_iters=self.train_iters, consumed_samples=0, elapsed_ms=0.0, lr=0.0,
-                    gbs=self.plan.layout.gbs, loss=0.0, grad_norm=None)
+        base = {"kind": kind, "run_id": self.run.run_id, "job_id": self.job_id, "attempt": self.attempt,
+                    "time": _dt.datetime.now(_dt.timezone.utc).isoformat(), "iteration": 0,
+                    "train_iters": self.train_iters, "consumed_samples": 0, "elapsed_ms": 0.0, "lr": 0.0,
+                    "gbs": self.plan.layout.gbs, "loss": 0.0, "grad_norm": None}
         base.update(kw)
         return IterationRecord(**base)
 
@@ -104,7 +104,7 @@ class IterLogger:
         world = self.plan.world
         el = max(stats.elapsed_s, 1e-9)
         img_per_sample = stats.image_tokens / max(lay.gbs, 1)
-        flops = flops_per_sample(preset, seq_length, int(round(img_per_sample))) * lay.gbs
+        flops = flops_per_sample(preset, seq_length, round(img_per_sample)) * lay.gbs
         tflops = flops / el / world / 1e12
         tok_s = lay.gbs * seq_length / el
         rec = self._rec(

@@ -95,6 +95,40 @@ def _init_dist(run, reference: bool):
 
 
 FAIL_ENV = "MIMO_JOBS_TRAINER_FAIL"
+PROFILE_ENV = "MIMO_JOBS_TRAINER_PROFILE"
+
+
+class RankProfile:
+    """Benchmark hook: with MIMO_JOBS_TRAINER_PROFILE=<dir>, every rank writes <dir>/rank-<r>.json with its
+    role, per-phase seconds summed over the iterations after the first (warm-up), and its peak RSS."""
+
+    def __init__(self):
+        self.dir = os.environ.get(PROFILE_ENV)
+        self.n = 0
+        self.elapsed = 0.0
+        self.phases: dict[str, float] = {}
+
+    def add(self, stats) -> None:
+        if self.dir and stats.iteration > 1:
+            self.n += 1
+            self.elapsed += stats.elapsed_s
+            for k, v in stats.phases_s.items():
+                self.phases[k] = self.phases.get(k, 0.0) + v
+
+    def write(self, st) -> None:
+        if not self.dir:
+            return
+        import json
+        import resource
+
+        import torch.distributed as dist
+
+        rank = dist.get_rank()
+        out = {"rank": rank, "mode": "reference" if st.reference else "hetero", "modules": list(st.role.modules),
+               "iterations": self.n, "elapsed_s": self.elapsed, "phases_s": self.phases,
+               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        Path(self.dir).mkdir(parents=True, exist_ok=True)
+        (Path(self.dir) / f"{out['mode']}-rank-{rank}.json").write_text(json.dumps(out))
 
 
 def _injected_failure() -> tuple[int, int] | None:
@@ -108,9 +142,9 @@ def _injected_failure() -> tuple[int, int] | None:
 
 
 def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: int | None, quiet: bool) -> int:
-    from ..study import load_run_yaml
-
     import warnings
+
+    from ..study import load_run_yaml
 
     # megatron-core warns at import that TE/apex are absent (expected on CPU): keep logs readable
     warnings.filterwarnings("ignore", message=r".*(Apex|apex|Transformer Engine|TE) .*")
@@ -152,10 +186,12 @@ def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: i
     ckpt = Checkpointer.for_run(run, doc, run_yaml, reference)
     ckpt.resume(st)
     fail_at = _injected_failure()
+    prof = RankProfile()
     while st.iteration < n_iters:
         if fail_at is not None and fail_at == (dist.get_rank(), st.iteration + 1):
             raise RuntimeError(f"injected failure ({FAIL_ENV}) at iteration {st.iteration + 1}")
         stats = train_step(st)
+        prof.add(stats)
         log.iteration(stats, st.consumed_samples, st.preset, run.trainer.seq_length)
         stop = ckpt.after_step(st, n_iters, stats.elapsed_s)
         if stop is not None:
@@ -164,6 +200,7 @@ def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: i
             dist.destroy_process_group()
             return REQUEUE_EXIT_CODE
     log.end("completed", st.iteration, st.consumed_samples)
+    prof.write(st)
     dist.barrier()
     dist.destroy_process_group()
     return 0

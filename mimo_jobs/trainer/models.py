@@ -32,10 +32,10 @@ class Precision:
 def _base_kwargs(prec: Precision) -> dict:
     import torch
 
-    kw = dict(params_dtype=prec.dtype, pipeline_dtype=prec.dtype, bf16=prec.bf16, hidden_dropout=0.0,
-              attention_dropout=0.0, use_cpu_initialization=not prec.use_gpu, calculate_per_token_loss=True,
+    kw = {"params_dtype": prec.dtype, "pipeline_dtype": prec.dtype, "bf16": prec.bf16, "hidden_dropout": 0.0,
+              "attention_dropout": 0.0, "use_cpu_initialization": not prec.use_gpu, "calculate_per_token_loss": True,
               # the native fused CE is the cross entropy that honours pg_collection (probe table row 1)
-              cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="native")
+              "cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "native"}
     if not prec.use_gpu:
         # no TE/apex/CUDA kernels on CPU
         kw.update(gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
@@ -148,8 +148,12 @@ def _encoder_classes():
             e = preset.encoder
             if prec.use_gpu:
                 from megatron.core.extensions.transformer_engine import (
-                    TEColumnParallelLinear, TERowParallelLinear)
-                from megatron.core.models.vision.vit_layer_specs import get_vit_layer_with_transformer_engine_spec
+                    TEColumnParallelLinear,
+                    TERowParallelLinear,
+                )
+                from megatron.core.models.vision.vit_layer_specs import (
+                    get_vit_layer_with_transformer_engine_spec,
+                )
                 from megatron.core.transformer.mlp import MLPSubmodules
 
                 spec = get_vit_layer_with_transformer_engine_spec()
@@ -184,7 +188,7 @@ def _encoder_classes():
             for i, im in enumerate(images):
                 order.setdefault(tuple(im.shape), []).append(i)
             outs: list = [None] * len(images)
-            for _shape, idx in order.items():
+            for idx in order.values():
                 x = torch.stack([images[i] for i in idx]).to(self.dtype)
                 y = self.vit(x)  # [b, n, h_enc]
                 for j, i in enumerate(idx):

@@ -98,7 +98,9 @@ class MimoOptimizer:
         import torch.distributed as dist
         from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 
-        found = any([o.prepare_grads() for o in self.optimizers.values()])
+        found = False
+        for o in self.optimizers.values():  # every optimizer prepares (no short-circuit)
+            found |= bool(o.prepare_grads())
         if self._all_reduce([1.0 if found else 0.0], dist.ReduceOp.MAX)[0] > 0:
             return StepResult(False, None, True, True)
         norm = self.grad_norm()
@@ -110,7 +112,9 @@ class MimoOptimizer:
                     params = leaf.get_parameters()
                     if params and not getattr(leaf, "is_stub_optimizer", False):
                         clip_grad_by_total_norm_fp32(params, max_norm=clip_grad, total_norm=norm)
-        ok = all([o.step_with_ready_grads() for o in self.optimizers.values()])
+        ok = True
+        for o in self.optimizers.values():
+            ok &= bool(o.step_with_ready_grads())
         ok = self._all_reduce([1.0 if ok else 0.0], dist.ReduceOp.MIN)[0] > 0
         return StepResult(ok, norm, not ok, False)
 

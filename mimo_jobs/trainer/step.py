@@ -67,7 +67,6 @@ def check_alignment(batch, image_token_id: int) -> None:
 
 def llm_forward(st: TrainState, batch, img_emb):
     """Sum over the lane's loss-bearing tokens of the per-token loss (not yet divided by N)."""
-    import torch
 
     lm = st.language
     gpt = lm.core
@@ -144,7 +143,10 @@ def _moe_aux(st: TrainState) -> float:
     """Mean over layers of the load-balancing loss summed over this iteration's microbatches; cleared."""
     if not st.preset.llm.num_experts or st.language is None:
         return 0.0
-    from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
+    from megatron.core.transformer.moe.moe_utils import (
+        clear_aux_losses_tracker,
+        get_moe_layer_wise_logging_tracker,
+    )
 
     tr = get_moe_layer_wise_logging_tracker()
     v = sum(float(x["values"].mean()) for x in tr.values()) if tr else 0.0
@@ -164,7 +166,7 @@ def _set_aux_scale(st: TrainState, n_tokens: float) -> None:
 def train_step(st: TrainState) -> StepStats:
     import torch
 
-    from .bridge import segments, segments_of_encoder
+    from .bridge import segments_of_encoder
 
     t0 = _tick()
     tm = _Timer()
@@ -305,4 +307,3 @@ def train_step(st: TrainState) -> StepStats:
         image_tokens=int(vals[2]), empty_encoder_microbatches=empty_mb)
 
 
-__all__ = ["train_step", "StepStats", "segments"]

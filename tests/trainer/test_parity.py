@@ -9,19 +9,18 @@ import math
 import re
 
 import pytest
+from tr_helpers import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
 
 from mimo_jobs.study import load_run_yaml
 from mimo_jobs.trainer.bridge import segments_of_encoder
 from mimo_jobs.trainer.data import MockProvider, mock_config
-
-from tr_helpers import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
 
 RTOL = 1e-5
 LINE_RE = re.compile(r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+\] iteration +(\d+)/ +3 \| consumed samples: +(\d+) \| "
                      r"elapsed time per iteration \(ms\): [\d.]+ \| throughput per GPU \(TFLOP/s/GPU\): [\d.]+ \| "
                      r"learning rate: [\d.E+-]+ \| global batch size: +\d+ \| lm loss: ([\d.E+-]+) \|"
                      r"( load_balancing_loss: [\d.E+-]+ \|)? loss scale: 1\.0 \| grad norm: [\d.]+ \| "
-                     r"number of skipped iterations: +0 \| number of nan iterations: +0 \|$", re.M)
+                     r"number of skipped iterations: +0 \| number of nan iterations: +0 \|$", re.MULTILINE)
 
 
 def _parity(tmp_path, nproc: int, **kw):
@@ -60,7 +59,7 @@ def test_fan_in_enc_dp2_to_llm_dp1_with_text_only_and_imageless_microbatches(tmp
     assert "fan-in 2->1" in het.stdout
     # the data of these 3 iterations really contains text-only samples, an encoder replica microbatch
     # without any image, and different image token counts
-    run, doc = load_run_yaml(ry)
+    run, _ = load_run_yaml(ry)
     plan = run.plan()
     prov = MockProvider(mock_config(run, plan), [0], need_images=False, need_text=True)
     counts = [prov.next(0).image_token_counts for _ in range(3 * plan.num_microbatches)]

@@ -47,14 +47,16 @@ def _env() -> dict:
 
 def run_reference(run_yaml: Path, metrics: Path, timeout: int = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mimo_jobs.trainer", str(run_yaml), "--reference",
-                           "--metrics", str(metrics)], capture_output=True, text=True, timeout=timeout, env=_env())
+                           "--metrics", str(metrics)], check=False, capture_output=True, text=True,
+                          timeout=timeout, env=_env())
 
 
 def run_torchrun(run_yaml: Path, nproc: int, metrics: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m",
                            "mimo_jobs.trainer", str(run_yaml), "--metrics", str(metrics)],
-                          capture_output=True, text=True, timeout=timeout, env=_env())
+                          check=False, capture_output=True, text=True,
+                          timeout=timeout, env=_env())
 
 
 def iterations(metrics: Path) -> list[dict]:
