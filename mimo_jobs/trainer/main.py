@@ -50,7 +50,12 @@ def preflight(run, doc: dict, reference: bool) -> None:
     if lay.enc_pp != 1 or lay.llm_pp != 1:
         raise LaunchError(f"run.yaml: encoder.pp={lay.enc_pp}, llm.pp={lay.llm_pp}: pipeline parallelism inside "
                           "a module is not implemented by this trainer; use pp=1")
-    if run.trainer.data.provider == "mock":
+    t = run.trainer
+    if t.freeze.encoder and t.freeze.llm:
+        raise LaunchError("run.yaml: trainer.freeze has both encoder and llm frozen; nothing to train")
+    if t.precision == "bf16" and run.cluster.accelerator == "cpu":
+        raise LaunchError("run.yaml: trainer.precision=bf16 needs accelerator=gpu; use fp32 on CPU")
+    if t.data.provider == "mock":
         mock_config(run, plan)
     if reference:
         return
