@@ -14,7 +14,7 @@ from mimo_jobs.rundir import RunDir
 from mimo_jobs.study import parse_study, run_yaml_doc, runs_of
 
 
-def make_run(root: Path, *, enc_dp: int, llm_dp: int, llm_tp: int = 1, enc_tp: int = 1, gbs: int,
+def make_run(root: Path, *, enc_dp: int, llm_dp: int, llm_tp: int = 1, enc_tp: int = 1, gbs: int, mbs: int = 1,
              iters: int, save_interval: int | None = 2, keep: int = 2, distopt: bool = False,
              name: str = "ckpt", data: dict | None = None, seed: int = 1234, freeze: dict | None = None,
              checkpoint_dir: str | None = None) -> Path:
@@ -32,7 +32,7 @@ def make_run(root: Path, *, enc_dp: int, llm_dp: int, llm_tp: int = 1, enc_tp: i
         "name": name, "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": world},
         "trainer": trainer,
         "matrix": {"points": [{"nodes": 1, "encoder": {"tp": enc_tp, "dp": enc_dp},
-                               "llm": {"tp": llm_tp, "dp": llm_dp}, "gbs": gbs, "mbs": 1}]},
+                               "llm": {"tp": llm_tp, "dp": llm_dp}, "gbs": gbs, "mbs": mbs}]},
     }, env={})
     (spec,) = runs_of(study)
     rd = RunDir.of(root / "runs", spec.study, spec.name)
