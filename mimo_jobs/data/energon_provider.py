@@ -27,6 +27,7 @@ from .tokenizer import load_tokenizer
 log = logging.getLogger("mimo_jobs.data")
 
 STATE_FORMAT = 1
+LOG_FIRST, LOG_EVERY = 20, 100  # bad-sample log lines: the first 20 per lane, then every 100th (counts are exact)
 
 
 def image_token_id(vocab_size: int) -> int:
@@ -179,12 +180,14 @@ class EnergonProvider(Provider):
         for e in b.events:
             if e["kind"] == "skipped":
                 t.skipped[e["reason"]] = t.skipped.get(e["reason"], 0) + 1
-                log.warning("data lane %d: skipped sample %r in shard %s (%s); %d skipped so far on this lane",
-                            lane, e["key"], e["shard"], e["detail"], t.skipped_total)
+                n_kind = t.skipped_total
             else:
                 t.truncated += 1
-                log.warning("data lane %d: truncated sample %r in shard %s (%s)", lane, e["key"], e["shard"],
-                            e["detail"])
+                n_kind = t.truncated
+            # every event is counted; the log names the first ones and then one line per LOG_EVERY
+            if n_kind <= LOG_FIRST or n_kind % LOG_EVERY == 0:
+                log.warning("data lane %d: %s sample %r in shard %s (%s); %d %s so far on this lane", lane,
+                            e["kind"], e["key"], e["shard"], e["detail"], n_kind, e["kind"])
         nmb = self.cfg.num_microbatches
         return LaneBatch(
             lane=lane, step=n // nmb, microbatch=n % nmb, sample_keys=list(b.__key__),

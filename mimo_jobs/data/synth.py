@@ -58,7 +58,7 @@ class SynthConfig:
     image_sizes: tuple[tuple[int, int], ...] = ((8, 8), (12, 12), (16, 16))  # (H, W); tiny preset: patch 4
     samples_per_shard: int = 64
     seed: int = 0
-    max_text_chars: int = 40  # keeps synthetic samples inside small seq_lengths (tiny: 64)
+    max_text_chars: int = 28  # text-only samples fit seq_length 32 (BOS + 28 chars + EOS)
 
     def check(self) -> None:
         if self.samples < 1:
@@ -100,7 +100,8 @@ def caption_sample(seed: int, i: int, sizes: tuple[tuple[int, int], ...]) -> tup
     h, w = sizes[rng.randrange(len(sizes))]
     color = rng.choice(sorted(COLORS))
     shape = rng.choice(SHAPES)
-    return f"cap-{i:07d}", (h, w), color, f"a {color} {shape} {h}x{w}"
+    # short on purpose: BOS + the largest tiny-preset image (16 tokens) + caption + EOS fits seq_length 32
+    return f"cap-{i:07d}", (h, w), color, f"{color} {shape}"
 
 
 def text_sample(seed: int, i: int, max_chars: int) -> tuple[str, str]:
