@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,11 +55,13 @@ class PreemptionWatch:
     """Install once after init_process_group; call `should_stop()` once per step on every rank."""
 
     def __init__(self, deadline: float | None = None, margin_s: float = 30.0,
-                 signals: tuple[str, ...] = STOP_SIGNALS):
+                 signals: tuple[str, ...] = STOP_SIGNALS, term_grace_s: float | None = None):
         self.deadline = deadline
+        self.term_grace_s = term_grace_s  # None: 5 s + 2 x (longest step + save), see _arm_term_deadline
         self.margin_s = margin_s
         self.signals = signals
         self.received: str | None = None
+        self._timer = None
         self._previous: dict = {}
         self._step_s = 0.0  # longest recent step and save: the time the last step before the limit needs
         self._save_s = 0.0
@@ -67,6 +70,25 @@ class PreemptionWatch:
     def _handler(self, signum, frame) -> None:
         if self.received is None:
             self.received = signal.Signals(signum).name
+            if signum == signal.SIGTERM:
+                self._arm_term_deadline()
+
+    def _arm_term_deadline(self) -> None:
+        """torchrun also sends SIGTERM when a sibling worker died; then this rank sits in a collective that
+        never returns and would only die by torchrun's SIGKILL 30 s later. A healthy world stops and saves
+        within one step + one save, so a rank still alive well after that exits by itself."""
+        import threading
+
+        grace = self.term_grace_s if self.term_grace_s is not None else 5.0 + 2.0 * (self._step_s + self._save_s)
+
+        def expire() -> None:
+            print(f"mimo-jobs trainer: no world-wide stop within {grace:.0f} s of SIGTERM (a peer is gone?): "
+                  "exiting", file=sys.stderr, flush=True)
+            os._exit(128 + signal.SIGTERM)
+
+        self._timer = threading.Timer(grace, expire)
+        self._timer.daemon = True
+        self._timer.start()
 
     def install(self) -> PreemptionWatch:
         for name in self.signals:
@@ -75,6 +97,8 @@ class PreemptionWatch:
         return self
 
     def uninstall(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         for sig, h in self._previous.items():
             signal.signal(sig, h)
         self._previous.clear()

@@ -114,7 +114,7 @@ def test_deadline_accounts_for_step_and_save_time():
 
 @pytest.mark.parametrize("name", S.STOP_SIGNALS)
 def test_signal_sets_the_flag_and_stops(name):
-    w = S.PreemptionWatch().install()
+    w = S.PreemptionWatch(term_grace_s=60).install()  # uninstall cancels the SIGTERM exit timer
     try:
         assert w.should_stop() is None
         os.kill(os.getpid(), getattr(signal, name))
@@ -128,6 +128,21 @@ def test_signal_sets_the_flag_and_stops(name):
     finally:
         w.uninstall()
     assert signal.getsignal(getattr(signal, name)) is not w._handler
+
+
+def test_sigterm_without_a_world_stop_exits_after_the_grace():
+    # what happens to a rank stuck in a collective when torchrun tears down after a sibling died
+    import subprocess
+    import sys
+
+    code = ("import os, signal, time; from mimo_jobs.trainer.signals import PreemptionWatch; "
+            "w = PreemptionWatch(term_grace_s=0.5).install(); os.kill(os.getpid(), signal.SIGTERM); "
+            "time.sleep(30); print('still alive')")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 128 + signal.SIGTERM and "still alive" not in r.stdout
+    assert "no world-wide stop within" in r.stderr and "of SIGTERM (a peer is gone?): exiting" in r.stderr
+    assert time.monotonic() - t0 < 25
 
 
 def test_requeue_marker_roundtrip(tmp_path):
