@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from . import catalog, logparse
+from .records import PHASES
 from .rundir import RunDir
 
 CHUNK = 8 << 20
@@ -258,6 +259,10 @@ ITER_TYPES = {
     "source_file": "VARCHAR",
     "seq": "BIGINT",
 }
+# phase times as numbers next to the JSON (the report averages them over millions of rows)
+PHASE_COLS = [f"{p}_ms" for p in PHASES]
+ITER_COLS += PHASE_COLS
+ITER_TYPES = {k: v for k, v in ITER_TYPES.items() if k != "seq"} | dict.fromkeys(PHASE_COLS, "DOUBLE") | {"seq": "BIGINT"}
 EVENT_COLS = ["run_id", "job_id", "rank", "node", "time", "kind", "message", "source_file", "line_no"]
 EVENT_TYPES = {
     "run_id": "VARCHAR",
@@ -343,6 +348,13 @@ class _Stage:
             os.rmdir(self.dir)
         except OSError:
             pass
+
+
+_NO_PHASES = [None] * len(PHASES)
+
+
+def _float(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _ts(t: datetime | None) -> str | None:
@@ -482,6 +494,7 @@ def _metrics_rows(text: str, first: int, st: _FileState, ctx: _RunCtx, stage: _S
                         int(r.get("attempt") or 0),
                         r.get("train_iters"),
                         src,
+                        *[_float(phases.get(p)) for p in PHASES],
                     ]
                 )
                 st.last_time = _ts(t) or st.last_time
@@ -639,6 +652,7 @@ class _LogScanner:
                 self.base_attempt + st.restarts,
                 total,
                 self.src,
+                *_NO_PHASES,
             ]
         )
 

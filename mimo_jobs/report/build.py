@@ -140,7 +140,7 @@ def build(
     agg = {}
     if span:
         vals, params = _values([(rid, c) for rid, c in cut.items()], "run_id, cutoff")
-        phase_cols = ", ".join(f"avg(TRY_CAST(i.phases->>'$.{p}' AS DOUBLE))" for p in PHASES)
+        phase_cols = ", ".join(f"avg(i.{p}_ms)" for p in PHASES)  # numeric copies of `phases`
         for row in con.execute(
             f"""SELECT i.run_id, median(i.elapsed_ms), avg(i.elapsed_ms), stddev_samp(i.elapsed_ms), count(*),
                            {phase_cols}
