@@ -172,3 +172,16 @@ def test_fan_in_energon_distributed_optimizer_kill9_resume_is_exact(energon_blen
     r = run_ok(y)
     assert "resumed from" in r.stdout
     assert_same_as_straight(y, straight)
+
+
+def test_near_time_limit_stops_saves_and_requeues(tmp_path):
+    # the job's end is 5 s away, less than the 30 s safety margin: stop after the first step, save, requeue
+    y = H.make_run(tmp_path, **{**FAN_OUT, "save_interval": None})
+    d = H.ckpt_dir(y)
+    r = H.launch(y, env={"MIMO_JOB_DEADLINE": f"{time.time() + 5:.0f}"})
+    assert r.returncode != 0
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", r.stderr)
+    assert "75" in codes and set(codes) <= {"75", "-15"}, r.stderr[-3000:]
+    assert read_requeue_marker(d)["reason"] == "time_limit"
+    assert latest_checkpoint(d).iteration == 1 and max(H.curve(y)) == 1
+    assert H.ends(y) == ["requeue: time_limit"]
