@@ -125,15 +125,28 @@ def build(
         studies[n] = {"scaling": sc or "strong", "baseline_nodes": bn}
 
     # -- per run: span of the stitched curve (superseded rows are older attempts of re-run iterations)
+    # One scan, grouped per (run, job): the stitched curve's span (superseded rows are older attempts of
+    # re-run iterations) and each job's last activity (which job is the run's latest).
     span = {}
+    activity: dict[str, list[tuple]] = {}
+    # (A job whose rows are all superseded is an older attempt: it can never be the latest job.)
+    groups: dict[str, list[tuple]] = {}
     for row in con.execute(
-        f"""SELECT run_id, min(iteration), max(iteration), count(*), count(DISTINCT job_id), max(train_iters),
-                       arg_max(loss, iteration), arg_max(consumed_samples, iteration), max(time), arg_max(gbs, iteration)
-                FROM iterations WHERE run_id IN {_in_list(len(ids))} AND NOT coalesce(superseded, false)
-                GROUP BY run_id""",
+        f"""SELECT run_id, job_id, max(time), min(iteration), max(iteration), count(*), max(train_iters),
+                   max(gbs)
+            FROM iterations WHERE run_id IN {_in_list(len(ids))} AND NOT coalesce(superseded, false)
+            GROUP BY run_id, job_id""",
         ids,
     ).fetchall():
-        span[row[0]] = row[1:]
+        activity.setdefault(row[0], []).append((row[2] or datetime.min, str(row[1])))
+        if row[5]:
+            groups.setdefault(row[0], []).append(row[3:])
+    for rid, gs in groups.items():
+        # (min iteration, max iteration, rows, jobs, train_iters, final loss, final samples, -, gbs); the
+        # final loss/samples come from the end of the loss curve below (cheaper than arg_max over all rows)
+        span[rid] = (min(g[0] for g in gs), max(g[1] for g in gs), sum(g[2] for g in gs), len(gs),
+                     max((g[3] for g in gs if g[3] is not None), default=None), None, None, None,
+                     max((g[4] for g in gs if g[4] is not None), default=None))
     cut = {rid: figures.steady_cutoff(s[0], s[1], warmup_frac, warmup_min) for rid, s in span.items()}
 
     # -- steady-state aggregates in SQL (median over the window, phases from the JSON column)
@@ -178,13 +191,10 @@ def build(
         ids,
     ).fetchall():
         jobs[rid] = (job, state)
-    activity: dict[str, list[tuple]] = {}
     for rid, job, t in con.execute(
-        f"""SELECT run_id, job_id, max(t) FROM (
-                  SELECT run_id, job_id, time AS t FROM iterations WHERE run_id IN {_in_list(len(ids))}
-                  UNION ALL SELECT run_id, job_id, time FROM events WHERE run_id IN {_in_list(len(ids))}
-                    AND kind NOT IN ('start')) GROUP BY run_id, job_id""",
-        ids + ids,
+        f"""SELECT run_id, job_id, max(time) FROM events WHERE run_id IN {_in_list(len(ids))}
+              AND kind NOT IN ('start') GROUP BY run_id, job_id""",
+        ids,
     ).fetchall():
         activity.setdefault(rid, []).append((t or datetime.min, str(job)))
     events: dict[tuple[str, str], list[EventRow]] = {}
@@ -279,7 +289,9 @@ def build(
                 row.mfu = figures.mfu(fps, tp.samples_per_s, gpus, peak)
                 row.mfu_note = f"image tokens/sample from {how}"
         if s:
-            row.final_loss, row.final_samples = s[5], s[6]
+            c = curves.get(rid)
+            if c:  # the curve ends at the last iteration with a finite loss
+                row.final_samples, row.final_loss = int(c[-1][0]), c[-1][1]
         if state not in OK_STATES:
             last_t = max((t for t, j in activity.get(rid, []) if j == last_job), default=None)
             v = triage(evs, gpus, row.iterations, None if last_t == datetime.min else last_t)
