@@ -14,13 +14,14 @@ from mimo_jobs.rundir import RunDir
 from mimo_jobs.study import parse_study, run_yaml_doc, runs_of
 
 
-def make_run(root: Path, *, enc_dp: int, llm_dp: int, llm_tp: int = 1, enc_tp: int = 1, gbs: int, mbs: int = 1,
+def make_run(root: Path, *, enc_dp: int, llm_dp: int, llm_tp: int = 1, enc_tp: int = 1, llm_ep: int = 1,
+             model: str = "tiny", gbs: int, mbs: int = 1,
              iters: int, save_interval: int | None = 2, keep: int = 2, distopt: bool = False,
              name: str = "ckpt", data: dict | None = None, seed: int = 1234, freeze: dict | None = None,
              checkpoint_dir: str | None = None) -> Path:
     """A one-node CPU run (processes = ranks) rendered to <root>/runs/<name>/<run>/run.yaml."""
     world = enc_tp * enc_dp + llm_tp * llm_dp
-    trainer = {"model": "tiny", "seq_length": 32, "train_iters": iters, "save_interval": save_interval,
+    trainer = {"model": model, "seq_length": 32, "train_iters": iters, "save_interval": save_interval,
                "keep_checkpoints": keep, "use_distributed_optimizer": distopt, "seed": seed,
                "lr": {"schedule": "cosine", "max": 2e-3, "min": 1e-4, "warmup_samples": gbs},
                "data": data or {"provider": "mock", "image_sizes": [8, 12, 16]}}
@@ -32,7 +33,7 @@ def make_run(root: Path, *, enc_dp: int, llm_dp: int, llm_tp: int = 1, enc_tp: i
         "name": name, "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": world},
         "trainer": trainer,
         "matrix": {"points": [{"nodes": 1, "encoder": {"tp": enc_tp, "dp": enc_dp},
-                               "llm": {"tp": llm_tp, "dp": llm_dp}, "gbs": gbs, "mbs": mbs}]},
+                               "llm": {"tp": llm_tp, "dp": llm_dp, "ep": llm_ep}, "gbs": gbs, "mbs": mbs}]},
     }, env={})
     (spec,) = runs_of(study)
     rd = RunDir.of(root / "runs", spec.study, spec.name)

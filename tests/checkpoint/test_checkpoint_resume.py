@@ -24,8 +24,10 @@ from mimo_jobs.trainer.signals import REQUEUE_MARKER, read_requeue_marker
 
 pytestmark = pytest.mark.slow
 
-# fan-out: 1 encoder rank serves 2 LLM lanes (world 3); mock provider; non-distributed optimizer
-FAN_OUT = {"enc_dp": 1, "llm_dp": 2, "gbs": 4, "iters": 8, "save_interval": 2, "keep": 2}
+# fan-out: 1 encoder rank serves 2 LLM lanes (world 3); MoE LLM with its 4 experts split over EP=2 (each LLM
+# rank holds different experts); mock provider; non-distributed optimizer
+FAN_OUT = {"enc_dp": 1, "llm_dp": 2, "llm_ep": 2, "model": "tiny-moe", "gbs": 4, "iters": 8, "save_interval": 2,
+           "keep": 2}
 
 
 def all_records(run_yaml: Path) -> dict[int, list[tuple]]:
@@ -65,10 +67,12 @@ def test_straight_run_keeps_k_sharded_checkpoints(straight_fanout):
     info = latest_checkpoint(d)
     assert (info.iteration, info.consumed_samples, info.world) == (8, 32, 3)
     assert info.git_sha == "0" * 40 and info.layout["llm_dp"] == 2
-    # every rank wrote its own state; replicated weights only by DP rank 0 (encoder rank 0, LLM rank 1)
-    assert sorted(info.files) == ["encoder/model-00000.pt", "encoder/optim-00000.pt", "language/model-00001.pt",
-                                  "language/optim-00001.pt", "language/optim-00002.pt", "rank/rank-00000.pt",
-                                  "rank/rank-00001.pt", "rank/rank-00002.pt"]
+    # every rank wrote its own state; replicated dense weights only by DP rank 0 (encoder rank 0, LLM rank 1);
+    # expert weights by each expert-DP rank 0 (EP=2 over 2 LLM ranks: both hold different experts)
+    assert sorted(info.files) == ["encoder/model-00000.pt", "encoder/optim-00000.pt", "language/experts-00001.pt",
+                                  "language/experts-00002.pt", "language/model-00001.pt", "language/optim-00001.pt",
+                                  "language/optim-00002.pt", "rank/rank-00000.pt", "rank/rank-00001.pt",
+                                  "rank/rank-00002.pt"]
     assert (info.path / "run.yaml").read_text() == straight_fanout.read_text()
 
 
@@ -133,7 +137,7 @@ def test_sigusr2_on_one_rank_checkpoints_and_requeues(straight_fanout, tmp_path)
 def test_refuses_checkpoint_of_another_layout(straight_fanout, tmp_path):
     d = H.ckpt_dir(straight_fanout)
     before = {p.name: p.stat().st_mtime_ns for p in d.rglob("*")}
-    y = H.make_run(tmp_path, enc_dp=2, llm_dp=1, mbs=2, gbs=4, iters=8, checkpoint_dir=str(d))
+    y = H.make_run(tmp_path, enc_dp=2, llm_dp=1, mbs=2, gbs=4, iters=8, model="tiny-moe", checkpoint_dir=str(d))
     r = H.launch(y)
     assert r.returncode != 0
     assert "refusing checkpoint" in r.stderr and f"{d / 'iter_0000008'}" in r.stderr
