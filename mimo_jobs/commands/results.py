@@ -6,6 +6,9 @@ from pathlib import Path
 
 import typer
 
+# DuckDB lets one process write a store at a time: a second ingest (or a report) waits for the first to
+# finish instead of failing (about 10 minutes of retries), so concurrent commands serialize.
+LOCK_RETRIES = 600
 _DB_HELP = "DuckDB store (default ./mimo-jobs.duckdb, or $MIMO_JOBS_DB)"
 
 
@@ -42,7 +45,7 @@ def ingest_cmd(
     err = Console(stderr=True)
     info = LogRunInfo(study=study, name=name, nodes=nodes, gpus_per_node=gpus_per_node, seq_length=seq_length)
     try:
-        con = connect(db)
+        con = connect(db, retries=LOCK_RETRIES)
     except RuntimeError as e:
         _fail(str(e))
     try:
@@ -106,7 +109,7 @@ def report_cmd(
     if fmt not in FORMATS:
         _fail(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     try:
-        con = connect(db, read_only=True)
+        con = connect(db, read_only=True, retries=LOCK_RETRIES)
     except (FileNotFoundError, RuntimeError) as e:
         _fail(str(e))
     try:
