@@ -87,7 +87,7 @@ def run(n: int, executor: str, work: Path) -> None:
 
     ex.submit = timed_submit  # type: ignore[method-assign]
     t1 = time.perf_counter()
-    subs = launch.submit_runs(con, spec, None, prepared, runs, sel, ex)
+    subs = launch.submit_runs(con, spec, None, prepared, sel, ex)
     t_submit = time.perf_counter() - t1
     ex.submit = orig  # type: ignore[method-assign]
     t_sched = sum(sched)

@@ -177,10 +177,8 @@ def submit_prepared(con, ex: Executor, p: Prepared, attempt: int) -> str:
 
 
 def _limit_s(spec: RunSpec) -> int:
-    from .study import ClusterSpec
-
-    return ClusterSpec.model_validate({**spec.cluster.model_dump(), "time_limit": spec.time_limit}) \
-        .time_limit_seconds()
+    """The run's time limit (a point may override the cluster's) in seconds."""
+    return spec.cluster.model_copy(update={"time_limit": spec.time_limit}).time_limit_seconds()
 
 
 @dataclass
@@ -191,19 +189,17 @@ class Submitted:
     rd: RunDir
 
 
-def submit_runs(con, study: StudySpec, source: str | None, prepared: list[Prepared], all_runs: list[RunSpec],
-                sel: Selection, ex: Executor, on_submit=None) -> list[Submitted]:
-    """Record the study and its runs, then submit each prepared run. A refusal half way raises LaunchError
-    after the earlier jobs are recorded (they are real); nothing of the refused run is recorded."""
+def submit_runs(con, study: StudySpec, source: str | None, prepared: list[Prepared], sel: Selection,
+                ex: Executor, on_submit=None) -> list[Submitted]:
+    """Record the study and its runs (with provenance), then submit each prepared run. A refusal half way
+    raises LaunchError after the earlier jobs are recorded (they are real); nothing of the refused run's job
+    is recorded."""
     from .store import transaction
 
-    prep = {p.spec.run_id: p for p in prepared}
     with transaction(con):
         catalog.record_study(con, study, source)
-        for r in all_runs:
-            p = prep.get(r.run_id)
-            if p is not None:
-                catalog.record_run(con, r, str(p.rd.root), p.sha256, provenance())
+        for p in prepared:
+            catalog.record_run(con, p.spec, str(p.rd.root), p.sha256, provenance())
     out = []
     for p in prepared:
         attempt = sel.attempts.get(p.spec.run_id, 0)

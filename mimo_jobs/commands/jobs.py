@@ -177,7 +177,7 @@ def submit(
                   markup=False)
 
     try:
-        launch.submit_runs(con, study, str(Path(source).resolve()), prepared, runs, sel, ex, on_submit=said)
+        launch.submit_runs(con, study, str(Path(source).resolve()), prepared, sel, ex, on_submit=said)
     except (launch.LaunchError, SubmitError) as e:
         _err(str(e), EXIT_FAILED)
     if not prepared:
@@ -265,7 +265,8 @@ def demo(
 ) -> None:
     """The main job: run the packaged CPU study locally, follow it, ingest it and print the scaling report."""
     from .. import jobs, launch
-    from ..render import packaged_studies
+    from ..executors import SubmitError
+    from ..render import RenderError, packaged_studies
     from ..store import connect, db_path
 
     path = study_file or packaged_studies() / "cpu_local.yaml"
@@ -285,8 +286,14 @@ def demo(
     jobs.ensure_schema(con)
     launch.refresh(con, study.name)
     sel = launch.plan_submit(con, diag.runs, force=False)
-    prepared = launch.prepare(sel.submit, root, "local")
-    launch.submit_runs(con, study, str(Path(path).resolve()), prepared, diag.runs, sel, launch.executor("local"))
+    try:
+        prepared = launch.prepare(sel.submit, root, "local")
+        launch.submit_runs(con, study, str(Path(path).resolve()), prepared, sel, launch.executor("local"))
+    except RenderError as e:
+        _print_problems(diag.source, e.problems)
+        raise typer.Exit(EXIT_INVALID) from None
+    except (launch.LaunchError, SubmitError) as e:
+        _err(str(e), EXIT_FAILED)
     sts = follow(con, study.name, f"{study.name} ({db_path(db)})")
     launch.ingest_runs(con, [launch.RunDir(Path(s.run_dir)) for s in sts if s.run_dir])
     from .. import report
