@@ -77,24 +77,31 @@ def _study_name(study: str | None) -> str | None:
     return study
 
 
-def follow(con, study: str, title: str, interval: float = 2.0, until_done: bool = True) -> list:
-    """Refresh + live table until every run of the study has ended (submit --wait, status --watch, demo)."""
+def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0) -> list:
+    """Refresh + live table until every run (of the study, or of the store) has ended: submit --wait,
+    status --watch, demo. The store is opened per refresh and closed while sleeping, so another
+    `mimo-jobs status` (DuckDB allows one writer at a time) is never locked out for long."""
     from rich.console import Group
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .. import jobs, launch
+    from ..store import connect
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    task = progress.add_task(f"{study}: runs ended", total=None)
+    task = progress.add_task(f"{study or 'all studies'}: runs ended", total=None)
     with Live(console=_console(), refresh_per_second=4, transient=False) as live:
         while True:
-            launch.refresh(con, study)
-            sts = jobs.run_statuses(con, study)
+            con = connect(db)
+            try:
+                launch.refresh(con, study)
+                sts = jobs.run_statuses(con, study)
+            finally:
+                con.close()
             ended = sum(1 for s in sts if s.job is not None and not s.job.active)
             progress.update(task, total=len(sts), completed=ended)
             live.update(Group(status_table(sts, title), progress))
-            if until_done and all(s.job is None or not s.job.active for s in sts):
+            if all(s.job is None or not s.job.active for s in sts):
                 return sts
             time.sleep(interval)
 
@@ -183,8 +190,9 @@ def submit(
     if not prepared:
         out.print(f"{study.name}: nothing to submit ({len(sel.keep)} run(s) pending, running or completed)",
                   markup=False)
+    con.close()
     if wait:
-        sts = follow(con, study.name, f"{study.name} ({db_path(db)})")
+        sts = follow(db, study.name, f"{study.name} ({db_path(db)})")
         if any(s.job is None or s.job.state != "COMPLETED" for s in sts):
             raise typer.Exit(EXIT_FAILED)
 
@@ -210,25 +218,11 @@ def status(
         _err(f"study {name!r} has no runs in {db_path(db)} (known: {known or 'none'})")
     title = f"{name or 'all studies'} ({db_path(db)})"
     if watch:
-        follow(con, name, title, interval) if name else _watch_all(con, title, interval)
+        con.close()
+        follow(db, name, title, interval)
         return
     launch.refresh(con, name)
     _console().print(status_table(jobs.run_statuses(con, name), title))
-
-
-def _watch_all(con, title: str, interval: float) -> None:
-    from rich.live import Live
-
-    from .. import jobs, launch
-
-    with Live(console=_console(), refresh_per_second=4) as live:
-        while True:
-            launch.refresh(con)
-            sts = jobs.run_statuses(con)
-            live.update(status_table(sts, title))
-            if all(s.job is None or not s.job.active for s in sts):
-                return
-            time.sleep(interval)
 
 
 def cancel(
@@ -294,7 +288,9 @@ def demo(
         raise typer.Exit(EXIT_INVALID) from None
     except (launch.LaunchError, SubmitError) as e:
         _err(str(e), EXIT_FAILED)
-    sts = follow(con, study.name, f"{study.name} ({db_path(db)})")
+    con.close()
+    sts = follow(db, study.name, f"{study.name} ({db_path(db)})")
+    con = connect(db)
     launch.ingest_runs(con, [launch.RunDir(Path(s.run_dir)) for s in sts if s.run_dir])
     from .. import report
 
