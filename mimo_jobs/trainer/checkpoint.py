@@ -634,8 +634,10 @@ class Checkpointer:
         prov = doc.get("provenance") or {}
         self.provenance = Provenance(
             run_id=run.run_id, study=run.study, run_name=run.name, layout=asdict(run.layout), world=world,
-            git_sha=prov.get("git_sha"), job_id=os.environ.get("SLURM_JOB_ID") or os.environ.get("MIMO_JOB_ID"),
-            attempt=int(os.environ.get("SLURM_RESTART_COUNT") or os.environ.get("MIMO_ATTEMPT") or 0))
+            git_sha=prov.get("git_sha"),
+            # launch.sh exports these for SLURM and local jobs alike
+            job_id=os.environ.get("MIMO_JOBS_JOB_ID") or os.environ.get("SLURM_JOB_ID"),
+            attempt=int(os.environ.get("MIMO_JOBS_ATTEMPT") or os.environ.get("SLURM_RESTART_COUNT") or 0))
         self.last_saved: int | None = None
         self.last_save_s: float | None = None
         self.resumed: Resumed | None = None
@@ -661,7 +663,8 @@ class Checkpointer:
             self.last_saved = r.iteration
             self.resumed = r
             if st.role.rank == 0:
-                print(f"mimo-jobs trainer: resumed from {r.path} (iteration {r.iteration}, "
+                # wording matched by ingest (logparse: "resumed from checkpoint" -> checkpoint_loaded event)
+                print(f"mimo-jobs trainer: resumed from checkpoint {r.path} (iteration {r.iteration}, "
                       f"{r.consumed_samples} samples)", flush=True)
         return r
 
@@ -673,6 +676,9 @@ class Checkpointer:
         self.last_save_s = time.perf_counter() - t0
         if self.watch is not None:
             self.watch.note_save(self.last_save_s)
+        if st.role.rank == 0:  # "saved checkpoint" -> ingest's checkpoint_saved event
+            print(f"mimo-jobs trainer: saved checkpoint {p} (iteration {st.iteration}, {st.consumed_samples} "
+                  f"samples, {self.last_save_s:.2f} s)", flush=True)
         return p
 
     def after_step(self, st, n_iters: int, step_s: float | None = None):

@@ -51,7 +51,7 @@ def world_of(run_yaml: Path) -> int:
 def trainer_env(extra: dict | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONUNBUFFERED="1")
     for k in ("MIMO_CKPT_CRASH", "MIMO_CKPT_KILL_AFTER_ITER", "MIMO_CKPT_TEST_STEP_DELAY_S", "MIMO_JOB_DEADLINE",
-              "SLURM_JOB_END_TIME", "SLURM_JOB_ID", "SLURM_RESTART_COUNT"):
+              "SLURM_JOB_END_TIME", "SLURM_JOB_ID", "SLURM_RESTART_COUNT", "MIMO_JOBS_JOB_ID", "MIMO_JOBS_ATTEMPT"):
         env.pop(k, None)
     env.update(extra or {})
     return env

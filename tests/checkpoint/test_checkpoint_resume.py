@@ -87,11 +87,12 @@ def test_crash_mid_save_then_kill9_then_resume_is_exact(straight_fanout, tmp_pat
     # 2. resumes from 2; every rank is SIGKILLed right after iteration 5 (checkpoint 4 written meanwhile)
     r = H.launch(y, env={"MIMO_CKPT_KILL_AFTER_ITER": "5"})
     assert r.returncode != 0 and "exitcode  : -9" in r.stderr
-    assert f"resumed from {d / 'iter_0000002'} (iteration 2, 8 samples)" in r.stdout
+    assert f"resumed from checkpoint {d / 'iter_0000002'} (iteration 2, 8 samples)" in r.stdout
     assert latest_checkpoint(d).iteration == 4 and not (d / "iter_0000004.tmp").exists()
     # 3. resumes from 4 and completes
     r = run_ok(y)
-    assert f"resumed from {d / 'iter_0000004'} (iteration 4, 16 samples)" in r.stdout
+    assert f"resumed from checkpoint {d / 'iter_0000004'} (iteration 4, 16 samples)" in r.stdout
+    assert f"saved checkpoint {d / 'iter_0000008'} (iteration 8, 32 samples" in r.stdout
     assert_same_as_straight(y, straight_fanout)
     assert [len(v) for _, v in sorted(all_records(y).items())] == [1, 1, 2, 2, 2, 1, 1, 1]
     assert H.ends(y) == ["completed"]
