@@ -180,8 +180,9 @@ def check_compatible(info: CheckpointInfo, prov: Provenance) -> list[str]:
     problems = []
     if info.run_id != prov.run_id:
         problems.append(f"it belongs to run {info.run_id} ({info.study}/{info.run_name}), this is run "
-                        f"{prov.run_id} ({prov.study}/{prov.run_name}); point trainer.checkpoint_dir at this "
-                        "run's own directory")
+                        f"{prov.run_id} ({prov.study}/{prov.run_name}); the run id hashes the resolved study "
+                        "config, so a changed config is a new run: give it its own trainer.checkpoint_dir (or move "
+                        "the old checkpoints away)")
     diff = [k for k in LAYOUT_KEYS if info.layout.get(k) != prov.layout.get(k)]
     if diff:
         problems.append("it was saved with a different layout (" + ", ".join(
