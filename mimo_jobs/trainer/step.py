@@ -149,9 +149,22 @@ def _moe_aux(st: TrainState) -> float:
     )
 
     tr = get_moe_layer_wise_logging_tracker()
-    v = sum(float(x["values"].mean()) for x in tr.values()) if tr else 0.0
+    v = 0.0
+    for x in tr.values():
+        vals = x["values"]
+        if _sp_size(st) > 1:  # with sequence parallelism each TP rank holds its shard's partial loss
+            import torch.distributed as dist
+
+            vals = vals.clone()
+            dist.all_reduce(vals, group=st.language.pgc.tp)
+        v += float(vals.mean())
     clear_aux_losses_tracker()
     return v
+
+
+def _sp_size(st: TrainState) -> int:
+    cfg = st.language.core.config
+    return cfg.tensor_model_parallel_size if cfg.sequence_parallel else 1
 
 
 def _set_aux_scale(st: TrainState, n_tokens: float) -> None:
@@ -159,8 +172,11 @@ def _set_aux_scale(st: TrainState, n_tokens: float) -> None:
         import torch
         from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
-        # like Megatron's per-token-loss mode: the aux loss gradient is scaled as the main loss (1/N)
-        MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0 / max(n_tokens, 1.0), device=st.device))
+        # Per-token-loss mode: the aux loss gradient is scaled like the main loss (1/N). mcore 0.16.1 weights
+        # each rank's (partial, under sequence parallelism) aux loss by its LOCAL token count, which SP
+        # divides by the TP size; multiplying back keeps the gradient independent of the LLM's TP size.
+        scale = _sp_size(st) / max(n_tokens, 1.0)
+        MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale, device=st.device))
 
 
 def train_step(st: TrainState) -> StepStats:

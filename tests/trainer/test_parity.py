@@ -98,3 +98,14 @@ def test_frozen_encoder(tmp_path):
     t = iterations(m)
     assert h_frozen[0]["loss"] == pytest.approx(t[0]["loss"], rel=1e-9)
     assert h_frozen[0]["grad_norm"] < t[0]["grad_norm"] * (1 - 1e-3)
+
+
+@pytest.mark.slow
+def test_moe_tp2_sequence_parallel_ep2_fan_in(tmp_path):
+    # MoE with TP>1 needs sequence parallelism; the EP group spans the two TP ranks of the single lane
+    _, r, _, het = _parity(tmp_path, 4, gpn=4, gbs=4, mbs=2, model="tiny-moe", enc={"dp": 2},
+                           llm={"tp": 2, "dp": 1, "ep": 2})
+    assert "tp=2 pp=1 dp=1 ep=2" in het.stdout
+    h = iterations(tmp_path / "het.jsonl")
+    for a, b in zip(r, h):
+        assert b["moe_aux_loss"] == pytest.approx(a["moe_aux_loss"], rel=RTOL)
