@@ -141,6 +141,12 @@ class _Lane:
         if self.it is not None:
             self.it.close()
             self.it = None
+        # torch keeps the persistent worker iterator on the loader; shut its workers down now rather than at
+        # garbage collection (where each worker costs a 5 s join timeout)
+        tit = getattr(self.loader, "_iterator", None)
+        if tit is not None and hasattr(tit, "_shutdown_workers"):
+            tit._shutdown_workers()
+            self.loader._iterator = None
 
 
 class EnergonProvider(Provider):
