@@ -109,3 +109,10 @@ def test_moe_tp2_sequence_parallel_ep2_fan_in(tmp_path):
     h = iterations(tmp_path / "het.jsonl")
     for a, b in zip(r, h):
         assert b["moe_aux_loss"] == pytest.approx(a["moe_aux_loss"], rel=RTOL)
+
+
+@pytest.mark.slow
+def test_one_to_one_dp2_with_distributed_optimizer(tmp_path):
+    _, _, _, het = _parity(tmp_path, 4, gpn=4, gbs=4, enc={"dp": 2}, llm={"dp": 2},
+                           trainer={"use_distributed_optimizer": True})
+    assert "bridge 1:1" in het.stdout
