@@ -153,7 +153,12 @@ def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: i
 
     # megatron-core warns at import that TE/apex are absent (expected on CPU): keep logs readable
     warnings.filterwarnings("ignore", message=r".*(Apex|apex|Transformer Engine|TE) .*")
-    run, doc = load_run_yaml(run_yaml)
+    try:
+        run, doc = load_run_yaml(run_yaml)
+    except Exception as e:  # noqa: BLE001 - yaml, missing keys, pydantic: all mean "not a run.yaml"
+        msg = " ".join(str(e).split())[:600]
+        raise LaunchError(f"{run_yaml}: not a valid run.yaml ({type(e).__name__}: {msg}); re-render it with "
+                          "`mimo-jobs render`") from None
     # CI/CPU: the native fused cross entropy is torch.compile'd; compiling costs ~16 s cold (probe P5).
     if run.cluster.accelerator == "cpu":
         os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")

@@ -59,3 +59,12 @@ def test_one_failing_rank_ends_the_job_naming_it(tmp_path):
     assert "mimo-jobs trainer: rank 0 failed: RuntimeError: injected failure" in p.stderr
     its = [line for line in (tmp_path / "m.jsonl").read_text().splitlines() if '"iteration"' in line]
     assert len([x for x in its if '"kind": "iteration"' in x]) == 1  # iteration 1 completed, then the job ended
+
+
+def test_garbage_run_yaml_is_one_clear_error(tmp_path):
+    bad = tmp_path / "run.yaml"
+    bad.write_text("run: {study: x}\n")
+    p = run_reference(bad, tmp_path / "m.jsonl")
+    assert p.returncode == 2
+    assert f"{bad}: not a valid run.yaml (KeyError: 'name')" in p.stderr
+    assert "Traceback" not in p.stderr
