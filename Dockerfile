@@ -26,7 +26,7 @@ ARG BASE_IMAGE
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Extra wheel locations for the build only (CI bind-mounts its torch CPU wheel and sets this to that dir).
-ARG PIP_FIND_LINKS=""
+ARG PIP_FIND_LINKS
 
 # One list of dependencies (pyproject.toml): the wheel goes in with --no-deps, then its own metadata names
 # the base + `train` requirements. torch is kept as the base image ships it when present (NGC: CUDA build,

@@ -7,6 +7,7 @@
 # Environment:
 #   MIMO_IMAGE            image to build (default localhost/mimo-jobs:ci)
 #   MIMO_CONTAINER_CACHE  cache dir for the base tar and the torch wheel (default ~/.cache/mimo-jobs-container)
+#   MIMO_JOBS_GIT_SHA     commit recorded in the image (default: the checkout's HEAD, "-dirty" if modified)
 #   CONTAINERS_CONF       podman settings; default: this dir's containers.conf (runc, cgroupfs, ulimits)
 # Facts behind the settings: ../shared/notes/probe-container.md. Installs its Debian packages when missing.
 set -euo pipefail
@@ -19,7 +20,7 @@ base="localhost/mimo-jobs-ci-base:${suite}-py3"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/containers.conf}"
 mkdir -p "$cache"
 
-say() { printf '== %s\n' "$*" >&2; }
+say() { printf '== [%3ds] %s\n' "$((SECONDS - t0))" "$*" >&2; }
 t0=$SECONDS
 
 # 1. Tools (Debian packages). crun is not used: it refuses this host kind's hybrid cgroup layout.
@@ -72,8 +73,11 @@ if ! compgen -G "$wheels/torch-${torch_pin#torch==}*cp${pyver/./}*.whl" >/dev/nu
 fi
 
 # 4. The build. The host's CA bundle is bind-mounted for pip's HTTPS (not baked into the image).
-sha="$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)"
-if [[ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ]]; then sha="$sha-dirty"; fi
+sha="${MIMO_JOBS_GIT_SHA:-}"
+if [[ -z "$sha" ]]; then
+  sha="$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)"
+  if [[ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ]]; then sha="$sha-dirty"; fi
+fi
 ca=/etc/ssl/certs/ca-certificates.crt
 say "podman build $image (BASE_IMAGE=$base, git $sha)"
 podman build --quiet --format docker \
@@ -84,5 +88,5 @@ podman build --quiet --format docker \
   --volume "$wheels:/wheels:ro" \
   --volume "$ca:$ca:ro" \
   --tag "$image" --file "$repo/Dockerfile" "$repo" >/dev/null
-say "built $image in $((SECONDS - t0)) s"
+say "built $image"
 echo "$image"

@@ -44,17 +44,17 @@ def podman(*args: str, timeout: float = 600, check: bool = True) -> subprocess.C
     return p
 
 
-BUILT_FROM: set[str] = set()  # HEAD just before and after the build (a shared checkout may move meanwhile)
+BUILT_FROM = {}  # the commit this test told the build to record
 
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    BUILT_FROM.add(host_git_sha())
-    p = subprocess.run(["bash", str(BUILD_SCRIPT)], env=podman_env(), capture_output=True, text=True,
-                       timeout=1800, check=False)
-    BUILT_FROM.add(host_git_sha())
+    BUILT_FROM["sha"] = host_git_sha()
+    env = dict(podman_env(), MIMO_JOBS_GIT_SHA=BUILT_FROM["sha"])
+    p = subprocess.run(["bash", str(BUILD_SCRIPT)], env=env, capture_output=True, text=True, timeout=1800,
+                       check=False)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
-    print(p.stderr.strip().splitlines()[-1])  # "== built <image> in N s"
+    print(p.stderr.strip())  # the build's phases with elapsed seconds
     return p.stdout.strip().splitlines()[-1]
 
 
@@ -78,7 +78,7 @@ def test_image_cli_provenance_and_clean_layers(image, tmp_path):
     assert r.returncode == 2 and "tiling" in r.stdout + r.stderr and "llm.dp=1" in r.stdout + r.stderr
 
     doc = json.loads(in_image(image, "cat", "/opt/mimo-jobs/PROVENANCE.json").stdout)
-    assert doc["version"] == PYPROJECT["version"] and doc["git_sha"].removesuffix("-dirty") in BUILT_FROM
+    assert doc["version"] == PYPROJECT["version"] and doc["git_sha"] == BUILT_FROM["sha"]
     assert doc["versions"]["torch"].split("+")[0] == TRAIN_PINS["torch"]  # a bare base gets train's pin
     assert doc["versions"]["megatron-core"] == TRAIN_PINS["megatron-core"]
     assert doc["base_image"].startswith("localhost/mimo-jobs-ci-base")
