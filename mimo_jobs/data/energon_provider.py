@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pickle
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -169,6 +170,9 @@ class EnergonProvider(Provider):
                                     on_bad_sample=cfg.on_bad_sample, truncate_text=cfg.truncate_text,
                                     image_slice=image_slice)
         self._lanes = {x: _Lane(x, cfg, self.enc_cfg, self.tokenizer) for x in self.lanes}
+        # Workers end when the provider is closed, collected, or at interpreter exit (the trainer need not
+        # call close(); without this each worker costs a 5 s join timeout at exit).
+        self._finalizer = weakref.finalize(self, _close_lanes, self._lanes)
 
     # ------------------------------------------------------------ Provider
 
@@ -247,12 +251,13 @@ class EnergonProvider(Provider):
         return self._lanes[lane].totals
 
     def close(self) -> None:
-        for ln in self._lanes.values():
-            ln.close()
+        self._finalizer()
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown: workers may already be gone
-            self.close()
+
+def _close_lanes(lanes: dict) -> None:
+    for ln in lanes.values():
+        with contextlib.suppress(Exception):  # at interpreter exit workers may already be gone
+            ln.close()
 
 
 def make_energon_provider(run_spec: Any, plan: Any, lanes: list[int], need_images: bool, need_text: bool,
