@@ -2,9 +2,11 @@
 
 Mock samples: an image of a random side from `data.image_sizes` (so a varying number of image tokens,
 (side/patch)^2) or no image at all (share `data.text_only_fraction`), followed by random text and padding.
-Each sample is a pure function of (seed, lane, stream position): the encoder replica and the LLM lane that
-read the same lane get identical samples, whatever else they read (images are drawn from their own
-generator, so `need_images=False` changes nothing else).
+Each sample is a pure function of (seed, global sample index), and lane l's microbatch m of iteration t
+holds the global samples t*gbs + m*mbs*llm_dp + l*mbs + [0, mbs): the encoder replica and the LLM lane that
+read the same lane get identical samples, and the global batch of an iteration is the same whatever the
+layout (so losses are comparable across node counts). Images are drawn from their own generator, so
+`need_images=False` changes nothing else.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ class MockConfig:
     channels: int
     image_sizes: tuple[int, ...]
     text_only_fraction: float
+    lanes: int = 1  # LLM DP lanes sharing one global batch
+
+    @property
+    def gbs(self) -> int:
+        return self.mbs * self.lanes * self.num_microbatches
 
 
 def check_mock_config(c: MockConfig, max_image_size: int) -> None:
@@ -67,12 +74,18 @@ class MockProvider(Provider):
         self.need_text = need_text
         self.position = {lane: 0 for lane in self.lanes}  # microbatches already drawn per lane
 
-    def sample(self, lane: int, index: int):
-        """Sample `index` of lane `lane`'s stream: (key, tokens, n_image_tokens, image or None)."""
+    def global_index(self, lane: int, pos: int, j: int) -> int:
+        """Global sample index of sample j of the lane's pos-th microbatch."""
+        c = self.cfg
+        step, mb = divmod(pos, c.num_microbatches)
+        return step * c.gbs + mb * c.mbs * c.lanes + lane * c.mbs + j
+
+    def sample(self, index: int):
+        """Global sample `index`: (key, tokens, n_image_tokens, n_real_tokens, image or None)."""
         import torch
 
         c = self.cfg
-        g = torch.Generator().manual_seed(_seed_of(c.seed, "meta", lane, index))
+        g = torch.Generator().manual_seed(_seed_of(c.seed, "meta", index))
         u = torch.rand((), generator=g).item()
         side = 0
         if u >= c.text_only_fraction and c.image_sizes:
@@ -86,9 +99,9 @@ class MockProvider(Provider):
         tokens[n_img:n_img + n_text] = text
         image = None
         if side and self.need_images:
-            gi = torch.Generator().manual_seed(_seed_of(c.seed, "image", lane, index))
+            gi = torch.Generator().manual_seed(_seed_of(c.seed, "image", index))
             image = torch.randn(c.channels, side, side, generator=gi)
-        return f"mock/{c.seed}/{lane}/{index}", tokens, n_img, n_img + n_text, image
+        return f"mock/{c.seed}/{index}", tokens, n_img, n_img + n_text, image
 
     def next(self, lane: int) -> LaneBatch:
         import torch
@@ -100,7 +113,7 @@ class MockProvider(Provider):
         self.position[lane] = pos + 1
         keys, toks, counts, images, masks, labels = [], [], [], [], [], []
         for j in range(c.mbs):
-            key, t, n_img, n_real, img = self.sample(lane, pos * c.mbs + j)
+            key, t, n_img, n_real, img = self.sample(self.global_index(lane, pos, j))
             lab = torch.full_like(t, IGNORE_INDEX)
             lab[:-1] = t[1:]
             m = torch.zeros(c.seq_length)
@@ -133,7 +146,8 @@ def mock_config(run_spec, plan) -> MockConfig:
     c = MockConfig(seed=t.seed, seq_length=t.seq_length, mbs=run_spec.layout.mbs,
                    num_microbatches=plan.num_microbatches, vocab_size=p.llm.vocab_size,
                    patch_size=p.encoder.patch_size, channels=p.encoder.channels,
-                   image_sizes=tuple(t.data.image_sizes), text_only_fraction=t.data.text_only_fraction)
+                   image_sizes=tuple(t.data.image_sizes), text_only_fraction=t.data.text_only_fraction,
+                   lanes=run_spec.layout.llm_dp)
     check_mock_config(c, p.encoder.image_size)
     return c
 

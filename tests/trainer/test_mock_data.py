@@ -6,7 +6,7 @@ from mimo_jobs.trainer.batch import IGNORE_INDEX
 from mimo_jobs.trainer.data import MockConfig, MockProvider, image_token_id
 
 CFG = MockConfig(seed=7, seq_length=32, mbs=2, num_microbatches=3, vocab_size=128, patch_size=4, channels=3,
-                 image_sizes=(8, 12, 16), text_only_fraction=0.3)
+                 image_sizes=(8, 12, 16), text_only_fraction=0.3, lanes=4)
 
 
 def test_same_lane_same_samples_whoever_reads_it():
@@ -51,3 +51,13 @@ def test_position_advances_step_and_microbatch():
     q = MockProvider(CFG, [3], need_images=False, need_text=True)
     q.load_state_dict(state)
     assert q.next(3).sample_keys == nxt.sample_keys
+
+
+def test_global_batch_does_not_depend_on_the_layout():
+    # gbs 8: 4 lanes x mbs 2 x 1 microbatch, or 2 lanes x mbs 1 x 4 microbatches -> the same 8 samples
+    a = MockConfig(**{**CFG.__dict__, "mbs": 2, "lanes": 4, "num_microbatches": 1})
+    b = MockConfig(**{**CFG.__dict__, "mbs": 1, "lanes": 2, "num_microbatches": 4})
+    pa, pb = MockProvider(a, range(4), False, True), MockProvider(b, range(2), False, True)
+    ka = sorted(k for lane in range(4) for k in pa.next(lane).sample_keys)
+    kb = sorted(k for _ in range(4) for lane in range(2) for k in pb.next(lane).sample_keys)
+    assert ka == kb == sorted(f"mock/7/{i}" for i in range(8))

@@ -116,3 +116,17 @@ def test_one_to_one_dp2_with_distributed_optimizer(tmp_path):
     _, _, _, het = _parity(tmp_path, 4, gpn=4, gbs=4, enc={"dp": 2}, llm={"dp": 2},
                            trainer={"use_distributed_optimizer": True})
     assert "bridge 1:1" in het.stdout
+
+
+def test_reference_losses_do_not_depend_on_the_layout(tmp_path):
+    # the same global batches (gbs 4) split as 2 lanes x 2 microbatches or 1 lane x mbs 2: the trainer's
+    # figures are per global batch, so both layouts train identically
+    out = []
+    for name, kw in (("fo", {"enc": {"dp": 1}, "llm": {"dp": 2}}), ("fi", {"mbs": 2, "enc": {"dp": 2}, "llm": {"dp": 1}})):
+        ry = make_run_yaml(tmp_path / name, gpn=3, gbs=4, **kw)
+        assert_ok(run_reference(ry, tmp_path / f"{name}.jsonl"), name)
+        out.append(iterations(tmp_path / f"{name}.jsonl"))
+    for a, b in zip(*out):
+        assert b["loss"] == pytest.approx(a["loss"], rel=RTOL)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=RTOL)
+        assert b["tokens"] == a["tokens"]
