@@ -6,6 +6,9 @@ Pure parts (no I/O): `JobFacts` (what an executor reports), `classify()` (what t
 
 Policy (classify):
 - COMPLETED                                   -> done
+- exit 75 (REQUEUE_EXIT_CODE), or the trainer's "stopping for requeue" line (not CANCELLED): the trainer
+  stopped on a signal or near its deadline after saving a checkpoint -> requeue (up to MAX_REQUEUES; resumes
+  from `latest`), also when the limit's TERM came while it was exiting (TIMEOUT exit 75)
 - PREEMPTED                                   -> requeue (the run resumes from its checkpoints)
 - TIMEOUT                                     -> requeue while checkpoints exist and timeouts < MAX_TIMEOUTS
                                                  (no checkpoint: the next attempt would redo the same work)
@@ -26,6 +29,11 @@ ACTIVE_STATES = frozenset({"SUBMITTED", "PENDING", "CONFIGURING", "RUNNING", "CO
 # Runs whose latest job is in one of these are not submitted again (unless --force).
 KEEP_STATES = ACTIVE_STATES | {"COMPLETED"}
 MAX_TIMEOUTS = 3  # like submitit's max_num_timeout
+# The trainer's requeue contract (trainer/signals.py; repeated here so the CLI imports no trainer module).
+REQUEUE_EXIT_CODE = 75
+REQUEUE_LOG_LINE = "mimo-jobs trainer: stopping for requeue at iteration"
+# Every requeued attempt advances at least one iteration, but a run that keeps stopping is bounded anyway.
+MAX_REQUEUES = 20
 
 # Log signatures of failures that another attempt may well not hit (infrastructure, not the program).
 FLAKY_PATTERNS = [
@@ -89,6 +97,15 @@ def classify(state: str, exit_code: int | None, log_text: str, history: History,
     """What to do with a job that ended. Pure: every input is given."""
     if state == "COMPLETED":
         return Decision("done", "completed")
+    if state != "CANCELLED" and (exit_code == REQUEUE_EXIT_CODE or REQUEUE_LOG_LINE in log_text):
+        # The trainer checkpointed and asked for another attempt (its marker was handled by the launch script).
+        if not has_checkpoint:
+            return Decision("final", f"exit {exit_code}: the trainer asked for a requeue but no complete "
+                                     "checkpoint exists: not requeued")
+        if history.preemptions >= MAX_REQUEUES:
+            return Decision("final", f"requeued {history.preemptions} times already: not requeued again")
+        return Decision("requeue", "trainer checkpointed and asked for a requeue (signal or time limit): "
+                                   "requeued, resumes from checkpoint")
     if state == "PREEMPTED":
         return Decision("requeue", "preempted: requeued" + (" (resumes from checkpoint)" if has_checkpoint else ""))
     if state == "TIMEOUT":
@@ -248,7 +265,7 @@ def history_of(rows: list[JobRow]) -> History:
     for r in rows:
         if r.action == "retry":
             h.retries += 1
-        elif r.action == "requeue" and r.state == "TIMEOUT":
+        elif r.action == "requeue" and r.state == "TIMEOUT" and r.exit_code != REQUEUE_EXIT_CODE:
             h.timeouts += 1
         elif r.action == "requeue":
             h.preemptions += 1
@@ -283,6 +300,7 @@ class RunStatus:
     iteration: int | None = None
     loss: float | None = None
     iter_source: str | None = None  # store | metrics.jsonl
+    checkpoint: int | None = None  # iteration of the run's latest complete checkpoint (what a requeue resumes)
 
 
 def last_iteration_from_metrics(path: Path) -> tuple[int, float] | None:
@@ -298,6 +316,15 @@ def last_iteration_from_metrics(path: Path) -> tuple[int, float] | None:
         if isinstance(d, dict) and d.get("kind", "iteration") == "iteration" and "iteration" in d:
             return int(d["iteration"]), float(d["loss"]) if d.get("loss") is not None else float("nan")
     return None
+
+
+def last_checkpoint_iteration(run_dir: Path, spec: dict) -> int | None:
+    """The iteration of the run's `latest` complete checkpoint (manifest only; no torch is imported)."""
+    from .trainer.checkpoint import latest_checkpoint
+
+    d = Path((spec.get("trainer") or {}).get("checkpoint_dir") or run_dir / "checkpoints")
+    info = latest_checkpoint(d if d.is_absolute() else run_dir / d)
+    return None if info is None else info.iteration
 
 
 def run_statuses(con, study: str | None = None) -> list[RunStatus]:
@@ -321,6 +348,8 @@ def run_statuses(con, study: str | None = None) -> list[RunStatus]:
         spec = json.loads(spec) if isinstance(spec, str) else (spec or {})
         rs = RunStatus(st, name, rid, nodes, run_dir, (spec.get("trainer") or {}).get("train_iters"),
                        latest.get(rid))
+        if run_dir:
+            rs.checkpoint = last_checkpoint_iteration(Path(run_dir), spec)
         if rid in last:
             rs.iteration, rs.loss, rs.iter_source = last[rid][0], last[rid][1], "store"
         elif run_dir:

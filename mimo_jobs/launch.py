@@ -264,8 +264,9 @@ def job_log_text(rd: RunDir, row: jobs.JobRow) -> str:
 
 
 def has_checkpoint(rd: RunDir, spec: dict) -> bool:
-    d = Path((spec.get("trainer") or {}).get("checkpoint_dir") or rd.checkpoints)
-    return d.is_dir() and ((d / "latest").exists() or any(d.glob("iter_*")))
+    """A complete checkpoint the next attempt can resume from (a crashed iter_N.tmp is none). The manifest
+    reader needs no torch (trainer/__init__ imports nothing)."""
+    return jobs.last_checkpoint_iteration(rd.root, spec) is not None
 
 
 def settle(con, row: jobs.JobRow, rd: RunDir, spec: dict) -> jobs.Decision:

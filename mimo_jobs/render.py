@@ -206,6 +206,10 @@ def context(spec: RunSpec, rd: RunDir) -> dict:
         "sbatch_args": list(c.sbatch_args), "srun_args": list(c.srun_args),
         "env": sorted(c.env.items()), "setup": list(c.setup), "python": c.python, "container": container,
         "port_base": PORT_BASE, "port_span": PORT_SPAN,
+        # requeue contract (trainer/signals.py; literals so rendering imports no trainer module)
+        "time_limit_s": spec.cluster.model_copy(update={"time_limit": spec.time_limit}).time_limit_seconds(),
+        "requeue_marker": str(Path(spec.trainer.checkpoint_dir or rd.checkpoints) / "requeue.json"),
+        "requeue_exit_code": 75,
     }
 
 

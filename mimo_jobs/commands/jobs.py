@@ -47,7 +47,7 @@ def status_table(statuses, title: str):
     t = Table(title=title, title_justify="left")
     for col, just in (("run", "left"), ("nodes", "right"), ("executor", "left"), ("job", "left"),
                       ("state", "left"), ("attempt", "right"), ("elapsed", "right"), ("iteration", "right"),
-                      ("loss", "right"), ("reason", "left")):
+                      ("loss", "right"), ("checkpoint", "right"), ("reason", "left")):
         t.add_column(col, justify=just, overflow="fold")
     for s in statuses:
         j = s.job
@@ -59,7 +59,8 @@ def status_table(statuses, title: str):
         state = Text(j.state if j else "not submitted", style=_STYLE.get(j.state if j else "", ""))
         t.add_row(s.run if len(statuses) < 2 or s.study == statuses[0].study else f"{s.study}/{s.run}",
                   str(s.nodes), j.executor if j else "-", j.job_id if j else "-", state,
-                  str(j.attempt) if j else "-", _fmt_elapsed(j.elapsed_s() if j else None), it, loss, reason)
+                  str(j.attempt) if j else "-", _fmt_elapsed(j.elapsed_s() if j else None), it, loss,
+                  "-" if s.checkpoint is None else str(s.checkpoint), reason)
     return t
 
 

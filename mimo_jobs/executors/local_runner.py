@@ -4,8 +4,11 @@ Started detached (own session) by `LocalExecutor.submit`, so the submitting CLI 
 records the same facts SLURM does in STATE_FILE (JSON, replaced atomically): PENDING while it waits for a
 machine slot, RUNNING with start time, then COMPLETED / FAILED (exit code) / CANCELLED (SIGTERM from
 `mimo-jobs cancel`) / TIMEOUT (time limit). Like SLURM it sends the warning signal `signal_s` seconds before
-the limit (but not before half of it), then TERM at the limit and KILL `KILL_WAIT_S` later, always to
-launch.sh's whole process group.
+the limit (but not before half of it), then TERM at the limit and KILL `KILL_WAIT_S` later, to launch.sh's
+process group; the warning signal and the final KILL also go to every descendant (torchrun starts its
+workers in their own sessions, so the group alone would miss the trainer). Like sbatch.sh it exports
+MIMO_JOB_DEADLINE (start + limit) so the trainer stops and saves before the limit by itself; launch.sh
+exiting 75 (the trainer's requeue request) is recorded as FAILED exit 75, which the policy requeues.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+REQUEUE_EXIT_CODE = 75  # trainer/signals.py (not imported: no trainer module in the runner)
 KILL_WAIT_S = 5.0  # like SLURM's KillWait
 POLL_S = 0.1
 
@@ -46,6 +50,25 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc), children first."""
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
 
 
 def _acquire_slot(slots_dir: Path, slots: int, stop) -> object | None:
@@ -101,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in [k for k in env if k.startswith("SLURM_")]:
         del env[k]  # a local job must not think it is inside a SLURM allocation
     env.update(MIMO_JOBS_JOB_ID=a.job_id, MIMO_JOBS_ATTEMPT=str(a.attempt), MIMO_JOBS_RUN_DIR=a.run_dir,
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), MIMO_JOBS_EXECUTOR="local")
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), MIMO_JOBS_EXECUTOR="local",
+               MIMO_JOB_DEADLINE=str(int(time.time() + a.time_limit_s)))
     out = open(a.out, "ab", buffering=0)  # noqa: SIM115 (the job's output, open until it ends)
     out.write(f"mimo-jobs: local job {a.job_id} attempt {a.attempt} starts {_now()}Z\n".encode())
     start = time.monotonic()
@@ -109,11 +133,17 @@ def main(argv: list[str] | None = None) -> int:
                             stdin=subprocess.DEVNULL, start_new_session=True)
     state.set(state="RUNNING", start_time=_now(), child_pid=proc.pid)
 
-    def group(sig: int) -> None:
+    def group(sig: int, tree: bool = False) -> None:
+        pids = descendants(proc.pid) if tree else []
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
+        for pid in pids:  # torchrun's workers live in their own sessions
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
     def stop(first: int) -> int:
         group(first)
@@ -141,12 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         # Never before half the limit: a warning at t=0 (signal_s >= limit) would hit launch.sh before it
         # could install its handler, and a job that short has nothing to save yet.
         if not warned and a.signal_s > 0 and el >= max(a.time_limit_s - a.signal_s, a.time_limit_s / 2):
-            group(warn_sig)
+            group(warn_sig, tree=True)
             warned = True
         time.sleep(POLL_S)
-    group(signal.SIGKILL)  # stray grandchildren of launch.sh (a torchrun worker left behind) die with the job
+    group(signal.SIGKILL, tree=True)  # stray descendants of launch.sh (a torchrun worker left behind) die with the job
     code = 128 - rc if rc < 0 else rc  # killed by signal N -> 128+N, as a shell reports it
     msg = {"CANCELLED": "cancelled", "TIMEOUT": f"time limit {a.time_limit_s:.0f}s reached"}.get(ended or "")
+    if ended is None and code == REQUEUE_EXIT_CODE:
+        msg = "the trainer saved a checkpoint and asked for a requeue (exit 75)"
     final = ended or ("COMPLETED" if code == 0 else "FAILED")
     out.write(f"mimo-jobs: local job {a.job_id} ended {final} exit {code} at {_now()}Z\n".encode())
     if ended == "TIMEOUT":

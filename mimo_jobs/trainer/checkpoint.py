@@ -648,11 +648,11 @@ class Checkpointer:
         """The reference mode (one process) neither resumes nor saves: it is a yardstick, not a run."""
         import torch.distributed as dist
 
-        from .signals import PreemptionWatch, deadline_from_env
+        from .signals import PreemptionWatch, deadline_from_env, margin_from_env
 
         if reference:
             return cls(run, doc, Path("."), 1, None, enabled=False)
-        watch = PreemptionWatch(deadline=deadline_from_env()).install()
+        watch = PreemptionWatch(deadline=deadline_from_env(), margin_s=margin_from_env()).install()
         return cls(run, doc, checkpoint_dir_of(run, doc, run_yaml), dist.get_world_size(), watch)
 
     def resume(self, st) -> Resumed | None:

@@ -30,6 +30,19 @@ REQUEUE_EXIT_CODE = 75
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 REQUEUE_MARKER = "requeue.json"
 DEADLINE_ENV = "MIMO_JOB_DEADLINE"
+# Seconds kept free before the deadline besides one step + one save (default 30; large checkpoints need more).
+MARGIN_ENV = "MIMO_JOB_DEADLINE_MARGIN_S"
+
+
+def margin_from_env(env: dict | None = None, default: float = 30.0) -> float:
+    env = os.environ if env is None else env
+    v = env.get(MARGIN_ENV)
+    if not v:
+        return default
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError(f"environment variable {MARGIN_ENV}={v!r} is not a number of seconds") from None
 
 
 def deadline_from_env(env: dict | None = None) -> float | None:

@@ -44,6 +44,28 @@ def test_classify(state, text, hist, max_retries, ckpt, action, words):
     assert words in d.reason
 
 
+STOP_LINE = ("[default0]:mimo-jobs trainer: stopping for requeue at iteration 13 (time_limit); checkpoint "
+             "/runs/s/r/checkpoints/iter_0000013")
+
+
+@pytest.mark.parametrize("state,code,text,hist,ckpt,action,words", [
+    # the trainer's requeue request (exit 75 through launch.sh/sbatch.sh) is not a deterministic failure
+    ("FAILED", 75, "", h(), True, "requeue", "asked for a requeue"),
+    # torchrun's exit 1 with the trainer's stop line in the log (marker handled by an older launch.sh)
+    ("FAILED", 1, STOP_LINE, h(), True, "requeue", "asked for a requeue"),
+    # the limit's TERM came while the stopped trainer was exiting: still its request, not a timeout
+    ("TIMEOUT", 75, "", h(timeouts=3), True, "requeue", "asked for a requeue"),
+    ("FAILED", 75, "", h(), False, "final", "no complete checkpoint"),
+    ("FAILED", 75, "", jobs.History(preemptions=jobs.MAX_REQUEUES), True, "final", "not requeued again"),
+    ("CANCELLED", 75, STOP_LINE, h(), True, "final", "cancelled"),  # a cancel is never undone
+    ("FAILED", 74, "", h(), True, "final", "deterministic"),
+])
+def test_classify_requeue_request(state, code, text, hist, ckpt, action, words):
+    d = jobs.classify(state, code, text, hist, 0, ckpt)
+    assert d.action == action
+    assert words in d.reason
+
+
 def test_history_counts_only_what_the_policy_did():
     def row(attempt, state, action):
         return jobs.JobRow("r", str(attempt), "slurm", attempt, state, None, None, None, None, None, None, None,
@@ -109,3 +131,26 @@ def test_last_iteration_from_metrics(tmp_path):
                  '{"kind": "iteration", "iter')  # a line still being written
     assert jobs.last_iteration_from_metrics(m) == (5, 2.25)
     assert jobs.last_iteration_from_metrics(tmp_path / "missing.jsonl") is None
+
+
+def test_has_checkpoint_needs_a_complete_one(tmp_path):
+    """Only a checkpoint with its manifest counts (what the trainer can resume from); a save that crashed
+    (iter_N.tmp, or a `latest` naming nothing complete) is none, so a timeout is not requeued for nothing."""
+    import json
+
+    from mimo_jobs.launch import has_checkpoint
+    from mimo_jobs.rundir import RunDir
+
+    rd = RunDir(tmp_path)
+    ck = tmp_path / "checkpoints"
+    (ck / "iter_0000004.tmp").mkdir(parents=True)
+    (ck / "latest").write_text("iter_0000004\n")
+    assert not has_checkpoint(rd, {})
+    (ck / "iter_0000002").mkdir()
+    (ck / "iter_0000002" / "manifest.json").write_text(json.dumps(
+        {"format": 1, "iteration": 2, "consumed_samples": 12,
+         "provenance": {"run_id": "r", "study": "s", "run_name": "n", "layout": {}, "world": 2}}))
+    assert has_checkpoint(rd, {})
+    # trainer.checkpoint_dir elsewhere (relative paths are relative to the run dir, where the trainer runs)
+    assert not has_checkpoint(rd, {"trainer": {"checkpoint_dir": "other"}})
+    assert has_checkpoint(RunDir(tmp_path / "x"), {"trainer": {"checkpoint_dir": str(ck)}})
