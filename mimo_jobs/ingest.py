@@ -262,7 +262,38 @@ ITER_TYPES = {
 # phase times as numbers next to the JSON (the report averages them over millions of rows)
 PHASE_COLS = [f"{p}_ms" for p in PHASES]
 ITER_COLS += PHASE_COLS
-ITER_TYPES = {k: v for k, v in ITER_TYPES.items() if k != "seq"} | dict.fromkeys(PHASE_COLS, "DOUBLE") | {"seq": "BIGINT"}
+ITER_TYPES = (
+    {k: v for k, v in ITER_TYPES.items() if k != "seq"}
+    | dict.fromkeys(PHASE_COLS, "DOUBLE")
+    | {"seq": "BIGINT"}
+)
+# Megatron log lines stage only what varies per line; run/job/file are constants added by the load query.
+LOG_ITER_TYPES = {
+    "iteration": "INTEGER",
+    "time": "TIMESTAMP",
+    "elapsed_ms": "DOUBLE",
+    "loss": "DOUBLE",
+    "lr": "DOUBLE",
+    "grad_norm": "DOUBLE",
+    "consumed_samples": "BIGINT",
+    "gbs": "INTEGER",
+    "loss_scale": "DOUBLE",
+    "skipped": "INTEGER",
+    "nan": "INTEGER",
+    "tflops_per_gpu": "DOUBLE",
+    "moe_aux_loss": "DOUBLE",
+    "extras": "VARCHAR",
+    "attempt": "INTEGER",
+    "train_iters": "INTEGER",
+    "seq": "BIGINT",
+}
+_LOG_ITER_SELECT = (
+    "SELECT ? AS run_id, ? AS job_id, iteration, time, elapsed_ms, loss, lr, grad_norm, consumed_samples, gbs, "
+    "loss_scale, skipped, nan, CASE WHEN gbs <> 0 AND elapsed_ms > 0 THEN gbs / (elapsed_ms / 1000.0) END "
+    "AS samples_per_s, NULL::DOUBLE AS tokens_per_s, NULL::DOUBLE AS tokens_per_s_per_gpu, tflops_per_gpu, "
+    "moe_aux_loss, NULL::VARCHAR AS phases, extras, 'megatron-log' AS source, attempt, train_iters, "
+    "? AS source_file, " + ", ".join(f"NULL::DOUBLE AS {c}" for c in PHASE_COLS) + ", seq FROM {src}"
+)
 EVENT_COLS = ["run_id", "job_id", "rank", "node", "time", "kind", "message", "source_file", "line_no"]
 EVENT_TYPES = {
     "run_id": "VARCHAR",
@@ -299,15 +330,26 @@ class _Stage:
         self.dir = tempfile.mkdtemp(prefix="mimo-ingest-")
         self._it_f = open(os.path.join(self.dir, "it.csv"), "w", newline="")
         self._ev_f = open(os.path.join(self.dir, "ev.csv"), "w", newline="")
+        self._lit_f = open(os.path.join(self.dir, "lit.csv"), "w", newline="")
         self.it = csv.writer(self._it_f)
         self.ev = csv.writer(self._ev_f)
+        self.lit = csv.writer(self._lit_f)
         self.n_it = 0
+        self.n_lit = 0
+        self.log_const: tuple[str, str, str] | None = None  # (run_id, job_id, source_file) of log rows
         self.n_ev = 0
         self._ev_keys: set[tuple[int, str]] = set()
 
     def iteration(self, row: list) -> None:
         self.n_it += 1
         self.it.writerow(row + [self.n_it])
+
+    def log_iteration(self, row: list) -> None:
+        """A Megatron log iteration: LOG_ITER_TYPES columns without seq."""
+        self.n_it += 1
+        self.n_lit += 1
+        row.append(self.n_it)
+        self.lit.writerow(row)
 
     def event(self, row: list) -> None:
         key = (row[-1], row[5])
@@ -328,18 +370,23 @@ class _Stage:
     def load(self, con) -> tuple[int, int]:
         self._it_f.close()
         self._ev_f.close()
-        if self.n_it:
+        self._lit_f.close()
+        if self.n_it > self.n_lit:
             con.execute(_upsert_sql(f"SELECT * FROM {self._read('it.csv', ITER_TYPES)}"))
+        if self.n_lit:
+            sel = _LOG_ITER_SELECT.replace("{src}", self._read("lit.csv", LOG_ITER_TYPES))
+            run_id, job, src = self.log_const
+            con.execute(_upsert_sql(sel), [run_id, job, src])
         if self.n_ev:
             con.execute(f"""INSERT INTO events ({", ".join(EVENT_COLS)})
                             SELECT * FROM {self._read("ev.csv", EVENT_TYPES)} ON CONFLICT DO NOTHING""")
         return self.n_it, self.n_ev
 
     def close(self) -> None:
-        for f in (self._it_f, self._ev_f):
+        for f in (self._it_f, self._ev_f, self._lit_f):
             if not f.closed:
                 f.close()
-        for n in ("it.csv", "ev.csv", "grep.out"):
+        for n in ("it.csv", "ev.csv", "lit.csv", "grep.out"):
             try:
                 os.unlink(os.path.join(self.dir, n))
             except OSError:
@@ -348,9 +395,6 @@ class _Stage:
             os.rmdir(self.dir)
         except OSError:
             pass
-
-
-_NO_PHASES = [None] * len(PHASES)
 
 
 def _float(v) -> float | None:
@@ -535,6 +579,7 @@ class _LogScanner:
         self.want_iters = want_iters
         self.tracker = logparse.TracebackTracker()
         self.base_attempt = pinfo.attempt or 0
+        stage.log_const = (ctx.run_id, job, src)
         self._root: list | None = None  # torchrun "Root Cause" block being read
 
     def _rank(self, origin: logparse.Origin) -> tuple[int | None, int | None]:
@@ -616,43 +661,37 @@ class _LogScanner:
         st.last_iter = it
         if not self.want_iters:
             return
-        cols, losses, extras = logparse.parse_fields(text[end:])
-        elapsed = cols.get("elapsed_ms")
+        fast = logparse.fast_fields(text[end:])
+        if fast is not None:
+            (elapsed, lr, gn, cs, gbs, ls, sk, nan, tf), loss, aux, extras = fast
+        else:  # a non-numeric or non-finite value somewhere: the generic parser decides
+            cols, losses, ex = logparse.parse_fields(text[end:])
+            loss, aux = logparse.main_losses(losses)
+            if losses:
+                ex["losses"] = losses
+            extras = json.dumps(ex)
+            elapsed, lr, gn, cs, gbs, ls, sk, nan, tf = map(cols.get, logparse.FAST_COLUMNS)
         if elapsed is None:
             st.bad += 1  # garbled (e.g. interleaved with another rank's output)
             return
-        loss, aux = logparse.main_losses(losses)
-        if losses:
-            extras["losses"] = losses
-        gbs = cols.get("gbs")
-        g = cols.get
-        self.stage.iteration(
+        self.stage.log_iteration(
             [
-                self.ctx.run_id,
-                self.job,
                 it,
                 ts,
                 elapsed,
                 loss,
-                g("lr"),
-                g("grad_norm"),
-                g("consumed_samples"),
+                lr,
+                gn,
+                cs,
                 gbs,
-                g("loss_scale"),
-                g("skipped"),
-                g("nan"),
-                gbs / (elapsed / 1000.0) if gbs and elapsed > 0 else None,
-                None,
-                None,
-                g("tflops_per_gpu"),
+                ls,
+                sk,
+                nan,
+                tf,
                 aux,
-                None,
-                json.dumps(extras),
-                "megatron-log",
+                extras,
                 self.base_attempt + st.restarts,
                 total,
-                self.src,
-                *_NO_PHASES,
             ]
         )
 
@@ -843,8 +882,12 @@ def _ingest_one(
         pinfo = logparse.path_info(src)
         job = pinfo.job_id or t.path.stem
         scanner = _LogScanner(st, ctx, job, pinfo, stage, src, want_iters=not ctx.has_metrics)
-        use_grep = (t.kind == "log" and GREP is not None and not _FORCE_PYTHON_SCAN
-                    and size - offset >= GREP_MIN_BYTES)
+        use_grep = (
+            t.kind == "log"
+            and GREP is not None
+            and not _FORCE_PYTHON_SCAN
+            and size - offset >= GREP_MIN_BYTES
+        )
         grep = _grep_start(t.path, offset, os.path.join(stage.dir, "grep.out")) if use_grep else None
         first_line = st.lines
         gen = _chunks(t.path, offset, st, on_bytes, need_text=not use_grep)

@@ -16,6 +16,7 @@ Ingest finds candidate lines with fast substring search (`TRIGGERS`) and hands e
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -214,6 +215,109 @@ def parse_fields(rest: str) -> tuple[dict, dict, dict]:
         else:
             extras[key] = x if x is not None else val.strip()
     return cols, losses, extras
+
+
+# Fast path for big logs: one C-level regex pass yields (key, value) pairs with exactly parse_fields'
+# semantics (key = stripped text before a segment's last ':', value after it; segments without a key
+# skipped; a repeated key keeps its first position and last value, as a dict does). What to do with each
+# key is decided once per distinct key sequence (a log repeats one or two shapes) and cached.
+_FIELD_RE = re.compile(r"\s*([^|]*[^|\s])\s*:([^|:]*)")
+# column order of FieldPlan.columns
+FAST_COLUMNS = (
+    "elapsed_ms",
+    "lr",
+    "grad_norm",
+    "consumed_samples",
+    "gbs",
+    "loss_scale",
+    "skipped",
+    "nan",
+    "tflops_per_gpu",
+)
+_FAST_INT = tuple(i for i, c in enumerate(FAST_COLUMNS) if c in _INT_COLUMNS)
+
+
+@dataclass(frozen=True)
+class _FieldPlan:
+    columns: tuple[int, ...]  # index into the value list per FAST_COLUMNS entry (-1: absent -> None)
+    loss: int  # index of the main loss, -1 when none
+    aux: int  # index of the MoE load-balancing loss, -1 when none
+    extras: tuple[int, ...]  # indices of the values that go into the extras JSON, in order
+    template: str  # %-template of the extras JSON with one %r per extras value
+    rx: re.Pattern | None  # matches a line of exactly this key sequence; its groups are the values
+
+
+def _make_plan(keys: tuple[str, ...]) -> _FieldPlan:
+    cols = [-1] * len(FAST_COLUMNS)
+    losses: dict[str, int] = {}
+    ex: list[tuple[str, int]] = []
+    for i, key in enumerate(keys):
+        col = _COLUMN_OF.get(key)
+        if col is not None:
+            cols[FAST_COLUMNS.index(col)] = i
+        elif key.endswith("loss") or " loss" in key:
+            losses[key] = i
+        else:
+            ex.append((key, i))
+    loss = losses.get("lm loss", -1)
+    if loss < 0:
+        main = [k for k in losses if "load_balancing" not in k and "z_loss" not in k and "mtp" not in k]
+        if len(main) == 1:
+            loss = losses[main[0]]
+    aux = next((i for k, i in losses.items() if "load_balancing" in k), -1)
+    # json.dumps(extras) with extras["losses"] last, as the generic path writes it
+    parts = [json.dumps(k).replace("%", "%%") + ": %r" for k, _ in ex]
+    idx = [i for _, i in ex]
+    if losses:
+        parts.append(
+            '"losses": {' + ", ".join(json.dumps(k).replace("%", "%%") + ": %r" for k in losses) + "}"
+        )
+        idx += list(losses.values())
+    # The literal keys make this match backtrack-free (the generic regex costs ~20 us a line). A segment
+    # is exactly `key: value` with no other ':' after the key, as _FIELD_RE would split it.
+    rx = None
+    if len(set(keys)) == len(keys) and all("|" not in k for k in keys):
+        segs = [r"\s*" + re.escape(k) + r"\s*:([^|:]*)" for k in keys]
+        rx = re.compile(r"\|".join(segs) + r"(?:\|\s*)?\Z")
+    return _FieldPlan(tuple(cols), loss, aux, tuple(idx), "{" + ", ".join(parts) + "}", rx)
+
+
+_PLANS: dict[tuple[str, ...], _FieldPlan] = {}
+_last_plan: list[_FieldPlan | None] = [None]
+_isfinite = math.isfinite
+
+
+def fast_fields(rest: str) -> tuple[list, float | None, float | None, str] | None:
+    """parse_fields + main_losses + json.dumps(extras) for the common case where every value is a number:
+    (FAST_COLUMNS values, loss, aux loss, extras JSON). None when some value is not a finite number:
+    the caller then takes the generic path (same result, slower)."""
+    plan = _last_plan[0]
+    m = plan.rx.match(rest) if plan is not None and plan.rx is not None else None
+    if m is not None:  # the same keys as the line before (the usual case)
+        raw = m.groups()
+    else:
+        d = dict(_FIELD_RE.findall(rest))
+        keys = tuple(d)
+        plan = _PLANS.get(keys)
+        if plan is None:
+            if len(_PLANS) > 4096:  # a log with ever-changing keys: do not grow without bound
+                _PLANS.clear()
+            plan = _PLANS[keys] = _make_plan(keys)
+        _last_plan[0] = plan
+        raw = d.values()
+    try:
+        vals = [*map(float, raw)]
+    except ValueError:
+        return None
+    if not all(map(_isfinite, vals)):
+        return None  # nan/inf: the generic path knows how ints and the JSON treat them
+    vals.append(None)  # index -1: an absent column
+    row = [vals[i] for i in plan.columns]
+    for j in _FAST_INT:
+        if row[j] is not None:
+            row[j] = int(row[j])
+    ex = plan.extras
+    return row, vals[plan.loss], vals[plan.aux], plan.template % tuple([vals[i] for i in ex]) if ex else "{}"
 
 
 def main_losses(losses: dict) -> tuple[float | None, float | None]:
