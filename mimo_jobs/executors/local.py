@@ -126,6 +126,21 @@ class LocalExecutor:
         if d.get("state") in ("PENDING", "RUNNING") and _alive(pid, job_id):
             os.kill(pid, signal.SIGTERM)  # the runner stops launch.sh's process group and records CANCELLED
 
+    def signal(self, job_id: str, rd: RunDir, sig: int = signal.SIGUSR2) -> bool:
+        """Send a running job's processes USR1/USR2 through its runner (like `scancel --signal=USR2 <job>`):
+        the trainer saves a checkpoint and asks for a requeue. False if the job is not running."""
+        if sig not in (signal.SIGUSR1, signal.SIGUSR2):
+            raise ValueError(f"signal {sig}: only USR1/USR2 are forwarded (use cancel to stop a job)")
+        try:
+            d = json.loads(self.state_file(rd, job_id).read_text())
+        except (OSError, ValueError):
+            return False
+        pid = d.get("runner_pid")
+        if d.get("state") != "RUNNING" or not _alive(pid, job_id):
+            return False
+        os.kill(pid, sig)
+        return True
+
     def find(self, rd: RunDir, since_epoch: float) -> list[JobFacts]:
         out = []
         for sf in sorted(rd.logs.glob("local-*.json")):

@@ -114,6 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # USR1/USR2 sent to the runner (LocalExecutor.signal, like `scancel --signal=USR2`) go on to the job's
+    # processes: the trainer checkpoints and asks for a requeue (a preemption on demand).
+    forward: list[int] = []
+
+    def on_usr(signum, frame):
+        forward.append(signum)
+
+    signal.signal(signal.SIGUSR1, on_usr)
+    signal.signal(signal.SIGUSR2, on_usr)
 
     slot = _acquire_slot(Path(a.slots_dir), a.slots, lambda: cancelled)
     if slot is None:
@@ -165,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         if cancelled:
             rc, ended = stop(signal.SIGTERM), "CANCELLED"
             break
+        while forward:
+            group(forward.pop(0), tree=True)
         if el >= a.time_limit_s:
             rc, ended = stop(signal.SIGTERM), "TIMEOUT"
             break
