@@ -49,7 +49,7 @@ COPY templates /opt/mimo-jobs/templates
 COPY studies /opt/mimo-jobs/studies
 
 # Provenance last, so a new commit only rebuilds this layer. The trainer's first log line and the store read
-# it through mimo_jobs.image.image_provenance() (or $MIMO_JOBS_GIT_SHA / $MIMO_JOBS_VERSION directly).
+# it through mimo_jobs.image.image_provenance() (or $MIMO_JOBS_GIT_SHA directly).
 ARG MIMO_JOBS_GIT_SHA=unknown
 ARG IMAGE_NAME=mimo-jobs
 RUN python3 -m mimo_jobs.image provenance --git-sha "${MIMO_JOBS_GIT_SHA}" --base-image "${BASE_IMAGE}" \

@@ -119,6 +119,20 @@ def image_provenance(env: dict[str, str] | None = None) -> dict | None:
     return doc
 
 
+def image_sha(env: dict[str, str] | None = None) -> tuple[str | None, bool | None]:
+    """(git sha, dirty) the image was built from, for provenance() callers that found no git checkout;
+    (None, None) outside the image or when the build was not given a commit. Never raises: a damaged
+    provenance file must not stop a render."""
+    try:
+        doc = image_provenance(env) or {}
+    except (RuntimeError, TypeError):
+        return None, None
+    sha = doc.get("git_sha")
+    if not isinstance(sha, str) or sha in ("", "unknown"):
+        return None, None
+    return sha.removesuffix("-dirty"), sha.endswith("-dirty")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mimo_jobs.image", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)

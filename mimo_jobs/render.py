@@ -177,6 +177,9 @@ def provenance() -> dict:
             dirty = bool(st.stdout.strip()) if st.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         pass
+    if sha is None:  # no checkout, e.g. inside the mimo-jobs image: the commit the image was built from
+        from .image import image_sha
+        sha, dirty = image_sha()
     return {"mimo_jobs_version": __version__, "git_sha": sha, "git_dirty": dirty,
             "rendered_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 

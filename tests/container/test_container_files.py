@@ -152,6 +152,18 @@ def test_provenance_written_and_read_back(tmp_path):
         image.image_provenance({"MIMO_JOBS_PROVENANCE": str(tmp_path / "bad.json")})
 
 
+def test_image_sha_for_provenance_without_a_checkout(tmp_path):
+    f = tmp_path / "p.json"
+    env = {"MIMO_JOBS_PROVENANCE": str(f)}
+    assert image.image_sha(env) == (None, None)  # not in an image
+    for recorded, want in (("abc", ("abc", False)), ("abc-dirty", ("abc", True)), ("unknown", (None, None)),
+                           (None, (None, None))):
+        f.write_text(json.dumps({"git_sha": recorded}))
+        assert image.image_sha(env) == want
+    f.write_text("{broken")
+    assert image.image_sha(env) == (None, None)  # a damaged file never stops a render
+
+
 # ---------------------------------------------------------------- rendered container forms
 
 

@@ -111,8 +111,11 @@ def test_local_study_end_to_end_in_the_image(image, tmp_path):
     its = con.execute("SELECT iteration, loss FROM iterations ORDER BY iteration").fetchall()
     assert [i for i, _ in its] == list(range(1, TRAIN_ITERS + 1))
     assert all(math.isfinite(loss) and loss > 0 for _, loss in its)
-    (name, version), = con.execute("SELECT name, pkg_version FROM runs").fetchall()
-    assert (name, version) == (RUN_NAME, PYPROJECT["version"])
+    # No git checkout in the image: the run's provenance is the commit the image was built from.
+    (name, version, sha), = con.execute("SELECT name, pkg_version, git_sha FROM runs").fetchall()
+    assert (name, version, sha) == (RUN_NAME, PYPROJECT["version"], BUILT_FROM["sha"])
+    prov = yaml.safe_load((run_dir / "run.yaml").read_text())["provenance"]
+    assert (prov["git_sha"], prov["git_dirty"]) == (BUILT_FROM["sha"], False)
 
 
 def test_rendered_pyxis_step_runs_in_the_image(image, tmp_path):
