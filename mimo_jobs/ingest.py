@@ -661,7 +661,7 @@ class _LogScanner:
         st.last_iter = it
         if not self.want_iters:
             return
-        fast = logparse.fast_fields(text[end:])
+        fast = logparse.fast_fields(text[end:], as_text=True)
         if fast is not None:
             (elapsed, lr, gn, cs, gbs, ls, sk, nan, tf), loss, aux, extras = fast
         else:  # a non-numeric or non-finite value somewhere: the generic parser decides

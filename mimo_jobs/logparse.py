@@ -287,10 +287,15 @@ _last_plan: list[_FieldPlan | None] = [None]
 _isfinite = math.isfinite
 
 
-def fast_fields(rest: str) -> tuple[list, float | None, float | None, str] | None:
+def fast_fields(
+    rest: str, as_text: bool = False
+) -> tuple[list, float | str | None, float | str | None, str] | None:
     """parse_fields + main_losses + json.dumps(extras) for the common case where every value is a number:
     (FAST_COLUMNS values, loss, aux loss, extras JSON). None when some value is not a finite number:
-    the caller then takes the generic path (same result, slower)."""
+    the caller then takes the generic path (same result, slower).
+    as_text: the float columns and losses are given as the number text of the line (surrounding spaces
+    included) when the line is plain printable ASCII without '_' (there Python's float() and a CSV
+    reader's DOUBLE agree): staging it skips float repr, the costliest step of writing a row."""
     plan = _last_plan[0]
     m = plan.rx.match(rest) if plan is not None and plan.rx is not None else None
     if m is not None:  # the same keys as the line before (the usual case)
@@ -312,12 +317,20 @@ def fast_fields(rest: str) -> tuple[list, float | None, float | None, str] | Non
     if not all(map(_isfinite, vals)):
         return None  # nan/inf: the generic path knows how ints and the JSON treat them
     vals.append(None)  # index -1: an absent column
+    ex = plan.extras
+    js = plan.template % tuple([vals[i] for i in ex]) if ex else "{}"
+    if as_text and rest.isascii() and rest.isprintable() and "_" not in rest:
+        txt = [*raw, None]
+        row = [txt[i] for i in plan.columns]
+        for j in _FAST_INT:
+            if row[j] is not None:
+                row[j] = int(vals[plan.columns[j]])
+        return row, txt[plan.loss], txt[plan.aux], js
     row = [vals[i] for i in plan.columns]
     for j in _FAST_INT:
         if row[j] is not None:
             row[j] = int(row[j])
-    ex = plan.extras
-    return row, vals[plan.loss], vals[plan.aux], plan.template % tuple([vals[i] for i in ex]) if ex else "{}"
+    return row, vals[plan.loss], vals[plan.aux], js
 
 
 def main_losses(losses: dict) -> tuple[float | None, float | None]:
