@@ -114,6 +114,9 @@ SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 InactiveLimit=0
 KillWait=5
+# A requeued job waits cred_expire + 1 s before it may start again (default 120 s); 30 s keeps the requeue
+# test short while a loaded 2-core host still launches steps well within the credential's lifetime.
+AuthInfo=cred_expire=30
 MinJobAge=300
 JobRequeue=0
 JobCompType=jobcomp/filetxt

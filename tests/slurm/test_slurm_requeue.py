@@ -17,7 +17,7 @@ from submit_helpers import all_ended, cli, job_rows, query, wait_until, write_st
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-ITERS = 30
+ITERS = 12
 
 
 def straight_curve(run_dir: Path) -> dict[int, float]:
@@ -32,18 +32,19 @@ def straight_curve(run_dir: Path) -> dict[int, float]:
 def test_time_limited_job_is_requeued_by_slurm_and_resumes_to_one_curve(slurm_cluster, tmp_path):
     db, runs = tmp_path / "store.duckdb", tmp_path / "runs"
     study = write_study(tmp_path / "sl_requeue.yaml", "sl_requeue", [{"nodes": 1}], executor="slurm",
-                        time_limit="00:02:00", signal="USR2@5", train_iters=ITERS, env={"OMP_NUM_THREADS": 1})
+                        time_limit="00:01:00", signal="USR2@5", train_iters=ITERS, env={"OMP_NUM_THREADS": 1})
     doc = yaml.safe_load(study.read_text())
     doc["cluster"]["requeue"] = True
-    doc["trainer"].update({"seq_length": 32, "save_interval": 5, "log_interval": 1, "seed": 1234,
+    doc["trainer"].update({"seq_length": 32, "save_interval": 4, "log_interval": 1, "seed": 1234,
                            "precision": "fp32"})
     study.write_text(yaml.safe_dump(doc, sort_keys=False))
 
-    # Only the SLURM job (sbatch exports the submitter's environment) sleeps 3 s after each step (test hook)
-    # and keeps 10 s before its deadline: 30 iterations do not fit in 2 minutes with the start-up, however
-    # slow the start is, the first attempt stops part way (by the deadline, or by USR2 5 s before the end).
+    # Only the SLURM job (sbatch exports the submitter's environment) sleeps 2.5 s after each step (test hook)
+    # and keeps 10 s before its deadline: 12 iterations do not fit in 1 minute with the start-up (~25 s), so
+    # the first attempt stops part way (by the deadline, or by USR2 which SLURM may send early); each attempt
+    # that reaches its first step advances at least one iteration.
     out = cli("submit", study, "--db", db, "--runs-dir", runs, check=True,
-              env={"MIMO_CKPT_TEST_STEP_DELAY_S": "3", "MIMO_JOB_DEADLINE_MARGIN_S": "10"}).stdout
+              env={"MIMO_CKPT_TEST_STEP_DELAY_S": "2.5", "MIMO_JOB_DEADLINE_MARGIN_S": "10"}).stdout
     assert out.count("as slurm job") == 1
 
     # The yardstick, meanwhile: the same rendered launch.sh run alone (local mode: no SLURM, no deadline).
@@ -57,13 +58,22 @@ def test_time_limited_job_is_requeued_by_slurm_and_resumes_to_one_curve(slurm_cl
     want = straight_curve(srd)
     assert sorted(want) == list(range(1, ITERS + 1))
 
-    rows = wait_until(db, "sl_requeue", all_ended, 420, every=3)
-    (r,) = rows  # SLURM requeued the same job: mimo-jobs submitted nothing else
-    assert (r["state"], r["exit_code"], r["action"]) == ("COMPLETED", 0, "done"), r
-    # The accounting database, independently: the job ran twice, the first run ended REQUEUED.
-    states = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "State", "-j", r["job_id"]], check=True,
+    rows = wait_until(db, "sl_requeue", lambda rs: all_ended(rs) and rs[-1]["action"] in ("done", "final"), 600,
+                      every=3)
+    *earlier, r = rows
+    assert (r["state"], r["exit_code"], r["action"]) == ("COMPLETED", 0, "done"), rows
+    # The accounting database, independently: the first job ran more than once, its first run ended REQUEUED
+    # (sbatch.sh's `scontrol requeue`: same job id, SLURM_RESTART_COUNT + 1).
+    first = rows[0]["job_id"]
+    states = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "State", "-j", first], check=True,
                             capture_output=True, text=True).stdout.split()
-    assert states[0] == "REQUEUED" and states[-1] == "COMPLETED", states
+    assert states[0] == "REQUEUED" and len(states) >= 2, states
+    # Usually that is all (one job row). On a slow host an attempt that resumed may start so late that SLURM's
+    # limit ends it while it exits after its stop; mimo-jobs then resubmits it (the trainer's stop line).
+    for e in earlier:
+        assert e["action"] == "requeue", rows
+    if len(rows) == 1:
+        assert states[-1] == "COMPLETED", states
     rd = Path(r["run_dir"])
     logs = "".join(f.read_text() for f in (rd / "logs").rglob("*.log"))
     assert "stopping for requeue at iteration" in logs
@@ -79,4 +89,4 @@ def test_time_limited_job_is_requeued_by_slurm_and_resumes_to_one_curve(slurm_cl
     assert (run["iterations"], run["state"], run["final_loss"]) == (ITERS, "COMPLETED", want[ITERS])
     st = cli("status", "sl_requeue", "--db", db, check=True).stdout
     assert f"{ITERS}/{ITERS}" in st and "COMPLETED" in st
-    assert len(job_rows(db, "sl_requeue")) == 1
+    assert len(job_rows(db, "sl_requeue")) == len(rows)
