@@ -10,6 +10,7 @@ ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.12-py3
 
 # ---------------------------------------------------------------- stage 1: the package wheel
 # Pure Python; its build backend (setuptools, fetched into pip's isolated build env) stays in this stage.
+# The wheel is installed here too (this stage is thrown away) so its own metadata can name the requirements.
 FROM ${BASE_IMAGE} AS wheel
 WORKDIR /src
 # README.md is pyproject's long description only; the wheel builds without it.
@@ -17,8 +18,17 @@ COPY pyproject.toml ./
 COPY templates ./templates
 COPY studies ./studies
 COPY mimo_jobs ./mimo_jobs
+# One list of dependencies (pyproject.toml): the wheel's metadata names the base + `train` requirements.
+# torch is kept as the base image ships it when present (NGC: CUDA build, Transformer Engine compiled against
+# it: `torch==<that version>`); only a base without torch gets train's pinned torch==2.13.0.
 # NGC images export PIP_CONSTRAINT (pins of the base's own packages); the build backend must not be held to it.
-RUN PIP_CONSTRAINT="" python3 -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+# PIP_BREAK_SYSTEM_PACKAGES (here and for the installs below, not in the final environment): Debian bases mark
+# the system Python externally managed; the image is the environment, so installing into it is the point.
+ENV PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+RUN PIP_CONSTRAINT="" python3 -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist . \
+ && python3 -m pip install --no-cache-dir --no-deps /dist/mimo_jobs-*.whl \
+ && python3 -m mimo_jobs.image requirements --extra train --keep-installed torch > /dist/requirements.txt \
+ && cat /dist/requirements.txt
 
 # ---------------------------------------------------------------- stage 2: the image
 FROM ${BASE_IMAGE}
@@ -28,19 +38,18 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Extra wheel locations for the build only (CI bind-mounts its torch CPU wheel and sets this to that dir).
 ARG PIP_FIND_LINKS
 
-# One list of dependencies (pyproject.toml): the wheel goes in with --no-deps, then its own metadata names
-# the base + `train` requirements. torch is kept as the base image ships it when present (NGC: CUDA build,
-# Transformer Engine compiled against it); only a base without torch gets train's pinned torch==2.13.0.
-# PIP_BREAK_SYSTEM_PACKAGES: Debian bases mark the system Python externally managed; this image is the
-# environment, so installing into it is the point. Caches go to a build-time mount, not into the layer.
-RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
-    --mount=type=cache,target=/root/.cache/pip \
+# Dependencies first, in their own layer: COPY keys the build cache on the requirement list's content, so a
+# code change reuses this layer and a dependency change rebuilds it. (A RUN --mount=type=bind,from=... would
+# not: buildah 1.28 keeps such a RUN cached when the mounted files change.) pip's cache is a build-time mount.
+COPY --from=wheel /dist/requirements.txt /opt/mimo-jobs/requirements.txt
+RUN --mount=type=cache,target=/root/.cache/pip \
     export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
- && python3 -m pip install --no-deps /dist/mimo_jobs-*.whl \
- && python3 -m mimo_jobs.image requirements --extra train --keep-installed torch > /tmp/requirements.txt \
- && cat /tmp/requirements.txt \
- && python3 -m pip install --requirement /tmp/requirements.txt \
- && rm -f /tmp/requirements.txt \
+ && python3 -m pip install --requirement /opt/mimo-jobs/requirements.txt
+
+# The package itself: the wheel built above, kept in /opt/mimo-jobs/dist as the record of what is installed.
+COPY --from=wheel /dist/mimo_jobs-*.whl /opt/mimo-jobs/dist/
+RUN export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
+ && python3 -m pip install --no-cache-dir --no-deps /opt/mimo-jobs/dist/mimo_jobs-*.whl \
  && python3 -c "import megatron.core, megatron.energon, einops, torch; print('torch', torch.__version__)" \
  && mimo-jobs --version
 

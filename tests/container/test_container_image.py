@@ -13,6 +13,7 @@ CI budget: build (base bootstrap included) + both runs within ~6 minutes on a 2-
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
@@ -44,18 +45,37 @@ def podman(*args: str, timeout: float = 600, check: bool = True) -> subprocess.C
     return p
 
 
-BUILT_FROM = {}  # the commit this test told the build to record
+BUILT_FROM: dict = {}  # the commit this test told the build to record; the sources the build saw
+
+
+def package_sources() -> dict[str, str]:
+    pkg = REPO / "mimo_jobs"
+    return {str(f.relative_to(pkg)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(pkg.rglob("*.py")) if "__pycache__" not in f.parts and not f.is_symlink()}
 
 
 @pytest.fixture(scope="module")
 def image() -> str:
     BUILT_FROM["sha"] = host_git_sha()
+    before = package_sources()
     env = dict(podman_env(), MIMO_JOBS_GIT_SHA=BUILT_FROM["sha"])
     p = subprocess.run(["bash", str(BUILD_SCRIPT)], env=env, capture_output=True, text=True, timeout=1800,
                        check=False)
+    after = package_sources()
+    # Files nobody edited while the build ran (CI: all of them; a shared checkout moves under a long build).
+    BUILT_FROM["sources"] = {k: v for k, v in before.items() if after.get(k) == v}
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
     print(p.stderr.strip())  # the build's phases with elapsed seconds
     return p.stdout.strip().splitlines()[-1]
+
+
+INSTALLED_SOURCES = """
+import hashlib, pathlib, mimo_jobs
+pkg = pathlib.Path(mimo_jobs.__file__).parent
+for f in sorted(pkg.rglob("*.py")):
+    if "__pycache__" not in f.parts:
+        print(f.relative_to(pkg), hashlib.sha256(f.read_bytes()).hexdigest())
+"""
 
 
 def in_image(image: str, *cmd: str, workdir: Path | None = None, check: bool = True, timeout: float = 600):
@@ -85,6 +105,12 @@ def test_image_cli_provenance_and_clean_layers(image, tmp_path):
     env = dict(line.split("=", 1) for line in in_image(image, "env").stdout.splitlines() if "=" in line)
     assert env["MIMO_JOBS_GIT_SHA"] == doc["git_sha"]
     assert env["MIMO_JOBS_PROVENANCE"] == "/opt/mimo-jobs/PROVENANCE.json"
+
+    # The installed package is this checkout's code, not a stale cached layer.
+    listing = in_image(image, "python3", "-c", INSTALLED_SOURCES).stdout
+    installed = dict(line.split() for line in listing.splitlines())
+    stable = BUILT_FROM["sources"]
+    assert len(stable) > 10 and {k: installed.get(k) for k in stable} == stable
 
     probe = ("for t in gcc cc g++ make; do command -v $t; done; find /root/.cache /tmp -type f | head; "
              "ls -d /src /dist 2>/dev/null; command -v mimo-jobs; ls /opt/mimo-jobs/templates /opt/mimo-jobs/studies")
