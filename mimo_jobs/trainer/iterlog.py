@@ -55,6 +55,23 @@ def megatron_line(it: int, iters: int, consumed: int, elapsed_ms: float, tflops:
     return s
 
 
+def _environment(run_provenance: dict | None = None) -> dict:
+    """What the report needs beyond the layout: the GPU model (for MFU) and where the code came from (the
+    image's recorded commit inside the container, else the checkout's, recorded in run.yaml by render)."""
+    import torch
+
+    from ..image import image_provenance
+
+    try:
+        prov = image_provenance() or {}
+    except (RuntimeError, TypeError, ValueError):  # a damaged provenance file must not stop training
+        prov = {}
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"gpu": gpu, "torch": torch.__version__, "image": prov or None,
+            "git_sha": prov.get("git_sha") or os.environ.get("MIMO_JOBS_GIT_SHA")
+            or (run_provenance or {}).get("git_sha")}
+
+
 @dataclass
 class IterLogger:
     run: object
@@ -63,6 +80,7 @@ class IterLogger:
     train_iters: int
     active: bool  # only the last LLM rank (or the reference process) writes
     echo: bool = True
+    provenance: dict | None = None  # run.yaml's provenance (render: version, git sha)
     _acc: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -87,9 +105,12 @@ class IterLogger:
     def start(self, line: str, mode: str, backend: str) -> None:
         if not self.active:
             return
-        print(line, flush=True)
+        env = _environment(self.provenance)
+        print(f"{line} | provenance git {env['git_sha'] or 'unknown'} image "
+              f"{(env['image'] or {}).get('base_image', 'none')} torch {env['torch']} gpu {env['gpu'] or 'none'}",
+              flush=True)
         self._write(self._rec("start", extras={"layout": line, "mode": mode, "backend": backend,
-                                               "plan": self.plan.to_dict()}))
+                                               "plan": self.plan.to_dict(), **env}))
 
     def end(self, reason: str, iteration: int, consumed: int) -> None:
         if not self.active:

@@ -187,7 +187,8 @@ def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: i
         if reference:
             metrics = metrics.with_name("metrics.reference.jsonl")
     n_iters = iters or st.train_iters
-    log = IterLogger(run, plan, metrics, n_iters, active=last, echo=not quiet)
+    log = IterLogger(run, plan, metrics, n_iters, active=last, echo=not quiet,
+                     provenance=doc.get("provenance"))
     log.start(layout_line(run, plan, mode, backend), mode, backend)
     # checkpoints (issue 7): resume from `latest`, periodic saves, stop-save-requeue on signals/time limit
     from .checkpoint import Checkpointer
