@@ -206,32 +206,6 @@ def _register_runs(con, targets: list[_Target], log_run: LogRunInfo | None, stat
 # ----------------------------------------------------------------------------------------- staging
 
 
-ITER_COLS = [
-    "run_id",
-    "job_id",
-    "iteration",
-    "time",
-    "elapsed_ms",
-    "loss",
-    "lr",
-    "grad_norm",
-    "consumed_samples",
-    "gbs",
-    "loss_scale",
-    "skipped",
-    "nan",
-    "samples_per_s",
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "tflops_per_gpu",
-    "moe_aux_loss",
-    "phases",
-    "extras",
-    "source",
-    "attempt",
-    "train_iters",
-    "source_file",
-]
 ITER_TYPES = {
     "run_id": "VARCHAR",
     "job_id": "VARCHAR",
@@ -261,32 +235,17 @@ ITER_TYPES = {
 }
 # phase times as numbers next to the JSON (the report averages them over millions of rows)
 PHASE_COLS = [f"{p}_ms" for p in PHASES]
-ITER_COLS += PHASE_COLS
 ITER_TYPES = (
     {k: v for k, v in ITER_TYPES.items() if k != "seq"}
     | dict.fromkeys(PHASE_COLS, "DOUBLE")
     | {"seq": "BIGINT"}
 )
+ITER_COLS = [c for c in ITER_TYPES if c != "seq"]  # the iterations table's columns, in staging order
 # Megatron log lines stage only what varies per line; run/job/file are constants added by the load query.
-LOG_ITER_TYPES = {
-    "iteration": "INTEGER",
-    "time": "TIMESTAMP",
-    "elapsed_ms": "DOUBLE",
-    "loss": "DOUBLE",
-    "lr": "DOUBLE",
-    "grad_norm": "DOUBLE",
-    "consumed_samples": "BIGINT",
-    "gbs": "INTEGER",
-    "loss_scale": "DOUBLE",
-    "skipped": "INTEGER",
-    "nan": "INTEGER",
-    "tflops_per_gpu": "DOUBLE",
-    "moe_aux_loss": "DOUBLE",
-    "extras": "VARCHAR",
-    "attempt": "INTEGER",
-    "train_iters": "INTEGER",
-    "seq": "BIGINT",
-}
+LOG_ITER_TYPES = {c: ITER_TYPES[c] for c in (
+    "iteration", "time", "elapsed_ms", "loss", "lr", "grad_norm", "consumed_samples", "gbs", "loss_scale",
+    "skipped", "nan", "tflops_per_gpu", "moe_aux_loss", "extras", "attempt", "train_iters", "seq",
+)}
 _LOG_ITER_SELECT = (
     "SELECT ? AS run_id, ? AS job_id, iteration, time, elapsed_ms, loss, lr, grad_norm, consumed_samples, gbs, "
     "loss_scale, skipped, nan, CASE WHEN gbs <> 0 AND elapsed_ms > 0 THEN gbs / (elapsed_ms / 1000.0) END "
