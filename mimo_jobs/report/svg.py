@@ -38,6 +38,16 @@ class _Axis:
     ticks: list[float] = field(default_factory=list)
 
 
+
+def _open(width: int, height: int, title: str, chart_id: str) -> list[str]:
+    """The opening of every chart: the <svg> element, a white background and the title."""
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" id="{escape(chart_id)}" class="chart" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
+        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>',
+    ]
+
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     if hi <= lo:
         hi = lo + (abs(lo) or 1.0)
@@ -79,12 +89,7 @@ def line_chart(
     pts = [p for s in series for p in s.points if p[1] is not None and math.isfinite(p[1])]
     ml, mr, mt, mb = 70, 20, 34, 48
     pw, ph = width - ml - mr, height - mt - mb
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" id="{escape(chart_id)}" class="chart" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
-        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>',
-    ]
+    parts = _open(width, height, title, chart_id)
     if not pts:
         parts.append(
             f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#666">no data</text></svg>'
@@ -169,12 +174,7 @@ def stacked_bars(
 ) -> str:
     ml, mr, mt, mb = 70, 130, 34, 70
     pw, ph = width - ml - mr, height - mt - mb
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" id="{escape(chart_id)}" class="chart" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
-        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(title)}</text>',
-    ]
+    parts = _open(width, height, title, chart_id)
     totals = [sum(v[i] for v in stacks.values()) for i in range(len(categories))]
     if not categories or not any(totals):
         parts.append(
