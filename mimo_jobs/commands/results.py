@@ -44,6 +44,9 @@ def ingest_cmd(
 
     err = Console(stderr=True)
     info = LogRunInfo(study=study, name=name, nodes=nodes, gpus_per_node=gpus_per_node, seq_length=seq_length)
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:  # before opening the store: a typo must not leave an empty store behind
+        _fail("no such file or directory: " + ", ".join(missing))
     try:
         con = connect(db, retries=LOCK_RETRIES)
     except RuntimeError as e:

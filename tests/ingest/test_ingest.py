@@ -326,6 +326,7 @@ def test_cli_ingest(tmp_path):
     db = str(tmp_path / "s.duckdb")
     res = CliRunner().invoke(app, ["ingest", str(tmp_path / "runs"), str(tmp_path / "nope"), "--db", db])
     assert res.exit_code == 2 and "no such file or directory" in res.output
+    assert not Path(db).exists(), "a refused ingest must not leave a store behind"
     res = CliRunner().invoke(app, ["ingest", str(tmp_path / "runs"), "--db", db])
     assert res.exit_code == 0, res.output
     assert "ingested 1 file(s) (0 unchanged, skipped): 21 lines, 3 iterations, 8 events, 1 new run(s)" in res.output
