@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import subprocess
@@ -34,8 +35,16 @@ from .records import PHASES
 from .rundir import RunDir
 
 CHUNK = 8 << 20
-_FORCE_PYTHON_SCAN = False  # tests flip this to check the grep-less path gives the same rows
+# How log files are scanned for candidate lines: "c" (the compiled _logscan: one pass, iteration lines parsed
+# in C), "grep" (a grep process finds candidates, Python parses them), "python" (substring scans in-process).
+# None: "c" when the extension is built, else grep for big files. Tests pin each mode to compare their rows.
+SCAN: str | None = None
 GREP_MIN_BYTES = 4 << 20  # smaller files are scanned in-process (a process start costs more than the scan)
+SEGMENT = 64 << 20  # bytes mapped at a time by the C path (> MAX_LINE: a longer run without newline is garbage)
+try:
+    from . import _logscan
+except ImportError:  # built without a C compiler: same results through grep/Python, slower
+    _logscan = None
 MAX_LINE = 16 << 20  # a "line" longer than this is binary garbage: counted and dropped
 HEAD = 4096
 LOG_SUFFIXES = (".out", ".err", ".log", ".txt")
@@ -267,23 +276,68 @@ EVENT_TYPES = {
 }
 
 
-def _upsert_sql(select: str) -> str:
-    """Newest attempt wins, then the later line of the same attempt; an older attempt (a re-ingested
-    file) never overwrites a newer one."""
+def _merge(con, select: str, params: list, dedupe: bool) -> None:
+    """Add staged iteration rows (`select`, ITER_COLS + seq) to the store. Within the staged rows the newest
+    attempt wins, then the later line (`dedupe`: only needed when a key can repeat); against rows already
+    stored, an older attempt (a re-ingested file) never overwrites a newer one. The iterations table has no
+    primary key (its index cost more than the rest of a big-log ingest): this is the upsert."""
     cols = ", ".join(ITER_COLS)
-    sel = ", ".join(f"CAST({c} AS JSON)" if c in ("phases", "extras") else c for c in ITER_COLS)
-    upd = ", ".join(f"{c} = excluded.{c}" for c in ITER_COLS if c not in ("run_id", "job_id", "iteration"))
-    return f"""INSERT INTO iterations ({cols})
-               SELECT {sel} FROM ({select})
-               QUALIFY row_number() OVER (PARTITION BY run_id, job_id, iteration
-                                          ORDER BY attempt DESC NULLS LAST, seq DESC) = 1
-               ON CONFLICT (run_id, job_id, iteration) DO UPDATE SET {upd}
-               WHERE coalesce(excluded.attempt, 0) >= coalesce(iterations.attempt, 0)"""
+    sel = f"SELECT {cols} FROM ({select})"
+    if dedupe:
+        sel += """ QUALIFY row_number() OVER (PARTITION BY run_id, job_id, iteration
+                                             ORDER BY attempt DESC NULLS LAST, seq DESC) = 1"""
+    keys = con.execute(f"SELECT DISTINCT run_id, job_id FROM ({select})", params).fetchall()
+    if not keys:
+        return
+    where = " OR ".join("(run_id = ? AND job_id = ?)" for _ in keys)
+    flat = [x for k in keys for x in k]
+    if not con.execute(f"SELECT count(*) FROM iterations WHERE {where}", flat).fetchone()[0]:
+        con.execute(f"INSERT INTO iterations ({cols}) {sel}", params)  # the common case: all new
+        return
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _staged AS {sel}", params)
+    try:
+        con.execute("""DELETE FROM iterations USING _staged n
+                       WHERE iterations.run_id = n.run_id AND iterations.job_id = n.job_id
+                         AND iterations.iteration = n.iteration
+                         AND coalesce(n.attempt, 0) >= coalesce(iterations.attempt, 0)""")
+        con.execute(f"""INSERT INTO iterations ({cols})
+                        SELECT {", ".join("n." + c for c in ITER_COLS)} FROM _staged n
+                        ANTI JOIN iterations i
+                          ON i.run_id = n.run_id AND i.job_id = n.job_id AND i.iteration = n.iteration""")
+    finally:
+        con.execute("DROP TABLE IF EXISTS _staged")
+
+
+# The C scanner's rows (a dict of numpy columns; NaN and NaT are NULL, all its values are finite) as the
+# staged-log-row shape of LOG_ITER_TYPES.
+_C_ROWS_SELECT = (
+    "SELECT iteration, time_us AS time, elapsed_ms, loss, lr, grad_norm, "
+    "CAST(consumed_samples AS BIGINT) AS consumed_samples, CAST(gbs AS INTEGER) AS gbs, loss_scale, "
+    "CAST(skipped AS INTEGER) AS skipped, CAST(nan AS INTEGER) AS nan, tflops_per_gpu, moe_aux_loss, extras, "
+    "attempt, train_iters, seq FROM _c_rows"
+)
+
+
+def _c_columns(cols: dict):
+    """numpy views of _logscan.Scanner.take()'s column bytes."""
+    import numpy as np
+
+    out = {"iteration": np.frombuffer(cols["iteration"], np.int32)}
+    out["time_us"] = np.frombuffer(cols["time_us"], "datetime64[us]")
+    for k in ("elapsed_ms", "loss", "lr", "grad_norm", "consumed_samples", "gbs", "loss_scale", "skipped", "nan",
+              "tflops_per_gpu", "moe_aux_loss"):
+        out[k] = np.frombuffer(cols[k], np.float64)
+    out["extras"] = np.array(cols["extras"], dtype=object)
+    out["attempt"] = np.frombuffer(cols["attempt"], np.int32)
+    out["train_iters"] = np.frombuffer(cols["train_iters"], np.int32)
+    out["seq"] = np.frombuffer(cols["seq"], np.int64)
+    return out
 
 
 class _Stage:
     """Rows written to temp CSV files as they are parsed (memory stays flat on huge logs), then loaded
-    with one bulk `INSERT ... SELECT FROM read_csv` each: far faster than executemany."""
+    with one bulk `INSERT ... SELECT FROM read_csv` each: far faster than executemany. Log iteration rows
+    parsed by the C scanner arrive as numpy columns instead (no text round trip at all)."""
 
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="mimo-ingest-")
@@ -295,6 +349,8 @@ class _Stage:
         self.lit = csv.writer(self._lit_f)
         self.n_it = 0
         self.n_lit = 0
+        self.c_cols: dict | None = None  # rows parsed by _logscan (see _c_columns)
+        self.c_dupes = False  # the C rows repeat an iteration (a restart inside the file)
         self.log_const: tuple[str, str, str] | None = None  # (run_id, job_id, source_file) of log rows
         self.n_ev = 0
         self._ev_keys: set[tuple[int, str]] = set()
@@ -303,12 +359,21 @@ class _Stage:
         self.n_it += 1
         self.it.writerow(row + [self.n_it])
 
-    def log_iteration(self, row: list) -> None:
-        """A Megatron log iteration: LOG_ITER_TYPES columns without seq."""
+    def log_iteration(self, row: list, seq: int) -> None:
+        """A Megatron log iteration: LOG_ITER_TYPES columns without seq (the line number: later lines win)."""
         self.n_it += 1
         self.n_lit += 1
-        row.append(self.n_it)
+        row.append(seq)
         self.lit.writerow(row)
+
+    def c_rows(self, cols: dict) -> None:
+        import numpy as np
+
+        self.c_cols = _c_columns(cols)
+        n = len(self.c_cols["iteration"])
+        self.n_it += n
+        it = self.c_cols["iteration"]
+        self.c_dupes = n > 1 and not bool(np.all(it[1:] > it[:-1])) and len(np.unique(it)) < n
 
     def event(self, row: list) -> None:
         key = (row[-1], row[5])
@@ -330,12 +395,23 @@ class _Stage:
         self._it_f.close()
         self._ev_f.close()
         self._lit_f.close()
-        if self.n_it > self.n_lit:
-            con.execute(_upsert_sql(f"SELECT * FROM {self._read('it.csv', ITER_TYPES)}"))
-        if self.n_lit:
-            sel = _LOG_ITER_SELECT.replace("{src}", self._read("lit.csv", LOG_ITER_TYPES))
+        n_c = len(self.c_cols["iteration"]) if self.c_cols else 0
+        if self.n_it > self.n_lit + n_c:
+            _merge(con, f"SELECT * FROM {self._read('it.csv', ITER_TYPES)}", [], dedupe=True)
+        if self.n_lit or n_c:
+            parts = []
+            if n_c:
+                con.register("_c_rows", self.c_cols)
+                parts.append(_C_ROWS_SELECT)
+            if self.n_lit:
+                parts.append(f"SELECT * FROM {self._read('lit.csv', LOG_ITER_TYPES)}")
+            sel = _LOG_ITER_SELECT.replace("{src}", "(" + " UNION ALL ".join(parts) + ")")
             run_id, job, src = self.log_const
-            con.execute(_upsert_sql(sel), [run_id, job, src])
+            try:
+                _merge(con, sel, [run_id, job, src], dedupe=bool(self.n_lit) or self.c_dupes)
+            finally:
+                if n_c:
+                    con.unregister("_c_rows")
         if self.n_ev:
             con.execute(f"""INSERT INTO events ({", ".join(EVENT_COLS)})
                             SELECT * FROM {self._read("ev.csv", EVENT_TYPES)} ON CONFLICT DO NOTHING""")
@@ -579,7 +655,7 @@ class _LogScanner:
             # skipped by the head regex; the fields are parsed later in SQL)
             head = logparse.iteration_head(line)
             if head is not None:
-                self._iteration(head, line)
+                self._iteration(head, line, line_no)
                 return
         origin, body = logparse.split_origin(line)
         if self._root is not None:  # torchrun summary: its fields follow the "Root Cause" line
@@ -596,7 +672,7 @@ class _LogScanner:
         if "iteration" in body:
             head = logparse.iteration_head(body)
             if head is not None:
-                self._iteration(head, body)
+                self._iteration(head, body, line_no)
                 return
         if "Traceback (most recent call last)" in body:
             if not self.tracker.active(key):
@@ -610,7 +686,11 @@ class _LogScanner:
         for ev in logparse.classify_line(body, lt.year if lt else None):
             self._emit(origin, line_no, ev)
 
-    def _iteration(self, head: tuple, text: str) -> None:
+    def fast(self) -> bool:
+        """Whether iteration lines may skip the origin/traceback bookkeeping (the C scanner's fast mode)."""
+        return not self.tracker.pending and self._root is None
+
+    def _iteration(self, head: tuple, text: str, line_no: int) -> None:
         it, total, ts, end = head
         st = self.st
         if ts:
@@ -651,7 +731,8 @@ class _LogScanner:
                 extras,
                 self.base_attempt + st.restarts,
                 total,
-            ]
+            ],
+            line_no,
         )
 
     def _finish_root(self) -> None:
@@ -733,6 +814,155 @@ def _grep_lines(proc, f, out, out_path: str, first: int, complete: int):
             if k > complete:  # the partial last line: left for the next ingest
                 break
             yield first + k, rest.rstrip(b"\n").decode("utf-8", "replace").replace("\x00", "")
+
+
+def _scan_mode(t: _Target, nbytes: int) -> str:
+    if t.kind != "log":
+        return "python"
+    if SCAN is not None:
+        if SCAN == "c" and _logscan is None:
+            raise RuntimeError("SCAN='c' but mimo_jobs._logscan is not built")
+        return SCAN
+    if _logscan is not None:
+        return "c"
+    return "grep" if GREP is not None and nbytes >= GREP_MIN_BYTES else "python"
+
+
+def _line_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace").replace("\x00", "")
+
+
+def _scan_with_python(
+    t: _Target,
+    offset: int,
+    st: _FileState,
+    ctx: _RunCtx,
+    src: str,
+    scanner: "_LogScanner",
+    stage: _Stage,
+    on_bytes: Callable[[int], None] | None,
+    use_grep: bool,
+    sacct_text: list[str],
+) -> tuple[int, bool]:
+    """Every file kind without the compiled scanner: read blocks of complete lines; metrics lines are parsed
+    here, sacct text is collected, and log candidate lines come from grep (a second process) or from
+    in-process substring scans."""
+    grep = _grep_start(t.path, offset, os.path.join(stage.dir, "grep.out")) if use_grep else None
+    first_line = st.lines
+    gen = _chunks(t.path, offset, st, on_bytes, need_text=not use_grep)
+    try:
+        while True:
+            try:
+                first, text = next(gen)
+            except StopIteration as e:
+                end_offset, partial = e.value
+                break
+            if t.kind == "metrics":
+                _metrics_rows(text, first, st, ctx, stage, src)
+            elif t.kind == "sacct":
+                sacct_text.append(text)
+            elif not use_grep:
+                for ln, line in _python_candidates(text, first):
+                    scanner.line(ln, line)
+    except BaseException:
+        if grep is not None:
+            grep[0].kill()
+            grep[0].wait()
+            grep[1].close()
+            grep[2].close()
+        raise
+    if grep is not None:
+        cand = _grep_lines(*grep, os.path.join(stage.dir, "grep.out"), first_line, st.lines - first_line)
+        for ln, line in cand:
+            scanner.line(ln, line)
+    return end_offset, partial
+
+
+def _scan_with_ext(
+    path: Path,
+    offset: int,
+    size: int,
+    st: _FileState,
+    scanner: "_LogScanner",
+    stage: _Stage,
+    on_bytes: Callable[[int], None] | None,
+) -> tuple[int, bool]:
+    """The compiled path: map the file a segment at a time and let _logscan walk its lines; it hands back
+    only the lines Python must see (events, tracebacks, iteration lines outside its strict syntax).
+    Returns (offset after the last complete line, whether a partial last line was left)."""
+    cs = _logscan.Scanner(
+        tuple(x.encode() for x in logparse.ALL_TRIGGERS),
+        tuple(
+            (k.encode(), logparse.FAST_COLUMNS.index(c), c in logparse._INT_COLUMNS)
+            for k, c in logparse._COLUMN_OF.items()
+        ),
+        scanner.want_iters,
+        scanner.base_attempt,
+    )
+
+    def to_c() -> None:
+        cs.lines, cs.bad, cs.undecodable = st.lines, st.bad, st.undecodable
+        cs.last_iter = -1 if st.last_iter is None else st.last_iter
+        cs.restarts, cs.last_time = st.restarts, st.last_time
+
+    def from_c() -> None:
+        st.lines, st.bad, st.undecodable = cs.lines, cs.bad, cs.undecodable
+        st.last_iter = None if cs.last_iter < 0 else cs.last_iter
+        st.restarts, st.last_time = cs.restarts, cs.last_time
+
+    to_c()
+    pos, partial = offset, False
+    gran = mmap.ALLOCATIONGRANULARITY
+    populate = getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in at map time (one kernel call)
+    with open(path, "rb") as f:
+        while pos < size:
+            base = pos - pos % gran
+            length = min(SEGMENT, size - base)
+            with mmap.mmap(f.fileno(), length, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ,
+                           offset=base) as mm:
+                rel = pos - base
+                cut = mm.rfind(b"\n", rel)
+                if cut < 0:
+                    if base + length < size:  # no newline in a whole segment: binary garbage up to the next
+                        pos = _skip_garbage(f, base + length, size, st, cs)
+                        continue
+                    partial = True  # the last line is not finished (the file may still be growing)
+                    break
+                end = cut + 1
+                p = rel
+                while True:
+                    hit = cs.scan(mm, p, end, scanner.fast())
+                    if hit is None:
+                        break
+                    ls, le, line_no = hit
+                    from_c()
+                    scanner.line(line_no, _line_text(mm[ls:le]))
+                    to_c()
+                    p = le + 1
+            if on_bytes:
+                on_bytes(end - rel)
+            pos = base + end
+    from_c()
+    if cs.rows:
+        stage.c_rows(cs.take())
+    return pos, partial
+
+
+def _skip_garbage(f, start: int, size: int, st: _FileState, cs) -> int:
+    """A "line" longer than a segment: counted as one bad line and skipped up to its newline."""
+    cs.bad += 1
+    cs.lines += 1
+    f.seek(start)
+    pos = start
+    while True:
+        buf = f.read(CHUNK)
+        if not buf:
+            cs.lines -= 1  # ran into the end of the file: consumed, but not a complete line
+            return size
+        k = buf.find(b"\n")
+        if k >= 0:
+            return pos + k + 1
+        pos += len(buf)
 
 
 def _sacct_rows(con, text: str, ctx: _RunCtx | None, src: str, st: _FileState, stage: _Stage) -> None:
@@ -841,41 +1071,13 @@ def _ingest_one(
         pinfo = logparse.path_info(src)
         job = pinfo.job_id or t.path.stem
         scanner = _LogScanner(st, ctx, job, pinfo, stage, src, want_iters=not ctx.has_metrics)
-        use_grep = (
-            t.kind == "log"
-            and GREP is not None
-            and not _FORCE_PYTHON_SCAN
-            and size - offset >= GREP_MIN_BYTES
-        )
-        grep = _grep_start(t.path, offset, os.path.join(stage.dir, "grep.out")) if use_grep else None
-        first_line = st.lines
-        gen = _chunks(t.path, offset, st, on_bytes, need_text=not use_grep)
-        sacct_text = []
-        try:
-            while True:
-                try:
-                    first, text = next(gen)
-                except StopIteration as e:
-                    end_offset, partial = e.value
-                    break
-                if t.kind == "metrics":
-                    _metrics_rows(text, first, st, ctx, stage, src)
-                elif t.kind == "sacct":
-                    sacct_text.append(text)
-                elif not use_grep:
-                    for ln, line in _python_candidates(text, first):
-                        scanner.line(ln, line)
-        except BaseException:
-            if grep is not None:
-                grep[0].kill()
-                grep[0].wait()
-                grep[1].close()
-                grep[2].close()
-            raise
-        if grep is not None:
-            cand = _grep_lines(*grep, os.path.join(stage.dir, "grep.out"), first_line, st.lines - first_line)
-            for ln, line in cand:
-                scanner.line(ln, line)
+        mode = _scan_mode(t, size - offset)
+        sacct_text: list[str] = []
+        if mode == "c":
+            end_offset, partial = _scan_with_ext(t.path, offset, size, st, scanner, stage, on_bytes)
+        else:
+            end_offset, partial = _scan_with_python(t, offset, st, ctx, src, scanner, stage, on_bytes,
+                                                    mode == "grep", sacct_text)
         scanner.finish()
         if partial:
             st.bad += 1  # truncated last line: counted; left unread so a growing file resumes cleanly

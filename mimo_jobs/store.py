@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 DEFAULT_DB = "mimo-jobs.duckdb"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: iterations without a primary key (ingest keeps the key unique itself)
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)""",
@@ -84,8 +84,9 @@ SCHEMA = [
         -- records.PHASES as numbers (also in `phases`): the report averages millions of rows, and
         -- numeric columns are ~50x cheaper to aggregate than JSON
         enc_fwd_ms DOUBLE, enc_bwd_ms DOUBLE, bridge_wait_ms DOUBLE, llm_fwd_ms DOUBLE, llm_bwd_ms DOUBLE,
-        optimizer_ms DOUBLE, data_ms DOUBLE,
-        PRIMARY KEY (run_id, job_id, iteration))""",
+        optimizer_ms DOUBLE, data_ms DOUBLE)
+        -- unique per (run_id, job_id, iteration), kept so by ingest's merge: a primary-key index cost
+        -- more than all the rest of a big-log ingest""",
     """CREATE TABLE IF NOT EXISTS events (
         run_id VARCHAR,
         job_id VARCHAR,
@@ -141,8 +142,23 @@ def connect(db: str | os.PathLike | None = None, read_only: bool = False, retrie
     if not read_only:
         for stmt in SCHEMA:
             con.execute(stmt)
+        _migrate(con)
         con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
     return con
+
+
+def _migrate(con) -> None:
+    """Schema 1 -> 2: drop the iterations primary key (DuckDB cannot drop a constraint: copy the table)."""
+    pk = con.execute("""SELECT count(*) FROM duckdb_constraints()
+                         WHERE table_name = 'iterations' AND constraint_type = 'PRIMARY KEY'""").fetchone()[0]
+    if not pk:
+        return
+    ddl = next(s for s in SCHEMA if "TABLE IF NOT EXISTS iterations" in s)
+    with transaction(con):
+        con.execute("ALTER TABLE iterations RENAME TO iterations_v1")
+        con.execute(ddl)
+        con.execute("INSERT INTO iterations BY NAME SELECT * FROM iterations_v1")
+        con.execute("DROP TABLE iterations_v1")
 
 
 @contextmanager
