@@ -124,63 +124,13 @@ def build(
     ).fetchall():
         studies[n] = {"scaling": sc or "strong", "baseline_nodes": bn}
 
-    # -- per run: span of the stitched curve (superseded rows are older attempts of re-run iterations)
-    # One scan, grouped per (run, job): the stitched curve's span (superseded rows are older attempts of
-    # re-run iterations) and each job's last activity (which job is the run's latest).
-    span = {}
-    activity: dict[str, list[tuple]] = {}
-    # (A job whose rows are all superseded is an older attempt: it can never be the latest job.)
-    groups: dict[str, list[tuple]] = {}
-    for row in con.execute(
-        f"""SELECT run_id, job_id, max(time), min(iteration), max(iteration), count(*), max(train_iters),
-                   max(gbs)
-            FROM iterations WHERE run_id IN {_in_list(len(ids))} AND NOT coalesce(superseded, false)
-            GROUP BY run_id, job_id""",
-        ids,
-    ).fetchall():
-        activity.setdefault(row[0], []).append((row[2] or datetime.min, str(row[1])))
-        if row[5]:
-            groups.setdefault(row[0], []).append(row[3:])
-    for rid, gs in groups.items():
-        # (min iteration, max iteration, rows, jobs, train_iters, final loss, final samples, -, gbs); the
-        # final loss/samples come from the end of the loss curve below (cheaper than arg_max over all rows)
-        span[rid] = (min(g[0] for g in gs), max(g[1] for g in gs), sum(g[2] for g in gs), len(gs),
-                     max((g[3] for g in gs if g[3] is not None), default=None), None, None, None,
-                     max((g[4] for g in gs if g[4] is not None), default=None))
+    # The three scans of the big table below (spans, steady state, curves) are most of the report's time;
+    # see _spans/_steady/_curves for how each avoids per-row work it does not need.
+    whole = _covers_store(con, ids)
+    span, activity = _spans(con, ids, whole)
     cut = {rid: figures.steady_cutoff(s[0], s[1], warmup_frac, warmup_min) for rid, s in span.items()}
-
-    # -- steady-state aggregates in SQL (median over the window, phases from the JSON column)
-    agg = {}
-    if span:
-        vals, params = _values([(rid, c) for rid, c in cut.items()], "run_id, cutoff")
-        phase_cols = ", ".join(f"avg(i.{p}_ms)" for p in PHASES)  # numeric copies of `phases`
-        for row in con.execute(
-            f"""SELECT i.run_id, median(i.elapsed_ms), avg(i.elapsed_ms), stddev_samp(i.elapsed_ms), count(*),
-                           {phase_cols}
-                    FROM iterations i JOIN {vals} ON i.run_id = w.run_id
-                    WHERE NOT coalesce(i.superseded, false) AND i.iteration >= w.cutoff
-                      AND i.elapsed_ms IS NOT NULL
-                    GROUP BY i.run_id""",
-            params,
-        ).fetchall():
-            agg[row[0]] = row[1:]
-
-    # -- loss curves, downsampled in SQL to about CURVE_POINTS per run
-    curves: dict[str, list[tuple[float, float]]] = {}
-    if span:
-        steps = [
-            (rid, s[0], s[1], max(1, math.ceil((s[1] - s[0] + 1) / CURVE_POINTS))) for rid, s in span.items()
-        ]
-        vals, params = _values(steps, "run_id, i0, i1, step")
-        for rid, x, y in con.execute(
-            f"""SELECT i.run_id, coalesce(i.consumed_samples, i.iteration * i.gbs, i.iteration), i.loss
-                    FROM iterations i JOIN {vals} ON i.run_id = w.run_id
-                    WHERE NOT coalesce(i.superseded, false) AND i.loss IS NOT NULL AND NOT isnan(i.loss)
-                      AND ((i.iteration - w.i0) % w.step = 0 OR i.iteration = w.i1)
-                    ORDER BY i.run_id, i.iteration""",
-            params,
-        ).fetchall():
-            curves.setdefault(rid, []).append((float(x), float(y)))
+    agg = _steady(con, cut, whole)
+    curves = _curves(con, span)
 
     # -- scheduler state (jobs table, written by submit), else derived from events and iterations
     jobs = {}
@@ -403,6 +353,113 @@ def build(
             "parity_tolerance": figures.PARITY_TOLERANCE,
         },
     )
+
+
+def _covers_store(con, ids: list[str]) -> bool:
+    """True when the report covers every run of the store. The scans of `iterations` then need no per-row
+    `run_id IN (...)` filter (a string test on millions of rows costs about as much as the aggregate
+    itself); groups of runs outside `ids` (rows whose run is not in `runs`) are dropped after grouping."""
+    return con.execute("SELECT count(*) FROM runs").fetchone()[0] == len(set(ids))
+
+
+def _spans(con, ids: list[str], whole: bool) -> tuple[dict[str, tuple], dict[str, list[tuple]]]:
+    """Per run: the span of the stitched curve (superseded rows are older attempts of re-run iterations),
+    and each job's last activity (which job is the run's latest). One scan, grouped per (run, job)."""
+    keep = set(ids)
+    where = "" if whole else f"run_id IN {_in_list(len(ids))} AND "
+    span: dict[str, tuple] = {}
+    activity: dict[str, list[tuple]] = {}
+    groups: dict[str, list[tuple]] = {}
+    # (A job whose rows are all superseded is an older attempt: it can never be the latest job.)
+    for row in con.execute(
+        f"""SELECT run_id, job_id, max(time), min(iteration), max(iteration), count(*), max(train_iters),
+                   max(gbs)
+            FROM iterations WHERE {where}NOT coalesce(superseded, false)
+            GROUP BY run_id, job_id""",
+        [] if whole else ids,
+    ).fetchall():
+        if row[0] not in keep:
+            continue
+        activity.setdefault(row[0], []).append((row[2] or datetime.min, str(row[1])))
+        if row[5]:
+            groups.setdefault(row[0], []).append(row[3:])
+    for rid, gs in groups.items():
+        # (min iteration, max iteration, rows, jobs, train_iters, final loss, final samples, -, gbs); the
+        # final loss/samples come from the end of the loss curve (cheaper than arg_max over all rows)
+        span[rid] = (
+            min(g[0] for g in gs),
+            max(g[1] for g in gs),
+            sum(g[2] for g in gs),
+            len(gs),
+            max((g[3] for g in gs if g[3] is not None), default=None),
+            None,
+            None,
+            None,
+            max((g[4] for g in gs if g[4] is not None), default=None),
+        )
+    return span, activity
+
+
+def _steady(con, cut: dict[str, int], whole: bool) -> dict[str, tuple]:
+    """Steady-state aggregates per run: median/mean/std/count of the iteration time over the window
+    (iteration >= the run's cutoff) and the mean of each phase (numeric copies of `phases`)."""
+    if not cut:
+        return {}
+    aggs = "median(i.elapsed_ms), avg(i.elapsed_ms), stddev_samp(i.elapsed_ms), count(*), " + ", ".join(
+        f"avg(i.{p}_ms)" for p in PHASES
+    )
+    cutoffs = set(cut.values())
+    if whole and len(cutoffs) == 1:
+        # Every run has the same cutoff (the usual study: same train_iters, all complete): a constant
+        # filter the scan applies itself, instead of joining millions of rows to per-run cutoffs on the
+        # string run_id (about half of this query's time).
+        sql = f"""SELECT i.run_id, {aggs} FROM iterations i
+                  WHERE NOT coalesce(i.superseded, false) AND i.iteration >= {int(cutoffs.pop())}
+                    AND i.elapsed_ms IS NOT NULL
+                  GROUP BY i.run_id"""
+        params: list = []
+    else:
+        vals, params = _values(list(cut.items()), "run_id, cutoff")
+        sql = f"""SELECT i.run_id, {aggs} FROM iterations i JOIN {vals} ON i.run_id = w.run_id
+                  WHERE NOT coalesce(i.superseded, false) AND i.iteration >= w.cutoff
+                    AND i.elapsed_ms IS NOT NULL
+                  GROUP BY i.run_id"""
+    return {row[0]: row[1:] for row in con.execute(sql, params).fetchall() if row[0] in cut}
+
+
+# At most this many distinct (step, phase) pairs go into the curves' prefilter (each is one modulo per row).
+_PREFILTER_MAX = 8
+
+
+def _curves(con, span: dict[str, tuple]) -> dict[str, list[tuple[float, float]]]:
+    """Loss curves, downsampled in SQL to about CURVE_POINTS per run: iterations i0, i0 + step, ... and the
+    last one i1 (step = ceil(span / CURVE_POINTS)), each with a finite loss."""
+    curves: dict[str, list[tuple[float, float]]] = {}
+    if not span:
+        return curves
+    steps = [
+        (rid, s[0], s[1], max(1, math.ceil((s[1] - s[0] + 1) / CURVE_POINTS))) for rid, s in span.items()
+    ]
+    # A prefilter on the iteration alone that every selected row passes ((it - i0) % step = 0 <=>
+    # it % step = i0 % step, for it >= i0 >= 0): the scan drops ~99% of the rows before the join, which
+    # then only checks the exact per-run condition on the few left.
+    pairs = sorted({(st, i0 % st) for _, i0, _, st in steps})
+    pre = ""
+    if len(pairs) <= _PREFILTER_MAX and all(i0 >= 0 for _, i0, _, _ in steps):
+        ends = ", ".join(str(int(i1)) for i1 in sorted({i1 for _, _, i1, _ in steps}))
+        pre = "AND (" + " OR ".join(f"i.iteration % {int(st)} = {int(r)}" for st, r in pairs)
+        pre += f" OR i.iteration IN ({ends}))"
+    vals, params = _values(steps, "run_id, i0, i1, step")
+    for rid, x, y in con.execute(
+        f"""SELECT i.run_id, coalesce(i.consumed_samples, i.iteration * i.gbs, i.iteration), i.loss
+                FROM iterations i JOIN {vals} ON i.run_id = w.run_id
+                WHERE NOT coalesce(i.superseded, false) AND i.loss IS NOT NULL AND NOT isnan(i.loss) {pre}
+                  AND ((i.iteration - w.i0) % w.step = 0 OR i.iteration = w.i1)
+                ORDER BY i.run_id, i.iteration""",
+        params,
+    ).fetchall():
+        curves.setdefault(rid, []).append((float(x), float(y)))
+    return curves
 
 
 def _median(vals: list[float | None]) -> float | None:
