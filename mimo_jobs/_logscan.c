@@ -86,11 +86,22 @@ typedef struct {
     char sh_text[4096];
     int sh_off[64], sh_len[64], sh_kind[64], sh_col[64];
     /* column buffers of C-parsed rows */
-    Buf it, tus, f[N_FLOAT], attempt, total, seq, ex, ex_off;
+    Buf it, tus, f[N_FLOAT], attempt, total, seq, ex_id;
+    /* extras JSON texts, each distinct one once (a log's extras rarely change from line to line) */
+    Buf ex, ex_off, scratch;
+    int32_t *dict;      /* open-addressing table of ids into ex_off, DICT_SLOTS slots, -1 = empty */
+    int32_t last_id, n_dict;
 } Scanner;
 
+#define DICT_SLOTS (1 << 16)
+#define DICT_MAX (1 << 15) /* distinct texts kept for lookup; past this, new texts are simply appended */
+
 static void free_bufs(Scanner *s) {
-    Buf *all[] = {&s->it, &s->tus, &s->attempt, &s->total, &s->seq, &s->ex, &s->ex_off};
+    free(s->dict);
+    s->dict = NULL;
+    s->n_dict = 0;
+    s->last_id = -1;
+    Buf *all[] = {&s->it, &s->tus, &s->attempt, &s->total, &s->seq, &s->ex_id, &s->ex, &s->ex_off, &s->scratch};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
         free(all[i]->p);
         all[i]->p = NULL;
@@ -558,6 +569,73 @@ typedef struct {
 } Field;
 
 /* Returns 1 when the line was handled here (a row staged, or counted bad), 0 to hand it to Python. */
+/* The id of extras text p[0:n] in the distinct-text list (appended when new), -1 on memory failure. */
+static int32_t intern(Scanner *s, const char *p, size_t n) {
+    const int64_t *off = (const int64_t *)s->ex_off.p;
+    if (s->last_id >= 0) { /* the usual case: the same as the line before */
+        int64_t a = off[s->last_id], z = s->last_id + 1 < s->n_dict ? off[s->last_id + 1] : (int64_t)s->ex.n;
+        if ((size_t)(z - a) == n && memcmp(s->ex.p + a, p, n) == 0) return s->last_id;
+    }
+    if (!s->dict) {
+        s->dict = malloc(DICT_SLOTS * sizeof *s->dict);
+        if (!s->dict) return -1;
+        memset(s->dict, 0xff, DICT_SLOTS * sizeof *s->dict);
+    }
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 16777619u;
+    uint32_t slot = h & (DICT_SLOTS - 1);
+    while (s->dict[slot] >= 0) {
+        int32_t id = s->dict[slot];
+        int64_t a = off[id], z = id + 1 < s->n_dict ? off[id + 1] : (int64_t)s->ex.n;
+        if ((size_t)(z - a) == n && memcmp(s->ex.p + a, p, n) == 0) return s->last_id = id;
+        slot = (slot + 1) & (DICT_SLOTS - 1);
+    }
+    int64_t start = (int64_t)s->ex.n;
+    if (buf_add(&s->ex_off, &start, 8) < 0 || buf_add(&s->ex, p, n) < 0) return -1;
+    int32_t id = s->n_dict++;
+    if (id < DICT_MAX) s->dict[slot] = id;
+    return s->last_id = id;
+}
+
+static inline int int_column(const Scanner *s, Field *f) { /* int(float(v)), as Python stages it */
+    double t = trunc(f->x);
+    double lim = s->key_col[f->col] == 3 ? 9007199254740992.0 : 2147483647.0;
+    if (fabs(t) > lim) return 0;
+    f->x = t == 0 ? 0.0 : t;
+    return 1;
+}
+
+/* The fields after the iteration head, read along the cached shape: `key: number |` for exactly the cached
+ * keys in order, then only blanks. Accepts a subset of what the generic loop accepts, with the same result;
+ * 0 sends the line through the generic loop. */
+static int match_shape(const Scanner *s, const unsigned char *q, const unsigned char *E, Field *fl) {
+    for (int j = 0; j < s->sh_n; j++) {
+        while (q < E && is_ws(*q)) q++;
+        int kl = s->sh_len[j];
+        if (E - q < kl || memcmp(q, s->sh_text + s->sh_off[j], kl) != 0) return 0;
+        Field *f = &fl[j];
+        f->k = (const char *)q, f->kn = kl;
+        q += kl;
+        while (q < E && is_ws(*q)) q++;
+        if (q >= E || *q != ':') return 0;
+        q++;
+        while (q < E && is_ws(*q)) q++;
+        const unsigned char *vs = q;
+        while (q < E && (is_digit(*q) || *q == '.' || *q == '-' || *q == '+' || *q == 'e' || *q == 'E')) q++;
+        f->v = (const char *)vs, f->vn = q - vs;
+        if (!parse_number(f->v, f->vn, &f->x)) return 0;
+        while (q < E && is_ws(*q)) q++;
+        if (q < E) {
+            if (*q != '|') return 0;
+            q++;
+        }
+        f->kind = s->sh_kind[j], f->col = s->sh_col[j];
+        if (f->kind == 2 && s->key_int[f->col] && !int_column(s, f)) return 0;
+    }
+    while (q < E && is_ws(*q)) q++;
+    return q == E;
+}
+
 /* What a key is (logparse.parse_fields): 2 = a FAST_COLUMNS column (col), 1 = a loss, 0 = extras; -1 to decline. */
 static int classify_key(const Scanner *s, const char *k, Py_ssize_t kn, int *col) {
     if (memchr(k, '"', kn) || memchr(k, '\\', kn)) return -1; /* would need JSON escapes */
@@ -627,7 +705,10 @@ static int iteration_line(Scanner *s, const unsigned char *b, Py_ssize_t ls, Py_
     if (has_ts && !ok_time) return 0; /* a timestamp DuckDB may read differently: Python decides */
     Field fl[MAX_FIELDS];
     int nf = 0, same = s->sh_n >= 0; /* same: the keys so far are the cached shape's */
-    if (s->want_iters) {
+    if (s->want_iters && same && match_shape(s, head_end, E, fl)) {
+        nf = s->sh_n; /* the usual case: exactly the cached keys, in order */
+    } else if (s->want_iters) {
+        same = s->sh_n >= 0;
         /* parse_fields on the strict syntax: segments `key: number` or blank, split by '|' */
         const unsigned char *q = head_end;
         while (q <= E) {
@@ -656,12 +737,7 @@ static int iteration_line(Scanner *s, const unsigned char *b, Py_ssize_t ls, Py_
                     f->kind = classify_key(s, f->k, f->kn, &f->col);
                     if (f->kind < 0) return 0;
                 }
-                if (f->kind == 2 && s->key_int[f->col]) { /* int(float(v)), as Python stages it */
-                    double t = trunc(f->x);
-                    double lim = s->key_col[f->col] == 3 ? 9007199254740992.0 : 2147483647.0;
-                    if (fabs(t) > lim) return 0;
-                    f->x = t == 0 ? 0.0 : t;
-                }
+                if (f->kind == 2 && s->key_int[f->col] && !int_column(s, f)) return 0;
                 nf++;
             }
             if (se == E) break;
@@ -704,17 +780,17 @@ static int iteration_line(Scanner *s, const unsigned char *b, Py_ssize_t ls, Py_
     for (int c = 0; c < N_FLOAT; c++) row[c] = NAN; /* NaN = NULL (values here are all finite) */
     for (int j = 0; j < nf; j++)
         if (fl[j].kind == 2) row[s->key_col[fl[j].col]] = fl[j].x;
-    if (s->sh_main >= 0) row[COL_LOSS] = fl[s->sh_main].x;
-    if (s->sh_aux >= 0) row[COL_AUX] = fl[s->sh_aux].x;
-    int n_loss = s->sh_nloss;
-    if (s->sh_n < 0) s->sh_main = s->sh_aux = -1; /* not cached: decided afresh next time */
+    int main_idx = s->sh_main, aux_idx = s->sh_aux;
+    if (main_idx >= 0) row[COL_LOSS] = fl[main_idx].x;
+    if (aux_idx >= 0) row[COL_AUX] = fl[aux_idx].x;
     if (isnan(row[0])) { /* no elapsed time: garbled (e.g. interleaved with another rank's output) */
         s->bad++;
         return 1;
     }
-    /* extras JSON as json.dumps writes it (numbers kept as their JSON text), losses last */
-    Buf *x = &s->ex;
-    int64_t start = (int64_t)x->n;
+    /* extras JSON as json.dumps writes it (numbers kept as their JSON text): the keys without a column, then
+     * the losses other than the main and the aux loss */
+    Buf *x = &s->scratch;
+    x->n = 0;
     int first = 1, ok = buf_add(x, "{", 1) == 0;
     for (int j = 0; j < nf && ok; j++) {
         if (fl[j].kind != 0) continue;
@@ -722,21 +798,21 @@ static int iteration_line(Scanner *s, const unsigned char *b, Py_ssize_t ls, Py_
              buf_add(x, "\": ", 3) == 0 && buf_add(x, fl[j].v, fl[j].vn) == 0;
         first = 0;
     }
-    if (n_loss && ok) {
-        ok = (first || buf_add(x, ", ", 2) == 0) && buf_add(x, "\"losses\": {", 11) == 0;
-        int lf = 1;
-        for (int j = 0; j < nf && ok; j++) {
-            if (fl[j].kind != 1) continue;
-            ok = (lf || buf_add(x, ", ", 2) == 0) && buf_add(x, "\"", 1) == 0 && buf_add(x, fl[j].k, fl[j].kn) == 0 &&
-                 buf_add(x, "\": ", 3) == 0 && buf_add(x, fl[j].v, fl[j].vn) == 0;
-            lf = 0;
-        }
-        ok = ok && buf_add(x, "}", 1) == 0;
+    int lf = 1;
+    for (int j = 0; j < nf && ok; j++) {
+        if (fl[j].kind != 1 || j == main_idx || j == aux_idx) continue;
+        if (lf) ok = (first || buf_add(x, ", ", 2) == 0) && buf_add(x, "\"losses\": {", 11) == 0;
+        ok = ok && (lf || buf_add(x, ", ", 2) == 0) && buf_add(x, "\"", 1) == 0 && buf_add(x, fl[j].k, fl[j].kn) == 0 &&
+             buf_add(x, "\": ", 3) == 0 && buf_add(x, fl[j].v, fl[j].vn) == 0;
+        lf = 0;
     }
+    if (!lf) ok = ok && buf_add(x, "}", 1) == 0;
     ok = ok && buf_add(x, "}", 1) == 0;
+    int32_t ex_id = ok ? intern(s, x->p, x->n) : -1;
+    ok = ok && ex_id >= 0;
     int32_t it32 = (int32_t)it, tot32 = (int32_t)total, att = (int32_t)(s->base_attempt + s->restarts);
     int64_t t64 = has_ts ? us : INT64_MIN, seq = line_no;
-    ok = ok && buf_add(&s->ex_off, &start, 8) == 0 && buf_add(&s->it, &it32, 4) == 0 && buf_add(&s->tus, &t64, 8) == 0 &&
+    ok = ok && buf_add(&s->ex_id, &ex_id, 4) == 0 && buf_add(&s->it, &it32, 4) == 0 && buf_add(&s->tus, &t64, 8) == 0 &&
          buf_add(&s->attempt, &att, 4) == 0 && buf_add(&s->total, &tot32, 4) == 0 && buf_add(&s->seq, &seq, 8) == 0;
     for (int c = 0; c < N_FLOAT && ok; c++) ok = buf_add(&s->f[c], &row[c], 8) == 0;
     if (!ok) return -1;
@@ -749,14 +825,15 @@ static int iteration_line(Scanner *s, const unsigned char *b, Py_ssize_t ls, Py_
 static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, end;
-    int fast;
-    if (!PyArg_ParseTuple(args, "y*nnp", &view, &start, &end, &fast)) return NULL;
+    int fast, fresh = 0;
+    if (!PyArg_ParseTuple(args, "y*nnp|p", &view, &start, &end, &fast, &fresh)) return NULL;
     if (start < 0 || end > view.len || start > end || (end > start && ((const char *)view.buf)[end - 1] != '\n')) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "scan: [start, end) must be complete lines of the buffer");
         return NULL;
     }
-    if (start > s->acct_end) s->acct_end = start; /* lines skipped by the caller are not accounted */
+    /* accounting resumes where the last call stopped, unless this is a new buffer (or lines were skipped) */
+    if (fresh || start > s->acct_end) s->acct_end = start;
     const unsigned char *b = view.buf;
     Py_ssize_t pos = start, ls = -1, le = -1;
     long long line_no = 0;
@@ -784,6 +861,10 @@ static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
         Py_ssize_t a = hit;
         while (a > pos && b[a - 1] != '\n') a--;
         const unsigned char *nl = memchr(b + hit, '\n', wend - hit);
+        if (!nl) { /* cannot happen: windows end after a newline */
+            err = 2;
+            break;
+        }
         Py_ssize_t z = nl - b;
         s->lines += count_nl(s, b, pos, a) + 1;
         pos = z + 1;
@@ -800,7 +881,11 @@ static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
     }
     Py_END_ALLOW_THREADS;
     PyBuffer_Release(&view);
-    if (err) return PyErr_NoMemory();
+    if (err == 1) return PyErr_NoMemory();
+    if (err) {
+        PyErr_SetString(PyExc_RuntimeError, "_logscan: a scan window does not end at a line end");
+        return NULL;
+    }
     if (ls < 0) Py_RETURN_NONE;
     return Py_BuildValue("nnL", ls, le, line_no);
 }
@@ -815,7 +900,7 @@ static PyObject *Scanner_take(Scanner *s, PyObject *unused) {
         const char *name;
         Buf *b;
     } cols[] = {{"iteration", &s->it}, {"time_us", &s->tus}, {"attempt", &s->attempt},
-                {"train_iters", &s->total}, {"seq", &s->seq}};
+                {"train_iters", &s->total}, {"seq", &s->seq}, {"extras_id", &s->ex_id}};
     for (size_t i = 0; i < sizeof cols / sizeof *cols; i++) {
         PyObject *v = PyBytes_FromStringAndSize(cols[i].b->p ? cols[i].b->p : "", cols[i].b->n);
         if (!v || PyDict_SetItemString(d, cols[i].name, v) < 0) goto fail_v;
@@ -835,7 +920,7 @@ static PyObject *Scanner_take(Scanner *s, PyObject *unused) {
         }
         Py_DECREF(v);
     }
-    Py_ssize_t n = (Py_ssize_t)(s->ex_off.n / 8);
+    Py_ssize_t n = s->n_dict;
     PyObject *lst = PyList_New(n);
     if (!lst) {
         Py_DECREF(d);
@@ -852,13 +937,14 @@ static PyObject *Scanner_take(Scanner *s, PyObject *unused) {
         }
         PyList_SET_ITEM(lst, i, str);
     }
-    if (PyDict_SetItemString(d, "extras", lst) < 0) {
+    if (PyDict_SetItemString(d, "extras_dict", lst) < 0) {
         Py_DECREF(lst);
         Py_DECREF(d);
         return NULL;
     }
     Py_DECREF(lst);
     free_bufs(s);
+    s->rows = 0;
     return d;
 }
 
@@ -890,7 +976,7 @@ static PyMemberDef Scanner_members[] = {
     {"undecodable", T_LONGLONG, offsetof(Scanner, undecodable), 0, "lines that are not valid UTF-8"},
     {"last_iter", T_LONGLONG, offsetof(Scanner, last_iter), 0, "last iteration seen (-1: none)"},
     {"restarts", T_LONGLONG, offsetof(Scanner, restarts), 0, "times the iteration went backwards"},
-    {"rows", T_LONGLONG, offsetof(Scanner, rows), READONLY, "iteration rows staged in C so far"},
+    {"rows", T_LONGLONG, offsetof(Scanner, rows), READONLY, "iteration rows staged in C and not yet taken"},
     {"simd", T_INT, offsetof(Scanner, simd), READONLY, "whether the AVX2 filter is used"},
     {NULL}};
 
@@ -900,8 +986,9 @@ static PyGetSetDef Scanner_getset[] = {
 
 static PyMethodDef Scanner_methods[] = {
     {"scan", (PyCFunction)Scanner_scan, METH_VARARGS,
-     "scan(buf, start, end, fast) -> (line_start, line_end, line_no) of the next line for Python, or None"},
-    {"take", (PyCFunction)Scanner_take, METH_NOARGS, "the staged rows as column bytes + extras list; resets"},
+     "scan(buf, start, end, fast, new_buffer=False) -> (line_start, line_end, line_no) of the next line for "
+     "Python, or None. new_buffer: the first call on this buffer (offsets restart)"},
+    {"take", (PyCFunction)Scanner_take, METH_NOARGS, "the staged rows as column bytes, extras_id into the extras_dict list; resets"},
     {NULL}};
 
 static PyTypeObject ScannerType = {

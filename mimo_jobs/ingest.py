@@ -41,6 +41,7 @@ CHUNK = 8 << 20
 SCAN: str | None = None
 GREP_MIN_BYTES = 4 << 20  # smaller files are scanned in-process (a process start costs more than the scan)
 SEGMENT = 64 << 20  # bytes mapped at a time by the C path (> MAX_LINE: a longer run without newline is garbage)
+SIMD = True  # the C path's AVX2 filter where the CPU has it (tests compare it with the portable scalar one)
 try:
     from . import _logscan
 except ImportError:  # built without a C compiler: same results through grep/Python, slower
@@ -276,22 +277,34 @@ EVENT_TYPES = {
 }
 
 
-def _merge(con, select: str, params: list, dedupe: bool) -> None:
+def _merge(
+    con,
+    select: str,
+    params: list,
+    dedupe: bool,
+    keys: list[tuple[str, str]] | None = None,
+    fresh: bool = False,
+) -> None:
     """Add staged iteration rows (`select`, ITER_COLS + seq) to the store. Within the staged rows the newest
     attempt wins, then the later line (`dedupe`: only needed when a key can repeat); against rows already
     stored, an older attempt (a re-ingested file) never overwrites a newer one. The iterations table has no
-    primary key (its index cost more than the rest of a big-log ingest): this is the upsert."""
+    primary key (its index cost more than the rest of a big-log ingest): this is the upsert. `fresh`: the
+    caller knows no stored row shares a key with these (a plain insert)."""
     cols = ", ".join(ITER_COLS)
     sel = f"SELECT {cols} FROM ({select})"
     if dedupe:
         sel += """ QUALIFY row_number() OVER (PARTITION BY run_id, job_id, iteration
                                              ORDER BY attempt DESC NULLS LAST, seq DESC) = 1"""
-    keys = con.execute(f"SELECT DISTINCT run_id, job_id FROM ({select})", params).fetchall()
+    if fresh:
+        con.execute(f"INSERT INTO iterations ({cols}) {sel}", params)
+        return
+    if keys is None:  # (run_id, job_id) pairs the rows belong to
+        keys = con.execute(f"SELECT DISTINCT run_id, job_id FROM ({select})", params).fetchall()
     if not keys:
         return
     where = " OR ".join("(run_id = ? AND job_id = ?)" for _ in keys)
     flat = [x for k in keys for x in k]
-    if not con.execute(f"SELECT count(*) FROM iterations WHERE {where}", flat).fetchone()[0]:
+    if not con.execute(f"SELECT count(*) FROM iterations WHERE {where}", flat).fetchall()[0][0]:
         con.execute(f"INSERT INTO iterations ({cols}) {sel}", params)  # the common case: all new
         return
     con.execute(f"CREATE OR REPLACE TEMP TABLE _staged AS {sel}", params)
@@ -313,7 +326,8 @@ def _merge(con, select: str, params: list, dedupe: bool) -> None:
 _C_ROWS_SELECT = (
     "SELECT iteration, time_us AS time, elapsed_ms, loss, lr, grad_norm, "
     "CAST(consumed_samples AS BIGINT) AS consumed_samples, CAST(gbs AS INTEGER) AS gbs, loss_scale, "
-    "CAST(skipped AS INTEGER) AS skipped, CAST(nan AS INTEGER) AS nan, tflops_per_gpu, moe_aux_loss, extras, "
+    "CAST(skipped AS INTEGER) AS skipped, CAST(nan AS INTEGER) AS nan, tflops_per_gpu, moe_aux_loss, "
+    "list_extract(?::VARCHAR[], extras_id + 1) AS extras, "
     "attempt, train_iters, seq FROM _c_rows"
 )
 
@@ -327,7 +341,7 @@ def _c_columns(cols: dict):
     for k in ("elapsed_ms", "loss", "lr", "grad_norm", "consumed_samples", "gbs", "loss_scale", "skipped", "nan",
               "tflops_per_gpu", "moe_aux_loss"):
         out[k] = np.frombuffer(cols[k], np.float64)
-    out["extras"] = np.array(cols["extras"], dtype=object)
+    out["extras_id"] = np.frombuffer(cols["extras_id"], np.int32)
     out["attempt"] = np.frombuffer(cols["attempt"], np.int32)
     out["train_iters"] = np.frombuffer(cols["train_iters"], np.int32)
     out["seq"] = np.frombuffer(cols["seq"], np.int64)
@@ -349,8 +363,11 @@ class _Stage:
         self.lit = csv.writer(self._lit_f)
         self.n_it = 0
         self.n_lit = 0
-        self.c_cols: dict | None = None  # rows parsed by _logscan (see _c_columns)
-        self.c_dupes = False  # the C rows repeat an iteration (a restart inside the file)
+        self.n_c = 0  # rows parsed by _logscan, stored batch by batch (c_batch)
+        self._untouched: bool | None = None  # the file's (run, job) had no rows before (known at batch 1)
+        self._max_it: int | None = None  # highest iteration of the batches stored so far
+        self._pool = None
+        self._pending = None
         self.log_const: tuple[str, str, str] | None = None  # (run_id, job_id, source_file) of log rows
         self.n_ev = 0
         self._ev_keys: set[tuple[int, str]] = set()
@@ -366,14 +383,49 @@ class _Stage:
         row.append(seq)
         self.lit.writerow(row)
 
-    def c_rows(self, cols: dict) -> None:
+    def c_batch(self, con, cols: dict) -> None:
+        """Store one batch of C-parsed rows (_logscan.Scanner.take()) in a background thread: DuckDB and the C
+        scanner both release the GIL, so the next segment of the file is scanned while this one is written.
+        One batch is in flight at a time, and the caller does not touch `con` meanwhile."""
         import numpy as np
 
-        self.c_cols = _c_columns(cols)
-        n = len(self.c_cols["iteration"])
+        self.wait()
+        c = _c_columns(cols)
+        it = c["iteration"]
+        n = len(it)
+        if not n:
+            return
         self.n_it += n
-        it = self.c_cols["iteration"]
-        self.c_dupes = n > 1 and not bool(np.all(it[1:] > it[:-1])) and len(np.unique(it)) < n
+        self.n_c += n
+        run_id, job, src = self.log_const
+        if self._untouched is None:  # did this (run, job) have rows before this file's rows?
+            self._untouched = not con.execute(
+                "SELECT count(*) FROM iterations WHERE run_id = ? AND job_id = ?", [run_id, job]
+            ).fetchall()[0][0]
+        ordered = n == 1 or bool(np.all(it[1:] > it[:-1]))
+        fresh = self._untouched and ordered and (self._max_it is None or int(it[0]) > self._max_it)
+        dupes = not ordered and len(np.unique(it)) < n
+        self._max_it = max(self._max_it if self._max_it is not None else -1, int(it.max()))
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="mimo-ingest")
+        self._pending = self._pool.submit(self._load_c, con, c, cols["extras_dict"], dupes, fresh)
+
+    def _load_c(self, con, c: dict, extras: list, dupes: bool, fresh: bool) -> None:
+        run_id, job, src = self.log_const
+        con.register("_c_rows", c)
+        try:
+            sel = _LOG_ITER_SELECT.replace("{src}", f"({_C_ROWS_SELECT})")
+            _merge(con, sel, [run_id, job, src, extras], dedupe=dupes, keys=[(run_id, job)], fresh=fresh)
+        finally:
+            con.unregister("_c_rows")
+
+    def wait(self) -> None:
+        """Wait for the batch in flight (its error, if any, is raised here)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
 
     def event(self, row: list) -> None:
         key = (row[-1], row[5])
@@ -395,29 +447,22 @@ class _Stage:
         self._it_f.close()
         self._ev_f.close()
         self._lit_f.close()
-        n_c = len(self.c_cols["iteration"]) if self.c_cols else 0
-        if self.n_it > self.n_lit + n_c:
+        self.wait()
+        if self.n_it > self.n_lit + self.n_c:
             _merge(con, f"SELECT * FROM {self._read('it.csv', ITER_TYPES)}", [], dedupe=True)
-        if self.n_lit or n_c:
-            parts = []
-            if n_c:
-                con.register("_c_rows", self.c_cols)
-                parts.append(_C_ROWS_SELECT)
-            if self.n_lit:
-                parts.append(f"SELECT * FROM {self._read('lit.csv', LOG_ITER_TYPES)}")
-            sel = _LOG_ITER_SELECT.replace("{src}", "(" + " UNION ALL ".join(parts) + ")")
+        if self.n_lit:  # iteration lines parsed in Python (outside the C scanner's strict syntax)
+            sel = _LOG_ITER_SELECT.replace("{src}", self._read("lit.csv", LOG_ITER_TYPES))
             run_id, job, src = self.log_const
-            try:
-                _merge(con, sel, [run_id, job, src], dedupe=bool(self.n_lit) or self.c_dupes)
-            finally:
-                if n_c:
-                    con.unregister("_c_rows")
+            _merge(con, sel, [run_id, job, src], dedupe=True, keys=[(run_id, job)])
         if self.n_ev:
             con.execute(f"""INSERT INTO events ({", ".join(EVENT_COLS)})
                             SELECT * FROM {self._read("ev.csv", EVENT_TYPES)} ON CONFLICT DO NOTHING""")
         return self.n_it, self.n_ev
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         for f in (self._it_f, self._ev_f, self._lit_f):
             if not f.closed:
                 f.close()
@@ -694,6 +739,11 @@ class _LogScanner:
         it, total, ts, end = head
         st = self.st
         if ts:
+            try:
+                datetime.fromisoformat(ts)
+            except ValueError:  # no such calendar time (2026-02-30): the line has no usable timestamp
+                ts = None
+        if ts:
             st.last_time = ts
         if st.last_iter is not None and it <= st.last_iter:
             st.restarts += 1  # the job resumed from a checkpoint and re-ran iterations
@@ -706,8 +756,9 @@ class _LogScanner:
         else:  # a non-numeric or non-finite value somewhere: the generic parser decides
             cols, losses, ex = logparse.parse_fields(text[end:])
             loss, aux = logparse.main_losses(losses)
-            if losses:
-                ex["losses"] = losses
+            rest = logparse.extra_losses(losses)
+            if rest:
+                ex["losses"] = rest
             extras = json.dumps(ex)
             elapsed, lr, gn, cs, gbs, ls, sk, nan, tf = map(cols.get, logparse.FAST_COLUMNS)
         if elapsed is None:
@@ -879,6 +930,7 @@ def _scan_with_python(
 
 
 def _scan_with_ext(
+    con,
     path: Path,
     offset: int,
     size: int,
@@ -898,6 +950,7 @@ def _scan_with_ext(
         ),
         scanner.want_iters,
         scanner.base_attempt,
+        SIMD,
     )
 
     def to_c() -> None:
@@ -930,8 +983,10 @@ def _scan_with_ext(
                     break
                 end = cut + 1
                 p = rel
+                fresh = True  # offsets restart in each mapped segment
                 while True:
-                    hit = cs.scan(mm, p, end, scanner.fast())
+                    hit = cs.scan(mm, p, end, scanner.fast(), fresh)
+                    fresh = False
                     if hit is None:
                         break
                     ls, le, line_no = hit
@@ -942,9 +997,9 @@ def _scan_with_ext(
             if on_bytes:
                 on_bytes(end - rel)
             pos = base + end
+            if cs.rows:  # this segment's rows are stored while the next one is scanned
+                stage.c_batch(con, cs.take())
     from_c()
-    if cs.rows:
-        stage.c_rows(cs.take())
     return pos, partial
 
 
@@ -1035,14 +1090,14 @@ def _ingest_one(
     size, mtime = stt.st_size, stt.st_mtime
     head = _head_sha(t.path)
     row = con.execute(
-        """SELECT size, mtime, "offset", head_sha, lines, bad_lines, undecodable_lines, state
+        """SELECT size, mtime, "offset", head_sha, lines, bad_lines, undecodable_lines, state, truncated
                          FROM ingested_files WHERE path = ?""",
         [src],
     ).fetchone()
     st = _FileState()
     offset = 0
     if row and not force:
-        psize, pmtime, poff, phead, plines, pbad, pund, pstate = row
+        psize, pmtime, poff, phead, plines, pbad, pund, pstate, ptrunc = row
         same_head = phead == head or (poff or 0) < HEAD  # a short file's head grows with appends
         if psize == size and pmtime == mtime and phead == head:
             stats.skipped_unchanged += 1
@@ -1054,7 +1109,7 @@ def _ingest_one(
             s = json.loads(pstate) if pstate else {}
             st = _FileState(
                 lines=plines or 0,
-                bad=pbad or 0,
+                bad=(pbad or 0) - bool(ptrunc),  # the partial last line counted then is read now
                 undecodable=pund or 0,
                 last_iter=s.get("last_iter"),
                 restarts=s.get("restarts", 0),
@@ -1073,18 +1128,21 @@ def _ingest_one(
         scanner = _LogScanner(st, ctx, job, pinfo, stage, src, want_iters=not ctx.has_metrics)
         mode = _scan_mode(t, size - offset)
         sacct_text: list[str] = []
-        if mode == "c":
-            end_offset, partial = _scan_with_ext(t.path, offset, size, st, scanner, stage, on_bytes)
-        else:
-            end_offset, partial = _scan_with_python(t, offset, st, ctx, src, scanner, stage, on_bytes,
-                                                    mode == "grep", sacct_text)
-        scanner.finish()
-        if partial:
-            st.bad += 1  # truncated last line: counted; left unread so a growing file resumes cleanly
-            stats.truncated_files += 1
         from .store import transaction
 
+        # One transaction per file (its rows + its ingested_files row), open while scanning: the C path
+        # stores each segment's rows while it scans the next.
         with transaction(con):
+            if mode == "c":
+                end_offset, partial = _scan_with_ext(con, t.path, offset, size, st, scanner, stage, on_bytes)
+            else:
+                end_offset, partial = _scan_with_python(
+                    t, offset, st, ctx, src, scanner, stage, on_bytes, mode == "grep", sacct_text
+                )
+            scanner.finish()
+            if partial:
+                st.bad += 1  # truncated last line: counted; left unread so a growing file resumes cleanly
+                stats.truncated_files += 1
             if offset == 0 and row:
                 con.execute("DELETE FROM events WHERE source_file = ?", [src])  # file rewritten: start over
             if sacct_text:

@@ -184,6 +184,15 @@ def _num(v: str) -> float | None:
 
 _COLUMN_OF = {**_FLOAT_KEYS, **_INT_KEYS}
 _INT_COLUMNS = frozenset(_INT_KEYS.values())
+# The store's integer types: a count beyond them (a garbled "global batch size: 1e20") is no value at all.
+_INT_MAX = {"consumed_samples": 2**63 - 1, "gbs": 2**31 - 1, "skipped": 2**31 - 1, "nan": 2**31 - 1}
+
+
+def _as_int(col: str, x: float | None) -> int | None:
+    if x is None or not math.isfinite(x):
+        return None
+    v = int(x)
+    return v if -_INT_MAX[col] <= v <= _INT_MAX[col] else None
 
 
 def parse_fields(rest: str) -> tuple[dict, dict, dict]:
@@ -207,7 +216,7 @@ def parse_fields(rest: str) -> tuple[dict, dict, dict]:
         col = _COLUMN_OF.get(key)
         if col is not None:
             if col in _INT_COLUMNS:
-                x = int(x) if x is not None and math.isfinite(x) else None
+                x = _as_int(col, x)
             cols[col] = x
         elif key.endswith("loss") or " loss" in key:
             if x is not None:
@@ -259,20 +268,16 @@ def _make_plan(keys: tuple[str, ...]) -> _FieldPlan:
             losses[key] = i
         else:
             ex.append((key, i))
-    loss = losses.get("lm loss", -1)
-    if loss < 0:
-        main = [k for k in losses if "load_balancing" not in k and "z_loss" not in k and "mtp" not in k]
-        if len(main) == 1:
-            loss = losses[main[0]]
-    aux = next((i for k, i in losses.items() if "load_balancing" in k), -1)
-    # json.dumps(extras) with extras["losses"] last, as the generic path writes it
+    main_key, aux_key = loss_roles(losses)
+    loss = losses[main_key] if main_key else -1
+    aux = losses[aux_key] if aux_key else -1
+    # json.dumps(extras) with extras["losses"] (those without a column) last, as the generic path writes it
     parts = [json.dumps(k).replace("%", "%%") + ": %r" for k, _ in ex]
     idx = [i for _, i in ex]
-    if losses:
-        parts.append(
-            '"losses": {' + ", ".join(json.dumps(k).replace("%", "%%") + ": %r" for k in losses) + "}"
-        )
-        idx += list(losses.values())
+    rest = {k: i for k, i in losses.items() if k not in (main_key, aux_key)}
+    if rest:
+        parts.append('"losses": {' + ", ".join(json.dumps(k).replace("%", "%%") + ": %r" for k in rest) + "}")
+        idx += list(rest.values())
     # The literal keys make this match backtrack-free (the generic regex costs ~20 us a line). A segment
     # is exactly `key: value` with no other ':' after the key, as _FIELD_RE would split it.
     rx = None
@@ -324,25 +329,38 @@ def fast_fields(
         row = [txt[i] for i in plan.columns]
         for j in _FAST_INT:
             if row[j] is not None:
-                row[j] = int(vals[plan.columns[j]])
+                row[j] = _as_int(FAST_COLUMNS[j], vals[plan.columns[j]])
         return row, txt[plan.loss], txt[plan.aux], js
     row = [vals[i] for i in plan.columns]
     for j in _FAST_INT:
         if row[j] is not None:
-            row[j] = int(row[j])
+            row[j] = _as_int(FAST_COLUMNS[j], row[j])
     return row, vals[plan.loss], vals[plan.aux], js
 
 
+def loss_roles(keys) -> tuple[str | None, str | None]:
+    """Which loss keys are (the main loss, the MoE aux loss): "lm loss" upstream and in our trainer; a log
+    with one other (non-auxiliary) loss key still gets a loss curve; the load-balancing loss is the aux."""
+    keys = list(keys)
+    main = "lm loss" if "lm loss" in keys else None
+    if main is None:
+        cands = [k for k in keys if "load_balancing" not in k and "z_loss" not in k and "mtp" not in k]
+        if len(cands) == 1:
+            main = cands[0]
+    aux = next((k for k in keys if "load_balancing" in k), None)
+    return main, aux
+
+
 def main_losses(losses: dict) -> tuple[float | None, float | None]:
-    """(loss, MoE aux loss): "lm loss" upstream and in our trainer; a log with one other (non-auxiliary)
-    loss key still gets a loss curve; the load-balancing loss is the MoE aux loss."""
-    loss = losses.get("lm loss")
-    if loss is None:
-        main = [k for k in losses if "load_balancing" not in k and "z_loss" not in k and "mtp" not in k]
-        if len(main) == 1:
-            loss = losses[main[0]]
-    aux = next((v for k, v in losses.items() if "load_balancing" in k), None)
-    return loss, aux
+    """(loss, MoE aux loss) values (see loss_roles)."""
+    main, aux = loss_roles(losses)
+    return (losses[main] if main else None), (losses[aux] if aux else None)
+
+
+def extra_losses(losses: dict) -> dict:
+    """The losses that have no column of their own (what the extras JSON keeps under "losses")."""
+    roles = loss_roles(losses)
+    return {k: v for k, v in losses.items() if k not in roles}
 
 
 def parse_iteration(text: str) -> MegatronIteration | None:

@@ -29,8 +29,14 @@ LINES = [
 def _generic(rest: str):
     cols, losses, extras = lp.parse_fields(rest)
     loss, aux = lp.main_losses(losses)
-    if losses:
-        extras["losses"] = losses
+    # the extras keep only the losses without a column of their own: not the main loss ("lm loss", else the
+    # one loss that is neither load-balancing, z_loss nor mtp), not the first load-balancing loss
+    plain = [k for k in losses if "load_balancing" not in k and "z_loss" not in k and "mtp" not in k]
+    main = "lm loss" if "lm loss" in losses else (plain[0] if len(plain) == 1 else None)
+    aux_key = next((k for k in losses if "load_balancing" in k), None)
+    kept = {k: v for k, v in losses.items() if k not in (main, aux_key)}
+    if kept:
+        extras["losses"] = kept
     return [cols.get(c) for c in lp.FAST_COLUMNS], loss, aux, json.dumps(extras)
 
 
@@ -73,7 +79,4 @@ def test_fast_path_declines_non_numbers_and_keeps_ints():
     named = dict(zip(lp.FAST_COLUMNS, row))
     assert named["consumed_samples"] == 9088 and type(named["consumed_samples"]) is int
     assert float(named["elapsed_ms"]) == 5361.6 and float(loss) == 1.818812 and float(aux) == 1.013377
-    assert json.loads(js) == {
-        "num zeros": 0.0,
-        "losses": {"lm loss": 1.818812, "load_balancing_loss": 1.013377},
-    }
+    assert json.loads(js) == {"num zeros": 0.0}  # lm loss and the aux loss have columns of their own
