@@ -9,12 +9,14 @@
 ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.12-py3
 
 # ---------------------------------------------------------------- stage 1: the package wheel
-# Pure Python; its build backend (setuptools, fetched into pip's isolated build env) stays in this stage.
+# Python plus one optional C extension (ingest's log scanner): built where the base has a compiler (NGC does),
+# else left out (ingest then takes its pure-Python path). The build backend (setuptools, fetched into pip's
+# isolated build env) stays in this stage.
 # The wheel is installed here too (this stage is thrown away) so its own metadata can name the requirements.
 FROM ${BASE_IMAGE} AS wheel
 WORKDIR /src
 # README.md is pyproject's long description only; the wheel builds without it.
-COPY pyproject.toml ./
+COPY pyproject.toml setup.py ./
 COPY templates ./templates
 COPY studies ./studies
 COPY mimo_jobs ./mimo_jobs

@@ -16,7 +16,7 @@ done
 
 # Debian packages the tests use (the SLURM cluster and container tests install their own daemons).
 need=()
-for pkg_cmd in shellcheck:shellcheck chromium:chromium; do
+for pkg_cmd in shellcheck:shellcheck chromium:chromium gcc:cc; do
   command -v "${pkg_cmd#*:}" >/dev/null 2>&1 || need+=("${pkg_cmd%%:*}")
 done
 if ((${#need[@]})); then
@@ -28,6 +28,9 @@ fi
 echo "== pip install -e .[train,dev]"
 python3 -m pip install -q --disable-pip-version-check -e '.[train,dev]' 2>&1 | grep -v "Running pip as the 'root'" || true
 
+# ingest's compiled scanner is optional for users (no compiler: a slower pure-Python path), not here
+export MIMO_JOBS_REQUIRE_EXT=1
+python3 -c "import mimo_jobs._logscan" || { echo "mimo_jobs._logscan was not built (see pip's output)"; exit 1; }
 export TORCHDYNAMO_DISABLE=1  # torch.compile paths in megatron-core are slow and flaky on CPU CI
 if ((all)); then
   exec python3 -m pytest -q "${args[@]}"
