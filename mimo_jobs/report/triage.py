@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..logparse import ROOT_KINDS, SCHEDULER_KINDS, SUMMARY_KINDS, VICTIM_KINDS, is_victim_message
-
 
 @dataclass(frozen=True)
 class EventRow:
@@ -61,6 +59,9 @@ def triage(
     last_iteration: int | None = None,
     last_time: datetime | None = None,
 ) -> Verdict:
+    # logparse compiles its patterns at import: only a report with a failed run pays for it
+    from ..logparse import ROOT_KINDS, SCHEDULER_KINDS, SUMMARY_KINDS, VICTIM_KINDS, is_victim_message
+
     root = [
         e
         for e in events
