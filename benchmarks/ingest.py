@@ -5,8 +5,10 @@
    iteration, upstream's exact format incl. MoE load-balancing loss); all ranks print noise between them
    (24 lines per iteration: DDP/deprecation warnings, NCCL INFO chatter, data-loader/bridge/memory
    messages), a checkpoint save every 1000 iterations, and at the end a traceback on one rank and NCCL
-   watchdog timeouts on the 63 others. About 4% of the lines (~16% of the bytes) are iteration lines ingested into a fresh DuckDB store, against `wc -l` on
-   the same (page-cached) file. Target: within 3x of `wc -l`.
+   watchdog timeouts on the 63 others. About 4% of the lines (~16% of the bytes) are iteration lines. Ingested
+   into a fresh DuckDB store, against `wc -l` on the same (page-cached) file. Target: within 3x of `wc -l`.
+   Also printed: the compiled scanner alone (no store), and the grep+Python and pure-Python scanners (what
+   ingest falls back to without a C compiler) on a prefix of the log.
 2. report latency: a store with R runs x I iterations (default 100 x 50,000, phases included), timed for
    build() + table rendering, and for the `mimo-jobs report` command end to end. Target: under 1 s.
 
@@ -149,7 +151,28 @@ def best_of(n: int, fn) -> tuple[float, float]:
     return min(wall), min(cpu)
 
 
-def bench_ingest(size_mb: int, workdir: Path) -> None:
+def _scan_only(log: Path) -> None:
+    """The compiled scanner alone over the whole file (no store): what the C pass costs next to wc -l."""
+    import mmap
+
+    from mimo_jobs import _logscan, logparse
+
+    cs = _logscan.Scanner(
+        tuple(x.encode() for x in logparse.ALL_TRIGGERS),
+        tuple(
+            (k.encode(), logparse.FAST_COLUMNS.index(c), c in logparse._INT_COLUMNS)
+            for k, c in logparse._COLUMN_OF.items()
+        ),
+    )
+    with open(log, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+        end, p, first = mm.rfind(b"\n") + 1, 0, True
+        while (hit := cs.scan(mm, p, end, True, first)) is not None:
+            p, first = hit[1] + 1, False
+        cs.take()
+    _scan_only.simd = cs.simd
+
+
+def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
     from mimo_jobs import ingest, store
 
     log = workdir / "slurm-1000.out"
@@ -163,23 +186,25 @@ def bench_ingest(size_mb: int, workdir: Path) -> None:
     wc = best_of(3, lambda: subprocess.run(["wc", "-l", str(log)], stdout=subprocess.DEVNULL, check=True))
     db = workdir / "bench.duckdb"
 
-    def run_ingest():
+    def run_ingest(path: Path = log):
         if db.exists():
             db.unlink()
         con = store.connect(db)
         st = ingest.ingest_paths(
             con,
-            [log],
+            [path],
             log_run=ingest.LogRunInfo(study="bench", name="big", nodes=8, gpus_per_node=8, seq_length=4096),
         )
         con.close()
         run_ingest.stats = st
 
-    ing = best_of(2, run_ingest)
+    mode = ingest._scan_mode(ingest._Target(log, "log", None), comp["bytes"])
+    ing = best_of(3, run_ingest)
     st = run_ingest.stats
     mb = comp["bytes"] / 2**20
     print(
-        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (wall times grow with load)"
+        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (wall times grow with load); "
+        f"scanner: {mode}"
     )
     print(f"wc -l:   wall {wc[0]:.3f} s ({mb / wc[0]:,.0f} MiB/s), cpu {wc[1]:.3f} s")
     print(
@@ -187,6 +212,13 @@ def bench_ingest(size_mb: int, workdir: Path) -> None:
         f"{st.iterations:,} iterations, {st.events:,} events, {st.bad_lines} bad"
     )
     print(f"ratio ingest / wc -l: wall {ing[0] / wc[0]:.2f}x, cpu {ing[1] / wc[1]:.2f}x   (target <= 3x)")
+    if mode == "c":
+        sc = best_of(3, lambda: _scan_only(log))
+        print(
+            f"  of which the C scan alone (no store, SIMD {'on' if _scan_only.simd else 'off'}): wall {sc[0]:.3f} s, "
+            f"cpu {sc[1]:.3f} s = {sc[1] / wc[1]:.2f}x wc -l cpu; the rest is DuckDB storing "
+            f"{st.iterations:,} rows (overlapped with the scan where a core is free)"
+        )
     con = store.connect(db)
     t = time.perf_counter()
     st2 = ingest.ingest_paths(con, [log])
@@ -194,6 +226,21 @@ def bench_ingest(size_mb: int, workdir: Path) -> None:
     print(
         f"re-ingest of the unchanged file: {time.perf_counter() - t:.3f} s (skipped {st2.skipped_unchanged})"
     )
+    if python_mb:  # the pure-Python path (no compiler at install time) on a prefix of the same log
+        small = workdir / "slurm-1001.out"
+        with open(log, "rb") as src, open(small, "wb") as dst:
+            dst.write(src.read(python_mb << 20))
+            dst.write(src.readline())
+        rates = {}
+        for m in ("c", "grep", "python"):
+            ingest.SCAN = m
+            w, c = best_of(1, lambda: run_ingest(small))
+            rates[m] = c
+        ingest.SCAN = None
+        print(
+            f"same {python_mb} MiB prefix, cpu s: compiled {rates['c']:.3f}, grep+Python {rates['grep']:.3f} "
+            f"({rates['grep'] / rates['c']:.1f}x), pure Python {rates['python']:.3f} ({rates['python'] / rates['c']:.1f}x)"
+        )
 
 
 def bench_report(runs: int, iters: int, workdir: Path) -> None:
@@ -253,11 +300,14 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir, removed)")
     ap.add_argument("--skip-ingest", action="store_true")
     ap.add_argument("--skip-report", action="store_true")
+    ap.add_argument(
+        "--python-mb", type=int, default=64, help="also time the grep and pure-Python scanners on this prefix (0: no)"
+    )
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.dir) as d:
         work = Path(d)
         if not a.skip_ingest:
-            bench_ingest(a.size_mb, work)
+            bench_ingest(a.size_mb, work, a.python_mb)
         if not a.skip_report:
             bench_report(a.runs, a.iters, work)
 

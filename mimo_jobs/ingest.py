@@ -38,9 +38,12 @@ CHUNK = 8 << 20
 # How log files are scanned for candidate lines: "c" (the compiled _logscan: one pass, iteration lines parsed
 # in C), "grep" (a grep process finds candidates, Python parses them), "python" (substring scans in-process).
 # None: "c" when the extension is built, else grep for big files. Tests pin each mode to compare their rows.
-SCAN: str | None = None
+SCAN: str | None = os.environ.get("MIMO_JOBS_SCANNER") or None
 GREP_MIN_BYTES = 4 << 20  # smaller files are scanned in-process (a process start costs more than the scan)
 SEGMENT = 64 << 20  # bytes mapped at a time by the C path (> MAX_LINE: a longer run without newline is garbage)
+# Rows of C-parsed iterations per stored batch: DuckDB writes a batch of at least one row group (122,880 rows)
+# straight to the database file; smaller ones go through its write-ahead log and cost a checkpoint on commit.
+ROW_BATCH = 131072
 SIMD = True  # the C path's AVX2 filter where the CPU has it (tests compare it with the portable scalar one)
 try:
     from . import _logscan
@@ -871,8 +874,12 @@ def _scan_mode(t: _Target, nbytes: int) -> str:
     if t.kind != "log":
         return "python"
     if SCAN is not None:
+        if SCAN not in ("c", "grep", "python"):
+            raise IngestError(f"MIMO_JOBS_SCANNER={SCAN!r}: use c, grep or python (or leave it unset)")
         if SCAN == "c" and _logscan is None:
-            raise RuntimeError("SCAN='c' but mimo_jobs._logscan is not built")
+            raise IngestError("MIMO_JOBS_SCANNER=c, but mimo_jobs._logscan is not built (no C compiler at install)")
+        if SCAN == "grep" and GREP is None:
+            raise IngestError("MIMO_JOBS_SCANNER=grep, but grep is not installed")
         return SCAN
     if _logscan is not None:
         return "c"
@@ -997,8 +1004,10 @@ def _scan_with_ext(
             if on_bytes:
                 on_bytes(end - rel)
             pos = base + end
-            if cs.rows:  # this segment's rows are stored while the next one is scanned
+            if cs.rows >= ROW_BATCH:  # stored while the next segments are scanned
                 stage.c_batch(con, cs.take())
+    if cs.rows:
+        stage.c_batch(con, cs.take())
     from_c()
     return pos, partial
 
