@@ -447,13 +447,13 @@ def _curves(con, span: dict[str, tuple]) -> dict[str, list[tuple[float, float]]]
     pre = ""
     if len(pairs) <= _PREFILTER_MAX and all(i0 >= 0 for _, i0, _, _ in steps):
         ends = ", ".join(str(int(i1)) for i1 in sorted({i1 for _, _, i1, _ in steps}))
-        pre = "AND (" + " OR ".join(f"i.iteration % {int(st)} = {int(r)}" for st, r in pairs)
-        pre += f" OR i.iteration IN ({ends}))"
+        pre = "(" + " OR ".join(f"i.iteration % {int(st)} = {int(r)}" for st, r in pairs)
+        pre += f" OR i.iteration IN ({ends})) AND "  # first: the most selective test
     vals, params = _values(steps, "run_id, i0, i1, step")
     for rid, x, y in con.execute(
         f"""SELECT i.run_id, coalesce(i.consumed_samples, i.iteration * i.gbs, i.iteration), i.loss
                 FROM iterations i JOIN {vals} ON i.run_id = w.run_id
-                WHERE NOT coalesce(i.superseded, false) AND i.loss IS NOT NULL AND NOT isnan(i.loss) {pre}
+                WHERE {pre}NOT coalesce(i.superseded, false) AND i.loss IS NOT NULL AND NOT isnan(i.loss)
                   AND ((i.iteration - w.i0) % w.step = 0 OR i.iteration = w.i1)
                 ORDER BY i.run_id, i.iteration""",
         params,
