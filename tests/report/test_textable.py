@@ -74,3 +74,18 @@ def test_report_table_is_rich_text(tmp_path):
     for width in (200, 100, 60):
         assert render_table(rep, width=width) == render_table(rep, width=width, fast=False)
     assert "unexpected speed-up" in render_table(rep)
+
+
+def test_cli_table_on_a_pipe_is_rich_text(tmp_path):
+    # `mimo-jobs report` printing to a pipe (no colour): textable's lines interleave with rich's prints
+    from typer.testing import CliRunner
+
+    from mimo_jobs.cli import app
+
+    con, _ = build_store(tmp_path)
+    want = render_table(build(con, "scal"), width=120, fast=False)
+    con.close()
+    db = str(tmp_path / "store.duckdb")
+    res = CliRunner().invoke(app, ["report", "scal", "--db", db], env={"COLUMNS": "120", "NO_COLOR": "1"})
+    assert res.exit_code == 0, res.output
+    assert res.output == want
