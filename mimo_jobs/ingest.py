@@ -424,6 +424,13 @@ class _Stage:
         finally:
             con.unregister("_c_rows")
 
+    def drain(self) -> None:
+        """Wait for the batch in flight, ignoring its outcome (the caller is already failing)."""
+        try:
+            self.wait()
+        except BaseException:  # noqa: BLE001 - the original error is the one to report
+            pass
+
     def wait(self) -> None:
         """Wait for the batch in flight (its error, if any, is raised here)."""
         if self._pending is not None:
@@ -1143,7 +1150,11 @@ def _ingest_one(
         # stores each segment's rows while it scans the next.
         with transaction(con):
             if mode == "c":
-                end_offset, partial = _scan_with_ext(con, t.path, offset, size, st, scanner, stage, on_bytes)
+                try:
+                    end_offset, partial = _scan_with_ext(con, t.path, offset, size, st, scanner, stage, on_bytes)
+                except BaseException:
+                    stage.drain()  # a batch still being stored must finish before the rollback uses `con`
+                    raise
             else:
                 end_offset, partial = _scan_with_python(
                     t, offset, st, ctx, src, scanner, stage, on_bytes, mode == "grep", sacct_text

@@ -185,3 +185,35 @@ def test_garbage_longer_than_a_segment(tmp_path, monkeypatch):
     assert [r[2] for r in rows] == [1, 2]
     assert stats[:3] == (3, 2, 1)  # 3 lines, 2 iterations, the garbage line counted bad
     assert files[0][:2] == (3, 1)
+
+
+def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
+    """An error while batches are being stored in the background: nothing of the file is kept, and a later
+    ingest stores it whole."""
+    _need_ext()
+    log = tmp_path / "slurm-500.out"
+    make_log(log, 3, n=6000)
+    monkeypatch.setattr(ingest, "SCAN", "c")
+    monkeypatch.setattr(ingest, "SEGMENT", 16 << 10)
+    monkeypatch.setattr(ingest, "ROW_BATCH", 50)  # many background batches
+    seen = []
+    real = ingest._LogScanner.line
+
+    def failing(self, line_no, line):
+        seen.append(line_no)
+        if len(seen) == 40:
+            raise OSError(5, "disk went away")
+        return real(self, line_no, line)
+
+    monkeypatch.setattr(ingest._LogScanner, "line", failing)
+    con = store.connect(tmp_path / "s.duckdb")
+    st = ingest.ingest_paths(con, [log], log_run=ingest.LogRunInfo(study="s", name="n"))
+    assert st.problems and "disk went away" in st.problems[0]
+    assert con.execute("SELECT count(*) FROM iterations").fetchone()[0] == 0
+    assert con.execute("SELECT count(*) FROM ingested_files").fetchone()[0] == 0
+    con.close()
+    monkeypatch.setattr(ingest._LogScanner, "line", real)
+    got = _ingest(tmp_path / "s.duckdb", log)
+    monkeypatch.setattr(ingest, "SCAN", "python")
+    want = _ingest(tmp_path / "py.duckdb", log)
+    assert got[0] == want[0] and got[3] == want[3]
