@@ -450,15 +450,19 @@ def _curves(con, span: dict[str, tuple]) -> dict[str, list[tuple[float, float]]]
         pre = "(" + " OR ".join(f"i.iteration % {int(st)} = {int(r)}" for st, r in pairs)
         pre += f" OR i.iteration IN ({ends})) AND "  # first: the most selective test
     vals, params = _values(steps, "run_id, i0, i1, step")
-    for rid, x, y in con.execute(
-        f"""SELECT i.run_id, coalesce(i.consumed_samples, i.iteration * i.gbs, i.iteration), i.loss
+    # one row per run with its points as two lists: ~3x less Python work than a row per point
+    for rid, xs, ys in con.execute(
+        f"""SELECT i.run_id,
+                   list(coalesce(i.consumed_samples, i.iteration * i.gbs, i.iteration)::DOUBLE
+                        ORDER BY i.iteration),
+                   list(i.loss ORDER BY i.iteration)
                 FROM iterations i JOIN {vals} ON i.run_id = w.run_id
                 WHERE {pre}NOT coalesce(i.superseded, false) AND i.loss IS NOT NULL AND NOT isnan(i.loss)
                   AND ((i.iteration - w.i0) % w.step = 0 OR i.iteration = w.i1)
-                ORDER BY i.run_id, i.iteration""",
+                GROUP BY i.run_id ORDER BY i.run_id""",
         params,
     ).fetchall():
-        curves.setdefault(rid, []).append((float(x), float(y)))
+        curves[rid] = list(zip(xs, ys))
     return curves
 
 
