@@ -130,7 +130,7 @@ def build(
     span, activity = _spans(con, ids, whole)
     cut = {rid: figures.steady_cutoff(s[0], s[1], warmup_frac, warmup_min) for rid, s in span.items()}
     agg = _steady(con, cut, whole)
-    curves = _curves(con, span)
+    curves = _curves(con, span, whole)
 
     # -- scheduler state (jobs table, written by submit), else derived from events and iterations
     jobs = {}
@@ -431,7 +431,7 @@ def _steady(con, cut: dict[str, int], whole: bool) -> dict[str, tuple]:
 _PREFILTER_MAX = 8
 
 
-def _curves(con, span: dict[str, tuple]) -> dict[str, list[tuple[float, float]]]:
+def _curves(con, span: dict[str, tuple], whole: bool) -> dict[str, list[tuple[float, float]]]:
     """Loss curves, downsampled in SQL to about CURVE_POINTS per run: iterations i0, i0 + step, ... and the
     last one i1 (step = ceil(span / CURVE_POINTS)), each with a finite loss."""
     curves: dict[str, list[tuple[float, float]]] = {}
@@ -440,29 +440,35 @@ def _curves(con, span: dict[str, tuple]) -> dict[str, list[tuple[float, float]]]
     steps = [
         (rid, s[0], s[1], max(1, math.ceil((s[1] - s[0] + 1) / CURVE_POINTS))) for rid, s in span.items()
     ]
-    # A prefilter on the iteration alone that every selected row passes ((it - i0) % step = 0 <=>
-    # it % step = i0 % step, for it >= i0 >= 0): the scan drops ~99% of the rows before the join, which
-    # then only checks the exact per-run condition on the few left.
-    pairs = sorted({(st, i0 % st) for _, i0, _, st in steps})
-    pre = ""
-    if len(pairs) <= _PREFILTER_MAX and all(i0 >= 0 for _, i0, _, _ in steps):
-        ends = ", ".join(str(int(i1)) for i1 in sorted({i1 for _, _, i1, _ in steps}))
-        pre = "(" + " OR ".join(f"i.iteration % {int(st)} = {int(r)}" for st, r in pairs)
-        pre += f" OR i.iteration IN ({ends})) AND "  # first: the most selective test
-    vals, params = _values(steps, "run_id, i0, i1, step")
+    x = "coalesce(i.consumed_samples, i.iteration * i.gbs, i.iteration)::DOUBLE"
+    points = f"list({x} ORDER BY i.iteration), list(i.loss ORDER BY i.iteration)"
+    finite = "NOT coalesce(i.superseded, false) AND i.loss IS NOT NULL AND NOT isnan(i.loss)"
+    grids = {(i0, i1, st) for _, i0, i1, st in steps}
+    if whole and len(grids) == 1:
+        # Every run has the same grid (the usual study): a constant condition, no join.
+        i0, i1, st = (int(v) for v in grids.pop())
+        sql = f"""SELECT i.run_id, {points} FROM iterations i
+                  WHERE ((i.iteration - {i0}) % {st} = 0 OR i.iteration = {i1}) AND {finite}
+                  GROUP BY i.run_id ORDER BY i.run_id"""
+        params: list = []
+    else:
+        # A prefilter on the iteration alone that every selected row passes ((it - i0) % step = 0 <=>
+        # it % step = i0 % step, for it >= i0 >= 0): the scan drops ~99% of the rows before the join,
+        # which then only checks the exact per-run condition on the few left.
+        pairs = sorted({(st, i0 % st) for _, i0, _, st in steps})
+        pre = ""
+        if len(pairs) <= _PREFILTER_MAX and all(i0 >= 0 for _, i0, _, _ in steps):
+            ends = ", ".join(str(int(i1)) for i1 in sorted({i1 for _, _, i1, _ in steps}))
+            pre = "(" + " OR ".join(f"i.iteration % {int(st)} = {int(r)}" for st, r in pairs)
+            pre += f" OR i.iteration IN ({ends})) AND "  # first: the most selective test
+        vals, params = _values(steps, "run_id, i0, i1, step")
+        sql = f"""SELECT i.run_id, {points} FROM iterations i JOIN {vals} ON i.run_id = w.run_id
+                  WHERE {pre}{finite} AND ((i.iteration - w.i0) % w.step = 0 OR i.iteration = w.i1)
+                  GROUP BY i.run_id ORDER BY i.run_id"""
     # one row per run with its points as two lists: ~3x less Python work than a row per point
-    for rid, xs, ys in con.execute(
-        f"""SELECT i.run_id,
-                   list(coalesce(i.consumed_samples, i.iteration * i.gbs, i.iteration)::DOUBLE
-                        ORDER BY i.iteration),
-                   list(i.loss ORDER BY i.iteration)
-                FROM iterations i JOIN {vals} ON i.run_id = w.run_id
-                WHERE {pre}NOT coalesce(i.superseded, false) AND i.loss IS NOT NULL AND NOT isnan(i.loss)
-                  AND ((i.iteration - w.i0) % w.step = 0 OR i.iteration = w.i1)
-                GROUP BY i.run_id ORDER BY i.run_id""",
-        params,
-    ).fetchall():
-        curves[rid] = list(zip(xs, ys))
+    for rid, xs, ys in con.execute(sql, params).fetchall():
+        if rid in span:  # (the constant path also groups rows whose run is not in `runs`)
+            curves[rid] = list(zip(xs, ys))
     return curves
 
 

@@ -93,6 +93,8 @@ def _expected_curve(first: int, last: int, nan_at: int) -> list[tuple[float, flo
 @pytest.mark.parametrize(
     "spans",
     [
+        # three runs on the same grid: a constant condition, no join
+        [(1, 1000)] * 3,
         # two runs, two (step, phase) pairs: the prefiltered scan
         [(1, 1000), (11, 1000)],
         # twelve runs with as many different steps: no prefilter, the exact per-run join only
