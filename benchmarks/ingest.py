@@ -173,7 +173,7 @@ def _scan_only(log: Path) -> None:
 
 
 def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
-    from mimo_jobs import ingest, store
+    from mimo_jobs import ingest, readers, store
 
     log = workdir / "slurm-1000.out"
     t = time.perf_counter()
@@ -198,7 +198,7 @@ def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
         con.close()
         run_ingest.stats = st
 
-    mode = ingest._scan_mode(ingest._Target(log, "log", None), comp["bytes"])
+    mode = readers.scan_mode("log", comp["bytes"])
     ing = best_of(3, run_ingest)
     st = run_ingest.stats
     mb = comp["bytes"] / 2**20
@@ -233,10 +233,10 @@ def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
             dst.write(src.readline())
         rates = {}
         for m in ("c", "grep", "python"):
-            ingest.SCAN = m
+            readers.SCAN = m
             w, c = best_of(1, lambda: run_ingest(small))
             rates[m] = c
-        ingest.SCAN = None
+        readers.SCAN = None
         print(
             f"same {python_mb} MiB prefix, cpu s: compiled {rates['c']:.3f}, grep+Python {rates['grep']:.3f} "
             f"({rates['grep'] / rates['c']:.1f}x), pure Python {rates['python']:.3f} ({rates['python'] / rates['c']:.1f}x)"

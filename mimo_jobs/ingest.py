@@ -1,14 +1,16 @@
 """Ingest: stream run dirs and log files into the store (iterations, events, jobs from sacct).
 
-- Files are read in binary chunks cut at the last newline, never whole. Only candidate lines (found by
-  substring search over the whole chunk, see logparse.TRIGGERS) are parsed in Python, so throughput stays
-  close to a plain line count on large multi-rank logs.
+- Files are read a block of complete lines at a time, never whole (readers.py); only candidate lines
+  (logparse.ALL_TRIGGERS) are looked at, and with the compiled scanner iteration lines never reach Python.
+  This module decides what each line means (_LogScanner: events, tracebacks, iterations); staging.py
+  collects the rows and merges them into the store.
 - Bad input is counted, not fatal: invalid UTF-8 (lines decoded with replacement and counted), a truncated
   last line (counted, left for the next ingest in case the file is still growing), malformed JSON lines,
   interleaved/garbled iteration lines.
 - Idempotent: `ingested_files` keeps size, mtime, the byte offset consumed and a hash of the file's head.
   Unchanged files are skipped; grown files resume at the offset; rewritten files are re-read. Rows are
-  keyed (iterations: run/job/iteration; events: file/line/kind) so re-reading never duplicates.
+  keyed (iterations: run/job/iteration, kept unique by staging.merge; events: file/line/kind) so
+  re-reading never duplicates.
 - Each file commits in one transaction (rows + its ingested_files row). DuckDB lets one process write a
   store at a time; store.connect waits for the lock, so two ingests at once serialize.
 - Attempts stitch: within a job a later attempt replaces an iteration it re-ran; across jobs of one run
@@ -17,39 +19,19 @@
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
-import mmap
-import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import catalog, logparse
+from . import catalog, logparse, readers
+from .readers import FileState, ScanError
 from .records import PHASES
 from .rundir import RunDir
+from .staging import Stage
 
-CHUNK = 8 << 20
-# How log files are scanned for candidate lines: "c" (the compiled _logscan: one pass, iteration lines parsed
-# in C), "grep" (a grep process finds candidates, Python parses them), "python" (substring scans in-process).
-# None: "c" when the extension is built, else grep for big files. Tests pin each mode to compare their rows.
-SCAN: str | None = os.environ.get("MIMO_JOBS_SCANNER") or None
-GREP_MIN_BYTES = 4 << 20  # smaller files are scanned in-process (a process start costs more than the scan)
-SEGMENT = 64 << 20  # bytes mapped at a time by the C path (> MAX_LINE: a longer run without newline is garbage)
-# Rows of C-parsed iterations per stored batch: DuckDB writes a batch of at least one row group (122,880 rows)
-# straight to the database file; smaller ones go through its write-ahead log and cost a checkpoint on commit.
-ROW_BATCH = 131072
-SIMD = True  # the C path's AVX2 filter where the CPU has it (tests compare it with the portable scalar one)
-try:
-    from . import _logscan
-except ImportError:  # built without a C compiler: same results through grep/Python, slower
-    _logscan = None
-MAX_LINE = 16 << 20  # a "line" longer than this is binary garbage: counted and dropped
 HEAD = 4096
 LOG_SUFFIXES = (".out", ".err", ".log", ".txt")
 
@@ -216,277 +198,6 @@ def _register_runs(con, targets: list[_Target], log_run: LogRunInfo | None, stat
     return ctx
 
 
-# ----------------------------------------------------------------------------------------- staging
-
-
-ITER_TYPES = {
-    "run_id": "VARCHAR",
-    "job_id": "VARCHAR",
-    "iteration": "INTEGER",
-    "time": "TIMESTAMP",
-    "elapsed_ms": "DOUBLE",
-    "loss": "DOUBLE",
-    "lr": "DOUBLE",
-    "grad_norm": "DOUBLE",
-    "consumed_samples": "BIGINT",
-    "gbs": "INTEGER",
-    "loss_scale": "DOUBLE",
-    "skipped": "INTEGER",
-    "nan": "INTEGER",
-    "samples_per_s": "DOUBLE",
-    "tokens_per_s": "DOUBLE",
-    "tokens_per_s_per_gpu": "DOUBLE",
-    "tflops_per_gpu": "DOUBLE",
-    "moe_aux_loss": "DOUBLE",
-    "phases": "VARCHAR",
-    "extras": "VARCHAR",
-    "source": "VARCHAR",
-    "attempt": "INTEGER",
-    "train_iters": "INTEGER",
-    "source_file": "VARCHAR",
-    "seq": "BIGINT",
-}
-# phase times as numbers next to the JSON (the report averages them over millions of rows)
-PHASE_COLS = [f"{p}_ms" for p in PHASES]
-ITER_TYPES = (
-    {k: v for k, v in ITER_TYPES.items() if k != "seq"}
-    | dict.fromkeys(PHASE_COLS, "DOUBLE")
-    | {"seq": "BIGINT"}
-)
-ITER_COLS = [c for c in ITER_TYPES if c != "seq"]  # the iterations table's columns, in staging order
-# Megatron log lines stage only what varies per line; run/job/file are constants added by the load query.
-LOG_ITER_TYPES = {c: ITER_TYPES[c] for c in (
-    "iteration", "time", "elapsed_ms", "loss", "lr", "grad_norm", "consumed_samples", "gbs", "loss_scale",
-    "skipped", "nan", "tflops_per_gpu", "moe_aux_loss", "extras", "attempt", "train_iters", "seq",
-)}
-_LOG_ITER_SELECT = (
-    "SELECT ? AS run_id, ? AS job_id, iteration, time, elapsed_ms, loss, lr, grad_norm, consumed_samples, gbs, "
-    "loss_scale, skipped, nan, CASE WHEN gbs <> 0 AND elapsed_ms > 0 THEN gbs / (elapsed_ms / 1000.0) END "
-    "AS samples_per_s, NULL::DOUBLE AS tokens_per_s, NULL::DOUBLE AS tokens_per_s_per_gpu, tflops_per_gpu, "
-    "moe_aux_loss, NULL::VARCHAR AS phases, extras, 'megatron-log' AS source, attempt, train_iters, "
-    "? AS source_file, " + ", ".join(f"NULL::DOUBLE AS {c}" for c in PHASE_COLS) + ", seq FROM {src}"
-)
-EVENT_COLS = ["run_id", "job_id", "rank", "node", "time", "kind", "message", "source_file", "line_no"]
-EVENT_TYPES = {
-    "run_id": "VARCHAR",
-    "job_id": "VARCHAR",
-    "rank": "INTEGER",
-    "node": "INTEGER",
-    "time": "TIMESTAMP",
-    "kind": "VARCHAR",
-    "message": "VARCHAR",
-    "source_file": "VARCHAR",
-    "line_no": "BIGINT",
-}
-
-
-def _merge(
-    con,
-    select: str,
-    params: list,
-    dedupe: bool,
-    keys: list[tuple[str, str]] | None = None,
-    fresh: bool = False,
-) -> None:
-    """Add staged iteration rows (`select`, ITER_COLS + seq) to the store. Within the staged rows the newest
-    attempt wins, then the later line (`dedupe`: only needed when a key can repeat); against rows already
-    stored, an older attempt (a re-ingested file) never overwrites a newer one. The iterations table has no
-    primary key (its index cost more than the rest of a big-log ingest): this is the upsert. `fresh`: the
-    caller knows no stored row shares a key with these (a plain insert)."""
-    cols = ", ".join(ITER_COLS)
-    sel = f"SELECT {cols} FROM ({select})"
-    if dedupe:
-        sel += """ QUALIFY row_number() OVER (PARTITION BY run_id, job_id, iteration
-                                             ORDER BY attempt DESC NULLS LAST, seq DESC) = 1"""
-    if fresh:
-        con.execute(f"INSERT INTO iterations ({cols}) {sel}", params)
-        return
-    if keys is None:  # (run_id, job_id) pairs the rows belong to
-        keys = con.execute(f"SELECT DISTINCT run_id, job_id FROM ({select})", params).fetchall()
-    if not keys:
-        return
-    where = " OR ".join("(run_id = ? AND job_id = ?)" for _ in keys)
-    flat = [x for k in keys for x in k]
-    if not con.execute(f"SELECT count(*) FROM iterations WHERE {where}", flat).fetchall()[0][0]:
-        con.execute(f"INSERT INTO iterations ({cols}) {sel}", params)  # the common case: all new
-        return
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _staged AS {sel}", params)
-    try:
-        con.execute("""DELETE FROM iterations USING _staged n
-                       WHERE iterations.run_id = n.run_id AND iterations.job_id = n.job_id
-                         AND iterations.iteration = n.iteration
-                         AND coalesce(n.attempt, 0) >= coalesce(iterations.attempt, 0)""")
-        con.execute(f"""INSERT INTO iterations ({cols})
-                        SELECT {", ".join("n." + c for c in ITER_COLS)} FROM _staged n
-                        ANTI JOIN iterations i
-                          ON i.run_id = n.run_id AND i.job_id = n.job_id AND i.iteration = n.iteration""")
-    finally:
-        con.execute("DROP TABLE IF EXISTS _staged")
-
-
-# The C scanner's rows (a dict of numpy columns; NaN and NaT are NULL, all its values are finite) as the
-# staged-log-row shape of LOG_ITER_TYPES.
-_C_ROWS_SELECT = (
-    "SELECT iteration, time_us AS time, elapsed_ms, loss, lr, grad_norm, "
-    "CAST(consumed_samples AS BIGINT) AS consumed_samples, CAST(gbs AS INTEGER) AS gbs, loss_scale, "
-    "CAST(skipped AS INTEGER) AS skipped, CAST(nan AS INTEGER) AS nan, tflops_per_gpu, moe_aux_loss, "
-    "list_extract(?::VARCHAR[], extras_id + 1) AS extras, "
-    "attempt, train_iters, seq FROM _c_rows"
-)
-
-
-def _c_columns(cols: dict):
-    """numpy views of _logscan.Scanner.take()'s column bytes."""
-    import numpy as np
-
-    out = {"iteration": np.frombuffer(cols["iteration"], np.int32)}
-    out["time_us"] = np.frombuffer(cols["time_us"], "datetime64[us]")
-    for k in ("elapsed_ms", "loss", "lr", "grad_norm", "consumed_samples", "gbs", "loss_scale", "skipped", "nan",
-              "tflops_per_gpu", "moe_aux_loss"):
-        out[k] = np.frombuffer(cols[k], np.float64)
-    out["extras_id"] = np.frombuffer(cols["extras_id"], np.int32)
-    out["attempt"] = np.frombuffer(cols["attempt"], np.int32)
-    out["train_iters"] = np.frombuffer(cols["train_iters"], np.int32)
-    out["seq"] = np.frombuffer(cols["seq"], np.int64)
-    return out
-
-
-class _Stage:
-    """Rows written to temp CSV files as they are parsed (memory stays flat on huge logs), then loaded
-    with one bulk `INSERT ... SELECT FROM read_csv` each: far faster than executemany. Log iteration rows
-    parsed by the C scanner arrive as numpy columns instead (no text round trip at all)."""
-
-    def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="mimo-ingest-")
-        self._it_f = open(os.path.join(self.dir, "it.csv"), "w", newline="")
-        self._ev_f = open(os.path.join(self.dir, "ev.csv"), "w", newline="")
-        self._lit_f = open(os.path.join(self.dir, "lit.csv"), "w", newline="")
-        self.it = csv.writer(self._it_f)
-        self.ev = csv.writer(self._ev_f)
-        self.lit = csv.writer(self._lit_f)
-        self.n_it = 0
-        self.n_lit = 0
-        self.n_c = 0  # rows parsed by _logscan, stored batch by batch (c_batch)
-        self._untouched: bool | None = None  # the file's (run, job) had no rows before (known at batch 1)
-        self._max_it: int | None = None  # highest iteration of the batches stored so far
-        self._pool = None
-        self._pending = None
-        self.log_const: tuple[str, str, str] | None = None  # (run_id, job_id, source_file) of log rows
-        self.n_ev = 0
-        self._ev_keys: set[tuple[int, str]] = set()
-
-    def iteration(self, row: list) -> None:
-        self.n_it += 1
-        self.it.writerow(row + [self.n_it])
-
-    def log_iteration(self, row: list, seq: int) -> None:
-        """A Megatron log iteration: LOG_ITER_TYPES columns without seq (the line number: later lines win)."""
-        self.n_it += 1
-        self.n_lit += 1
-        row.append(seq)
-        self.lit.writerow(row)
-
-    def c_batch(self, con, cols: dict) -> None:
-        """Store one batch of C-parsed rows (_logscan.Scanner.take()) in a background thread: DuckDB and the C
-        scanner both release the GIL, so the next segment of the file is scanned while this one is written.
-        One batch is in flight at a time, and the caller does not touch `con` meanwhile."""
-        import numpy as np
-
-        self.wait()
-        c = _c_columns(cols)
-        it = c["iteration"]
-        n = len(it)
-        if not n:
-            return
-        self.n_it += n
-        self.n_c += n
-        run_id, job, src = self.log_const
-        if self._untouched is None:  # did this (run, job) have rows before this file's rows?
-            self._untouched = not con.execute(
-                "SELECT count(*) FROM iterations WHERE run_id = ? AND job_id = ?", [run_id, job]
-            ).fetchall()[0][0]
-        ordered = n == 1 or bool(np.all(it[1:] > it[:-1]))
-        fresh = self._untouched and ordered and (self._max_it is None or int(it[0]) > self._max_it)
-        dupes = not ordered and len(np.unique(it)) < n
-        self._max_it = max(self._max_it if self._max_it is not None else -1, int(it.max()))
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="mimo-ingest")
-        self._pending = self._pool.submit(self._load_c, con, c, cols["extras_dict"], dupes, fresh)
-
-    def _load_c(self, con, c: dict, extras: list, dupes: bool, fresh: bool) -> None:
-        run_id, job, src = self.log_const
-        con.register("_c_rows", c)
-        try:
-            sel = _LOG_ITER_SELECT.replace("{src}", f"({_C_ROWS_SELECT})")
-            _merge(con, sel, [run_id, job, src, extras], dedupe=dupes, keys=[(run_id, job)], fresh=fresh)
-        finally:
-            con.unregister("_c_rows")
-
-    def drain(self) -> None:
-        """Wait for the batch in flight, ignoring its outcome (the caller is already failing)."""
-        try:
-            self.wait()
-        except BaseException:  # noqa: BLE001 - the original error is the one to report
-            pass
-
-    def wait(self) -> None:
-        """Wait for the batch in flight (its error, if any, is raised here)."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
-
-    def event(self, row: list) -> None:
-        key = (row[-1], row[5])
-        if key in self._ev_keys:
-            return
-        self._ev_keys.add(key)
-        self.n_ev += 1
-        self.ev.writerow(row)
-
-    def _read(self, name: str, types: dict) -> str:
-        cols = ", ".join(f"'{k}': '{v}'" for k, v in types.items())
-        path = os.path.join(self.dir, name).replace("'", "''")
-        return (
-            f"read_csv('{path}', header=false, columns={{{cols}}}, quote='\"', escape='\"', "
-            f"nullstr='', auto_detect=false, delim=',', strict_mode=false)"
-        )
-
-    def load(self, con) -> tuple[int, int]:
-        self._it_f.close()
-        self._ev_f.close()
-        self._lit_f.close()
-        self.wait()
-        if self.n_it > self.n_lit + self.n_c:
-            _merge(con, f"SELECT * FROM {self._read('it.csv', ITER_TYPES)}", [], dedupe=True)
-        if self.n_lit:  # iteration lines parsed in Python (outside the C scanner's strict syntax)
-            sel = _LOG_ITER_SELECT.replace("{src}", self._read("lit.csv", LOG_ITER_TYPES))
-            run_id, job, src = self.log_const
-            _merge(con, sel, [run_id, job, src], dedupe=True, keys=[(run_id, job)])
-        if self.n_ev:
-            con.execute(f"""INSERT INTO events ({", ".join(EVENT_COLS)})
-                            SELECT * FROM {self._read("ev.csv", EVENT_TYPES)} ON CONFLICT DO NOTHING""")
-        return self.n_it, self.n_ev
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        for f in (self._it_f, self._ev_f, self._lit_f):
-            if not f.closed:
-                f.close()
-        for n in ("it.csv", "ev.csv", "lit.csv", "grep.out"):
-            try:
-                os.unlink(os.path.join(self.dir, n))
-            except OSError:
-                pass
-        try:
-            os.rmdir(self.dir)
-        except OSError:
-            pass
-
-
 def _float(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -509,83 +220,7 @@ def _parse_iso(s) -> datetime | None:
     return t
 
 
-# ----------------------------------------------------------------------------------------- chunk reader
-
-
-@dataclass
-class _FileState:
-    lines: int = 0  # complete lines consumed so far (line numbers continue after an append)
-    bad: int = 0
-    undecodable: int = 0
-    last_iter: int | None = None
-    restarts: int = 0
-    last_time: str | None = None
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"last_iter": self.last_iter, "restarts": self.restarts, "last_time": self.last_time}
-        )
-
-
-def _chunks(
-    path: Path, offset: int, st: _FileState, on_bytes: Callable[[int], None] | None, need_text: bool = True
-):
-    """Yield (first_line_no, text) for blocks of complete lines starting at `offset` (text is None when
-    not needed: lines are still counted and checked for invalid UTF-8 / NUL bytes). Returns (offset after
-    the last complete line, whether a partial last line was left)."""
-    consumed = offset
-    carry = b""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        while True:
-            buf = f.read(CHUNK)
-            if on_bytes:
-                on_bytes(len(buf))
-            if not buf:
-                break
-            data = carry + buf if carry else buf
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:
-                carry = data
-                if len(carry) > MAX_LINE:  # no newline in 16 MiB: binary garbage, drop it
-                    st.bad += 1
-                    consumed += len(carry)
-                    carry = b""
-                continue
-            carry = data[cut:]
-            block = data[:cut]
-            if need_text or not block.isascii():
-                text = _decode(block, st)
-            else:
-                text = None  # pure ASCII: nothing to count, and the candidate lines come from grep
-                if b"\x00" in block:
-                    st.bad += sum(1 for ln in block.split(b"\n") if b"\x00" in ln)
-            first = st.lines
-            st.lines += block.count(b"\n")
-            consumed += cut
-            yield first, (text if need_text else None)
-    return consumed, bool(carry)
-
-
-def _decode(block: bytes, st: _FileState) -> str:
-    try:
-        text = block.decode("utf-8")
-    except UnicodeDecodeError:
-        out = []
-        for p in block.split(b"\n"):
-            try:
-                out.append(p.decode("utf-8"))
-            except UnicodeDecodeError:
-                st.undecodable += 1
-                out.append(p.decode("utf-8", "replace"))
-        text = "\n".join(out)
-    if "\x00" in text:  # NUL bytes: binary garbage inside a text log (e.g. a crashed writer's page)
-        st.bad += sum(1 for ln in text.split("\n") if "\x00" in ln)
-        text = text.replace("\x00", "")
-    return text
-
-
-def _metrics_rows(text: str, first: int, st: _FileState, ctx: _RunCtx, stage: _Stage, src: str) -> None:
+def _metrics_rows(text: str, first: int, st: FileState, ctx: _RunCtx, stage: Stage, src: str) -> None:
     line_no = first
     for line in text.split("\n")[:-1]:
         line_no += 1
@@ -657,11 +292,11 @@ class _LogScanner:
 
     def __init__(
         self,
-        st: _FileState,
+        st: FileState,
         ctx: _RunCtx,
         job: str,
         pinfo: logparse.PathInfo,
-        stage: _Stage,
+        stage: Stage,
         src: str,
         want_iters: bool,
     ) -> None:
@@ -823,220 +458,7 @@ class _LogScanner:
             self._emit(logparse.Origin(), ln, ev)
 
 
-def _python_candidates(text: str, first: int):
-    """(line number, line) of every line holding a trigger: one substring scan per trigger over the block
-    (the fallback when grep is not installed)."""
-    starts: set[int] = set()
-    for trig in logparse.ALL_TRIGGERS:
-        pos = text.find(trig)
-        while pos >= 0:
-            starts.add(text.rfind("\n", 0, pos) + 1)
-            le = text.find("\n", pos)
-            if le < 0:
-                break
-            pos = text.find(trig, le + 1)
-    line_no = first
-    prev = 0
-    for ls in sorted(starts):
-        line_no += text.count("\n", prev, ls)
-        prev = ls
-        yield line_no + 1, text[ls : text.find("\n", ls)]
-
-
-GREP = shutil.which("grep")
-
-
-def _grep_start(path: Path, offset: int, out_path: str):
-    """GNU/BSD grep finds the candidate lines (multi-pattern fixed-string search near `wc -l` speed) in a
-    second process, while this one counts lines and checks encodings. Reads from `offset` via stdin."""
-    args = [GREP, "-a", "-n", "-F"]
-    for t in logparse.ALL_TRIGGERS:
-        args += ["-e", t]
-    f = open(path, "rb")  # noqa: SIM115 - handed to the child, closed by _grep_lines
-    f.seek(offset)
-    out = open(out_path, "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        args, stdin=f, stdout=out, stderr=subprocess.PIPE, env=dict(os.environ, LC_ALL="C")
-    )
-    return proc, f, out
-
-
-def _grep_lines(proc, f, out, out_path: str, first: int, complete: int):
-    proc.wait()
-    f.close()
-    out.close()
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.returncode not in (0, 1):  # 1 = no match
-        raise IngestError(f"grep failed ({proc.returncode}): {err.strip()[:200]}")
-    with open(out_path, "rb") as g:
-        for raw in g:
-            n, _, rest = raw.partition(b":")
-            k = int(n)
-            if k > complete:  # the partial last line: left for the next ingest
-                break
-            yield first + k, rest.rstrip(b"\n").decode("utf-8", "replace").replace("\x00", "")
-
-
-def _scan_mode(t: _Target, nbytes: int) -> str:
-    if t.kind != "log":
-        return "python"
-    if SCAN is not None:
-        if SCAN not in ("c", "grep", "python"):
-            raise IngestError(f"MIMO_JOBS_SCANNER={SCAN!r}: use c, grep or python (or leave it unset)")
-        if SCAN == "c" and _logscan is None:
-            raise IngestError("MIMO_JOBS_SCANNER=c, but mimo_jobs._logscan is not built (no C compiler at install)")
-        if SCAN == "grep" and GREP is None:
-            raise IngestError("MIMO_JOBS_SCANNER=grep, but grep is not installed")
-        return SCAN
-    if _logscan is not None:
-        return "c"
-    return "grep" if GREP is not None and nbytes >= GREP_MIN_BYTES else "python"
-
-
-def _line_text(raw: bytes) -> str:
-    return raw.decode("utf-8", "replace").replace("\x00", "")
-
-
-def _scan_with_python(
-    t: _Target,
-    offset: int,
-    st: _FileState,
-    ctx: _RunCtx,
-    src: str,
-    scanner: "_LogScanner",
-    stage: _Stage,
-    on_bytes: Callable[[int], None] | None,
-    use_grep: bool,
-    sacct_text: list[str],
-) -> tuple[int, bool]:
-    """Every file kind without the compiled scanner: read blocks of complete lines; metrics lines are parsed
-    here, sacct text is collected, and log candidate lines come from grep (a second process) or from
-    in-process substring scans."""
-    grep = _grep_start(t.path, offset, os.path.join(stage.dir, "grep.out")) if use_grep else None
-    first_line = st.lines
-    gen = _chunks(t.path, offset, st, on_bytes, need_text=not use_grep)
-    try:
-        while True:
-            try:
-                first, text = next(gen)
-            except StopIteration as e:
-                end_offset, partial = e.value
-                break
-            if t.kind == "metrics":
-                _metrics_rows(text, first, st, ctx, stage, src)
-            elif t.kind == "sacct":
-                sacct_text.append(text)
-            elif not use_grep:
-                for ln, line in _python_candidates(text, first):
-                    scanner.line(ln, line)
-    except BaseException:
-        if grep is not None:
-            grep[0].kill()
-            grep[0].wait()
-            grep[1].close()
-            grep[2].close()
-        raise
-    if grep is not None:
-        cand = _grep_lines(*grep, os.path.join(stage.dir, "grep.out"), first_line, st.lines - first_line)
-        for ln, line in cand:
-            scanner.line(ln, line)
-    return end_offset, partial
-
-
-def _scan_with_ext(
-    con,
-    path: Path,
-    offset: int,
-    size: int,
-    st: _FileState,
-    scanner: "_LogScanner",
-    stage: _Stage,
-    on_bytes: Callable[[int], None] | None,
-) -> tuple[int, bool]:
-    """The compiled path: map the file a segment at a time and let _logscan walk its lines; it hands back
-    only the lines Python must see (events, tracebacks, iteration lines outside its strict syntax).
-    Returns (offset after the last complete line, whether a partial last line was left)."""
-    cs = _logscan.Scanner(
-        tuple(x.encode() for x in logparse.ALL_TRIGGERS),
-        tuple(
-            (k.encode(), logparse.FAST_COLUMNS.index(c), c in logparse._INT_COLUMNS)
-            for k, c in logparse._COLUMN_OF.items()
-        ),
-        scanner.want_iters,
-        scanner.base_attempt,
-        SIMD,
-    )
-
-    def to_c() -> None:
-        cs.lines, cs.bad, cs.undecodable = st.lines, st.bad, st.undecodable
-        cs.last_iter = -1 if st.last_iter is None else st.last_iter
-        cs.restarts, cs.last_time = st.restarts, st.last_time
-
-    def from_c() -> None:
-        st.lines, st.bad, st.undecodable = cs.lines, cs.bad, cs.undecodable
-        st.last_iter = None if cs.last_iter < 0 else cs.last_iter
-        st.restarts, st.last_time = cs.restarts, cs.last_time
-
-    to_c()
-    pos, partial = offset, False
-    gran = mmap.ALLOCATIONGRANULARITY
-    populate = getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in at map time (one kernel call)
-    with open(path, "rb") as f:
-        while pos < size:
-            base = pos - pos % gran
-            length = min(SEGMENT, size - base)
-            with mmap.mmap(f.fileno(), length, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ,
-                           offset=base) as mm:
-                rel = pos - base
-                cut = mm.rfind(b"\n", rel)
-                if cut < 0:
-                    if base + length < size:  # no newline in a whole segment: binary garbage up to the next
-                        pos = _skip_garbage(f, base + length, size, st, cs)
-                        continue
-                    partial = True  # the last line is not finished (the file may still be growing)
-                    break
-                end = cut + 1
-                p = rel
-                fresh = True  # offsets restart in each mapped segment
-                while True:
-                    hit = cs.scan(mm, p, end, scanner.fast(), fresh)
-                    fresh = False
-                    if hit is None:
-                        break
-                    ls, le, line_no = hit
-                    from_c()
-                    scanner.line(line_no, _line_text(mm[ls:le]))
-                    to_c()
-                    p = le + 1
-            if on_bytes:
-                on_bytes(end - rel)
-            pos = base + end
-            if cs.rows >= ROW_BATCH:  # stored while the next segments are scanned
-                stage.c_batch(con, cs.take())
-    if cs.rows:
-        stage.c_batch(con, cs.take())
-    from_c()
-    return pos, partial
-
-
-def _skip_garbage(f, start: int, size: int, st: _FileState, cs) -> int:
-    """A "line" longer than a segment: counted as one bad line and skipped up to its newline."""
-    cs.bad += 1
-    cs.lines += 1
-    f.seek(start)
-    pos = start
-    while True:
-        buf = f.read(CHUNK)
-        if not buf:
-            cs.lines -= 1  # ran into the end of the file: consumed, but not a complete line
-            return size
-        k = buf.find(b"\n")
-        if k >= 0:
-            return pos + k + 1
-        pos += len(buf)
-
-
-def _sacct_rows(con, text: str, ctx: _RunCtx | None, src: str, st: _FileState, stage: _Stage) -> None:
+def _sacct_rows(con, text: str, ctx: _RunCtx | None, src: str, st: FileState, stage: Stage) -> None:
     lines = text.split("\n")[:-1]
     try:
         recs = logparse.parse_sacct(lines)
@@ -1110,7 +532,7 @@ def _ingest_one(
                          FROM ingested_files WHERE path = ?""",
         [src],
     ).fetchone()
-    st = _FileState()
+    st = FileState()
     offset = 0
     if row and not force:
         psize, pmtime, poff, phead, plines, pbad, pund, pstate, ptrunc = row
@@ -1123,7 +545,7 @@ def _ingest_one(
         if same_head and poff is not None and size >= poff:
             offset = poff
             s = json.loads(pstate) if pstate else {}
-            st = _FileState(
+            st = FileState(
                 lines=plines or 0,
                 bad=(pbad or 0) - bool(ptrunc),  # the partial last line counted then is read now
                 undecodable=pund or 0,
@@ -1135,15 +557,22 @@ def _ingest_one(
                 on_bytes(offset)
     stats.files += 1
     before = (st.lines, st.bad, st.undecodable)
-    stage = _Stage()
+    stage = Stage()
     try:
         if ctx is None:
             raise IngestError(f"{src}: no run for this file")
         pinfo = logparse.path_info(src)
         job = pinfo.job_id or t.path.stem
         scanner = _LogScanner(st, ctx, job, pinfo, stage, src, want_iters=not ctx.has_metrics)
-        mode = _scan_mode(t, size - offset)
+        mode = readers.scan_mode(t.kind, size - offset)
         sacct_text: list[str] = []
+
+        def on_block(first: int, text: str) -> None:  # metrics and sacct files, block by block
+            if t.kind == "metrics":
+                _metrics_rows(text, first, st, ctx, stage, src)
+            else:
+                sacct_text.append(text)
+
         from .store import transaction
 
         # One transaction per file (its rows + its ingested_files row), open while scanning: the C path
@@ -1151,13 +580,15 @@ def _ingest_one(
         with transaction(con):
             if mode == "c":
                 try:
-                    end_offset, partial = _scan_with_ext(con, t.path, offset, size, st, scanner, stage, on_bytes)
+                    end_offset, partial = readers.scan_compiled(
+                        con, t.path, offset, size, st, scanner, stage, on_bytes
+                    )
                 except BaseException:
                     stage.drain()  # a batch still being stored must finish before the rollback uses `con`
                     raise
             else:
-                end_offset, partial = _scan_with_python(
-                    t, offset, st, ctx, src, scanner, stage, on_bytes, mode == "grep", sacct_text
+                end_offset, partial = readers.scan_python(
+                    t.path, t.kind, offset, st, scanner, on_block, on_bytes, mode == "grep", stage.dir
                 )
             scanner.finish()
             if partial:
@@ -1252,7 +683,7 @@ def ingest_paths(
         c = ctx.get(t.run_dir) if t.run_dir is not None else ctx.get(str(t.path.resolve()))
         try:
             _ingest_one(con, t, c, stats, force, on_bytes)
-        except IngestError as e:
+        except (IngestError, ScanError) as e:
             stats.problems.append(str(e))
         except OSError as e:
             stats.problems.append(f"{t.path}: {e.strerror or e}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mimo_jobs import ingest, store
+from mimo_jobs import ingest, readers, store
 from mimo_jobs.report import build
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -30,7 +30,7 @@ def con(tmp_path):
 
 def require_ext() -> None:
     """The compiled scanner is optional for users, but CI (MIMO_JOBS_REQUIRE_EXT=1) must test it."""
-    if ingest._logscan is None:
+    if readers._logscan is None:
         if os.environ.get("MIMO_JOBS_REQUIRE_EXT") == "1":
             pytest.fail("mimo_jobs._logscan is not built (pip install -e . needs a C compiler)")
         pytest.skip("mimo_jobs._logscan not built")
@@ -41,9 +41,9 @@ def scan(request, monkeypatch):
     """Run a test through every log scanner: the compiled one, grep + Python, and the pure-Python scan."""
     if request.param == "c":
         require_ext()
-    if request.param == "grep" and ingest.GREP is None:
+    if request.param == "grep" and readers.GREP is None:
         pytest.skip("grep not installed")
-    monkeypatch.setattr(ingest, "SCAN", request.param)
+    monkeypatch.setattr(readers, "SCAN", request.param)
     return request.param
 
 
@@ -322,7 +322,7 @@ def test_scanners_store_the_same_rows(tmp_path, monkeypatch):
     shutil.copy(FIXTURES / "slurm-4242.out", rd.logs / "slurm-4242.out")
     got = {}
     for mode in ("c", "grep", "python"):
-        monkeypatch.setattr(ingest, "SCAN", mode)
+        monkeypatch.setattr(readers, "SCAN", mode)
         got[mode] = ingest_all(tmp_path / f"{mode}.duckdb")
     assert got["c"] == got["grep"] == got["python"]
     assert len(got["c"][0]) == 8 and len(got["c"][1]) == 9

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from mimo_jobs import ingest, store
+from mimo_jobs import ingest, readers, store
 
 
 def _need_ext() -> None:
-    if ingest._logscan is None:
+    if readers._logscan is None:
         if os.environ.get("MIMO_JOBS_REQUIRE_EXT") == "1":
             pytest.fail("mimo_jobs._logscan is not built (pip install -e . needs a C compiler)")
         pytest.skip("mimo_jobs._logscan not built")
@@ -140,14 +140,14 @@ def test_compiled_scanner_equals_python(tmp_path, monkeypatch, seed):
     _need_ext()
     log = tmp_path / "slurm-500.out"
     make_log(log, seed)
-    monkeypatch.setattr(ingest, "SCAN", "python")
+    monkeypatch.setattr(readers, "SCAN", "python")
     want = _ingest(tmp_path / "py.duckdb", log)
     assert want[3][1] > 300 and want[3][2] > 0 and want[3][3] > 5 and len(want[1]) > 30, want[3]  # a nasty log
-    monkeypatch.setattr(ingest, "SCAN", "c")
+    monkeypatch.setattr(readers, "SCAN", "c")
     # whole file in one segment, a few segments, and many tiny segments (a batch each, lines across them)
     for segment, simd in ((64 << 20, True), (64 << 10, True), (8 << 10, True), (8 << 10, False)):
-        monkeypatch.setattr(ingest, "SEGMENT", segment)
-        monkeypatch.setattr(ingest, "SIMD", simd)
+        monkeypatch.setattr(readers, "SEGMENT", segment)
+        monkeypatch.setattr(readers, "SIMD", simd)
         got = _ingest(tmp_path / f"c-{segment}-{simd}.duckdb", log)
         assert got[3] == want[3], (segment, simd)
         assert got[2] == want[2], (segment, simd)
@@ -162,8 +162,8 @@ def test_appends_resume_the_same_way(tmp_path, monkeypatch):
     full = tmp_path / "whole" / "slurm-500.out"  # same job id as the growing copy
     make_log(full, 7, n=3000)
     data = full.read_bytes()
-    monkeypatch.setattr(ingest, "SCAN", "c")
-    monkeypatch.setattr(ingest, "SEGMENT", 16 << 10)
+    monkeypatch.setattr(readers, "SCAN", "c")
+    monkeypatch.setattr(readers, "SEGMENT", 16 << 10)
     want = _ingest(tmp_path / "whole.duckdb", full)
     grow = tmp_path / "slurm-500.out"
     db = tmp_path / "grow.duckdb"
@@ -179,8 +179,8 @@ def test_garbage_longer_than_a_segment(tmp_path, monkeypatch):
     log = tmp_path / "slurm-1.out"
     line = b" [2026-03-02 10:00:00] iteration 1/ 2 | elapsed time per iteration (ms): 5.0 | lm loss: 2.0 |\n"
     log.write_bytes(line + b"\x07" * (40 << 10) + b"\n" + line.replace(b"iteration 1/", b"iteration 2/"))
-    monkeypatch.setattr(ingest, "SCAN", "c")
-    monkeypatch.setattr(ingest, "SEGMENT", 16 << 10)
+    monkeypatch.setattr(readers, "SCAN", "c")
+    monkeypatch.setattr(readers, "SEGMENT", 16 << 10)
     rows, _, files, stats = _ingest(tmp_path / "g.duckdb", log)
     assert [r[2] for r in rows] == [1, 2]
     assert stats[:3] == (3, 2, 1)  # 3 lines, 2 iterations, the garbage line counted bad
@@ -193,9 +193,9 @@ def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
     _need_ext()
     log = tmp_path / "slurm-500.out"
     make_log(log, 3, n=6000)
-    monkeypatch.setattr(ingest, "SCAN", "c")
-    monkeypatch.setattr(ingest, "SEGMENT", 16 << 10)
-    monkeypatch.setattr(ingest, "ROW_BATCH", 50)  # many background batches
+    monkeypatch.setattr(readers, "SCAN", "c")
+    monkeypatch.setattr(readers, "SEGMENT", 16 << 10)
+    monkeypatch.setattr(readers, "ROW_BATCH", 50)  # many background batches
     seen = []
     real = ingest._LogScanner.line
 
@@ -214,6 +214,6 @@ def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
     con.close()
     monkeypatch.setattr(ingest._LogScanner, "line", real)
     got = _ingest(tmp_path / "s.duckdb", log)
-    monkeypatch.setattr(ingest, "SCAN", "python")
+    monkeypatch.setattr(readers, "SCAN", "python")
     want = _ingest(tmp_path / "py.duckdb", log)
     assert got[0] == want[0] and got[3] == want[3]

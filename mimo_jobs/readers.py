@@ -1,0 +1,332 @@
+"""Reading log files: blocks of complete lines, never a whole file; the lines worth parsing found fast.
+
+Three scanners give the same rows (tests/ingest/test_logscan.py, test_ingest.py compare them):
+- "c": the compiled `_logscan` (mimo_jobs/_logscan.c) maps the file a segment at a time, counts lines and
+  encoding errors, finds candidate lines with a SIMD multi-literal filter and parses iteration lines into
+  columns itself; only rare lines (events, tracebacks, odd iteration lines) come back to Python;
+- "grep": a grep process finds the candidate lines (logparse.ALL_TRIGGERS) while Python counts lines;
+- "python": substring scans of each block in-process.
+Candidate lines go to a line handler (ingest._LogScanner), iteration rows to a stage (staging.Stage).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import logparse
+
+
+class ScanError(ValueError):
+    """A file could not be scanned (grep failed, an unusable MIMO_JOBS_SCANNER)."""
+
+
+CHUNK = 8 << 20
+# How log files are scanned for candidate lines: "c" (the compiled _logscan: one pass, iteration lines parsed
+# in C), "grep" (a grep process finds candidates, Python parses them), "python" (substring scans in-process).
+# None: "c" when the extension is built, else grep for big files. Tests pin each mode to compare their rows.
+SCAN: str | None = os.environ.get("MIMO_JOBS_SCANNER") or None
+GREP_MIN_BYTES = 4 << 20  # smaller files are scanned in-process (a process start costs more than the scan)
+SEGMENT = 64 << 20  # bytes mapped at a time by the C path (> MAX_LINE: a longer run without newline is garbage)
+# Rows of C-parsed iterations per stored batch: DuckDB writes a batch of at least one row group (122,880 rows)
+# straight to the database file; smaller ones go through its write-ahead log and cost a checkpoint on commit.
+ROW_BATCH = 131072
+SIMD = True  # the C path's AVX2 filter where the CPU has it (tests compare it with the portable scalar one)
+try:
+    from . import _logscan
+except ImportError:  # built without a C compiler: same results through grep/Python, slower
+    _logscan = None
+MAX_LINE = 16 << 20  # a "line" longer than this is binary garbage: counted and dropped
+
+
+@dataclass
+class FileState:
+    """What reading a file has established so far; kept in the store between ingests (appends resume)."""
+
+    lines: int = 0  # complete lines consumed so far (line numbers continue after an append)
+    bad: int = 0
+    undecodable: int = 0
+    last_iter: int | None = None
+    restarts: int = 0
+    last_time: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"last_iter": self.last_iter, "restarts": self.restarts, "last_time": self.last_time}
+        )
+
+
+def chunks(
+    path: Path, offset: int, st: FileState, on_bytes: Callable[[int], None] | None, need_text: bool = True
+):
+    """Yield (first_line_no, text) for blocks of complete lines starting at `offset` (text is None when
+    not needed: lines are still counted and checked for invalid UTF-8 / NUL bytes). Returns (offset after
+    the last complete line, whether a partial last line was left)."""
+    consumed = offset
+    carry = b""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            buf = f.read(CHUNK)
+            if on_bytes:
+                on_bytes(len(buf))
+            if not buf:
+                break
+            data = carry + buf if carry else buf
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                carry = data
+                if len(carry) > MAX_LINE:  # no newline in 16 MiB: binary garbage, drop it
+                    st.bad += 1
+                    consumed += len(carry)
+                    carry = b""
+                continue
+            carry = data[cut:]
+            block = data[:cut]
+            if need_text or not block.isascii():
+                text = _decode(block, st)
+            else:
+                text = None  # pure ASCII: nothing to count, and the candidate lines come from grep
+                if b"\x00" in block:
+                    st.bad += sum(1 for ln in block.split(b"\n") if b"\x00" in ln)
+            first = st.lines
+            st.lines += block.count(b"\n")
+            consumed += cut
+            yield first, (text if need_text else None)
+    return consumed, bool(carry)
+
+
+def _decode(block: bytes, st: FileState) -> str:
+    try:
+        text = block.decode("utf-8")
+    except UnicodeDecodeError:
+        out = []
+        for p in block.split(b"\n"):
+            try:
+                out.append(p.decode("utf-8"))
+            except UnicodeDecodeError:
+                st.undecodable += 1
+                out.append(p.decode("utf-8", "replace"))
+        text = "\n".join(out)
+    if "\x00" in text:  # NUL bytes: binary garbage inside a text log (e.g. a crashed writer's page)
+        st.bad += sum(1 for ln in text.split("\n") if "\x00" in ln)
+        text = text.replace("\x00", "")
+    return text
+
+
+def _python_candidates(text: str, first: int):
+    """(line number, line) of every line holding a trigger: one substring scan per trigger over the block
+    (the fallback when grep is not installed)."""
+    starts: set[int] = set()
+    for trig in logparse.ALL_TRIGGERS:
+        pos = text.find(trig)
+        while pos >= 0:
+            starts.add(text.rfind("\n", 0, pos) + 1)
+            le = text.find("\n", pos)
+            if le < 0:
+                break
+            pos = text.find(trig, le + 1)
+    line_no = first
+    prev = 0
+    for ls in sorted(starts):
+        line_no += text.count("\n", prev, ls)
+        prev = ls
+        yield line_no + 1, text[ls : text.find("\n", ls)]
+
+
+GREP = shutil.which("grep")
+
+
+def _grep_start(path: Path, offset: int, out_path: str):
+    """GNU/BSD grep finds the candidate lines (multi-pattern fixed-string search near `wc -l` speed) in a
+    second process, while this one counts lines and checks encodings. Reads from `offset` via stdin."""
+    args = [GREP, "-a", "-n", "-F"]
+    for t in logparse.ALL_TRIGGERS:
+        args += ["-e", t]
+    f = open(path, "rb")  # noqa: SIM115 - handed to the child, closed by _grep_lines
+    f.seek(offset)
+    out = open(out_path, "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        args, stdin=f, stdout=out, stderr=subprocess.PIPE, env=dict(os.environ, LC_ALL="C")
+    )
+    return proc, f, out
+
+
+def _grep_lines(proc, f, out, out_path: str, first: int, complete: int):
+    proc.wait()
+    f.close()
+    out.close()
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.returncode not in (0, 1):  # 1 = no match
+        raise ScanError(f"grep failed ({proc.returncode}): {err.strip()[:200]}")
+    with open(out_path, "rb") as g:
+        for raw in g:
+            n, _, rest = raw.partition(b":")
+            k = int(n)
+            if k > complete:  # the partial last line: left for the next ingest
+                break
+            yield first + k, rest.rstrip(b"\n").decode("utf-8", "replace").replace("\x00", "")
+
+
+def scan_mode(kind: str, nbytes: int) -> str:
+    """Which scanner reads a file of this kind and size (see SCAN)."""
+    if kind != "log":
+        return "python"
+    if SCAN is not None:
+        if SCAN not in ("c", "grep", "python"):
+            raise ScanError(f"MIMO_JOBS_SCANNER={SCAN!r}: use c, grep or python (or leave it unset)")
+        if SCAN == "c" and _logscan is None:
+            raise ScanError("MIMO_JOBS_SCANNER=c, but mimo_jobs._logscan is not built (no C compiler at install)")
+        if SCAN == "grep" and GREP is None:
+            raise ScanError("MIMO_JOBS_SCANNER=grep, but grep is not installed")
+        return SCAN
+    if _logscan is not None:
+        return "c"
+    return "grep" if GREP is not None and nbytes >= GREP_MIN_BYTES else "python"
+
+
+def line_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace").replace("\x00", "")
+
+
+def scan_python(
+    path: Path,
+    kind: str,
+    offset: int,
+    st: FileState,
+    scanner,
+    on_block: Callable[[int, str], None],
+    on_bytes: Callable[[int], None] | None,
+    use_grep: bool,
+    work_dir: str,
+) -> tuple[int, bool]:
+    """Every file kind without the compiled scanner: read blocks of complete lines; blocks of metrics/sacct
+    files go to `on_block(first_line_no, text)`, and log candidate lines go to `scanner.line` from grep (a
+    second process) or from in-process substring scans. Returns (offset after the last complete line, whether
+    a partial last line was left)."""
+    grep = _grep_start(path, offset, os.path.join(work_dir, "grep.out")) if use_grep else None
+    first_line = st.lines
+    gen = chunks(path, offset, st, on_bytes, need_text=not use_grep)
+    try:
+        while True:
+            try:
+                first, text = next(gen)
+            except StopIteration as e:
+                end_offset, partial = e.value
+                break
+            if kind != "log":
+                on_block(first, text)
+            elif not use_grep:
+                for ln, line in _python_candidates(text, first):
+                    scanner.line(ln, line)
+    except BaseException:
+        if grep is not None:
+            grep[0].kill()
+            grep[0].wait()
+            grep[1].close()
+            grep[2].close()
+        raise
+    if grep is not None:
+        cand = _grep_lines(*grep, os.path.join(work_dir, "grep.out"), first_line, st.lines - first_line)
+        for ln, line in cand:
+            scanner.line(ln, line)
+    return end_offset, partial
+
+
+def scan_compiled(
+    con,
+    path: Path,
+    offset: int,
+    size: int,
+    st: FileState,
+    scanner,
+    stage,
+    on_bytes: Callable[[int], None] | None,
+) -> tuple[int, bool]:
+    """The compiled path: map the file a segment at a time and let _logscan walk its lines; it hands back
+    only the lines Python must see (events, tracebacks, iteration lines outside its strict syntax).
+    Returns (offset after the last complete line, whether a partial last line was left)."""
+    cs = _logscan.Scanner(
+        tuple(x.encode() for x in logparse.ALL_TRIGGERS),
+        tuple(
+            (k.encode(), logparse.FAST_COLUMNS.index(c), c in logparse._INT_COLUMNS)
+            for k, c in logparse._COLUMN_OF.items()
+        ),
+        scanner.want_iters,
+        scanner.base_attempt,
+        SIMD,
+    )
+
+    def to_c() -> None:
+        cs.lines, cs.bad, cs.undecodable = st.lines, st.bad, st.undecodable
+        cs.last_iter = -1 if st.last_iter is None else st.last_iter
+        cs.restarts, cs.last_time = st.restarts, st.last_time
+
+    def from_c() -> None:
+        st.lines, st.bad, st.undecodable = cs.lines, cs.bad, cs.undecodable
+        st.last_iter = None if cs.last_iter < 0 else cs.last_iter
+        st.restarts, st.last_time = cs.restarts, cs.last_time
+
+    to_c()
+    pos, partial = offset, False
+    gran = mmap.ALLOCATIONGRANULARITY
+    populate = getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in at map time (one kernel call)
+    with open(path, "rb") as f:
+        while pos < size:
+            base = pos - pos % gran
+            length = min(SEGMENT, size - base)
+            with mmap.mmap(f.fileno(), length, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ,
+                           offset=base) as mm:
+                rel = pos - base
+                cut = mm.rfind(b"\n", rel)
+                if cut < 0:
+                    if base + length < size:  # no newline in a whole segment: binary garbage up to the next
+                        pos = _skip_garbage(f, base + length, size, st, cs)
+                        continue
+                    partial = True  # the last line is not finished (the file may still be growing)
+                    break
+                end = cut + 1
+                p = rel
+                fresh = True  # offsets restart in each mapped segment
+                while True:
+                    hit = cs.scan(mm, p, end, scanner.fast(), fresh)
+                    fresh = False
+                    if hit is None:
+                        break
+                    ls, le, line_no = hit
+                    from_c()
+                    scanner.line(line_no, line_text(mm[ls:le]))
+                    to_c()
+                    p = le + 1
+            if on_bytes:
+                on_bytes(end - rel)
+            pos = base + end
+            if cs.rows >= ROW_BATCH:  # stored while the next segments are scanned
+                stage.c_batch(con, cs.take())
+    if cs.rows:
+        stage.c_batch(con, cs.take())
+    from_c()
+    return pos, partial
+
+
+def _skip_garbage(f, start: int, size: int, st: FileState, cs) -> int:
+    """A "line" longer than a segment: counted as one bad line and skipped up to its newline."""
+    cs.bad += 1
+    cs.lines += 1
+    f.seek(start)
+    pos = start
+    while True:
+        buf = f.read(CHUNK)
+        if not buf:
+            cs.lines -= 1  # ran into the end of the file: consumed, but not a complete line
+            return size
+        k = buf.find(b"\n")
+        if k >= 0:
+            return pos + k + 1
+        pos += len(buf)
