@@ -891,61 +891,65 @@ static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
 }
 
 /* The staged C rows as {name: bytes} (numbers in native byte order) plus "extras": list[str]; then empty. */
-static PyObject *Scanner_take(Scanner *s, PyObject *unused) {
+/* Bytes of the first k elements of b (elem bytes each); those are dropped from b. */
+static PyObject *take_front(Buf *b, size_t k, size_t elem) {
+    size_t nb = k * elem;
+    PyObject *v = PyBytes_FromStringAndSize(b->p ? b->p : "", (Py_ssize_t)nb);
+    if (v && nb) {
+        memmove(b->p, b->p + nb, b->n - nb);
+        b->n -= nb;
+    }
+    return v;
+}
+
+static int put(PyObject *d, const char *name, PyObject *v) {
+    if (!v) return -1;
+    int r = PyDict_SetItemString(d, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* take(limit=-1): the first `limit` staged rows (all when -1) as {name: bytes} (native byte order), with
+ * "extras_id" indexing the "extras_dict" list of texts; they leave the scanner. */
+static PyObject *Scanner_take(Scanner *s, PyObject *args) {
     static const char *fnames[N_FLOAT] = {"elapsed_ms", "lr", "grad_norm", "consumed_samples", "gbs", "loss_scale",
                                           "skipped", "nan", "tflops_per_gpu", "loss", "moe_aux_loss"};
+    long long limit = -1;
+    if (!PyArg_ParseTuple(args, "|L", &limit)) return NULL;
+    size_t k = (limit < 0 || limit > s->rows) ? (size_t)s->rows : (size_t)limit;
     PyObject *d = PyDict_New();
     if (!d) return NULL;
     struct {
         const char *name;
         Buf *b;
-    } cols[] = {{"iteration", &s->it}, {"time_us", &s->tus}, {"attempt", &s->attempt},
-                {"train_iters", &s->total}, {"seq", &s->seq}, {"extras_id", &s->ex_id}};
-    for (size_t i = 0; i < sizeof cols / sizeof *cols; i++) {
-        PyObject *v = PyBytes_FromStringAndSize(cols[i].b->p ? cols[i].b->p : "", cols[i].b->n);
-        if (!v || PyDict_SetItemString(d, cols[i].name, v) < 0) goto fail_v;
-        Py_DECREF(v);
-        continue;
-    fail_v:
-        Py_XDECREF(v);
-        Py_DECREF(d);
-        return NULL;
-    }
-    for (int c = 0; c < N_FLOAT; c++) {
-        PyObject *v = PyBytes_FromStringAndSize(s->f[c].p ? s->f[c].p : "", s->f[c].n);
-        if (!v || PyDict_SetItemString(d, fnames[c], v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(v);
-    }
+        size_t elem;
+    } cols[] = {{"iteration", &s->it, 4},   {"time_us", &s->tus, 8}, {"attempt", &s->attempt, 4},
+                {"train_iters", &s->total, 4}, {"seq", &s->seq, 8},    {"extras_id", &s->ex_id, 4}};
+    for (size_t i = 0; i < sizeof cols / sizeof *cols; i++)
+        if (put(d, cols[i].name, take_front(cols[i].b, k, cols[i].elem)) < 0) goto fail;
+    for (int c = 0; c < N_FLOAT; c++)
+        if (put(d, fnames[c], take_front(&s->f[c], k, 8)) < 0) goto fail;
+    /* the whole text list: ids of the rows left behind stay valid */
     Py_ssize_t n = s->n_dict;
     PyObject *lst = PyList_New(n);
-    if (!lst) {
-        Py_DECREF(d);
-        return NULL;
-    }
+    if (!lst) goto fail;
     const int64_t *off = (const int64_t *)s->ex_off.p;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t a = off[i], z = i + 1 < n ? off[i + 1] : (int64_t)s->ex.n;
         PyObject *str = PyUnicode_DecodeASCII(s->ex.p + a, z - a, "strict");
         if (!str) {
             Py_DECREF(lst);
-            Py_DECREF(d);
-            return NULL;
+            goto fail;
         }
         PyList_SET_ITEM(lst, i, str);
     }
-    if (PyDict_SetItemString(d, "extras_dict", lst) < 0) {
-        Py_DECREF(lst);
-        Py_DECREF(d);
-        return NULL;
-    }
-    Py_DECREF(lst);
-    free_bufs(s);
-    s->rows = 0;
+    if (put(d, "extras_dict", lst) < 0) goto fail;
+    s->rows -= (long long)k;
+    if (!s->rows) free_bufs(s);
     return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
 }
 
 static PyObject *Scanner_get_last_time(Scanner *s, void *c) {
@@ -988,7 +992,8 @@ static PyMethodDef Scanner_methods[] = {
     {"scan", (PyCFunction)Scanner_scan, METH_VARARGS,
      "scan(buf, start, end, fast, new_buffer=False) -> (line_start, line_end, line_no) of the next line for "
      "Python, or None. new_buffer: the first call on this buffer (offsets restart)"},
-    {"take", (PyCFunction)Scanner_take, METH_NOARGS, "the staged rows as column bytes, extras_id into the extras_dict list; resets"},
+    {"take", (PyCFunction)Scanner_take, METH_VARARGS,
+     "take(limit=-1): the first staged rows as column bytes, extras_id indexing the extras_dict list"},
     {NULL}};
 
 static PyTypeObject ScannerType = {

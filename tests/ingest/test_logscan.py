@@ -145,9 +145,12 @@ def test_compiled_scanner_equals_python(tmp_path, monkeypatch, seed):
     assert want[3][1] > 300 and want[3][2] > 0 and want[3][3] > 5 and len(want[1]) > 30, want[3]  # a nasty log
     monkeypatch.setattr(readers, "SCAN", "c")
     # whole file in one segment, a few segments, and many tiny segments (a batch each, lines across them)
-    for segment, simd in ((64 << 20, True), (64 << 10, True), (8 << 10, True), (8 << 10, False)):
+    # and batches of a few rows stored while scanning (take(n) leaves the rest, extras ids stay valid)
+    for segment, simd, group in ((64 << 20, True, 122880), (64 << 10, True, 7), (8 << 10, True, 122880),
+                                 (8 << 10, False, 3)):
         monkeypatch.setattr(readers, "SEGMENT", segment)
         monkeypatch.setattr(readers, "SIMD", simd)
+        monkeypatch.setattr(readers, "ROW_GROUP", group)
         got = _ingest(tmp_path / f"c-{segment}-{simd}.duckdb", log)
         assert got[3] == want[3], (segment, simd)
         assert got[2] == want[2], (segment, simd)
@@ -195,7 +198,7 @@ def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
     make_log(log, 3, n=6000)
     monkeypatch.setattr(readers, "SCAN", "c")
     monkeypatch.setattr(readers, "SEGMENT", 16 << 10)
-    monkeypatch.setattr(readers, "ROW_BATCH", 50)  # many background batches
+    monkeypatch.setattr(readers, "ROW_GROUP", 25)  # many background batches
     seen = []
     real = ingest._LogScanner.line
 
