@@ -12,7 +12,6 @@ Candidate lines go to a line handler (ingest._LogScanner), iteration rows to a s
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import shutil
 import subprocess
@@ -33,7 +32,7 @@ CHUNK = 8 << 20
 # None: "c" when the extension is built, else grep for big files. Tests pin each mode to compare their rows.
 SCAN: str | None = os.environ.get("MIMO_JOBS_SCANNER") or None
 GREP_MIN_BYTES = 4 << 20  # smaller files are scanned in-process (a process start costs more than the scan)
-SEGMENT = 64 << 20  # bytes mapped at a time by the C path (> MAX_LINE: a longer run without newline is garbage)
+SEGMENT = 4 << 20  # bytes read at a time by the C path (stays in cache between the read and the scan)
 # C-parsed rows are stored in batches of exactly one DuckDB row group while the file is scanned, and the
 # rest (one to two row groups) at the end: an INSERT of whole row groups, or a last one of at least one row
 # group, is written straight to the database file; any other partial row group goes through the write-ahead
@@ -44,7 +43,7 @@ try:
     from . import _logscan
 except ImportError:  # built without a C compiler: same results through grep/Python, slower
     _logscan = None
-MAX_LINE = 16 << 20  # a "line" longer than this is binary garbage: counted and dropped
+MAX_LINE = 16 << 20  # a "line" longer than this is binary garbage: counted and dropped (C path: skipped whole)
 
 
 @dataclass
@@ -251,7 +250,7 @@ def scan_compiled(
     stage,
     on_bytes: Callable[[int], None] | None,
 ) -> tuple[int, bool]:
-    """The compiled path: map the file a segment at a time and let _logscan walk its lines; it hands back
+    """The compiled path: read the file a block at a time and let _logscan walk its lines; it hands back
     only the lines Python must see (events, tracebacks, iteration lines outside its strict syntax).
     Returns (offset after the last complete line, whether a partial last line was left)."""
     cs = _logscan.Scanner(
@@ -276,41 +275,45 @@ def scan_compiled(
         st.restarts, st.last_time = cs.restarts, cs.last_time
 
     to_c()
-    pos, partial = offset, False
-    gran = mmap.ALLOCATIONGRANULARITY
-    populate = getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in at map time (one kernel call)
+    # read() into one reused buffer rather than mmap: a log truncated while it is read (a requeued job's
+    # output reopened with O_TRUNC) then just ends early, where a mapping would kill the process with SIGBUS.
+    buf = bytearray(SEGMENT)
+    view = memoryview(buf)
+    pos, have = offset, 0  # file offset of buf[0]; bytes in buf (a partial line carried over first)
     with open(path, "rb") as f:
-        while pos < size:
-            base = pos - pos % gran
-            length = min(SEGMENT, size - base)
-            with mmap.mmap(f.fileno(), length, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ,
-                           offset=base) as mm:
-                rel = pos - base
-                cut = mm.rfind(b"\n", rel)
-                if cut < 0:
-                    if base + length < size:  # no newline in a whole segment: binary garbage up to the next
-                        pos = _skip_garbage(f, base + length, size, st, cs)
-                        continue
-                    partial = True  # the last line is not finished (the file may still be growing)
-                    break
-                end = cut + 1
-                p = rel
-                fresh = True  # offsets restart in each mapped segment
-                while True:
-                    hit = cs.scan(mm, p, end, scanner.fast(), fresh)
-                    fresh = False
-                    if hit is None:
-                        break
-                    ls, le, line_no = hit
-                    from_c()
-                    scanner.line(line_no, line_text(mm[ls:le]))
-                    to_c()
-                    p = le + 1
+        f.seek(offset)
+        while pos + have < size:
+            if have == len(buf):  # one line fills the buffer: grow it up to MAX_LINE, past that it is garbage
+                if len(buf) >= MAX_LINE:
+                    pos, have = _skip_garbage(f, pos + have, size, st, cs), 0
+                    f.seek(pos)
+                    continue
+                view.release()
+                buf.extend(bytes(len(buf)))
+                view = memoryview(buf)
+            n = f.readinto(view[have : min(len(buf), have + size - pos - have)])
+            if not n:
+                break  # the file shrank while being read: what was there is what counts
+            have += n
+            cut = buf.rfind(b"\n", 0, have)
+            if cut < 0:
+                continue
+            end, p, fresh = cut + 1, 0, True  # offsets restart with each buffer's contents
+            while (hit := cs.scan(buf, p, end, scanner.fast(), fresh)) is not None:
+                fresh = False
+                ls, le, line_no = hit
+                from_c()
+                scanner.line(line_no, line_text(buf[ls:le]))
+                to_c()
+                p = le + 1
             if on_bytes:
-                on_bytes(end - rel)
-            pos = base + end
-            if cs.rows >= 2 * ROW_GROUP:  # one row group is stored while the next segments are scanned
+                on_bytes(end)
+            buf[: have - end] = view[end:have]  # the partial last line moves to the front
+            pos, have = pos + end, have - end
+            if cs.rows >= 2 * ROW_GROUP:  # one row group is stored while the next blocks are scanned
                 stage.c_batch(con, cs.take(ROW_GROUP))
+    view.release()
+    partial = have > 0  # the last line is not finished (the file may still be growing)
     if cs.rows:
         stage.c_batch(con, cs.take())
     from_c()
@@ -318,7 +321,7 @@ def scan_compiled(
 
 
 def _skip_garbage(f, start: int, size: int, st: FileState, cs) -> int:
-    """A "line" longer than a segment: counted as one bad line and skipped up to its newline."""
+    """A "line" longer than MAX_LINE: counted as one bad line and skipped up to its newline."""
     cs.bad += 1
     cs.lines += 1
     f.seek(start)

@@ -177,13 +177,14 @@ def test_appends_resume_the_same_way(tmp_path, monkeypatch):
     assert got[2][0][:5] == want[2][0][:5]  # lines, bad, undecodable, offset, truncated
 
 
-def test_garbage_longer_than_a_segment(tmp_path, monkeypatch):
+def test_garbage_longer_than_max_line(tmp_path, monkeypatch):
     _need_ext()
     log = tmp_path / "slurm-1.out"
     line = b" [2026-03-02 10:00:00] iteration 1/ 2 | elapsed time per iteration (ms): 5.0 | lm loss: 2.0 |\n"
     log.write_bytes(line + b"\x07" * (40 << 10) + b"\n" + line.replace(b"iteration 1/", b"iteration 2/"))
     monkeypatch.setattr(readers, "SCAN", "c")
-    monkeypatch.setattr(readers, "SEGMENT", 16 << 10)
+    monkeypatch.setattr(readers, "SEGMENT", 16 << 10)  # the buffer grows to MAX_LINE for a long line
+    monkeypatch.setattr(readers, "MAX_LINE", 32 << 10)
     rows, _, files, stats = _ingest(tmp_path / "g.duckdb", log)
     assert [r[2] for r in rows] == [1, 2]
     assert stats[:3] == (3, 2, 1)  # 3 lines, 2 iterations, the garbage line counted bad
@@ -220,3 +221,41 @@ def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
     monkeypatch.setattr(readers, "SCAN", "python")
     want = _ingest(tmp_path / "py.duckdb", log)
     assert got[0] == want[0] and got[3] == want[3]
+
+
+def test_a_long_line_grows_the_buffer(tmp_path, monkeypatch):
+    """Lines longer than the read buffer but within MAX_LINE are ordinary lines."""
+    _need_ext()
+    log = tmp_path / "slurm-2.out"
+    line = b" [2026-03-02 10:00:00] iteration 1/ 2 | elapsed time per iteration (ms): 5.0 | lm loss: 2.0 |\n"
+    log.write_bytes(b"x" * (40 << 10) + b" successfully saved checkpoint from iteration 1\n" + line)
+    monkeypatch.setattr(readers, "SCAN", "c")
+    monkeypatch.setattr(readers, "SEGMENT", 4 << 10)
+    rows, events, files, stats = _ingest(tmp_path / "g.duckdb", log)
+    assert [r[2] for r in rows] == [1] and [e[5] for e in events] == ["checkpoint_saved"]
+    assert stats[:3] == (2, 1, 0)
+
+
+def test_a_file_truncated_while_read(tmp_path, monkeypatch):
+    """A log cut short during the scan (a requeued job reopened it with O_TRUNC): ingest keeps what it read,
+    and the next ingest sees a rewritten file."""
+    _need_ext()
+    log = tmp_path / "slurm-3.out"
+    make_log(log, 5, n=3000)
+    monkeypatch.setattr(readers, "SCAN", "c")
+    monkeypatch.setattr(readers, "SEGMENT", 8 << 10)
+    real = readers.line_text
+    calls = []
+
+    def truncating(raw):
+        calls.append(1)
+        if len(calls) == 3:
+            with open(log, "r+b") as f:
+                f.truncate(20 << 10)
+        return real(raw)
+
+    monkeypatch.setattr(readers, "line_text", truncating)
+    con = store.connect(tmp_path / "t.duckdb")
+    st = ingest.ingest_paths(con, [log], log_run=ingest.LogRunInfo(study="s", name="n"))
+    assert not st.problems and 0 < st.lines < 400
+    con.close()
