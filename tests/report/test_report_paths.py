@@ -41,11 +41,12 @@ def test_runs_with_different_windows(tmp_path):
 
 
 def test_a_second_study_in_the_store(tmp_path):
-    # A store with two studies: reporting one of them filters the scans by run; both at once do not.
+    # A store with two studies. Reporting "scal" (60 of 460 rows) filters the scans by run; reporting
+    # "other" (400 of 460) or both does not, and drops the other runs' groups instead.
     con, _ = build_store(tmp_path)
-    other = make_runs(tmp_path / "runs2", name="other", nodes=(1, 2), train_iters=30)
+    other = make_runs(tmp_path / "runs2", name="other", nodes=(1, 2), train_iters=200)
     for run, rd in other:
-        recs = [record(run, "20", 0, i, 900.0 if i <= 3 else 300.0, 7.0) for i in range(1, 31)]
+        recs = [record(run, "20", 0, i, 900.0 if i <= 3 else 300.0, 7.0) for i in range(1, 201)]
         write_jsonl(rd.metrics, recs)
     ingest.ingest_paths(con, [tmp_path / "runs2"])
     for study in ("scal", None):
@@ -53,13 +54,15 @@ def test_a_second_study_in_the_store(tmp_path):
         r1 = by_nodes(rep)[1]
         assert (r1.window_from, r1.window_n, r1.t_median_ms, r1.t_mean_ms) == (3, 18, 405.0, 405.0)
         assert by_nodes(rep)[4].t_median_ms == 90.0
+        assert (r1.final_loss, r1.final_samples) == (pytest.approx(3.0), 160)
+        assert len(rep.curves) == (3 if study else 5)
     rep = build(con, "other")
     con.close()
-    assert {r.study for r in rep.runs} == {"other"}
+    assert {r.study for r in rep.runs} == {"other"} and len(rep.curves) == 2
     for r in rep.runs:
-        # window: iterations 4..30 (skip ceil(10% of 30) = 3), all 300 ms
-        assert (r.window_from, r.window_n, r.t_median_ms, r.t_std_ms) == (4, 27, 300.0, 0.0)
-        assert (r.final_loss, r.final_samples) == (7.0, 30 * 8)
+        # window: iterations 21..200 (skip ceil(10% of 200) = 20), all 300 ms
+        assert (r.window_from, r.window_n, r.t_median_ms, r.t_std_ms) == (21, 180, 300.0, 0.0)
+        assert (r.final_loss, r.final_samples) == (7.0, 200 * 8)
 
 
 def _store_with_spans(tmp_path: Path, spans: list[tuple[int, int]], nan_at: int):
