@@ -909,6 +909,35 @@ static int put(PyObject *d, const char *name, PyObject *v) {
     return r;
 }
 
+/* Keep only the extras texts the staged rows still use (renumbered): a long log whose extras change on every
+ * line must not keep all of them until its last row is taken. */
+static int compact_texts(Scanner *s) {
+    Buf old_ex = s->ex, old_off = s->ex_off;
+    int32_t n_old = s->n_dict;
+    memset(&s->ex, 0, sizeof s->ex);
+    memset(&s->ex_off, 0, sizeof s->ex_off);
+    free(s->dict);
+    s->dict = NULL;
+    s->n_dict = 0;
+    s->last_id = -1;
+    int32_t *ids = (int32_t *)s->ex_id.p;
+    const int64_t *off = (const int64_t *)old_off.p;
+    int rc = 0;
+    for (size_t i = 0; i < s->ex_id.n / 4; i++) {
+        int32_t id = ids[i];
+        int64_t a = off[id], z = id + 1 < n_old ? off[id + 1] : (int64_t)old_ex.n;
+        int32_t nid = intern(s, old_ex.p + a, (size_t)(z - a));
+        if (nid < 0) {
+            rc = -1;
+            break;
+        }
+        ids[i] = nid;
+    }
+    free(old_ex.p);
+    free(old_off.p);
+    return rc;
+}
+
 /* take(limit=-1): the first `limit` staged rows (all when -1) as {name: bytes} (native byte order), with
  * "extras_id" indexing the "extras_dict" list of texts; they leave the scanner. */
 static PyObject *Scanner_take(Scanner *s, PyObject *args) {
@@ -946,6 +975,10 @@ static PyObject *Scanner_take(Scanner *s, PyObject *args) {
     if (put(d, "extras_dict", lst) < 0) goto fail;
     s->rows -= (long long)k;
     if (!s->rows) free_bufs(s);
+    else if (compact_texts(s) < 0) {
+        Py_DECREF(d);
+        return PyErr_NoMemory();
+    }
     return d;
 fail:
     Py_DECREF(d);
