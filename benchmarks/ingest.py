@@ -210,6 +210,10 @@ def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
         f"{st.iterations:,} iterations, {st.events:,} events, {st.bad_lines} bad"
     )
     print(f"ratio ingest / wc -l: wall {ing[0] / wc[0]:.2f}x, cpu {ing[1] / wc[1]:.2f}x   (target <= 3x)")
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS of this process so far: {rss:,.0f} MiB (the log is {mb:,.0f} MiB: it is streamed, not loaded)")
     if mode == "c":
         sc = best_of(3, lambda: _scan_only(log))
         print(
