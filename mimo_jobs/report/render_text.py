@@ -1,4 +1,4 @@
-"""Terminal table (rich) and markdown renderings of a Report."""
+"""Terminal table (textable, or rich on a colour terminal) and markdown renderings of a Report."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def _plain_console(console) -> bool:
 
 def print_table(report: Report, console=None, fast: bool = True) -> None:
     """Print the report's tables. On a plain console (no colour: a file, a pipe, NO_COLOR) the tables are
-    drawn by textable (same text, ~30x faster than rich); on a colour terminal (failed runs in red) or
+    drawn by textable (same text, ~18x faster than rich); on a colour terminal (failed runs in red) or
     with fast=False, by rich."""
     from rich.console import Console
 

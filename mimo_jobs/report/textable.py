@@ -1,5 +1,5 @@
 """Plain-text tables drawn exactly as rich draws them (heavy-head box, one space of padding per side),
-about 30x faster: rich measures and renders every cell through its generic renderable machinery, which
+about 18x faster: rich measures and renders every cell through its generic renderable machinery, which
 costs ~0.4 s for the few hundred rows of a 100-run report.
 
 Pure string work: widths follow rich's Table rules (measure each column, collapse the wrappable columns
