@@ -77,10 +77,10 @@ def print_table(report: Report, console=None, fast: bool = True) -> None:
     with fast=False, by rich."""
     from rich.console import Console
 
-    from .textable import Table, render, to_rich
+    from .textable import Table, matches_rich, render, to_rich
 
     console = console or Console()
-    plain = fast and _plain_console(console)
+    plain = fast and _plain_console(console) and matches_rich()
     for x in _tables(report):
         if isinstance(x, Table):
             lines = render(x, console.width) if plain else None
