@@ -32,7 +32,7 @@ CHUNK = 8 << 20
 # None: "c" when the extension is built, else grep for big files. Tests pin each mode to compare their rows.
 SCAN: str | None = os.environ.get("MIMO_JOBS_SCANNER") or None
 GREP_MIN_BYTES = 4 << 20  # smaller files are scanned in-process (a process start costs more than the scan)
-SEGMENT = 4 << 20  # bytes read at a time by the C path (stays in cache between the read and the scan)
+SEGMENT = 1 << 20  # bytes read at a time by the C path (stays in L2 between the read and the scan)
 # C-parsed rows are stored in batches of exactly one DuckDB row group while the file is scanned, and the
 # rest (one to two row groups) at the end: an INSERT of whole row groups, or a last one of at least one row
 # group, is written straight to the database file; any other partial row group goes through the write-ahead
