@@ -245,6 +245,55 @@ def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
         )
 
 
+def bench_rank_files(n: int, workdir: Path) -> None:
+    """Per-rank torchrun logs (logs/job-<id>/node-<n>/<rdzv>/attempt_0/<local rank>/{stdout,stderr}.log) of
+    one run: the per-file cost of ingest, which dominates a study of many small files."""
+    import random
+    import shutil
+
+    import yaml
+
+    from mimo_jobs import ingest, store
+    from mimo_jobs.rundir import RunDir
+    from mimo_jobs.study import parse_study, run_yaml_doc, runs_of
+
+    doc = {
+        "name": "ranks",
+        "cluster": {"executor": "slurm", "accelerator": "gpu", "gpus_per_node": 8},
+        "trainer": {"model": "tiny", "train_iters": 100, "seq_length": 64},
+        "matrix": {"points": [{"nodes": max(1, n // 16), "gbs": 8 * max(1, n // 16),
+                               "encoder": {"dp": 4 * max(1, n // 16)}}]},
+    }
+    run = runs_of(parse_study(doc, env={}))[0]
+    root = workdir / "rank-runs"
+    shutil.rmtree(root, ignore_errors=True)
+    rd = RunDir.of(root, run.study, run.name)
+    rd.logs.mkdir(parents=True)
+    rd.run_yaml.write_text(yaml.safe_dump(run_yaml_doc(run, rd.root, {})))
+    rng = random.Random(1)
+    for r in range(n // 2):
+        d = rd.logs / "job-77" / f"node-{r // 8}" / "rdzv" / "attempt_0" / str(r % 8)
+        d.mkdir(parents=True)
+        out = [NOISE[rng.randrange(3)].format(md="0302", hms="10:00:00", us=1, lane=r, lane2=r, n=i, img=1, txt=1,
+                                              ms=1.0, tok=1000, a=1, r=1, m=1) for i in range(100)]
+        (d / "stdout.log").write_text("\n".join(out) + "\n")
+        (d / "stderr.log").write_text("\n".join(out[:20]) + "\n")
+    db = workdir / "ranks.duckdb"
+
+    def once():
+        if db.exists():
+            db.unlink()
+        con = store.connect(db)
+        once.st = ingest.ingest_paths(con, [rd.root])
+        con.close()
+
+    w, c = best_of(3, once)
+    print(
+        f"{once.st.files} per-rank log files ({sum(p.stat().st_size for p in rd.logs.rglob('*.log')) / 2**20:.1f} MiB): "
+        f"wall {w:.3f} s = {1000 * w / once.st.files:.1f} ms per file, cpu {c:.3f} s"
+    )
+
+
 def bench_report(runs: int, iters: int, workdir: Path) -> None:
     from mimo_jobs import store
     from mimo_jobs.report import build, render
@@ -302,6 +351,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir, removed)")
     ap.add_argument("--skip-ingest", action="store_true")
     ap.add_argument("--skip-report", action="store_true")
+    ap.add_argument("--rank-files", type=int, default=512, help="per-rank log files for the per-file figure (0: no)")
     ap.add_argument(
         "--python-mb", type=int, default=64, help="also time the grep and pure-Python scanners on this prefix (0: no)"
     )
@@ -310,6 +360,8 @@ def main() -> None:
         work = Path(d)
         if not a.skip_ingest:
             bench_ingest(a.size_mb, work, a.python_mb)
+            if a.rank_files:
+                bench_rank_files(a.rank_files, work)
         if not a.skip_report:
             bench_report(a.runs, a.iters, work)
 
