@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .model import Report, RunRow
+from .model import ParityRow, Report, RunRow
 
 
 def num(x: float | int | None, digits: int = 1) -> str:
@@ -70,6 +70,18 @@ def run_cells(r: RunRow) -> list[str]:
         loss(r.final_loss),
         "; ".join(r.flags),
     ]
+
+
+def parity_cells(p: ParityRow, abs_diff: bool = True) -> list[str]:
+    """A loss-parity row: run, nodes, samples, loss, baseline loss, [max |diff|,] max rel diff."""
+    cells = [
+        p.name,
+        num(p.nodes),
+        ", ".join(num(s, 0) for s in p.samples),
+        ", ".join(loss(x) for x in p.loss),
+        ", ".join(loss(x) for x in p.baseline_loss),
+    ]
+    return cells + ([loss(p.max_abs_diff)] if abs_diff else []) + [pct(p.max_rel_diff)]
 
 
 def phase_names(report: Report) -> list[str]:

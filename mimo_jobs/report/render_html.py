@@ -169,20 +169,7 @@ def render_html(report: Report) -> str:
             "<h2>Loss parity at equal consumed samples</h2>",
             _table(
                 ["run", "nodes", "samples", "loss", "baseline", "max rel diff"],
-                [
-                    (
-                        [
-                            p.name,
-                            fmt.num(p.nodes),
-                            ", ".join(fmt.num(s, 0) for s in p.samples),
-                            ", ".join(fmt.loss(x) for x in p.loss),
-                            ", ".join(fmt.loss(x) for x in p.baseline_loss),
-                            fmt.pct(p.max_rel_diff),
-                        ],
-                        "",
-                    )
-                    for p in report.parity
-                ],
+                [(fmt.parity_cells(p, abs_diff=False), "") for p in report.parity],
             ),
         ]
     if report.triage:

@@ -38,17 +38,7 @@ def _tables(report: Report) -> list:
         heads = ("run", "nodes", "samples", "loss", "baseline loss", "max |diff|", "max rel diff")
         lt = Table("Loss parity at equal consumed samples (vs baseline)", [Column(h) for h in heads])
         for p in report.parity:
-            lt.add_row(
-                [
-                    p.name,
-                    fmt.num(p.nodes),
-                    ", ".join(fmt.num(s, 0) for s in p.samples),
-                    ", ".join(fmt.loss(x) for x in p.loss),
-                    ", ".join(fmt.loss(x) for x in p.baseline_loss),
-                    fmt.loss(p.max_abs_diff),
-                    fmt.pct(p.max_rel_diff),
-                ]
-            )
+            lt.add_row(fmt.parity_cells(p))
         out.append(lt)
     if report.triage:
         heads = ("run", "job", "state", "rank", "why", "evidence")
@@ -135,19 +125,7 @@ def render_md(report: Report) -> str:
             _md_row(["run", "nodes", "samples", "loss", "baseline", "max rel diff"]),
             _md_row(["---"] * 6),
         ]
-        lines += [
-            _md_row(
-                [
-                    p.name,
-                    fmt.num(p.nodes),
-                    ", ".join(fmt.num(s, 0) for s in p.samples),
-                    ", ".join(fmt.loss(x) for x in p.loss),
-                    ", ".join(fmt.loss(x) for x in p.baseline_loss),
-                    fmt.pct(p.max_rel_diff),
-                ]
-            )
-            for p in report.parity
-        ]
+        lines += [_md_row(fmt.parity_cells(p, abs_diff=False)) for p in report.parity]
     if report.triage:
         lines += [
             "",
