@@ -142,7 +142,9 @@ def connect(db: str | os.PathLike | None = None, read_only: bool = False, retrie
     if not read_only:
         for stmt in SCHEMA:
             con.execute(stmt)
-        _migrate(con)
+        v = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+        if v and int(v[0][0]) < 2:  # only stores made by schema 1 need the copy (a fresh one has no key)
+            _migrate(con)
         con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
     return con
 
