@@ -674,6 +674,10 @@ def ingest_paths(
     """Ingest run dirs / trees of run dirs / single files. `progress(name, bytes_done, bytes_total)` is
     called as bytes are read (the CLI draws a rich progress bar from it)."""
     stats = IngestStats()
+    try:
+        readers.forced_scanner()  # an unusable MIMO_JOBS_SCANNER is refused before anything is written
+    except ScanError as e:
+        raise IngestError(str(e)) from None
     targets = discover([Path(p) for p in paths])
     from .store import transaction
 

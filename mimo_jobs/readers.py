@@ -175,18 +175,26 @@ def _grep_lines(proc, f, out, out_path: str, first: int, complete: int):
             yield first + k, rest.rstrip(b"\n").decode("utf-8", "replace").replace("\x00", "")
 
 
+def forced_scanner() -> str | None:
+    """The scanner MIMO_JOBS_SCANNER (SCAN) asks for, checked to be usable here; None: choose per file."""
+    if SCAN is None:
+        return None
+    if SCAN not in ("c", "grep", "python"):
+        raise ScanError(f"MIMO_JOBS_SCANNER={SCAN!r}: use c, grep or python (or leave it unset)")
+    if SCAN == "c" and _logscan is None:
+        raise ScanError("MIMO_JOBS_SCANNER=c, but mimo_jobs._logscan is not built (no C compiler at install)")
+    if SCAN == "grep" and GREP is None:
+        raise ScanError("MIMO_JOBS_SCANNER=grep, but grep is not installed")
+    return SCAN
+
+
 def scan_mode(kind: str, nbytes: int) -> str:
     """Which scanner reads a file of this kind and size (see SCAN)."""
     if kind != "log":
         return "python"
-    if SCAN is not None:
-        if SCAN not in ("c", "grep", "python"):
-            raise ScanError(f"MIMO_JOBS_SCANNER={SCAN!r}: use c, grep or python (or leave it unset)")
-        if SCAN == "c" and _logscan is None:
-            raise ScanError("MIMO_JOBS_SCANNER=c, but mimo_jobs._logscan is not built (no C compiler at install)")
-        if SCAN == "grep" and GREP is None:
-            raise ScanError("MIMO_JOBS_SCANNER=grep, but grep is not installed")
-        return SCAN
+    forced = forced_scanner()
+    if forced is not None:
+        return forced
     if _logscan is not None:
         return "c"
     return "grep" if GREP is not None and nbytes >= GREP_MIN_BYTES else "python"

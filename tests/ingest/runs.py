@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 import yaml
 
@@ -12,6 +15,16 @@ from mimo_jobs.rundir import RunDir
 from mimo_jobs.study import RunSpec, parse_study, run_yaml_doc, runs_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def require_ext() -> None:
+    """The compiled scanner is optional for users, but CI (MIMO_JOBS_REQUIRE_EXT=1) must test it."""
+    from mimo_jobs import readers
+
+    if readers._logscan is None:
+        if os.environ.get("MIMO_JOBS_REQUIRE_EXT") == "1":
+            pytest.fail("mimo_jobs._logscan is not built (pip install -e . needs a C compiler)")
+        pytest.skip("mimo_jobs._logscan not built")
 
 
 def study_doc(

@@ -18,7 +18,7 @@ from mimo_jobs import ingest, readers, store
 from mimo_jobs.report import build
 
 sys.path.insert(0, str(Path(__file__).parent))
-from runs import FIXTURES, make_runs, record, write_jsonl  # noqa: E402
+from runs import FIXTURES, make_runs, record, require_ext, write_jsonl  # noqa: E402
 
 
 @pytest.fixture
@@ -26,14 +26,6 @@ def con(tmp_path):
     c = store.connect(tmp_path / "store.duckdb")
     yield c
     c.close()
-
-
-def require_ext() -> None:
-    """The compiled scanner is optional for users, but CI (MIMO_JOBS_REQUIRE_EXT=1) must test it."""
-    if readers._logscan is None:
-        if os.environ.get("MIMO_JOBS_REQUIRE_EXT") == "1":
-            pytest.fail("mimo_jobs._logscan is not built (pip install -e . needs a C compiler)")
-        pytest.skip("mimo_jobs._logscan not built")
 
 
 @pytest.fixture(params=["c", "grep", "python"])
@@ -344,3 +336,25 @@ def test_cli_ingest(tmp_path):
     assert "ingested 1 file(s) (0 unchanged, skipped): 21 lines, 3 iterations, 8 events, 1 new run(s)" in res.output
     res = CliRunner().invoke(app, ["ingest", str(tmp_path / "runs"), "--db", db])
     assert "ingested 0 file(s) (1 unchanged, skipped)" in res.output
+
+
+def test_an_unusable_scanner_setting_is_refused_before_writing(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from mimo_jobs.cli import app
+
+    ((_, rd),) = make_runs(tmp_path / "runs", nodes=(1,))
+    shutil.copy(FIXTURES / "slurm-4242.out", rd.logs / "slurm-4242.out")
+    db = tmp_path / "s.duckdb"
+    con = store.connect(db)
+    ingest.ingest_paths(con, [rd.root])
+    before = (counts(con), con.execute("SELECT * FROM ingested_files ORDER BY path").fetchall())
+    con.close()
+    monkeypatch.setattr(readers, "SCAN", "fast")  # MIMO_JOBS_SCANNER=fast
+    (rd.logs / "slurm-4243.out").write_text("one more line\n")
+    res = CliRunner().invoke(app, ["ingest", str(rd.root), "--db", str(db)])
+    assert res.exit_code == 2 and "MIMO_JOBS_SCANNER='fast': use c, grep or python" in res.output
+    con = store.connect(db, read_only=True)
+    after = (counts(con), con.execute("SELECT * FROM ingested_files ORDER BY path").fetchall())
+    con.close()
+    assert after == before  # nothing recorded, nothing lost

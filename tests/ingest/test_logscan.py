@@ -5,20 +5,16 @@ segment, restarts across batches), with the AVX2 filter and with the portable sc
 from __future__ import annotations
 
 import json
-import os
 import random
+import sys
 from pathlib import Path
 
 import pytest
 
 from mimo_jobs import ingest, readers, store
 
-
-def _need_ext() -> None:
-    if readers._logscan is None:
-        if os.environ.get("MIMO_JOBS_REQUIRE_EXT") == "1":
-            pytest.fail("mimo_jobs._logscan is not built (pip install -e . needs a C compiler)")
-        pytest.skip("mimo_jobs._logscan not built")
+sys.path.insert(0, str(Path(__file__).parent))
+from runs import require_ext  # noqa: E402
 
 
 KEYS = [
@@ -137,7 +133,7 @@ def _ingest(db: Path, log: Path) -> tuple:
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_compiled_scanner_equals_python(tmp_path, monkeypatch, seed):
-    _need_ext()
+    require_ext()
     log = tmp_path / "slurm-500.out"
     make_log(log, seed)
     monkeypatch.setattr(readers, "SCAN", "python")
@@ -160,7 +156,7 @@ def test_compiled_scanner_equals_python(tmp_path, monkeypatch, seed):
 
 def test_appends_resume_the_same_way(tmp_path, monkeypatch):
     """A log ingested while it grows (3 appends, cut mid-line) ends with the rows of one whole ingest."""
-    _need_ext()
+    require_ext()
     (tmp_path / "whole").mkdir()
     full = tmp_path / "whole" / "slurm-500.out"  # same job id as the growing copy
     make_log(full, 7, n=3000)
@@ -178,7 +174,7 @@ def test_appends_resume_the_same_way(tmp_path, monkeypatch):
 
 
 def test_garbage_longer_than_max_line(tmp_path, monkeypatch):
-    _need_ext()
+    require_ext()
     log = tmp_path / "slurm-1.out"
     line = b" [2026-03-02 10:00:00] iteration 1/ 2 | elapsed time per iteration (ms): 5.0 | lm loss: 2.0 |\n"
     log.write_bytes(line + b"\x07" * (40 << 10) + b"\n" + line.replace(b"iteration 1/", b"iteration 2/"))
@@ -194,7 +190,7 @@ def test_garbage_longer_than_max_line(tmp_path, monkeypatch):
 def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
     """An error while batches are being stored in the background: nothing of the file is kept, and a later
     ingest stores it whole."""
-    _need_ext()
+    require_ext()
     log = tmp_path / "slurm-500.out"
     make_log(log, 3, n=6000)
     monkeypatch.setattr(readers, "SCAN", "c")
@@ -225,7 +221,7 @@ def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
 
 def test_a_long_line_grows_the_buffer(tmp_path, monkeypatch):
     """Lines longer than the read buffer but within MAX_LINE are ordinary lines."""
-    _need_ext()
+    require_ext()
     log = tmp_path / "slurm-2.out"
     line = b" [2026-03-02 10:00:00] iteration 1/ 2 | elapsed time per iteration (ms): 5.0 | lm loss: 2.0 |\n"
     log.write_bytes(b"x" * (40 << 10) + b" successfully saved checkpoint from iteration 1\n" + line)
@@ -239,7 +235,7 @@ def test_a_long_line_grows_the_buffer(tmp_path, monkeypatch):
 def test_a_file_truncated_while_read(tmp_path, monkeypatch):
     """A log cut short during the scan (a requeued job reopened it with O_TRUNC): ingest keeps what it read,
     and the next ingest sees a rewritten file."""
-    _need_ext()
+    require_ext()
     log = tmp_path / "slurm-3.out"
     make_log(log, 5, n=3000)
     monkeypatch.setattr(readers, "SCAN", "c")
