@@ -190,7 +190,7 @@ class Stage:
             return
         self.n_it += n
         self.n_c += n
-        run_id, job, src = self.log_const
+        run_id, job, _ = self.log_const
         if self._untouched is None:  # did this (run, job) have rows before this file's rows?
             self._untouched = not con.execute(
                 "SELECT count(*) FROM iterations WHERE run_id = ? AND job_id = ?", [run_id, job]
