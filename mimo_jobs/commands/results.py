@@ -47,6 +47,12 @@ def ingest_cmd(
     missing = [str(p) for p in paths if not p.exists()]
     if missing:  # before opening the store: a typo must not leave an empty store behind
         _fail("no such file or directory: " + ", ".join(missing))
+    from ..readers import ScanError, forced_scanner
+
+    try:
+        forced_scanner()  # MIMO_JOBS_SCANNER, likewise checked before the store is opened
+    except ScanError as e:
+        _fail(str(e))
     try:
         con = connect(db, retries=LOCK_RETRIES)
     except RuntimeError as e:

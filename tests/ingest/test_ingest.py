@@ -358,3 +358,5 @@ def test_an_unusable_scanner_setting_is_refused_before_writing(tmp_path, monkeyp
     after = (counts(con), con.execute("SELECT * FROM ingested_files ORDER BY path").fetchall())
     con.close()
     assert after == before  # nothing recorded, nothing lost
+    res = CliRunner().invoke(app, ["ingest", str(rd.root), "--db", str(tmp_path / "new.duckdb")])
+    assert res.exit_code == 2 and not (tmp_path / "new.duckdb").exists()  # no empty store left behind
