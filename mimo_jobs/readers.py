@@ -293,7 +293,7 @@ def scan_compiled(
         while pos + have < size:
             if have == len(buf):  # one line fills the buffer: grow it up to MAX_LINE, past that it is garbage
                 if len(buf) >= MAX_LINE:
-                    pos, have = _skip_garbage(f, pos + have, size, st, cs), 0
+                    pos, have = _skip_garbage(f, pos + have, size, cs), 0
                     f.seek(pos)
                     continue
                 view.release()
@@ -328,7 +328,7 @@ def scan_compiled(
     return pos, partial
 
 
-def _skip_garbage(f, start: int, size: int, st: FileState, cs) -> int:
+def _skip_garbage(f, start: int, size: int, cs) -> int:
     """A "line" longer than MAX_LINE: counted as one bad line and skipped up to its newline."""
     cs.bad += 1
     cs.lines += 1
