@@ -18,6 +18,8 @@
 #include <Python.h>
 #include <structmember.h>
 #include <math.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +39,62 @@ typedef struct {
     char *p;
     size_t n, cap;
 } Buf;
+
+/* ------------------------------------------------------------------------------------ mapped files */
+/* ingest scans a memory-mapped log (no copy into a read buffer). A log truncated while mapped (a requeued
+ * job's output reopened with O_TRUNC) raises SIGBUS on the first access past its new end: the sections that
+ * read a buffer run "guarded" (this thread jumps back out and raises Shrunk; ingest rolls the file back and
+ * reads it again without a mapping). Any other SIGBUS goes to the handler that was there before. Nothing in
+ * a guarded section holds a lock or owns half-made Python objects, so jumping out of it is safe. */
+static __thread sigjmp_buf *volatile guard_jb;
+/* compiler barriers: the guarded reads stay between the two stores (memchr & co. are builtins the compiler
+ * would otherwise move, and the stores around them look dead to it) */
+#define GUARD_ON(jb)                               \
+    do {                                           \
+        guard_jb = &(jb);                          \
+        __asm__ __volatile__("" ::: "memory");     \
+    } while (0)
+#define GUARD_OFF()                                \
+    do {                                           \
+        __asm__ __volatile__("" ::: "memory");     \
+        guard_jb = NULL;                           \
+    } while (0)
+static struct sigaction prev_bus;
+static PyObject *ShrunkError;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc) {
+    sigjmp_buf *jb = guard_jb;
+    if (jb) {
+        guard_jb = NULL;
+        siglongjmp(*jb, 1);
+    }
+    if (prev_bus.sa_flags & SA_SIGINFO) {
+        if (prev_bus.sa_sigaction) {
+            prev_bus.sa_sigaction(sig, si, uc);
+            return;
+        }
+    } else if (prev_bus.sa_handler != SIG_DFL && prev_bus.sa_handler != SIG_IGN) {
+        prev_bus.sa_handler(sig);
+        return;
+    }
+    signal(SIGBUS, SIG_DFL); /* the access faults again on return, as fatal as without us */
+}
+
+/* (Re)install the handler: a later faulthandler.enable() replaces it; it is then chained behind ours. */
+static void ensure_handler(void) {
+    struct sigaction cur, sa;
+    if (sigaction(SIGBUS, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus) return;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &prev_bus);
+}
+
+static PyObject *shrunk(void) {
+    PyErr_SetString(ShrunkError, "the file shrank while it was read (truncated or rewritten)");
+    return NULL;
+}
 
 static int buf_add(Buf *b, const void *src, size_t len) {
     if (b->n + len > b->cap) {
@@ -444,6 +502,22 @@ __attribute__((target("avx2,popcnt"))) static long long count_nl_avx2(const unsi
     return n + count_nl_scalar(b, i, e);
 }
 
+/* whether b[a:e) holds a byte outside printable ASCII other than tab (signed compares: bytes >= 0x80 are
+ * negative, so "< 0x20" catches them too) */
+__attribute__((target("avx2"))) static int odd_avx2(const unsigned char *b, Py_ssize_t a, Py_ssize_t e) {
+    const __m256i sp = _mm256_set1_epi8(0x20), tilde = _mm256_set1_epi8(0x7E), tab = _mm256_set1_epi8('\t');
+    __m256i bad = _mm256_setzero_si256();
+    Py_ssize_t i = a;
+    for (; i + 32 <= e; i += 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(b + i));
+        __m256i ctl = _mm256_andnot_si256(_mm256_cmpeq_epi8(v, tab), _mm256_cmpgt_epi8(sp, v));
+        bad = _mm256_or_si256(bad, _mm256_or_si256(ctl, _mm256_cmpgt_epi8(v, tilde)));
+    }
+    int odd = !_mm256_testz_si256(bad, bad);
+    for (; i < e; i++) odd |= ((b[i] < 0x20) & (b[i] != '\t')) | (b[i] > 0x7E);
+    return odd;
+}
+
 /* whether b[a:e) holds a byte >= 0x80 (bit 0) or a NUL (bit 1) */
 __attribute__((target("avx2"))) static int flags_avx2(const unsigned char *b, Py_ssize_t a, Py_ssize_t e) {
     __m256i any = _mm256_setzero_si256(), nul = _mm256_setzero_si256();
@@ -698,7 +772,11 @@ static int classify_key(const Scanner *s, const char *k, Py_ssize_t kn, int *col
  * memory failure. */
 static int iteration_line(Scanner *s, const unsigned char *b, Py_ssize_t ls, Py_ssize_t le, long long line_no) {
     int odd = 0;
-    for (Py_ssize_t i = ls; i < le; i++) odd |= ((b[i] < 0x20) & (b[i] != '\t')) | (b[i] > 0x7E);
+#ifdef HAVE_X86
+    if (s->simd) odd = odd_avx2(b, ls, le);
+    else
+#endif
+        for (Py_ssize_t i = ls; i < le; i++) odd |= ((b[i] < 0x20) & (b[i] != '\t')) | (b[i] > 0x7E);
     if (odd) return 0; /* printable ASCII only */
     const unsigned char *L = b + ls, *E = b + le;
     /* logparse.iteration_head: the first "iteration" followed by blanks, N, "/", M and "|" */
@@ -880,11 +958,26 @@ static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
     /* accounting resumes where the last call stopped, unless this is a new buffer (or lines were skipped) */
     if (fresh || start > s->acct_end) s->acct_end = start;
     const unsigned char *b = view.buf;
-    if (!s->planned) get_plan(s, b, start, end);
+    ensure_handler();
+    sigjmp_buf jb;
+    if (!s->planned) {
+        if (sigsetjmp(jb, 0)) {
+            PyBuffer_Release(&view);
+            return shrunk();
+        }
+        GUARD_ON(jb);
+        get_plan(s, b, start, end); /* plan_cache is written after the sample is read: never half-written */
+        GUARD_OFF();
+    }
     Py_ssize_t pos = start, ls = -1, le = -1;
     long long line_no = 0;
-    int err = 0;
+    int err = 0, fault = 0;
     Py_BEGIN_ALLOW_THREADS;
+    if (sigsetjmp(jb, 0)) {
+        fault = 1; /* the Scanner's state is now unreliable: the caller drops it with the file's rows */
+        goto done;
+    }
+    GUARD_ON(jb);
     while (pos < end) {
         if (pos >= s->acct_end) { /* account the next window of whole lines */
             Py_ssize_t w = pos + WINDOW;
@@ -924,8 +1017,11 @@ static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
         ls = a, le = z, line_no = s->lines;
         break;
     }
+    GUARD_OFF();
+done:
     Py_END_ALLOW_THREADS;
     PyBuffer_Release(&view);
+    if (fault) return shrunk();
     if (err == 1) return PyErr_NoMemory();
     if (err) {
         PyErr_SetString(PyExc_RuntimeError, "_logscan: a scan window does not end at a line end");
@@ -933,6 +1029,62 @@ static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
     }
     if (ls < 0) Py_RETURN_NONE;
     return Py_BuildValue("nnL", ls, le, line_no);
+}
+
+/* cut(buf, start, end, last): the offset just after the last (last=True) or first newline of buf[start:end),
+ * or -1. slice(buf, start, end): bytes(buf[start:end]). Both guarded (a mapped file may shrink). */
+static PyObject *Scanner_cut(Scanner *s, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t a, z;
+    int last;
+    if (!PyArg_ParseTuple(args, "y*nnp", &view, &a, &z, &last)) return NULL;
+    if (a < 0 || z > view.len || a > z) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "cut: bad range");
+        return NULL;
+    }
+    ensure_handler();
+    const unsigned char *b = view.buf;
+    const unsigned char *volatile nl = NULL;
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 0)) {
+        PyBuffer_Release(&view);
+        return shrunk();
+    }
+    GUARD_ON(jb);
+    nl = last ? memrchr(b + a, '\n', z - a) : memchr(b + a, '\n', z - a);
+    GUARD_OFF();
+    Py_ssize_t r = nl ? (Py_ssize_t)(nl - b) + 1 : -1;
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(r);
+}
+
+static PyObject *Scanner_slice(Scanner *s, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t a, z;
+    if (!PyArg_ParseTuple(args, "y*nn", &view, &a, &z)) return NULL;
+    if (a < 0 || z > view.len || a > z) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "slice: bad range");
+        return NULL;
+    }
+    ensure_handler();
+    PyObject *r = PyBytes_FromStringAndSize(NULL, z - a);
+    if (!r) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 0)) {
+        Py_DECREF(r);
+        PyBuffer_Release(&view);
+        return shrunk();
+    }
+    GUARD_ON(jb);
+    memcpy(PyBytes_AS_STRING(r), (const char *)view.buf + a, z - a);
+    GUARD_OFF();
+    PyBuffer_Release(&view);
+    return r;
 }
 
 /* The staged C rows as {name: bytes} (numbers in native byte order) plus "extras": list[str]; then empty. */
@@ -1070,6 +1222,9 @@ static PyMethodDef Scanner_methods[] = {
     {"scan", (PyCFunction)Scanner_scan, METH_VARARGS,
      "scan(buf, start, end, fast, new_buffer=False) -> (line_start, line_end, line_no) of the next line for "
      "Python, or None. new_buffer: the first call on this buffer (offsets restart)"},
+    {"cut", (PyCFunction)Scanner_cut, METH_VARARGS,
+     "cut(buf, start, end, last) -> offset just after the last (or first) newline of buf[start:end], or -1"},
+    {"slice", (PyCFunction)Scanner_slice, METH_VARARGS, "slice(buf, start, end) -> bytes of buf[start:end]"},
     {"take", (PyCFunction)Scanner_take, METH_VARARGS,
      "take(limit=-1): the first staged rows as column bytes, extras_id indexing the extras_dict list"},
     {NULL}};
@@ -1094,6 +1249,12 @@ PyMODINIT_FUNC PyInit__logscan(void) {
     if (PyType_Ready(&ScannerType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
+    ShrunkError = PyErr_NewExceptionWithDoc("mimo_jobs._logscan.Shrunk",
+                                            "A mapped file shrank while it was read.", PyExc_OSError, NULL);
+    if (!ShrunkError || PyModule_AddObjectRef(m, "Shrunk", ShrunkError) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&ScannerType);
     if (PyModule_AddObject(m, "Scanner", (PyObject *)&ScannerType) < 0) {
         Py_DECREF(&ScannerType);

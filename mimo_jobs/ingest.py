@@ -535,6 +535,7 @@ def _ingest_one(
     force: bool,
     on_bytes: Callable[[int], None] | None,
     row: tuple | None,
+    mapped: bool | None = None,
 ) -> None:
     src = str(t.path.resolve())
     stt = t.path.stat()
@@ -589,7 +590,7 @@ def _ingest_one(
             if mode == "c":
                 try:
                     end_offset, partial = readers.scan_compiled(
-                        con, t.path, offset, size, st, scanner, stage, on_bytes
+                        con, t.path, offset, size, st, scanner, stage, on_bytes, mapped
                     )
                 except BaseException:
                     stage.drain()  # a batch still being stored must finish before the rollback uses `con`
@@ -697,7 +698,11 @@ def ingest_paths(
         cur = t.path.name
         c = ctx.get(t.run_dir) if t.run_dir is not None else ctx.get(str(t.path.resolve()))
         try:
-            _ingest_one(con, t, c, stats, force, on_bytes, known.get(str(t.path.resolve())))
+            try:
+                _ingest_one(con, t, c, stats, force, on_bytes, known.get(str(t.path.resolve())))
+            except readers.FileShrank:  # rolled back; read again unmapped: it ends where the file now ends
+                stats.files -= 1
+                _ingest_one(con, t, c, stats, force, on_bytes, known.get(str(t.path.resolve())), mapped=False)
         except (IngestError, ScanError) as e:
             stats.problems.append(str(e))
         except OSError as e:

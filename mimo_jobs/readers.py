@@ -12,6 +12,7 @@ Candidate lines go to a line handler (ingest._LogScanner), iteration rows to a s
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import logparse
+from . import logparse, store
 
 
 class ScanError(ValueError):
@@ -32,12 +33,14 @@ CHUNK = 8 << 20
 # None: "c" when the extension is built, else grep for big files. Tests pin each mode to compare their rows.
 SCAN: str | None = os.environ.get("MIMO_JOBS_SCANNER") or None
 GREP_MIN_BYTES = 4 << 20  # smaller files are scanned in-process (a process start costs more than the scan)
-SEGMENT = 1 << 20  # bytes read at a time by the C path (stays in L2 between the read and the scan)
-# C-parsed rows are stored in batches of exactly one DuckDB row group while the file is scanned, and the
-# rest (one to two row groups) at the end: an INSERT of whole row groups, or a last one of at least one row
-# group, is written straight to the database file; any other partial row group goes through the write-ahead
-# log and costs a checkpoint (measured: 0.2-0.4 s for a 1 GiB log).
-ROW_GROUP = 122880
+SEGMENT = 1 << 20  # bytes the C path scans between returns to Python (progress, storing a row group)
+# The C path maps the file (no copy into a read buffer: ~0.15 s per GiB) unless this is False.
+MAP = True
+# C-parsed rows are stored in batches of one DuckDB row group (store.ROW_GROUP) while the file is scanned
+# (their compression then runs on the other core), the rest at the end. All batches of a file share one
+# transaction, so DuckDB writes full row groups straight to the database file and the last partial one at
+# commit (no WAL).
+ROW_GROUP = store.ROW_GROUP
 SIMD = True  # the C path's AVX2 filter where the CPU has it (tests compare it with the portable scalar one)
 try:
     from . import _logscan
@@ -257,10 +260,13 @@ def scan_compiled(
     scanner,
     stage,
     on_bytes: Callable[[int], None] | None,
+    mapped: bool | None = None,
 ) -> tuple[int, bool]:
-    """The compiled path: read the file a block at a time and let _logscan walk its lines; it hands back
-    only the lines Python must see (events, tracebacks, iteration lines outside its strict syntax).
-    Returns (offset after the last complete line, whether a partial last line was left)."""
+    """The compiled path: let _logscan walk the file's lines; it hands back only the lines Python must see
+    (events, tracebacks, iteration lines outside its strict syntax). The file is memory-mapped (`mapped`,
+    default MAP), else read a block at a time. Returns (offset after the last complete line, whether a
+    partial last line was left). Raises FileShrank when a mapped file shrinks under the scan: the caller
+    drops what was staged and reads the file again unmapped."""
     cs = _logscan.Scanner(
         tuple(x.encode() for x in logparse.ALL_TRIGGERS),
         tuple(
@@ -282,50 +288,117 @@ def scan_compiled(
         st.last_iter = None if cs.last_iter < 0 else cs.last_iter
         st.restarts, st.last_time = cs.restarts, cs.last_time
 
+    def lines(buf, p: int, end: int, fresh: bool) -> None:
+        """Scan the complete lines buf[p:end]: Python handles what the scanner hands back."""
+        while (hit := cs.scan(buf, p, end, scanner.fast(), fresh)) is not None:
+            fresh = False
+            ls, le, line_no = hit
+            from_c()
+            scanner.line(line_no, line_text(cs.slice(buf, ls, le)))
+            to_c()
+            p = le + 1
+
+    def flush() -> None:
+        if cs.rows >= ROW_GROUP:  # a full row group is stored while the next blocks are scanned
+            stage.c_batch(con, cs.take(ROW_GROUP))
+
     to_c()
-    # read() into one reused buffer rather than mmap: a log truncated while it is read (a requeued job's
-    # output reopened with O_TRUNC) then just ends early, where a mapping would kill the process with SIGBUS.
-    buf = bytearray(SEGMENT)
-    view = memoryview(buf)
-    pos, have = offset, 0  # file offset of buf[0]; bytes in buf (a partial line carried over first)
     with open(path, "rb") as f:
-        f.seek(offset)
-        while pos + have < size:
-            if have == len(buf):  # one line fills the buffer: grow it up to MAX_LINE, past that it is garbage
-                if len(buf) >= MAX_LINE:
-                    pos, have = _skip_garbage(f, pos + have, size, cs), 0
-                    f.seek(pos)
-                    continue
-                view.release()
-                buf.extend(bytes(len(buf)))
-                view = memoryview(buf)
-            n = f.readinto(view[have : min(len(buf), have + size - pos - have)])
-            if not n:
-                break  # the file shrank while being read: what was there is what counts
-            have += n
-            cut = buf.rfind(b"\n", 0, have)
-            if cut < 0:
-                continue
-            end, p, fresh = cut + 1, 0, True  # offsets restart with each buffer's contents
-            while (hit := cs.scan(buf, p, end, scanner.fast(), fresh)) is not None:
-                fresh = False
-                ls, le, line_no = hit
-                from_c()
-                scanner.line(line_no, line_text(buf[ls:le]))
-                to_c()
-                p = le + 1
-            if on_bytes:
-                on_bytes(end)
-            buf[: have - end] = view[end:have]  # the partial last line moves to the front
-            pos, have = pos + end, have - end
-            if cs.rows >= 2 * ROW_GROUP:  # one row group is stored while the next blocks are scanned
-                stage.c_batch(con, cs.take(ROW_GROUP))
-    view.release()
-    partial = have > 0  # the last line is not finished (the file may still be growing)
+        mm = _map(f, offset, size) if (MAP if mapped is None else mapped) else None
+        try:
+            if mm is not None:
+                pos, partial = _walk_mapped(mm[0], offset - mm[1], cs, lines, flush, on_bytes)
+                pos += mm[1]
+            else:
+                pos, partial = _walk_read(f, offset, size, cs, lines, flush, on_bytes)
+        except _logscan.Shrunk as e:
+            raise FileShrank(f"{path}: {e}") from None
+        finally:
+            if mm is not None:
+                mm[0].close()
     if cs.rows:
         stage.c_batch(con, cs.take())
     from_c()
     return pos, partial
+
+
+class FileShrank(OSError):
+    """A mapped file shrank while it was scanned (see scan_compiled)."""
+
+
+def _map(f, offset: int, size: int):
+    """(read-only mapping of the file from `offset` rounded down to the allocation granularity up to `size`,
+    that rounded offset), or None where the file cannot be mapped (empty range, not a regular file)."""
+    base = offset - offset % mmap.ALLOCATIONGRANULARITY
+    if size <= offset:
+        return None
+    try:
+        mm = mmap.mmap(f.fileno(), size - base, offset=base, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # e.g. already shorter than `size`: the read path copes with that
+        return None
+    return mm, base
+
+
+def _walk_mapped(mm, p: int, cs, lines, flush, on_bytes) -> tuple[int, bool]:
+    """Segments of about SEGMENT bytes of complete lines from p; a line longer than MAX_LINE is garbage,
+    as on the read path. Every access to the mapping goes through the scanner (guarded against SIGBUS)."""
+    n, fresh = len(mm), True
+    while p < n:
+        cut = cs.cut(mm, p, min(p + SEGMENT, n), True)
+        if cut < 0:  # a line longer than a segment
+            cut = cs.cut(mm, p, min(p + MAX_LINE, n), False)
+            if cut < 0:
+                if n - p < MAX_LINE:
+                    break  # an unfinished last line
+                cs.bad += 1  # no newline in MAX_LINE bytes: one bad line, skipped up to its end
+                cut = cs.cut(mm, p + MAX_LINE, n, False)
+                if cut < 0:
+                    p = n  # ran into the end of the file: consumed, but not a complete line
+                    break
+                cs.lines += 1
+                p = cut
+                continue
+        lines(mm, p, cut, fresh)
+        fresh = False
+        if on_bytes:
+            on_bytes(cut - p)
+        p = cut
+        flush()
+    return p, p < n
+
+
+def _walk_read(f, offset: int, size: int, cs, lines, flush, on_bytes) -> tuple[int, bool]:
+    """The same walk over blocks read into one reused buffer (files that cannot be mapped, and a file that
+    shrank under its mapping: here it just ends early)."""
+    buf = bytearray(SEGMENT)
+    view = memoryview(buf)
+    pos, have = offset, 0  # file offset of buf[0]; bytes in buf (a partial line carried over first)
+    f.seek(offset)
+    while pos + have < size:
+        if have == len(buf):  # one line fills the buffer: grow it up to MAX_LINE, past that it is garbage
+            if len(buf) >= MAX_LINE:
+                pos, have = _skip_garbage(f, pos + have, size, cs), 0
+                f.seek(pos)
+                continue
+            view.release()
+            buf.extend(bytes(len(buf)))
+            view = memoryview(buf)
+        n = f.readinto(view[have : min(len(buf), have + size - pos - have)])
+        if not n:
+            break  # the file shrank while being read: what was there is what counts
+        have += n
+        cut = buf.rfind(b"\n", 0, have)
+        if cut < 0:
+            continue
+        end = cut + 1
+        lines(buf, 0, end, True)  # offsets restart with each buffer's contents
+        if on_bytes:
+            on_bytes(end)
+        buf[: have - end] = view[end:have]  # the partial last line moves to the front
+        pos, have = pos + end, have - end
+        flush()
+    view.release()
+    return pos, have > 0  # a partial last line: not finished (the file may still be growing)
 
 
 def _skip_garbage(f, start: int, size: int, cs) -> int:

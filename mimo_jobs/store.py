@@ -119,6 +119,13 @@ def db_path(db: str | os.PathLike | None = None) -> Path:
     return Path(db or os.environ.get("MIMO_JOBS_DB") or DEFAULT_DB)
 
 
+# Rows per row group of what a writer adds (DuckDB's default is 122,880). Ingest stores a big log's rows one
+# row group at a time while it scans; the last, partial group is compressed after the scan, so smaller groups
+# leave less of that work for the end (122,880 -> 32,768: -0.1 s on a 1 GiB log). Not a file property:
+# every writer opens the file with it.
+ROW_GROUP = 32768
+
+
 def connect(db: str | os.PathLike | None = None, read_only: bool = False, retries: int = 50):
     """Open (and create/migrate) the store. DuckDB allows one writing process per file: a second writer
     waits for the lock (retries) instead of failing, so two ingests at once serialize cleanly."""
@@ -132,7 +139,7 @@ def connect(db: str | os.PathLike | None = None, read_only: bool = False, retrie
     last = None
     for i in range(retries):
         try:
-            con = duckdb.connect(str(path), read_only=read_only)
+            con = _open(duckdb, path, read_only)
             break
         except duckdb.IOException as e:  # lock held by another process
             last = e
@@ -140,12 +147,31 @@ def connect(db: str | os.PathLike | None = None, read_only: bool = False, retrie
     else:
         raise RuntimeError(f"store {path} is locked by another mimo-jobs process: {last}")
     if not read_only:
-        for stmt in SCHEMA:
-            con.execute(stmt)
-        v = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
-        if v and int(v[0][0]) < 2:  # only stores made by schema 1 need the copy (a fresh one has no key)
-            _migrate(con)
-        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        try:
+            v = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+        except duckdb.CatalogException:  # a new file
+            v = []
+        if not v or int(v[0][0]) != SCHEMA_VERSION:  # a store of this schema is left alone (no DDL per connect)
+            for stmt in SCHEMA:
+                con.execute(stmt)
+            if v and int(v[0][0]) < 2:  # only stores made by schema 1 need the copy (a fresh one has no key)
+                _migrate(con)
+            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+    return con
+
+
+def _open(duckdb, path: Path, read_only: bool):
+    """A connection to the store file; a writer's is attached with this toolkit's row-group size."""
+    if read_only:
+        return duckdb.connect(str(path), read_only=True)
+    con = duckdb.connect(":memory:")
+    try:
+        quoted = str(path).replace("'", "''")
+        con.execute(f"ATTACH '{quoted}' AS store (ROW_GROUP_SIZE {ROW_GROUP})")
+        con.execute("USE store")
+    except BaseException:
+        con.close()
+        raise
     return con
 
 

@@ -141,17 +141,21 @@ def test_compiled_scanner_equals_python(tmp_path, monkeypatch, seed):
     assert want[3][1] > 300 and want[3][2] > 0 and want[3][3] > 5 and len(want[1]) > 30, want[3]  # a nasty log
     monkeypatch.setattr(readers, "SCAN", "c")
     # whole file in one segment, a few segments, and many tiny segments (a batch each, lines across them)
-    # and batches of a few rows stored while scanning (take(n) leaves the rest, extras ids stay valid)
-    for segment, simd, group in ((64 << 20, True, 122880), (64 << 10, True, 7), (8 << 10, True, 122880),
-                                 (8 << 10, False, 3)):
+    # and batches of a few rows stored while scanning (take(n) leaves the rest, extras ids stay valid);
+    # the file mapped, and read into a buffer
+    for segment, simd, group, mapped in ((64 << 20, True, 122880, True), (64 << 10, True, 7, True),
+                                         (8 << 10, True, 122880, False), (8 << 10, False, 3, True),
+                                         (8 << 10, False, 3, False)):
         monkeypatch.setattr(readers, "SEGMENT", segment)
         monkeypatch.setattr(readers, "SIMD", simd)
         monkeypatch.setattr(readers, "ROW_GROUP", group)
-        got = _ingest(tmp_path / f"c-{segment}-{simd}.duckdb", log)
-        assert got[3] == want[3], (segment, simd)
-        assert got[2] == want[2], (segment, simd)
-        assert got[1] == want[1], (segment, simd)
-        assert got[0] == want[0], (segment, simd)
+        monkeypatch.setattr(readers, "MAP", mapped)
+        case = (segment, simd, group, mapped)
+        got = _ingest(tmp_path / f"c-{segment}-{simd}-{mapped}.duckdb", log)
+        assert got[3] == want[3], case
+        assert got[2] == want[2], case
+        assert got[1] == want[1], case
+        assert got[0] == want[0], case
 
 
 def test_appends_resume_the_same_way(tmp_path, monkeypatch):
@@ -173,8 +177,10 @@ def test_appends_resume_the_same_way(tmp_path, monkeypatch):
     assert got[2][0][:5] == want[2][0][:5]  # lines, bad, undecodable, offset, truncated
 
 
-def test_garbage_longer_than_max_line(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mapped", [True, False])
+def test_garbage_longer_than_max_line(tmp_path, monkeypatch, mapped):
     require_ext()
+    monkeypatch.setattr(readers, "MAP", mapped)
     log = tmp_path / "slurm-1.out"
     line = b" [2026-03-02 10:00:00] iteration 1/ 2 | elapsed time per iteration (ms): 5.0 | lm loss: 2.0 |\n"
     log.write_bytes(line + b"\x07" * (40 << 10) + b"\n" + line.replace(b"iteration 1/", b"iteration 2/"))
@@ -219,9 +225,11 @@ def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
     assert got[0] == want[0] and got[3] == want[3]
 
 
-def test_a_long_line_grows_the_buffer(tmp_path, monkeypatch):
-    """Lines longer than the read buffer but within MAX_LINE are ordinary lines."""
+@pytest.mark.parametrize("mapped", [True, False])
+def test_a_long_line_grows_the_buffer(tmp_path, monkeypatch, mapped):
+    """Lines longer than the read buffer (a segment) but within MAX_LINE are ordinary lines."""
     require_ext()
+    monkeypatch.setattr(readers, "MAP", mapped)
     log = tmp_path / "slurm-2.out"
     line = b" [2026-03-02 10:00:00] iteration 1/ 2 | elapsed time per iteration (ms): 5.0 | lm loss: 2.0 |\n"
     log.write_bytes(b"x" * (40 << 10) + b" successfully saved checkpoint from iteration 1\n" + line)
@@ -232,16 +240,20 @@ def test_a_long_line_grows_the_buffer(tmp_path, monkeypatch):
     assert stats[:3] == (2, 1, 0)
 
 
-def test_a_file_truncated_while_read(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mapped", [True, False])
+def test_a_file_truncated_while_read(tmp_path, monkeypatch, mapped):
     """A log cut short during the scan (a requeued job reopened it with O_TRUNC): ingest keeps what it read,
-    and the next ingest sees a rewritten file."""
+    and the next ingest sees a rewritten file. Mapped, the next access past the new end raises SIGBUS: the
+    scanner catches it, the file's rows are rolled back and it is read again unmapped, up to its new end."""
     require_ext()
     log = tmp_path / "slurm-3.out"
     make_log(log, 5, n=3000)
+    data = log.read_bytes()
     monkeypatch.setattr(readers, "SCAN", "c")
     monkeypatch.setattr(readers, "SEGMENT", 8 << 10)
-    real = readers.line_text
-    calls = []
+    monkeypatch.setattr(readers, "MAP", mapped)
+    real, real_scan = readers.line_text, readers.scan_compiled
+    calls, scans = [], []
 
     def truncating(raw):
         calls.append(1)
@@ -250,8 +262,26 @@ def test_a_file_truncated_while_read(tmp_path, monkeypatch):
                 f.truncate(20 << 10)
         return real(raw)
 
+    def scan(*a, **k):
+        scans.append(a[-1] if len(a) > 8 else k.get("mapped"))
+        return real_scan(*a, **k)
+
     monkeypatch.setattr(readers, "line_text", truncating)
+    monkeypatch.setattr(readers, "scan_compiled", scan)
     con = store.connect(tmp_path / "t.duckdb")
     st = ingest.ingest_paths(con, [log], log_run=ingest.LogRunInfo(study="s", name="n"))
-    assert not st.problems and 0 < st.lines < 400
+    assert not st.problems and 0 < st.lines < 400 and st.files == 1
+    assert scans == ([None, False] if mapped else [None])  # mapped: one SIGBUS, then the unmapped retry
+    rows = con.execute("SELECT iteration, attempt, time, loss, elapsed_ms FROM iterations ORDER BY iteration, attempt").fetchall()
+    lines = con.execute("SELECT lines FROM ingested_files").fetchone()[0]
+    con.close()
+    # what was kept is exactly a whole ingest of the part that is left (its complete lines)
+    monkeypatch.setattr(readers, "line_text", real)
+    keep = tmp_path / "kept" / "slurm-3.out"
+    keep.parent.mkdir()
+    keep.write_bytes(data[: 20 << 10])
+    con = store.connect(tmp_path / "k.duckdb")
+    ingest.ingest_paths(con, [keep], log_run=ingest.LogRunInfo(study="s", name="n"))
+    assert rows and rows == con.execute("SELECT iteration, attempt, time, loss, elapsed_ms FROM iterations ORDER BY iteration, attempt").fetchall()
+    assert lines == con.execute("SELECT lines FROM ingested_files").fetchone()[0]
     con.close()
