@@ -6,12 +6,14 @@
  * - finds the lines holding any trigger (logparse.ALL_TRIGGERS) with a "Teddy" filter (the multi-literal
  *   prefilter of Hyperscan and Rust's aho-corasick): each trigger is fingerprinted by 4 of its bytes, at the
  *   offset whose 4-gram is rarest in a sample of the file; triggers share 8 buckets; nibble lookup tables
- *   (pshufb) test 32 positions per step with AVX2, and only the rare fingerprint hits are compared in full;
+ *   (pshufb) test 32 positions per step with AVX2 (counting newlines in the same pass), and only the rare
+ *   fingerprint hits are compared in full;
  * - in fast mode (no traceback or torchrun summary pending on the Python side) parses Megatron iteration
  *   lines itself into column buffers, with logparse's semantics (iteration_head, parse_fields,
  *   main_losses) on a strict subset of the syntax; any line outside that subset is declined;
  * - returns (line_start, line_end, line_no) of the next line Python must handle, or None at `end`.
- * The Python side (ingest._scan_with_ext) owns everything rare: events, tracebacks, declined lines.
+ * The Python side (readers.scan_compiled, ingest._LogScanner) owns everything rare: events, tracebacks,
+ * declined lines. The buffer is usually a memory-mapped file: every read of it is guarded (see below).
  */
 #define _GNU_SOURCE /* memmem */
 #define PY_SSIZE_T_CLEAN
@@ -110,7 +112,7 @@ static int buf_add(Buf *b, const void *src, size_t len) {
     return 0;
 }
 
-static int cpu_has_avx2(void);
+static int simd_level(void);
 
 typedef struct {
     const unsigned char *pat;
@@ -186,7 +188,7 @@ static int Scanner_init(Scanner *s, PyObject *args, PyObject *kw) {
     long long base = 0;
     int simd = 1;
     static char *kwlist[] = {"triggers", "keys", "want_iters", "base_attempt", "simd", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!|pLp", kwlist, &PyTuple_Type, &trigs, &PyTuple_Type, &keys,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!|pLi", kwlist, &PyTuple_Type, &trigs, &PyTuple_Type, &keys,
                                      &want, &base, &simd))
         return -1;
     if (PyTuple_GET_SIZE(trigs) > MAX_TRIG || PyTuple_GET_SIZE(keys) > 16) {
@@ -224,7 +226,7 @@ static int Scanner_init(Scanner *s, PyObject *args, PyObject *kw) {
     }
     s->want_iters = want;
     s->base_attempt = base;
-    s->simd = simd && cpu_has_avx2();
+    s->simd = simd < simd_level() ? (simd < 0 ? 0 : simd) : simd_level();
     s->last_iter = -1;
     s->last_time_len = -1;
     s->lines = s->bad = s->undecodable = s->restarts = s->rows = 0;
@@ -263,10 +265,12 @@ static int utf8_valid(const unsigned char *p, const unsigned char *e) {
     return 1;
 }
 
-static int cpu_has_avx2(void) {
+/* 0: portable C, 1: AVX2 (what this CPU supports; AVX-512 was measured no faster here: the scan is bound by
+ * memory and the parsing of iteration lines, not by the filter's width) */
+static int simd_level(void) {
 #if defined(HAVE_X86) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2");
+    return __builtin_cpu_supports("avx2") ? 1 : 0;
 #else
     return 0;
 #endif
@@ -444,15 +448,27 @@ static inline Py_ssize_t verify(const Scanner *s, const unsigned char *b, Py_ssi
     return -1;
 }
 
-static Py_ssize_t find_scalar(const Scanner *s, const unsigned char *b, Py_ssize_t a, Py_ssize_t e, Py_ssize_t from) {
-    for (Py_ssize_t i = from; i + 4 <= e; i++) {
+static inline long long count_nl_scalar(const unsigned char *b, Py_ssize_t a, Py_ssize_t e);
+
+/* The first trigger occurrence in b[from:e) (a match may start before `from`, not before a), or -1; *nl gets
+ * the newlines of b[from:hit) (negative: minus those of b[hit:from)), or of b[from:e) without a hit. */
+static Py_ssize_t find_scalar(const Scanner *s, const unsigned char *b, Py_ssize_t a, Py_ssize_t e, Py_ssize_t from,
+                              long long *nl) {
+    long long n = 0;
+    Py_ssize_t i = from;
+    for (; i + 4 <= e; i++) {
         unsigned r = 0xFF;
         for (int k = 0; k < 4 && r; k++) r &= s->lo[k][b[i + k] & 15] & s->hi[k][b[i + k] >> 4];
         if (r) {
             Py_ssize_t hit = verify(s, b, a, e, i, r);
-            if (hit >= 0) return hit;
+            if (hit >= 0) {
+                *nl = n - (hit < i ? count_nl_scalar(b, hit, i) : 0);
+                return hit;
+            }
         }
+        n += b[i] == '\n';
     }
+    *nl = n + count_nl_scalar(b, i, e);
     return -1;
 }
 
@@ -463,43 +479,48 @@ static inline long long count_nl_scalar(const unsigned char *b, Py_ssize_t a, Py
 }
 
 #ifdef HAVE_X86
+/* find_scalar's contract, 32 positions per step (newlines counted on the way: no second pass over the
+ * bytes between hits) */
 __attribute__((target("avx2,popcnt,bmi"))) static Py_ssize_t find_avx2(const Scanner *s, const unsigned char *b,
-                                                                      Py_ssize_t a, Py_ssize_t e) {
-    const __m256i m4 = _mm256_set1_epi8(15), zero = _mm256_setzero_si256();
+                                                                      Py_ssize_t a, Py_ssize_t e, Py_ssize_t from,
+                                                                      long long *nl) {
+    const __m256i m4 = _mm256_set1_epi8(15), zero = _mm256_setzero_si256(), nlv = _mm256_set1_epi8('\n');
     __m256i L[4], H[4];
     for (int k = 0; k < 4; k++) {
         L[k] = _mm256_loadu_si256((const __m256i *)s->lo[k]);
         H[k] = _mm256_loadu_si256((const __m256i *)s->hi[k]);
     }
-    Py_ssize_t i = a;
+    long long n = 0;
+    Py_ssize_t i = from;
     for (; i + 35 <= e; i += 32) {
-        __m256i r = _mm256_set1_epi8(-1);
+        __m256i r = _mm256_set1_epi8(-1), v0 = zero;
         for (int k = 0; k < 4; k++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(b + i + k));
+            if (k == 0) v0 = v;
             __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             r = _mm256_and_si256(r, _mm256_and_si256(_mm256_shuffle_epi8(L[k], lo), _mm256_shuffle_epi8(H[k], hi)));
         }
+        unsigned nm = (unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v0, nlv));
         unsigned m = ~(unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(r, zero));
-        if (!m) continue;
-        uint8_t rb[32];
-        _mm256_storeu_si256((__m256i *)rb, r);
-        while (m) {
-            int j = __builtin_ctz(m);
-            m &= m - 1;
-            Py_ssize_t hit = verify(s, b, a, e, i + j, rb[j]);
-            if (hit >= 0) return hit;
+        if (m) {
+            uint8_t rb[32];
+            _mm256_storeu_si256((__m256i *)rb, r);
+            while (m) {
+                int j = __builtin_ctz(m);
+                m &= m - 1;
+                Py_ssize_t hit = verify(s, b, a, e, i + j, rb[j]);
+                if (hit >= 0) {
+                    *nl = n + (hit >= i ? __builtin_popcount(nm & ((1u << (hit - i)) - 1)) : -count_nl_scalar(b, hit, i));
+                    return hit;
+                }
+            }
         }
+        n += __builtin_popcount(nm);
     }
-    return find_scalar(s, b, a, e, i);
-}
-
-__attribute__((target("avx2,popcnt"))) static long long count_nl_avx2(const unsigned char *b, Py_ssize_t a, Py_ssize_t e) {
-    const __m256i nl = _mm256_set1_epi8('\n');
-    long long n = 0;
-    Py_ssize_t i = a;
-    for (; i + 32 <= e; i += 32)
-        n += __builtin_popcount((unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(b + i)), nl)));
-    return n + count_nl_scalar(b, i, e);
+    long long t;
+    Py_ssize_t hit = find_scalar(s, b, a, e, i, &t);
+    *nl = n + t;
+    return hit;
 }
 
 /* whether b[a:e) holds a byte outside printable ASCII other than tab (signed compares: bytes >= 0x80 are
@@ -534,19 +555,14 @@ __attribute__((target("avx2"))) static int flags_avx2(const unsigned char *b, Py
 }
 #endif
 
-static Py_ssize_t find_trigger(const Scanner *s, const unsigned char *b, Py_ssize_t a, Py_ssize_t e) {
+/* The first trigger occurrence in b[a:e) (e just after a newline), or -1; *nl: the newlines before it. */
+static Py_ssize_t find_trigger(const Scanner *s, const unsigned char *b, Py_ssize_t a, Py_ssize_t e, long long *nl) {
 #ifdef HAVE_X86
-    if (s->simd) return find_avx2(s, b, a, e);
+    if (s->simd) return find_avx2(s, b, a, e, a, nl);
 #endif
-    return find_scalar(s, b, a, e, a);
+    return find_scalar(s, b, a, e, a, nl);
 }
 
-static inline long long count_nl(const Scanner *s, const unsigned char *b, Py_ssize_t a, Py_ssize_t e) {
-#ifdef HAVE_X86
-    if (s->simd) return count_nl_avx2(b, a, e);
-#endif
-    return count_nl_scalar(b, a, e);
-}
 
 /* bad (NUL) and undecodable lines of a window of complete lines */
 static void account(Scanner *s, const unsigned char *b, Py_ssize_t a, Py_ssize_t e) {
@@ -990,9 +1006,10 @@ static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
             s->acct_end = w;
         }
         Py_ssize_t wend = s->acct_end < end ? s->acct_end : end;
-        Py_ssize_t hit = find_trigger(s, b, pos, wend);
+        long long nls;
+        Py_ssize_t hit = find_trigger(s, b, pos, wend, &nls);
         if (hit < 0) {
-            s->lines += count_nl(s, b, pos, wend);
+            s->lines += nls;
             pos = wend;
             continue;
         }
@@ -1004,7 +1021,7 @@ static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
             break;
         }
         Py_ssize_t z = nl - b;
-        s->lines += count_nl(s, b, pos, a) + 1;
+        s->lines += nls + 1; /* no newline between the line start a and the match */
         pos = z + 1;
         if (fast && memmem(b + a, z - a, "iteration", 9)) {
             int r = iteration_line(s, b, a, z, s->lines);
@@ -1211,7 +1228,7 @@ static PyMemberDef Scanner_members[] = {
     {"last_iter", T_LONGLONG, offsetof(Scanner, last_iter), 0, "last iteration seen (-1: none)"},
     {"restarts", T_LONGLONG, offsetof(Scanner, restarts), 0, "times the iteration went backwards"},
     {"rows", T_LONGLONG, offsetof(Scanner, rows), READONLY, "iteration rows staged in C and not yet taken"},
-    {"simd", T_INT, offsetof(Scanner, simd), READONLY, "whether the AVX2 filter is used"},
+    {"simd", T_INT, offsetof(Scanner, simd), READONLY, "the filter's vectors: 0 portable C, 1 AVX2"},
     {NULL}};
 
 static PyGetSetDef Scanner_getset[] = {

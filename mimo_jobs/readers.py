@@ -34,14 +34,16 @@ CHUNK = 8 << 20
 SCAN: str | None = os.environ.get("MIMO_JOBS_SCANNER") or None
 GREP_MIN_BYTES = 4 << 20  # smaller files are scanned in-process (a process start costs more than the scan)
 SEGMENT = 1 << 20  # bytes the C path scans between returns to Python (progress, storing a row group)
-# The C path maps the file (no copy into a read buffer: ~0.15 s per GiB) unless this is False.
+# The C path maps the file (no copy into a read buffer: ~0.1 s per GiB) unless this is False, MAP_WINDOW
+# bytes at a time (more than MAX_LINE: every line that starts in a window's first part ends inside it).
 MAP = True
+MAP_WINDOW = 64 << 20
 # C-parsed rows are stored in batches of one DuckDB row group (store.ROW_GROUP) while the file is scanned
 # (their compression then runs on the other core), the rest at the end. All batches of a file share one
 # transaction, so DuckDB writes full row groups straight to the database file and the last partial one at
 # commit (no WAL).
 ROW_GROUP = store.ROW_GROUP
-SIMD = True  # the C path's AVX2 filter where the CPU has it (tests compare it with the portable scalar one)
+SIMD = 1  # the C path's filter: AVX2 where the CPU has it, 0 = portable C (tests compare the two)
 try:
     from . import _logscan
 except ImportError:  # built without a C compiler: same results through grep/Python, slower
@@ -304,18 +306,14 @@ def scan_compiled(
 
     to_c()
     with open(path, "rb") as f:
-        mm = _map(f, offset, size) if (MAP if mapped is None else mapped) else None
         try:
-            if mm is not None:
-                pos, partial = _walk_mapped(mm[0], offset - mm[1], cs, lines, flush, on_bytes)
-                pos += mm[1]
-            else:
-                pos, partial = _walk_read(f, offset, size, cs, lines, flush, on_bytes)
+            walked = _scan_mapped(f, offset, size, cs, lines, flush, on_bytes) if (
+                MAP if mapped is None else mapped) else None
         except _logscan.Shrunk as e:
             raise FileShrank(f"{path}: {e}") from None
-        finally:
-            if mm is not None:
-                mm[0].close()
+        if walked is None:  # not mapped
+            walked = _walk_read(f, offset, size, cs, lines, flush, on_bytes)
+    pos, partial = walked
     if cs.rows:
         stage.c_batch(con, cs.take())
     from_c()
@@ -326,45 +324,58 @@ class FileShrank(OSError):
     """A mapped file shrank while it was scanned (see scan_compiled)."""
 
 
-def _map(f, offset: int, size: int):
-    """(read-only mapping of the file from `offset` rounded down to the allocation granularity up to `size`,
-    that rounded offset), or None where the file cannot be mapped (empty range, not a regular file)."""
-    base = offset - offset % mmap.ALLOCATIONGRANULARITY
-    if size <= offset:
-        return None
-    try:
-        mm = mmap.mmap(f.fileno(), size - base, offset=base, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):  # e.g. already shorter than `size`: the read path copes with that
-        return None
-    return mm, base
+def _scan_mapped(f, pos: int, size: int, cs, lines, flush, on_bytes) -> tuple[int, bool] | None:
+    """The walk over the file mapped MAP_WINDOW bytes at a time (resident memory stays that small), or None
+    where it cannot be mapped (not a regular file; already shorter than `size`: the read path copes)."""
+    gran = mmap.ALLOCATIONGRANULARITY
+    window = max(MAP_WINDOW, MAX_LINE + SEGMENT + 2 * gran)  # each window makes progress
+    first = True
+    while True:
+        base = pos - pos % gran
+        last = size - base <= window
+        n = size - base if last else window
+        if n <= pos - base:
+            return pos, False
+        try:
+            mm = mmap.mmap(f.fileno(), n, offset=base, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            if first:
+                return None
+            raise
+        first = False
+        try:
+            # a window ends where a longest line could still start; the last one at the end of the file
+            p, status = _walk_mapped(mm, pos - base, n if last else n - MAX_LINE - 1, last, cs, lines, flush,
+                                     on_bytes)
+        finally:
+            mm.close()
+        pos = base + p
+        if status == "garbage":  # no newline in MAX_LINE bytes: one bad line, skipped up to its end
+            pos = _skip_garbage(f, pos + MAX_LINE, size, cs)
+            if pos >= size:
+                return size, False
+        elif last:
+            return pos, status == "partial"
 
 
-def _walk_mapped(mm, p: int, cs, lines, flush, on_bytes) -> tuple[int, bool]:
-    """Segments of about SEGMENT bytes of complete lines from p; a line longer than MAX_LINE is garbage,
-    as on the read path. Every access to the mapping goes through the scanner (guarded against SIGBUS)."""
+def _walk_mapped(mm, p: int, stop: int, last: bool, cs, lines, flush, on_bytes) -> tuple[int, str]:
+    """Segments of about SEGMENT bytes of complete lines of one mapped window, from p until `stop`: (where it
+    stopped, "done" | "partial" (an unfinished last line of the file) | "garbage" (a line of MAX_LINE bytes
+    or more starts there)). Every access to the mapping goes through the scanner (guarded against SIGBUS)."""
     n, fresh = len(mm), True
-    while p < n:
+    while p < stop:
         cut = cs.cut(mm, p, min(p + SEGMENT, n), True)
         if cut < 0:  # a line longer than a segment
             cut = cs.cut(mm, p, min(p + MAX_LINE, n), False)
             if cut < 0:
-                if n - p < MAX_LINE:
-                    break  # an unfinished last line
-                cs.bad += 1  # no newline in MAX_LINE bytes: one bad line, skipped up to its end
-                cut = cs.cut(mm, p + MAX_LINE, n, False)
-                if cut < 0:
-                    p = n  # ran into the end of the file: consumed, but not a complete line
-                    break
-                cs.lines += 1
-                p = cut
-                continue
+                return p, ("partial" if last and n - p < MAX_LINE else "garbage")
         lines(mm, p, cut, fresh)
         fresh = False
         if on_bytes:
             on_bytes(cut - p)
         p = cut
         flush()
-    return p, p < n
+    return p, "done"
 
 
 def _walk_read(f, offset: int, size: int, cs, lines, flush, on_bytes) -> tuple[int, bool]:

@@ -143,9 +143,15 @@ def test_compiled_scanner_equals_python(tmp_path, monkeypatch, seed):
     # whole file in one segment, a few segments, and many tiny segments (a batch each, lines across them)
     # and batches of a few rows stored while scanning (take(n) leaves the rest, extras ids stay valid);
     # the file mapped, and read into a buffer
-    for segment, simd, group, mapped in ((64 << 20, True, 122880, True), (64 << 10, True, 7, True),
-                                         (8 << 10, True, 122880, False), (8 << 10, False, 3, True),
-                                         (8 << 10, False, 3, False)):
+    # (mapped 64 KiB at a time: windows of 64 KiB + 16 KiB + 8 KiB with lines across their ends)
+    # (filter: 1 AVX2, 0 portable C)
+    for segment, simd, group, mapped in ((64 << 20, 1, 122880, True), (64 << 10, 1, 7, True),
+                                         (8 << 10, 1, 122880, False), (8 << 10, 0, 3, True),
+                                         (8 << 10, 0, 3, False), (16 << 10, 1, 5, "windows"),
+                                         (16 << 10, 0, 5, "windows")):
+        monkeypatch.setattr(readers, "MAP_WINDOW", 64 << 10 if mapped == "windows" else 64 << 20)
+        monkeypatch.setattr(readers, "MAX_LINE", 64 << 10 if mapped == "windows" else 16 << 20)
+        mapped = bool(mapped)
         monkeypatch.setattr(readers, "SEGMENT", segment)
         monkeypatch.setattr(readers, "SIMD", simd)
         monkeypatch.setattr(readers, "ROW_GROUP", group)
@@ -223,6 +229,28 @@ def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
     monkeypatch.setattr(readers, "SCAN", "python")
     want = _ingest(tmp_path / "py.duckdb", log)
     assert got[0] == want[0] and got[3] == want[3]
+
+
+def test_garbage_across_map_windows(tmp_path, monkeypatch):
+    """Garbage lines (no newline in MAX_LINE bytes) that start in a mapped window other than the last, one
+    of them running into the next windows: mapped as read."""
+    require_ext()
+    log = tmp_path / "slurm-4.out"
+    make_log(log, 9, n=1500)
+    data = log.read_bytes()
+    k = data.index(b"\n", len(data) // 3) + 1
+    j = data.index(b"\n", 2 * len(data) // 3) + 1
+    log.write_bytes(data[:k] + b"\x07" * (40 << 10) + b"\n" + data[k:j] + b"\x01" * (150 << 10) + b"\n" + data[j:])
+    monkeypatch.setattr(readers, "SCAN", "c")
+    monkeypatch.setattr(readers, "SEGMENT", 8 << 10)
+    monkeypatch.setattr(readers, "MAX_LINE", 32 << 10)
+    monkeypatch.setattr(readers, "MAP_WINDOW", 64 << 10)
+    got = []
+    for mapped in (True, False):
+        monkeypatch.setattr(readers, "MAP", mapped)
+        got.append(_ingest(tmp_path / f"{mapped}.duckdb", log))
+    assert got[0] == got[1]
+    assert got[0][3][2] >= 2  # both garbage lines counted bad
 
 
 @pytest.mark.parametrize("mapped", [True, False])
