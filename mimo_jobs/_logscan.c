@@ -1069,7 +1069,14 @@ static PyObject *Scanner_cut(Scanner *s, PyObject *args) {
         return shrunk();
     }
     GUARD_ON(jb);
-    nl = last ? memrchr(b + a, '\n', z - a) : memchr(b + a, '\n', z - a);
+    if (last) { /* memrchr is a GNU extension; the last newline is usually a line's length from z */
+        for (Py_ssize_t i = z; i > a; i--)
+            if (b[i - 1] == '\n') {
+                nl = b + i - 1;
+                break;
+            }
+    } else
+        nl = memchr(b + a, '\n', z - a);
     GUARD_OFF();
     Py_ssize_t r = nl ? (Py_ssize_t)(nl - b) + 1 : -1;
     PyBuffer_Release(&view);
