@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -313,3 +316,28 @@ def test_a_file_truncated_while_read(tmp_path, monkeypatch, mapped):
     assert rows and rows == con.execute("SELECT iteration, attempt, time, loss, elapsed_ms FROM iterations ORDER BY iteration, attempt").fetchall()
     assert lines == con.execute("SELECT lines FROM ingested_files").fetchone()[0]
     con.close()
+
+
+def test_sigbus_outside_a_scan_is_still_fatal(tmp_path):
+    """The scanner's SIGBUS handler only catches faults inside its own guarded reads: any other one (here an
+    unguarded read of a truncated mapping, after a guarded one was caught) still ends the process."""
+    require_ext()
+    code = textwrap.dedent(
+        f"""
+        import mmap, os
+        from mimo_jobs import _logscan
+        p = {str(tmp_path / "m.bin")!r}
+        open(p, "wb").write(b"a\\n" * 32768)
+        f = open(p, "rb")
+        mm = mmap.mmap(f.fileno(), 65536, access=mmap.ACCESS_READ)
+        os.truncate(p, 0)
+        cs = _logscan.Scanner((b"abcd",), ())
+        try:
+            cs.cut(mm, 0, 65536, True)
+        except _logscan.Shrunk:
+            print("caught", flush=True)
+        print(mm[40000], flush=True)
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout == "caught\n" and r.returncode == -signal.SIGBUS, (r.returncode, r.stdout, r.stderr[-2000:])
