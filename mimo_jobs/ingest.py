@@ -82,6 +82,7 @@ class _Target:
     path: Path
     kind: str  # metrics | log | sacct
     run_dir: Path | None
+    src: str = ""  # the resolved path (the file's key in the store), set by discover: resolving costs lstats
 
 
 # ----------------------------------------------------------------------------------------- discovery
@@ -144,9 +145,9 @@ def discover(paths: Iterable[Path]) -> list[_Target]:
     seen: set[str] = set()
     uniq = []
     for t in targets:
-        key = str(t.path.resolve())
-        if key not in seen:
-            seen.add(key)
+        t.src = str(t.path.resolve())
+        if t.src not in seen:
+            seen.add(t.src)
             uniq.append(t)
     return uniq
 
@@ -175,7 +176,7 @@ def _register_runs(con, targets: list[_Target], log_run: LogRunInfo | None, stat
     info = log_run or LogRunInfo()
     for t in targets:
         if t.run_dir is None:
-            key = str(t.path.resolve())
+            key = t.src
             # One run per file unless the user names the run (then all given files are its attempts).
             ident = f"{info.study}/{info.name}" if info.name else key
             rid = "log-" + hashlib.sha1(ident.encode()).hexdigest()[:10]
@@ -187,7 +188,7 @@ def _register_runs(con, targets: list[_Target], log_run: LogRunInfo | None, stat
                 rid,
                 info.study,
                 name,
-                str(t.path.resolve().parent),
+                str(Path(t.src).parent),
                 nodes=info.nodes,
                 gpus_per_node=info.gpus_per_node,
                 seq_length=info.seq_length,
@@ -537,7 +538,7 @@ def _ingest_one(
     row: tuple | None,
     mapped: bool | None = None,
 ) -> None:
-    src = str(t.path.resolve())
+    src = t.src
     stt = t.path.stat()
     size, mtime = stt.st_size, stt.st_mtime
     head = _head_sha(t.path)
@@ -693,16 +694,16 @@ def ingest_paths(
         if progress:
             progress(cur, done, total)
 
-    known = _known_files(con, [str(t.path.resolve()) for t in targets])
+    known = _known_files(con, [t.src for t in targets])
     for t in targets:
         cur = t.path.name
-        c = ctx.get(t.run_dir) if t.run_dir is not None else ctx.get(str(t.path.resolve()))
+        c = ctx.get(t.run_dir) if t.run_dir is not None else ctx.get(t.src)
         try:
             try:
-                _ingest_one(con, t, c, stats, force, on_bytes, known.get(str(t.path.resolve())))
+                _ingest_one(con, t, c, stats, force, on_bytes, known.get(t.src))
             except readers.FileShrank:  # rolled back; read again unmapped: it ends where the file now ends
                 stats.files -= 1
-                _ingest_one(con, t, c, stats, force, on_bytes, known.get(str(t.path.resolve())), mapped=False)
+                _ingest_one(con, t, c, stats, force, on_bytes, known.get(t.src), mapped=False)
         except (IngestError, ScanError) as e:
             stats.problems.append(str(e))
         except OSError as e:
