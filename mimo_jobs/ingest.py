@@ -11,8 +11,10 @@
   Unchanged files are skipped; grown files resume at the offset; rewritten files are re-read. Rows are
   keyed (iterations: run/job/iteration, kept unique by staging.merge; events: file/line/kind) so
   re-reading never duplicates.
-- Each file commits in one transaction (rows + its ingested_files row). DuckDB lets one process write a
-  store at a time; store.connect waits for the lock, so two ingests at once serialize.
+- Each file commits in one transaction (rows + its ingested_files row); runs of small files (per-rank
+  logs) share one, GROUP_FILES at a time, and a group with a failing file is redone file by file, so the
+  failure still costs only its own file. DuckDB lets one process write a store at a time; store.connect
+  waits for the lock, so two ingests at once serialize.
 - Attempts stitch: within a job a later attempt replaces an iteration it re-ran; across jobs of one run
   the older rows are marked `superseded`, and the report reads only the rest.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -537,7 +540,10 @@ def _ingest_one(
     on_bytes: Callable[[int], None] | None,
     row: tuple | None,
     mapped: bool | None = None,
+    group: list | None = None,
 ) -> None:
+    """One file, in its own transaction; or, with `group`, inside the caller's transaction with its
+    ingested_files record appended to `group` (see _ingest_group)."""
     src = t.src
     stt = t.path.stat()
     size, mtime = stt.st_size, stt.st_mtime
@@ -586,8 +592,8 @@ def _ingest_one(
         from .store import transaction
 
         # One transaction per file (its rows + its ingested_files row), open while scanning: the C path
-        # stores each segment's rows while it scans the next.
-        with transaction(con):
+        # stores each segment's rows while it scans the next. Small files share their group's.
+        with transaction(con) if group is None else nullcontext():
             if mode == "c":
                 try:
                     end_offset, partial = readers.scan_compiled(
@@ -618,27 +624,12 @@ def _ingest_one(
                                WHERE run_id = ? AND gbs IS NULL""",
                     [ctx.run_id, ctx.run_id],
                 )
-            if row:  # DELETE + INSERT: DuckDB's INSERT OR REPLACE costs twice as much
-                con.execute("DELETE FROM ingested_files WHERE path = ?", [src])
-            con.execute(
-                """INSERT INTO ingested_files (path, run_id, size, mtime, lines, bad_lines,
-                     undecodable_lines, ingested_at, kind, "offset", head_sha, truncated, state)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, now(), ?, ?, ?, ?, ?)""",
-                [
-                    src,
-                    ctx.run_id,
-                    size,
-                    mtime,
-                    st.lines,
-                    st.bad,
-                    st.undecodable,
-                    t.kind,
-                    end_offset,
-                    head,
-                    partial,
-                    st.to_json(),
-                ],
-            )
+            record = [src, ctx.run_id, size, mtime, st.lines, st.bad, st.undecodable, t.kind, end_offset, head,
+                      partial, st.to_json()]
+            if group is None:
+                _record_files(con, [(record, bool(row))])
+            else:
+                group.append((record, bool(row)))
         stats.iterations += n_it
         stats.events += n_ev
         stats.lines += st.lines - before[0]
@@ -646,6 +637,51 @@ def _ingest_one(
         stats.undecodable += st.undecodable - before[2]
     finally:
         stage.close()
+
+
+def _record_files(con, records: list[tuple[list, bool]]) -> None:
+    """ingested_files rows (with whether one existed before) in one DELETE + one INSERT: DuckDB's INSERT OR
+    REPLACE costs twice as much, and each statement ~1 ms."""
+    old = [r[0] for r, had in records if had]
+    if old:
+        con.execute(f"DELETE FROM ingested_files WHERE path IN ({', '.join('?' * len(old))})", old)
+    values = ", ".join("(?, ?, ?, ?, ?, ?, ?, now(), ?, ?, ?, ?, ?)" for _ in records)
+    con.execute(
+        f"""INSERT INTO ingested_files (path, run_id, size, mtime, lines, bad_lines, undecodable_lines,
+              ingested_at, kind, "offset", head_sha, truncated, state) VALUES {values}""",
+        [x for r, _ in records for x in r],
+    )
+
+
+# Files smaller than this are ingested GROUP_FILES at a time in one transaction: a study's per-rank logs are
+# thousands of small files, and a DuckDB transaction plus its statements cost more than scanning one.
+SMALL_FILE = 1 << 20
+GROUP_FILES = 64
+
+
+def _ingest_group(con, group: list[_Target], ctx: dict, stats: IngestStats, force: bool, on_bytes, known: dict,
+                  at: Callable[[_Target], None]) -> bool:
+    """Small files in one transaction. False (and nothing kept, `stats` as before) when any of them failed:
+    the caller then takes them one by one, so a failure costs only its own file."""
+    import copy
+
+    from .store import transaction
+
+    before = copy.deepcopy(stats)
+    records: list = []
+    try:
+        with transaction(con):
+            for t in group:
+                at(t)
+                c = ctx.get(t.run_dir) if t.run_dir is not None else ctx.get(t.src)
+                _ingest_one(con, t, c, stats, force, on_bytes, known.get(t.src), group=records)
+            if records:
+                _record_files(con, records)
+    except Exception:  # noqa: BLE001 - rolled back; each file is retried alone and reports its own error
+        for f in vars(before):
+            setattr(stats, f, getattr(before, f))
+        return False
+    return True
 
 
 def _restitch(con, run_id: str) -> None:
@@ -685,7 +721,8 @@ def ingest_paths(
 
     with transaction(con):
         ctx = _register_runs(con, targets, log_run, stats)
-    total = sum(t.path.stat().st_size for t in targets)
+    sizes = [t.path.stat().st_size for t in targets]
+    total = sum(sizes)
     done = 0
 
     def on_bytes(n: int) -> None:
@@ -695,8 +732,13 @@ def ingest_paths(
             progress(cur, done, total)
 
     known = _known_files(con, [t.src for t in targets])
-    for t in targets:
+
+    def at(t: _Target) -> None:  # the file the progress bar names
+        nonlocal cur
         cur = t.path.name
+
+    def one(t: _Target) -> None:
+        at(t)
         c = ctx.get(t.run_dir) if t.run_dir is not None else ctx.get(t.src)
         try:
             try:
@@ -708,4 +750,21 @@ def ingest_paths(
             stats.problems.append(str(e))
         except OSError as e:
             stats.problems.append(f"{t.path}: {e.strerror or e}")
+
+    cur = ""
+    i = 0
+    while i < len(targets):
+        j = i
+        while j < len(targets) and j - i < GROUP_FILES and sizes[j] < SMALL_FILE:
+            j += 1
+        if j - i > 1:  # a run of small files
+            done0 = done
+            if not _ingest_group(con, targets[i:j], ctx, stats, force, on_bytes, known, at):
+                done = done0  # they are read again, one by one
+                for t in targets[i:j]:
+                    one(t)
+            i = j
+            continue
+        one(targets[i])
+        i += 1
     return stats
