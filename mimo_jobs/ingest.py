@@ -738,13 +738,16 @@ def ingest_paths(
         cur = t.path.name
 
     def one(t: _Target) -> None:
+        nonlocal done
         at(t)
         c = ctx.get(t.run_dir) if t.run_dir is not None else ctx.get(t.src)
+        done0 = done
         try:
             try:
                 _ingest_one(con, t, c, stats, force, on_bytes, known.get(t.src))
             except readers.FileShrank:  # rolled back; read again unmapped: it ends where the file now ends
                 stats.files -= 1
+                done = done0
                 _ingest_one(con, t, c, stats, force, on_bytes, known.get(t.src), mapped=False)
         except (IngestError, ScanError) as e:
             stats.problems.append(str(e))
