@@ -134,6 +134,17 @@ def _ingest(db: Path, log: Path) -> tuple:
     return rows, ev, files, (st.lines, st.iterations, st.bad_lines, st.undecodable, st.truncated_files)
 
 
+ONE_ITER = b" [2026-03-02 10:00:00] iteration 1/ 2 | elapsed time per iteration (ms): 5.0 | lm loss: 2.0 |\n"
+
+
+def _c_path(monkeypatch, segment: int, mapped: bool = True, **knobs) -> None:
+    """Ingest through the compiled scanner, `segment` bytes at a time, the file mapped or read; other readers
+    knobs (MAX_LINE, MAP_WINDOW, ROW_GROUP) as given."""
+    require_ext()
+    for name, value in {"SCAN": "c", "SEGMENT": segment, "MAP": mapped, **knobs}.items():
+        monkeypatch.setattr(readers, name, value)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_compiled_scanner_equals_python(tmp_path, monkeypatch, seed):
     require_ext()
@@ -174,8 +185,7 @@ def test_appends_resume_the_same_way(tmp_path, monkeypatch):
     full = tmp_path / "whole" / "slurm-500.out"  # same job id as the growing copy
     make_log(full, 7, n=3000)
     data = full.read_bytes()
-    monkeypatch.setattr(readers, "SCAN", "c")
-    monkeypatch.setattr(readers, "SEGMENT", 16 << 10)
+    _c_path(monkeypatch, 16 << 10)
     want = _ingest(tmp_path / "whole.duckdb", full)
     grow = tmp_path / "slurm-500.out"
     db = tmp_path / "grow.duckdb"
@@ -188,14 +198,9 @@ def test_appends_resume_the_same_way(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("mapped", [True, False])
 def test_garbage_longer_than_max_line(tmp_path, monkeypatch, mapped):
-    require_ext()
-    monkeypatch.setattr(readers, "MAP", mapped)
     log = tmp_path / "slurm-1.out"
-    line = b" [2026-03-02 10:00:00] iteration 1/ 2 | elapsed time per iteration (ms): 5.0 | lm loss: 2.0 |\n"
-    log.write_bytes(line + b"\x07" * (40 << 10) + b"\n" + line.replace(b"iteration 1/", b"iteration 2/"))
-    monkeypatch.setattr(readers, "SCAN", "c")
-    monkeypatch.setattr(readers, "SEGMENT", 16 << 10)  # the buffer grows to MAX_LINE for a long line
-    monkeypatch.setattr(readers, "MAX_LINE", 32 << 10)
+    log.write_bytes(ONE_ITER + b"\x07" * (40 << 10) + b"\n" + ONE_ITER.replace(b"iteration 1/", b"iteration 2/"))
+    _c_path(monkeypatch, 16 << 10, mapped, MAX_LINE=32 << 10)  # the read buffer grows to MAX_LINE
     rows, _, files, stats = _ingest(tmp_path / "g.duckdb", log)
     assert [r[2] for r in rows] == [1, 2]
     assert stats[:3] == (3, 2, 1)  # 3 lines, 2 iterations, the garbage line counted bad
@@ -208,9 +213,7 @@ def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
     require_ext()
     log = tmp_path / "slurm-500.out"
     make_log(log, 3, n=6000)
-    monkeypatch.setattr(readers, "SCAN", "c")
-    monkeypatch.setattr(readers, "SEGMENT", 16 << 10)
-    monkeypatch.setattr(readers, "ROW_GROUP", 25)  # many background batches
+    _c_path(monkeypatch, 16 << 10, ROW_GROUP=25)  # many background batches
     seen = []
     real = ingest._LogScanner.line
 
@@ -236,36 +239,33 @@ def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
 
 def test_garbage_across_map_windows(tmp_path, monkeypatch):
     """Garbage lines (no newline in MAX_LINE bytes) that start in a mapped window other than the last, one
-    of them running into the next windows: mapped as read."""
-    require_ext()
-    log = tmp_path / "slurm-4.out"
-    make_log(log, 9, n=1500)
-    data = log.read_bytes()
+    of them running into the next windows: mapped as read, and each is exactly one more bad line than the
+    same log without them."""
+    clean = tmp_path / "clean" / "slurm-4.out"
+    clean.parent.mkdir()
+    make_log(clean, 9, n=1500)
+    data = clean.read_bytes()
     k = data.index(b"\n", len(data) // 3) + 1
     j = data.index(b"\n", 2 * len(data) // 3) + 1
+    log = tmp_path / "slurm-4.out"
     log.write_bytes(data[:k] + b"\x07" * (40 << 10) + b"\n" + data[k:j] + b"\x01" * (150 << 10) + b"\n" + data[j:])
-    monkeypatch.setattr(readers, "SCAN", "c")
-    monkeypatch.setattr(readers, "SEGMENT", 8 << 10)
-    monkeypatch.setattr(readers, "MAX_LINE", 32 << 10)
-    monkeypatch.setattr(readers, "MAP_WINDOW", 64 << 10)
     got = []
     for mapped in (True, False):
-        monkeypatch.setattr(readers, "MAP", mapped)
+        _c_path(monkeypatch, 8 << 10, mapped, MAX_LINE=32 << 10, MAP_WINDOW=64 << 10)
         got.append(_ingest(tmp_path / f"{mapped}.duckdb", log))
     assert got[0] == got[1]
-    assert got[0][3][2] >= 2  # both garbage lines counted bad
+    base = _ingest(tmp_path / "clean.duckdb", clean)
+    assert got[0][0] == base[0]  # the same iteration rows
+    lines, iters, bad, undecodable, truncated = got[0][3]
+    assert (lines, iters, bad, undecodable, truncated) == (base[3][0] + 2, base[3][1], base[3][2] + 2, *base[3][3:])
 
 
 @pytest.mark.parametrize("mapped", [True, False])
 def test_a_long_line_grows_the_buffer(tmp_path, monkeypatch, mapped):
     """Lines longer than the read buffer (a segment) but within MAX_LINE are ordinary lines."""
-    require_ext()
-    monkeypatch.setattr(readers, "MAP", mapped)
     log = tmp_path / "slurm-2.out"
-    line = b" [2026-03-02 10:00:00] iteration 1/ 2 | elapsed time per iteration (ms): 5.0 | lm loss: 2.0 |\n"
-    log.write_bytes(b"x" * (40 << 10) + b" successfully saved checkpoint from iteration 1\n" + line)
-    monkeypatch.setattr(readers, "SCAN", "c")
-    monkeypatch.setattr(readers, "SEGMENT", 4 << 10)
+    log.write_bytes(b"x" * (40 << 10) + b" successfully saved checkpoint from iteration 1\n" + ONE_ITER)
+    _c_path(monkeypatch, 4 << 10, mapped)
     rows, events, files, stats = _ingest(tmp_path / "g.duckdb", log)
     assert [r[2] for r in rows] == [1] and [e[5] for e in events] == ["checkpoint_saved"]
     assert stats[:3] == (2, 1, 0)
@@ -276,13 +276,10 @@ def test_a_file_truncated_while_read(tmp_path, monkeypatch, mapped):
     """A log cut short during the scan (a requeued job reopened it with O_TRUNC): ingest keeps what it read,
     and the next ingest sees a rewritten file. Mapped, the next access past the new end raises SIGBUS: the
     scanner catches it, the file's rows are rolled back and it is read again unmapped, up to its new end."""
-    require_ext()
     log = tmp_path / "slurm-3.out"
     make_log(log, 5, n=3000)
     data = log.read_bytes()
-    monkeypatch.setattr(readers, "SCAN", "c")
-    monkeypatch.setattr(readers, "SEGMENT", 8 << 10)
-    monkeypatch.setattr(readers, "MAP", mapped)
+    _c_path(monkeypatch, 8 << 10, mapped)
     real, real_scan = readers.line_text, readers.scan_compiled
     calls, scans = [], []
 
