@@ -448,7 +448,11 @@ static inline Py_ssize_t verify(const Scanner *s, const unsigned char *b, Py_ssi
     return -1;
 }
 
-static inline long long count_nl_scalar(const unsigned char *b, Py_ssize_t a, Py_ssize_t e);
+static inline long long count_nl_scalar(const unsigned char *b, Py_ssize_t a, Py_ssize_t e) {
+    long long n = 0;
+    for (Py_ssize_t i = a; i < e; i++) n += (b[i] == '\n');
+    return n;
+}
 
 /* The first trigger occurrence in b[from:e) (a match may start before `from`, not before a), or -1; *nl gets
  * the newlines of b[from:hit) (negative: minus those of b[hit:from)), or of b[from:e) without a hit. */
@@ -470,12 +474,6 @@ static Py_ssize_t find_scalar(const Scanner *s, const unsigned char *b, Py_ssize
     }
     *nl = n + count_nl_scalar(b, i, e);
     return -1;
-}
-
-static inline long long count_nl_scalar(const unsigned char *b, Py_ssize_t a, Py_ssize_t e) {
-    long long n = 0;
-    for (Py_ssize_t i = a; i < e; i++) n += (b[i] == '\n');
-    return n;
 }
 
 #ifdef HAVE_X86

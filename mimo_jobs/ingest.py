@@ -639,6 +639,11 @@ def _ingest_one(
         stage.close()
 
 
+def _ctx_of(ctx: dict, t: _Target):
+    """The run a target belongs to (_register_runs keys run dirs by path, loose log files by resolved path)."""
+    return ctx.get(t.run_dir) if t.run_dir is not None else ctx.get(t.src)
+
+
 def _record_files(con, records: list[tuple[list, bool]]) -> None:
     """ingested_files rows (with whether one existed before) in one DELETE + one INSERT: DuckDB's INSERT OR
     REPLACE costs twice as much, and each statement ~1 ms."""
@@ -673,7 +678,7 @@ def _ingest_group(con, group: list[_Target], ctx: dict, stats: IngestStats, forc
         with transaction(con):
             for t in group:
                 at(t)
-                c = ctx.get(t.run_dir) if t.run_dir is not None else ctx.get(t.src)
+                c = _ctx_of(ctx, t)
                 _ingest_one(con, t, c, stats, force, on_bytes, known.get(t.src), group=records)
             if records:
                 _record_files(con, records)
@@ -740,7 +745,7 @@ def ingest_paths(
     def one(t: _Target) -> None:
         nonlocal done
         at(t)
-        c = ctx.get(t.run_dir) if t.run_dir is not None else ctx.get(t.src)
+        c = _ctx_of(ctx, t)
         done0 = done
         try:
             try:

@@ -2,8 +2,8 @@
 
 Three scanners give the same rows (tests/ingest/test_logscan.py, test_ingest.py compare them):
 - "c": the compiled `_logscan` (mimo_jobs/_logscan.c) walks the file mapped MAP_WINDOW bytes at a time (read
-  into a buffer where it cannot be mapped, or shrank under the mapping), counts lines and encoding errors, finds candidate lines with a SIMD multi-literal filter and parses iteration lines into
-  columns itself; only rare lines (events, tracebacks, odd iteration lines) come back to Python;
+  into a buffer where it cannot be mapped, or shrank under the mapping), counts lines and encoding errors,
+  finds candidate lines with a SIMD multi-literal filter and parses iteration lines into columns itself; only rare lines (events, tracebacks, odd iteration lines) come back to Python;
 - "grep": a grep process finds the candidate lines (logparse.ALL_TRIGGERS) while Python counts lines;
 - "python": substring scans of each block in-process.
 Candidate lines go to a line handler (ingest._LogScanner), iteration rows to a stage (staging.Stage).

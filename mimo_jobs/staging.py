@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import tempfile
 
 from .records import PHASES
@@ -276,14 +277,5 @@ class Stage:
         for f in self._files.values():
             if not f.closed:
                 f.close()
-        if self._dir is None:
-            return
-        for n in ("it.csv", "ev.csv", "lit.csv", "grep.out"):
-            try:
-                os.unlink(os.path.join(self._dir, n))
-            except OSError:
-                pass
-        try:
-            os.rmdir(self._dir)
-        except OSError:
-            pass
+        if self._dir is not None:  # its CSV files and what the grep scanner wrote there
+            shutil.rmtree(self._dir, ignore_errors=True)
