@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 def render(root: Path, preset: str, distopt: bool) -> Path:
     import yaml
 
-    from mimo_jobs.presets import get_preset
-    from mimo_jobs.rundir import RunDir
-    from mimo_jobs.study import parse_study, run_yaml_doc, runs_of
+    from mimo_jobs.plan.presets import get_preset
+    from mimo_jobs.plan.rundir import RunDir
+    from mimo_jobs.plan.spec import parse_study, run_yaml_doc, runs_of
 
     moe = get_preset(preset).llm.num_experts > 0
     study = parse_study({
@@ -57,7 +57,7 @@ def worker(run_yaml: Path, out: Path, repeats: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from mimo_jobs.study import load_run_yaml
+    from mimo_jobs.plan.spec import load_run_yaml
     from mimo_jobs.trainer import checkpoint as C
     from mimo_jobs.trainer.build import build_state
     from mimo_jobs.trainer.cuda_shims import install

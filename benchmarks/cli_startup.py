@@ -24,7 +24,7 @@ HEAVY = ("torch", "megatron", "megatron.core", "megatron.energon", "transformer_
 # Runs the CLI in-process (as the console script does), then reports which heavy modules got imported.
 PROBE = r"""
 import sys
-from mimo_jobs.cli import app
+from mimo_jobs.cli.app import app
 try:
     app(sys.argv[1:], standalone_mode=False)
 except SystemExit:

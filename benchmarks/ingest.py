@@ -185,8 +185,10 @@ def _scan_only(log: Path, mapped: bool = True, keep: list | None = None) -> None
     """ingest's compiled read path over the whole file with the rows dropped instead of stored: what the C
     pass costs next to wc -l (the file mapped, as ingest does, or read into a buffer). `keep` collects the
     row batches instead."""
-    from mimo_jobs import ingest, logparse, readers
-    from mimo_jobs.staging import Stage
+    from mimo_jobs.ingest import pipeline as ingest
+    from mimo_jobs.ingest import logparse
+    from mimo_jobs.ingest import readers
+    from mimo_jobs.ingest.staging import Stage
 
     class Discard(Stage):
         def c_batch(self, con, cols):  # the rows are parsed, then dropped (or kept)
@@ -204,8 +206,8 @@ def _scan_only(log: Path, mapped: bool = True, keep: list | None = None) -> None
 
 def _store_only(db: Path, batches: list) -> None:
     """ingest's storing of the C-parsed row batches alone (scanned beforehand): the other half of the work."""
-    from mimo_jobs import store
-    from mimo_jobs.staging import Stage
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.ingest.staging import Stage
 
     if db.exists():
         db.unlink()
@@ -223,8 +225,10 @@ def _store_only(db: Path, batches: list) -> None:
 
 
 def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
-    from mimo_jobs import ingest, readers, store
-    from mimo_jobs.staging import Stage
+    from mimo_jobs.ingest import pipeline as ingest
+    from mimo_jobs.ingest import readers
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.ingest.staging import Stage
 
     log = workdir / "slurm-1000.out"
     t = time.perf_counter()
@@ -329,9 +333,10 @@ def bench_rank_files(n: int, workdir: Path) -> None:
 
     import yaml
 
-    from mimo_jobs import ingest, store
-    from mimo_jobs.rundir import RunDir
-    from mimo_jobs.study import parse_study, run_yaml_doc, runs_of
+    from mimo_jobs.ingest import pipeline as ingest
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.plan.rundir import RunDir
+    from mimo_jobs.plan.spec import parse_study, run_yaml_doc, runs_of
 
     doc = {
         "name": "ranks",
@@ -371,8 +376,9 @@ def bench_rank_files(n: int, workdir: Path) -> None:
 
 
 def bench_report(runs: int, iters: int, workdir: Path) -> None:
-    from mimo_jobs import store
-    from mimo_jobs.report import build, render
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.report import render
+    from mimo_jobs.report import build
 
     db = workdir / "report.duckdb"
     if db.exists():

@@ -60,8 +60,10 @@ def bare_sacct(ids: list[str], k: int = 5) -> float:
 
 
 def run(n: int, executor: str, work: Path) -> None:
-    from mimo_jobs import jobs, launch, store
-    from mimo_jobs.study import parse_study, runs_of
+    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import launch
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.plan.spec import parse_study, runs_of
 
     name = f"bench_{executor}_{n}"
     spec = parse_study(study_doc(name, n, executor))

@@ -30,7 +30,7 @@ python3 -m pip install -q --disable-pip-version-check -e '.[train,dev]' 2>&1 | g
 
 # ingest's compiled scanner is optional for users (no compiler: a slower pure-Python path), not here
 export MIMO_JOBS_REQUIRE_EXT=1
-python3 -c "import mimo_jobs._logscan" || { echo "mimo_jobs._logscan was not built (see pip's output)"; exit 1; }
+python3 -c "import mimo_jobs.ingest._logscan" || { echo "mimo_jobs.ingest._logscan was not built (see pip's output)"; exit 1; }
 export TORCHDYNAMO_DISABLE=1  # torch.compile paths in megatron-core are slow and flaky on CPU CI
 if ((all)); then
   exec python3 -m pytest -q "${args[@]}"

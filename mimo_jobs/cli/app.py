@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import typer
 
-from . import __version__
-from .commands import data, jobs, plan, results
+from mimo_jobs import __version__
+from . import data
+from . import jobs
+from . import plan
+from . import results
 
 app = typer.Typer(
     name="mimo-jobs",

@@ -17,7 +17,7 @@ data_app = typer.Typer(help="Datasets for the trainer (megatron-energon): synthe
 
 
 def _sizes(values: list[str] | None) -> tuple[tuple[int, int], ...] | None:
-    from ..data.synth import parse_size
+    from mimo_jobs.data.synth import parse_size
 
     if not values:
         return None
@@ -49,8 +49,8 @@ def synth_cmd(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..data.errors import DataError
-    from ..data.synth import SynthConfig, synth
+    from mimo_jobs.data.errors import DataError
+    from mimo_jobs.data.synth import SynthConfig, synth
 
     err = Console(stderr=True, highlight=False)
     try:

@@ -86,8 +86,9 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .. import jobs, launch
-    from ..store import connect
+    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import launch
+    from mimo_jobs.store.connection import connect
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     task = progress.add_task(f"{study or 'all studies'}: runs ended", total=None)
@@ -122,10 +123,11 @@ def submit(
         None, "--templates", help="Directory whose sbatch.sh.j2 / launch.sh.j2 override the packaged ones."),
 ) -> None:
     """Render and submit a study's runs (skips runs already pending, running or completed)."""
-    from .. import jobs, launch
-    from ..executors import SubmitError
-    from ..render import RenderError
-    from ..store import connect, db_path
+    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import launch
+    from mimo_jobs.submit.executors import SubmitError
+    from mimo_jobs.plan.render import RenderError
+    from mimo_jobs.store.connection import connect, db_path
 
     diag = _diagnose(study_file)
     if not diag.ok or diag.study is None:
@@ -206,8 +208,9 @@ def status(
 ) -> None:
     """State, attempt, elapsed time, last iteration and loss of every run (polls the scheduler, ingests
     finished runs)."""
-    from .. import jobs, launch
-    from ..store import connect, db_path
+    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import launch
+    from mimo_jobs.store.connection import connect, db_path
 
     name = _study_name(study)
     if not db_path(db).exists():
@@ -232,8 +235,9 @@ def cancel(
     db: Optional[Path] = typer.Option(None, "--db", help=DB_HELP),  # noqa: UP045
 ) -> None:
     """Cancel the pending/running jobs of a study (or of one run): scancel, or stop the local runner."""
-    from .. import jobs, launch
-    from ..store import connect, db_path
+    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import launch
+    from mimo_jobs.store.connection import connect, db_path
 
     name = _study_name(study)
     if not db_path(db).exists():
@@ -259,10 +263,11 @@ def demo(
         None, "--study", help="Study to run instead of the packaged cpu_local.yaml."),
 ) -> None:
     """The main job: run the packaged CPU study locally, follow it, ingest it and print the scaling report."""
-    from .. import jobs, launch
-    from ..executors import SubmitError
-    from ..render import RenderError, packaged_studies
-    from ..store import connect, db_path
+    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import launch
+    from mimo_jobs.submit.executors import SubmitError
+    from mimo_jobs.plan.render import RenderError, packaged_studies
+    from mimo_jobs.store.connection import connect, db_path
 
     path = study_file or packaged_studies() / "cpu_local.yaml"
     diag = _diagnose(path)
@@ -293,7 +298,7 @@ def demo(
     sts = follow(db, study.name, f"{study.name} ({db_path(db)})")
     con = connect(db)
     launch.ingest_runs(con, [launch.RunDir(Path(s.run_dir)) for s in sts if s.run_dir])
-    from .. import report
+    from mimo_jobs import report
 
     try:
         typer.echo(report.render(report.build(con, study.name), "table"))

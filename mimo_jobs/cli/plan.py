@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 if TYPE_CHECKING:
-    from ..study import Diagnosis, Problem
+    from mimo_jobs.plan.spec import Diagnosis, Problem
 
 EXIT_INVALID = 2
 
@@ -80,11 +80,11 @@ def _plan_table(diag: Diagnosis):
 
 def _diagnose(study_file: Path) -> Diagnosis:
     """Every problem of a study file, including its setup lines (which only bash can judge)."""
-    from ..study import diagnose
+    from mimo_jobs.plan.spec import diagnose
 
     diag = diagnose(study_file)
     if diag.study is not None and diag.study.cluster.setup:
-        from ..render import setup_problems  # jinja2 only when there is something to check
+        from mimo_jobs.plan.render import setup_problems  # jinja2 only when there is something to check
 
         diag.problems += setup_problems(diag.study.cluster)
     return diag
@@ -126,7 +126,7 @@ def render(
         None, "--only", help="Render only this run (name or run id); repeatable."),
 ) -> None:
     """Write run.yaml, launch.sh and sbatch.sh for every run of a study (nothing is written on any error)."""
-    from ..render import RenderError, render_study
+    from mimo_jobs.plan.render import RenderError, render_study
 
     diag = _diagnose(study_file)
     if not diag.ok or diag.study is None:

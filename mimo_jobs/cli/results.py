@@ -39,15 +39,15 @@ def ingest_cmd(
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from ..ingest import IngestError, LogRunInfo, ingest_paths
-    from ..store import connect
+    from mimo_jobs.ingest.pipeline import IngestError, LogRunInfo, ingest_paths
+    from mimo_jobs.store.connection import connect
 
     err = Console(stderr=True)
     info = LogRunInfo(study=study, name=name, nodes=nodes, gpus_per_node=gpus_per_node, seq_length=seq_length)
     missing = [str(p) for p in paths if not p.exists()]
     if missing:  # before opening the store: a typo must not leave an empty store behind
         _fail("no such file or directory: " + ", ".join(missing))
-    from ..readers import ScanError, forced_scanner
+    from mimo_jobs.ingest.readers import ScanError, forced_scanner
 
     try:
         forced_scanner()  # MIMO_JOBS_SCANNER, likewise checked before the store is opened
@@ -112,8 +112,9 @@ def report_cmd(
     ),
 ) -> None:
     """Scaling report: iteration time, throughput, MFU, E(N), loss parity, failure triage."""
-    from ..report import FORMATS, ReportError, build, render
-    from ..store import connect
+    from mimo_jobs.report import FORMATS, ReportError, render
+    from mimo_jobs.report import build
+    from mimo_jobs.store.connection import connect
 
     if fmt not in FORMATS:
         _fail(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
@@ -130,7 +131,7 @@ def report_cmd(
     if fmt == "html" and out is None:
         out = Path(".")
     if fmt == "table" and out is None:
-        from ..report.render_text import print_table
+        from mimo_jobs.report.render_text import print_table
 
         print_table(rep)
         return

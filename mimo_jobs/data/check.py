@@ -61,7 +61,7 @@ def check_data_path(path: str) -> None:
 
 
 def check_energon_data(run_spec: Any) -> None:
-    from ..presets import get_preset
+    from mimo_jobs.plan.presets import get_preset
 
     t = run_spec.trainer
     d = t.data

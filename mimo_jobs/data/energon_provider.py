@@ -19,7 +19,7 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ..trainer.batch import LaneBatch, Provider
+from mimo_jobs.trainer.batch import LaneBatch, Provider
 from .check import check_data_path
 from .errors import DataError
 from .images import ImageGeometry, geometry_of_preset
@@ -59,7 +59,7 @@ class LoaderConfig:
 
     @classmethod
     def from_run(cls, run_spec: Any, plan: Any) -> LoaderConfig:
-        from ..presets import get_preset
+        from mimo_jobs.plan.presets import get_preset
 
         tr = run_spec.trainer
         d = tr.data

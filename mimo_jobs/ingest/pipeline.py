@@ -29,10 +29,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import catalog, logparse, readers
+from mimo_jobs.store import catalog
+from . import logparse
+from . import readers
 from .readers import FileState, ScanError
-from .records import PHASES
-from .rundir import RunDir
+from mimo_jobs.contract import PHASES
+from mimo_jobs.plan.rundir import RunDir
 from .staging import Stage
 
 HEAD = 4096
@@ -160,7 +162,7 @@ def discover(paths: Iterable[Path]) -> list[_Target]:
 
 def _register_runs(con, targets: list[_Target], log_run: LogRunInfo | None, stats: IngestStats) -> dict:
     """Run dirs first (all run.yaml files parsed before anything is written), then bare logs."""
-    from .study import load_run_yaml
+    from mimo_jobs.plan.spec import load_run_yaml
 
     ctx: dict[Path | str, _RunCtx] = {}
     specs = {}
@@ -589,7 +591,7 @@ def _ingest_one(
             else:
                 sacct_text.append(text)
 
-        from .store import transaction
+        from mimo_jobs.store.connection import transaction
 
         # One transaction per file (its rows + its ingested_files row), open while scanning: the C path
         # stores each segment's rows while it scans the next. Small files share their group's.
@@ -670,7 +672,7 @@ def _ingest_group(con, group: list[_Target], ctx: dict, stats: IngestStats, forc
     the caller then takes them one by one, so a failure costs only its own file."""
     import copy
 
-    from .store import transaction
+    from mimo_jobs.store.connection import transaction
 
     before = copy.deepcopy(stats)
     records: list = []
@@ -722,7 +724,7 @@ def ingest_paths(
     except ScanError as e:
         raise IngestError(str(e)) from None
     targets = discover([Path(p) for p in paths])
-    from .store import transaction
+    from mimo_jobs.store.connection import transaction
 
     with transaction(con):
         ctx = _register_runs(con, targets, log_run, stats)

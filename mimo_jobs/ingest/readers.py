@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import logparse, store
+from . import logparse
+from mimo_jobs.store import connection as store
 
 
 class ScanError(ValueError):
@@ -187,7 +188,7 @@ def forced_scanner() -> str | None:
     if SCAN not in ("c", "grep", "python"):
         raise ScanError(f"MIMO_JOBS_SCANNER={SCAN!r}: use c, grep or python (or leave it unset)")
     if SCAN == "c" and _logscan is None:
-        raise ScanError("MIMO_JOBS_SCANNER=c, but mimo_jobs._logscan is not built (no C compiler at install)")
+        raise ScanError("MIMO_JOBS_SCANNER=c, but mimo_jobs.ingest._logscan is not built (no C compiler at install)")
     if SCAN == "grep" and GREP is None:
         raise ScanError("MIMO_JOBS_SCANNER=grep, but grep is not installed")
     return SCAN

@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 
-from .records import PHASES
+from mimo_jobs.contract import PHASES
 
 ITER_TYPES = {
     "run_id": "VARCHAR",

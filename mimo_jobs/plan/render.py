@@ -23,9 +23,9 @@ from typing import Any
 import jinja2
 import yaml
 
-from . import __version__
+from mimo_jobs import __version__
 from .rundir import RunDir
-from .study import ClusterSpec, Problem, RunSpec, StudySpec, run_yaml_doc, runs_of
+from .spec import ClusterSpec, Problem, RunSpec, StudySpec, run_yaml_doc, runs_of
 
 TEMPLATE_NAMES = ("sbatch.sh.j2", "launch.sh.j2")
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = base + job id % span (per job on shared hosts)
@@ -60,7 +60,7 @@ class RenderedRun:
 
 def packaged_templates() -> Path:
     """templates/ as shipped in the package (mimo_jobs/_templates, a symlink in the source tree)."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the mimo_jobs package
     for cand in (here / "_templates", here.parent / "templates"):
         if all((cand / n).is_file() for n in TEMPLATE_NAMES):
             return cand
@@ -68,7 +68,7 @@ def packaged_templates() -> Path:
 
 
 def packaged_studies() -> Path:
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]
     for cand in (here / "_studies", here.parent / "studies"):
         if cand.is_dir():
             return cand
@@ -178,7 +178,7 @@ def provenance() -> dict:
     except (OSError, subprocess.SubprocessError):
         pass
     if sha is None:  # no checkout, e.g. inside the mimo-jobs image: the commit the image was built from
-        from .image import image_sha
+        from mimo_jobs.image import image_sha
         sha, dirty = image_sha()
     return {"mimo_jobs_version": __version__, "git_sha": sha, "git_dirty": dirty,
             "rendered_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}

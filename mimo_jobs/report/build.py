@@ -7,7 +7,7 @@ import json
 import math
 from datetime import datetime, timezone
 
-from ..records import PHASES
+from mimo_jobs.contract import PHASES
 from . import figures
 from .model import ParityRow, Report, RunRow, StudyInfo, TriageRow
 from .triage import EventRow, triage
@@ -174,7 +174,7 @@ def build(
     rows: list[RunRow] = []
     triage_rows: list[TriageRow] = []
     notes: list[str] = []
-    from ..presets import PRESETS, flops_per_sample
+    from mimo_jobs.plan.presets import PRESETS, flops_per_sample
 
     for r in runs:
         rid = r["run_id"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from html import escape
 
-from . import fmt, svg
+from . import fmt
+from . import svg
 from .model import Report, RunRow
 
 

@@ -60,7 +60,7 @@ def triage(
     last_time: datetime | None = None,
 ) -> Verdict:
     # logparse compiles its patterns at import: only a report with a failed run pays for it
-    from ..logparse import ROOT_KINDS, SCHEDULER_KINDS, SUMMARY_KINDS, VICTIM_KINDS, is_victim_message
+    from mimo_jobs.ingest.logparse import ROOT_KINDS, SCHEDULER_KINDS, SUMMARY_KINDS, VICTIM_KINDS, is_victim_message
 
     root = [
         e

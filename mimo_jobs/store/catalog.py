@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from .study import RunSpec, StudySpec
+from mimo_jobs.plan.spec import RunSpec, StudySpec
 
 
 def _now() -> datetime:

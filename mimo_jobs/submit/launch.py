@@ -23,10 +23,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, catalog, jobs
+from mimo_jobs import __version__
+from mimo_jobs.store import catalog
+from . import policy as jobs
 from .executors import Executor, SubmitError, get_executor
-from .rundir import RunDir
-from .study import RunSpec, StudySpec
+from mimo_jobs.plan.rundir import RunDir
+from mimo_jobs.plan.spec import RunSpec, StudySpec
 
 INTENT = ".submit-intent.json"
 INTENT_MAX_AGE_S = 300  # an intent with no scheduler job after this long was a refused submission
@@ -57,7 +59,7 @@ def provenance() -> dict:
     """Package version and git sha (render's provenance, computed once per process) for the runs table."""
     global _PROV
     if _PROV is None:
-        from .render import provenance as render_provenance
+        from mimo_jobs.plan.render import provenance as render_provenance
 
         p = render_provenance()
         sha = p.get("git_sha")
@@ -134,7 +136,7 @@ def prepare(specs: list[RunSpec], runs_root: Path, executor_name: str,
             templates_dir: Path | None = None) -> list[Prepared]:
     """Render the runs (render checks all of them before writing any: run.yaml, launch.sh, sbatch.sh) and
     name the script each executor runs."""
-    from . import render
+    from mimo_jobs.plan import render
 
     out = []
     for rr in render.render_runs(specs, runs_root, templates_dir):
@@ -164,7 +166,7 @@ def submit_prepared(con, ex: Executor, p: Prepared, attempt: int) -> str:
         intent.unlink(missing_ok=True)  # refused: nothing to recover
         raise
     try:
-        from .store import transaction
+        from mimo_jobs.store.connection import transaction
 
         with transaction(con):
             jobs.insert_job(con, p.spec.run_id, job_id, ex.name, attempt, p.sha256, ex.log_path(p.rd, job_id))
@@ -194,7 +196,7 @@ def submit_runs(con, study: StudySpec, source: str | None, prepared: list[Prepar
     """Record the study and its runs (with provenance), then submit each prepared run. A refusal half way
     raises LaunchError after the earlier jobs are recorded (they are real); nothing of the refused run's job
     is recorded."""
-    from .store import transaction
+    from mimo_jobs.store.connection import transaction
 
     with transaction(con):
         catalog.record_study(con, study, source)
@@ -224,7 +226,7 @@ def _run_dirs(con, study: str | None = None) -> dict[str, tuple[RunDir, str]]:
 
 def reconcile(con, study: str | None = None, rdirs: dict | None = None) -> list[tuple[str, str]]:
     """Record jobs whose submission crashed before its store write (intent file left behind)."""
-    from .store import transaction
+    from mimo_jobs.store.connection import transaction
 
     adopted = []
     for rid, (rd, _) in (rdirs if rdirs is not None else _run_dirs(con, study)).items():
@@ -271,7 +273,7 @@ def has_checkpoint(rd: RunDir, spec: dict) -> bool:
 
 def settle(con, row: jobs.JobRow, rd: RunDir, spec: dict) -> jobs.Decision:
     """Apply the retry/requeue policy to an ended job; resubmit when it says so."""
-    from .store import transaction
+    from mimo_jobs.store.connection import transaction
 
     text = job_log_text(rd, row)
     err = jobs.first_error(text)
@@ -305,7 +307,7 @@ def refresh(con, study: str | None = None) -> list[str]:
     """Poll the scheduler for every active job (one batched query per executor), record what changed, settle
     jobs that ended and ingest their run dirs. Returns the run ids whose job ended in this call.
     The caller has run jobs.ensure_schema(con) once."""
-    from .store import transaction
+    from mimo_jobs.store.connection import transaction
 
     rdirs = _run_dirs(con, study)
     reconcile(con, study, rdirs)
@@ -341,7 +343,7 @@ def ingest_runs(con, rds: list[RunDir]) -> None:
     ingest refuses (e.g. its run.yaml was removed) is reported and skipped: following jobs goes on."""
     import sys
 
-    from .ingest import IngestError, ingest_paths
+    from mimo_jobs.ingest.pipeline import IngestError, ingest_paths
 
     for rd in rds:
         try:

@@ -131,7 +131,7 @@ def first_error(text: str) -> str | None:
     Uses the ingest engineer's logparse when present (same rules as the events table), else a small scan."""
     lines = text.splitlines()
     try:
-        from . import logparse
+        from mimo_jobs.ingest import logparse
     except ImportError:  # pragma: no cover - logparse is part of the package once ingest lands
         logparse = None
     if logparse is not None and hasattr(logparse, "TracebackTracker"):
@@ -320,7 +320,7 @@ def last_iteration_from_metrics(path: Path) -> tuple[int, float] | None:
 
 def last_checkpoint_iteration(run_dir: Path, spec: dict) -> int | None:
     """The iteration of the run's `latest` complete checkpoint (manifest only; no torch is imported)."""
-    from .trainer.checkpoint import latest_checkpoint
+    from mimo_jobs.trainer.checkpoint import latest_checkpoint
 
     d = Path((spec.get("trainer") or {}).get("checkpoint_dir") or run_dir / "checkpoints")
     info = latest_checkpoint(d if d.is_absolute() else run_dir / d)

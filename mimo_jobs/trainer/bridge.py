@@ -20,7 +20,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from ..topology import Plan
+from mimo_jobs.plan.topology import Plan
 from .grids import ModuleShape
 
 MAGIC = 0x4D494D4F  # "MIMO"

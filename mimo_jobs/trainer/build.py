@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..presets import ModelPreset, get_preset
-from ..study import RunSpec
-from ..topology import Plan
+from mimo_jobs.plan.presets import ModelPreset, get_preset
+from mimo_jobs.plan.spec import RunSpec
+from mimo_jobs.plan.topology import Plan
 from . import grids as G
 from .models import Precision
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from ..presets import get_preset
+from mimo_jobs.plan.presets import get_preset
 from .batch import IGNORE_INDEX, LaneBatch, Provider
 
 PAD_ID = 0
@@ -158,7 +158,7 @@ def make_provider(run_spec, plan, lanes: list[int], need_images: bool, need_text
     if kind == "mock":
         return MockProvider(mock_config(run_spec, plan), lanes, need_images, need_text)
     if kind == "energon":
-        from ..data.energon_provider import make_energon_provider
+        from mimo_jobs.data.energon_provider import make_energon_provider
 
         return make_energon_provider(run_spec, plan, lanes, need_images, need_text)
     raise DataConfigError(f"trainer.data.provider: unknown provider {kind!r} (mock or energon)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..topology import Plan
+from mimo_jobs.plan.topology import Plan
 
 ENCODER, LANGUAGE = "encoder", "language"
 

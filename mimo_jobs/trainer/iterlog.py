@@ -2,7 +2,7 @@
 
 - One Megatron-format iteration line per log interval (the fields and format of Megatron's training_log,
   /work/shared/notes/anchors-peers.md §3), averaged over the interval like Megatron does.
-- One mimo_jobs.records.IterationRecord JSON line per iteration appended to paths.metrics, plus a
+- One mimo_jobs.contract.IterationRecord JSON line per iteration appended to paths.metrics, plus a
   "start" record carrying the resolved layout and an "end" record with the exit reason.
 The first printed line states the full resolved layout.
 """
@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..presets import flops_per_sample
-from ..records import IterationRecord
+from mimo_jobs.plan.presets import flops_per_sample
+from mimo_jobs.contract import IterationRecord
 
 
 def layout_line(run, plan, mode: str, backend: str) -> str:
@@ -60,7 +60,7 @@ def _environment(run_provenance: dict | None = None) -> dict:
     image's recorded commit inside the container, else the checkout's, recorded in run.yaml by render)."""
     import torch
 
-    from ..image import image_provenance
+    from mimo_jobs.image import image_provenance
 
     try:
         prov = image_provenance() or {}

@@ -35,7 +35,7 @@ def _env_int(name: str, default: int) -> int:
 
 def preflight(run, doc: dict, reference: bool) -> None:
     """Every check that needs no collective. Raises LaunchError with one specific message."""
-    from .. import topology
+    from mimo_jobs.plan import topology
     from .data import mock_config
 
     lay = run.layout
@@ -149,7 +149,7 @@ def _injected_failure() -> tuple[int, int] | None:
 def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: int | None, quiet: bool) -> int:
     import warnings
 
-    from ..study import load_run_yaml
+    from mimo_jobs.plan.spec import load_run_yaml
 
     # megatron-core warns at import that TE/apex are absent (expected on CPU): keep logs readable
     warnings.filterwarnings("ignore", message=r".*(Apex|apex|Transformer Engine|TE) .*")
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(EXIT_BAD_INPUT)
     except Exception as e:  # noqa: BLE001 - any failure ends this rank at once, naming it
-        from ..study import StudyError
+        from mimo_jobs.plan.spec import StudyError
 
         if isinstance(e, (StudyError, KeyError, FileNotFoundError)) and local_rank == 0:
             print(f"mimo-jobs trainer: error: cannot read {a.run_yaml}: {e}", file=sys.stderr, flush=True)

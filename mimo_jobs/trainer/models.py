@@ -12,7 +12,7 @@ import re
 import zlib
 from dataclasses import dataclass
 
-from ..presets import ModelPreset
+from mimo_jobs.plan.presets import ModelPreset
 
 INIT_STD = 0.02
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from container_helpers import BUILD_SCRIPT, DOCKERFILE, PYXIS_SRUN, REPO, srun_argv
+from helpers.container import BUILD_SCRIPT, DOCKERFILE, PYXIS_SRUN, REPO, srun_argv
 from dockerfile_parse import DockerfileParser
 
 from mimo_jobs import image
-from mimo_jobs.render import render_study
-from mimo_jobs.study import load_run_yaml, load_study, parse_study
+from mimo_jobs.plan.render import render_study
+from mimo_jobs.plan.spec import load_run_yaml, load_study, parse_study
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 

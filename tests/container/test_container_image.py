@@ -24,7 +24,7 @@ import duckdb
 import pytest
 import tomllib
 import yaml
-from container_helpers import BUILD_SCRIPT, PYXIS_SRUN, REPO, podman_env, slurm_env, write_stubs
+from helpers.container import BUILD_SCRIPT, PYXIS_SRUN, REPO, podman_env, slurm_env, write_stubs
 
 # The timeout covers the module fixture (base bootstrap + build) on a loaded machine, not the CI budget.
 pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(2400)]

@@ -10,17 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from datahelp import run_spec
+from helpers import TESTS
+from helpers.data import run_spec
 
 from mimo_jobs.data.synth import caption_sample
 
-HELP = Path(__file__).with_name("datahelp.py")
 N = 6  # microbatches per lane
 
 
 def _spawn(reqs: dict[str, dict]) -> dict[str, dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHDYNAMO_DISABLE": "1"}
-    procs = {name: subprocess.Popen([sys.executable, str(HELP), json.dumps(r)], stdout=subprocess.PIPE,
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": str(TESTS)}
+    procs = {name: subprocess.Popen([sys.executable, "-m", "helpers.data", json.dumps(r)], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, env=env) for name, r in reqs.items()}
     out = {}
     for name, p in procs.items():

@@ -108,7 +108,7 @@ def test_blend_image_share_matches_its_weight(tmp_path):
 
 
 def test_check_energon_data_before_any_loader(synth_blend, tmp_path):
-    from datahelp import run_spec
+    from helpers.data import run_spec
 
     from mimo_jobs.data.check import check_energon_data
 

@@ -7,7 +7,7 @@ import io
 
 import pytest
 import torch
-from datahelp import run_spec
+from helpers.data import run_spec
 
 from mimo_jobs.data.energon_provider import make_energon_provider
 from mimo_jobs.data.errors import DataError

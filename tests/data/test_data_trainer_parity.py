@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mimo_jobs.rundir import RunDir
-from mimo_jobs.study import parse_study, run_yaml_doc, runs_of
+from mimo_jobs.plan.rundir import RunDir
+from mimo_jobs.plan.spec import parse_study, run_yaml_doc, runs_of
 
 ITERS = 3
 

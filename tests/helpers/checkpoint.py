@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from mimo_jobs.rundir import RunDir
-from mimo_jobs.study import parse_study, run_yaml_doc, runs_of
+from mimo_jobs.plan.rundir import RunDir
+from mimo_jobs.plan.spec import parse_study, run_yaml_doc, runs_of
 
 
 def make_run(root: Path, *, enc_dp: int, llm_dp: int, llm_tp: int = 1, enc_tp: int = 1, llm_ep: int = 1,

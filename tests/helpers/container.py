@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
+from helpers import REPO
+
+HERE = REPO / "tests" / "container"
 DOCKERFILE = REPO / "Dockerfile"
 BUILD_SCRIPT = HERE / "build_image.sh"
 PYXIS_SRUN = HERE / "pyxis_srun.sh"

@@ -10,21 +10,23 @@ import pytest
 
 import yaml
 
-from mimo_jobs.records import IterationRecord
-from mimo_jobs.rundir import RunDir
-from mimo_jobs.study import RunSpec, parse_study, run_yaml_doc, runs_of
+from mimo_jobs.contract import IterationRecord
+from mimo_jobs.plan.rundir import RunDir
+from mimo_jobs.plan.spec import RunSpec, parse_study, run_yaml_doc, runs_of
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from helpers import TESTS
+
+FIXTURES = TESTS / "ingest" / "fixtures"
 
 
 def require_ext() -> None:
     """The compiled scanner is optional for users, but CI (MIMO_JOBS_REQUIRE_EXT=1) must test it."""
-    from mimo_jobs import readers
+    from mimo_jobs.ingest import readers
 
     if readers._logscan is None:
         if os.environ.get("MIMO_JOBS_REQUIRE_EXT") == "1":
-            pytest.fail("mimo_jobs._logscan is not built (pip install -e . needs a C compiler)")
-        pytest.skip("mimo_jobs._logscan not built")
+            pytest.fail("mimo_jobs.ingest._logscan is not built (pip install -e . needs a C compiler)")
+        pytest.skip("mimo_jobs.ingest._logscan not built")
 
 
 def study_doc(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
-from runs import make_runs, record, write_jsonl  # noqa: E402
+from helpers.ingest_runs import make_runs, record, write_jsonl  # noqa: E402
 
-from mimo_jobs import ingest, store  # noqa: E402
+from mimo_jobs.ingest import pipeline as ingest
+from mimo_jobs.store import connection as store  # noqa: E402
 
 # nodes -> (iteration time for iterations 3..20, loss offset). Iterations 1 and 2 are slow warm-up.
 # 1 node: alternating 400/410 ms; 2 nodes: 200 ms; 4 nodes: 90 ms (super-linear: suspicious);

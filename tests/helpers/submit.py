@@ -10,8 +10,9 @@ from pathlib import Path
 
 import yaml
 
-FAKE_TEMPLATES = Path(__file__).resolve().parent / "fake_templates"
-REPO = Path(__file__).resolve().parents[2]
+from helpers import REPO, TESTS
+
+FAKE_TEMPLATES = TESTS / "submit" / "fake_templates"
 
 
 def write_study(path: Path, name: str, points: list[dict], env: dict | None = None, executor: str = "local",
@@ -87,6 +88,6 @@ def wait_until(db: Path, study: str, done, timeout: float, env: dict | None = No
 
 
 def all_ended(rows: list[dict]) -> bool:
-    from mimo_jobs.jobs import ACTIVE_STATES
+    from mimo_jobs.submit.policy import ACTIVE_STATES
 
     return all(r["state"] not in ACTIVE_STATES and r["action"] is not None for r in rows)

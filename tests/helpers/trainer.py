@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from mimo_jobs.study import parse_study, run_yaml_doc, runs_of
+from mimo_jobs.plan.spec import parse_study, run_yaml_doc, runs_of
 
 
 def make_run_yaml(out: Path, *, gpn: int, gbs: int, mbs: int = 1, enc: dict | None = None,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from mimo_jobs import logparse as lp
+from mimo_jobs.ingest import logparse as lp
 
 UPSTREAM = (
     " consumed samples:         9088 | elapsed time per iteration (ms): 5361.6 | throughput per GPU "

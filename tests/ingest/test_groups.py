@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mimo_jobs import ingest, store
+from mimo_jobs.ingest import pipeline as ingest
+from mimo_jobs.store import connection as store
 
 
 def _logs(root: Path, n: int = 12) -> list[Path]:

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from mimo_jobs import ingest, readers, store
+from mimo_jobs.ingest import pipeline as ingest
+from mimo_jobs.ingest import readers
+from mimo_jobs.store import connection as store
 from mimo_jobs.report import build
 
-sys.path.insert(0, str(Path(__file__).parent))
-from runs import FIXTURES, make_runs, record, require_ext, write_jsonl  # noqa: E402
+from helpers import REPO
+from helpers.ingest_runs import FIXTURES, make_runs, record, require_ext, write_jsonl  # noqa: E402
 
 
 @pytest.fixture
@@ -270,7 +272,7 @@ def test_two_ingest_processes_at_once(tmp_path):
         write_jsonl(rd.metrics, [record(run, "1", 0, i, 100.0, 5.0) for i in range(1, 501)])
         shutil.copy(FIXTURES / "slurm-4242.out", rd.logs / "slurm-4242.out")
     db = tmp_path / "store.duckdb"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "mimo_jobs.cli", "ingest", str(tmp_path / "runs"), "--db", str(db)]
     procs = [
         subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -323,7 +325,7 @@ def test_scanners_store_the_same_rows(tmp_path, monkeypatch):
 def test_cli_ingest(tmp_path):
     from typer.testing import CliRunner
 
-    from mimo_jobs.cli import app
+    from mimo_jobs.cli.app import app
 
     (run, rd), = make_runs(tmp_path / "runs", nodes=(2,))
     shutil.copy(FIXTURES / "slurm-4242.out", rd.logs / "slurm-4242.out")
@@ -341,7 +343,7 @@ def test_cli_ingest(tmp_path):
 def test_an_unusable_scanner_setting_is_refused_before_writing(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from mimo_jobs.cli import app
+    from mimo_jobs.cli.app import app
 
     ((_, rd),) = make_runs(tmp_path / "runs", nodes=(1,))
     shutil.copy(FIXTURES / "slurm-4242.out", rd.logs / "slurm-4242.out")

@@ -5,7 +5,7 @@ from datetime import datetime
 
 import pytest
 
-from mimo_jobs import logparse as lp
+from mimo_jobs.ingest import logparse as lp
 
 REAL = (
     " [2024-04-06 03:02:12] iteration       71/     100 | consumed samples:         9088 | elapsed time per "

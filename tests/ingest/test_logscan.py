@@ -1,4 +1,4 @@
-"""The compiled scanner (mimo_jobs._logscan) against the pure-Python scan on nasty generated logs: the same
+"""The compiled scanner (mimo_jobs.ingest._logscan) against the pure-Python scan on nasty generated logs: the same
 rows, events and counts, whatever the segment size (lines across segment boundaries, a row batch per
 segment, restarts across batches), with the AVX2 filter and with the portable scalar one."""
 
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from mimo_jobs import ingest, readers, store
+from mimo_jobs.ingest import pipeline as ingest
+from mimo_jobs.ingest import readers
+from mimo_jobs.store import connection as store
 
-sys.path.insert(0, str(Path(__file__).parent))
-from runs import require_ext  # noqa: E402
+from helpers.ingest_runs import require_ext  # noqa: E402
 
 
 KEYS = [
@@ -322,7 +323,7 @@ def test_sigbus_outside_a_scan_is_still_fatal(tmp_path):
     code = textwrap.dedent(
         f"""
         import mmap, os
-        from mimo_jobs import _logscan
+        from mimo_jobs.ingest import _logscan
         p = {str(tmp_path / "m.bin")!r}
         open(p, "wb").write(b"a\\n" * 32768)
         f = open(p, "rb")

@@ -22,12 +22,12 @@ import yaml
 from typer.testing import CliRunner
 
 from mimo_jobs import __version__
-from mimo_jobs.cli import app
-from mimo_jobs.render import RenderError, render_run, render_study
-from mimo_jobs.rundir import RunDir
-from mimo_jobs.study import load_run_yaml, load_study, parse_study, runs_of
+from mimo_jobs.cli.app import app
+from mimo_jobs.plan.render import RenderError, render_run, render_study
+from mimo_jobs.plan.rundir import RunDir
+from mimo_jobs.plan.spec import load_run_yaml, load_study, parse_study, runs_of
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
 STUDIES = sorted((REPO / "studies").glob("*.yaml"))
 PROD = REPO / "studies" / "scale_33n_68n_100n.yaml"
 USR2_BIT = 1 << (signal.SIGUSR2 - 1)
@@ -499,8 +499,8 @@ def test_wheel_ships_templates_and_studies(tmp_path):
         assert f"mimo_jobs/_studies/{s.name}" in names
     site = tmp_path / "site"
     zipfile.ZipFile(whl).extractall(site)
-    code = ("import sys; from mimo_jobs.render import packaged_templates, packaged_studies, render_study; "
-            "from mimo_jobs.study import load_study; print(packaged_templates()); "
+    code = ("import sys; from mimo_jobs.plan.render import packaged_templates, packaged_studies, render_study; "
+            "from mimo_jobs.plan.spec import load_study; print(packaged_templates()); "
             "render_study(load_study(packaged_studies() / 'cpu_local.yaml', env={}), sys.argv[1])")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], cwd=tmp_path, capture_output=True,
                        text=True, env={**os.environ, "PYTHONPATH": str(site)}, check=True)

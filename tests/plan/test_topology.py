@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_jobs.topology import Layout, TopologyError, check, derive_llm_dp, plan
+from mimo_jobs.plan.topology import Layout, TopologyError, check, derive_llm_dp, plan
 
 
 def lay(**kw) -> Layout:

@@ -8,10 +8,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from scaling_store import build_store
+from helpers.scaling_store import build_store
 
-from mimo_jobs.report import build, render
+from mimo_jobs.report import render
+from mimo_jobs.report import build
 
 
 def reference(report) -> str:

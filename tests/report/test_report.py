@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parent))
-from scaling_store import build_store  # noqa: E402
+from helpers.scaling_store import build_store  # noqa: E402
 
-from mimo_jobs.cli import app  # noqa: E402
-from mimo_jobs.presets import PRESETS, flops_per_sample  # noqa: E402
-from mimo_jobs.report import ReportError, build, render  # noqa: E402
+from mimo_jobs.cli.app import app  # noqa: E402
+from mimo_jobs.plan.presets import PRESETS, flops_per_sample  # noqa: E402
+from mimo_jobs.report import ReportError, render
+from mimo_jobs.report import build  # noqa: E402
 
 
 @pytest.fixture(scope="module")

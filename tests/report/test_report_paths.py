@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
-from runs import make_runs, record, write_jsonl  # noqa: E402
-from scaling_store import build_store  # noqa: E402
+from helpers.ingest_runs import make_runs, record, write_jsonl  # noqa: E402
+from helpers.scaling_store import build_store  # noqa: E402
 
-from mimo_jobs import ingest, store  # noqa: E402
+from mimo_jobs.ingest import pipeline as ingest
+from mimo_jobs.store import connection as store  # noqa: E402
 from mimo_jobs.report import build  # noqa: E402
 from mimo_jobs.report.build import CURVE_POINTS  # noqa: E402
 

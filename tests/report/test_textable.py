@@ -12,8 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).parent))
-from scaling_store import build_store
+from helpers.scaling_store import build_store
 
 from mimo_jobs.report import build
 from mimo_jobs.report.render_text import render_table
@@ -84,7 +83,7 @@ def test_cli_table_on_a_pipe_is_rich_text(tmp_path):
     # `mimo-jobs report` printing to a pipe (no colour): textable's lines interleave with rich's prints
     from typer.testing import CliRunner
 
-    from mimo_jobs.cli import app
+    from mimo_jobs.cli.app import app
 
     con, _ = build_store(tmp_path)
     want = render_table(build(con, "scal"), width=120, fast=False)

@@ -13,7 +13,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = HERE / "cluster.sh"
-sys.path.insert(0, str(HERE.parent / "submit"))  # submit_helpers: write studies, run the CLI, wait for jobs
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from submit_helpers import FAKE_TEMPLATES, REPO, all_ended, cli, job_rows, query, wait_until, write_study
+from helpers.submit import FAKE_TEMPLATES, REPO, all_ended, cli, job_rows, query, wait_until, write_study
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -133,8 +133,11 @@ def test_failure_timeout_cancel_and_crash_recovery(slurm_cluster, tmp_path):
     # Crash window: sbatch went through, the process died before recording it. status adopts the job by
     # its work dir (sacct/squeue WorkDir = the run dir).
     orphan = study("sl_orphan", env={"FAKE_SLEEP": 1})
-    from mimo_jobs import catalog, jobs, launch, store
-    from mimo_jobs.study import load_study, runs_of
+    from mimo_jobs.store import catalog
+    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import launch
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.plan.spec import load_study, runs_of
 
     s = load_study(orphan)
     spec = runs_of(s)[0]

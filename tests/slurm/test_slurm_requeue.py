@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from submit_helpers import all_ended, cli, job_rows, query, wait_until, write_study
+from helpers.submit import all_ended, cli, job_rows, query, wait_until, write_study
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -3,7 +3,7 @@ with its rows intact and without the key."""
 
 import duckdb
 
-from mimo_jobs import store
+from mimo_jobs.store import connection as store
 
 SCHEMA_1_ITERATIONS = """CREATE TABLE iterations (run_id VARCHAR NOT NULL, job_id VARCHAR NOT NULL,
     iteration INTEGER NOT NULL, elapsed_ms DOUBLE, loss DOUBLE, PRIMARY KEY (run_id, job_id, iteration))"""

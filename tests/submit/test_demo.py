@@ -7,7 +7,7 @@ import re
 
 import pytest
 import yaml
-from submit_helpers import REPO, cli, job_rows, query
+from helpers.submit import REPO, cli, job_rows, query
 
 pytestmark = pytest.mark.slow
 

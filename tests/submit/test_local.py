@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from submit_helpers import FAKE_TEMPLATES, all_ended, cli, job_rows, query, wait_until, write_study
+from helpers.submit import FAKE_TEMPLATES, all_ended, cli, job_rows, query, wait_until, write_study
 
 NCCL_MSG = ("[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
             "WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600042 milliseconds before timing out.")
@@ -173,8 +173,10 @@ def test_bad_input_is_refused_before_anything_is_written(ws):
 
 def test_store_write_failure_cancels_the_job(ws, monkeypatch):
     """No scheduler job without a row: when recording fails right after submission, the job is cancelled."""
-    from mimo_jobs import jobs, launch, store
-    from mimo_jobs.study import load_study, runs_of
+    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import launch
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.plan.spec import load_study, runs_of
 
     for k, v in ws["env"].items():
         monkeypatch.setenv(k, v)
@@ -204,8 +206,11 @@ def test_store_write_failure_cancels_the_job(ws, monkeypatch):
 def test_crash_between_submission_and_store_write_is_recovered(ws, monkeypatch):
     """The process dies after the scheduler took the job but before the row was written: the intent file
     lets the next `status` find the job and record it (no lost job, no duplicate on resubmit)."""
-    from mimo_jobs import catalog, jobs, launch, store
-    from mimo_jobs.study import load_study, runs_of
+    from mimo_jobs.store import catalog
+    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import launch
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.plan.spec import load_study, runs_of
 
     for k, v in ws["env"].items():
         monkeypatch.setenv(k, v)

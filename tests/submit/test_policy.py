@@ -5,8 +5,8 @@ from datetime import datetime
 
 import pytest
 
-from mimo_jobs import jobs
-from mimo_jobs.executors.slurm import parse_sacct, parse_squeue
+from mimo_jobs.submit import policy as jobs
+from mimo_jobs.submit.executors.slurm import parse_sacct, parse_squeue
 
 NCCL = ("[rank3]:[E ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation timeout: "
         "WorkNCCL(SeqNum=51, OpType=ALLREDUCE) ran for 600042 milliseconds before timing out.")
@@ -138,8 +138,8 @@ def test_has_checkpoint_needs_a_complete_one(tmp_path):
     (iter_N.tmp, or a `latest` naming nothing complete) is none, so a timeout is not requeued for nothing."""
     import json
 
-    from mimo_jobs.launch import has_checkpoint
-    from mimo_jobs.rundir import RunDir
+    from mimo_jobs.submit.launch import has_checkpoint
+    from mimo_jobs.plan.rundir import RunDir
 
     rd = RunDir(tmp_path)
     ck = tmp_path / "checkpoints"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from submit_helpers import all_ended, cli, query, wait_until, write_study
+from helpers.submit import all_ended, cli, query, wait_until, write_study
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +55,8 @@ def metrics_iteration(run_dir: Path) -> int:
 
 
 def test_signalled_local_run_is_requeued_and_resumes_to_one_curve(tmp_path):
-    from mimo_jobs.executors.local import LocalExecutor
-    from mimo_jobs.rundir import RunDir
+    from mimo_jobs.submit.executors.local import LocalExecutor
+    from mimo_jobs.plan.rundir import RunDir
 
     straight, short = ws(tmp_path / "straight"), ws(tmp_path / "short")
     s_study = study_file(tmp_path / "straight.yaml", "00:10:00", {})

@@ -1,5 +1,5 @@
 """One process (gloo world of 1): the checkpoint library on real megatron-core modules, scenario by scenario.
-Run by test_checkpoint_library.py as `python lib_worker.py OUT_DIR`; prints one JSON line of findings.
+Run by test_checkpoint_library.py as `python ckpt_lib_worker.py OUT_DIR`; prints one JSON line of findings.
 
 Modules: "language" = GPTModel + mcore DDP + distributed optimizer (Adam), dropout 0.1 (so the megatron RNG
 tracker state matters); "encoder" = a second GPTModel, frozen (no optimizer) but with weights that differ

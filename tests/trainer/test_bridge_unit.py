@@ -2,18 +2,8 @@
 
 import pytest
 
-from mimo_jobs import topology
-from mimo_jobs.trainer.bridge import (
-    BridgeError,
-    Segment,
-    check_header,
-    check_split,
-    make_header,
-    segments,
-    segments_of_encoder,
-    segments_of_lane,
-    split_sizes,
-)
+from mimo_jobs.plan import topology
+from mimo_jobs.trainer.bridge import BridgeError, Segment, check_header, check_split, make_header, segments, segments_of_encoder, segments_of_lane, split_sizes
 
 
 def _plan(enc_dp, llm_dp, mbs, gbs):

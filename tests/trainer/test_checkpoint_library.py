@@ -1,4 +1,4 @@
-"""The checkpoint library on real megatron-core modules in one gloo process (lib_worker.py): exact
+"""The checkpoint library on real megatron-core modules in one gloo process (ckpt_lib_worker.py): exact
 continuation after a restore into a differently initialised model with scrambled RNGs, a negative control
 (weights alone are not enough), refusals, keep-K and a damaged file."""
 
@@ -19,7 +19,7 @@ HERE = Path(__file__).parent
 def worker(tmp_path_factory):
     out = tmp_path_factory.mktemp("libckpt")
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1")
-    r = subprocess.run([sys.executable, str(HERE / "lib_worker.py"), str(out)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(HERE / "ckpt_lib_worker.py"), str(out)], capture_output=True, text=True,
                        timeout=300, env=env, check=False)
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     assert r.returncode == 0 and lines, r.stderr[-4000:]

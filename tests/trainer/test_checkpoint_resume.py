@@ -16,7 +16,7 @@ import signal
 import time
 from pathlib import Path
 
-import ckpt_helpers as H
+from helpers import checkpoint as H
 import pytest
 
 from mimo_jobs.trainer.checkpoint import latest_checkpoint

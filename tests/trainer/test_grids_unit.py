@@ -2,7 +2,7 @@
 
 import pytest
 
-from mimo_jobs import topology
+from mimo_jobs.plan import topology
 from mimo_jobs.trainer.grids import LANGUAGE, ModuleShape, module_shapes, role_of
 from mimo_jobs.trainer.step import check_alignment
 

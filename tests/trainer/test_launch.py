@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import yaml
-from tr_helpers import _env, free_port, make_run_yaml, run_reference, run_torchrun
+from helpers.trainer import _env, free_port, make_run_yaml, run_reference, run_torchrun
 
 
 def _spawn_ranks(run_yaml, world: int):

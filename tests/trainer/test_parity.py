@@ -9,9 +9,9 @@ import math
 import re
 
 import pytest
-from tr_helpers import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
+from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
 
-from mimo_jobs.study import load_run_yaml
+from mimo_jobs.plan.spec import load_run_yaml
 from mimo_jobs.trainer.bridge import segments_of_encoder
 from mimo_jobs.trainer.data import MockProvider, mock_config
 

@@ -1,6 +1,6 @@
 """Executors: how a rendered run becomes a scheduler job, and how that job is observed and cancelled.
 
-Both executors report the same facts (`mimo_jobs.jobs.JobFacts`: job id, state, submit/start/end times, exit
+Both executors report the same facts (`mimo_jobs.submit.policy.JobFacts`: job id, state, submit/start/end times, exit
 code, node list, reason), so the jobs table, the retry policy and `status` do not care which one ran a job.
 
 - slurm: `sbatch --parsable --chdir=<run dir> <run dir>/sbatch.sh` (the rendered file itself), submitit
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..jobs import JobFacts
-from ..rundir import RunDir
+from mimo_jobs.submit.policy import JobFacts
+from mimo_jobs.plan.rundir import RunDir
 
 
 class SubmitError(RuntimeError):

@@ -18,8 +18,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..jobs import JobFacts
-from ..rundir import RunDir
+from mimo_jobs.submit.policy import JobFacts
+from mimo_jobs.plan.rundir import RunDir
 from . import SubmitError
 
 
@@ -64,7 +64,7 @@ class LocalExecutor:
                        signal_spec: str = "USR2@0") -> list[str]:
         job_id = job_id or "local-<id>"
         sig, _, secs = signal_spec.partition("@")
-        return [sys.executable, "-m", "mimo_jobs.executors.local_runner", str(self.state_file(rd, job_id)),
+        return [sys.executable, "-m", "mimo_jobs.submit.executors.local_runner", str(self.state_file(rd, job_id)),
                 "--launch", str(rd.launch_sh), "--run-dir", str(rd.root), "--out", self.log_path(rd, job_id),
                 "--job-id", job_id, "--attempt", str(attempt), "--time-limit-s", str(time_limit_s),
                 "--signal", sig, "--signal-s", secs or "0", "--slots-dir", str(slots_dir()),

@@ -15,8 +15,8 @@ import subprocess
 import time
 from datetime import datetime, timezone
 
-from ..jobs import JobFacts
-from ..rundir import RunDir
+from mimo_jobs.submit.policy import JobFacts
+from mimo_jobs.plan.rundir import RunDir
 from . import SubmitError
 
 SACCT_FIELDS = "JobID,State,ExitCode,Submit,Start,End,NodeList,Reason,WorkDir"

@@ -1,5 +1,5 @@
 """Helpers for the data tests: run specs for an energon study point, and a role runner used as a separate
-process (`python datahelp.py '<json>'`), so each simulated rank builds its loaders in its own process."""
+process (`python -m helpers.data '<json>'`), so each simulated rank builds its loaders in its own process."""
 
 from __future__ import annotations
 
@@ -7,14 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-
 def run_spec(path, *, gpus_per_node: int, enc_dp: int, llm_dp: int, mbs: int, gbs: int, seq_length: int = 64,
              num_workers: int = 0, seed: int = 1234, model: str = "tiny", **data):
-    from mimo_jobs.study import parse_study, runs_of
+    from mimo_jobs.plan.spec import parse_study, runs_of
 
     doc = {
         "name": "datatest",
