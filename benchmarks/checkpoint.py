@@ -34,7 +34,9 @@ def render(root: Path, preset: str, distopt: bool) -> Path:
 
     from mimo_jobs.plan.presets import get_preset
     from mimo_jobs.plan.rundir import RunDir
-    from mimo_jobs.plan.spec import parse_study, run_yaml_doc, runs_of
+    from mimo_jobs.plan.expand import runs_of
+    from mimo_jobs.plan.load import parse_study
+    from mimo_jobs.plan.runspec import run_yaml_doc
 
     moe = get_preset(preset).llm.num_experts > 0
     study = parse_study({
@@ -57,7 +59,7 @@ def worker(run_yaml: Path, out: Path, repeats: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from mimo_jobs.plan.spec import load_run_yaml
+    from mimo_jobs.plan.runspec import load_run_yaml
     from mimo_jobs.trainer import checkpoint as C
     from mimo_jobs.trainer.build import build_state
     from mimo_jobs.trainer.cuda_shims import install

@@ -336,7 +336,9 @@ def bench_rank_files(n: int, workdir: Path) -> None:
     from mimo_jobs.ingest import pipeline as ingest
     from mimo_jobs.store import connection as store
     from mimo_jobs.plan.rundir import RunDir
-    from mimo_jobs.plan.spec import parse_study, run_yaml_doc, runs_of
+    from mimo_jobs.plan.expand import runs_of
+    from mimo_jobs.plan.load import parse_study
+    from mimo_jobs.plan.runspec import run_yaml_doc
 
     doc = {
         "name": "ranks",

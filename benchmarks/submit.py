@@ -60,17 +60,17 @@ def bare_sacct(ids: list[str], k: int = 5) -> float:
 
 
 def run(n: int, executor: str, work: Path) -> None:
-    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import status
     from mimo_jobs.submit import launch
     from mimo_jobs.store import connection as store
-    from mimo_jobs.plan.spec import parse_study, runs_of
+    from mimo_jobs.plan.expand import runs_of
+    from mimo_jobs.plan.load import parse_study
 
     name = f"bench_{executor}_{n}"
     spec = parse_study(study_doc(name, n, executor))
     runs = runs_of(spec)
     db = work / f"{name}.duckdb"
     con = store.connect(db)
-    jobs.ensure_schema(con)
     ex = launch.executor(executor)
 
     t0 = time.perf_counter()
@@ -106,7 +106,7 @@ def run(n: int, executor: str, work: Path) -> None:
     for _ in range(5):
         s0, c0 = getattr(ex, "sacct_s", 0.0), time.perf_counter()
         launch.refresh(con, name)
-        jobs.run_statuses(con, name)
+        status.run_statuses(con, name)
         lat.append(time.perf_counter() - c0)
         sac.append(getattr(ex, "sacct_s", 0.0) - s0)
     med, med_s = statistics.median(lat), statistics.median(sac)

@@ -1,13 +1,26 @@
-"""The trainer -> ingest contract: one JSON record per iteration in <run dir>/metrics.jsonl.
+"""What the trainer and the toolkit share, torch-free: the iteration record and the requeue contract.
 
-The trainer (last LLM rank) appends one line per iteration; ingest reads them (and, for upstream Megatron
-logs, the same figures parsed from iteration lines). Keep fields additive: unknown keys are kept as extras.
+Iteration record: the trainer (last LLM rank) appends one JSON line per iteration to <run dir>/metrics.jsonl;
+ingest reads them (and, for upstream Megatron logs, the same figures parsed from iteration lines). Keep
+fields additive: unknown keys are kept as extras.
+
+Requeue contract (trainer, launch scripts, local runner and the submit policy all read it here):
+  * a trainer stopped by a signal or its deadline saves a checkpoint, then every rank exits with
+    REQUEUE_EXIT_CODE (75, EX_TEMPFAIL: "try again later") and prints REQUEUE_LOG_LINE;
+  * torchrun reports any worker failure as exit 1, so rank 0 also writes <checkpoint_dir>/REQUEUE_MARKER
+    ({"iteration", "reason", "time", "job_id"}) once the checkpoint is complete. The launch script checks
+    for it after torchrun returns: if present it removes it, runs `scontrol requeue` on SLURM and exits 75
+    (the local runner runs the launch again). The next attempt resumes from `latest`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+REQUEUE_EXIT_CODE = 75
+REQUEUE_MARKER = "requeue.json"
+REQUEUE_LOG_LINE = "mimo-jobs trainer: stopping for requeue at iteration"
 
 PHASES = ("enc_fwd", "enc_bwd", "bridge_wait", "llm_fwd", "llm_bwd", "optimizer", "data")
 

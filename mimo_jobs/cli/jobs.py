@@ -86,7 +86,7 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import status
     from mimo_jobs.submit import launch
     from mimo_jobs.store.connection import connect
 
@@ -97,7 +97,7 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
             con = connect(db)
             try:
                 launch.refresh(con, study)
-                sts = jobs.run_statuses(con, study)
+                sts = status.run_statuses(con, study)
             finally:
                 con.close()
             ended = sum(1 for s in sts if s.job is not None and not s.job.active)
@@ -123,7 +123,6 @@ def submit(
         None, "--templates", help="Directory whose sbatch.sh.j2 / launch.sh.j2 override the packaged ones."),
 ) -> None:
     """Render and submit a study's runs (skips runs already pending, running or completed)."""
-    from mimo_jobs.submit import policy as jobs
     from mimo_jobs.submit import launch
     from mimo_jobs.submit.executors import SubmitError
     from mimo_jobs.plan.render import RenderError
@@ -170,7 +169,6 @@ def submit(
         return
 
     con = connect(db)
-    jobs.ensure_schema(con)
     launch.refresh(con, study.name)  # settles earlier jobs so 'keep' sees their final states
     sel = launch.plan_submit(con, runs, force)
     for r, j in sel.keep:
@@ -208,7 +206,7 @@ def status(
 ) -> None:
     """State, attempt, elapsed time, last iteration and loss of every run (polls the scheduler, ingests
     finished runs)."""
-    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import status
     from mimo_jobs.submit import launch
     from mimo_jobs.store.connection import connect, db_path
 
@@ -216,7 +214,6 @@ def status(
     if not db_path(db).exists():
         _err(f"no store at {db_path(db)} (submit something first, or pass --db)")
     con = connect(db)
-    jobs.ensure_schema(con)
     if name is not None and not con.execute("SELECT 1 FROM runs WHERE study = ?", [name]).fetchone():
         known = ", ".join(r[0] for r in con.execute("SELECT DISTINCT study FROM runs ORDER BY 1").fetchall())
         _err(f"study {name!r} has no runs in {db_path(db)} (known: {known or 'none'})")
@@ -226,7 +223,7 @@ def status(
         follow(db, name, title, interval)
         return
     launch.refresh(con, name)
-    _console().print(status_table(jobs.run_statuses(con, name), title))
+    _console().print(status_table(status.run_statuses(con, name), title))
 
 
 def cancel(
@@ -235,7 +232,6 @@ def cancel(
     db: Optional[Path] = typer.Option(None, "--db", help=DB_HELP),  # noqa: UP045
 ) -> None:
     """Cancel the pending/running jobs of a study (or of one run): scancel, or stop the local runner."""
-    from mimo_jobs.submit import policy as jobs
     from mimo_jobs.submit import launch
     from mimo_jobs.store.connection import connect, db_path
 
@@ -243,7 +239,6 @@ def cancel(
     if not db_path(db).exists():
         _err(f"no store at {db_path(db)} (pass --db)")
     con = connect(db)
-    jobs.ensure_schema(con)
     launch.refresh(con, name)
     try:
         done = launch.cancel(con, name, run)
@@ -263,7 +258,6 @@ def demo(
         None, "--study", help="Study to run instead of the packaged cpu_local.yaml."),
 ) -> None:
     """The main job: run the packaged CPU study locally, follow it, ingest it and print the scaling report."""
-    from mimo_jobs.submit import policy as jobs
     from mimo_jobs.submit import launch
     from mimo_jobs.submit.executors import SubmitError
     from mimo_jobs.plan.render import RenderError, packaged_studies
@@ -283,7 +277,6 @@ def demo(
     out.print(f"demo: study {study.name} ({len(diag.runs)} runs, {path}) on this machine; store {db_path(db)}, "
               f"runs under {root}", markup=False)
     con = connect(db)
-    jobs.ensure_schema(con)
     launch.refresh(con, study.name)
     sel = launch.plan_submit(con, diag.runs, force=False)
     try:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 if TYPE_CHECKING:
-    from mimo_jobs.plan.spec import Diagnosis, Problem
+    from mimo_jobs.plan.diagnose import Diagnosis, Problem
 
 EXIT_INVALID = 2
 
@@ -80,7 +80,7 @@ def _plan_table(diag: Diagnosis):
 
 def _diagnose(study_file: Path) -> Diagnosis:
     """Every problem of a study file, including its setup lines (which only bash can judge)."""
-    from mimo_jobs.plan.spec import diagnose
+    from mimo_jobs.plan.diagnose import diagnose
 
     diag = diagnose(study_file)
     if diag.study is not None and diag.study.cluster.setup:

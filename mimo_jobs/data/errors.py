@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from mimo_jobs.errors import MimoJobsError
 
-class DataError(ValueError):
+
+class DataError(MimoJobsError, ValueError):
     """Bad data or a bad data setting. `where` names the dataset/shard/sample; the message says the rule.
 
     Single-string constructor on purpose: torch's DataLoader re-raises worker exceptions as

@@ -21,6 +21,8 @@
 
 from __future__ import annotations
 
+from mimo_jobs.errors import MimoJobsError
+
 import hashlib
 import json
 from contextlib import nullcontext
@@ -41,7 +43,7 @@ HEAD = 4096
 LOG_SUFFIXES = (".out", ".err", ".log", ".txt")
 
 
-class IngestError(ValueError):
+class IngestError(MimoJobsError, ValueError):
     """Bad ingest input (missing path, unreadable run.yaml): raised before anything is written."""
 
 
@@ -162,7 +164,7 @@ def discover(paths: Iterable[Path]) -> list[_Target]:
 
 def _register_runs(con, targets: list[_Target], log_run: LogRunInfo | None, stats: IngestStats) -> dict:
     """Run dirs first (all run.yaml files parsed before anything is written), then bare logs."""
-    from mimo_jobs.plan.spec import load_run_yaml
+    from mimo_jobs.plan.runspec import load_run_yaml
 
     ctx: dict[Path | str, _RunCtx] = {}
     specs = {}

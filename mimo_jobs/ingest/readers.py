@@ -11,6 +11,8 @@ Candidate lines go to a line handler (ingest._LogScanner), iteration rows to a s
 
 from __future__ import annotations
 
+from mimo_jobs.errors import MimoJobsError
+
 import json
 import mmap
 import os
@@ -24,7 +26,7 @@ from . import logparse
 from mimo_jobs.store import connection as store
 
 
-class ScanError(ValueError):
+class ScanError(MimoJobsError, ValueError):
     """A file could not be scanned (grep failed, an unusable MIMO_JOBS_SCANNER)."""
 
 

@@ -9,6 +9,8 @@ temporary file and renamed, so a failure leaves no half-written run directory be
 
 from __future__ import annotations
 
+from mimo_jobs.errors import MimoJobsError
+
 import hashlib
 import os
 import re
@@ -24,8 +26,12 @@ import jinja2
 import yaml
 
 from mimo_jobs import __version__
+from mimo_jobs.contract import REQUEUE_EXIT_CODE, REQUEUE_MARKER
 from .rundir import RunDir
-from .spec import ClusterSpec, Problem, RunSpec, StudySpec, run_yaml_doc, runs_of
+from .diagnose import Problem
+from .expand import runs_of
+from .runspec import RunSpec, run_yaml_doc
+from .spec import ClusterSpec, StudySpec
 
 TEMPLATE_NAMES = ("sbatch.sh.j2", "launch.sh.j2")
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = base + job id % span (per job on shared hosts)
@@ -36,7 +42,7 @@ _SBATCH_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=+/@%~-]+$")
 _SHELL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class RenderError(ValueError):
+class RenderError(MimoJobsError, ValueError):
     """Rendering refused; `problems` say where and why (same shape as `validate`'s)."""
 
     def __init__(self, problems: list[Problem]):
@@ -211,8 +217,8 @@ def context(spec: RunSpec, rd: RunDir) -> dict:
         "port_base": PORT_BASE, "port_span": PORT_SPAN,
         # requeue contract (trainer/signals.py; literals so rendering imports no trainer module)
         "time_limit_s": spec.cluster.model_copy(update={"time_limit": spec.time_limit}).time_limit_seconds(),
-        "requeue_marker": str(Path(spec.trainer.checkpoint_dir or rd.checkpoints) / "requeue.json"),
-        "requeue_exit_code": 75,
+        "requeue_marker": str(Path(spec.trainer.checkpoint_dir or rd.checkpoints) / REQUEUE_MARKER),
+        "requeue_exit_code": REQUEUE_EXIT_CODE,
     }
 
 

@@ -10,6 +10,8 @@ TP group is a run of consecutive ranks.
 
 from __future__ import annotations
 
+from mimo_jobs.errors import MimoJobsError
+
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -58,7 +60,7 @@ class Violation:
         return f"[{self.rule}] {self.message}" + (f"; {self.fit}" if self.fit else "")
 
 
-class TopologyError(ValueError):
+class TopologyError(MimoJobsError, ValueError):
     def __init__(self, violations: list[Violation]):
         self.violations = violations
         super().__init__("; ".join(str(v) for v in violations))

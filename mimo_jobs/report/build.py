@@ -3,6 +3,8 @@ apply the pure math of figures.py/triage.py per run and per study."""
 
 from __future__ import annotations
 
+from mimo_jobs.errors import MimoJobsError
+
 import json
 import math
 from datetime import datetime, timezone
@@ -16,7 +18,7 @@ OK_STATES = {"COMPLETED", "RUNNING", "PENDING", "NO DATA", "REQUEUED", "CONFIGUR
 CURVE_POINTS = 400
 
 
-class ReportError(ValueError):
+class ReportError(MimoJobsError, ValueError):
     """Bad report request (unknown study, no runs at the baseline node count)."""
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from mimo_jobs.plan.spec import RunSpec, StudySpec
+from mimo_jobs.plan.runspec import RunSpec
+
+from mimo_jobs.plan.spec import StudySpec
 
 
 def _now() -> datetime:

@@ -17,6 +17,8 @@ Store consistency (no job row without a scheduler job, nor the reverse):
 
 from __future__ import annotations
 
+from mimo_jobs.errors import MimoJobsError
+
 import json
 import os
 import time
@@ -25,16 +27,17 @@ from pathlib import Path
 
 from mimo_jobs import __version__
 from mimo_jobs.store import catalog
-from . import policy as jobs
+from . import jobs_table, policy, status
 from .executors import Executor, SubmitError, get_executor
 from mimo_jobs.plan.rundir import RunDir
-from mimo_jobs.plan.spec import RunSpec, StudySpec
+from mimo_jobs.plan.runspec import RunSpec
+from mimo_jobs.plan.spec import StudySpec
 
 INTENT = ".submit-intent.json"
 INTENT_MAX_AGE_S = 300  # an intent with no scheduler job after this long was a refused submission
 
 
-class LaunchError(RuntimeError):
+class LaunchError(MimoJobsError, RuntimeError):
     """A user-facing problem (unknown run, missing render, scheduler refused); the message says which."""
 
 
@@ -97,18 +100,18 @@ def check_executor(runs: list[RunSpec], executor_name: str) -> None:
 @dataclass
 class Selection:
     submit: list[RunSpec] = field(default_factory=list)
-    keep: list[tuple[RunSpec, jobs.JobRow]] = field(default_factory=list)  # pending/running/completed
+    keep: list[tuple[RunSpec, jobs_table.JobRow]] = field(default_factory=list)  # pending/running/completed
     attempts: dict[str, int] = field(default_factory=dict)  # run id -> attempt number of the new job
 
 
 def plan_submit(con, runs: list[RunSpec], force: bool) -> Selection:
     """Runs whose newest job is pending, running or completed are kept unless --force; a changed run spec has
     a new run id and so no jobs yet."""
-    latest = jobs.latest_jobs(con, [r.run_id for r in runs])
+    latest = jobs_table.latest_jobs(con, [r.run_id for r in runs])
     sel = Selection()
     for r in runs:
         j = latest.get(r.run_id)
-        if j is not None and j.state in jobs.KEEP_STATES and not force:
+        if j is not None and j.state in jobs_table.KEEP_STATES and not force:
             sel.keep.append((r, j))
             continue
         sel.submit.append(r)
@@ -169,7 +172,7 @@ def submit_prepared(con, ex: Executor, p: Prepared, attempt: int) -> str:
         from mimo_jobs.store.connection import transaction
 
         with transaction(con):
-            jobs.insert_job(con, p.spec.run_id, job_id, ex.name, attempt, p.sha256, ex.log_path(p.rd, job_id))
+            jobs_table.insert_job(con, p.spec.run_id, job_id, ex.name, attempt, p.sha256, ex.log_path(p.rd, job_id))
     except BaseException:
         ex.cancel(job_id, p.rd)  # no scheduler job without a row
         intent.unlink(missing_ok=True)
@@ -239,14 +242,14 @@ def reconcile(con, study: str | None = None, rdirs: dict | None = None) -> list[
             ip.unlink(missing_ok=True)
             continue
         ex = executor(it["executor"])
-        known = {r.job_id for r in jobs.jobs_of_run(con, rid)}
+        known = {r.job_id for r in jobs_table.jobs_of_run(con, rid)}
         found = [f for f in ex.find(rd, it["time"]) if f.job_id not in known]
         if found:
             with transaction(con):
                 for i, f in enumerate(sorted(found, key=lambda f: f.job_id)):
-                    jobs.insert_job(con, rid, f.job_id, ex.name, it["attempt"] + i, None,
+                    jobs_table.insert_job(con, rid, f.job_id, ex.name, it["attempt"] + i, None,
                                     ex.log_path(rd, f.job_id), f.submit_time)
-                    jobs.update_facts(con, rid, f)
+                    jobs_table.update_facts(con, rid, f)
             adopted += [(rid, f.job_id) for f in found]
             ip.unlink(missing_ok=True)
         elif time.time() - it["time"] > INTENT_MAX_AGE_S:
@@ -254,33 +257,33 @@ def reconcile(con, study: str | None = None, rdirs: dict | None = None) -> list[
     return adopted
 
 
-def job_log_text(rd: RunDir, row: jobs.JobRow) -> str:
+def job_log_text(rd: RunDir, row: jobs_table.JobRow) -> str:
     """The job's main output plus every per-rank stderr of its torchrun log dirs (tails)."""
-    parts = [jobs.read_tail(row.log_path)]
+    parts = [status.read_tail(row.log_path)]
     jl = rd.job_logs(row.job_id)
     if jl.is_dir():
         for f in sorted(jl.rglob("*.log")):
             if f.name.startswith("stderr") or f.parent.name.isdigit():
-                parts.append(jobs.read_tail(f, 64_000))
+                parts.append(status.read_tail(f, 64_000))
     return "\n".join(parts)
 
 
 def has_checkpoint(rd: RunDir, spec: dict) -> bool:
     """A complete checkpoint the next attempt can resume from (a crashed iter_N.tmp is none). The manifest
     reader needs no torch (trainer/__init__ imports nothing)."""
-    return jobs.last_checkpoint_iteration(rd.root, spec) is not None
+    return status.last_checkpoint_iteration(rd.root, spec) is not None
 
 
-def settle(con, row: jobs.JobRow, rd: RunDir, spec: dict) -> jobs.Decision:
+def settle(con, row: jobs_table.JobRow, rd: RunDir, spec: dict) -> policy.Decision:
     """Apply the retry/requeue policy to an ended job; resubmit when it says so."""
     from mimo_jobs.store.connection import transaction
 
     text = job_log_text(rd, row)
-    err = jobs.first_error(text)
-    all_rows = jobs.jobs_of_run(con, row.run_id)
+    err = policy.first_error(text)
+    all_rows = jobs_table.jobs_of_run(con, row.run_id)
     earlier = [r for r in all_rows if r.attempt < row.attempt]
     later = [r for r in all_rows if r.attempt > row.attempt]
-    d = jobs.classify(row.state, row.exit_code, text, jobs.history_of(earlier),
+    d = policy.classify(row.state, row.exit_code, text, policy.history_of(earlier),
                       int((spec.get("cluster") or {}).get("max_retries", 0)), has_checkpoint(rd, spec))
     why = f"{row.state}" + (f" exit {row.exit_code}" if row.exit_code is not None else "") + \
         (f" ({row.reason})" if row.reason and row.reason not in ("None", d.reason) else "") + f": {d.reason}"
@@ -296,23 +299,23 @@ def settle(con, row: jobs.JobRow, rd: RunDir, spec: dict) -> jobs.Decision:
             try:
                 next_id = submit_prepared(con, ex, p, row.attempt + 1)
             except SubmitError as e:
-                d = jobs.Decision("final", f"{d.reason}, but resubmission was refused: {e}")
+                d = policy.Decision("final", f"{d.reason}, but resubmission was refused: {e}")
                 why = f"{row.state}: {d.reason}"
     with transaction(con):
-        jobs.set_outcome(con, row.run_id, row.job_id, d.action, why, err, next_id)
+        jobs_table.set_outcome(con, row.run_id, row.job_id, d.action, why, err, next_id)
     return d
 
 
 def refresh(con, study: str | None = None) -> list[str]:
     """Poll the scheduler for every active job (one batched query per executor), record what changed, settle
     jobs that ended and ingest their run dirs. Returns the run ids whose job ended in this call.
-    The caller has run jobs.ensure_schema(con) once."""
+    """
     from mimo_jobs.store.connection import transaction
 
     rdirs = _run_dirs(con, study)
     reconcile(con, study, rdirs)
-    active = [r for r in jobs.active_jobs(con) if r.run_id in rdirs]
-    by_ex: dict[str, dict[str, tuple[jobs.JobRow, RunDir]]] = {}
+    active = [r for r in jobs_table.active_jobs(con) if r.run_id in rdirs]
+    by_ex: dict[str, dict[str, tuple[jobs_table.JobRow, RunDir]]] = {}
     for r in active:
         by_ex.setdefault(r.executor, {})[r.job_id] = (r, rdirs[r.run_id][0])
     ended = []
@@ -326,10 +329,10 @@ def refresh(con, study: str | None = None) -> list[str]:
                 if (f.state, f.start_time, f.end_time, f.node_list) == (row.state, row.start_time, row.end_time,
                                                                        row.node_list) and f.active:
                     continue  # nothing new: a poll of N unchanged jobs writes nothing
-                jobs.update_facts(con, row.run_id, f)
+                jobs_table.update_facts(con, row.run_id, f)
                 if not f.active:
                     ended.append(row.run_id)
-    for row in jobs.unsettled_jobs(con):
+    for row in jobs_table.unsettled_jobs(con):
         if row.run_id in rdirs:
             rd, spec = rdirs[row.run_id]
             settle(con, row, rd, json.loads(spec) if isinstance(spec, str) else spec)
@@ -357,7 +360,6 @@ def ingest_runs(con, rds: list[RunDir]) -> None:
 def cancel(con, study: str, run: str | None = None) -> list[tuple[str, str, str]]:
     """scancel (or stop the local runner of) every active job of the study, or of one run (name or id).
     Returns (run name, job id, executor)."""
-    jobs.ensure_schema(con)
     rows = con.execute("SELECT run_id, name, run_dir FROM runs WHERE study = ?", [study]).fetchall()
     if not rows:
         raise LaunchError(f"study {study!r} has no runs in the store (submitted with another --db?)")
@@ -369,7 +371,7 @@ def cancel(con, study: str, run: str | None = None) -> list[tuple[str, str, str]
             raise LaunchError(f"study {study!r} has no run {run!r} (runs: {names})")
     ids = {rid: (name, RunDir(Path(d))) for rid, name, d in rows}
     out = []
-    for j in jobs.active_jobs(con):
+    for j in jobs_table.active_jobs(con):
         if j.run_id in ids:
             name, rd = ids[j.run_id]
             executor(j.executor).cancel(j.job_id, rd)

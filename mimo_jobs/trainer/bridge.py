@@ -17,6 +17,8 @@ microbatches) still exchange headers, so both sides always agree on what crossed
 
 from __future__ import annotations
 
+from mimo_jobs.errors import MimoJobsError
+
 import zlib
 from dataclasses import dataclass
 
@@ -27,7 +29,7 @@ MAGIC = 0x4D494D4F  # "MIMO"
 HDR = 6  # fixed header fields before the per-sample counts
 
 
-class BridgeError(RuntimeError):
+class BridgeError(MimoJobsError, RuntimeError):
     pass
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mimo_jobs.plan.presets import ModelPreset, get_preset
-from mimo_jobs.plan.spec import RunSpec
+from mimo_jobs.plan.runspec import RunSpec
 from mimo_jobs.plan.topology import Plan
 from . import grids as G
 from .models import Precision

@@ -31,6 +31,9 @@ torch/megatron are imported inside functions only: `mimo-jobs status` lists chec
 
 from __future__ import annotations
 
+from mimo_jobs.contract import REQUEUE_LOG_LINE
+from mimo_jobs.errors import MimoJobsError
+
 import json
 import os
 import re
@@ -52,7 +55,7 @@ CRASH_ENV = "MIMO_CKPT_CRASH"
 CRASH_POINTS = ("rank_files", "before_rename", "before_latest")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(MimoJobsError, RuntimeError):
     """A checkpoint cannot be written or read (names the directory/file and what is wrong)."""
 
 
@@ -706,6 +709,6 @@ class Checkpointer:
             from .signals import write_requeue_marker
 
             write_requeue_marker(self.dir, st.iteration, stop.reason, self.provenance.job_id)
-            print(f"mimo-jobs trainer: stopping for requeue at iteration {st.iteration} ({stop.reason}); "
+            print(f"{REQUEUE_LOG_LINE} {st.iteration} ({stop.reason}); "
                   f"checkpoint {self.dir / iter_name(st.iteration)}", flush=True)
         return stop

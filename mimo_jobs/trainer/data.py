@@ -11,6 +11,8 @@ layout (so losses are comparable across node counts). Images are drawn from thei
 
 from __future__ import annotations
 
+from mimo_jobs.errors import MimoJobsError
+
 import zlib
 from dataclasses import dataclass
 
@@ -25,7 +27,7 @@ def image_token_id(vocab_size: int) -> int:
     return vocab_size - 1
 
 
-class DataConfigError(ValueError):
+class DataConfigError(MimoJobsError, ValueError):
     pass
 
 

@@ -9,6 +9,8 @@ teardown collectives); torchrun then stops the sibling workers, and the collecti
 
 from __future__ import annotations
 
+from mimo_jobs.errors import MimoJobsError
+
 import argparse
 import os
 import sys
@@ -19,7 +21,7 @@ EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 
 
-class LaunchError(ValueError):
+class PreflightError(MimoJobsError, ValueError):
     pass
 
 
@@ -30,52 +32,52 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(v)
     except ValueError:
-        raise LaunchError(f"environment variable {name}={v!r} is not an integer") from None
+        raise PreflightError(f"environment variable {name}={v!r} is not an integer") from None
 
 
 def preflight(run, doc: dict, reference: bool) -> None:
-    """Every check that needs no collective. Raises LaunchError with one specific message."""
+    """Every check that needs no collective. Raises PreflightError with one specific message."""
     from mimo_jobs.plan import topology
     from .data import mock_config
 
     lay = run.layout
     viol = topology.check(lay)
     if viol:
-        raise LaunchError("run.yaml: infeasible layout: " + "; ".join(str(v) for v in viol))
+        raise PreflightError("run.yaml: infeasible layout: " + "; ".join(str(v) for v in viol))
     plan = topology.plan(lay)
     stored = doc.get("plan") or {}
     if stored and stored != plan.to_dict():
         diff = sorted(k for k in set(stored) | set(plan.to_dict()) if stored.get(k) != plan.to_dict().get(k))
-        raise LaunchError(f"run.yaml: the stored plan does not match the layout (fields {diff}); re-render it")
+        raise PreflightError(f"run.yaml: the stored plan does not match the layout (fields {diff}); re-render it")
     if lay.enc_pp != 1 or lay.llm_pp != 1:
-        raise LaunchError(f"run.yaml: encoder.pp={lay.enc_pp}, llm.pp={lay.llm_pp}: pipeline parallelism inside "
+        raise PreflightError(f"run.yaml: encoder.pp={lay.enc_pp}, llm.pp={lay.llm_pp}: pipeline parallelism inside "
                           "a module is not implemented by this trainer; use pp=1")
     t = run.trainer
     if t.freeze.encoder and t.freeze.llm:
-        raise LaunchError("run.yaml: trainer.freeze has both encoder and llm frozen; nothing to train")
+        raise PreflightError("run.yaml: trainer.freeze has both encoder and llm frozen; nothing to train")
     if t.precision == "bf16" and run.cluster.accelerator == "cpu":
-        raise LaunchError("run.yaml: trainer.precision=bf16 needs accelerator=gpu; use fp32 on CPU")
+        raise PreflightError("run.yaml: trainer.precision=bf16 needs accelerator=gpu; use fp32 on CPU")
     if t.data.provider == "mock":
         mock_config(run, plan)
     if reference:
         return
     world = _env_int("WORLD_SIZE", 1)
     if world != plan.world:
-        raise LaunchError(
+        raise PreflightError(
             f"world size mismatch: launched with WORLD_SIZE={world} but run.yaml's layout needs {plan.world} "
             f"ranks ({lay.nodes} nodes x {lay.gpus_per_node}: encoder {plan.enc_rank_end} + LLM "
             f"{plan.llm_rank_end - plan.llm_rank_start}); launch with --nnodes {lay.nodes} --nproc-per-node "
             f"{lay.gpus_per_node}")
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if local is not None and int(local) != lay.gpus_per_node:
-        raise LaunchError(f"LOCAL_WORLD_SIZE={local} but run.yaml has gpus_per_node={lay.gpus_per_node} processes "
+        raise PreflightError(f"LOCAL_WORLD_SIZE={local} but run.yaml has gpus_per_node={lay.gpus_per_node} processes "
                           "per node (TP groups must stay inside a node); use --nproc-per-node "
                           f"{lay.gpus_per_node}")
     if run.cluster.accelerator == "gpu":
         import torch
 
         if not torch.cuda.is_available():
-            raise LaunchError("cluster.accelerator=gpu but CUDA is not available on this node; use accelerator: "
+            raise PreflightError("cluster.accelerator=gpu but CUDA is not available on this node; use accelerator: "
                               "cpu for a CPU (gloo) run")
 
 
@@ -149,7 +151,7 @@ def _injected_failure() -> tuple[int, int] | None:
 def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: int | None, quiet: bool) -> int:
     import warnings
 
-    from mimo_jobs.plan.spec import load_run_yaml
+    from mimo_jobs.plan.runspec import load_run_yaml
 
     # megatron-core warns at import that TE/apex are absent (expected on CPU): keep logs readable
     warnings.filterwarnings("ignore", message=r".*(Apex|apex|Transformer Engine|TE) .*")
@@ -157,7 +159,7 @@ def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: i
         run, doc = load_run_yaml(run_yaml)
     except Exception as e:  # noqa: BLE001 - yaml, missing keys, pydantic: all mean "not a run.yaml"
         msg = " ".join(str(e).split())[:600]
-        raise LaunchError(f"{run_yaml}: not a valid run.yaml ({type(e).__name__}: {msg}); re-render it with "
+        raise PreflightError(f"{run_yaml}: not a valid run.yaml ({type(e).__name__}: {msg}); re-render it with "
                           "`mimo-jobs render`") from None
     # CI/CPU: the native fused cross entropy is torch.compile'd; compiling costs ~16 s cold (probe P5).
     if run.cluster.accelerator == "cpu":
@@ -192,7 +194,7 @@ def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: i
     log.start(layout_line(run, plan, mode, backend), mode, backend)
     # checkpoints (issue 7): resume from `latest`, periodic saves, stop-save-requeue on signals/time limit
     from .checkpoint import Checkpointer
-    from .signals import REQUEUE_EXIT_CODE
+    from mimo_jobs.contract import REQUEUE_EXIT_CODE
 
     ckpt = Checkpointer.for_run(run, doc, run_yaml, reference)
     ckpt.resume(st)
@@ -233,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     local_rank = _env_int("LOCAL_RANK", 0) if not a.reference else 0
     try:
         if not a.run_yaml.is_file():
-            raise LaunchError(f"{a.run_yaml}: no such run.yaml")
+            raise PreflightError(f"{a.run_yaml}: no such run.yaml")
         return run_training(a.run_yaml, a.reference, a.metrics, a.iters, a.quiet)
-    except LaunchError as e:
+    except PreflightError as e:
         # identical on every rank (it depends only on run.yaml and the environment): say it once per node
         if local_rank == 0:
             print(f"mimo-jobs trainer: error: {e}", file=sys.stderr, flush=True)

@@ -5,14 +5,8 @@ step every rank contributes its flag (signal seen, deadline near) to one MAX all
 all ranks decide identically even when the signal reached only some of them (SLURM's `--signal` goes to the
 step's tasks; torchrun forwards SIGTERM to its workers). Then the loop saves a checkpoint and exits.
 
-Requeue contract (for the launch script and the submit engineer's cluster tests):
-  * each rank exits with REQUEUE_EXIT_CODE = 75 (EX_TEMPFAIL, "try again later");
-  * torchrun reports any worker failure as exit 1, so rank 0 also writes <checkpoint_dir>/requeue.json
-    ({"iteration", "reason", "time", "job_id"}) after the checkpoint is complete. The launch script checks
-    for it after torchrun returns: if present, remove it, `scontrol requeue $SLURM_JOB_ID` on SLURM (with
-    sbatch --requeue) and exit 75 (the local executor reruns the launch). The next attempt resumes from
-    `latest` automatically.
-  * time limit: the trainer stops on its own when the deadline is near. The deadline is MIMO_JOB_DEADLINE
+The requeue contract (exit code, marker file, log line) is `mimo_jobs.contract`'s.
+Time limit: the trainer stops on its own when the deadline is near. The deadline is MIMO_JOB_DEADLINE
     (epoch seconds, exported by the sbatch script, e.g. job start + time limit) or SLURM_JOB_END_TIME.
 """
 
@@ -26,9 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REQUEUE_EXIT_CODE = 75
+from mimo_jobs.contract import REQUEUE_MARKER
+
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
-REQUEUE_MARKER = "requeue.json"
 DEADLINE_ENV = "MIMO_JOB_DEADLINE"
 # Seconds kept free before the deadline besides one step + one save (default 30; large checkpoints need more).
 MARGIN_ENV = "MIMO_JOB_DEADLINE_MARGIN_S"

@@ -19,7 +19,8 @@ from dockerfile_parse import DockerfileParser
 
 from mimo_jobs import image
 from mimo_jobs.plan.render import render_study
-from mimo_jobs.plan.spec import load_run_yaml, load_study, parse_study
+from mimo_jobs.plan.load import load_study, parse_study
+from mimo_jobs.plan.runspec import load_run_yaml
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 

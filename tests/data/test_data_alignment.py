@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from helpers import TESTS
 from helpers.data import run_spec

@@ -16,7 +16,9 @@ import pytest
 import yaml
 
 from mimo_jobs.plan.rundir import RunDir
-from mimo_jobs.plan.spec import parse_study, run_yaml_doc, runs_of
+from mimo_jobs.plan.expand import runs_of
+from mimo_jobs.plan.load import parse_study
+from mimo_jobs.plan.runspec import run_yaml_doc
 
 ITERS = 3
 

@@ -11,7 +11,9 @@ from pathlib import Path
 import yaml
 
 from mimo_jobs.plan.rundir import RunDir
-from mimo_jobs.plan.spec import parse_study, run_yaml_doc, runs_of
+from mimo_jobs.plan.expand import runs_of
+from mimo_jobs.plan.load import parse_study
+from mimo_jobs.plan.runspec import run_yaml_doc
 
 
 def make_run(root: Path, *, enc_dp: int, llm_dp: int, llm_tp: int = 1, enc_tp: int = 1, llm_ep: int = 1,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 def run_spec(path, *, gpus_per_node: int, enc_dp: int, llm_dp: int, mbs: int, gbs: int, seq_length: int = 64,
              num_workers: int = 0, seed: int = 1234, model: str = "tiny", **data):
-    from mimo_jobs.plan.spec import parse_study, runs_of
+    from mimo_jobs.plan.expand import runs_of
+    from mimo_jobs.plan.load import parse_study
 
     doc = {
         "name": "datatest",

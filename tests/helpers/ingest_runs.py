@@ -12,7 +12,9 @@ import yaml
 
 from mimo_jobs.contract import IterationRecord
 from mimo_jobs.plan.rundir import RunDir
-from mimo_jobs.plan.spec import RunSpec, parse_study, run_yaml_doc, runs_of
+from mimo_jobs.plan.expand import runs_of
+from mimo_jobs.plan.load import parse_study
+from mimo_jobs.plan.runspec import RunSpec, run_yaml_doc
 
 from helpers import TESTS
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from helpers.ingest_runs import make_runs, record, write_jsonl  # noqa: E402

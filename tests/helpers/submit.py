@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from helpers import REPO, TESTS
+from helpers import TESTS
 
 FAKE_TEMPLATES = TESTS / "submit" / "fake_templates"
 
@@ -88,6 +88,6 @@ def wait_until(db: Path, study: str, done, timeout: float, env: dict | None = No
 
 
 def all_ended(rows: list[dict]) -> bool:
-    from mimo_jobs.submit.policy import ACTIVE_STATES
+    from mimo_jobs.submit.jobs_table import ACTIVE_STATES
 
     return all(r["state"] not in ACTIVE_STATES and r["action"] is not None for r in rows)

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import yaml
 
-from mimo_jobs.plan.spec import parse_study, run_yaml_doc, runs_of
+from mimo_jobs.plan.expand import runs_of
+
+from mimo_jobs.plan.load import parse_study
+
+from mimo_jobs.plan.runspec import run_yaml_doc
 
 
 def make_run_yaml(out: Path, *, gpn: int, gbs: int, mbs: int = 1, enc: dict | None = None,

@@ -25,7 +25,9 @@ from mimo_jobs import __version__
 from mimo_jobs.cli.app import app
 from mimo_jobs.plan.render import RenderError, render_run, render_study
 from mimo_jobs.plan.rundir import RunDir
-from mimo_jobs.plan.spec import load_run_yaml, load_study, parse_study, runs_of
+from mimo_jobs.plan.expand import runs_of
+from mimo_jobs.plan.load import load_study, parse_study
+from mimo_jobs.plan.runspec import load_run_yaml
 
 from helpers import REPO
 STUDIES = sorted((REPO / "studies").glob("*.yaml"))
@@ -500,7 +502,7 @@ def test_wheel_ships_templates_and_studies(tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(whl).extractall(site)
     code = ("import sys; from mimo_jobs.plan.render import packaged_templates, packaged_studies, render_study; "
-            "from mimo_jobs.plan.spec import load_study; print(packaged_templates()); "
+            "from mimo_jobs.plan.load import load_study; print(packaged_templates()); "
             "render_study(load_study(packaged_studies() / 'cpu_local.yaml', env={}), sys.argv[1])")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], cwd=tmp_path, capture_output=True,
                        text=True, env={**os.environ, "PYTHONPATH": str(site)}, check=True)

@@ -14,7 +14,10 @@ import yaml
 from typer.testing import CliRunner
 
 from mimo_jobs.cli.app import app
-from mimo_jobs.plan.spec import StudyError, diagnose, diagnose_data, expand, load_study, parse_study, run_name, runs_of
+from mimo_jobs.plan.diagnose import diagnose, diagnose_data
+from mimo_jobs.plan.expand import expand, run_name, runs_of
+from mimo_jobs.plan.load import load_study, parse_study
+from mimo_jobs.plan.spec import StudyError
 
 from helpers import REPO
 STUDIES = REPO / "studies"
@@ -232,7 +235,7 @@ def test_run_ids_are_stable_across_processes_and_key_order(tmp_path):
     reordered["cluster"] = dict(reversed(list(doc["cluster"].items())))
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump(reordered, sort_keys=False))
-    code = ("import sys; from mimo_jobs.plan.spec import load_study, runs_of; "
+    code = ("import sys; from mimo_jobs.plan.load import load_study; from mimo_jobs.plan.expand import runs_of; "
             "print(' '.join(r.run_id for r in runs_of(load_study(sys.argv[1], env={}))))")
     out = subprocess.run([sys.executable, "-c", code, str(f)], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONHASHSEED": "123"}).stdout.split()

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 from helpers.scaling_store import build_store
 

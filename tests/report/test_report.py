@@ -6,8 +6,6 @@ import csv
 import io
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner

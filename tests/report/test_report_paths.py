@@ -5,7 +5,6 @@ shortcut and its general path must give the same, hand-computed figures."""
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import string
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -134,15 +134,14 @@ def test_failure_timeout_cancel_and_crash_recovery(slurm_cluster, tmp_path):
     # its work dir (sacct/squeue WorkDir = the run dir).
     orphan = study("sl_orphan", env={"FAKE_SLEEP": 1})
     from mimo_jobs.store import catalog
-    from mimo_jobs.submit import policy as jobs
     from mimo_jobs.submit import launch
     from mimo_jobs.store import connection as store
-    from mimo_jobs.plan.spec import load_study, runs_of
+    from mimo_jobs.plan.expand import runs_of
+    from mimo_jobs.plan.load import load_study
 
     s = load_study(orphan)
     spec = runs_of(s)[0]
     con = store.connect(db)
-    jobs.ensure_schema(con)
     p = launch.prepare([spec], runs, "slurm", FAKE_TEMPLATES)[0]
     catalog.record_study(con, s, str(orphan))
     catalog.record_run(con, spec, str(p.rd.root), p.sha256)

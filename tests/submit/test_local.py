@@ -173,23 +173,23 @@ def test_bad_input_is_refused_before_anything_is_written(ws):
 
 def test_store_write_failure_cancels_the_job(ws, monkeypatch):
     """No scheduler job without a row: when recording fails right after submission, the job is cancelled."""
-    from mimo_jobs.submit import policy as jobs
+    from mimo_jobs.submit import jobs_table
     from mimo_jobs.submit import launch
     from mimo_jobs.store import connection as store
-    from mimo_jobs.plan.spec import load_study, runs_of
+    from mimo_jobs.plan.expand import runs_of
+    from mimo_jobs.plan.load import load_study
 
     for k, v in ws["env"].items():
         monkeypatch.setenv(k, v)
     study = write_study(ws["dir"] / "w.yaml", "loc_crash", [{"nodes": 1}], env={"FAKE_SLEEP": 60})
     spec = runs_of(load_study(study))[0]
     con = store.connect(ws["db"])
-    jobs.ensure_schema(con)
     prepared = launch.prepare([spec], ws["runs"], "local", FAKE_TEMPLATES)[0]
 
     def broken_insert(*a, **k):
         raise RuntimeError("disk full (injected)")
 
-    monkeypatch.setattr(jobs, "insert_job", broken_insert)
+    monkeypatch.setattr(jobs_table, "insert_job", broken_insert)
     with pytest.raises(RuntimeError, match="injected"):
         launch.submit_prepared(con, launch.executor("local"), prepared, 0)
     assert con.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
@@ -207,10 +207,10 @@ def test_crash_between_submission_and_store_write_is_recovered(ws, monkeypatch):
     """The process dies after the scheduler took the job but before the row was written: the intent file
     lets the next `status` find the job and record it (no lost job, no duplicate on resubmit)."""
     from mimo_jobs.store import catalog
-    from mimo_jobs.submit import policy as jobs
     from mimo_jobs.submit import launch
     from mimo_jobs.store import connection as store
-    from mimo_jobs.plan.spec import load_study, runs_of
+    from mimo_jobs.plan.expand import runs_of
+    from mimo_jobs.plan.load import load_study
 
     for k, v in ws["env"].items():
         monkeypatch.setenv(k, v)
@@ -218,7 +218,6 @@ def test_crash_between_submission_and_store_write_is_recovered(ws, monkeypatch):
     study = load_study(study_path)
     spec = runs_of(study)[0]
     con = store.connect(ws["db"])
-    jobs.ensure_schema(con)
     p = launch.prepare([spec], ws["runs"], "local", FAKE_TEMPLATES)[0]
     catalog.record_study(con, study, str(study_path))
     catalog.record_run(con, spec, str(p.rd.root), p.sha256)

@@ -5,7 +5,7 @@ from datetime import datetime
 
 import pytest
 
-from mimo_jobs.submit import policy as jobs
+from mimo_jobs.submit import jobs_table, policy, status
 from mimo_jobs.submit.executors.slurm import parse_sacct, parse_squeue
 
 NCCL = ("[rank3]:[E ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation timeout: "
@@ -20,7 +20,7 @@ TRACEBACK = """\
 
 
 def h(retries=0, timeouts=0):
-    return jobs.History(retries=retries, timeouts=timeouts)
+    return policy.History(retries=retries, timeouts=timeouts)
 
 
 @pytest.mark.parametrize("state,text,hist,max_retries,ckpt,action,words", [
@@ -39,7 +39,7 @@ def h(retries=0, timeouts=0):
     ("CANCELLED", NCCL, h(), 5, False, "final", "cancelled"),
 ])
 def test_classify(state, text, hist, max_retries, ckpt, action, words):
-    d = jobs.classify(state, 1, text, hist, max_retries, ckpt)
+    d = policy.classify(state, 1, text, hist, max_retries, ckpt)
     assert d.action == action
     assert words in d.reason
 
@@ -56,22 +56,22 @@ STOP_LINE = ("[default0]:mimo-jobs trainer: stopping for requeue at iteration 13
     # the limit's TERM came while the stopped trainer was exiting: still its request, not a timeout
     ("TIMEOUT", 75, "", h(timeouts=3), True, "requeue", "asked for a requeue"),
     ("FAILED", 75, "", h(), False, "final", "no complete checkpoint"),
-    ("FAILED", 75, "", jobs.History(preemptions=jobs.MAX_REQUEUES), True, "final", "not requeued again"),
+    ("FAILED", 75, "", policy.History(preemptions=policy.MAX_REQUEUES), True, "final", "not requeued again"),
     ("CANCELLED", 75, STOP_LINE, h(), True, "final", "cancelled"),  # a cancel is never undone
     ("FAILED", 74, "", h(), True, "final", "deterministic"),
 ])
 def test_classify_requeue_request(state, code, text, hist, ckpt, action, words):
-    d = jobs.classify(state, code, text, hist, 0, ckpt)
+    d = policy.classify(state, code, text, hist, 0, ckpt)
     assert d.action == action
     assert words in d.reason
 
 
 def test_history_counts_only_what_the_policy_did():
     def row(attempt, state, action):
-        return jobs.JobRow("r", str(attempt), "slurm", attempt, state, None, None, None, None, None, None, None,
+        return jobs_table.JobRow("r", str(attempt), "slurm", attempt, state, None, None, None, None, None, None, None,
                            action)
 
-    got = jobs.history_of([row(0, "FAILED", "retry"), row(1, "TIMEOUT", "requeue"), row(2, "PREEMPTED", "requeue"),
+    got = policy.history_of([row(0, "FAILED", "retry"), row(1, "TIMEOUT", "requeue"), row(2, "PREEMPTED", "requeue"),
                            row(3, "FAILED", "final")])
     assert (got.retries, got.timeouts, got.preemptions) == (1, 1, 1)
 
@@ -81,20 +81,20 @@ def test_first_error_skips_victims_and_finds_the_cause():
     log = ("0: [default0]:Traceback (most recent call last):\n"
            "0: [default0]:  File \"a.py\", line 1, in f\n"
            f"0: [default0]:{GLOO}\n" + "".join("1: " + ln + "\n" for ln in TRACEBACK.splitlines()))
-    assert jobs.first_error(log) == "ValueError: seq_length 64 is shorter than the image tokens (96)"
+    assert policy.first_error(log) == "ValueError: seq_length 64 is shorter than the image tokens (96)"
 
 
 def test_first_error_plain_error_line_and_nothing():
-    assert jobs.first_error("starting\nerror: cannot open /data/x.tar\nbye\n") == "error: cannot open /data/x.tar"
-    assert jobs.first_error("all good\niteration 1\n") is None
+    assert policy.first_error("starting\nerror: cannot open /data/x.tar\nbye\n") == "error: cannot open /data/x.tar"
+    assert policy.first_error("all good\niteration 1\n") is None
 
 
 def test_flaky_signature_names():
-    assert jobs.flaky_signature(NCCL) == "nccl_timeout"
-    assert jobs.flaky_signature(GLOO) == "gloo_timeout"
-    assert jobs.flaky_signature("slurmstepd: error: *** JOB 7 ON node2 CANCELLED AT 2026-01-01T00:00:00 "
+    assert policy.flaky_signature(NCCL) == "nccl_timeout"
+    assert policy.flaky_signature(GLOO) == "gloo_timeout"
+    assert policy.flaky_signature("slurmstepd: error: *** JOB 7 ON node2 CANCELLED AT 2026-01-01T00:00:00 "
                                 "DUE TO NODE FAILURE ***") == "node_fail"
-    assert jobs.flaky_signature("ValueError: bad") is None
+    assert policy.flaky_signature("ValueError: bad") is None
 
 
 def test_parse_sacct_states_exit_codes_and_steps():
@@ -129,8 +129,8 @@ def test_last_iteration_from_metrics(tmp_path):
     m.write_text('{"kind": "start", "iteration": 0}\n{"kind": "iteration", "iteration": 4, "loss": 2.5}\n'
                  '{"kind": "iteration", "iteration": 5, "loss": 2.25}\n{"kind": "end", "iteration": 5}\n'
                  '{"kind": "iteration", "iter')  # a line still being written
-    assert jobs.last_iteration_from_metrics(m) == (5, 2.25)
-    assert jobs.last_iteration_from_metrics(tmp_path / "missing.jsonl") is None
+    assert status.last_iteration_from_metrics(m) == (5, 2.25)
+    assert status.last_iteration_from_metrics(tmp_path / "missing.jsonl") is None
 
 
 def test_has_checkpoint_needs_a_complete_one(tmp_path):

@@ -1,5 +1,3 @@
 """Trainer tests: helpers live next to the tests (tr_helpers.py)."""
 
-import sys
-from pathlib import Path
 

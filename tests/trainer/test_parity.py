@@ -11,7 +11,7 @@ import re
 import pytest
 from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
 
-from mimo_jobs.plan.spec import load_run_yaml
+from mimo_jobs.plan.runspec import load_run_yaml
 from mimo_jobs.trainer.bridge import segments_of_encoder
 from mimo_jobs.trainer.data import MockProvider, mock_config
 

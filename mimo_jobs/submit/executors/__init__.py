@@ -1,6 +1,6 @@
 """Executors: how a rendered run becomes a scheduler job, and how that job is observed and cancelled.
 
-Both executors report the same facts (`mimo_jobs.submit.policy.JobFacts`: job id, state, submit/start/end times, exit
+Both executors report the same facts (`mimo_jobs.submit.jobs_table.JobFacts`: job id, state, submit/start/end times, exit
 code, node list, reason), so the jobs table, the retry policy and `status` do not care which one ran a job.
 
 - slurm: `sbatch --parsable --chdir=<run dir> <run dir>/sbatch.sh` (the rendered file itself), submitit
@@ -11,13 +11,15 @@ code, node list, reason), so the jobs table, the retry policy and `status` do no
 
 from __future__ import annotations
 
+from mimo_jobs.errors import MimoJobsError
+
 from typing import Protocol
 
-from mimo_jobs.submit.policy import JobFacts
+from mimo_jobs.submit.jobs_table import JobFacts
 from mimo_jobs.plan.rundir import RunDir
 
 
-class SubmitError(RuntimeError):
+class SubmitError(MimoJobsError, RuntimeError):
     """The scheduler refused the job (nothing was submitted)."""
 
 

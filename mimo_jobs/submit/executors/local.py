@@ -18,7 +18,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mimo_jobs.submit.policy import JobFacts
+from mimo_jobs.submit.jobs_table import JobFacts
 from mimo_jobs.plan.rundir import RunDir
 from . import SubmitError
 

@@ -25,7 +25,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-REQUEUE_EXIT_CODE = 75  # trainer/signals.py (not imported: no trainer module in the runner)
+from mimo_jobs.contract import REQUEUE_EXIT_CODE
+
 KILL_WAIT_S = 5.0  # like SLURM's KillWait
 POLL_S = 0.1
 

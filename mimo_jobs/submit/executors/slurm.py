@@ -15,7 +15,7 @@ import subprocess
 import time
 from datetime import datetime, timezone
 
-from mimo_jobs.submit.policy import JobFacts
+from mimo_jobs.submit.jobs_table import JobFacts
 from mimo_jobs.plan.rundir import RunDir
 from . import SubmitError
 

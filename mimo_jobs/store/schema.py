@@ -1,0 +1,163 @@
+"""The store's schema: every table's DDL and every migration, in one place.
+
+`ensure(con)` brings a writable store to SCHEMA_VERSION: a new file gets every table; an older one gets what
+its version lacks; a store already at this version gets no DDL at all (connecting stays cheap).
+"""
+
+from __future__ import annotations
+
+# 2: iterations without a primary key (ingest keeps the key unique itself)
+# 3: jobs.action, next_job_id, first_error, log_path (what the submit policy decided for an ended job)
+SCHEMA_VERSION = 3
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS studies (
+        name VARCHAR PRIMARY KEY,
+        description VARCHAR,
+        scaling VARCHAR,              -- strong | weak
+        baseline_nodes INTEGER,
+        source_path VARCHAR,
+        spec_json JSON,               -- the resolved study
+        created_at TIMESTAMP,
+        updated_at TIMESTAMP)""",
+    """CREATE TABLE IF NOT EXISTS runs (
+        run_id VARCHAR PRIMARY KEY,   -- hash of the resolved run config
+        study VARCHAR NOT NULL,
+        name VARCHAR NOT NULL,        -- readable, e.g. 33n-e1x8-l2x8x128-g768
+        idx INTEGER,
+        repeat INTEGER,
+        nodes INTEGER, gpus_per_node INTEGER, world INTEGER,
+        enc_tp INTEGER, enc_pp INTEGER, enc_dp INTEGER,
+        llm_tp INTEGER, llm_pp INTEGER, llm_ep INTEGER, llm_etp INTEGER, llm_dp INTEGER,
+        gbs INTEGER, mbs INTEGER, seq_length INTEGER, model VARCHAR,
+        accelerator VARCHAR,
+        run_dir VARCHAR,
+        spec_json JSON,               -- RunSpec.to_dict()
+        script_sha256 VARCHAR,        -- hash of the rendered sbatch.sh (or launch.sh for local)
+        pkg_version VARCHAR, git_sha VARCHAR,
+        created_at TIMESTAMP)""",
+    """CREATE TABLE IF NOT EXISTS jobs (
+        run_id VARCHAR NOT NULL,
+        job_id VARCHAR NOT NULL,      -- scheduler id (SLURM job id, or local-<n>)
+        executor VARCHAR,             -- slurm | local
+        attempt INTEGER,              -- 0 for the first submission; requeues/retries count up
+        state VARCHAR,                -- PENDING RUNNING COMPLETED FAILED CANCELLED TIMEOUT PREEMPTED NODE_FAIL ...
+        reason VARCHAR,               -- why it ended (sacct reason, first error from the log)
+        exit_code INTEGER,
+        submit_time TIMESTAMP, start_time TIMESTAMP, end_time TIMESTAMP,
+        node_list VARCHAR,
+        script_sha256 VARCHAR,
+        updated_at TIMESTAMP,
+        action VARCHAR,               -- what the policy decided when it ended: done | final | retry | requeue
+        next_job_id VARCHAR,          -- the job that continued the run (retry or requeue)
+        first_error VARCHAR,          -- the first error its log shows
+        log_path VARCHAR,             -- its main output file
+        PRIMARY KEY (run_id, job_id))""",
+    """CREATE TABLE IF NOT EXISTS iterations (
+        run_id VARCHAR NOT NULL,
+        job_id VARCHAR NOT NULL,
+        iteration INTEGER NOT NULL,
+        time TIMESTAMP,
+        elapsed_ms DOUBLE,
+        loss DOUBLE,
+        lr DOUBLE,
+        grad_norm DOUBLE,
+        consumed_samples BIGINT,
+        gbs INTEGER,
+        loss_scale DOUBLE,
+        skipped INTEGER, nan INTEGER,
+        samples_per_s DOUBLE,
+        tokens_per_s DOUBLE,
+        tokens_per_s_per_gpu DOUBLE,
+        tflops_per_gpu DOUBLE,
+        moe_aux_loss DOUBLE,
+        phases JSON,
+        extras JSON,
+        source VARCHAR,               -- jsonl | megatron-log
+        attempt INTEGER,              -- restart count that wrote the row (a later attempt replaces it)
+        train_iters INTEGER,
+        superseded BOOLEAN DEFAULT false,  -- a later job of the same run re-ran this iteration
+        source_file VARCHAR,
+        -- contract.PHASES as numbers (also in `phases`): the report averages millions of rows, and
+        -- numeric columns are ~50x cheaper to aggregate than JSON
+        enc_fwd_ms DOUBLE, enc_bwd_ms DOUBLE, bridge_wait_ms DOUBLE, llm_fwd_ms DOUBLE, llm_bwd_ms DOUBLE,
+        optimizer_ms DOUBLE, data_ms DOUBLE)
+        -- unique per (run_id, job_id, iteration), kept so by ingest's merge: a primary-key index cost
+        -- more than all the rest of a big-log ingest""",
+    """CREATE TABLE IF NOT EXISTS events (
+        run_id VARCHAR,
+        job_id VARCHAR,
+        rank INTEGER,
+        node INTEGER,                 -- when only the node is known (srun label of a per-node torchrun)
+        time TIMESTAMP,
+        kind VARCHAR,                 -- traceback nccl_timeout gloo_timeout oom time_limit preemption requeue
+                                      -- node_fail checkpoint_saved checkpoint_loaded peer_lost cancelled
+                                      -- child_failed task_exit segfault start end (see logparse.py)
+        message VARCHAR,
+        source_file VARCHAR NOT NULL,
+        line_no BIGINT NOT NULL,
+        PRIMARY KEY (source_file, line_no, kind))""",
+    """CREATE TABLE IF NOT EXISTS ingested_files (
+        path VARCHAR PRIMARY KEY,
+        run_id VARCHAR,
+        size BIGINT, mtime DOUBLE,
+        lines BIGINT, bad_lines BIGINT, undecodable_lines BIGINT,
+        ingested_at TIMESTAMP,
+        kind VARCHAR,                 -- metrics | log | sacct
+        "offset" BIGINT,              -- bytes consumed (end of the last complete line): appends resume here
+        head_sha VARCHAR,             -- hash of the first bytes: a rewritten file is re-read from 0
+        truncated BOOLEAN,            -- last line had no newline (left for the next ingest)
+        state JSON)                   -- parser carry-over between appends (last iteration, restarts, time)
+        """,
+]
+
+# Columns added after a table's first release: (table, column, type), added to stores that lack them.
+ADDED_COLUMNS = [("jobs", "action", "VARCHAR"), ("jobs", "next_job_id", "VARCHAR"),
+                 ("jobs", "first_error", "VARCHAR"), ("jobs", "log_path", "VARCHAR")]
+
+
+def version_of(con) -> int | None:
+    """The schema version a store says it has (None: a new, empty file)."""
+    import duckdb
+
+    try:
+        v = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+    except duckdb.CatalogException:
+        return None
+    return int(v[0][0]) if v else None
+
+
+def ensure(con) -> None:
+    version = version_of(con)
+    if version == SCHEMA_VERSION:
+        return
+    for stmt in SCHEMA:
+        con.execute(stmt)
+    if version is not None and version < 2:  # only stores made by schema 1 need the copy
+        _drop_iterations_key(con)
+    _add_columns(con)
+    con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+
+
+def _add_columns(con) -> None:
+    have = set(con.execute("SELECT table_name, column_name FROM information_schema.columns").fetchall())
+    for table, column, typ in ADDED_COLUMNS:
+        if (table, column) not in have:
+            con.execute(f"ALTER TABLE {table} ADD COLUMN {column} {typ}")
+
+
+def _drop_iterations_key(con) -> None:
+    """Schema 1 -> 2: drop the iterations primary key (DuckDB cannot drop a constraint: copy the table)."""
+    pk = con.execute("""SELECT count(*) FROM duckdb_constraints()
+                         WHERE table_name = 'iterations' AND constraint_type = 'PRIMARY KEY'""").fetchone()[0]
+    if not pk:
+        return
+    from .connection import transaction
+
+    ddl = next(s for s in SCHEMA if "TABLE IF NOT EXISTS iterations" in s)
+    with transaction(con):
+        con.execute("ALTER TABLE iterations RENAME TO iterations_v1")
+        con.execute(ddl)
+        con.execute("INSERT INTO iterations BY NAME SELECT * FROM iterations_v1")
+        con.execute("DROP TABLE iterations_v1")

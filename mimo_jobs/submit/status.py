@@ -1,0 +1,92 @@
+"""What `status` shows per run: its latest job, last iteration and loss (from the store, else from the tail
+of metrics.jsonl for runs not ingested yet) and the iteration its latest complete checkpoint holds."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .jobs_table import JobRow, latest_jobs
+
+
+def read_tail(path: str | Path | None, max_bytes: int = 256_000) -> str:
+    """The end of a log (errors are at the end; logs can be large)."""
+    if not path:
+        return ""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - max_bytes))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class RunStatus:
+    study: str
+    run: str
+    run_id: str
+    nodes: int
+    run_dir: str
+    train_iters: int | None
+    job: JobRow | None
+    iteration: int | None = None
+    loss: float | None = None
+    iter_source: str | None = None  # store | metrics.jsonl
+    checkpoint: int | None = None  # iteration of the run's latest complete checkpoint (what a requeue resumes)
+
+
+def last_iteration_from_metrics(path: Path) -> tuple[int, float] | None:
+    """The newest iteration record in metrics.jsonl (for runs not ingested yet): read the tail only."""
+    text = read_tail(path, 64_000)
+    for line in reversed(text.splitlines()):
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and d.get("kind", "iteration") == "iteration" and "iteration" in d:
+            return int(d["iteration"]), float(d["loss"]) if d.get("loss") is not None else float("nan")
+    return None
+
+
+def last_checkpoint_iteration(run_dir: Path, spec: dict) -> int | None:
+    """The iteration of the run's `latest` complete checkpoint (manifest only; no torch is imported)."""
+    from mimo_jobs.trainer.checkpoint import latest_checkpoint
+
+    d = Path((spec.get("trainer") or {}).get("checkpoint_dir") or run_dir / "checkpoints")
+    info = latest_checkpoint(d if d.is_absolute() else run_dir / d)
+    return None if info is None else info.iteration
+
+
+def run_statuses(con, study: str | None = None) -> list[RunStatus]:
+    q = "SELECT study, name, run_id, nodes, run_dir, spec_json FROM runs"
+    rows = con.execute(q + (" WHERE study = ?" if study else "") + " ORDER BY study, idx, name",
+                       [study] if study else []).fetchall()
+    latest = latest_jobs(con, [r[2] for r in rows])
+    last = {}
+    if rows:
+        cols = {c[0] for c in con.execute("DESCRIBE iterations").fetchall()}
+        live = " AND NOT coalesce(superseded, false)" if "superseded" in cols else ""
+        for rid, it, loss in con.execute(
+                f"""SELECT run_id, iteration, loss FROM iterations WHERE run_id IN (SELECT unnest(?)){live}
+                    QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY iteration DESC) = 1""",
+                [[r[2] for r in rows]]).fetchall():
+            last[rid] = (it, loss)
+    out = []
+    for st, name, rid, nodes, run_dir, spec in rows:
+        spec = json.loads(spec) if isinstance(spec, str) else (spec or {})
+        rs = RunStatus(st, name, rid, nodes, run_dir, (spec.get("trainer") or {}).get("train_iters"),
+                       latest.get(rid))
+        if run_dir:
+            rs.checkpoint = last_checkpoint_iteration(Path(run_dir), spec)
+        if rid in last:
+            rs.iteration, rs.loss, rs.iter_source = last[rid][0], last[rid][1], "store"
+        elif run_dir:
+            m = last_iteration_from_metrics(Path(run_dir) / "metrics.jsonl")
+            if m:
+                rs.iteration, rs.loss, rs.iter_source = m[0], m[1], "metrics.jsonl"
+        out.append(rs)
+    return out
