@@ -1,5 +1,6 @@
-"""The `mimo-jobs` command line. Commands live in mimo_jobs/commands/*, one module per concern; each keeps
-its heavy imports (duckdb, submitit, torch) inside the command body so `mimo-jobs --help` starts fast."""
+"""The `mimo-jobs` command line. Commands live in mimo_jobs/cli/*, one module per command group; each keeps
+its heavy imports (duckdb, submitit, torch) inside the command body so `mimo-jobs --help` starts fast.
+Errors are reported one way, by `cli.output`."""
 
 from __future__ import annotations
 

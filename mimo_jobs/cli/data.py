@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-EXIT_INVALID = 2
+from .output import fail
 
 data_app = typer.Typer(help="Datasets for the trainer (megatron-energon): synthetic data for tests and smoke runs.",
                        no_args_is_help=True)
@@ -63,8 +63,7 @@ def synth_cmd(
         if clash:
             raise DataError(f"{dir}: already holds {', '.join(str(p) for p in clash)}; choose an empty directory")
     except DataError as e:
-        err.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(EXIT_INVALID) from None
+        fail(str(e))
 
     # Write into a staging folder and move the finished parts into place: a failure leaves nothing behind.
     stage = dir / f".synth-staging-{seed}"
@@ -85,8 +84,7 @@ def synth_cmd(
         shutil.rmtree(stage, ignore_errors=True)
         if not dir_existed:
             shutil.rmtree(dir, ignore_errors=True)
-        err.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(EXIT_INVALID) from None
+        fail(str(e))
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

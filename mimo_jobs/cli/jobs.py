@@ -13,20 +13,12 @@ from typing import Optional
 
 import typer
 
-from .plan import EXIT_INVALID, _console, _diagnose, _print_problems
-
-EXIT_FAILED = 1
-DB_HELP = "DuckDB store file (default: $MIMO_JOBS_DB or ./mimo-jobs.duckdb)."
-RUNS_HELP = "Runs root: run dirs go to <root>/<study>/<run>/ (default: $MIMO_JOBS_RUNS_DIR or ./runs)."
+from .output import DB_HELP, EXIT_FAILED, RUNS_HELP, console, fail, fail_problems, reports_errors
+from .plan import diagnose_file, study_or_fail
 
 
 def _runs_dir(d: Path | None) -> Path:
     return Path(d or os.environ.get("MIMO_JOBS_RUNS_DIR") or "runs")
-
-
-def _err(msg: str, code: int = EXIT_INVALID):
-    _console(stderr=True).print(msg, style="red", markup=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def _fmt_elapsed(s: float | None) -> str:
@@ -70,10 +62,9 @@ def _study_name(study: str | None) -> str | None:
         return None
     p = Path(study)
     if p.suffix in (".yaml", ".yml") and p.is_file():
-        diag = _diagnose(p)
+        diag = diagnose_file(p)
         if diag.study is None:
-            _print_problems(diag.source, diag.problems)
-            raise typer.Exit(EXIT_INVALID)
+            fail_problems(diag.source, diag.problems)
         return diag.study.name
     return study
 
@@ -92,7 +83,7 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     task = progress.add_task(f"{study or 'all studies'}: runs ended", total=None)
-    with Live(console=_console(), refresh_per_second=4, transient=False) as live:
+    with Live(console=console(), refresh_per_second=4, transient=False) as live:
         while True:
             con = connect(db)
             try:
@@ -123,79 +114,109 @@ def submit(
         None, "--templates", help="Directory whose sbatch.sh.j2 / launch.sh.j2 override the packaged ones."),
 ) -> None:
     """Render and submit a study's runs (skips runs already pending, running or completed)."""
-    from mimo_jobs.submit import launch
-    from mimo_jobs.submit.executors import SubmitError
-    from mimo_jobs.plan.render import RenderError
-    from mimo_jobs.store.connection import connect, db_path
+    from mimo_jobs.store.connection import db_path
 
-    diag = _diagnose(study_file)
-    if not diag.ok or diag.study is None:
-        _print_problems(diag.source, diag.problems)
-        raise typer.Exit(EXIT_INVALID)
-    study, source = diag.study, diag.source
-    ex_name = executor_name or study.cluster.executor
-    if ex_name not in ("slurm", "local"):
-        _err(f"--executor {ex_name!r}: use slurm or local")
-    try:
-        runs = launch.select_runs(diag.runs, only, source)
-        launch.check_executor(runs, ex_name)
-    except launch.LaunchError as e:
-        _err(str(e))
+    diag = study_or_fail(study_file)
+    ex_name = _executor_name(executor_name or diag.study.cluster.executor)
+    runs = _selected_runs(diag, only, ex_name)
     root = _runs_dir(runs_dir)
-    out = _console()
-
     if dry_run:
-        # Read the store if there is one (which runs would be skipped), never write it.
-        sel = launch.Selection(submit=runs)
-        if db_path(db).exists():
-            con = connect(db, read_only=True)
-            if "action" in {c[0] for c in con.execute("DESCRIBE jobs").fetchall()}:
-                sel = launch.plan_submit(con, runs, force)
-            con.close()
-        try:
-            prepared = launch.prepare(sel.submit, root, ex_name, templates)
-        except RenderError as e:
-            _print_problems(source, e.problems)
-            raise typer.Exit(EXIT_INVALID) from None
-        for r, j in sel.keep:
-            out.print(f"skip {r.name}: job {j.job_id} is {j.state} (--force submits it again)", markup=False)
-        ex = launch.executor(ex_name)
-        for p in prepared:
-            out.rule(f"{p.spec.name} ({p.spec.run_id}): {p.script}", characters="=")
-            out.print("$ " + " ".join(ex.submit_command(p.rd)), markup=False, soft_wrap=True)
-            out.print(p.script.read_text(), markup=False, highlight=False, soft_wrap=True)
-        out.print(f"dry run: {len(prepared)} run(s) would be submitted with --executor {ex_name}, "
-                  f"{len(sel.keep)} skipped; nothing submitted", markup=False)
+        _dry_run(diag, runs, root, ex_name, templates, db, force)
         return
-
-    con = connect(db)
-    launch.refresh(con, study.name)  # settles earlier jobs so 'keep' sees their final states
-    sel = launch.plan_submit(con, runs, force)
-    for r, j in sel.keep:
-        out.print(f"skip {r.name}: job {j.job_id} is {j.state} (--force submits it again)", markup=False)
-    try:
-        prepared = launch.prepare(sel.submit, root, ex_name, templates)
-    except RenderError as e:
-        _print_problems(source, e.problems)
-        raise typer.Exit(EXIT_INVALID) from None
-    ex = launch.executor(ex_name)
-
-    def said(s: launch.Submitted) -> None:
-        out.print(f"submitted {s.spec.name} ({s.spec.run_id}) as {ex_name} job {s.job_id}, attempt {s.attempt}",
-                  markup=False)
-
-    try:
-        launch.submit_runs(con, study, str(Path(source).resolve()), prepared, sel, ex, on_submit=said)
-    except (launch.LaunchError, SubmitError) as e:
-        _err(str(e), EXIT_FAILED)
-    if not prepared:
-        out.print(f"{study.name}: nothing to submit ({len(sel.keep)} run(s) pending, running or completed)",
-                  markup=False)
-    con.close()
+    _submit_for_real(diag, runs, root, ex_name, templates, db, force)
     if wait:
-        sts = follow(db, study.name, f"{study.name} ({db_path(db)})")
+        sts = follow(db, diag.study.name, f"{diag.study.name} ({db_path(db)})")
         if any(s.job is None or s.job.state != "COMPLETED" for s in sts):
             raise typer.Exit(EXIT_FAILED)
+
+
+def _executor_name(name: str) -> str:
+    if name not in ("slurm", "local"):
+        fail(f"--executor {name!r}: use slurm or local")
+    return name
+
+
+def _selected_runs(diag, only: list[str] | None, ex_name: str) -> list:
+    """The runs --only names (all by default), checked to suit the executor."""
+    from mimo_jobs.submit import launch
+
+    runs = launch.select_runs(diag.runs, only, diag.source)
+    launch.check_executor(runs, ex_name)
+    return runs
+
+
+def _print_kept(sel) -> None:
+    for r, j in sel.keep:
+        console().print(f"skip {r.name}: job {j.job_id} is {j.state} (--force submits it again)", markup=False)
+
+
+def _prepare(diag, runs: list, root: Path, ex_name: str, templates: Path | None) -> list:
+    """Render the runs' directories; a render problem is reported like validate's."""
+    from mimo_jobs.plan.render import RenderError
+    from mimo_jobs.submit import launch
+
+    try:
+        return launch.prepare(runs, root, ex_name, templates)
+    except RenderError as e:
+        fail_problems(diag.source, e.problems)
+
+
+def _dry_run(diag, runs: list, root: Path, ex_name: str, templates: Path | None, db: Path | None,
+             force: bool) -> None:
+    """Print each script that would be submitted and the command that would submit it; write no store."""
+    from mimo_jobs.store.connection import connect, db_path
+    from mimo_jobs.submit import launch
+
+    sel = launch.Selection(submit=runs)
+    if db_path(db).exists():  # which runs would be skipped: read the store, never write it
+        con = connect(db, read_only=True)
+        if "action" in {c[0] for c in con.execute("DESCRIBE jobs").fetchall()}:
+            sel = launch.plan_submit(con, runs, force)
+        con.close()
+    prepared = _prepare(diag, sel.submit, root, ex_name, templates)
+    _print_kept(sel)
+    out, ex = console(), launch.executor(ex_name)
+    for p in prepared:
+        out.rule(f"{p.spec.name} ({p.spec.run_id}): {p.script}", characters="=")
+        out.print("$ " + " ".join(ex.submit_command(p.rd)), markup=False, soft_wrap=True)
+        out.print(p.script.read_text(), markup=False, highlight=False, soft_wrap=True)
+    out.print(f"dry run: {len(prepared)} run(s) would be submitted with --executor {ex_name}, "
+              f"{len(sel.keep)} skipped; nothing submitted", markup=False)
+
+
+def _submit_for_real(diag, runs: list, root: Path, ex_name: str, templates: Path | None, db: Path | None,
+                     force: bool) -> None:
+    """Settle earlier jobs, then render and submit the runs that need a job, recording each in the store."""
+    from mimo_jobs.store.connection import connect
+    from mimo_jobs.submit import launch
+
+    study, out = diag.study, console()
+    con = connect(db)
+    try:
+        launch.refresh(con, study.name)  # settles earlier jobs so 'keep' sees their final states
+        sel = launch.plan_submit(con, runs, force)
+        _print_kept(sel)
+        prepared = _prepare(diag, sel.submit, root, ex_name, templates)
+
+        def said(s: launch.Submitted) -> None:
+            out.print(f"submitted {s.spec.name} ({s.spec.run_id}) as {ex_name} job {s.job_id}, "
+                      f"attempt {s.attempt}", markup=False)
+
+        launch.submit_runs(con, study, str(Path(diag.source).resolve()), prepared, sel, launch.executor(ex_name),
+                           on_submit=said)
+        if not prepared:
+            out.print(f"{study.name}: nothing to submit ({len(sel.keep)} run(s) pending, running or completed)",
+                      markup=False)
+    finally:
+        con.close()
+
+
+def _open_existing_store(db: Path | None):
+    from mimo_jobs.store.connection import connect, db_path
+
+    if not db_path(db).exists():
+        fail(f"no store at {db_path(db)} (submit something first, or pass --db)")
+    return connect(db)
 
 
 def status(
@@ -206,24 +227,21 @@ def status(
 ) -> None:
     """State, attempt, elapsed time, last iteration and loss of every run (polls the scheduler, ingests
     finished runs)."""
-    from mimo_jobs.submit import status
-    from mimo_jobs.submit import launch
-    from mimo_jobs.store.connection import connect, db_path
+    from mimo_jobs.store.connection import db_path
+    from mimo_jobs.submit import launch, status as run_status
 
     name = _study_name(study)
-    if not db_path(db).exists():
-        _err(f"no store at {db_path(db)} (submit something first, or pass --db)")
-    con = connect(db)
+    con = _open_existing_store(db)
     if name is not None and not con.execute("SELECT 1 FROM runs WHERE study = ?", [name]).fetchone():
         known = ", ".join(r[0] for r in con.execute("SELECT DISTINCT study FROM runs ORDER BY 1").fetchall())
-        _err(f"study {name!r} has no runs in {db_path(db)} (known: {known or 'none'})")
+        fail(f"study {name!r} has no runs in {db_path(db)} (known: {known or 'none'})")
     title = f"{name or 'all studies'} ({db_path(db)})"
     if watch:
         con.close()
         follow(db, name, title, interval)
         return
     launch.refresh(con, name)
-    _console().print(status_table(status.run_statuses(con, name), title))
+    console().print(status_table(run_status.run_statuses(con, name), title))
 
 
 def cancel(
@@ -233,18 +251,12 @@ def cancel(
 ) -> None:
     """Cancel the pending/running jobs of a study (or of one run): scancel, or stop the local runner."""
     from mimo_jobs.submit import launch
-    from mimo_jobs.store.connection import connect, db_path
 
     name = _study_name(study)
-    if not db_path(db).exists():
-        _err(f"no store at {db_path(db)} (pass --db)")
-    con = connect(db)
+    con = _open_existing_store(db)
     launch.refresh(con, name)
-    try:
-        done = launch.cancel(con, name, run)
-    except launch.LaunchError as e:
-        _err(str(e))
-    out = _console()
+    done = launch.cancel(con, name, run)
+    out = console()
     for run_name, job_id, ex in done:
         out.print(f"cancelled {run_name}: {ex} job {job_id}", markup=False)
     if not done:
@@ -258,52 +270,33 @@ def demo(
         None, "--study", help="Study to run instead of the packaged cpu_local.yaml."),
 ) -> None:
     """The main job: run the packaged CPU study locally, follow it, ingest it and print the scaling report."""
-    from mimo_jobs.submit import launch
-    from mimo_jobs.submit.executors import SubmitError
-    from mimo_jobs.plan.render import RenderError, packaged_studies
+    from mimo_jobs import report
+    from mimo_jobs.plan.render import packaged_studies
     from mimo_jobs.store.connection import connect, db_path
+    from mimo_jobs.submit import launch
 
     path = study_file or packaged_studies() / "cpu_local.yaml"
-    diag = _diagnose(path)
-    if not diag.ok or diag.study is None:
-        _print_problems(diag.source, diag.problems)
-        raise typer.Exit(EXIT_INVALID)
-    study, root = diag.study, _runs_dir(runs_dir)
-    try:
-        launch.check_executor(diag.runs, "local")
-    except launch.LaunchError as e:
-        _err(str(e))
-    out = _console()
-    out.print(f"demo: study {study.name} ({len(diag.runs)} runs, {path}) on this machine; store {db_path(db)}, "
-              f"runs under {root}", markup=False)
+    diag = study_or_fail(path)
+    root = _runs_dir(runs_dir)
+    launch.check_executor(diag.runs, "local")
+    console().print(f"demo: study {diag.study.name} ({len(diag.runs)} runs, {path}) on this machine; store "
+                    f"{db_path(db)}, runs under {root}", markup=False)
+    _submit_for_real(diag, diag.runs, root, "local", None, db, force=False)
+    sts = follow(db, diag.study.name, f"{diag.study.name} ({db_path(db)})")
     con = connect(db)
-    launch.refresh(con, study.name)
-    sel = launch.plan_submit(con, diag.runs, force=False)
     try:
-        prepared = launch.prepare(sel.submit, root, "local")
-        launch.submit_runs(con, study, str(Path(path).resolve()), prepared, sel, launch.executor("local"))
-    except RenderError as e:
-        _print_problems(diag.source, e.problems)
-        raise typer.Exit(EXIT_INVALID) from None
-    except (launch.LaunchError, SubmitError) as e:
-        _err(str(e), EXIT_FAILED)
-    con.close()
-    sts = follow(db, study.name, f"{study.name} ({db_path(db)})")
-    con = connect(db)
-    launch.ingest_runs(con, [launch.RunDir(Path(s.run_dir)) for s in sts if s.run_dir])
-    from mimo_jobs import report
-
-    try:
-        typer.echo(report.render(report.build(con, study.name), "table"))
-    except report.ReportError as e:
-        _err(f"demo: report: {e}", EXIT_FAILED)
+        launch.ingest_runs(con, [launch.RunDir(Path(s.run_dir)) for s in sts if s.run_dir])
+        try:
+            typer.echo(report.render(report.build(con, diag.study.name), "table"))
+        except report.ReportError as e:
+            fail(str(e), "demo: report", EXIT_FAILED)
+    finally:
+        con.close()
     bad = [s for s in sts if s.job is None or s.job.state != "COMPLETED"]
     if bad:
-        _err("demo: " + ", ".join(f"{s.run} {s.job.state if s.job else 'not submitted'}" for s in bad), EXIT_FAILED)
+        fail(", ".join(f"{s.run} {s.job.state if s.job else 'not submitted'}" for s in bad), "demo", EXIT_FAILED)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("submit")(submit)
-    app.command("status")(status)
-    app.command("cancel")(cancel)
-    app.command("demo")(demo)
+    for name, command in (("submit", submit), ("status", status), ("cancel", cancel), ("demo", demo)):
+        app.command(name)(reports_errors(command))

@@ -12,30 +12,10 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from .output import EXIT_INVALID, console, fail_problems, reports_errors
+
 if TYPE_CHECKING:
-    from mimo_jobs.plan.diagnose import Diagnosis, Problem
-
-EXIT_INVALID = 2
-
-
-def _console(stderr: bool = False):
-    import os
-    import sys
-
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    # Piped output (CI logs, files) keeps whole rows instead of rich's 80-column default.
-    wide = None if stream.isatty() or os.environ.get("COLUMNS") else 200
-    return Console(stderr=stderr, highlight=False, width=wide)
-
-
-def _print_problems(source: str, problems: list[Problem]) -> None:
-    con = _console(stderr=True)
-    con.print(f"{source}: {len(problems)} problem(s)", style="bold red", markup=False)
-    for p in problems:
-        fit = f"\n      -> {p.fit}" if p.fit else ""
-        con.print(f"  {p.path}: [{p.rule}] {p.message}{fit}", markup=False, soft_wrap=True)
+    from mimo_jobs.plan.diagnose import Diagnosis
 
 
 def _cells(plan) -> dict[str, str]:
@@ -78,7 +58,7 @@ def _plan_table(diag: Diagnosis):
     return t
 
 
-def _diagnose(study_file: Path) -> Diagnosis:
+def diagnose_file(study_file: Path) -> Diagnosis:
     """Every problem of a study file, including its setup lines (which only bash can judge)."""
     from mimo_jobs.plan.diagnose import diagnose
 
@@ -95,7 +75,7 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="Print the plan (or the problems) as JSON."),
 ) -> None:
     """Check a study: every point's topology plan, or every problem at once (exit code 2)."""
-    diag = _diagnose(study_file)
+    diag = diagnose_file(study_file)
     if as_json:
         doc = {
             "study": diag.study.name if diag.study else None,
@@ -110,11 +90,10 @@ def validate(
         typer.echo(json.dumps(doc, indent=2))
         raise typer.Exit(0 if diag.ok else EXIT_INVALID)
     if diag.runs:
-        _console().print(_plan_table(diag))
+        console().print(_plan_table(diag))
     if not diag.ok:
-        _print_problems(diag.source, diag.problems)
-        raise typer.Exit(EXIT_INVALID)
-    _console().print(f"{diag.source}: OK, {len(diag.runs)} run(s) feasible", style="green", markup=False)
+        fail_problems(diag.source, diag.problems)
+    console().print(f"{diag.source}: OK, {len(diag.runs)} run(s) feasible", style="green", markup=False)
 
 
 def render(
@@ -126,31 +105,33 @@ def render(
         None, "--only", help="Render only this run (name or run id); repeatable."),
 ) -> None:
     """Write run.yaml, launch.sh and sbatch.sh for every run of a study (nothing is written on any error)."""
+    from rich.table import Table
+
     from mimo_jobs.plan.render import RenderError, render_study
 
-    diag = _diagnose(study_file)
-    if not diag.ok or diag.study is None:
-        _print_problems(diag.source, diag.problems)
-        raise typer.Exit(EXIT_INVALID)
+    diag = study_or_fail(study_file)
     try:
         rendered = render_study(diag.study, output, templates_dir=templates, only=only or None,
                                 source=diag.source)
     except RenderError as e:
-        _print_problems(diag.source, e.problems)
-        raise typer.Exit(EXIT_INVALID) from None
-    except FileNotFoundError as e:
-        _console(stderr=True).print(str(e), style="red", markup=False)
-        raise typer.Exit(EXIT_INVALID) from None
-    from rich.table import Table
+        fail_problems(diag.source, e.problems)
 
     t = Table(title=f"{diag.study.name}: rendered {len(rendered)} run(s) under {output}", title_justify="left")
     for col in ("run", "run id", "status", "run dir", "sbatch sha256"):
         t.add_column(col, overflow="fold")
     for r in rendered:
         t.add_row(r.run.name, r.run.run_id, r.status, str(r.run_dir), r.sbatch_sha256[:12])
-    _console().print(t)
+    console().print(t)
+
+
+def study_or_fail(study_file: Path) -> Diagnosis:
+    """The diagnosis of a study file that has no problem; otherwise print them all and exit 2."""
+    diag = diagnose_file(study_file)
+    if not diag.ok or diag.study is None:
+        fail_problems(diag.source, diag.problems)
+    return diag
 
 
 def register(app: typer.Typer) -> None:
-    app.command("validate")(validate)
-    app.command("render")(render)
+    app.command("validate")(reports_errors(validate))
+    app.command("render")(reports_errors(render))

@@ -6,22 +6,18 @@ from pathlib import Path
 
 import typer
 
+from .output import DB_HELP, fail, reports_errors
+
 # DuckDB lets one process write a store at a time: a second ingest (or a report) waits for the first to
 # finish instead of failing (about 10 minutes of retries), so concurrent commands serialize.
 LOCK_RETRIES = 600
-_DB_HELP = "DuckDB store (default ./mimo-jobs.duckdb, or $MIMO_JOBS_DB)"
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(code)
 
 
 def ingest_cmd(
     paths: list[Path] = typer.Argument(
         ..., help="run dirs (with run.yaml), trees of run dirs, or log / metrics.jsonl / sacct files"
     ),
-    db: Path | None = typer.Option(None, "--db", help=_DB_HELP),
+    db: Path | None = typer.Option(None, "--db", help=DB_HELP),
     force: bool = typer.Option(
         False, "--force", help="re-read files even if unchanged since the last ingest"
     ),
@@ -46,17 +42,14 @@ def ingest_cmd(
     info = LogRunInfo(study=study, name=name, nodes=nodes, gpus_per_node=gpus_per_node, seq_length=seq_length)
     missing = [str(p) for p in paths if not p.exists()]
     if missing:  # before opening the store: a typo must not leave an empty store behind
-        _fail("no such file or directory: " + ", ".join(missing))
+        fail("no such file or directory: " + ", ".join(missing))
     from mimo_jobs.ingest.readers import ScanError, forced_scanner
 
     try:
         forced_scanner()  # MIMO_JOBS_SCANNER, likewise checked before the store is opened
     except ScanError as e:
-        _fail(str(e))
-    try:
-        con = connect(db, retries=LOCK_RETRIES)
-    except RuntimeError as e:
-        _fail(str(e))
+        fail(str(e))
+    con = connect(db, retries=LOCK_RETRIES)
     try:
         with Progress(
             TextColumn("{task.description}"),
@@ -73,7 +66,7 @@ def ingest_cmd(
 
             stats = ingest_paths(con, list(paths), force=force, log_run=info, progress=progress)
     except IngestError as e:
-        _fail(str(e))
+        fail(str(e))
     finally:
         con.close()
     typer.echo(
@@ -106,26 +99,21 @@ def report_cmd(
         "--out",
         help="write <out>/report.<ext> instead of printing (html defaults to the current directory)",
     ),
-    db: Path | None = typer.Option(None, "--db", help=_DB_HELP),
+    db: Path | None = typer.Option(None, "--db", help=DB_HELP),
     gpu: str | None = typer.Option(
         None, "--gpu", help="GPU model for MFU when the logs do not say (H100, H200, A100)"
     ),
 ) -> None:
     """Scaling report: iteration time, throughput, MFU, E(N), loss parity, failure triage."""
-    from mimo_jobs.report import FORMATS, ReportError, render
+    from mimo_jobs.report import FORMATS, render
     from mimo_jobs.report import build
     from mimo_jobs.store.connection import connect
 
     if fmt not in FORMATS:
-        _fail(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    try:
-        con = connect(db, read_only=True, retries=LOCK_RETRIES)
-    except (FileNotFoundError, RuntimeError) as e:
-        _fail(str(e))
+        fail(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    con = connect(db, read_only=True, retries=LOCK_RETRIES)
     try:
         rep = build(con, study, baseline_nodes=baseline_nodes, gpu=gpu)
-    except ReportError as e:
-        _fail(str(e))
     finally:
         con.close()
     if fmt == "html" and out is None:
@@ -135,10 +123,7 @@ def report_cmd(
 
         print_table(rep)
         return
-    try:
-        res = render(rep, fmt, out)
-    except ReportError as e:
-        _fail(str(e))
+    res = render(rep, fmt, out)
     if isinstance(res, Path):
         typer.echo(f"wrote {res}")
     else:
@@ -146,5 +131,5 @@ def report_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("ingest")(ingest_cmd)
-    app.command("report")(report_cmd)
+    app.command("ingest")(reports_errors(ingest_cmd))
+    app.command("report")(reports_errors(report_cmd))

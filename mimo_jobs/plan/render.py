@@ -42,12 +42,16 @@ _SBATCH_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=+/@%~-]+$")
 _SHELL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+class TemplatesNotFound(MimoJobsError, FileNotFoundError):
+    """A templates (or studies) directory given or packaged is missing what rendering needs."""
+
+
 class RenderError(MimoJobsError, ValueError):
     """Rendering refused; `problems` say where and why (same shape as `validate`'s)."""
 
-    def __init__(self, problems: list[Problem]):
+    def __init__(self, problems: list[Problem], where: str | None = None):
         self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
+        super().__init__("\n".join(str(p) for p in problems), where)
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ def packaged_templates() -> Path:
     for cand in (here / "_templates", here.parent / "templates"):
         if all((cand / n).is_file() for n in TEMPLATE_NAMES):
             return cand
-    raise FileNotFoundError(f"packaged templates not found next to {here} (expected _templates/{TEMPLATE_NAMES[0]})")
+    raise TemplatesNotFound(f"packaged templates not found next to {here} (expected _templates/{TEMPLATE_NAMES[0]})")
 
 
 def packaged_studies() -> Path:
@@ -78,7 +82,7 @@ def packaged_studies() -> Path:
     for cand in (here / "_studies", here.parent / "studies"):
         if cand.is_dir():
             return cand
-    raise FileNotFoundError(f"packaged studies not found next to {here}")
+    raise TemplatesNotFound(f"packaged studies not found next to {here}")
 
 
 def _sbatch_word(value: Any) -> str:
@@ -101,9 +105,9 @@ def environment(templates_dir: str | Path | None = None) -> jinja2.Environment:
     if templates_dir is not None:
         tdir = Path(templates_dir)
         if not tdir.is_dir():
-            raise FileNotFoundError(f"--templates {tdir}: not a directory")
+            raise TemplatesNotFound(f"--templates {tdir}: not a directory")
         if not any((tdir / n).is_file() for n in TEMPLATE_NAMES):
-            raise FileNotFoundError(f"--templates {tdir}: contains none of {', '.join(TEMPLATE_NAMES)}")
+            raise TemplatesNotFound(f"--templates {tdir}: contains none of {', '.join(TEMPLATE_NAMES)}")
         loaders.append(jinja2.FileSystemLoader(str(tdir)))
     loaders.append(jinja2.FileSystemLoader(str(packaged_templates())))
     env = jinja2.Environment(

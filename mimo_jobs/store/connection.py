@@ -13,7 +13,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from mimo_jobs.errors import MimoJobsError
+
 from . import schema
+
+
+class NoStore(MimoJobsError, FileNotFoundError):
+    """A command that only reads found no store file."""
+
+
+class StoreLocked(MimoJobsError, RuntimeError):
+    """Another process kept the store's write lock for longer than this one waited."""
 
 DEFAULT_DB = "mimo-jobs.duckdb"
 def db_path(db: str | os.PathLike | None = None) -> Path:
@@ -34,7 +44,7 @@ def connect(db: str | os.PathLike | None = None, read_only: bool = False, retrie
 
     path = db_path(db)
     if read_only and not path.exists():
-        raise FileNotFoundError(f"no store at {path} (run `mimo-jobs submit` or `ingest` first, or pass --db)")
+        raise NoStore(f"no store at {path} (run `mimo-jobs submit` or `ingest` first, or pass --db)")
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
     last = None
@@ -46,7 +56,7 @@ def connect(db: str | os.PathLike | None = None, read_only: bool = False, retrie
             last = e
             time.sleep(min(0.05 * (i + 1), 1.0))
     else:
-        raise RuntimeError(f"store {path} is locked by another mimo-jobs process: {last}")
+        raise StoreLocked(f"store {path} is locked by another mimo-jobs process: {last}")
     if not read_only:
         schema.ensure(con)
     return con

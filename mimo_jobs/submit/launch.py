@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mimo_jobs import __version__
+from mimo_jobs.ingest.events import first_error
 from mimo_jobs.store import catalog
 from . import jobs_table, policy, status
 from .executors import Executor, SubmitError, get_executor
@@ -197,7 +198,7 @@ class Submitted:
 def submit_runs(con, study: StudySpec, source: str | None, prepared: list[Prepared], sel: Selection,
                 ex: Executor, on_submit=None) -> list[Submitted]:
     """Record the study and its runs (with provenance), then submit each prepared run. A refusal half way
-    raises LaunchError after the earlier jobs are recorded (they are real); nothing of the refused run's job
+    raises SubmitError after the earlier jobs are recorded (they are real); nothing of the refused run's job
     is recorded."""
     from mimo_jobs.store.connection import transaction
 
@@ -212,7 +213,7 @@ def submit_runs(con, study: StudySpec, source: str | None, prepared: list[Prepar
             job_id = submit_prepared(con, ex, p, attempt)
         except SubmitError as e:
             done = ", ".join(f"{s.spec.name}={s.job_id}" for s in out) or "none"
-            raise LaunchError(f"{p.spec.name}: {e} (submitted before it: {done})") from None
+            raise SubmitError(f"{p.spec.name}: {e} (submitted before it: {done})") from None
         out.append(Submitted(p.spec, job_id, attempt, p.rd))
         if on_submit:
             on_submit(out[-1])
@@ -279,7 +280,7 @@ def settle(con, row: jobs_table.JobRow, rd: RunDir, spec: dict) -> policy.Decisi
     from mimo_jobs.store.connection import transaction
 
     text = job_log_text(rd, row)
-    err = policy.first_error(text)
+    err = first_error(text)
     all_rows = jobs_table.jobs_of_run(con, row.run_id)
     earlier = [r for r in all_rows if r.attempt < row.attempt]
     later = [r for r in all_rows if r.attempt > row.attempt]

@@ -20,7 +20,9 @@ from mimo_jobs.plan.rundir import RunDir
 
 
 class SubmitError(MimoJobsError, RuntimeError):
-    """The scheduler refused the job (nothing was submitted)."""
+    """The scheduler refused the job (nothing was submitted). Exit code 1: the input was fine, the run failed."""
+
+    exit_code = 1
 
 
 class Executor(Protocol):
