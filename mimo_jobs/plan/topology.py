@@ -10,10 +10,10 @@ TP group is a run of consecutive ranks.
 
 from __future__ import annotations
 
-from mimo_jobs.errors import MimoJobsError
-
 import math
 from dataclasses import asdict, dataclass, field
+
+from mimo_jobs.errors import MimoJobsError
 
 
 @dataclass(frozen=True)
@@ -111,104 +111,128 @@ class Plan:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Divisors of n in ascending order, found up to sqrt(n) (no enumeration of every rank)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _nearest(candidates: list[int], target: int) -> int | None:
     return min(candidates, key=lambda c: (abs(c - target), c)) if candidates else None
 
 
-def check(lay: Layout) -> list[Violation]:
-    """Every rule of DESIGN.md, all at once. An empty list means feasible."""
-    v: list[Violation] = []
-    positive = {
+def _positive(lay: Layout) -> list[Violation]:
+    """`positive`: every size is an integer >= 1 (num_experts >= 0). The other rules assume it."""
+    sizes = {
         "nodes": lay.nodes, "gpus_per_node": lay.gpus_per_node,
         "encoder.tp": lay.enc_tp, "encoder.pp": lay.enc_pp, "encoder.dp": lay.enc_dp,
         "llm.tp": lay.llm_tp, "llm.pp": lay.llm_pp, "llm.dp": lay.llm_dp, "llm.ep": lay.llm_ep,
         "llm.etp": lay.llm_etp, "llm.cp": lay.llm_cp, "gbs": lay.gbs, "mbs": lay.mbs,
     }
-    bad = [k for k, x in positive.items() if not isinstance(x, int) or x < 1]
+    bad = [k for k, x in sizes.items() if not isinstance(x, int) or x < 1]
     if bad:
-        return [Violation("positive", "must be integers >= 1: " + ", ".join(f"{k}={positive[k]}" for k in bad))]
+        return [Violation("positive", "must be integers >= 1: " + ", ".join(f"{k}={sizes[k]}" for k in bad))]
     if lay.num_experts < 0:
         return [Violation("positive", f"num_experts={lay.num_experts} must be >= 0")]
+    return []
 
+
+def _tiling(lay: Layout) -> list[Violation]:
+    """`tiling`: encoder + LLM ranks cover the world exactly, no idle or stub rank."""
     world, gpn = lay.world, lay.gpus_per_node
     e, l_ = lay.enc_ranks, lay.llm_ranks
+    if e + l_ == world:
+        return []
+    per_dp = lay.llm_tp * lay.llm_cp * lay.llm_pp
+    rest = world - e
+    if rest > 0 and rest % per_dp == 0:
+        fit = f"llm.dp={rest // per_dp} fits"
+    elif rest > 0:
+        fit = f"no llm.dp fits: {rest} LLM GPUs is not a multiple of llm.tp*cp*pp={per_dp}"
+    else:
+        fit = f"the encoder alone needs {e} GPUs; use at least {math.ceil((e + per_dp) / gpn)} nodes"
+    what = f"leaves {world - e - l_} GPUs unused" if e + l_ < world else f"needs {e + l_ - world} GPUs more"
+    return [Violation(
+        "tiling",
+        f"encoder {lay.enc_tp}x{lay.enc_pp}x{lay.enc_dp}={e} + llm "
+        f"{lay.llm_tp}x{lay.llm_cp}x{lay.llm_pp}x{lay.llm_dp}={l_} ranks {what} on "
+        f"{lay.nodes}x{gpn}={world}", fit)]
 
-    # 1. Tiling: encoder + LLM ranks cover the world exactly, no idle or stub rank.
-    if e + l_ != world:
-        per_dp = lay.llm_tp * lay.llm_cp * lay.llm_pp
-        rest = world - e
-        if rest > 0 and rest % per_dp == 0:
-            fit = f"llm.dp={rest // per_dp} fits"
-        elif rest > 0:
-            fit = f"no llm.dp fits: {rest} LLM GPUs is not a multiple of llm.tp*cp*pp={per_dp}"
-        else:
-            fit = f"the encoder alone needs {e} GPUs; use at least {math.ceil((e + per_dp) / gpn)} nodes"
-        what = f"leaves {world - e - l_} GPUs unused" if e + l_ < world else f"needs {e + l_ - world} GPUs more"
-        v.append(Violation(
-            "tiling",
-            f"encoder {lay.enc_tp}x{lay.enc_pp}x{lay.enc_dp}={e} + llm "
-            f"{lay.llm_tp}x{lay.llm_cp}x{lay.llm_pp}x{lay.llm_dp}={l_} ranks {what} on "
-            f"{lay.nodes}x{gpn}={world}", fit))
 
-    # 2. TP groups stay inside a node. Encoder TP blocks start at 0, LLM blocks at E.
-    for name, tp, start in (("encoder.tp", lay.enc_tp, 0), ("llm.tp", lay.llm_tp, e)):
+def _tp_within_node(lay: Layout) -> list[Violation]:
+    """`tp-within-node`: TP groups stay inside a node. Encoder TP blocks start at 0, LLM blocks at E."""
+    gpn, out = lay.gpus_per_node, []
+    for name, tp, start in (("encoder.tp", lay.enc_tp, 0), ("llm.tp", lay.llm_tp, lay.enc_ranks)):
         if gpn % tp != 0 or (start % gpn) % tp != 0:
             fits = [d for d in _divisors(gpn) if (start % gpn) % d == 0]
-            v.append(Violation(
+            out.append(Violation(
                 "tp-within-node",
                 f"{name}={tp} makes TP groups cross node boundaries (gpus_per_node={gpn}, first rank {start})",
                 f"{name} in {fits} fits"))
+    return out
 
-    # 3. No context parallelism in this trainer (bridge scatters whole sequences).
-    if lay.llm_cp != 1:
-        v.append(Violation("cp", f"llm.cp={lay.llm_cp} is not supported", "llm.cp=1"))
 
-    # 4. MoE expert layout.
-    expert_dp = 0
-    if lay.num_experts > 0:
-        if lay.num_experts % lay.llm_ep != 0:
-            fits = [d for d in _divisors(lay.num_experts) if (lay.llm_tp * lay.llm_dp) % (d * lay.llm_etp) == 0]
-            v.append(Violation("moe-experts", f"num_experts={lay.num_experts} is not divisible by llm.ep={lay.llm_ep}",
-                               f"llm.ep in {fits} fits"))
-        if (lay.llm_tp * lay.llm_dp) % (lay.llm_ep * lay.llm_etp) != 0:
-            v.append(Violation(
-                "moe-expert-dp",
-                f"llm.tp*llm.dp={lay.llm_tp * lay.llm_dp} is not divisible by llm.ep*llm.etp="
-                f"{lay.llm_ep * lay.llm_etp}",
-                f"llm.ep in {[d for d in _divisors(lay.llm_tp * lay.llm_dp) if lay.num_experts % d == 0]} fits"))
-        else:
-            expert_dp = lay.llm_tp * lay.llm_dp // (lay.llm_ep * lay.llm_etp)
-    elif lay.llm_ep != 1 or lay.llm_etp != 1:
-        v.append(Violation("moe-dense", f"llm.ep={lay.llm_ep}, llm.etp={lay.llm_etp} given for a dense model "
-                           "(num_experts=0)", "llm.ep=1 (or choose an MoE model preset)"))
+def _cp(lay: Layout) -> list[Violation]:
+    """`cp`: no context parallelism in this trainer (the bridge scatters whole sequences)."""
+    return [Violation("cp", f"llm.cp={lay.llm_cp} is not supported", "llm.cp=1")] if lay.llm_cp != 1 else []
 
-    # 5. Global batch splits into microbatches across LLM DP lanes.
-    if lay.gbs % (lay.mbs * lay.llm_dp) != 0:
-        step = lay.mbs * lay.llm_dp
-        lo, hi = (lay.gbs // step) * step, (lay.gbs // step + 1) * step
-        v.append(Violation(
-            "gbs",
-            f"gbs={lay.gbs} is not divisible by mbs*llm.dp={lay.mbs}*{lay.llm_dp}={step}",
-            f"gbs={hi}" + (f" or gbs={lo}" if lo > 0 else "") + " fits"))
 
-    # 6. Bridge: one of enc_dp, llm_dp divides the other, and each encoder replica gets whole samples.
+def _moe(lay: Layout) -> list[Violation]:
+    """`moe-experts`, `moe-expert-dp`, `moe-dense`: the expert layout divides what it splits."""
+    if lay.num_experts == 0:
+        if lay.llm_ep != 1 or lay.llm_etp != 1:
+            return [Violation("moe-dense", f"llm.ep={lay.llm_ep}, llm.etp={lay.llm_etp} given for a dense model "
+                              "(num_experts=0)", "llm.ep=1 (or choose an MoE model preset)")]
+        return []
+    out, tp_dp = [], lay.llm_tp * lay.llm_dp
+    if lay.num_experts % lay.llm_ep != 0:
+        fits = [d for d in _divisors(lay.num_experts) if tp_dp % (d * lay.llm_etp) == 0]
+        out.append(Violation("moe-experts", f"num_experts={lay.num_experts} is not divisible by llm.ep={lay.llm_ep}",
+                             f"llm.ep in {fits} fits"))
+    if tp_dp % (lay.llm_ep * lay.llm_etp) != 0:
+        out.append(Violation(
+            "moe-expert-dp",
+            f"llm.tp*llm.dp={tp_dp} is not divisible by llm.ep*llm.etp={lay.llm_ep * lay.llm_etp}",
+            f"llm.ep in {[d for d in _divisors(lay.num_experts) if tp_dp % d == 0]} fits"))
+    return out
+
+
+def _gbs(lay: Layout) -> list[Violation]:
+    """`gbs`: the global batch splits into whole microbatches across the LLM DP lanes."""
+    step = lay.mbs * lay.llm_dp
+    if lay.gbs % step == 0:
+        return []
+    lo, hi = (lay.gbs // step) * step, (lay.gbs // step + 1) * step
+    return [Violation("gbs", f"gbs={lay.gbs} is not divisible by mbs*llm.dp={lay.mbs}*{lay.llm_dp}={step}",
+                      f"gbs={hi}" + (f" or gbs={lo}" if lo > 0 else "") + " fits")]
+
+
+def _bridge(lay: Layout) -> list[Violation]:
+    """`bridge-ratio`, `bridge-samples`: one of enc_dp, llm_dp divides the other, and each encoder replica
+    embeds whole samples of every microbatch."""
     if lay.enc_dp % lay.llm_dp != 0 and lay.llm_dp % lay.enc_dp != 0:
-        cands = [d for d in _divisors(lay.llm_dp)] + [lay.llm_dp * m for m in range(2, 5)]
-        v.append(Violation(
-            "bridge-ratio",
-            f"encoder.dp={lay.enc_dp} and llm.dp={lay.llm_dp}: neither divides the other",
-            f"encoder.dp={_nearest(cands, lay.enc_dp)} fits"))
-    elif (lay.mbs * lay.llm_dp) % lay.enc_dp != 0:
+        cands = _divisors(lay.llm_dp) + [lay.llm_dp * m for m in range(2, 5)]
+        return [Violation("bridge-ratio", f"encoder.dp={lay.enc_dp} and llm.dp={lay.llm_dp}: neither divides the other",
+                          f"encoder.dp={_nearest(cands, lay.enc_dp)} fits")]
+    if (lay.mbs * lay.llm_dp) % lay.enc_dp != 0:
         need = lay.enc_dp // math.gcd(lay.enc_dp, lay.llm_dp)
-        v.append(Violation(
+        return [Violation(
             "bridge-samples",
             f"mbs*llm.dp={lay.mbs}*{lay.llm_dp}={lay.mbs * lay.llm_dp} samples per microbatch do not split over "
             f"encoder.dp={lay.enc_dp} replicas",
-            f"mbs={need} (a multiple of {need}) fits"))
-    return v
+            f"mbs={need} (a multiple of {need}) fits")]
+    return []
+
+
+# One function per rule id, in the order problems are reported (docs/topology.md lists them).
+RULES = (_tiling, _tp_within_node, _cp, _moe, _gbs, _bridge)
+
+
+def check(lay: Layout) -> list[Violation]:
+    """Every topology rule at once; an empty list means feasible."""
+    bad_sizes = _positive(lay)
+    if bad_sizes:
+        return bad_sizes
+    return [v for rule in RULES for v in rule(lay)]
 
 
 def plan(lay: Layout) -> Plan:
@@ -217,7 +241,7 @@ def plan(lay: Layout) -> Plan:
     if violations:
         raise TopologyError(violations)
     gpn, e = lay.gpus_per_node, lay.enc_ranks
-    enc_nodes = sorted({r // gpn for r in range(0, e)}) if e else []
+    enc_nodes = list(range(0, -(-e // gpn)))  # nodes hosting ranks [0, e)
     llm_nodes = sorted(set(range(e // gpn, lay.nodes)))
     if lay.enc_dp == lay.llm_dp:
         fan, lpe, epl = "1:1", 1, 1
