@@ -87,7 +87,7 @@ def _acquire_slot(slots_dir: Path, slots: int, stop) -> object | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("state_file")
     ap.add_argument("--launch", required=True)
@@ -100,53 +100,51 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--signal-s", type=float, default=0)
     ap.add_argument("--slots-dir", required=True)
     ap.add_argument("--slots", type=int, default=1)
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    state = State(Path(a.state_file), job_id=a.job_id, runner_pid=os.getpid(), state="PENDING",
-                  submit_time=_now(), start_time=None, end_time=None, exit_code=None, reason=None,
-                  node_list=socket.gethostname())
-    state.set()
-    cancelled = False
 
-    def on_term(signum, frame):
-        nonlocal cancelled
-        cancelled = True
+class Signals:
+    """What reached the runner: TERM/INT cancel the job; USR1/USR2 (LocalExecutor.signal, like `scancel
+    --signal=USR2`) go on to the job's processes, so the trainer checkpoints and asks for a requeue."""
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    # USR1/USR2 sent to the runner (LocalExecutor.signal, like `scancel --signal=USR2`) go on to the job's
-    # processes: the trainer checkpoints and asks for a requeue (a preemption on demand).
-    forward: list[int] = []
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.forward: list[int] = []
+        signal.signal(signal.SIGTERM, self._cancel)
+        signal.signal(signal.SIGINT, self._cancel)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR1, self._pass_on)
+        signal.signal(signal.SIGUSR2, self._pass_on)
 
-    def on_usr(signum, frame):
-        forward.append(signum)
+    def _cancel(self, signum, frame) -> None:
+        self.cancelled = True
 
-    signal.signal(signal.SIGUSR1, on_usr)
-    signal.signal(signal.SIGUSR2, on_usr)
+    def _pass_on(self, signum, frame) -> None:
+        self.forward.append(signum)
 
-    slot = _acquire_slot(Path(a.slots_dir), a.slots, lambda: cancelled)
-    if slot is None:
-        state.set(state="CANCELLED", end_time=_now(), reason="cancelled while pending")
-        return 0
 
+def _job_environment(a: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ)
     for k in [k for k in env if k.startswith("SLURM_")]:
         del env[k]  # a local job must not think it is inside a SLURM allocation
     env.update(MIMO_JOBS_JOB_ID=a.job_id, MIMO_JOBS_ATTEMPT=str(a.attempt), MIMO_JOBS_RUN_DIR=a.run_dir,
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), MIMO_JOBS_EXECUTOR="local",
                MIMO_JOB_DEADLINE=str(int(time.time() + a.time_limit_s)))
-    out = open(a.out, "ab", buffering=0)  # noqa: SIM115 (the job's output, open until it ends)
-    out.write(f"mimo-jobs: local job {a.job_id} attempt {a.attempt} starts {_now()}Z\n".encode())
-    start = time.monotonic()
-    proc = subprocess.Popen(["bash", a.launch], cwd=a.run_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    state.set(state="RUNNING", start_time=_now(), child_pid=proc.pid)
+    return env
 
-    def group(sig: int, tree: bool = False) -> None:
-        pids = descendants(proc.pid) if tree else []
+
+class Job:
+    """launch.sh running in its own process group, and the signals the runner sends it."""
+
+    def __init__(self, a: argparse.Namespace, out) -> None:
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen(["bash", a.launch], cwd=a.run_dir, env=_job_environment(a), stdout=out,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def group(self, sig: int, tree: bool = False) -> None:
+        pids = descendants(self.proc.pid) if tree else []
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
             pass
         for pid in pids:  # torchrun's workers live in their own sessions
@@ -155,50 +153,72 @@ def main(argv: list[str] | None = None) -> int:
             except ProcessLookupError:
                 pass
 
-    def stop(first: int) -> int:
-        group(first)
+    def stop(self, first: int) -> int:
+        """`first` to the group, KILL after KILL_WAIT_S if it is still there; the exit status."""
+        self.group(first)
         deadline = time.monotonic() + KILL_WAIT_S
-        while proc.poll() is None and time.monotonic() < deadline:
+        while self.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(POLL_S)
-        if proc.poll() is None:
-            group(signal.SIGKILL)
-        return proc.wait()
+        if self.proc.poll() is None:
+            self.group(signal.SIGKILL)
+        return self.proc.wait()
 
-    warn_sig = getattr(signal, "SIG" + a.signal.split(":")[-1])
-    warned = False
-    ended = None
-    while True:
-        rc = proc.poll()
-        if rc is not None:
-            break
-        el = time.monotonic() - start
-        if cancelled:
-            rc, ended = stop(signal.SIGTERM), "CANCELLED"
-            break
-        while forward:
-            group(forward.pop(0), tree=True)
-        if el >= a.time_limit_s:
-            rc, ended = stop(signal.SIGTERM), "TIMEOUT"
-            break
-        # Never before half the limit: a warning at t=0 (signal_s >= limit) would hit launch.sh before it
-        # could install its handler, and a job that short has nothing to save yet.
-        if not warned and a.signal_s > 0 and el >= max(a.time_limit_s - a.signal_s, a.time_limit_s / 2):
-            group(warn_sig, tree=True)
-            warned = True
-        time.sleep(POLL_S)
-    group(signal.SIGKILL, tree=True)  # stray descendants of launch.sh (a torchrun worker left behind) die with the job
+    def watch(self, a: argparse.Namespace, signals: Signals) -> tuple[int, str | None]:
+        """Wait for the job's end: (exit status, None) or (status, "CANCELLED" | "TIMEOUT")."""
+        warn_sig = getattr(signal, "SIG" + a.signal.split(":")[-1])
+        warned = False
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                return rc, None
+            elapsed = time.monotonic() - self.start
+            if signals.cancelled:
+                return self.stop(signal.SIGTERM), "CANCELLED"
+            while signals.forward:
+                self.group(signals.forward.pop(0), tree=True)
+            if elapsed >= a.time_limit_s:
+                return self.stop(signal.SIGTERM), "TIMEOUT"
+            # Never before half the limit: a warning at t=0 (signal_s >= limit) would hit launch.sh before it
+            # could install its handler, and a job that short has nothing to save yet.
+            if not warned and a.signal_s > 0 and elapsed >= max(a.time_limit_s - a.signal_s, a.time_limit_s / 2):
+                self.group(warn_sig, tree=True)
+                warned = True
+            time.sleep(POLL_S)
+
+
+def _record_end(a: argparse.Namespace, state: State, out, rc: int, ended: str | None) -> None:
     code = 128 - rc if rc < 0 else rc  # killed by signal N -> 128+N, as a shell reports it
     msg = {"CANCELLED": "cancelled", "TIMEOUT": f"time limit {a.time_limit_s:.0f}s reached"}.get(ended or "")
     if ended is None and code == REQUEUE_EXIT_CODE:
-        msg = "the trainer saved a checkpoint and asked for a requeue (exit 75)"
+        msg = f"the trainer saved a checkpoint and asked for a requeue (exit {REQUEUE_EXIT_CODE})"
     final = ended or ("COMPLETED" if code == 0 else "FAILED")
     out.write(f"mimo-jobs: local job {a.job_id} ended {final} exit {code} at {_now()}Z\n".encode())
     if ended == "TIMEOUT":
-        # SLURM's wording, so log scanners (logparse) read a local timeout like a cluster one.
+        # SLURM's wording, so log scanners read a local timeout like a cluster one.
         stamp = datetime.now().strftime("%Y-%m-%dT%H:%M:%S")
         out.write(f"mimo-jobs: *** JOB {a.job_id} ON {socket.gethostname()} CANCELLED AT {stamp} "
                   f"DUE TO TIME LIMIT ***\n".encode())
     state.set(state=final, exit_code=code, end_time=_now(), reason=msg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parse_args(argv)
+    state = State(Path(a.state_file), job_id=a.job_id, runner_pid=os.getpid(), state="PENDING",
+                  submit_time=_now(), start_time=None, end_time=None, exit_code=None, reason=None,
+                  node_list=socket.gethostname())
+    state.set()
+    signals = Signals()
+    slot = _acquire_slot(Path(a.slots_dir), a.slots, lambda: signals.cancelled)
+    if slot is None:
+        state.set(state="CANCELLED", end_time=_now(), reason="cancelled while pending")
+        return 0
+    out = open(a.out, "ab", buffering=0)  # noqa: SIM115 (the job's output, open until it ends)
+    out.write(f"mimo-jobs: local job {a.job_id} attempt {a.attempt} starts {_now()}Z\n".encode())
+    job = Job(a, out)
+    state.set(state="RUNNING", start_time=_now(), child_pid=job.proc.pid)
+    rc, ended = job.watch(a, signals)
+    job.group(signal.SIGKILL, tree=True)  # stray descendants of launch.sh (a torchrun worker left behind) die too
+    _record_end(a, state, out, rc, ended)
     return 0
 
 
