@@ -8,8 +8,8 @@
    watchdog timeouts on the 63 others. About 4% of the lines (~16% of the bytes) are iteration lines. Ingested
    into a fresh DuckDB store, against `wc -l` on the same (page-cached) file. Target: within 3x of `wc -l`.
    As root, the pair is also timed with the page cache dropped before each (a log read once after its job).
-   Also printed: the compiled scanner alone (no store), and the grep+Python and pure-Python scanners (what
-   ingest falls back to without a C compiler) on a prefix of the log.
+   Also printed: the compiled scanner alone (no store), and the pure-Python scanner (what ingest uses without
+   a C compiler) on a prefix of the log.
 2. report latency: a store with R runs x I iterations (default 100 x 50,000, phases included), timed for
    build() + table rendering, and for the `mimo-jobs report` command end to end. Target: under 1 s.
 
@@ -133,7 +133,7 @@ def generate_log(path: Path, size_mb: int, nodes: int = 8, gpn: int = 8, noise_p
 
 
 def _cpu() -> float:
-    """CPU seconds of this process and its finished children (DuckDB threads and grep included): unlike
+    """CPU seconds of this process and its finished children (DuckDB threads included): unlike
     wall time it does not grow when other work shares the machine."""
     import resource
 
@@ -181,13 +181,13 @@ def _cold_cache(log: Path, run_ingest, reps: int = 3) -> None:
     subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)  # warm again for what follows
 
 
-def _scan_only(log: Path, mapped: bool = True, keep: list | None = None) -> None:
+def _scan_only(log: Path, keep: list | None = None) -> None:
     """ingest's compiled read path over the whole file with the rows dropped instead of stored: what the C
-    pass costs next to wc -l (the file mapped, as ingest does, or read into a buffer). `keep` collects the
-    row batches instead."""
-    from mimo_jobs.ingest import pipeline as ingest
-    from mimo_jobs.ingest import logparse
+    pass costs next to wc -l. `keep` collects the row batches instead."""
     from mimo_jobs.ingest import readers
+    from mimo_jobs.ingest.lines import LineHandler
+    from mimo_jobs.ingest.origin import PathInfo
+    from mimo_jobs.ingest.runs import RunCtx
     from mimo_jobs.ingest.staging import Stage
 
     class Discard(Stage):
@@ -197,9 +197,8 @@ def _scan_only(log: Path, mapped: bool = True, keep: list | None = None) -> None
 
     st, stage = readers.FileState(), Discard()
     try:
-        ctx = ingest._RunCtx("bench", 8, False)
-        scanner = ingest._LogScanner(st, ctx, "1000", logparse.PathInfo(), stage, str(log), want_iters=True)
-        readers.scan_compiled(None, log, 0, log.stat().st_size, st, scanner, stage, None, mapped)
+        handler = LineHandler(st, RunCtx("bench", 8, False), "1000", PathInfo(), stage, str(log), want_iters=True)
+        readers.scan_compiled(None, log, 0, log.stat().st_size, st, handler, stage, None, readers.ScanOptions("c"))
     finally:
         stage.close()
 
@@ -241,7 +240,7 @@ def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
     wc = best_of(3, lambda: subprocess.run(["wc", "-l", str(log)], stdout=subprocess.DEVNULL, check=True))
     db = workdir / "bench.duckdb"
 
-    def run_ingest(path: Path = log):
+    def run_ingest(path: Path = log, options: readers.ScanOptions | None = None):
         if db.exists():
             db.unlink()
         con = store.connect(db)
@@ -249,11 +248,12 @@ def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
             con,
             [path],
             log_run=ingest.LogRunInfo(study="bench", name="big", nodes=8, gpus_per_node=8, seq_length=4096),
+            options=options,
         )
         con.close()
         run_ingest.stats = st
 
-    mode = readers.scan_mode("log", comp["bytes"])
+    mode = readers.scan_options().scanner_for("log")
     ing = best_of(3, run_ingest)
     st = run_ingest.stats
     mb = comp["bytes"] / 2**20
@@ -273,17 +273,12 @@ def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
     print(f"peak RSS of this process so far: {rss:,.0f} MiB (the log is {mb:,.0f} MiB: it is streamed, not loaded)")
     if mode == "c":
         sc = best_of(3, lambda: _scan_only(log))
-        rd = best_of(3, lambda: _scan_only(log, mapped=False))
         batches: list = []
         _scan_only(log, keep=batches)
         so = best_of(3, lambda: _store_only(workdir / "store-only.duckdb", batches))
         print(
             f"  of which the C scan alone (rows parsed, not stored): wall {sc[0]:.3f} s, "
             f"cpu {sc[1]:.3f} s = {sc[1] / wc[1]:.2f}x wc -l cpu"
-        )
-        print(
-            f"  the same scan reading the file into a buffer instead of mapping it: cpu {rd[1]:.3f} s "
-            f"(mapped / read: {sc[1] / rd[1]:.2f}x)"
         )
         print(
             f"  DuckDB storing the {sum(len(b['iteration']) // 4 for b in batches):,} parsed rows alone: "
@@ -314,15 +309,12 @@ def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
             dst.write(src.read(python_mb << 20))
             dst.write(src.readline())
         rates = {}
-        for m in ("c", "grep", "python"):
-            readers.SCAN = m
-            w, c = best_of(1, lambda: run_ingest(small))
-            rates[m] = c
-        readers.SCAN = None
-        print(
-            f"same {python_mb} MiB prefix, cpu s: compiled {rates['c']:.3f}, grep+Python {rates['grep']:.3f} "
-            f"({rates['grep'] / rates['c']:.1f}x), pure Python {rates['python']:.3f} ({rates['python'] / rates['c']:.1f}x)"
-        )
+        for m in readers.SCANNERS if readers.HAVE_COMPILED else ("python",):
+            rates[m] = best_of(1, lambda m=m: run_ingest(small, readers.ScanOptions(m)))
+        print(f"same {python_mb} MiB prefix, pure Python: wall {rates['python'][0]:.3f} s, cpu {rates['python'][1]:.3f} s")
+        if "c" in rates:
+            print(f"  compiled: wall {rates['c'][0]:.3f} s, cpu {rates['c'][1]:.3f} s "
+                  f"(pure Python / compiled cpu: {rates['python'][1] / rates['c'][1]:.1f}x)")
 
 
 def bench_rank_files(n: int, workdir: Path) -> None:
@@ -437,7 +429,7 @@ def main() -> None:
     ap.add_argument("--skip-report", action="store_true")
     ap.add_argument("--rank-files", type=int, default=512, help="per-rank log files for the per-file figure (0: no)")
     ap.add_argument(
-        "--python-mb", type=int, default=64, help="also time the grep and pure-Python scanners on this prefix (0: no)"
+        "--python-mb", type=int, default=64, help="also time the pure-Python scanner (and the compiled one) on this prefix (0: no)"
     )
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.dir) as d:

@@ -1,27 +1,24 @@
-/* _logscan: the hot loop of log ingest, in C (optional: ingest falls back to grep + Python without it).
+/* _logscan: the hot loop of log ingest, in C (optional: without it ingest uses its pure-Python scanner).
  *
  * One Scanner per file. scan(buf, start, end, fast) walks the complete lines of buf[start:end] once:
  * - counts lines, lines holding NUL bytes ("bad") and lines that are not valid UTF-8 ("undecodable"),
  *   exactly as ingest's Python reader counts them;
- * - finds the lines holding any trigger (logparse.ALL_TRIGGERS) with a "Teddy" filter (the multi-literal
- *   prefilter of Hyperscan and Rust's aho-corasick): each trigger is fingerprinted by 4 of its bytes, at the
- *   offset whose 4-gram is rarest in a sample of the file; triggers share 8 buckets; nibble lookup tables
- *   (pshufb) test 32 positions per step with AVX2 (counting newlines in the same pass), and only the rare
- *   fingerprint hits are compared in full;
+ * - finds the lines holding any trigger (events.ALL_TRIGGERS) with a "Teddy" multi-literal prefilter: each
+ *   trigger is fingerprinted by 4 of its bytes, at the offset whose 4-gram is rarest in a sample of the
+ *   file; triggers share 8 buckets; nibble lookup tables (pshufb) test 32 positions per step with AVX2
+ *   (counting newlines in the same pass), and only the rare fingerprint hits are compared in full;
  * - in fast mode (no traceback or torchrun summary pending on the Python side) parses Megatron iteration
- *   lines itself into column buffers, with logparse's semantics (iteration_head, parse_fields,
+ *   lines itself into column buffers, with iterline's semantics (iteration_head, parse_fields,
  *   main_losses) on a strict subset of the syntax; any line outside that subset is declined;
  * - returns (line_start, line_end, line_no) of the next line Python must handle, or None at `end`.
- * The Python side (readers.scan_compiled, ingest._LogScanner) owns everything rare: events, tracebacks,
- * declined lines. The buffer is usually a memory-mapped file: every read of it is guarded (see below).
+ * The Python side (readers.scan_compiled, lines.LineHandler) owns everything rare: events, tracebacks,
+ * declined lines. The buffers are blocks of the file that Python read.
  */
 #define _GNU_SOURCE /* memmem */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 #include <math.h>
-#include <setjmp.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,62 +38,6 @@ typedef struct {
     char *p;
     size_t n, cap;
 } Buf;
-
-/* ------------------------------------------------------------------------------------ mapped files */
-/* ingest scans a memory-mapped log (no copy into a read buffer). A log truncated while mapped (a requeued
- * job's output reopened with O_TRUNC) raises SIGBUS on the first access past its new end: the sections that
- * read a buffer run "guarded" (this thread jumps back out and raises Shrunk; ingest rolls the file back and
- * reads it again without a mapping). Any other SIGBUS goes to the handler that was there before. Nothing in
- * a guarded section holds a lock or owns half-made Python objects, so jumping out of it is safe. */
-static __thread sigjmp_buf *volatile guard_jb;
-/* compiler barriers: the guarded reads stay between the two stores (memchr & co. are builtins the compiler
- * would otherwise move, and the stores around them look dead to it) */
-#define GUARD_ON(jb)                               \
-    do {                                           \
-        guard_jb = &(jb);                          \
-        __asm__ __volatile__("" ::: "memory");     \
-    } while (0)
-#define GUARD_OFF()                                \
-    do {                                           \
-        __asm__ __volatile__("" ::: "memory");     \
-        guard_jb = NULL;                           \
-    } while (0)
-static struct sigaction prev_bus;
-static PyObject *ShrunkError;
-
-static void on_sigbus(int sig, siginfo_t *si, void *uc) {
-    sigjmp_buf *jb = guard_jb;
-    if (jb) {
-        guard_jb = NULL;
-        siglongjmp(*jb, 1);
-    }
-    if (prev_bus.sa_flags & SA_SIGINFO) {
-        if (prev_bus.sa_sigaction) {
-            prev_bus.sa_sigaction(sig, si, uc);
-            return;
-        }
-    } else if (prev_bus.sa_handler != SIG_DFL && prev_bus.sa_handler != SIG_IGN) {
-        prev_bus.sa_handler(sig);
-        return;
-    }
-    signal(SIGBUS, SIG_DFL); /* the access faults again on return, as fatal as without us */
-}
-
-/* (Re)install the handler: a later faulthandler.enable() replaces it; it is then chained behind ours. */
-static void ensure_handler(void) {
-    struct sigaction cur, sa;
-    if (sigaction(SIGBUS, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus) return;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_sigbus;
-    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGBUS, &sa, &prev_bus);
-}
-
-static PyObject *shrunk(void) {
-    PyErr_SetString(ShrunkError, "the file shrank while it was read (truncated or rewritten)");
-    return NULL;
-}
 
 static int buf_add(Buf *b, const void *src, size_t len) {
     if (b->n + len > b->cap) {
@@ -134,7 +75,7 @@ typedef struct {
     int t_off[MAX_TRIG];                 /* offset of each trigger's 4-byte fingerprint */
     int bucket[8][MAX_TRIG], bucket_n[8]; /* triggers of each bucket */
     uint8_t lo[4][32], hi[4][32];        /* fingerprint byte k's low/high nibble -> bucket bits (x2 lanes) */
-    /* known keys -> column (logparse._COLUMN_OF restricted to FAST_COLUMNS order) */
+    /* known keys -> column (iterline.COLUMN_OF restricted to FAST_COLUMNS order) */
     PyObject *key_refs;
     const char *keys[16];
     Py_ssize_t key_len[16];
@@ -769,7 +710,7 @@ static int match_shape(const Scanner *s, const unsigned char *q, const unsigned 
     return q == E;
 }
 
-/* What a key is (logparse.parse_fields): 2 = a FAST_COLUMNS column (col), 1 = a loss, 0 = extras; -1 to decline. */
+/* What a key is (iterline.parse_fields): 2 = a FAST_COLUMNS column (col), 1 = a loss, 0 = extras; -1 to decline. */
 static int classify_key(const Scanner *s, const char *k, Py_ssize_t kn, int *col) {
     if (memchr(k, '"', kn) || memchr(k, '\\', kn)) return -1; /* would need JSON escapes */
     for (int j = 0; j < s->n_keys; j++)
@@ -793,7 +734,7 @@ static int iteration_line(Scanner *s, const unsigned char *b, Py_ssize_t ls, Py_
         for (Py_ssize_t i = ls; i < le; i++) odd |= ((b[i] < 0x20) & (b[i] != '\t')) | (b[i] > 0x7E);
     if (odd) return 0; /* printable ASCII only */
     const unsigned char *L = b + ls, *E = b + le;
-    /* logparse.iteration_head: the first "iteration" followed by blanks, N, "/", M and "|" */
+    /* iterline.iteration_head: the first "iteration" followed by blanks, N, "/", M and "|" */
     const unsigned char *p = L, *head_end = NULL;
     long long it = 0, total = 0;
     while ((p = memmem(p, E - p, "iteration", 9)) != NULL) {
@@ -881,7 +822,7 @@ static int iteration_line(Scanner *s, const unsigned char *b, Py_ssize_t ls, Py_
             q = se + 1;
         }
     }
-    /* accepted: update the file state exactly as ingest._LogScanner._iteration does */
+    /* accepted: update the file state exactly as lines.LineHandler._iteration does */
     if (has_ts) {
         memcpy(s->last_time, ts, ts_len);
         s->last_time_len = ts_len;
@@ -889,7 +830,7 @@ static int iteration_line(Scanner *s, const unsigned char *b, Py_ssize_t ls, Py_
     if (s->last_iter >= 0 && it <= s->last_iter) s->restarts++;
     s->last_iter = it;
     if (!s->want_iters) return 1;
-    if (!same || nf != s->sh_n) { /* a new shape: main loss (logparse.main_losses) and aux loss, cached */
+    if (!same || nf != s->sh_n) { /* a new shape: main loss (iterline.main_losses) and aux loss, cached */
         int lm = -1, main_loss = -1, n_main = 0, aux = -1, n_loss = 0, off = 0, cache = 1;
         for (int j = 0; j < nf; j++) {
             Field *f = &fl[j];
@@ -972,26 +913,11 @@ static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
     /* accounting resumes where the last call stopped, unless this is a new buffer (or lines were skipped) */
     if (fresh || start > s->acct_end) s->acct_end = start;
     const unsigned char *b = view.buf;
-    ensure_handler();
-    sigjmp_buf jb;
-    if (!s->planned) {
-        if (sigsetjmp(jb, 0)) {
-            PyBuffer_Release(&view);
-            return shrunk();
-        }
-        GUARD_ON(jb);
-        get_plan(s, b, start, end); /* plan_cache is written after the sample is read: never half-written */
-        GUARD_OFF();
-    }
+    if (!s->planned) get_plan(s, b, start, end);
     Py_ssize_t pos = start, ls = -1, le = -1;
     long long line_no = 0;
-    int err = 0, fault = 0;
+    int err = 0;
     Py_BEGIN_ALLOW_THREADS;
-    if (sigsetjmp(jb, 0)) {
-        fault = 1; /* the Scanner's state is now unreliable: the caller drops it with the file's rows */
-        goto done;
-    }
-    GUARD_ON(jb);
     while (pos < end) {
         if (pos >= s->acct_end) { /* account the next window of whole lines */
             Py_ssize_t w = pos + WINDOW;
@@ -1032,11 +958,8 @@ static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
         ls = a, le = z, line_no = s->lines;
         break;
     }
-    GUARD_OFF();
-done:
     Py_END_ALLOW_THREADS;
     PyBuffer_Release(&view);
-    if (fault) return shrunk();
     if (err == 1) return PyErr_NoMemory();
     if (err) {
         PyErr_SetString(PyExc_RuntimeError, "_logscan: a scan window does not end at a line end");
@@ -1044,69 +967,6 @@ done:
     }
     if (ls < 0) Py_RETURN_NONE;
     return Py_BuildValue("nnL", ls, le, line_no);
-}
-
-/* cut(buf, start, end, last): the offset just after the last (last=True) or first newline of buf[start:end),
- * or -1. slice(buf, start, end): bytes(buf[start:end]). Both guarded (a mapped file may shrink). */
-static PyObject *Scanner_cut(Scanner *s, PyObject *args) {
-    Py_buffer view;
-    Py_ssize_t a, z;
-    int last;
-    if (!PyArg_ParseTuple(args, "y*nnp", &view, &a, &z, &last)) return NULL;
-    if (a < 0 || z > view.len || a > z) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "cut: bad range");
-        return NULL;
-    }
-    ensure_handler();
-    const unsigned char *b = view.buf;
-    const unsigned char *volatile nl = NULL;
-    sigjmp_buf jb;
-    if (sigsetjmp(jb, 0)) {
-        PyBuffer_Release(&view);
-        return shrunk();
-    }
-    GUARD_ON(jb);
-    if (last) { /* memrchr is a GNU extension; the last newline is usually a line's length from z */
-        for (Py_ssize_t i = z; i > a; i--)
-            if (b[i - 1] == '\n') {
-                nl = b + i - 1;
-                break;
-            }
-    } else
-        nl = memchr(b + a, '\n', z - a);
-    GUARD_OFF();
-    Py_ssize_t r = nl ? (Py_ssize_t)(nl - b) + 1 : -1;
-    PyBuffer_Release(&view);
-    return PyLong_FromSsize_t(r);
-}
-
-static PyObject *Scanner_slice(Scanner *s, PyObject *args) {
-    Py_buffer view;
-    Py_ssize_t a, z;
-    if (!PyArg_ParseTuple(args, "y*nn", &view, &a, &z)) return NULL;
-    if (a < 0 || z > view.len || a > z) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "slice: bad range");
-        return NULL;
-    }
-    ensure_handler();
-    PyObject *r = PyBytes_FromStringAndSize(NULL, z - a);
-    if (!r) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    sigjmp_buf jb;
-    if (sigsetjmp(jb, 0)) {
-        Py_DECREF(r);
-        PyBuffer_Release(&view);
-        return shrunk();
-    }
-    GUARD_ON(jb);
-    memcpy(PyBytes_AS_STRING(r), (const char *)view.buf + a, z - a);
-    GUARD_OFF();
-    PyBuffer_Release(&view);
-    return r;
 }
 
 /* The staged C rows as {name: bytes} (numbers in native byte order) plus "extras": list[str]; then empty. */
@@ -1244,15 +1104,12 @@ static PyMethodDef Scanner_methods[] = {
     {"scan", (PyCFunction)Scanner_scan, METH_VARARGS,
      "scan(buf, start, end, fast, new_buffer=False) -> (line_start, line_end, line_no) of the next line for "
      "Python, or None. new_buffer: the first call on this buffer (offsets restart)"},
-    {"cut", (PyCFunction)Scanner_cut, METH_VARARGS,
-     "cut(buf, start, end, last) -> offset just after the last (or first) newline of buf[start:end], or -1"},
-    {"slice", (PyCFunction)Scanner_slice, METH_VARARGS, "slice(buf, start, end) -> bytes of buf[start:end]"},
     {"take", (PyCFunction)Scanner_take, METH_VARARGS,
      "take(limit=-1): the first staged rows as column bytes, extras_id indexing the extras_dict list"},
     {NULL}};
 
 static PyTypeObject ScannerType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mimo_jobs._logscan.Scanner",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mimo_jobs.ingest._logscan.Scanner",
     .tp_basicsize = sizeof(Scanner),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "One log file's line scanner (see the module docstring).",
@@ -1271,12 +1128,6 @@ PyMODINIT_FUNC PyInit__logscan(void) {
     if (PyType_Ready(&ScannerType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
-    ShrunkError = PyErr_NewExceptionWithDoc("mimo_jobs._logscan.Shrunk",
-                                            "A mapped file shrank while it was read.", PyExc_OSError, NULL);
-    if (!ShrunkError || PyModule_AddObjectRef(m, "Shrunk", ShrunkError) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
     Py_INCREF(&ScannerType);
     if (PyModule_AddObject(m, "Scanner", (PyObject *)&ScannerType) < 0) {
         Py_DECREF(&ScannerType);

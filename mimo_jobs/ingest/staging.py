@@ -277,5 +277,5 @@ class Stage:
         for f in self._files.values():
             if not f.closed:
                 f.close()
-        if self._dir is not None:  # its CSV files and what the grep scanner wrote there
+        if self._dir is not None:  # its CSV files
             shutil.rmtree(self._dir, ignore_errors=True)

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mimo_jobs import __version__
-from mimo_jobs.ingest.events import first_error
 from mimo_jobs.store import catalog
 from . import jobs_table, policy, status
 from .executors import Executor, SubmitError, get_executor
@@ -277,6 +276,7 @@ def has_checkpoint(rd: RunDir, spec: dict) -> bool:
 
 def settle(con, row: jobs_table.JobRow, rd: RunDir, spec: dict) -> policy.Decision:
     """Apply the retry/requeue policy to an ended job; resubmit when it says so."""
+    from mimo_jobs.ingest.events import first_error  # its patterns compile at import: only settling pays
     from mimo_jobs.store.connection import transaction
 
     text = job_log_text(rd, row)

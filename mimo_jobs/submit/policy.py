@@ -34,8 +34,6 @@ FLAKY_PATTERNS = [
                              r"DistNetworkError|RendezvousConnectionError|RendezvousTimeoutError", re.IGNORECASE)),
     ("node_fail", re.compile(r"DUE TO NODE FAILURE|NODE_FAIL|Node failure on", re.IGNORECASE)),
 ]
-_ERROR_LINE = re.compile(r"^\s*(?:\[?rank\d+\]?:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)|error|Error|ERROR|FATAL|"
-                         r"fatal|Killed|Segmentation fault)\b")
 
 
 @dataclass(frozen=True)
@@ -92,34 +90,6 @@ def classify(state: str, exit_code: int | None, log_text: str, history: History,
         return Decision("final", f"flaky failure ({sig}) after {history.retries} retries (cluster.max_retries="
                                  f"{max_retries})")
     return Decision("final", "deterministic failure: not retried")
-
-
-def first_error(text: str) -> str | None:
-    """The first line that says what went wrong: a traceback's exception line, else an error-looking line.
-    Uses the ingest engineer's logparse when present (same rules as the events table), else a small scan."""
-    lines = text.splitlines()
-    try:
-        from mimo_jobs.ingest import logparse
-    except ImportError:  # pragma: no cover - logparse is part of the package once ingest lands
-        logparse = None
-    if logparse is not None and hasattr(logparse, "TracebackTracker"):
-        tracker = logparse.TracebackTracker()
-        for i, raw in enumerate(lines):
-            origin, s = logparse.split_origin(raw)
-            key = (origin.task, origin.local_rank, origin.rank)
-            if s.startswith("Traceback (most recent call last)"):
-                tracker.start(key, i, None)
-                continue
-            done = tracker.feed(key, s) if tracker.active(key) else None
-            if done is not None and not logparse.is_victim_message(done[1].message):
-                return done[1].message
-            for ev in logparse.classify_line(s):
-                if ev.kind in ("oom", "segfault", "time_limit", "node_fail", "preemption"):
-                    return ev.message
-    for s in lines:  # no logparse verdict: the first error-looking line
-        if _ERROR_LINE.match(s) and "Traceback" not in s:
-            return s.strip()[:500]
-    return None
 
 
 def history_of(rows: list) -> History:

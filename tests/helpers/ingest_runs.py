@@ -25,7 +25,7 @@ def require_ext() -> None:
     """The compiled scanner is optional for users, but CI (MIMO_JOBS_REQUIRE_EXT=1) must test it."""
     from mimo_jobs.ingest import readers
 
-    if readers._logscan is None:
+    if not readers.HAVE_COMPILED:
         if os.environ.get("MIMO_JOBS_REQUIRE_EXT") == "1":
             pytest.fail("mimo_jobs.ingest._logscan is not built (pip install -e . needs a C compiler)")
         pytest.skip("mimo_jobs.ingest._logscan not built")

@@ -1,4 +1,4 @@
-"""The iteration-line fast path (logparse.fast_fields) must give exactly what the generic parser gives:
+"""The iteration-line fast path (iterline.fast_fields) must give exactly what the generic parser gives:
 same columns, losses and extras JSON text, on real upstream lines, on mutated ones, and on random text."""
 
 import json
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from mimo_jobs.ingest import logparse as lp
+from mimo_jobs.ingest import iterline
 
 UPSTREAM = (
     " consumed samples:         9088 | elapsed time per iteration (ms): 5361.6 | throughput per GPU "
@@ -27,8 +27,8 @@ LINES = [
 
 
 def _generic(rest: str):
-    cols, losses, extras = lp.parse_fields(rest)
-    loss, aux = lp.main_losses(losses)
+    cols, losses, extras = iterline.parse_fields(rest)
+    loss, aux = iterline.main_losses(losses)
     # the extras keep only the losses without a column of their own: not the main loss ("lm loss", else the
     # one loss that is neither load-balancing, z_loss nor mtp), not the first load-balancing loss
     plain = [k for k in losses if "load_balancing" not in k and "z_loss" not in k and "mtp" not in k]
@@ -37,7 +37,7 @@ def _generic(rest: str):
     kept = {k: v for k, v in losses.items() if k not in (main, aux_key)}
     if kept:
         extras["losses"] = kept
-    return [cols.get(c) for c in lp.FAST_COLUMNS], loss, aux, json.dumps(extras)
+    return [cols.get(c) for c in iterline.FAST_COLUMNS], loss, aux, json.dumps(extras)
 
 
 def _corpus() -> list[str]:
@@ -62,7 +62,7 @@ def _num(v):
 def test_fast_path_equals_generic_parser(as_text):
     fast_hits = 0
     for rest in _corpus():
-        got = lp.fast_fields(rest, as_text=as_text)
+        got = iterline.fast_fields(rest, as_text=as_text)
         if got is None:  # the caller falls back to the generic parser: nothing to compare
             continue
         fast_hits += 1
@@ -73,10 +73,10 @@ def test_fast_path_equals_generic_parser(as_text):
 
 
 def test_fast_path_declines_non_numbers_and_keeps_ints():
-    assert lp.fast_fields(" elapsed time per iteration (ms): nan | lm loss: 2 |") is None
-    assert lp.fast_fields(" elapsed time per iteration (ms): 5.0 | note: text |") is None
-    row, loss, aux, js = lp.fast_fields(UPSTREAM, as_text=True)
-    named = dict(zip(lp.FAST_COLUMNS, row))
+    assert iterline.fast_fields(" elapsed time per iteration (ms): nan | lm loss: 2 |") is None
+    assert iterline.fast_fields(" elapsed time per iteration (ms): 5.0 | note: text |") is None
+    row, loss, aux, js = iterline.fast_fields(UPSTREAM, as_text=True)
+    named = dict(zip(iterline.FAST_COLUMNS, row))
     assert named["consumed_samples"] == 9088 and type(named["consumed_samples"]) is int
     assert float(named["elapsed_ms"]) == 5361.6 and float(loss) == 1.818812 and float(aux) == 1.013377
     assert json.loads(js) == {"num zeros": 0.0}  # lm loss and the aux loss have columns of their own

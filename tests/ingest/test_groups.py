@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mimo_jobs.ingest import pipeline as ingest
+from mimo_jobs.ingest.lines import LineHandler
 from mimo_jobs.store import connection as store
 
 
@@ -51,14 +52,14 @@ def _ingest(db: Path, logs: list[Path]) -> tuple:
 def test_groups_store_what_one_file_at_a_time_stores(tmp_path, monkeypatch, failing):
     logs = _logs(tmp_path)
     if failing:  # one file's scan fails (a disk error while it is read)
-        real = ingest._LogScanner.line
+        real = LineHandler.line
 
         def line(self, line_no, text):
             if self.src.endswith(failing):
                 raise OSError(5, "Input/output error")
             return real(self, line_no, text)
 
-        monkeypatch.setattr(ingest._LogScanner, "line", line)
+        monkeypatch.setattr(LineHandler, "line", line)
     calls = []
     real_group = ingest._ingest_group
     monkeypatch.setattr(ingest, "_ingest_group", lambda *a, **k: calls.append(len(a[1])) or real_group(*a, **k))

@@ -30,15 +30,12 @@ def con(tmp_path):
     c.close()
 
 
-@pytest.fixture(params=["c", "grep", "python"])
-def scan(request, monkeypatch):
-    """Run a test through every log scanner: the compiled one, grep + Python, and the pure-Python scan."""
+@pytest.fixture(params=readers.SCANNERS)
+def scan(request) -> readers.ScanOptions:
+    """Run a test through both log scanners: the compiled one and the pure-Python scan."""
     if request.param == "c":
         require_ext()
-    if request.param == "grep" and readers.GREP is None:
-        pytest.skip("grep not installed")
-    monkeypatch.setattr(readers, "SCAN", request.param)
-    return request.param
+    return readers.ScanOptions(scanner=request.param)
 
 
 def counts(con) -> tuple:
@@ -91,7 +88,7 @@ def _failed_run(tmp_path):
 
 def test_traceback_on_one_rank_watchdog_on_the_others(tmp_path, con, scan):
     run, rd = _failed_run(tmp_path)
-    st = ingest.ingest_paths(con, [rd.root])
+    st = ingest.ingest_paths(con, [rd.root], options=scan)
     assert st.iterations == 3 and st.problems == []
     ev = con.execute(
         "SELECT rank, kind, message FROM events WHERE kind IN ('traceback', 'nccl_timeout') "
@@ -131,7 +128,7 @@ def test_per_rank_torchrun_files(tmp_path, con, scan):
     ):
         (base / str(local)).mkdir(parents=True)
         (base / str(local) / "stderr.log").write_text(text)
-    ingest.ingest_paths(con, [rd.root])
+    ingest.ingest_paths(con, [rd.root], options=scan)
     got = con.execute("SELECT rank, node, kind, job_id FROM events ORDER BY rank, kind").fetchall()
     assert got == [(2, 1, "nccl_timeout", "77"), (3, 1, "oom", "77"), (3, 1, "traceback", "77")]
     (tri,) = build(con, run.study).triage
@@ -195,11 +192,11 @@ def test_truncated_last_line_is_counted_and_completed_later(tmp_path, con, scan)
     log = rd.logs / "slurm-9.out"
     cut = lines[-1][:120]  # the last iteration line, cut mid-field (job killed mid-write)
     log.write_bytes(b"".join(lines[:-1]) + cut)
-    st = ingest.ingest_paths(con, [rd.root])
+    st = ingest.ingest_paths(con, [rd.root], options=scan)
     assert (st.truncated_files, st.bad_lines, st.iterations) == (1, 1, 4)
     with open(log, "ab") as f:
         f.write(lines[-1][120:])
-    st = ingest.ingest_paths(con, [rd.root])
+    st = ingest.ingest_paths(con, [rd.root], options=scan)
     assert (st.iterations, st.truncated_files, st.lines) == (1, 0, 1)
     assert con.execute("SELECT max(iteration), count(*) FROM iterations").fetchone() == (73, 5)
 
@@ -214,7 +211,7 @@ def test_invalid_utf8_and_binary_garbage(tmp_path, con, scan):
     ]
     log = rd.logs / "slurm-10.out"
     log.write_bytes(good[2] + junk[0] + good[3] + junk[1] + good[4] + junk[2] + good[5])
-    st = ingest.ingest_paths(con, [rd.root])
+    st = ingest.ingest_paths(con, [rd.root], options=scan)
     assert (st.lines, st.undecodable, st.bad_lines, st.iterations) == (7, 2, 1, 4)
     assert con.execute("SELECT list(iteration ORDER BY iteration) FROM iterations").fetchone()[0] == [
         1,
@@ -234,7 +231,7 @@ def test_interleaved_garbled_iteration_line_is_counted(tmp_path, con, scan):
         "warming up\n1: [default1]: [2026-03-02 10:00:06] iteration        2/      20 | elapsed time per iteration "
         "(ms): 400.0 | lm loss: 4.0 |\n"
     )
-    st = ingest.ingest_paths(con, [rd.root])
+    st = ingest.ingest_paths(con, [rd.root], options=scan)
     assert (st.bad_lines, st.iterations) == (1, 1)
 
 
@@ -297,13 +294,13 @@ def test_two_ingest_processes_at_once(tmp_path):
     assert skipped == [False, True], outs
 
 
-def test_scanners_store_the_same_rows(tmp_path, monkeypatch):
-    """The compiled scanner, grep + Python and the pure-Python scan must store exactly the same rows."""
+def test_scanners_store_the_same_rows(tmp_path):
+    """The compiled scanner and the pure-Python scan must store exactly the same rows."""
     require_ext()
 
-    def ingest_all(db):
+    def ingest_all(db, options):
         c = store.connect(db)
-        ingest.ingest_paths(c, [rd.root, FIXTURES / "megatron_upstream.log"])
+        ingest.ingest_paths(c, [rd.root, FIXTURES / "megatron_upstream.log"], options=options)
         cur = c.execute("SELECT * EXCLUDE (source_file) FROM iterations ORDER BY ALL")
         x = [d[0] for d in cur.description].index("extras")
         # extras keep the log's number text on the C path (4.852030E+00), Python writes repr (4.85203)
@@ -315,10 +312,9 @@ def test_scanners_store_the_same_rows(tmp_path, monkeypatch):
     ((run, rd),) = make_runs(tmp_path / "runs", nodes=(2,))
     shutil.copy(FIXTURES / "slurm-4242.out", rd.logs / "slurm-4242.out")
     got = {}
-    for mode in ("c", "grep", "python"):
-        monkeypatch.setattr(readers, "SCAN", mode)
-        got[mode] = ingest_all(tmp_path / f"{mode}.duckdb")
-    assert got["c"] == got["grep"] == got["python"]
+    for mode in ("c", "python"):
+        got[mode] = ingest_all(tmp_path / f"{mode}.duckdb", readers.ScanOptions(scanner=mode))
+    assert got["c"] == got["python"]
     assert len(got["c"][0]) == 8 and len(got["c"][1]) == 9
 
 
@@ -340,7 +336,8 @@ def test_cli_ingest(tmp_path):
     assert "ingested 0 file(s) (1 unchanged, skipped)" in res.output
 
 
-def test_an_unusable_scanner_setting_is_refused_before_writing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("value", ["fast", "grep"])  # grep: a scanner of older versions
+def test_an_unusable_scanner_setting_is_refused_before_writing(tmp_path, monkeypatch, value):
     from typer.testing import CliRunner
 
     from mimo_jobs.cli.app import app
@@ -352,13 +349,24 @@ def test_an_unusable_scanner_setting_is_refused_before_writing(tmp_path, monkeyp
     ingest.ingest_paths(con, [rd.root])
     before = (counts(con), con.execute("SELECT * FROM ingested_files ORDER BY path").fetchall())
     con.close()
-    monkeypatch.setattr(readers, "SCAN", "fast")  # MIMO_JOBS_SCANNER=fast
+    monkeypatch.setenv("MIMO_JOBS_SCANNER", value)
     (rd.logs / "slurm-4243.out").write_text("one more line\n")
     res = CliRunner().invoke(app, ["ingest", str(rd.root), "--db", str(db)])
-    assert res.exit_code == 2 and "MIMO_JOBS_SCANNER='fast': use c, grep or python" in res.output
+    assert res.exit_code == 2 and f"MIMO_JOBS_SCANNER='{value}': use c or python" in res.output
     con = store.connect(db, read_only=True)
     after = (counts(con), con.execute("SELECT * FROM ingested_files ORDER BY path").fetchall())
     con.close()
     assert after == before  # nothing recorded, nothing lost
     res = CliRunner().invoke(app, ["ingest", str(rd.root), "--db", str(tmp_path / "new.duckdb")])
     assert res.exit_code == 2 and not (tmp_path / "new.duckdb").exists()  # no empty store left behind
+
+
+def test_scan_options_refuse_an_unknown_scanner(monkeypatch, con):
+    with pytest.raises(readers.ScanError, match="'grep': use c or python"):
+        readers.ScanOptions(scanner="grep")
+    monkeypatch.setenv("MIMO_JOBS_SCANNER", "grep")
+    with pytest.raises(ingest.IngestError, match="MIMO_JOBS_SCANNER='grep': use c or python"):
+        ingest.ingest_paths(con, [FIXTURES / "megatron_upstream.log"])
+    assert counts(con) == (0, 0, 0, 0)
+    monkeypatch.setenv("MIMO_JOBS_SCANNER", "python")
+    assert readers.scan_options() == readers.ScanOptions(scanner="python")

@@ -1,21 +1,18 @@
 """The compiled scanner (mimo_jobs.ingest._logscan) against the pure-Python scan on nasty generated logs: the same
-rows, events and counts, whatever the segment size (lines across segment boundaries, a row batch per
-segment, restarts across batches), with the AVX2 filter and with the portable scalar one."""
+rows, events and counts, whatever the read block size (lines across block ends, a row batch per block,
+restarts across batches), with the AVX2 filter and with the portable scalar one."""
 
 from __future__ import annotations
 
 import json
 import random
-import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from mimo_jobs.ingest import pipeline as ingest
-from mimo_jobs.ingest import readers
+from mimo_jobs.ingest.lines import LineHandler
+from mimo_jobs.ingest.readers import ScanOptions
 from mimo_jobs.store import connection as store
 
 from helpers.ingest_runs import require_ext  # noqa: E402
@@ -122,9 +119,10 @@ def make_log(path: Path, seed: int, n: int = 1500) -> None:
     path.write_bytes(data)
 
 
-def _ingest(db: Path, log: Path) -> tuple:
+def _ingest(db: Path, log: Path, options: ScanOptions | None = None) -> tuple:
     con = store.connect(db)
-    st = ingest.ingest_paths(con, [log], log_run=ingest.LogRunInfo(study="s", name="n", gpus_per_node=4))
+    info = ingest.LogRunInfo(study="s", name="n", gpus_per_node=4)
+    st = ingest.ingest_paths(con, [log], log_run=info, options=options)
     cur = con.execute("SELECT * EXCLUDE (source_file) FROM iterations ORDER BY job_id, iteration, attempt")
     x = [d[0] for d in cur.description].index("extras")
     # the C path keeps the log's number text in extras (1.000000E+00), Python writes repr (1.0)
@@ -138,71 +136,60 @@ def _ingest(db: Path, log: Path) -> tuple:
 ONE_ITER = b" [2026-03-02 10:00:00] iteration 1/ 2 | elapsed time per iteration (ms): 5.0 | lm loss: 2.0 |\n"
 
 
-def _c_path(monkeypatch, segment: int, mapped: bool = True, **knobs) -> None:
-    """Ingest through the compiled scanner, `segment` bytes at a time, the file mapped or read; other readers
-    knobs (MAX_LINE, MAP_WINDOW, ROW_GROUP) as given."""
+PYTHON = ScanOptions(scanner="python")
+
+
+def _c(segment: int, **sizes) -> ScanOptions:
+    """The compiled scanner, handed `segment` bytes at a time (other sizes: max_line, row_group, as given)."""
     require_ext()
-    for name, value in {"SCAN": "c", "SEGMENT": segment, "MAP": mapped, **knobs}.items():
-        monkeypatch.setattr(readers, name, value)
+    return ScanOptions(scanner="c", segment=segment, **sizes)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_compiled_scanner_equals_python(tmp_path, monkeypatch, seed):
+def test_compiled_scanner_equals_python(tmp_path, seed):
     require_ext()
     log = tmp_path / "slurm-500.out"
     make_log(log, seed)
-    monkeypatch.setattr(readers, "SCAN", "python")
-    want = _ingest(tmp_path / "py.duckdb", log)
+    want = _ingest(tmp_path / "py.duckdb", log, PYTHON)
     assert want[3][1] > 300 and want[3][2] > 0 and want[3][3] > 5 and len(want[1]) > 30, want[3]  # a nasty log
-    monkeypatch.setattr(readers, "SCAN", "c")
-    # whole file in one segment, a few segments, and many tiny segments (a batch each, lines across them)
-    # and batches of a few rows stored while scanning (take(n) leaves the rest, extras ids stay valid);
-    # the file mapped, and read into a buffer
-    # (mapped 64 KiB at a time: windows of 64 KiB + 16 KiB + 8 KiB with lines across their ends)
-    # (filter: 1 AVX2, 0 portable C)
-    for segment, simd, group, mapped in ((64 << 20, 1, 122880, True), (64 << 10, 1, 7, True),
-                                         (8 << 10, 1, 122880, False), (8 << 10, 0, 3, True),
-                                         (8 << 10, 0, 3, False), (16 << 10, 1, 5, "windows"),
-                                         (16 << 10, 0, 5, "windows")):
-        monkeypatch.setattr(readers, "MAP_WINDOW", 64 << 10 if mapped == "windows" else 64 << 20)
-        monkeypatch.setattr(readers, "MAX_LINE", 64 << 10 if mapped == "windows" else 16 << 20)
-        mapped = bool(mapped)
-        monkeypatch.setattr(readers, "SEGMENT", segment)
-        monkeypatch.setattr(readers, "SIMD", simd)
-        monkeypatch.setattr(readers, "ROW_GROUP", group)
-        monkeypatch.setattr(readers, "MAP", mapped)
-        case = (segment, simd, group, mapped)
-        got = _ingest(tmp_path / f"c-{segment}-{simd}-{mapped}.duckdb", log)
+    # whole file in one block, a few blocks, and many tiny blocks (a batch each, lines across them) and
+    # batches of a few rows stored while scanning (take(n) leaves the rest, extras ids stay valid); blocks
+    # of 16 KiB that grow for long lines up to a max_line of 64 KiB (filter: simd AVX2, or portable C)
+    for segment, simd, group, max_line in ((64 << 20, True, 122880, 16 << 20), (64 << 10, True, 7, 16 << 20),
+                                           (8 << 10, True, 122880, 16 << 20), (8 << 10, False, 3, 16 << 20),
+                                           (16 << 10, True, 5, 64 << 10), (16 << 10, False, 5, 64 << 10)):
+        case = (segment, simd, group, max_line)
+        options = _c(segment, simd=simd, row_group=group, max_line=max_line)
+        got = _ingest(tmp_path / f"c-{segment}-{simd}-{max_line}.duckdb", log, options)
         assert got[3] == want[3], case
         assert got[2] == want[2], case
         assert got[1] == want[1], case
         assert got[0] == want[0], case
 
 
-def test_appends_resume_the_same_way(tmp_path, monkeypatch):
+def test_appends_resume_the_same_way(tmp_path):
     """A log ingested while it grows (3 appends, cut mid-line) ends with the rows of one whole ingest."""
     require_ext()
     (tmp_path / "whole").mkdir()
     full = tmp_path / "whole" / "slurm-500.out"  # same job id as the growing copy
     make_log(full, 7, n=3000)
     data = full.read_bytes()
-    _c_path(monkeypatch, 16 << 10)
-    want = _ingest(tmp_path / "whole.duckdb", full)
+    options = _c(16 << 10)
+    want = _ingest(tmp_path / "whole.duckdb", full, options)
     grow = tmp_path / "slurm-500.out"
     db = tmp_path / "grow.duckdb"
     for cut in (len(data) // 3 + 17, 2 * len(data) // 3 + 5, len(data)):
         grow.write_bytes(data[:cut])
-        got = _ingest(db, grow)
+        got = _ingest(db, grow, options)
     assert got[0] == want[0] and got[1] == want[1]
     assert got[2][0][:5] == want[2][0][:5]  # lines, bad, undecodable, offset, truncated
 
 
-@pytest.mark.parametrize("mapped", [True, False])
-def test_garbage_longer_than_max_line(tmp_path, monkeypatch, mapped):
+def test_garbage_longer_than_max_line(tmp_path):
     log = tmp_path / "slurm-1.out"
     log.write_bytes(ONE_ITER + b"\x07" * (40 << 10) + b"\n" + ONE_ITER.replace(b"iteration 1/", b"iteration 2/"))
-    _c_path(monkeypatch, 16 << 10, mapped, MAX_LINE=32 << 10)  # the read buffer grows to MAX_LINE
-    rows, _, files, stats = _ingest(tmp_path / "g.duckdb", log)
+    options = _c(16 << 10, max_line=32 << 10)  # the read buffer grows to max_line
+    rows, _, files, stats = _ingest(tmp_path / "g.duckdb", log, options)
     assert [r[2] for r in rows] == [1, 2]
     assert stats[:3] == (3, 2, 1)  # 3 lines, 2 iterations, the garbage line counted bad
     assert files[0][:2] == (3, 1)
@@ -211,12 +198,11 @@ def test_garbage_longer_than_max_line(tmp_path, monkeypatch, mapped):
 def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
     """An error while batches are being stored in the background: nothing of the file is kept, and a later
     ingest stores it whole."""
-    require_ext()
     log = tmp_path / "slurm-500.out"
     make_log(log, 3, n=6000)
-    _c_path(monkeypatch, 16 << 10, ROW_GROUP=25)  # many background batches
+    options = _c(16 << 10, row_group=25)  # many background batches
     seen = []
-    real = ingest._LogScanner.line
+    real = LineHandler.line
 
     def failing(self, line_no, line):
         seen.append(line_no)
@@ -224,24 +210,23 @@ def test_a_failure_mid_scan_rolls_back_everything(tmp_path, monkeypatch):
             raise OSError(5, "disk went away")
         return real(self, line_no, line)
 
-    monkeypatch.setattr(ingest._LogScanner, "line", failing)
+    monkeypatch.setattr(LineHandler, "line", failing)
     con = store.connect(tmp_path / "s.duckdb")
-    st = ingest.ingest_paths(con, [log], log_run=ingest.LogRunInfo(study="s", name="n"))
+    st = ingest.ingest_paths(con, [log], log_run=ingest.LogRunInfo(study="s", name="n"), options=options)
     assert st.problems and "disk went away" in st.problems[0]
     assert con.execute("SELECT count(*) FROM iterations").fetchone()[0] == 0
     assert con.execute("SELECT count(*) FROM ingested_files").fetchone()[0] == 0
     con.close()
-    monkeypatch.setattr(ingest._LogScanner, "line", real)
-    got = _ingest(tmp_path / "s.duckdb", log)
-    monkeypatch.setattr(readers, "SCAN", "python")
-    want = _ingest(tmp_path / "py.duckdb", log)
+    monkeypatch.setattr(LineHandler, "line", real)
+    got = _ingest(tmp_path / "s.duckdb", log, options)
+    want = _ingest(tmp_path / "py.duckdb", log, PYTHON)
     assert got[0] == want[0] and got[3] == want[3]
 
 
-def test_garbage_across_map_windows(tmp_path, monkeypatch):
-    """Garbage lines (no newline in MAX_LINE bytes) that start in a mapped window other than the last, one
-    of them running into the next windows: mapped as read, and each is exactly one more bad line than the
-    same log without them."""
+def test_garbage_lines_mid_file(tmp_path):
+    """Garbage lines (no newline in max_line bytes) in the middle of a log, one of them many read blocks
+    long: read alike whatever the block size, and each is exactly one more bad line than the same log
+    without them."""
     clean = tmp_path / "clean" / "slurm-4.out"
     clean.parent.mkdir()
     make_log(clean, 9, n=1500)
@@ -250,92 +235,53 @@ def test_garbage_across_map_windows(tmp_path, monkeypatch):
     j = data.index(b"\n", 2 * len(data) // 3) + 1
     log = tmp_path / "slurm-4.out"
     log.write_bytes(data[:k] + b"\x07" * (40 << 10) + b"\n" + data[k:j] + b"\x01" * (150 << 10) + b"\n" + data[j:])
-    got = []
-    for mapped in (True, False):
-        _c_path(monkeypatch, 8 << 10, mapped, MAX_LINE=32 << 10, MAP_WINDOW=64 << 10)
-        got.append(_ingest(tmp_path / f"{mapped}.duckdb", log))
+    got = [_ingest(tmp_path / f"{segment}.duckdb", log, _c(segment, max_line=32 << 10)) for segment in (8 << 10, 32 << 10)]
     assert got[0] == got[1]
-    base = _ingest(tmp_path / "clean.duckdb", clean)
+    base = _ingest(tmp_path / "clean.duckdb", clean, _c(8 << 10, max_line=32 << 10))
     assert got[0][0] == base[0]  # the same iteration rows
     lines, iters, bad, undecodable, truncated = got[0][3]
     assert (lines, iters, bad, undecodable, truncated) == (base[3][0] + 2, base[3][1], base[3][2] + 2, *base[3][3:])
 
 
-@pytest.mark.parametrize("mapped", [True, False])
-def test_a_long_line_grows_the_buffer(tmp_path, monkeypatch, mapped):
-    """Lines longer than the read buffer (a segment) but within MAX_LINE are ordinary lines."""
+def test_a_long_line_grows_the_buffer(tmp_path):
+    """Lines longer than the read buffer (a segment) but within max_line are ordinary lines."""
     log = tmp_path / "slurm-2.out"
     log.write_bytes(b"x" * (40 << 10) + b" successfully saved checkpoint from iteration 1\n" + ONE_ITER)
-    _c_path(monkeypatch, 4 << 10, mapped)
-    rows, events, files, stats = _ingest(tmp_path / "g.duckdb", log)
+    rows, events, files, stats = _ingest(tmp_path / "g.duckdb", log, _c(4 << 10))
     assert [r[2] for r in rows] == [1] and [e[5] for e in events] == ["checkpoint_saved"]
     assert stats[:3] == (2, 1, 0)
 
 
-@pytest.mark.parametrize("mapped", [True, False])
-def test_a_file_truncated_while_read(tmp_path, monkeypatch, mapped):
-    """A log cut short during the scan (a requeued job reopened it with O_TRUNC): ingest keeps what it read,
-    and the next ingest sees a rewritten file. Mapped, the next access past the new end raises SIGBUS: the
-    scanner catches it, the file's rows are rolled back and it is read again unmapped, up to its new end."""
+def test_a_file_truncated_while_read(tmp_path, monkeypatch):
+    """A log cut short during the scan (a requeued job reopened it with O_TRUNC): the read ends where the
+    file now ends, and what ingest keeps is exactly a whole ingest of the part that is left."""
     log = tmp_path / "slurm-3.out"
     make_log(log, 5, n=3000)
     data = log.read_bytes()
-    _c_path(monkeypatch, 8 << 10, mapped)
-    real, real_scan = readers.line_text, readers.scan_compiled
-    calls, scans = [], []
+    options = _c(8 << 10)
+    real = LineHandler.line
+    calls = []
 
-    def truncating(raw):
+    def truncating(self, line_no, line):
         calls.append(1)
         if len(calls) == 3:
             with open(log, "r+b") as f:
                 f.truncate(20 << 10)
-        return real(raw)
+        return real(self, line_no, line)
 
-    def scan(*a, **k):
-        scans.append(a[-1] if len(a) > 8 else k.get("mapped"))
-        return real_scan(*a, **k)
-
-    monkeypatch.setattr(readers, "line_text", truncating)
-    monkeypatch.setattr(readers, "scan_compiled", scan)
+    monkeypatch.setattr(LineHandler, "line", truncating)
     con = store.connect(tmp_path / "t.duckdb")
-    st = ingest.ingest_paths(con, [log], log_run=ingest.LogRunInfo(study="s", name="n"))
+    st = ingest.ingest_paths(con, [log], log_run=ingest.LogRunInfo(study="s", name="n"), options=options)
     assert not st.problems and 0 < st.lines < 400 and st.files == 1
-    assert scans == ([None, False] if mapped else [None])  # mapped: one SIGBUS, then the unmapped retry
     rows = con.execute("SELECT iteration, attempt, time, loss, elapsed_ms FROM iterations ORDER BY iteration, attempt").fetchall()
     lines = con.execute("SELECT lines FROM ingested_files").fetchone()[0]
     con.close()
-    # what was kept is exactly a whole ingest of the part that is left (its complete lines)
-    monkeypatch.setattr(readers, "line_text", real)
+    monkeypatch.setattr(LineHandler, "line", real)
     keep = tmp_path / "kept" / "slurm-3.out"
     keep.parent.mkdir()
     keep.write_bytes(data[: 20 << 10])
     con = store.connect(tmp_path / "k.duckdb")
-    ingest.ingest_paths(con, [keep], log_run=ingest.LogRunInfo(study="s", name="n"))
+    ingest.ingest_paths(con, [keep], log_run=ingest.LogRunInfo(study="s", name="n"), options=options)
     assert rows and rows == con.execute("SELECT iteration, attempt, time, loss, elapsed_ms FROM iterations ORDER BY iteration, attempt").fetchall()
     assert lines == con.execute("SELECT lines FROM ingested_files").fetchone()[0]
     con.close()
-
-
-def test_sigbus_outside_a_scan_is_still_fatal(tmp_path):
-    """The scanner's SIGBUS handler only catches faults inside its own guarded reads: any other one (here an
-    unguarded read of a truncated mapping, after a guarded one was caught) still ends the process."""
-    require_ext()
-    code = textwrap.dedent(
-        f"""
-        import mmap, os
-        from mimo_jobs.ingest import _logscan
-        p = {str(tmp_path / "m.bin")!r}
-        open(p, "wb").write(b"a\\n" * 32768)
-        f = open(p, "rb")
-        mm = mmap.mmap(f.fileno(), 65536, access=mmap.ACCESS_READ)
-        os.truncate(p, 0)
-        cs = _logscan.Scanner((b"abcd",), ())
-        try:
-            cs.cut(mm, 0, 65536, True)
-        except _logscan.Shrunk:
-            print("caught", flush=True)
-        print(mm[40000], flush=True)
-        """
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert r.stdout == "caught\n" and r.returncode == -signal.SIGBUS, (r.returncode, r.stdout, r.stderr[-2000:])

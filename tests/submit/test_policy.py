@@ -6,7 +6,8 @@ from datetime import datetime
 import pytest
 
 from mimo_jobs.submit import jobs_table, policy, status
-from mimo_jobs.submit.executors.slurm import parse_sacct, parse_squeue
+from mimo_jobs.ingest.events import first_error
+from mimo_jobs.submit.executors.slurm import jobs_from_sacct, parse_squeue
 
 NCCL = ("[rank3]:[E ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation timeout: "
         "WorkNCCL(SeqNum=51, OpType=ALLREDUCE) ran for 600042 milliseconds before timing out.")
@@ -81,12 +82,12 @@ def test_first_error_skips_victims_and_finds_the_cause():
     log = ("0: [default0]:Traceback (most recent call last):\n"
            "0: [default0]:  File \"a.py\", line 1, in f\n"
            f"0: [default0]:{GLOO}\n" + "".join("1: " + ln + "\n" for ln in TRACEBACK.splitlines()))
-    assert policy.first_error(log) == "ValueError: seq_length 64 is shorter than the image tokens (96)"
+    assert first_error(log) == "ValueError: seq_length 64 is shorter than the image tokens (96)"
 
 
 def test_first_error_plain_error_line_and_nothing():
-    assert policy.first_error("starting\nerror: cannot open /data/x.tar\nbye\n") == "error: cannot open /data/x.tar"
-    assert policy.first_error("all good\niteration 1\n") is None
+    assert first_error("starting\nerror: cannot open /data/x.tar\nbye\n") == "error: cannot open /data/x.tar"
+    assert first_error("all good\niteration 1\n") is None
 
 
 def test_flaky_signature_names():
@@ -104,7 +105,7 @@ def test_parse_sacct_states_exit_codes_and_steps():
             "14|CANCELLED by 0|0:15|2026-11-21T19:04:41|2026-11-21T19:04:42|2026-11-21T19:04:45|node4|None|/r/c\n"
             "15|PENDING|0:0|2026-11-21T19:04:41|Unknown|Unknown|None assigned|Resources|/r/d\n"
             "16|TIMEOUT|0:0|2026-11-21T19:04:41|2026-11-21T19:04:42|2026-11-21T19:06:00|node1|None|/r/e\n")
-    got = parse_sacct(text)
+    got = jobs_from_sacct(text)
     assert sorted(got) == ["12", "13", "14", "15", "16"]  # the .batch step is not a job
     j12, wd = got["12"]
     assert (j12.state, j12.exit_code, j12.node_list, wd) == ("COMPLETED", 0, "node[1-2]", "/r/a")

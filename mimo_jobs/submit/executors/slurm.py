@@ -13,64 +13,38 @@ from __future__ import annotations
 
 import subprocess
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 
+from mimo_jobs.ingest import sacct
 from mimo_jobs.submit.jobs_table import JobFacts
 from mimo_jobs.plan.rundir import RunDir
 from . import SubmitError
 
-SACCT_FIELDS = "JobID,State,ExitCode,Submit,Start,End,NodeList,Reason,WorkDir"
+SACCT_FIELDS = ",".join(sacct.POLL_COLUMNS)
 SQUEUE_FORMAT = "%i|%T|%V|%S|%N|%r|%Z"
 
 
-def _time(s: str) -> datetime | None:
-    """sacct/squeue print the controller's local time; the store keeps naive UTC."""
-    s = s.strip()
-    if not s or s in ("Unknown", "None", "N/A") or not s[0].isdigit():
-        return None
-    try:
-        return datetime.fromisoformat(s).astimezone(timezone.utc).replace(tzinfo=None)
-    except ValueError:
-        return None
-
-
-def _exit_code(s: str) -> int | None:
-    """sacct ExitCode is "code:signal"; a signal death is reported like a shell would (128 + signal)."""
-    if ":" not in s:
-        return None
-    code, sig = s.split(":", 1)
-    try:
-        c, g = int(code), int(sig)
-    except ValueError:
-        return None
-    return 128 + g if c == 0 and g else c
-
-
-def parse_sacct(text: str) -> dict[str, tuple[JobFacts, str]]:
-    """`sacct -X -n -P -o SACCT_FIELDS` -> job id -> (facts, work dir). With requeues sacct may list a job
-    id twice; the last line is the newest."""
-    out: dict[str, tuple[JobFacts, str]] = {}
-    for line in text.splitlines():
-        f = line.split("|")
-        if len(f) < 9 or not f[0] or "." in f[0]:
-            continue
-        state = f[1].split()[0] if f[1].strip() else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
-        reason = f[7].strip() if f[7].strip() not in ("", "None") else None
-        out[f[0]] = (JobFacts(f[0], state, _exit_code(f[2]), _time(f[3]), _time(f[4]), _time(f[5]),
-                              f[6].strip() if f[6].strip() not in ("", "None assigned") else None, reason),
-                     f[8].strip())
-    return out
+def jobs_from_sacct(text: str) -> dict[str, tuple[JobFacts, str]]:
+    """`sacct -X -n -P -o SACCT_FIELDS` (parsed by ingest.sacct) -> job id -> (facts, work dir). With
+    requeues sacct may list a job id twice; the last line is the newest."""
+    return {
+        r.job_id: (JobFacts(r.job_id, r.state, r.exit_code, r.submit, r.start, r.end, r.node_list, r.reason),
+                   r.work_dir)
+        for r in sacct.parse_poll(text)
+    }
 
 
 def parse_squeue(text: str) -> dict[str, tuple[JobFacts, str]]:
+    """`squeue -h -o SQUEUE_FORMAT` -> job id -> (facts, work dir)."""
     out: dict[str, tuple[JobFacts, str]] = {}
     for line in text.splitlines():
         f = line.split("|")
         if len(f) < 7 or not f[0]:
             continue
         reason = f[5].strip() if f[5].strip() not in ("", "None") else None
-        out[f[0]] = (JobFacts(f[0], f[1].strip() or "UNKNOWN", None, _time(f[2]), _time(f[3]), None,
-                              f[4].strip() or None, reason), f[6].strip())
+        submitted, started = sacct.controller_time(f[2]), sacct.controller_time(f[3])
+        facts = JobFacts(f[0], f[1].strip() or "UNKNOWN", None, submitted, started, None, f[4].strip() or None, reason)
+        out[f[0]] = (facts, f[6].strip())
     return out
 
 
@@ -111,7 +85,7 @@ class SlurmExecutor:
             if ids:
                 p = _run(["sacct", "-X", "-n", "-P", "-o", SACCT_FIELDS, "-j", ",".join(ids)])
                 if p.returncode == 0:
-                    found.update(parse_sacct(p.stdout))
+                    found.update(jobs_from_sacct(p.stdout))
                 missing = [i for i in ids if i not in found]
                 if missing:  # sacct lags sbatch by 1-5 s; squeue knows the job at once
                     p = _run(["squeue", "-h", "-o", SQUEUE_FORMAT, "-j", ",".join(missing)])
@@ -148,7 +122,7 @@ class SlurmExecutor:
         p = _run(["sacct", "-X", "-n", "-P", "-o", SACCT_FIELDS, "-S", since])
         self.sacct_s += time.perf_counter() - t0
         if p.returncode == 0:
-            found.update(parse_sacct(p.stdout))
+            found.update(jobs_from_sacct(p.stdout))
         root = str(rd.root)
         return [f for f, wd in found.values() if wd.rstrip("/") == root]
 

@@ -1,0 +1,94 @@
+"""Which files an ingest reads, of which kind, and the run dir each belongs to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mimo_jobs.errors import MimoJobsError
+from mimo_jobs.plan.rundir import RunDir
+
+LOG_SUFFIXES = (".out", ".err", ".log", ".txt")
+
+
+class IngestError(MimoJobsError, ValueError):
+    """Bad ingest input (missing path, unreadable run.yaml): raised before anything is written."""
+
+
+@dataclass
+class Target:
+    path: Path
+    kind: str  # metrics | log | sacct
+    run_dir: Path | None  # the run dir (run.yaml inside) it belongs to; None: a loose log
+    src: str = ""  # the resolved path (the file's key in the store), set by discover: resolving costs lstats
+
+
+def kind_of(path: Path) -> str | None:
+    """metrics (a .jsonl), sacct (a dump: "sacct" in its name), log, or None (not ingested)."""
+    n = path.name
+    if n.endswith(".jsonl"):
+        return "metrics"
+    if "sacct" in n:
+        return "sacct"
+    if n.endswith(LOG_SUFFIXES):
+        return "log"
+    return None
+
+
+def run_dir_of(path: Path) -> Path | None:
+    """The run dir a file lies in (the nearest of its parents with a run.yaml), or None."""
+    for d in [path if path.is_dir() else path.parent, *path.resolve().parents][:10]:
+        if (d / "run.yaml").is_file():
+            return d
+    return None
+
+
+def _files_of(root: Path, run_dir: Path | None) -> list[Target]:
+    """The ingestable files under `root`, in path order."""
+    out = []
+    for p in sorted(root.rglob("*")):
+        k = kind_of(p) if p.is_file() else None
+        if k:
+            out.append(Target(p, k, run_dir))
+    return out
+
+
+def _run_dir_targets(rd: Path) -> list[Target]:
+    """A run dir's metrics.jsonl, then everything ingestable under its logs/."""
+    out = []
+    m = RunDir(rd).metrics
+    if m.is_file():
+        out.append(Target(m, "metrics", rd))
+    logs = RunDir(rd).logs
+    if logs.is_dir():
+        out += _files_of(logs, rd)
+    return out
+
+
+def _targets_of(p: Path) -> list[Target]:
+    if not p.is_dir():
+        return [Target(p, kind_of(p) or "log", run_dir_of(p))]
+    if (p / "run.yaml").is_file():
+        return _run_dir_targets(p)
+    run_dirs = sorted({y.parent for y in p.rglob("run.yaml")})
+    if not run_dirs:  # a tree of loose logs
+        return _files_of(p, None)
+    return [t for rd in run_dirs for t in _run_dir_targets(rd)]
+
+
+def discover(paths: Iterable[Path]) -> list[Target]:
+    """Files to read: run dirs (run.yaml inside), trees of run dirs, or single log/jsonl/sacct files; each
+    file once (by resolved path), in the order given."""
+    missing = [str(p) for p in paths if not Path(p).exists()]
+    if missing:
+        raise IngestError(f"no such file or directory: {', '.join(missing)}")
+    seen: set[str] = set()
+    uniq = []
+    for p in map(Path, paths):
+        for t in _targets_of(p):
+            t.src = str(t.path.resolve())
+            if t.src not in seen:
+                seen.add(t.src)
+                uniq.append(t)
+    return uniq

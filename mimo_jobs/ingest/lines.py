@@ -1,0 +1,148 @@
+"""What a candidate line of a log means: an iteration row, an event, part of a traceback or of torchrun's
+"Root Cause" summary. One LineHandler per file; either scanner (readers) hands it the file's candidate lines
+in order, and it stages rows (staging.Stage).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from . import events, iterline
+from .events import Event, TracebackTracker
+from .origin import Origin, PathInfo, split_origin
+from .readers import FileState
+from .runs import RunCtx
+from .timestamps import find_time, store_text
+
+TRACEBACK = "Traceback (most recent call last)"
+ROOT_CAUSE = "Root Cause (first observed failure)"
+
+
+class LineHandler:
+    """Turns one log's candidate lines into staged iterations and events. Only lines holding a trigger
+    (events.ALL_TRIGGERS) ever reach it; with the compiled scanner most iteration lines do not either."""
+
+    def __init__(
+        self, st: FileState, ctx: RunCtx, job: str, pinfo: PathInfo, stage, src: str, want_iters: bool
+    ) -> None:
+        self.st, self.ctx, self.job, self.pinfo, self.stage, self.src = st, ctx, job, pinfo, stage, src
+        self.want_iters = want_iters  # False: metrics.jsonl carries the run's iterations
+        self.tracker = TracebackTracker()
+        self.base_attempt = pinfo.attempt or 0
+        stage.log_const = (ctx.run_id, job, src)
+        self._root: list | None = None  # torchrun "Root Cause" block being read: [line_no, origin, lines]
+
+    def fast(self) -> bool:
+        """Whether iteration lines may skip the origin/traceback bookkeeping (the C scanner's fast mode)."""
+        return not self.tracker.pending and self._root is None
+
+    def line(self, line_no: int, line: str) -> None:
+        """One candidate line (1-based number, no newline)."""
+        if self.fast() and iterline.ITERATION_TRIGGER in line:
+            # the bulk of a big log: an iteration line needs no origin (the head regex skips prefixes)
+            head = iterline.iteration_head(line)
+            if head is not None:
+                self._iteration(head, line, line_no)
+                return
+        origin, body = split_origin(line)
+        if self._root is not None:  # torchrun summary: its fields follow the "Root Cause" line
+            self._root[2].append(body)
+            if len(self._root[2]) >= 12 or "exitcode" in body:
+                self._finish_root()
+        key = (origin.task, origin.local_rank, origin.rank)
+        if self.tracker.active(key) and TRACEBACK not in body:
+            done = self.tracker.feed(key, body)
+            if done:
+                self._emit(origin, done[0], done[1])
+            if body[:1] in (" ", "\t"):
+                return
+        if iterline.ITERATION_TRIGGER in body:
+            head = iterline.iteration_head(body)
+            if head is not None:
+                self._iteration(head, body, line_no)
+                return
+        if TRACEBACK in body:
+            if not self.tracker.active(key):
+                lt = self._last_time()
+                self.tracker.start(key, line_no, find_time(body, lt.year if lt else None) or lt)
+            return
+        if ROOT_CAUSE in body:
+            self._root = [line_no, origin, []]
+            return
+        lt = self._last_time()
+        for ev in events.classify_line(body, lt.year if lt else None):
+            self._emit(origin, line_no, ev)
+
+    def finish(self) -> None:
+        """End of the file's complete lines: blocks still open become events."""
+        if self._root is not None:
+            self._finish_root()
+        for ln, ev in self.tracker.flush():
+            self._emit(Origin(), ln, ev)
+
+    # ------------------------------------------------------------------------------------- iterations
+
+    def _iteration(self, head: tuple, text: str, line_no: int) -> None:
+        it, total, ts, end = head
+        st = self.st
+        if ts:
+            try:
+                datetime.fromisoformat(ts)
+            except ValueError:  # no such calendar time (2026-02-30): the line has no usable timestamp
+                ts = None
+        if ts:
+            st.last_time = ts
+        if st.last_iter is not None and it <= st.last_iter:
+            st.restarts += 1  # the job resumed from a checkpoint and re-ran iterations
+        st.last_iter = it
+        if not self.want_iters:
+            return
+        (elapsed, lr, gn, cs, gbs, ls, sk, nan, tf), loss, aux, extras = _fields(text[end:])
+        if elapsed is None:
+            st.bad += 1  # garbled (e.g. interleaved with another rank's output)
+            return
+        row = [it, ts, elapsed, loss, lr, gn, cs, gbs, ls, sk, nan, tf, aux, extras]
+        self.stage.log_iteration(row + [self.base_attempt + st.restarts, total], line_no)
+
+    # ------------------------------------------------------------------------------------- events
+
+    def _rank(self, origin: Origin) -> tuple[int | None, int | None]:
+        """(global rank, node) of a line, from its prefixes and else from the file's path."""
+        p = self.pinfo
+        if origin == Origin() and p.local_rank is not None:
+            origin = Origin(local_rank=p.local_rank)
+        node = origin.task if origin.task is not None else p.node
+        return origin.global_rank(self.ctx.gpus_per_node, p.node), node
+
+    def _last_time(self) -> datetime | None:
+        return datetime.fromisoformat(self.st.last_time) if self.st.last_time else None
+
+    def _event(self, rank: int | None, node: int | None, line_no: int, ev: Event) -> None:
+        t = store_text(ev.time or self._last_time())
+        self.stage.event([self.ctx.run_id, self.job, rank, node, t, ev.kind, ev.message, self.src, line_no])
+
+    def _emit(self, origin: Origin, line_no: int, ev: Event) -> None:
+        self._event(*self._rank(origin), line_no, ev)
+
+    def _finish_root(self) -> None:
+        line_no, _origin, follow = self._root
+        self._root = None
+        rc = events.parse_root_cause(follow)
+        if rc:
+            rank, ev = rc
+            self._event(rank, None, line_no, ev)
+
+
+def _fields(rest: str) -> tuple[list, object, object, str]:
+    """(FAST_COLUMNS values, loss, aux loss, extras JSON) of an iteration line's fields."""
+    fast = iterline.fast_fields(rest, as_text=True)
+    if fast is not None:
+        return fast
+    # a non-numeric or non-finite value somewhere: the generic parser decides
+    cols, losses, ex = iterline.parse_fields(rest)
+    loss, aux = iterline.main_losses(losses)
+    rest_losses = iterline.extra_losses(losses)
+    if rest_losses:
+        ex["losses"] = rest_losses
+    return [cols.get(c) for c in iterline.FAST_COLUMNS], loss, aux, json.dumps(ex)
