@@ -1,6 +1,6 @@
-"""Report math: pure functions, no database (the SQL in build.py only aggregates rows).
+"""Report math: pure functions, no database (the SQL in queries.py only aggregates rows).
 
-Conventions (shared/notes/anchors-peers.md §4, DESIGN.md "Figures the report uses"):
+Conventions:
 - steady-state window: iterations from `steady_cutoff` on (skip the first 10% of the logged span, at least
   the first iteration, which carries start-up cost); median/mean/std of the iteration time over it;
 - samples/s = gbs / t_iter; tokens/s = samples/s * seq_length; per GPU = / ALL GPUs of the job
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Dense BF16 peak FLOP/s per GPU (not the 2:4-sparse figure): Megatron-LM#1276/#1565, torchtitan.
+# Dense BF16 peak FLOP/s per GPU (not the 2:4-sparse figure).
 PEAK_BF16 = {
     "H200": 989e12,
     "GH200": 989e12,

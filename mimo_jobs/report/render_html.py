@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from html import escape
 
-from . import fmt
-from . import svg
-from .model import Report, RunRow
+from . import fmt, svg
+from .model import Report, RunRow, StudyInfo
 
 
 def _by_nodes(rows: list[RunRow], val) -> list[tuple[float, float]]:
@@ -26,33 +25,10 @@ def _by_nodes(rows: list[RunRow], val) -> list[tuple[float, float]]:
 
 
 def charts(report: Report) -> dict[str, str]:
-    t_series: list[svg.Series] = []
-    p_series: list[svg.Series] = []
-    node_ticks: set[float] = set()
-    for i, s in enumerate(report.studies):
-        rows = [r for r in report.runs if r.study == s.name and r.t_median_ms is not None]
-        color = svg.PALETTE[i % len(svg.PALETTE)]
-        use_tok = s.metric.startswith("tokens")
-        t_pts = _by_nodes(rows, lambda r: r.t_median_ms)
-        p_pts = _by_nodes(rows, lambda r, use_tok=use_tok: r.tokens_per_s_per_gpu if use_tok else r.samples_per_s_per_gpu)
-        node_ticks |= {x for x, _ in t_pts}
-        label = s.name if len(report.studies) > 1 else "measured"
-        t_series.append(svg.Series(label, t_pts, color))
-        p_series.append(svg.Series(label, p_pts, color))
-        n0 = s.baseline_nodes
-        t0 = dict(t_pts).get(float(n0)) if n0 is not None else None
-        p0 = dict(p_pts).get(float(n0)) if n0 is not None else None
-        if t0 is not None and t_pts:
-            # Strong scaling: ideal time falls as N0/N; weak scaling: it stays flat.
-            ideal = [(x, t0 * n0 / x if s.scaling == "strong" else t0) for x, _ in t_pts]
-            t_series.append(svg.Series(f"ideal ({s.scaling})", ideal, svg.IDEAL, dashed=True, markers=False))
-        if p0 is not None and p_pts:
-            p_series.append(
-                svg.Series("ideal (E=1)", [(x, p0) for x, _ in p_pts], svg.IDEAL, dashed=True, markers=False)
-            )
+    """The report's four plots as inline SVG: iteration time, per-GPU throughput, loss and phases."""
+    t_series, p_series, ticks = _scaling_series(report)
     metric = report.studies[0].metric if report.studies else "tokens/s/GPU"
-    ticks = sorted(node_ticks) or None
-    out = {
+    return {
         "iteration-time": svg.line_chart(
             t_series,
             "Iteration time vs nodes (steady-state median)",
@@ -71,12 +47,62 @@ def charts(report: Report) -> dict[str, str]:
             y_zero=True,
             chart_id="chart-throughput",
         ),
+        "loss": svg.line_chart(
+            _loss_series(report),
+            "Loss vs consumed samples",
+            "consumed samples",
+            "loss",
+            chart_id="chart-loss",
+        ),
+        "phases": _phase_chart(report),
     }
-    loss_series = []
+
+
+def _scaling_series(report: Report) -> tuple[list[svg.Series], list[svg.Series], list[float] | None]:
+    """Per study, against nodes: the iteration time and the per-GPU throughput, each followed by its ideal
+    line; and the node counts to tick."""
+    t_series: list[svg.Series] = []
+    p_series: list[svg.Series] = []
+    node_ticks: set[float] = set()
+    for i, s in enumerate(report.studies):
+        rows = [r for r in report.runs if r.study == s.name and r.t_median_ms is not None]
+        color = svg.PALETTE[i % len(svg.PALETTE)]
+        per_gpu = "tokens_per_s_per_gpu" if s.metric.startswith("tokens") else "samples_per_s_per_gpu"
+        t_pts = _by_nodes(rows, lambda r: r.t_median_ms)
+        p_pts = _by_nodes(rows, lambda r, per_gpu=per_gpu: getattr(r, per_gpu))
+        node_ticks |= {x for x, _ in t_pts}
+        label = s.name if len(report.studies) > 1 else "measured"
+        t_series += [svg.Series(label, t_pts, color), *_ideal_time(s, t_pts)]
+        p_series += [svg.Series(label, p_pts, color), *_ideal_throughput(s, p_pts)]
+    return t_series, p_series, sorted(node_ticks) or None
+
+
+def _ideal_time(s: StudyInfo, t_pts: list[tuple[float, float]]) -> list[svg.Series]:
+    """The ideal iteration time from the baseline's: N0/N of it (strong scaling) or flat (weak scaling)."""
+    n0 = s.baseline_nodes
+    t0 = dict(t_pts).get(float(n0)) if n0 is not None else None
+    if t0 is None or not t_pts:
+        return []
+    ideal = [(x, t0 * n0 / x if s.scaling == "strong" else t0) for x, _ in t_pts]
+    return [svg.Series(f"ideal ({s.scaling})", ideal, svg.IDEAL, dashed=True, markers=False)]
+
+
+def _ideal_throughput(s: StudyInfo, p_pts: list[tuple[float, float]]) -> list[svg.Series]:
+    """The ideal per-GPU throughput: the baseline's at every node count (E = 1)."""
+    n0 = s.baseline_nodes
+    p0 = dict(p_pts).get(float(n0)) if n0 is not None else None
+    if p0 is None or not p_pts:
+        return []
+    return [svg.Series("ideal (E=1)", [(x, p0) for x, _ in p_pts], svg.IDEAL, dashed=True, markers=False)]
+
+
+def _loss_series(report: Report) -> list[svg.Series]:
+    """Each run's loss curve (markers only on short ones), coloured by its place in the run list."""
+    out = []
     for j, r in enumerate(report.runs):
         c = report.curves.get(r.run_id)
         if c:
-            loss_series.append(
+            out.append(
                 svg.Series(
                     f"{r.nodes}n {r.name}" if r.nodes else r.name,
                     c,
@@ -84,19 +110,20 @@ def charts(report: Report) -> dict[str, str]:
                     markers=len(c) <= 30,
                 )
             )
-    out["loss"] = svg.line_chart(
-        loss_series, "Loss vs consumed samples", "consumed samples", "loss", chart_id="chart-loss"
-    )
+    return out
+
+
+def _phase_chart(report: Report) -> str:
+    """Stacked bars of each run's mean phase times over the steady-state window."""
     phases = fmt.phase_names(report)
     rows = [r for r in report.runs if r.phase_ms]
-    out["phases"] = svg.stacked_bars(
+    return svg.stacked_bars(
         [r.name for r in rows],
         {p: [r.phase_ms.get(p, 0.0) for r in rows] for p in phases},
         "Phase breakdown (mean ms per iteration, steady state)",
         "ms",
         chart_id="chart-phases",
     )
-    return out
 
 
 def _table(headers: list[str], rows: list[list[str]], cls: str = "") -> str:
@@ -121,12 +148,42 @@ tr.bad td{background:#fde8e8}tr.warn td{background:#fff6dd}.note{font-size:12px;
 
 
 def render_html(report: Report) -> str:
+    """The whole report as one page: the study list, the four plots, then the tables."""
     c = charts(report)
+    parts = [
+        *_head(report),
+        '<div class="grid">',
+        c["iteration-time"],
+        c["throughput"],
+        c["loss"],
+        c["phases"],
+        "</div>",
+        *_runs_section(report),
+        *_phase_section(report),
+        *_parity_section(report),
+        *_triage_section(report),
+        "</body></html>\n",
+    ]
+    return "\n".join(parts)
+
+
+def _head(report: Report) -> list[str]:
+    """The document's head, the title with the generation time and the list of studies."""
     studies = "".join(
         f"<li><b>{escape(s.name)}</b>: {escape(s.scaling)} scaling, baseline N0 = "
         f"{escape(str(s.baseline_nodes))} nodes, P(N) = {escape(s.metric)}, E(N) = P(N)/P(N0)</li>"
         for s in report.studies
     )
+    return [
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>mimo-jobs scaling report</title>',
+        f"<style>{CSS}</style></head><body>",
+        f'<h1>Scaling report</h1><div class="note">generated {report.generated_at:%Y-%m-%d %H:%M} UTC</div>',
+        f"<ul>{studies}</ul>",
+    ]
+
+
+def _runs_section(report: Report) -> list[str]:
+    """The runs table (rows shaded by state) and the notes under it."""
     run_rows = [
         (
             fmt.run_cells(r),
@@ -134,17 +191,7 @@ def render_html(report: Report) -> str:
         )
         for r in report.runs
     ]
-    parts = [
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>mimo-jobs scaling report</title>',
-        f"<style>{CSS}</style></head><body>",
-        f'<h1>Scaling report</h1><div class="note">generated {report.generated_at:%Y-%m-%d %H:%M} UTC</div>',
-        f"<ul>{studies}</ul>",
-        '<div class="grid">',
-        c["iteration-time"],
-        c["throughput"],
-        c["loss"],
-        c["phases"],
-        "</div>",
+    return [
         "<h2>Runs</h2>",
         _table(fmt.RUN_HEADERS, run_rows, "runs"),
         "".join(
@@ -152,47 +199,41 @@ def render_html(report: Report) -> str:
             for n in report.notes
         ),
     ]
+
+
+def _phase_section(report: Report) -> list[str]:
+    """Each run's share of the phase time per phase (nothing when no run has phases)."""
     names = fmt.phase_names(report)
-    if names:
-        parts += [
-            "<h2>Phase time shares</h2>",
-            _table(
-                ["run", *names],
-                [
-                    ([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]], "")
-                    for r in report.runs
-                    if r.phase_share
-                ],
-            ),
-        ]
-    if report.parity:
-        parts += [
-            "<h2>Loss parity at equal consumed samples</h2>",
-            _table(
-                ["run", "nodes", "samples", "loss", "baseline", "max rel diff"],
-                [(fmt.parity_cells(p, abs_diff=False), "") for p in report.parity],
-            ),
-        ]
-    if report.triage:
-        parts += [
-            "<h2>Failure triage</h2>",
-            _table(
-                ["run", "job", "state", "rank", "why", "evidence"],
-                [
-                    (
-                        [
-                            x.name,
-                            x.job_id or "-",
-                            x.state,
-                            "-" if x.rank is None else str(x.rank),
-                            x.reason,
-                            x.evidence,
-                        ],
-                        "bad",
-                    )
-                    for x in report.triage
-                ],
-            ),
-        ]
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
+    if not names:
+        return []
+    rows = [
+        ([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]], "") for r in report.runs if r.phase_share
+    ]
+    return ["<h2>Phase time shares</h2>", _table(["run", *names], rows)]
+
+
+def _parity_section(report: Report) -> list[str]:
+    """Loss parity against the baseline run (nothing when there is none)."""
+    if not report.parity:
+        return []
+    return [
+        "<h2>Loss parity at equal consumed samples</h2>",
+        _table(
+            ["run", "nodes", "samples", "loss", "baseline", "max rel diff"],
+            [(fmt.parity_cells(p, abs_diff=False), "") for p in report.parity],
+        ),
+    ]
+
+
+def _triage_section(report: Report) -> list[str]:
+    """Why each failed or hung run stopped (nothing when none did)."""
+    if not report.triage:
+        return []
+    rows = [
+        (
+            [x.name, x.job_id or "-", x.state, "-" if x.rank is None else str(x.rank), x.reason, x.evidence],
+            "bad",
+        )
+        for x in report.triage
+    ]
+    return ["<h2>Failure triage</h2>", _table(["run", "job", "state", "rank", "why", "evidence"], rows)]

@@ -6,13 +6,25 @@ import io
 
 from . import fmt
 from .model import Report
+from .textable import Column, Table
 
 
 def _tables(report: Report) -> list:
     """What the table rendering prints, in order: tables (textable.Table) and lines of rich markup."""
-    from .textable import Column, Table
+    out: list = [_runs_table(report)]
+    for s in report.studies:
+        out.append(
+            f"[bold]{s.name}[/]: {s.scaling} scaling, baseline N0={s.baseline_nodes} nodes, "
+            f"P(N) = {s.metric}, E(N) = P(N)/P(N0)"
+        )
+    out += _phase_table(report) + _parity_table(report) + _triage_table(report)
+    for n in report.notes:
+        out.append(f"* {n}" if n.startswith("per-GPU") else f"  {n}")
+    return out
 
-    out: list = []
+
+def _runs_table(report: Report):
+    """One row per run, styled by its state (yellow: running or no data, red: failed)."""
     t = Table(
         "Runs", [Column(h, overflow="fold", no_wrap=h not in ("flags", "run")) for h in fmt.RUN_HEADERS]
     )
@@ -21,38 +33,45 @@ def _tables(report: Report) -> list:
             None if r.state in ("COMPLETED",) else ("yellow" if r.state in ("RUNNING", "NO DATA") else "red")
         )
         t.add_row(fmt.run_cells(r), style)
-    out.append(t)
-    for s in report.studies:
-        out.append(
-            f"[bold]{s.name}[/]: {s.scaling} scaling, baseline N0={s.baseline_nodes} nodes, "
-            f"P(N) = {s.metric}, E(N) = P(N)/P(N0)"
-        )
+    return t
+
+
+def _phase_table(report: Report) -> list:
+    """Each run's share of the phase time per phase (no table when no run has phases)."""
     names = fmt.phase_names(report)
-    if names:
-        pt = Table("Phase time shares (steady state)", [Column("run")] + [Column(p, "right") for p in names])
-        for r in report.runs:
-            if r.phase_share:
-                pt.add_row([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]])
-        out.append(pt)
-    if report.parity:
-        heads = ("run", "nodes", "samples", "loss", "baseline loss", "max |diff|", "max rel diff")
-        lt = Table("Loss parity at equal consumed samples (vs baseline)", [Column(h) for h in heads])
-        for p in report.parity:
-            lt.add_row(fmt.parity_cells(p))
-        out.append(lt)
-    if report.triage:
-        heads = ("run", "job", "state", "rank", "why", "evidence")
-        tt = Table(
-            "Failure triage (first rank that failed or went silent)",
-            [Column(h, overflow="fold") for h in heads],
-        )
-        for x in report.triage:
-            who = str(x.rank) if x.rank is not None else (f"node {x.node}" if x.node is not None else "-")
-            tt.add_row([x.name, x.job_id or "-", x.state, who, x.reason, x.evidence])
-        out.append(tt)
-    for n in report.notes:
-        out.append(f"* {n}" if n.startswith("per-GPU") else f"  {n}")
-    return out
+    if not names:
+        return []
+    pt = Table("Phase time shares (steady state)", [Column("run")] + [Column(p, "right") for p in names])
+    for r in report.runs:
+        if r.phase_share:
+            pt.add_row([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]])
+    return [pt]
+
+
+def _parity_table(report: Report) -> list:
+    """Loss parity against the baseline run (no table when there is none)."""
+    if not report.parity:
+        return []
+    heads = ("run", "nodes", "samples", "loss", "baseline loss", "max |diff|", "max rel diff")
+    lt = Table("Loss parity at equal consumed samples (vs baseline)", [Column(h) for h in heads])
+    for p in report.parity:
+        lt.add_row(fmt.parity_cells(p))
+    return [lt]
+
+
+def _triage_table(report: Report) -> list:
+    """Why each failed or hung run stopped (no table when none did)."""
+    if not report.triage:
+        return []
+    heads = ("run", "job", "state", "rank", "why", "evidence")
+    tt = Table(
+        "Failure triage (first rank that failed or went silent)",
+        [Column(h, overflow="fold") for h in heads],
+    )
+    for x in report.triage:
+        who = str(x.rank) if x.rank is not None else (f"node {x.node}" if x.node is not None else "-")
+        tt.add_row([x.name, x.job_id or "-", x.state, who, x.reason, x.evidence])
+    return [tt]
 
 
 def _plain_console(console) -> bool:
@@ -67,7 +86,7 @@ def print_table(report: Report, console=None, fast: bool = True) -> None:
     with fast=False, by rich."""
     from rich.console import Console
 
-    from .textable import Table, matches_rich, render, to_rich
+    from .textable import matches_rich, render, to_rich
 
     console = console or Console()
     plain = fast and _plain_console(console) and matches_rich()
@@ -94,48 +113,32 @@ def _md_row(cells: list[str]) -> str:
 
 
 def render_md(report: Report) -> str:
+    """The report as markdown: the study list, the runs table and its notes, then the other tables."""
     lines = [f"# Scaling report ({report.generated_at:%Y-%m-%d %H:%M} UTC)", ""]
     for s in report.studies:
         lines.append(
             f"- **{s.name}**: {s.scaling} scaling, baseline N0 = {s.baseline_nodes} nodes, "
             f"P(N) = {s.metric}, E(N) = P(N)/P(N0)"
         )
-    lines += ["", "## Runs", "", _md_row(fmt.RUN_HEADERS), _md_row(["---"] * len(fmt.RUN_HEADERS))]
-    lines += [_md_row(fmt.run_cells(r)) for r in report.runs]
+    lines += _md_table("Runs", fmt.RUN_HEADERS, [fmt.run_cells(r) for r in report.runs])
     lines += [""] + [f"\\* {n}" if n.startswith("per-GPU") else f"- {n}" for n in report.notes]
     names = fmt.phase_names(report)
     if names:
-        lines += [
-            "",
-            "## Phase time shares",
-            "",
-            _md_row(["run", *names]),
-            _md_row(["---"] * (len(names) + 1)),
+        shares = [
+            [r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]] for r in report.runs if r.phase_share
         ]
-        lines += [
-            _md_row([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]])
-            for r in report.runs
-            if r.phase_share
-        ]
+        lines += _md_table("Phase time shares", ["run", *names], shares)
     if report.parity:
-        lines += [
-            "",
-            "## Loss parity at equal consumed samples",
-            "",
-            _md_row(["run", "nodes", "samples", "loss", "baseline", "max rel diff"]),
-            _md_row(["---"] * 6),
-        ]
-        lines += [_md_row(fmt.parity_cells(p, abs_diff=False)) for p in report.parity]
+        lines += _md_table(
+            "Loss parity at equal consumed samples",
+            ["run", "nodes", "samples", "loss", "baseline", "max rel diff"],
+            [fmt.parity_cells(p, abs_diff=False) for p in report.parity],
+        )
     if report.triage:
-        lines += [
-            "",
-            "## Failure triage",
-            "",
-            _md_row(["run", "job", "state", "rank", "why", "evidence"]),
-            _md_row(["---"] * 6),
-        ]
-        lines += [
-            _md_row(
+        lines += _md_table(
+            "Failure triage",
+            ["run", "job", "state", "rank", "why", "evidence"],
+            [
                 [
                     x.name,
                     x.job_id or "-",
@@ -144,7 +147,12 @@ def render_md(report: Report) -> str:
                     x.reason,
                     x.evidence,
                 ]
-            )
-            for x in report.triage
-        ]
+                for x in report.triage
+            ],
+        )
     return "\n".join(lines) + "\n"
+
+
+def _md_table(title: str, headers: list[str], rows: list[list[str]]) -> list[str]:
+    """A "## title" section holding a markdown table."""
+    return ["", f"## {title}", "", _md_row(headers), _md_row(["---"] * len(headers)), *map(_md_row, rows)]

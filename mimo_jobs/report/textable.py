@@ -172,51 +172,71 @@ class _Wrapper:
 def render(table: Table, width: int) -> list[str] | None:
     """The table's lines (title first) as rich prints them on a console `width` wide without colour;
     None when the caller should let rich draw it."""
+    widths = _drawable_widths(table, width)
+    if widths is None:
+        return None
+    total = sum(widths) + 2 + len(table.columns) - 1
+    out = [table.title.ljust(total)] if table.title else []
+    cells = _Cells(table.columns, widths)
+    out.append(_rule(TOP, widths))
+    out += cells.row([c.header for c in table.columns], HEAD, header=True)
+    out.append(_rule(HEAD_SEP, widths))
+    for r in table.rows:
+        out += cells.row(r, BODY, header=False)
+    out.append(_rule(BOTTOM, widths))
+    return out
+
+
+def _drawable_widths(table: Table, width: int) -> list[int] | None:
+    """The column widths, or None for a table whose drawing this module does not reproduce: an unknown
+    justification, text that is not plain, rows of another length, columns too narrow to pad, a title
+    wider than the table."""
     cols = table.columns
     if not cols or any(c.justify not in ("left", "right", "center") for c in cols):
         return None
-    if not _plain(table.title) or not all(_plain(c.header) for c in cols):
-        return None
-    if not all(_plain(x) for r in table.rows for x in r) or any(len(r) != len(cols) for r in table.rows):
+    texts = [table.title, *(c.header for c in cols), *(x for r in table.rows for x in r)]
+    if not all(map(_plain, texts)) or any(len(r) != len(cols) for r in table.rows):
         return None
     widths = column_widths(table, width)
-    if any(w < 2 * PAD + 1 for w in widths):
+    if any(w < 2 * PAD + 1 for w in widths) or len(table.title) > sum(widths) + 2 + len(cols) - 1:
         return None
-    total = sum(widths) + 2 + len(cols) - 1
-    if len(table.title) > total:
-        return None
-    out = [table.title.ljust(total)] if table.title else []
-    wrapper: _Wrapper | None = None
+    return widths
 
-    def cell(text: str, w: int, col: Column) -> list[str]:
-        nonlocal wrapper
+
+def _rule(box: tuple[str, str, str, str], widths: list[int]) -> str:
+    """A horizontal line of the box: left corner, a run per column joined by the crossing, right corner."""
+    return box[0] + box[2].join(box[1] * w for w in widths) + box[3]
+
+
+class _Cells:
+    """Rows of cells padded to their columns' widths, between a box's vertical lines."""
+
+    def __init__(self, cols: list[Column], widths: list[int]) -> None:
+        self.cols = cols
+        self.widths = widths
+        self.wrapper: _Wrapper | None = None  # made for the first cell that must wrap (it loads rich)
+
+    def cell(self, text: str, w: int, col: Column) -> list[str]:
+        """A cell's lines: its text justified in the column, or wrapped by rich when it does not fit."""
         inner = w - 2 * PAD
         if len(text) <= inner:
             lines = [_justify(text, inner, col.justify)]
         else:
-            wrapper = wrapper or _Wrapper()
-            lines = wrapper.lines(text, inner, col)
+            self.wrapper = self.wrapper or _Wrapper()
+            lines = self.wrapper.lines(text, inner, col)
         return [" " * PAD + x + " " * PAD for x in lines]
 
-    def row(texts: list[str], box: tuple[str, str, str], header: bool) -> None:
-        cells = [cell(t, w, c) for t, w, c in zip(texts, widths, cols)]
+    def row(self, texts: list[str], box: tuple[str, str, str], header: bool) -> list[str]:
+        """A row's lines: its cells side by side, each filled with blank lines to the tallest one."""
+        cells = [self.cell(t, w, c) for t, w, c in zip(texts, self.widths, self.cols)]
         height = max(len(c) for c in cells)
-        for c, w in zip(cells, widths):
+        for c, w in zip(cells, self.widths):
             blank = [" " * w] * (height - len(c))
             if header:  # rich aligns the header to the bottom, rows to the top
                 c[:0] = blank
             else:
                 c.extend(blank)
-        for i in range(height):
-            out.append(box[0] + box[1].join(c[i] for c in cells) + box[2])
-
-    out.append(TOP[0] + TOP[2].join(TOP[1] * w for w in widths) + TOP[3])
-    row([c.header for c in cols], HEAD, True)
-    out.append(HEAD_SEP[0] + HEAD_SEP[2].join(HEAD_SEP[1] * w for w in widths) + HEAD_SEP[3])
-    for r in table.rows:
-        row(r, BODY, False)
-    out.append(BOTTOM[0] + BOTTOM[2].join(BOTTOM[1] * w for w in widths) + BOTTOM[3])
-    return out
+        return [box[0] + box[1].join(c[i] for c in cells) + box[2] for i in range(height)]
 
 
 def to_rich(table: Table):

@@ -2,7 +2,7 @@
 
 Pure: events in, verdict out. Order of evidence (a peer's timeout is a consequence, never the cause):
 1. a rank's own failure (traceback that is not a timeout, OOM, segfault, node failure), earliest first;
-2. launcher summaries (torchrun "Root Cause", srun task exit);
+2. launcher summaries (torchrun "Root Cause"; an srun task exit only after the timeouts of 4);
 3. scheduler ends (time limit, preemption, requeue, cancel);
 4. timeouts only: the ranks that did NOT report a timeout went silent (they never joined the collective
    the others waited in); if every rank timed out, the earliest;
@@ -59,8 +59,9 @@ def triage(
     last_iteration: int | None = None,
     last_time: datetime | None = None,
 ) -> Verdict:
+    """The verdict on a failed or hung job: the first level of evidence (module docstring) its events hold."""
     # logparse compiles its patterns at import: only a report with a failed run pays for it
-    from mimo_jobs.ingest.logparse import ROOT_KINDS, SCHEDULER_KINDS, SUMMARY_KINDS, VICTIM_KINDS, is_victim_message
+    from mimo_jobs.ingest.events import ROOT_KINDS, SCHEDULER_KINDS, SUMMARY_KINDS, VICTIM_KINDS, is_victim_message
 
     root = [
         e
@@ -72,72 +73,92 @@ def triage(
         for e in events
         if e.kind in VICTIM_KINDS or (e.kind == "traceback" and is_victim_message(e.message))
     ]
+    summary = [e for e in events if e.kind in SUMMARY_KINDS]
+    sched = [e for e in events if e.kind in SCHEDULER_KINDS]
     n_victim_ranks = len({e.rank for e in victims if e.rank is not None})
     tail = f"; {n_victim_ranks} other rank(s) then timed out waiting" if n_victim_ranks else ""
-    if root:
-        # Prefer a rank-attributed event at the earliest time; a traceback beats an OOM line of the
-        # same rank only for its message (the OOM line names the allocation).
-        first = min(root, key=lambda e: (e.rank is None and e.node is None, *_order(e)))
-        others = [e for e in root if e.rank == first.rank and e.kind == "traceback"]
-        msg = others[0].message if others and first.kind != "traceback" else first.message
-        return Verdict(
-            first.rank,
-            first.node,
-            "failed",
-            f"{_who(first.rank, first.node)} failed: {msg}{tail}",
-            first.time,
-            _where(first),
-        )
-    summary = [e for e in events if e.kind in SUMMARY_KINDS]
+    return (
+        _own_failure(root, tail)
+        or _launcher_failure(summary, tail)
+        or _scheduler_end(sched)
+        or _timeouts(victims, world)
+        or _summary(summary)
+        or _went_silent(last_iteration, last_time)
+    )
+
+
+def _failed(e: EventRow, reason: str) -> Verdict:
+    return Verdict(e.rank, e.node, "failed", reason, e.time, _where(e))
+
+
+def _own_failure(root: list[EventRow], tail: str) -> Verdict | None:
+    """1. The earliest rank's own failure (`tail`: how many ranks then timed out)."""
+    if not root:
+        return None
+    # Prefer a rank-attributed event at the earliest time; a traceback beats an OOM line of the
+    # same rank only for its message (the OOM line names the allocation).
+    first = min(root, key=lambda e: (e.rank is None and e.node is None, *_order(e)))
+    others = [e for e in root if e.rank == first.rank and e.kind == "traceback"]
+    msg = others[0].message if others and first.kind != "traceback" else first.message
+    return _failed(first, f"{_who(first.rank, first.node)} failed: {msg}{tail}")
+
+
+def _launcher_failure(summary: list[EventRow], tail: str) -> Verdict | None:
+    """2. The earliest child the launcher reports failed (torchrun's "Root Cause")."""
     child = [e for e in summary if e.kind == "child_failed"]
-    if child:
-        first = min(child, key=_order)
-        return Verdict(
-            first.rank,
-            first.node,
-            "failed",
-            f"{_who(first.rank, first.node)} failed ({first.message}){tail}",
-            first.time,
-            _where(first),
-        )
-    sched = [e for e in events if e.kind in SCHEDULER_KINDS]
-    if sched:
-        first = min(sched, key=_order)
-        label = {
-            "time_limit": "time limit reached",
-            "preemption": "preempted",
-            "requeue": "requeued",
-            "cancelled": "cancelled",
-        }[first.kind]
-        return Verdict(None, None, "scheduler", f"{label}: {first.message}", first.time, _where(first))
-    if victims:
-        reporters = {e.rank for e in victims if e.rank is not None}
-        if world and reporters:
-            silent = sorted(set(range(world)) - reporters)
-            if silent and len(silent) < world:
-                first_to = min(victims, key=_order)
-                return Verdict(
-                    silent[0],
-                    None,
-                    "silent",
-                    f"rank(s) {', '.join(map(str, silent))} went silent: the other "
-                    f"{len(reporters)} rank(s) timed out waiting in a collective "
-                    f"({first_to.kind})",
-                    first_to.time,
-                    _where(first_to),
-                )
-        first = min(victims, key=_order)
-        return Verdict(
-            first.rank,
-            first.node,
-            "failed",
-            f"{_who(first.rank, first.node)} timed out first: {first.message}",
-            first.time,
-            _where(first),
-        )
-    if summary:
-        first = min(summary, key=_order)
-        return Verdict(first.rank, first.node, "failed", first.message, first.time, _where(first))
+    if not child:
+        return None
+    first = min(child, key=_order)
+    return _failed(first, f"{_who(first.rank, first.node)} failed ({first.message}){tail}")
+
+
+def _scheduler_end(sched: list[EventRow]) -> Verdict | None:
+    """3. The earliest scheduler end: time limit, preemption, requeue or cancel."""
+    if not sched:
+        return None
+    first = min(sched, key=_order)
+    label = {
+        "time_limit": "time limit reached",
+        "preemption": "preempted",
+        "requeue": "requeued",
+        "cancelled": "cancelled",
+    }[first.kind]
+    return Verdict(None, None, "scheduler", f"{label}: {first.message}", first.time, _where(first))
+
+
+def _timeouts(victims: list[EventRow], world: int | None) -> Verdict | None:
+    """4. Timeouts only: the ranks of `world` that reported none went silent; if none did, the earliest."""
+    if not victims:
+        return None
+    reporters = {e.rank for e in victims if e.rank is not None}
+    if world and reporters:
+        silent = sorted(set(range(world)) - reporters)
+        if silent and len(silent) < world:
+            first_to = min(victims, key=_order)
+            return Verdict(
+                silent[0],
+                None,
+                "silent",
+                f"rank(s) {', '.join(map(str, silent))} went silent: the other "
+                f"{len(reporters)} rank(s) timed out waiting in a collective "
+                f"({first_to.kind})",
+                first_to.time,
+                _where(first_to),
+            )
+    first = min(victims, key=_order)
+    return _failed(first, f"{_who(first.rank, first.node)} timed out first: {first.message}")
+
+
+def _summary(summary: list[EventRow]) -> Verdict | None:
+    """After the timeouts: another launcher summary (srun task exit), the earliest."""
+    if not summary:
+        return None
+    first = min(summary, key=_order)
+    return _failed(first, first.message)
+
+
+def _went_silent(last_iteration: int | None, last_time: datetime | None) -> Verdict:
+    """5. Nothing at all: the job went silent after its last iteration (or before its first)."""
     it = f" after iteration {last_iteration}" if last_iteration is not None else " before its first iteration"
     at = f" (last output {last_time:%Y-%m-%d %H:%M:%S})" if last_time else ""
     return Verdict(None, None, "silent", f"no error in the logs: the job went silent{it}{at}", last_time, "")

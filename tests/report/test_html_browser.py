@@ -80,7 +80,7 @@ def test_html_report_plots_render_in_chromium(tmp_path):
     html = render(rep, "html", tmp_path / "report")
     a = analyse(screenshot(html, tmp_path / "shot.png", tmp_path))
     # top row: iteration time (left) and per-GPU throughput (right), each with a measured series (blue)
-    # and a dashed ideal line (grey); bottom row: loss curves (left: blue/red/green per run) and the phase
+    # and a dashed ideal line (dark gold); bottom row: loss curves (left: blue/red/green per run) and the phase
     # breakdown (right: stacked bars in the same palette)
     for colour in ("blue", "red", "green", "ideal"):
         assert a[colour]["left"] > 80 and a[colour]["right"] > 80, (colour, a)
