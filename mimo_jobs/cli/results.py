@@ -35,7 +35,7 @@ def ingest_cmd(
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from mimo_jobs.ingest.pipeline import IngestError, LogRunInfo, ingest_paths
+    from mimo_jobs.ingest.pipeline import LogRunInfo, ingest_paths
     from mimo_jobs.store.connection import connect
 
     err = Console(stderr=True)
@@ -43,12 +43,9 @@ def ingest_cmd(
     missing = [str(p) for p in paths if not p.exists()]
     if missing:  # before opening the store: a typo must not leave an empty store behind
         fail("no such file or directory: " + ", ".join(missing))
-    from mimo_jobs.ingest.readers import ScanError, forced_scanner
+    from mimo_jobs.ingest.readers import forced_scanner
 
-    try:
-        forced_scanner()  # MIMO_JOBS_SCANNER, likewise checked before the store is opened
-    except ScanError as e:
-        fail(str(e))
+    forced_scanner()  # MIMO_JOBS_SCANNER, likewise checked before the store is opened
     con = connect(db, retries=LOCK_RETRIES)
     try:
         with Progress(
@@ -65,8 +62,6 @@ def ingest_cmd(
                 prog.update(task, description=f"ingest {name[:40]}", completed=done, total=total)
 
             stats = ingest_paths(con, list(paths), force=force, log_run=info, progress=progress)
-    except IngestError as e:
-        fail(str(e))
     finally:
         con.close()
     typer.echo(
