@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def _cells(plan) -> dict[str, str]:
-    """Table cells of one plan, in the words of DESIGN.md's worked example."""
+    """Table cells of one plan, in the words of docs/topology.md's worked example."""
     lay = plan.layout
 
     def nodes(n: int) -> str:

@@ -315,7 +315,7 @@ def render_runs(runs: list[RunSpec], runs_root: str | Path,
 
 
 def render_run(spec: RunSpec, runs_root: str | Path, templates_dir: str | Path | None = None) -> RenderedRun:
-    """Render one run (the submit engineer's entry point): runs_root/<study>/<run>/{run.yaml,launch.sh,sbatch.sh}."""
+    """Render one run (what submit calls): runs_root/<study>/<run>/{run.yaml,launch.sh,sbatch.sh}."""
     return render_runs([spec], runs_root, templates_dir)[0]
 
 

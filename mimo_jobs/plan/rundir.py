@@ -9,7 +9,7 @@ runs/<study>/<run>/
     slurm-<jobid>.out         sbatch stdout/stderr (srun --label prefixes node task ids)
     job-<jobid>/node-<n>/     torchrun --log-dir for node n: <rdzv id>/attempt_<k>/<local rank>/{stdout,stderr}.log
     local-<jobid>.out         local executor's combined output
-  checkpoints/        iter_<N>/ ... and `latest` (checkpoint issue)
+  checkpoints/        iter_<N>/ ... and `latest` (docs/checkpoints.md)
 """
 
 from __future__ import annotations

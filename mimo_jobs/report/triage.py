@@ -60,7 +60,7 @@ def triage(
     last_time: datetime | None = None,
 ) -> Verdict:
     """The verdict on a failed or hung job: the first level of evidence (module docstring) its events hold."""
-    # logparse compiles its patterns at import: only a report with a failed run pays for it
+    # the event parser compiles its patterns at import: only a report with a failed run pays for it
     from mimo_jobs.ingest.events import ROOT_KINDS, SCHEDULER_KINDS, SUMMARY_KINDS, VICTIM_KINDS, is_victim_message
 
     root = [

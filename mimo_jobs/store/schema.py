@@ -93,7 +93,7 @@ SCHEMA = [
         time TIMESTAMP,
         kind VARCHAR,                 -- traceback nccl_timeout gloo_timeout oom time_limit preemption requeue
                                       -- node_fail checkpoint_saved checkpoint_loaded peer_lost cancelled
-                                      -- child_failed task_exit segfault start end (see logparse.py)
+                                      -- child_failed task_exit segfault start end (see ingest/events.py)
         message VARCHAR,
         source_file VARCHAR NOT NULL,
         line_no BIGINT NOT NULL,

@@ -9,7 +9,7 @@
 #   MIMO_CONTAINER_CACHE  cache dir for the base tar and the torch wheel (default ~/.cache/mimo-jobs-container)
 #   MIMO_JOBS_GIT_SHA     commit recorded in the image (default: the checkout's HEAD, "-dirty" if modified)
 #   CONTAINERS_CONF       podman settings; default: this dir's containers.conf (runc, cgroupfs, ulimits)
-# Facts behind the settings: ../shared/notes/probe-container.md. Installs its Debian packages when missing.
+# Installs its Debian packages when missing.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"

@@ -45,7 +45,7 @@ def problems_of(doc: dict, env: dict | None = None) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------- the shipped studies
 
 
-def test_production_study_matches_the_seeds():
+def test_production_study_has_the_documented_layouts():
     s = load_study(PROD, env={})
     runs = runs_of(s)
     assert [r.layout.nodes for r in runs] == [33, 68, 100]
@@ -294,7 +294,7 @@ def test_validate_prints_the_design_table():
     assert r.exit_code == 0, r.output
     rows = [line for line in r.output.splitlines() if "n-e1x" in line]
     assert len(rows) == 3
-    # per row: nodes, encoder, LLM, lanes/encoder, microbatches (DESIGN.md worked example)
+    # per row: nodes, encoder, LLM, lanes/encoder, microbatches (docs/topology.md worked example)
     for row, want in zip(rows, [("33", "1 node", "32 nodes", "TP2 EP8 DP128", "16", "6"),
                                 ("68", "4 nodes", "64 nodes", "TP2 EP8 DP256", "8", "3"),
                                 ("100", "4 nodes", "96 nodes", "TP2 EP8 DP384", "12", "2")]):

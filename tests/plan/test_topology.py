@@ -21,7 +21,7 @@ def rules(layout: Layout) -> list[str]:
     return [v.rule for v in check(layout)]
 
 
-# ---------------------------------------------------------------- the production study (DESIGN.md table)
+# ---------------------------------------------------------------- the production study (docs/topology.md worked example)
 
 
 @pytest.mark.parametrize("nodes,enc_dp,llm_dp,enc_nodes,llm_nodes,lanes,mbatches,expert_dp", [
@@ -188,7 +188,7 @@ def _groups(start: int, tp: int, pp: int, dp: int) -> dict[str, list[list[int]]]
 
 
 def _independent_violations(lay: Layout) -> set[str]:
-    """The rules, restated from DESIGN.md without the planner's code (TP checked by enumeration)."""
+    """The rules, restated from docs/topology.md without the planner's code (TP checked by enumeration)."""
     bad = set()
     e = lay.enc_tp * lay.enc_pp * lay.enc_dp
     llm = lay.llm_tp * lay.llm_pp * lay.llm_dp * lay.llm_cp

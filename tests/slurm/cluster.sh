@@ -11,7 +11,6 @@
 # the daemons that read them. Knobs (env): SLURM_CI_NODES (4), SLURM_CI_GPUS (2 per node), SLURM_CI_CPUS
 # (4 per node, advertised through config_overrides even on a 2-core machine), SLURM_CI_DB_PORT (3307),
 # SLURM_CI_WAIT_S (60), SLURM_CI_PURGE=1 (stop also wipes state, logs and configs).
-# Facts and traps behind each choice: ../shared/notes/probe-slurm-ci.md.
 set -euo pipefail
 
 NODES=${SLURM_CI_NODES:-4}
