@@ -83,51 +83,63 @@ def is_victim_message(msg: str) -> bool:
 
 
 def classify_line(text: str, year_hint: int | None = None) -> list[Event]:
-    """Events in one line (prefixes stripped). Tracebacks are handled by `TracebackTracker`."""
-    out: list[Event] = []
-    t = None
+    """Events in one line (prefixes stripped), in a fixed order: a peer or memory failure, then what the
+    scheduler says, then checkpoints and process ends. Tracebacks are handled by `TracebackTracker`."""
+    low = text.lower()
+    early = _peer_and_memory(text)
+    scheduler, cancel_time = _scheduler(text, low)
+    late = _checkpoint(text, low) + _process_end(text)
+    if not (early or scheduler or late):
+        return []
+    t = find_time(text, year_hint)
+    msg = text.strip()[:500]
+    # SLURM's cancel line carries its own time: it and what follows it are dated by it
+    return [Event(k, msg, t) for k in early] + [Event(k, msg, cancel_time or t) for k in scheduler + late]
 
-    def add(kind: str, msg: str) -> None:
-        nonlocal t
-        if t is None:
-            t = find_time(text, year_hint)
-        out.append(Event(kind, msg.strip()[:500], t))
 
+def _peer_and_memory(text: str) -> list[str]:
+    out = []
     if "Watchdog caught collective" in text:
-        add("nccl_timeout", text)
+        out.append("nccl_timeout")
     if "gloo/transport" in text:
-        add("gloo_timeout" if "Timed out" in text else "peer_lost", text)
-    if ("out of memory" in text or "OutOfMemoryError" in text) and "CUDA" in text:
-        add("oom", text)
-    elif "oom-kill" in text or "Out Of Memory" in text or "OutOfMemoryError" in text:
-        add("oom", text)
+        out.append("gloo_timeout" if "Timed out" in text else "peer_lost")
+    cuda_oom = ("out of memory" in text or "OutOfMemoryError" in text) and "CUDA" in text
+    if cuda_oom or "oom-kill" in text or "Out Of Memory" in text or "OutOfMemoryError" in text:
+        out.append("oom")
+    return out
+
+
+def _scheduler(text: str, low: str) -> tuple[list[str], datetime | None]:
+    """Cancellation, time limit, node failure, requeue and preemption (each once), and the cancel time."""
+    out, when = [], None
     if "CANCELLED AT" in text:
         m = _SLURM_CANCEL_RE.search(text)
-        if m:
-            t = find_time(m.group(3)) or t
-        add(_cancel_kind((m.group(4) or "") if m else ""), text)
+        when = find_time(m.group(3)) if m else None
+        out.append(_cancel_kind((m.group(4) or "") if m else ""))
     elif "DUE TO TIME LIMIT" in text:
-        add("time_limit", text)
-    if "Node failure" in text or "NODE_FAIL" in text:
-        if not any(e.kind == "node_fail" for e in out):
-            add("node_fail", text)
-    low = text.lower()
-    if ("requeued" in low or "requeuing" in low or "job requeue" in low) and not any(
-        e.kind == "requeue" for e in out
-    ):
-        add("requeue", text)
-    if ("preempted" in low or "preemption" in low) and not any(e.kind == "preemption" for e in out):
-        add("preemption", text)
-    if "checkpoint" in text:
-        if "saved checkpoint" in low or "checkpoint saved" in low:
-            add("checkpoint_saved", text)
-        elif "loaded checkpoint" in low or "checkpoint loaded" in low or "resumed from checkpoint" in low:
-            add("checkpoint_loaded", text)
-    if "Segmentation fault" in text:
-        add("segfault", text)
-    if "Exited with exit code" in text:
-        add("task_exit", text)
-    return out
+        out.append("time_limit")
+    if ("Node failure" in text or "NODE_FAIL" in text) and "node_fail" not in out:
+        out.append("node_fail")
+    if ("requeued" in low or "requeuing" in low or "job requeue" in low) and "requeue" not in out:
+        out.append("requeue")
+    if ("preempted" in low or "preemption" in low) and "preemption" not in out:
+        out.append("preemption")
+    return out, when
+
+
+def _checkpoint(text: str, low: str) -> list[str]:
+    if "checkpoint" not in text:
+        return []
+    if "saved checkpoint" in low or "checkpoint saved" in low:
+        return ["checkpoint_saved"]
+    if "loaded checkpoint" in low or "checkpoint loaded" in low or "resumed from checkpoint" in low:
+        return ["checkpoint_loaded"]
+    return []
+
+
+def _process_end(text: str) -> list[str]:
+    return [k for k, word in (("segfault", "Segmentation fault"), ("task_exit", "Exited with exit code"))
+            if word in text]
 
 
 def _cancel_kind(reason: str) -> str:
