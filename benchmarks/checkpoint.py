@@ -2,7 +2,7 @@
 
 For each preset, a real trainer state is built under torchrun on CPU/gloo (encoder 1 rank + LLM DP 2, so
 world 3; MoE presets use llm.ep=2), one training step fills the optimizer state, then every rank times
-R checkpoint saves and R loads through mimo_jobs.trainer.checkpoint. Baseline in the same process: a plain
+R checkpoint saves and R loads through mimo_jobs.trainer.checkpointer. Baseline in the same process: a plain
 torch.save / torch.load of the same rank's model + optimizer state_dict into one file (no fsync, no
 atomic rename, no world agreement), so the ratio shows what the protocol costs on top of serialisation.
 
@@ -60,7 +60,9 @@ def worker(run_yaml: Path, out: Path, repeats: int) -> None:
     import torch.distributed as dist
 
     from mimo_jobs.plan.runspec import load_run_yaml
-    from mimo_jobs.trainer import checkpoint as C
+    from mimo_jobs.trainer.checkpoint_state import optimizer_state
+    from mimo_jobs.trainer.checkpointer import Checkpointer, checkpoint_dir_of, modules_of
+    from mimo_jobs.trainer.manifest import latest_checkpoint
     from mimo_jobs.trainer.build import build_state
     from mimo_jobs.trainer.cuda_shims import install
     from mimo_jobs.trainer.step import train_step
@@ -71,7 +73,7 @@ def worker(run_yaml: Path, out: Path, repeats: int) -> None:
     dist.init_process_group("gloo", timeout=timeout)
     st = build_state(run, run.plan(), False, timeout)
     train_step(st)
-    ck = C.Checkpointer(run, doc, C.checkpoint_dir_of(run, doc, run_yaml), dist.get_world_size())
+    ck = Checkpointer(run, doc, checkpoint_dir_of(run, doc, run_yaml), dist.get_world_size())
     rank = dist.get_rank()
     saves, loads = [], []
     for i in range(repeats):
@@ -85,13 +87,13 @@ def worker(run_yaml: Path, out: Path, repeats: int) -> None:
         t0 = time.perf_counter()
         ck.resume(st)
         loads.append(time.perf_counter() - t0)
-    info = C.latest_checkpoint(ck.dir)
+    info = latest_checkpoint(ck.dir)
     mine = sum(n for f, n in info.files.items() if f.endswith(f"-{rank:05d}.pt"))
 
     # baseline: plain torch.save/torch.load of this rank's model + optimizer state in one file
-    mods = C.modules_of(st)
+    mods = modules_of(st)
     blob = {m.name: {"model": m.model.state_dict(),
-                     "optim": None if m.optimizer is None else C._optimizer_state(m.optimizer)} for m in mods}
+                     "optim": None if m.optimizer is None else optimizer_state(m.optimizer)} for m in mods}
     base_s, base_l = [], []
     with tempfile.TemporaryDirectory() as td:
         f = Path(td) / "plain.pt"

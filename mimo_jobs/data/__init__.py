@@ -7,4 +7,6 @@ trainer loads):
   images         image size -> patch-token count and pixel preprocessing shared with the trainer's encoder
   task_encoder   energon TaskEncoder: placeholders, labels, loss mask, flat variable-length image batches
   energon_provider  the trainer's Provider: one savable energon loader per LLM DP lane, exact resume
+  check          cheap checks of an energon data setting before any loader exists (no energon import)
+  errors         DataError: names the dataset, shard and sample a problem is in
 """

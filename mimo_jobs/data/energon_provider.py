@@ -1,6 +1,6 @@
 """The trainer's Provider on megatron-energon: one savable loader per LLM DP lane.
 
-Placement (DESIGN.md, trainer step 2): lane j's samples come from WorkerConfig(rank=j, world_size=llm_dp,
+Placement: lane j's samples come from WorkerConfig(rank=j, world_size=llm_dp,
 seed_offset=trainer.seed). An LLM rank builds the loader of its own lane; the encoder replica serving lanes
 [i*k, (i+1)*k) builds exactly those k lanes' loaders (fan-in: the one lane it helps); the one-process
 reference builds all. Same dataset, same WorkerConfig, same TaskEncoder logic -> identical keys in identical

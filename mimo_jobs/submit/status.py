@@ -54,7 +54,7 @@ def last_iteration_from_metrics(path: Path) -> tuple[int, float] | None:
 
 def last_checkpoint_iteration(run_dir: Path, spec: dict) -> int | None:
     """The iteration of the run's `latest` complete checkpoint (manifest only; no torch is imported)."""
-    from mimo_jobs.trainer.checkpoint import latest_checkpoint
+    from mimo_jobs.trainer.manifest import latest_checkpoint
 
     d = Path((spec.get("trainer") or {}).get("checkpoint_dir") or run_dir / "checkpoints")
     info = latest_checkpoint(d if d.is_absolute() else run_dir / d)

@@ -1,7 +1,7 @@
 """Our variable-token bridge between the encoder grid and the LLM grid (fan-out, fan-in and 1:1).
 
 Why not mcore's BridgeCommunicator (0.16.1): it splits the batch dimension equally, so a batch that does
-not divide, or per-sample token counts that vary, are corrupted silently (probe §4); it cannot split a
+not divide, or per-sample token counts that vary, are corrupted silently; it cannot split a
 flat [sum N_i, H] tensor by samples at all.
 
 Model: one LLM microbatch step covers mbs*llm_dp samples in lane order (lane l owns [l*mbs, (l+1)*mbs)).
@@ -17,11 +17,10 @@ microbatches) still exchange headers, so both sides always agree on what crossed
 
 from __future__ import annotations
 
-from mimo_jobs.errors import MimoJobsError
-
 import zlib
 from dataclasses import dataclass
 
+from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.plan.topology import Plan
 from .grids import ModuleShape
 

@@ -2,7 +2,13 @@
 
 Loaded by the trainer only when CUDA is absent (`install()` refuses to run in a CUDA process: these are
 process-global patches and would silently move GPU work to the CPU). Each shim names the megatron-core
-call site that needs it (see /work/shared/notes/probe-megatron-core-cpu.md for the failures without it).
+call sites that fail without it:
+  devices and RNG      torch.cuda.current_device() as a device, "CUDA" RNG states on the CPU generator
+  streams              torch.cuda.Stream/Event and synchronize as synchronous no-ops
+  MoE without TE       the router and the alltoall token dispatcher on a CPU build
+  tensor factories     device='cuda' literals in megatron modules become 'cpu'
+  tensor methods       Tensor.cuda() is the identity, Tensor.type() names CPU tensors as CUDA ones
+  process groups       new subgroups asked for with backend='nccl' use gloo
 """
 
 from __future__ import annotations
@@ -80,13 +86,22 @@ def install() -> None:
 
     if torch.cuda.is_available():
         raise RuntimeError("cuda_shims.install() called in a process that has CUDA; the shims are CPU-only")
+    _devices_and_rng(torch)
+    _streams(torch)
+    _moe_without_te(torch)
+    _tensor_factories(torch)
+    _tensor_methods(torch)
+    _process_groups()
+    _INSTALLED = True
 
-    # S1: rope (rotary_pos_embedding.py), GlobalMemoryBuffer (utils.py), param buffers and schedules all do
+
+def _devices_and_rng(torch) -> None:
+    # rope (rotary_pos_embedding.py), GlobalMemoryBuffer (utils.py), param buffers and schedules all do
     # torch.empty(..., device=torch.cuda.current_device()); "cpu" is a valid device string for all of them.
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.device_count = lambda: 0
-    # S1: the model-parallel RNG tracker (attention dropout fork, model_parallel_cuda_manual_seed) keeps
-    # "CUDA" RNG states; redirect them to the CPU generator.
+    # The model-parallel RNG tracker (attention dropout fork, model_parallel_cuda_manual_seed) keeps "CUDA"
+    # RNG states; redirect them to the CPU generator.
     import megatron.core.tensor_parallel.random as R
 
     torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
@@ -95,8 +110,10 @@ def install() -> None:
     R._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()
     R._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)
 
-    # S2: streams/events (MoE alltoall dispatcher __init__, DDP overlap communication stream): synchronous
-    # stand-ins; synchronize/empty_cache become no-ops.
+
+def _streams(torch) -> None:
+    # MoE alltoall dispatcher __init__, DDP overlap communication stream: synchronous stand-ins;
+    # synchronize/empty_cache become no-ops.
     torch.cuda.Stream = _FakeStream
     torch.cuda.Event = _FakeStream
     torch.cuda.current_stream = lambda *a, **k: _FakeStream()
@@ -105,9 +122,11 @@ def install() -> None:
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.empty_cache = lambda *a, **k: None
 
-    # S2: MoE without Transformer Engine. moe_utils references te_general_gemm although TE is absent
-    # (NameError in the router); the alltoall dispatcher passes split sizes as CPU tensors to
-    # all_to_all_single (TypeError in mappings.py) unless converted to numpy like the GPU path does.
+
+def _moe_without_te(torch) -> None:
+    # moe_utils references te_general_gemm although TE is absent (NameError in the router); the alltoall
+    # dispatcher passes split sizes as CPU tensors to all_to_all_single (TypeError in mappings.py) unless
+    # converted to numpy like the GPU path does.
     import megatron.core.transformer.moe.moe_utils as mu
     import megatron.core.transformer.moe.token_dispatcher as td
 
@@ -122,8 +141,10 @@ def install() -> None:
 
     td.maybe_move_tensor_to_cpu = _move
 
-    # S3: optimizer, clip-grad, grad scaler, DDP buffers, utils and schedules create tensors with
-    # device='cuda' literals: give those modules a torch whose factories map 'cuda' -> 'cpu'.
+
+def _tensor_factories(torch) -> None:
+    # optimizer, clip-grad, grad scaler, DDP buffers, utils and schedules create tensors with device='cuda'
+    # literals: give those modules a torch whose factories map 'cuda' -> 'cpu'.
     import importlib
 
     proxy = _torch_proxy(torch)
@@ -136,10 +157,13 @@ def install() -> None:
         except ImportError:  # pragma: no cover - optional module
             continue
         m.torch = proxy
-    # S3: `.cuda()` calls (CLIPViT __init__, optimizer state reload) become identity on CPU.
+
+
+def _tensor_methods(torch) -> None:
+    # `.cuda()` calls (CLIPViT __init__, optimizer state reload) become identity on CPU.
     torch.Tensor.cuda = lambda self, *a, **k: self
-    # S3: clip_grads asserts param.grad.type() == 'torch.cuda.FloatTensor' and the distributed optimizer
-    # accepts only torch.cuda.* types: report CPU float tensors under their CUDA type name (no-arg call only).
+    # clip_grads asserts param.grad.type() == 'torch.cuda.FloatTensor' and the distributed optimizer accepts
+    # only torch.cuda.* types: report CPU float tensors under their CUDA type name (no-arg call only).
     orig_type = torch.Tensor.type
 
     def _type(self, *a, **k):
@@ -150,8 +174,10 @@ def install() -> None:
 
     torch.Tensor.type = _type
 
-    # S4: BridgeCommunicator and some helpers hard-code backend='nccl' for new subgroups (we do not use
-    # mcore's bridge, but keep any stray nccl request on gloo so it cannot fail on a CPU build).
+
+def _process_groups() -> None:
+    # BridgeCommunicator and some helpers hard-code backend='nccl' for new subgroups (this trainer does not
+    # use mcore's bridge, but keeps any stray nccl request on gloo so it cannot fail on a CPU build).
     import torch.distributed as dist
 
     orig_nsbe = dist.new_subgroups_by_enumeration
@@ -162,4 +188,3 @@ def install() -> None:
                          group_desc=group_desc)
 
     dist.new_subgroups_by_enumeration = _nsbe
-    _INSTALLED = True

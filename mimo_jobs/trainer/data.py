@@ -11,11 +11,10 @@ layout (so losses are comparable across node counts). Images are drawn from thei
 
 from __future__ import annotations
 
-from mimo_jobs.errors import MimoJobsError
-
 import zlib
 from dataclasses import dataclass
 
+from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.plan.presets import get_preset
 from .batch import IGNORE_INDEX, LaneBatch, Provider
 

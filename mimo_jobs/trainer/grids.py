@@ -1,7 +1,7 @@
 """Process groups of both modules, built on every rank in one fixed order, and this rank's role.
 
 `new_subgroups_by_enumeration` (behind HyperCommGrid.create_pg) calls `new_group` for every subgroup on
-every rank, so all ranks must create the same groups in the same order or the world deadlocks (probe P1).
+every rank, so all ranks must create the same groups in the same order or the world deadlocks.
 `build_grids` is therefore the only place that creates groups, and it creates all of them on every rank.
 
 Rank layout (topology.py): encoder ranks [0, E), LLM ranks [E, world); inside a module tp is the fastest
@@ -119,7 +119,7 @@ def _pgc(shape: ModuleShape, backend: str, timeout) -> ModuleGroups:
         "tp": g.create_pg("tp", **kw), "cp": g.create_pg("cp", **kw), "pp": g.create_pg("pp", **kw),
         "dp": g.create_pg("dp", **kw), "tp_cp": g.create_pg(["tp", "cp"], **kw), "dp_cp": g.create_pg(["cp", "dp"], **kw),
         "mp": g.create_pg(["tp", "pp"], **kw), "tp_dp_cp": g.create_pg(["tp", "cp", "dp"], **kw),
-        # probe P4: the optimizer's grad-norm group must be the whole module grid, not the dp group
+        # the optimizer's grad-norm group must be the whole module grid, not the dp group
         "intra_dist_opt": g.create_pg(["tp", "cp", "pp", "dp"], **kw),
         "expt_tp": eg.create_pg("tp", **kw), "ep": eg.create_pg("ep", **kw), "expt_dp": eg.create_pg("dp", **kw),
         "tp_ep": eg.create_pg(["tp", "ep"], **kw), "tp_ep_pp": eg.create_pg(["tp", "ep", "pp"], **kw),

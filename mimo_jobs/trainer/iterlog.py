@@ -1,7 +1,7 @@
 """What the trainer prints and records (on the last LLM rank only).
 
-- One Megatron-format iteration line per log interval (the fields and format of Megatron's training_log,
-  /work/shared/notes/anchors-peers.md §3), averaged over the interval like Megatron does.
+- One Megatron-format iteration line per log interval (the fields and format of Megatron-LM's
+  training_log), averaged over the interval like Megatron does.
 - One mimo_jobs.contract.IterationRecord JSON line per iteration appended to paths.metrics, plus a
   "start" record carrying the resolved layout and an "end" record with the exit reason.
 The first printed line states the full resolved layout.

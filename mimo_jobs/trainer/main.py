@@ -9,20 +9,21 @@ teardown collectives); torchrun then stops the sibling workers, and the collecti
 
 from __future__ import annotations
 
-from mimo_jobs.errors import MimoJobsError
-
 import argparse
 import os
 import sys
 import traceback
 from pathlib import Path
 
+from mimo_jobs.errors import MimoJobsError
+
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 
 
 class PreflightError(MimoJobsError, ValueError):
-    pass
+    """run.yaml or the launch environment cannot work; found before the first collective, the same on every
+    rank."""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -50,8 +51,8 @@ def preflight(run, doc: dict, reference: bool) -> None:
         diff = sorted(k for k in set(stored) | set(plan.to_dict()) if stored.get(k) != plan.to_dict().get(k))
         raise PreflightError(f"run.yaml: the stored plan does not match the layout (fields {diff}); re-render it")
     if lay.enc_pp != 1 or lay.llm_pp != 1:
-        raise PreflightError(f"run.yaml: encoder.pp={lay.enc_pp}, llm.pp={lay.llm_pp}: pipeline parallelism inside "
-                          "a module is not implemented by this trainer; use pp=1")
+        raise PreflightError(f"run.yaml: encoder.pp={lay.enc_pp}, llm.pp={lay.llm_pp}: pipeline parallelism "
+                             "inside a module is not implemented by this trainer; use pp=1")
     t = run.trainer
     if t.freeze.encoder and t.freeze.llm:
         raise PreflightError("run.yaml: trainer.freeze has both encoder and llm frozen; nothing to train")
@@ -70,15 +71,15 @@ def preflight(run, doc: dict, reference: bool) -> None:
             f"{lay.gpus_per_node}")
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if local is not None and int(local) != lay.gpus_per_node:
-        raise PreflightError(f"LOCAL_WORLD_SIZE={local} but run.yaml has gpus_per_node={lay.gpus_per_node} processes "
-                          "per node (TP groups must stay inside a node); use --nproc-per-node "
-                          f"{lay.gpus_per_node}")
+        raise PreflightError(f"LOCAL_WORLD_SIZE={local} but run.yaml has gpus_per_node={lay.gpus_per_node} "
+                             "processes per node (TP groups must stay inside a node); use --nproc-per-node "
+                             f"{lay.gpus_per_node}")
     if run.cluster.accelerator == "gpu":
         import torch
 
         if not torch.cuda.is_available():
-            raise PreflightError("cluster.accelerator=gpu but CUDA is not available on this node; use accelerator: "
-                              "cpu for a CPU (gloo) run")
+            raise PreflightError("cluster.accelerator=gpu but CUDA is not available on this node; use "
+                                 "accelerator: cpu for a CPU (gloo) run")
 
 
 def _init_dist(run, reference: bool):
@@ -149,6 +150,36 @@ def _injected_failure() -> tuple[int, int] | None:
 
 
 def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: int | None, quiet: bool) -> int:
+    """Train the run of `run_yaml` on this rank; returns the process exit code (0, or REQUEUE_EXIT_CODE)."""
+    from mimo_jobs.contract import REQUEUE_EXIT_CODE
+
+    from .build import build_state
+    from .checkpointer import Checkpointer
+
+    run, doc = _load_run(run_yaml)
+    preflight(run, doc, reference)
+    _install_cpu_shims()
+    backend, timeout = _init_dist(run, reference)
+    plan = run.plan()
+    st = build_state(run, plan, reference, timeout)
+    n_iters = iters or st.train_iters
+    log = _iteration_logger(run, plan, doc, metrics, reference, backend, n_iters, quiet)
+    ckpt = Checkpointer.for_run(run, doc, run_yaml, reference)
+    ckpt.resume(st)
+    prof = RankProfile()
+    stop = _train_loop(st, n_iters, log, ckpt, prof)
+    if stop is not None:
+        log.end(f"requeue: {stop.reason}", st.iteration, st.consumed_samples)
+        _shutdown()
+        return REQUEUE_EXIT_CODE
+    log.end("completed", st.iteration, st.consumed_samples)
+    prof.write(st)
+    _shutdown()
+    return 0
+
+
+def _load_run(run_yaml: Path):
+    """(RunSpec, run.yaml document); PreflightError if it is not a valid run.yaml."""
     import warnings
 
     from mimo_jobs.plan.runspec import load_run_yaml
@@ -160,63 +191,68 @@ def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: i
     except Exception as e:  # noqa: BLE001 - yaml, missing keys, pydantic: all mean "not a run.yaml"
         msg = " ".join(str(e).split())[:600]
         raise PreflightError(f"{run_yaml}: not a valid run.yaml ({type(e).__name__}: {msg}); re-render it with "
-                          "`mimo-jobs render`") from None
-    # CI/CPU: the native fused cross entropy is torch.compile'd; compiling costs ~16 s cold (probe P5).
+                             "`mimo-jobs render`") from None
+    # CPU runs: the native fused cross entropy is torch.compile'd, and compiling it costs ~16 s cold
     if run.cluster.accelerator == "cpu":
         os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-    preflight(run, doc, reference)
+    return run, doc
 
+
+def _install_cpu_shims() -> None:
+    """Without CUDA, megatron-core needs the torch.cuda stand-ins of cuda_shims.py (before any model is
+    built)."""
     import torch
 
     if not torch.cuda.is_available():
         from .cuda_shims import install
 
         install()
-    backend, timeout = _init_dist(run, reference)
+
+
+def _iteration_logger(run, plan, doc: dict, metrics: Path | None, reference: bool, backend: str, n_iters: int,
+                      quiet: bool):
+    """The IterLogger (active on the last rank, an LLM rank: LLM ranks come last), started with the layout."""
     import torch.distributed as dist
 
-    from .build import build_state
     from .iterlog import IterLogger, layout_line
-    from .step import train_step
 
-    plan = run.plan()
-    st = build_state(run, plan, reference, timeout)
     mode = "reference" if reference else "hetero"
-    last = dist.get_rank() == dist.get_world_size() - 1  # the last rank is an LLM rank (LLM ranks come last)
+    last = dist.get_rank() == dist.get_world_size() - 1
     paths = doc.get("paths") or {}
     if metrics is None and paths.get("metrics"):
         metrics = Path(paths["metrics"])
         if reference:
             metrics = metrics.with_name("metrics.reference.jsonl")
-    n_iters = iters or st.train_iters
     log = IterLogger(run, plan, metrics, n_iters, active=last, echo=not quiet,
                      provenance=doc.get("provenance"))
     log.start(layout_line(run, plan, mode, backend), mode, backend)
-    # checkpoints (issue 7): resume from `latest`, periodic saves, stop-save-requeue on signals/time limit
-    from .checkpoint import Checkpointer
-    from mimo_jobs.contract import REQUEUE_EXIT_CODE
+    return log
 
-    ckpt = Checkpointer.for_run(run, doc, run_yaml, reference)
-    ckpt.resume(st)
+
+def _train_loop(st, n_iters: int, log, ckpt, prof: RankProfile):
+    """Iterations until `n_iters`; returns the StopDecision when the world stopped early for a requeue."""
+    import torch.distributed as dist
+
+    from .step import train_step
+
     fail_at = _injected_failure()
-    prof = RankProfile()
     while st.iteration < n_iters:
         if fail_at is not None and fail_at == (dist.get_rank(), st.iteration + 1):
             raise RuntimeError(f"injected failure ({FAIL_ENV}) at iteration {st.iteration + 1}")
         stats = train_step(st)
         prof.add(stats)
-        log.iteration(stats, st.consumed_samples, st.preset, run.trainer.seq_length)
+        log.iteration(stats, st.consumed_samples, st.preset, st.run.trainer.seq_length)
         stop = ckpt.after_step(st, n_iters, stats.elapsed_s)
         if stop is not None:
-            log.end(f"requeue: {stop.reason}", st.iteration, st.consumed_samples)
-            dist.barrier()
-            dist.destroy_process_group()
-            return REQUEUE_EXIT_CODE
-    log.end("completed", st.iteration, st.consumed_samples)
-    prof.write(st)
+            return stop
+    return None
+
+
+def _shutdown() -> None:
+    import torch.distributed as dist
+
     dist.barrier()
     dist.destroy_process_group()
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,19 +30,18 @@ class Precision:
 
 
 def _base_kwargs(prec: Precision) -> dict:
-    import torch
-
     kw = {"params_dtype": prec.dtype, "pipeline_dtype": prec.dtype, "bf16": prec.bf16, "hidden_dropout": 0.0,
-              "attention_dropout": 0.0, "use_cpu_initialization": not prec.use_gpu, "calculate_per_token_loss": True,
-              # the native fused CE is the cross entropy that honours pg_collection (probe table row 1)
-              "cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "native"}
+          "attention_dropout": 0.0, "use_cpu_initialization": not prec.use_gpu,
+          "calculate_per_token_loss": True,
+          # the native fused cross entropy is the one that honours pg_collection (the vocab-parallel one
+          # reads the TP group off parallel_state)
+          "cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "native"}
     if not prec.use_gpu:
         # no TE/apex/CUDA kernels on CPU
         kw.update(gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
                   bias_dropout_fusion=False, apply_rope_fusion=False, persist_layer_norm=False)
     else:
         kw.update(gradient_accumulation_fusion=False)
-    del torch
     return kw
 
 
@@ -58,7 +57,7 @@ def llm_config(preset: ModelPreset, tp: int, ep: int, etp: int, prec: Precision)
                   moe_token_dispatcher_type="alltoall", moe_grouped_gemm=prec.use_gpu,
                   moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-2,
                   moe_permute_fusion=False, moe_router_fusion=False,
-                  add_bias_linear=False,  # probe P7: SequentialMLP + bias modifies a view in place
+                  add_bias_linear=False,  # SequentialMLP with biases modifies a view in place (autograd error)
                   sequence_parallel=tp > 1)
     return TransformerConfig(
         num_layers=p.num_layers, hidden_size=p.hidden_size, num_attention_heads=p.num_attention_heads,
@@ -82,7 +81,7 @@ def encoder_configs(preset: ModelPreset, tp: int, prec: Precision):
 
 def _sp_norm_class():
     """A LayerNorm for sequence-parallel MoE with TP>1 on CPU: the local spec's WrappedTorchNorm refuses
-    sequence_parallel (probe P7), and SP norms need their params tagged so finalize_model_grads all-reduces
+    sequence_parallel, and SP norms need their params tagged so finalize_model_grads all-reduces
     their grads over TP."""
     import torch
 
@@ -120,12 +119,30 @@ def build_llm(preset: ModelPreset, cfg, pgc, prec: Precision, seq_length: int):
     return model
 
 
-def _encoder_classes():
+def build_encoder(preset: ModelPreset, vit_cfg, proj_cfg, pgc, prec: Precision):
+    return _encoder_class()(preset, vit_cfg, proj_cfg, pgc, prec)
+
+
+def _encoder_layer_specs(prec: Precision):
+    """(ViT layer spec, projector MLP submodules): Transformer Engine layers on GPU, local layers on CPU."""
+    from megatron.core.transformer.mlp import MLPSubmodules
+
+    if prec.use_gpu:
+        from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TERowParallelLinear
+        from megatron.core.models.vision.vit_layer_specs import get_vit_layer_with_transformer_engine_spec
+
+        return (get_vit_layer_with_transformer_engine_spec(),
+                MLPSubmodules(linear_fc1=TEColumnParallelLinear, linear_fc2=TERowParallelLinear))
+    from megatron.core.models.vision.vit_layer_specs import get_vit_layer_with_local_spec
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    return (get_vit_layer_with_local_spec(),
+            MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
+
+
+def _var_res_vit_class():
     import torch
-    from megatron.core.models.vision.multimodal_projector import MultimodalProjector
     from megatron.core.models.vision.radio import RADIOViTModel
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
-    from megatron.core.transformer.module import MegatronModule
 
     class VarResViT(RADIOViTModel):
         """RADIO ViT without CPE: its position table is windowed to any image size (multiple of the patch),
@@ -140,35 +157,27 @@ def _encoder_classes():
                                              device=x.device)
             return super().forward(x, attention_mask=attention_mask)
 
+    return VarResViT
+
+
+def _encoder_class():
+    import torch
+    from megatron.core.models.vision.multimodal_projector import MultimodalProjector
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+    from megatron.core.transformer.module import MegatronModule
+
     class Encoder(MegatronModule):
         """ViT + MLP projector: a list of images -> flat image embeddings [sum N_i, llm_hidden]."""
 
         def __init__(self, preset: ModelPreset, vit_cfg, proj_cfg, pgc, prec: Precision):
             super().__init__(config=vit_cfg)
             e = preset.encoder
-            if prec.use_gpu:
-                from megatron.core.extensions.transformer_engine import (
-                    TEColumnParallelLinear,
-                    TERowParallelLinear,
-                )
-                from megatron.core.models.vision.vit_layer_specs import (
-                    get_vit_layer_with_transformer_engine_spec,
-                )
-                from megatron.core.transformer.mlp import MLPSubmodules
-
-                spec = get_vit_layer_with_transformer_engine_spec()
-                proj_sub = MLPSubmodules(linear_fc1=TEColumnParallelLinear, linear_fc2=TERowParallelLinear)
-            else:
-                from megatron.core.models.vision.vit_layer_specs import get_vit_layer_with_local_spec
-                from megatron.core.tensor_parallel.layers import RowParallelLinear
-                from megatron.core.transformer.mlp import MLPSubmodules
-
-                spec = get_vit_layer_with_local_spec()
-                proj_sub = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+            spec, proj_sub = _encoder_layer_specs(prec)
             self.patch = e.patch_size
-            self.vit = VarResViT(vit_cfg, spec, add_class_token=False, patch_dim=e.patch_size,
-                                 img_h=e.image_size, img_w=e.image_size, max_img_h=e.image_size,
-                                 max_img_w=e.image_size, has_cpe=False, pg_collection=pgc)
+            self.vit = _var_res_vit_class()(
+                vit_cfg, spec, add_class_token=False, patch_dim=e.patch_size, img_h=e.image_size,
+                img_w=e.image_size, max_img_h=e.image_size, max_img_w=e.image_size, has_cpe=False,
+                pg_collection=pgc)
             # RADIO builds its patch embedder without tp_group (radio.py:129): rebuild it on our TP group.
             self.vit.embedder = ColumnParallelLinear(
                 input_size=e.channels * e.patch_size ** 2, output_size=e.hidden_size, bias=False,
@@ -197,10 +206,6 @@ def _encoder_classes():
             return self.projector(flat).squeeze(1)
 
     return Encoder
-
-
-def build_encoder(preset: ModelPreset, vit_cfg, proj_cfg, pgc, prec: Precision):
-    return _encoder_classes()(preset, vit_cfg, proj_cfg, pgc, prec)
 
 
 # ----------------------------------------------------------------------------------------------- init

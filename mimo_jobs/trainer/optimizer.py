@@ -1,8 +1,7 @@
 """The MIMO optimizer: one megatron optimizer per module, one decision for the whole world.
 
 Each module's optimizer sees only its own ranks, but clipping needs the global grad norm and a skipped
-step must be skipped everywhere, so `step()` agrees world-wide (the same design as upstream's
-MimoOptimizer, which 0.16.1 lacks):
+step must be skipped everywhere, so `step()` agrees world-wide:
   1. prepare_grads on each active optimizer; found_inf all-reduced (MAX) over the world -> skip together;
   2. norm^2 per module in a fixed slot vector, all-reduced with MAX (every rank of a module holds the same
      module norm, other ranks hold 0), global norm = sqrt(sum of slots);
@@ -16,8 +15,8 @@ from dataclasses import dataclass
 
 
 def build_megatron_optimizer(ddp, pgc, spec, prec, max_lr: float):
-    """get_megatron_optimizer for one module. A WORLD collective in 0.16.1 (probe P2: all_gather_object of
-    param-group keys), so every rank must call either this or `skip_megatron_optimizer` exactly once per
+    """get_megatron_optimizer for one module. A WORLD collective in 0.16.1 (it all_gathers the
+    param-group keys, see _PARAM_GROUP_GATHERS), so every rank must call either this or `skip_megatron_optimizer` exactly once per
     module it owns, in the same order."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -27,7 +26,7 @@ def build_megatron_optimizer(ddp, pgc, spec, prec, max_lr: float):
                           clip_grad=0.0,  # clipping is done by MimoOptimizer with the global norm
                           bf16=prec.bf16, params_dtype=prec.dtype,
                           use_distributed_optimizer=spec.use_distributed_optimizer)
-    # probe P3: with a pg_collection, gloo helper groups must be off
+    # megatron-core refuses gloo helper groups together with a pg_collection
     return get_megatron_optimizer(cfg, [ddp], use_gloo_process_groups=False, pg_collection=pgc)
 
 
@@ -46,7 +45,8 @@ def skip_megatron_optimizer() -> None:
         dist.all_gather_object(gathered, [])
 
 
-def _leaves(opt) -> list:
+def leaf_optimizers(opt) -> list:
+    """The optimizers inside a megatron ChainedOptimizer (dense, expert), or [opt] itself."""
     return list(getattr(opt, "chained_optimizers", [opt]))
 
 
@@ -108,7 +108,7 @@ class MimoOptimizer:
             return StepResult(False, norm, True, True)
         if clip_grad > 0:
             for o in self.optimizers.values():
-                for leaf in _leaves(o):
+                for leaf in leaf_optimizers(o):
                     params = leaf.get_parameters()
                     if params and not getattr(leaf, "is_stub_optimizer", False):
                         clip_grad_by_total_norm_fp32(params, max_norm=clip_grad, total_norm=norm)

@@ -4,7 +4,7 @@ Per iteration:
   data      every rank draws the iteration's microbatches for its lanes (deterministic streams);
   tokens    N = loss-bearing tokens of the whole global batch, all-reduced over the world, so every rank
             scales by the same 1/N (per-token loss; DDP sums): gradients do not depend on enc_dp/llm_dp
-            or on which encoder ranks saw images (upstream-mimo §1.9);
+            or on which encoder ranks saw images;
   encoder   forward of every microbatch (sent over the bridge as soon as it is ready), then backward of
             each as its gradient comes back;
   LLM       per microbatch: receive image embeddings, scatter them into the image-token positions,
@@ -20,7 +20,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .build import TrainState
+from .bridge import segments_of_encoder
+from .build import TrainState, rank_lanes
 
 
 @dataclass
@@ -180,146 +181,200 @@ def _set_aux_scale(st: TrainState, n_tokens: float) -> None:
 
 
 def train_step(st: TrainState) -> StepStats:
-    import torch
-
-    from .bridge import segments_of_encoder
-
+    """One iteration on this rank (see the module doc). Every rank runs the same world collectives in the
+    same order: the token all-reduce, the optimizer's agreements, the figures' all-reduce."""
     t0 = _tick()
     tm = _Timer()
-    role, plan, M = st.role, st.plan, st.plan.num_microbatches
-    step = st.iteration
     lr = st.schedule(st.consumed_samples)
     st.optimizer.set_lr(lr)
     _zero_grads(st)
-
-    # ---- data for the whole iteration
-    a = _tick()
+    batches = _draw_batches(st, tm)
+    n_tokens = _global_tokens(st, batches)
+    _set_aux_scale(st, n_tokens)
     if st.reference:
-        lanes = list(range(plan.layout.llm_dp))
-    elif role.is_language:
-        lanes = [role.dp_rank]
+        tally = _reference_microbatches(st, batches, n_tokens, tm)
+    elif st.role.is_encoder:
+        tally = _encoder_microbatches(st, batches, tm)
     else:
-        lanes = plan.lanes_of_encoder(role.dp_rank)
-    batches = [{lane: st.provider.next(lane) for lane in lanes} for _ in range(M)]
+        tally = _language_microbatches(st, batches, n_tokens, tm)
+    res = _optimizer_step(st, tm)
+    loss_sum, aux, image_tokens = _global_figures(st, tally)
+    st.iteration += 1
+    st.consumed_samples += st.plan.layout.gbs
+    aux_per_microbatch = aux / (st.plan.num_microbatches * st.plan.layout.llm_dp)
+    return StepStats(
+        iteration=st.iteration, loss=loss_sum / max(n_tokens, 1.0), tokens=int(n_tokens),
+        grad_norm=res.grad_norm, lr=lr, skipped=res.skipped, nan=res.nan, elapsed_s=_tick() - t0,
+        phases_s=dict(tm.acc), moe_aux_loss=aux_per_microbatch if st.preset.llm.num_experts else None,
+        image_tokens=int(image_tokens), empty_encoder_microbatches=tally.empty_encoder_microbatches)
+
+
+@dataclass
+class _Tally:
+    """What this rank's microbatches of one iteration add up to."""
+
+    loss_sum: float = 0.0  # per-token loss summed over the loss-bearing tokens (not yet divided by N)
+    image_tokens: int = 0  # image embeddings the LLM consumed
+    empty_encoder_microbatches: int = 0
+
+
+def _contributes(st: TrainState) -> bool:
+    """Whether this rank's loss and token figures count in world sums: LLM lane leaders, or the reference
+    (the other TP ranks of a lane hold the same figures)."""
+    return st.role.is_language and (st.reference or st.role.is_leader)
+
+
+def _grads_come_back(st: TrainState) -> bool:
+    """The LLM returns embedding gradients to the encoder (not when the encoder is frozen)."""
+    return not st.run.trainer.freeze.encoder
+
+
+def _draw_batches(st: TrainState, tm: _Timer) -> list[dict]:
+    """This rank's data of the whole iteration: [microbatch] -> {lane: LaneBatch}, alignment-checked."""
+    a = _tick()
+    lanes = rank_lanes(st.plan, st.role, st.reference)
+    batches = [{lane: st.provider.next(lane) for lane in lanes} for _ in range(st.plan.num_microbatches)]
     for mb in batches:
         for b in mb.values():
             check_alignment(b, st.image_token_id)
     tm.add("data", _tick() - a)
+    return batches
 
-    # ---- global token count (every rank takes part; LLM lane leaders / the reference contribute)
+
+def _global_tokens(st: TrainState, batches: list[dict]) -> float:
+    """N: the loss-bearing tokens of the whole global batch (a world all-reduce: every rank takes part)."""
     local_tokens = 0.0
-    if role.is_language and (st.reference or role.is_leader):
+    if _contributes(st):
         local_tokens = float(sum(float(b.loss_mask.sum()) for mb in batches for b in mb.values()))
-    n_tokens = local_tokens if st.reference else _world_sum(st, [local_tokens])[0]
-    _set_aux_scale(st, n_tokens)
+    return local_tokens if st.reference else _world_sum(st, [local_tokens])[0]
 
-    loss_sum = 0.0
-    img_tokens = 0
-    empty_mb = 0
-    enc_trains = st.encoder is not None and not st.encoder.frozen
-    grads_back = not st.run.trainer.freeze.encoder  # the LLM returns embedding gradients
 
-    if st.reference:
-        for m in range(M):
-            a = _tick()
-            flats, per_lane = [], {}
-            for e in range(plan.layout.enc_dp):  # same per-replica image batches as the real encoder ranks
-                segs = segments_of_encoder(plan, e)
-                images, keys, counts = _encoder_samples(st, batches[m], segs)
-                flat = encoder_forward(st, images)
-                empty_mb += int(flat.shape[0] == 0)
-                row = 0
-                for g in segs:
-                    n = sum(batches[m][g.lane].image_token_counts[g.lane_start:g.lane_start + g.n])
-                    per_lane.setdefault(g.lane, []).append(flat[row:row + n])
-                    row += n
-                flats.append(flat)
-            tm.add("enc_fwd", _tick() - a)
-            a = _tick()
-            total = None
-            for lane in range(plan.layout.llm_dp):
-                x = torch.cat(per_lane[lane]) if per_lane.get(lane) else None
-                img_tokens += 0 if x is None else x.shape[0]
-                ls = llm_forward(st, batches[m][lane], x)
-                loss_sum += float(ls.detach())
-                total = ls / max(n_tokens, 1.0) if total is None else total + ls / max(n_tokens, 1.0)
-            tm.add("llm_fwd", _tick() - a)
-            a = _tick()
-            if total.requires_grad:
-                total.backward()
-            tm.add("llm_bwd", _tick() - a)
-    elif role.is_encoder:
-        segs = segments_of_encoder(plan, role.dp_rank)
-        br = st.bridge
-        saved = []
-        for m in range(M):
-            a = _tick()
-            images, keys, counts = _encoder_samples(st, batches[m], segs)
-            flat = encoder_forward(st, images)
-            empty_mb += int(flat.shape[0] == 0)
-            tm.add("enc_fwd", _tick() - a)
-            br.send_forward(step, m, flat, keys, counts)
-            saved.append((flat, keys, counts))
-        if grads_back:
-            for m, (flat, keys, counts) in enumerate(saved):
-                w0 = br.wait_s
-                a = _tick()
-                g = br.recv_backward(step, m, keys, counts)
-                b0 = _tick()
-                tm.add("bridge_wait", br.wait_s - w0)
-                if enc_trains and flat.shape[0] > 0:
-                    flat.backward(g.to(flat.dtype))
-                tm.add("enc_bwd", _tick() - b0)
+def _reference_microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: _Timer) -> _Tally:
+    """The one-process reference: per microbatch, every encoder replica's forward, every lane's LLM forward on
+    the encoder output (no bridge), one backward of their sum."""
+    import torch
+
+    tally = _Tally()
+    for mb in batches:
         a = _tick()
-        br.finish()
-        tm.add("bridge_wait", _tick() - a)
-    else:  # language ranks
-        br = st.bridge
-        lane = role.dp_rank
-        for m in range(M):
-            b = batches[m][lane]
+        per_lane = _reference_encoder_forward(st, mb, tally)
+        tm.add("enc_fwd", _tick() - a)
+        a = _tick()
+        total = None
+        for lane in range(st.plan.layout.llm_dp):
+            x = torch.cat(per_lane[lane]) if per_lane.get(lane) else None
+            tally.image_tokens += 0 if x is None else x.shape[0]
+            ls = llm_forward(st, mb[lane], x)
+            tally.loss_sum += float(ls.detach())
+            total = ls / max(n_tokens, 1.0) if total is None else total + ls / max(n_tokens, 1.0)
+        tm.add("llm_fwd", _tick() - a)
+        a = _tick()
+        if total.requires_grad:
+            total.backward()
+        tm.add("llm_bwd", _tick() - a)
+    return tally
+
+
+def _reference_encoder_forward(st: TrainState, mb: dict, tally: _Tally) -> dict[int, list]:
+    """Embeddings of one microbatch per lane, computed replica by replica: the same per-replica image batches
+    as the real encoder ranks see."""
+    per_lane: dict[int, list] = {}
+    for e in range(st.plan.layout.enc_dp):
+        segs = segments_of_encoder(st.plan, e)
+        images, _keys, _counts = _encoder_samples(st, mb, segs)
+        flat = encoder_forward(st, images)
+        tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
+        row = 0
+        for g in segs:
+            n = sum(mb[g.lane].image_token_counts[g.lane_start:g.lane_start + g.n])
+            per_lane.setdefault(g.lane, []).append(flat[row:row + n])
+            row += n
+    return per_lane
+
+
+def _encoder_microbatches(st: TrainState, batches: list[dict], tm: _Timer) -> _Tally:
+    """Encoder ranks: forward every microbatch and send it over the bridge, then backward each microbatch as
+    its embedding gradient comes back."""
+    tally = _Tally()
+    segs = segments_of_encoder(st.plan, st.role.dp_rank)
+    br = st.bridge
+    sent = []
+    for m, mb in enumerate(batches):
+        a = _tick()
+        images, keys, counts = _encoder_samples(st, mb, segs)
+        flat = encoder_forward(st, images)
+        tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
+        tm.add("enc_fwd", _tick() - a)
+        br.send_forward(st.iteration, m, flat, keys, counts)
+        sent.append((flat, keys, counts))
+    if _grads_come_back(st):
+        enc_trains = st.encoder is not None and not st.encoder.frozen
+        for m, (flat, keys, counts) in enumerate(sent):
             w0 = br.wait_s
-            x = br.recv_forward(step, m, b.sample_keys, b.image_token_counts)
+            g = br.recv_backward(st.iteration, m, keys, counts)
+            b0 = _tick()
             tm.add("bridge_wait", br.wait_s - w0)
-            img_tokens += x.shape[0]
-            if grads_back:
-                x = x.detach().requires_grad_(True)
-            a = _tick()
-            ls = llm_forward(st, b, x)
-            loss_sum += float(ls.detach())
-            tm.add("llm_fwd", _tick() - a)
-            a = _tick()
-            scaled = ls / max(n_tokens, 1.0)
-            if scaled.requires_grad:
-                scaled.backward()
-            tm.add("llm_bwd", _tick() - a)
-            if grads_back:
-                g = x.grad if x.grad is not None else torch.zeros_like(x)
-                br.send_backward(step, m, g, b.sample_keys, b.image_token_counts)
-        a = _tick()
-        br.finish()
-        tm.add("bridge_wait", _tick() - a)
+            if enc_trains and flat.shape[0] > 0:
+                flat.backward(g.to(flat.dtype))
+            tm.add("enc_bwd", _tick() - b0)
+    _finish_bridge(st, tm)
+    return tally
 
+
+def _language_microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: _Timer) -> _Tally:
+    """LLM ranks, per microbatch: receive the lane's image embeddings, forward, backward of loss / N, send the
+    embedding gradient back."""
+    import torch
+
+    tally = _Tally()
+    br = st.bridge
+    lane = st.role.dp_rank
+    grads_back = _grads_come_back(st)
+    for m, mb in enumerate(batches):
+        b = mb[lane]
+        w0 = br.wait_s
+        x = br.recv_forward(st.iteration, m, b.sample_keys, b.image_token_counts)
+        tm.add("bridge_wait", br.wait_s - w0)
+        tally.image_tokens += x.shape[0]
+        if grads_back:
+            x = x.detach().requires_grad_(True)
+        a = _tick()
+        ls = llm_forward(st, b, x)
+        tally.loss_sum += float(ls.detach())
+        tm.add("llm_fwd", _tick() - a)
+        a = _tick()
+        scaled = ls / max(n_tokens, 1.0)
+        if scaled.requires_grad:
+            scaled.backward()
+        tm.add("llm_bwd", _tick() - a)
+        if grads_back:
+            g = x.grad if x.grad is not None else torch.zeros_like(x)
+            br.send_backward(st.iteration, m, g, b.sample_keys, b.image_token_counts)
+    _finish_bridge(st, tm)
+    return tally
+
+
+def _finish_bridge(st: TrainState, tm: _Timer) -> None:
+    a = _tick()
+    st.bridge.finish()
+    tm.add("bridge_wait", _tick() - a)
+
+
+def _optimizer_step(st: TrainState, tm: _Timer):
+    """Per-module gradient reduction, then the world-wide optimizer step (clipping by the global norm)."""
     a = _tick()
     _finalize(st)
     res = st.optimizer.step(st.run.trainer.optimizer.clip_grad)
     tm.add("optimizer", _tick() - a)
+    return res
 
-    # ---- figures for the log: loss over the whole global batch (LLM lane leaders contribute)
+
+def _global_figures(st: TrainState, tally: _Tally) -> list:
+    """[loss sum, MoE aux loss, image tokens] over the whole global batch (a world all-reduce, except in the
+    reference)."""
     aux = _moe_aux(st)
-    contrib = role.is_language and (st.reference or role.is_leader)
-    vals = [loss_sum if contrib else 0.0, aux if contrib else 0.0, img_tokens if contrib else 0.0]
-    if not st.reference:
-        vals = _world_sum(st, vals)
-    st.iteration += 1
-    st.consumed_samples += plan.layout.gbs
-    elapsed = _tick() - t0
-    lanes_total = plan.layout.llm_dp
-    return StepStats(
-        iteration=st.iteration, loss=vals[0] / max(n_tokens, 1.0), tokens=int(n_tokens),
-        grad_norm=res.grad_norm, lr=lr, skipped=res.skipped, nan=res.nan, elapsed_s=elapsed,
-        phases_s=dict(tm.acc),
-        moe_aux_loss=vals[1] / (M * lanes_total) if st.preset.llm.num_experts else None,
-        image_tokens=int(vals[2]), empty_encoder_microbatches=empty_mb)
-
-
+    if _contributes(st):
+        vals = [tally.loss_sum, aux, tally.image_tokens]
+    else:
+        vals = [0.0, 0.0, 0.0]
+    return vals if st.reference else _world_sum(st, vals)

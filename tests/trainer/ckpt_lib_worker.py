@@ -125,6 +125,7 @@ def main(out: Path) -> dict:
     import torch.distributed as dist
 
     from mimo_jobs.trainer import checkpoint as C
+    from mimo_jobs.trainer import manifest as MF
     from mimo_jobs.trainer.cuda_shims import install
 
     install()
@@ -135,7 +136,7 @@ def main(out: Path) -> dict:
     parallel_state._set_global_memory_buffer()
     layout = {"nodes": 1, "gpus_per_node": 1, "enc_tp": 1, "enc_pp": 1, "enc_dp": 1, "llm_tp": 1, "llm_pp": 1,
               "llm_dp": 1, "llm_ep": 1, "llm_etp": 1, "llm_cp": 1, "num_experts": 0, "gbs": 2, "mbs": 1}
-    prov0 = C.Provenance(run_id="run-a", study="s", run_name="r", layout=layout, world=1, git_sha="abc")
+    prov0 = MF.Provenance(run_id="run-a", study="s", run_name="r", layout=layout, world=1, git_sha="abc")
     res: dict = {}
     ck = out / "ckpt"
 
@@ -153,7 +154,7 @@ def main(out: Path) -> dict:
     py_after_save = random.random()
     res["ref"] = [step(m, prov) for _ in range(3)]
     res["saved_path"] = str(path)
-    res["files"] = sorted(C.latest_checkpoint(ck).files)
+    res["files"] = sorted(MF.latest_checkpoint(ck).files)
 
     # 2. fresh process state (other init seed, scrambled RNGs, fresh provider), load, continue
     m2 = build(seed=2)
@@ -175,12 +176,12 @@ def main(out: Path) -> dict:
     res["weights_only"] = [step(m3, prov3) for _ in range(3)]
 
     # 4. refusals: another run, another layout (checked before any state is touched)
-    for key, prov_x in (("other_run", C.Provenance(**{**prov0.__dict__, "run_id": "run-b"})),
-                        ("other_layout", C.Provenance(**{**prov0.__dict__, "layout": {**layout, "llm_tp": 2}}))):
+    for key, prov_x in (("other_run", MF.Provenance(**{**prov0.__dict__, "run_id": "run-b"})),
+                        ("other_layout", MF.Provenance(**{**prov0.__dict__, "layout": {**layout, "llm_tp": 2}}))):
         try:
             C.load(ck, modules=parts(m2), provider=prov2, provenance=prov_x)
             res[key] = None
-        except C.CheckpointMismatch as e:
+        except MF.CheckpointMismatch as e:
             res[key] = str(e)
 
     # 5. keep-K: saves at 4, 5, 6 with keep=2 leave 5 and 6; latest -> 6
@@ -194,7 +195,7 @@ def main(out: Path) -> dict:
     try:
         C.load(ck, modules=parts(m2), provider=prov2, provenance=prov0)
         res["damaged"] = None
-    except C.CheckpointError as e:
+    except MF.CheckpointError as e:
         res["damaged"] = str(e)
     dist.destroy_process_group()
     return res

@@ -1,3 +1,3 @@
-"""Trainer tests: helpers live next to the tests (tr_helpers.py)."""
+"""Trainer tests: shared helpers live in tests/helpers (trainer.py, checkpoint.py)."""
 
 

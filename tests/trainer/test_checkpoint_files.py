@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from mimo_jobs.contract import REQUEUE_EXIT_CODE, REQUEUE_MARKER
 from mimo_jobs.trainer import checkpoint as C
+from mimo_jobs.trainer import manifest as MF
 from mimo_jobs.trainer import signals as S
 
 LAYOUT = {"nodes": 1, "gpus_per_node": 3, "enc_tp": 1, "enc_pp": 1, "enc_dp": 1, "llm_tp": 1, "llm_pp": 1,
@@ -19,23 +21,23 @@ LAYOUT = {"nodes": 1, "gpus_per_node": 3, "enc_tp": 1, "enc_pp": 1, "enc_dp": 1,
 
 
 def fake_ckpt(root: Path, it: int, run_id: str = "r1", layout: dict | None = None, complete: bool = True) -> Path:
-    d = root / (C.iter_name(it) + ("" if complete else ".tmp"))
+    d = root / (MF.iter_name(it) + ("" if complete else ".tmp"))
     d.mkdir(parents=True)
     (d / "rank").mkdir()
     (d / "rank" / "rank-00000.pt").write_bytes(b"x" * 10)
     if complete:
         (d / "manifest.json").write_text(json.dumps({
-            "format": C.FORMAT_VERSION, "iteration": it, "consumed_samples": 4 * it, "time": "t",
+            "format": MF.FORMAT_VERSION, "iteration": it, "consumed_samples": 4 * it, "time": "t",
             "files": {"rank/rank-00000.pt": 10}, "bytes": 10,
             "provenance": {"run_id": run_id, "study": "s", "run_name": "n", "layout": layout or LAYOUT, "world": 3,
                            "git_sha": "abc"}}))
     return d
 
 
-def prov(**kw) -> C.Provenance:
+def prov(**kw) -> MF.Provenance:
     base = {"run_id": "r1", "study": "s", "run_name": "n", "layout": LAYOUT, "world": 3}
     base.update(kw)
-    return C.Provenance(**base)
+    return MF.Provenance(**base)
 
 
 def test_latest_marker_wins_and_partial_dirs_are_ignored(tmp_path):
@@ -43,14 +45,14 @@ def test_latest_marker_wins_and_partial_dirs_are_ignored(tmp_path):
     fake_ckpt(tmp_path, 4)
     fake_ckpt(tmp_path, 6, complete=False)  # a crashed save
     (tmp_path / "latest").write_text("iter_0000002\n")
-    assert [c.iteration for c in C.list_checkpoints(tmp_path)] == [2, 4]
-    assert C.latest_checkpoint(tmp_path).iteration == 2
+    assert [c.iteration for c in MF.list_checkpoints(tmp_path)] == [2, 4]
+    assert MF.latest_checkpoint(tmp_path).iteration == 2
     # a crash between the rename and the marker update: the marker is stale/missing -> newest complete
     (tmp_path / "latest").unlink()
-    assert C.latest_checkpoint(tmp_path).iteration == 4
+    assert MF.latest_checkpoint(tmp_path).iteration == 4
     (tmp_path / "latest").write_text("iter_0000009\n")  # names nothing complete
-    assert C.latest_checkpoint(tmp_path).iteration == 4
-    assert C.latest_checkpoint(tmp_path / "nope") is None
+    assert MF.latest_checkpoint(tmp_path).iteration == 4
+    assert MF.latest_checkpoint(tmp_path / "nope") is None
 
 
 def test_manifest_of_other_format_is_named(tmp_path):
@@ -58,8 +60,8 @@ def test_manifest_of_other_format_is_named(tmp_path):
     m = json.loads((d / "manifest.json").read_text())
     m["format"] = 99
     (d / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(C.CheckpointError, match="format 99"):
-        C._read_manifest(d)
+    with pytest.raises(MF.CheckpointError, match="format 99"):
+        MF.read_manifest(d)
 
 
 def test_prune_keeps_k_newest_and_latest_and_clears_crash_leftovers(tmp_path):
@@ -83,14 +85,14 @@ def test_prune_never_deletes_what_latest_names(tmp_path):
 
 
 def test_compatibility_messages():
-    info = C.CheckpointInfo(path=Path("/c/iter_0000002"), iteration=2, consumed_samples=8, run_id="r1", study="s",
+    info = MF.CheckpointInfo(path=Path("/c/iter_0000002"), iteration=2, consumed_samples=8, run_id="r1", study="s",
                             run_name="n", git_sha=None, layout=LAYOUT, world=3, time="t")
-    assert C.check_compatible(info, prov()) == []
-    (msg,) = C.check_compatible(info, prov(run_id="r2", run_name="m"))
+    assert MF.check_compatible(info, prov()) == []
+    (msg,) = MF.check_compatible(info, prov(run_id="r2", run_name="m"))
     assert "belongs to run r1 (s/n)" in msg and "this is run r2 (s/m)" in msg
-    (msg,) = C.check_compatible(info, prov(layout={**LAYOUT, "llm_dp": 4, "enc_dp": 2}))
+    (msg,) = MF.check_compatible(info, prov(layout={**LAYOUT, "llm_dp": 4, "enc_dp": 2}))
     assert "enc_dp=1 vs now 2" in msg and "llm_dp=2 vs now 4" in msg and "resharding is not supported" in msg
-    assert len(C.check_compatible(info, prov(run_id="x", layout={**LAYOUT, "llm_tp": 2}))) == 2
+    assert len(MF.check_compatible(info, prov(run_id="x", layout={**LAYOUT, "llm_tp": 2}))) == 2
 
 
 def test_deadline_from_env():
@@ -148,17 +150,18 @@ def test_sigterm_without_a_world_stop_exits_after_the_grace():
 def test_requeue_marker_roundtrip(tmp_path):
     assert S.read_requeue_marker(tmp_path) is None
     p = S.write_requeue_marker(tmp_path / "ck", 7, "signal:SIGUSR2", "123")
-    assert p.name == S.REQUEUE_MARKER
+    assert p.name == REQUEUE_MARKER
     m = S.read_requeue_marker(tmp_path / "ck")
     assert (m["iteration"], m["reason"], m["job_id"]) == (7, "signal:SIGUSR2", "123")
-    assert S.REQUEUE_EXIT_CODE == 75
+    assert REQUEUE_EXIT_CODE == 75
 
 
 def test_toolkit_import_stays_light():
     import subprocess
     import sys
 
-    code = ("import sys, mimo_jobs.trainer.checkpoint, mimo_jobs.trainer.signals; "
+    code = ("import sys, mimo_jobs.trainer.manifest, mimo_jobs.trainer.checkpoint, "
+            "mimo_jobs.trainer.checkpointer, mimo_jobs.trainer.signals; "
             "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"

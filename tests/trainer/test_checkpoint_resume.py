@@ -19,8 +19,9 @@ from pathlib import Path
 from helpers import checkpoint as H
 import pytest
 
-from mimo_jobs.trainer.checkpoint import latest_checkpoint
-from mimo_jobs.trainer.signals import REQUEUE_MARKER, read_requeue_marker
+from mimo_jobs.contract import REQUEUE_MARKER
+from mimo_jobs.trainer.manifest import latest_checkpoint
+from mimo_jobs.trainer.signals import read_requeue_marker
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,172 @@
+"""The checkpoint directory format, read without torch: names, manifest.json, discovery, compatibility.
+
+  <checkpoint_dir>/
+    latest                      text: "iter_0000012" (replaced atomically: write latest.tmp, os.replace)
+    iter_0000012/
+      manifest.json             provenance + the list of files with their sizes (written last, by rank 0)
+      run.yaml                  the resolved run config (run.yaml document) this checkpoint was taken with
+      rank/rank-00003.pt        per rank: RNG states, data-provider state, iteration, consumed samples, extras
+      <module>/optim-00003.pt   per rank and module: optimizer + scheduler state
+      <module>/model-00002.pt   dense weights of one TP/EP shard (DP rank 0 of each DP group only)
+      <module>/experts-00002.pt expert weights (expert-DP rank 0 only; MoE)
+    iter_0000014.tmp/           a save in progress (or a crashed one): never read
+
+A directory is a complete checkpoint once it has its final iter_N name and a manifest.json. How the files are
+written is checkpoint.py's business; this module only reads them, so `mimo-jobs status` can list
+checkpoints without importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from mimo_jobs.errors import MimoJobsError
+
+FORMAT_VERSION = 1
+LATEST = "latest"
+MANIFEST = "manifest.json"
+_ITER_RE = re.compile(r"^iter_(\d{7,})$")
+# Layout fields that must match for a checkpoint to load (same-layout format: no resharding).
+LAYOUT_KEYS = ("nodes", "gpus_per_node", "enc_tp", "enc_pp", "enc_dp", "llm_tp", "llm_pp", "llm_dp", "llm_ep",
+               "llm_etp", "llm_cp", "num_experts", "gbs", "mbs")
+
+
+class CheckpointError(MimoJobsError, RuntimeError):
+    """A checkpoint cannot be written or read (names the directory/file and what is wrong)."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """The checkpoint belongs to another run or another layout: refused."""
+
+
+def iter_name(iteration: int) -> str:
+    return f"iter_{iteration:07d}"
+
+
+def parse_iter_name(name: str) -> int | None:
+    """The iteration of a checkpoint directory name ("iter_0000012" -> 12), None for any other name."""
+    m = _ITER_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def rank_file(rank: int) -> str:
+    """Path, relative to the checkpoint directory, of one rank's own state file."""
+    return f"rank/rank-{rank:05d}.pt"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Who wrote a checkpoint. run_id + layout decide whether another launch may load it."""
+
+    run_id: str
+    study: str
+    run_name: str
+    layout: dict  # asdict(topology.Layout)
+    world: int
+    git_sha: str | None = None
+    job_id: str | None = None
+    attempt: int = 0
+
+
+@dataclass
+class CheckpointInfo:
+    """A complete checkpoint on disk (read from its manifest)."""
+
+    path: Path
+    iteration: int
+    consumed_samples: int
+    run_id: str
+    study: str
+    run_name: str
+    git_sha: str | None
+    layout: dict
+    world: int
+    time: str
+    job_id: str | None = None
+    attempt: int = 0
+    bytes: int = 0
+    files: dict = field(default_factory=dict)  # relative path -> size in bytes
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+def manifest_doc(*, iteration: int, consumed_samples: int, provenance: Provenance, files: dict[str, int],
+                 rank_modules: dict[str, list[str]], save_s: float) -> dict:
+    """The manifest.json document of a checkpoint whose files (relative path -> bytes) are all written."""
+    return {
+        "format": FORMAT_VERSION, "iteration": iteration, "consumed_samples": consumed_samples,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "provenance": asdict(provenance), "bytes": sum(files.values()),
+        "rank_modules": rank_modules, "files": files, "save_s": round(save_s, 4),
+    }
+
+
+def read_manifest(d: Path) -> CheckpointInfo:
+    try:
+        m = json.loads((d / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{d}: no {MANIFEST} (not a complete checkpoint)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{d}/{MANIFEST}: unreadable: {e}") from None
+    if m.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{d}/{MANIFEST}: format {m.get('format')!r}, this mimo-jobs reads "
+                              f"format {FORMAT_VERSION}")
+    p = m["provenance"]
+    return CheckpointInfo(path=d, iteration=int(m["iteration"]), consumed_samples=int(m["consumed_samples"]),
+                          run_id=p["run_id"], study=p["study"], run_name=p["run_name"], git_sha=p.get("git_sha"),
+                          layout=p["layout"], world=int(p["world"]), time=m.get("time", ""),
+                          job_id=p.get("job_id"), attempt=int(p.get("attempt", 0)),
+                          bytes=int(m.get("bytes", 0)), files=m.get("files", {}))
+
+
+def list_checkpoints(directory: str | Path) -> list[CheckpointInfo]:
+    """Complete checkpoints (with a manifest), oldest first. Temporary/partial directories are ignored."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    out = []
+    for c in d.iterdir():
+        if c.is_dir() and _ITER_RE.match(c.name) and (c / MANIFEST).is_file():
+            try:
+                out.append(read_manifest(c))
+            except CheckpointError:
+                continue
+    return sorted(out, key=lambda i: i.iteration)
+
+
+def latest_checkpoint(directory: str | Path) -> CheckpointInfo | None:
+    """The checkpoint `latest` names; if the marker is missing or names nothing complete, the newest complete
+    checkpoint (a crash between the rename and the marker update leaves exactly that state)."""
+    d = Path(directory)
+    marker = d / LATEST
+    if marker.is_file():
+        name = marker.read_text().strip()
+        if _ITER_RE.match(name) and (d / name / MANIFEST).is_file():
+            return read_manifest(d / name)
+    all_ = list_checkpoints(d)
+    return all_[-1] if all_ else None
+
+
+def check_compatible(info: CheckpointInfo, prov: Provenance) -> list[str]:
+    """Why `prov` (this launch) may not load `info` (empty = compatible)."""
+    problems = []
+    if info.run_id != prov.run_id:
+        problems.append(f"it belongs to run {info.run_id} ({info.study}/{info.run_name}), this is run "
+                        f"{prov.run_id} ({prov.study}/{prov.run_name}); the run id hashes the resolved study "
+                        "config, so a changed config is a new run: give it its own trainer.checkpoint_dir (or move "
+                        "the old checkpoints away)")
+    diff = [k for k in LAYOUT_KEYS if info.layout.get(k) != prov.layout.get(k)]
+    if diff:
+        problems.append("it was saved with a different layout (" + ", ".join(
+            f"{k}={info.layout.get(k)} vs now {prov.layout.get(k)}" for k in diff)
+            + "); resharding is not supported: resume with the checkpoint's layout")
+    if info.world != prov.world and not diff:
+        problems.append(f"it was saved by {info.world} ranks, this launch has {prov.world}")
+    return problems
