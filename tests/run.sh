@@ -28,6 +28,10 @@ fi
 echo "== pip install -e .[train,dev]"
 python3 -m pip install -q --disable-pip-version-check -e '.[train,dev]' 2>&1 | grep -v "Running pip as the 'root'" || true
 
+echo "== ruff format --check, ruff check"
+python3 -m ruff format --check . || { echo "ruff format would change the files above: run 'ruff format'"; exit 1; }
+python3 -m ruff check --quiet .
+
 # ingest's compiled scanner is optional for users (no compiler: a slower pure-Python path), not here
 export MIMO_JOBS_REQUIRE_EXT=1
 python3 -c "import mimo_jobs.ingest._logscan" || { echo "mimo_jobs.ingest._logscan was not built (see pip's output)"; exit 1; }
