@@ -1,0 +1,56 @@
+"""Hostile-input cases: one line each, run as a real `mimo-jobs` process.
+
+A case names the files to create (relative path -> bytes or text; "{tmp}" in text and argv becomes the
+case's own directory), the command line, the exit code it must end with, and words its output must hold.
+Every case also asserts that no Python traceback reaches the user and that the command ends within its
+time bound (no input may make a command hang). Extend a test module's CASES with one `Case(...)` line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: list[str]
+    exit: int
+    says: tuple[str, ...] = ()
+    files: dict[str, bytes | str] = field(default_factory=dict)
+    setup: Callable[[Path], None] | None = None  # extra preparation (a store, a FIFO, a read-only dir)
+    check: Callable[[Path, str], None] | None = None  # extra assertions on the directory and the output
+    timeout_s: float = 60.0
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def run_case(case: Case, tmp: Path) -> str:
+    for rel, content in case.files.items():
+        p = tmp / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, str):
+            p.write_text(content.replace("{tmp}", str(tmp)))
+        else:
+            p.write_bytes(content)
+    if case.setup is not None:
+        case.setup(tmp)
+    argv = [a.replace("{tmp}", str(tmp)) for a in case.argv]
+    env = {**os.environ, "COLUMNS": "", "MIMO_JOBS_DB": str(tmp / "default.duckdb"), **case.env}
+    try:
+        p = subprocess.run([sys.executable, "-m", "mimo_jobs.cli", *argv], cwd=tmp, env=env, capture_output=True,
+                           text=True, errors="replace", timeout=case.timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{case.id}: `mimo-jobs {' '.join(argv)}` still ran after {case.timeout_s:.0f} s")
+    out = p.stdout + p.stderr
+    assert "Traceback (most recent call last)" not in out, f"{case.id}: a traceback reached the user:\n{out}"
+    assert p.returncode == case.exit, f"{case.id}: exit {p.returncode}, expected {case.exit}:\n{out[-3000:]}"
+    for words in case.says:
+        assert words in out, f"{case.id}: output lacks {words!r}:\n{out[-3000:]}"
+    if case.check is not None:
+        case.check(tmp, out)
+    return out
