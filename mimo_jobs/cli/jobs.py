@@ -48,6 +48,8 @@ def status_table(statuses, title: str):
         reason = ""
         if j is not None and j.state not in ("COMPLETED",) and not j.active:
             reason = (j.reason or "") + (f" | {j.first_error}" if j.first_error else "")
+        elif j is not None and j.active and j.executor == "local" and j.reason:
+            reason = j.reason  # a local job whose runner disappeared while its processes run on
         state = Text(j.state if j else "not submitted", style=_STYLE.get(j.state if j else "", ""))
         t.add_row(s.run if len(statuses) < 2 or s.study == statuses[0].study else f"{s.study}/{s.run}",
                   str(s.nodes), j.executor if j else "-", j.job_id if j else "-", state,
@@ -57,7 +59,8 @@ def status_table(statuses, title: str):
 
 
 def _study_name(study: str | None) -> str | None:
-    """STUDY may be a study file or a study name."""
+    """STUDY may be a study file or a study name; a path that exists but is no file (a directory, a FIFO)
+    is neither and is refused before anything is opened (reading a FIFO would hang)."""
     if study is None:
         return None
     p = Path(study)
@@ -66,7 +69,34 @@ def _study_name(study: str | None) -> str | None:
         if diag.study is None:
             fail_problems(diag.source, diag.problems)
         return diag.study.name
+    if p.suffix in (".yaml", ".yml") or os.sep in study:
+        _regular_file(p)
     return study
+
+
+def _regular_file(p: Path) -> None:
+    """A study file argument that exists but is a directory or a FIFO/device is refused (reading a FIFO
+    would block forever); a missing one is left to the study loader, which says so."""
+    if p.exists() and not p.is_file():
+        fail(f"{p}: not a study file ({'a directory' if p.is_dir() else 'not a regular file'})")
+
+
+def _check_study(con, name: str | None, db: Path | None) -> None:
+    """An unknown study name is an error that lists the studies the store knows (status and cancel alike)."""
+    from mimo_jobs.store.connection import db_path
+
+    if name is None or con.execute("SELECT 1 FROM runs WHERE study = ?", [name]).fetchone():
+        return
+    known = ", ".join(r[0] for r in con.execute("SELECT DISTINCT study FROM runs ORDER BY 1").fetchall())
+    con.close()
+    looks_like_file = Path(name).suffix in (".yaml", ".yml")
+    what = "no study file or study" if looks_like_file else "study"
+    fail(f"{what} {name!r}: no runs in {db_path(db)} (known: {known or 'none'})")
+
+
+def _check_interval(interval: float) -> None:
+    if not 0.1 <= interval <= 86_400:  # NaN fails too
+        fail(f"--interval {interval}: give seconds between refreshes, from 0.1 to 86400")
 
 
 def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0) -> list:
@@ -116,6 +146,7 @@ def submit(
     """Render and submit a study's runs (skips runs already pending, running or completed)."""
     from mimo_jobs.store.connection import db_path
 
+    _regular_file(study_file)
     diag = study_or_fail(study_file)
     ex_name = _executor_name(executor_name or diag.study.cluster.executor)
     runs = _selected_runs(diag, only, ex_name)
@@ -230,11 +261,10 @@ def status(
     from mimo_jobs.store.connection import db_path
     from mimo_jobs.submit import launch, status as run_status
 
+    _check_interval(interval)
     name = _study_name(study)
     con = _open_existing_store(db)
-    if name is not None and not con.execute("SELECT 1 FROM runs WHERE study = ?", [name]).fetchone():
-        known = ", ".join(r[0] for r in con.execute("SELECT DISTINCT study FROM runs ORDER BY 1").fetchall())
-        fail(f"study {name!r} has no runs in {db_path(db)} (known: {known or 'none'})")
+    _check_study(con, name, db)
     title = f"{name or 'all studies'} ({db_path(db)})"
     if watch:
         con.close()
@@ -254,6 +284,7 @@ def cancel(
 
     name = _study_name(study)
     con = _open_existing_store(db)
+    _check_study(con, name, db)
     launch.refresh(con, name)
     done = launch.cancel(con, name, run)
     out = console()
@@ -276,6 +307,7 @@ def demo(
     from mimo_jobs.submit import launch
 
     path = study_file or packaged_studies() / "cpu_local.yaml"
+    _regular_file(path)
     diag = study_or_fail(path)
     root = _runs_dir(runs_dir)
     launch.check_executor(diag.runs, "local")

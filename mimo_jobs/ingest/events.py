@@ -45,6 +45,8 @@ TRIGGERS = (
     "checkpoint loaded",
     "from checkpoint",
     "Root Cause (first observed failure)",
+    "(local_rank:",  # the fields of torchrun's summary that parse_root_cause reads (rank, exit code)
+    "exitcode",
     "Segmentation fault",
     "Exited with exit code",
 )
@@ -216,27 +218,109 @@ class TracebackTracker:
 
 
 # ----------------------------------------------------------------------------------------- torchrun summary
+# torchrun's ChildFailedError message (torch/distributed/elastic/multiprocessing/errors/__init__.py):
+#   Root Cause (first observed failure):
+#   [0]:
+#     time      : 2026-01-01_00:00:00
+#     host      : node1
+#     rank      : 0 (local_rank: 0)
+#     exitcode  : -9 (pid: 1234)  (SIGKILL)        <- older torch prints no signal name here
+#     error_file: <N/A>
+#     traceback : Signal 9 (SIGKILL) received by PID 1234
+# The summary (who died, how) outranks the launcher's own exception line ("...ChildFailedError:"), which
+# says only that some child failed: `root_cause_message` words it once for ingest, first_error and triage.
 
-_ROOT_RANK_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+ROOT_CAUSE_LINE = "Root Cause (first observed failure)"
+ROOT_CAUSE_SPAN = 12  # lines of one failure entry read after the "Root Cause" line
+
+_ROOT_RANK_RE = re.compile(r"\brank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _ROOT_EXIT_RE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_ROOT_SIGNAL_RE = re.compile(r"\((SIG[A-Z0-9]+)\)")  # after the exit code (newer torch)
+_ROOT_SIGNAL_MSG_RE = re.compile(r"Signal \d+ \((SIG[A-Z0-9]+)\) received")  # the traceback field
 _ROOT_TIME_RE = re.compile(r"time\s*:\s*(\d{4}-\d{2}-\d{2}_\d{2}:\d{2}:\d{2})")
+_ROOT_END_RE = re.compile(r"^\s*(?:={5,}|-{5,}|\[\d+\]:)\s*$")  # the border, or the next failure entry
+_LAUNCHER_EXCEPTION_RE = re.compile(r"\bChildFailedError\b")
 
 
-def parse_root_cause(lines: list[str]) -> tuple[int | None, Event] | None:
-    """torchrun's ChildFailedError summary: the lines after "Root Cause (first observed failure):"."""
-    rank = None
-    exitcode = None
-    t = None
-    for s in lines[:12]:
+def is_launcher_exception(msg: str) -> bool:
+    """The launcher's own exception (torchrun's ChildFailedError): it only says that a child failed; the
+    summary after it names the rank and how it ended."""
+    return bool(_LAUNCHER_EXCEPTION_RE.search(msg))
+
+
+def signal_name(signum: int) -> str | None:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return None
+
+
+def root_cause_message(rank: int | None, exitcode: int | None, signame: str | None = None) -> str:
+    """How a failed rank ended, in the words every failure summary uses (ingest events, the jobs table's
+    first error, report triage): "rank 0 killed by SIGKILL (exit -9; often the kernel's OOM killer)"."""
+    who = "a rank" if rank is None else f"rank {rank}"
+    if signame is None and exitcode is not None and exitcode < 0:
+        signame = signal_name(-exitcode)
+    if signame is None and exitcode is not None and 128 < exitcode < 160:
+        by = signal_name(exitcode - 128)  # a shell reports its child's signal N as 128+N
+        if by:
+            hint = "; often the kernel's OOM killer" if by == "SIGKILL" else ""
+            return f"{who} exited with code {exitcode} (128+{by}: killed by a signal{hint})"
+    if signame is not None:
+        hint = "; often the kernel's OOM killer" if signame == "SIGKILL" else ""
+        code = f"exit {exitcode}" if exitcode is not None else "no exit code"
+        return f"{who} killed by {signame} ({code}{hint})"
+    if exitcode is None:
+        return f"{who} failed (torchrun's root cause names no exit code)"
+    return f"{who} exited with code {exitcode}"
+
+
+@dataclass(frozen=True)
+class RootCause:
+    rank: int
+    exitcode: int | None
+    signame: str | None
+    time: datetime | None
+
+    @property
+    def signalled(self) -> bool:
+        return self.signame is not None or (self.exitcode is not None and self.exitcode < 0)
+
+    @property
+    def message(self) -> str:
+        return root_cause_message(self.rank, self.exitcode, self.signame)
+
+
+def read_root_cause(lines: list[str]) -> RootCause | None:
+    """The first failure entry of the lines after "Root Cause (first observed failure):" (prefixes
+    stripped): its rank, exit code, signal and time; None without a rank."""
+    rank = exitcode = signame = t = None
+    for i, s in enumerate(lines[:ROOT_CAUSE_SPAN]):
+        if i and _ROOT_END_RE.match(s):
+            break
         if rank is None and (m := _ROOT_RANK_RE.search(s)):
             rank = int(m.group(1))
         if exitcode is None and (m := _ROOT_EXIT_RE.search(s)):
             exitcode = int(m.group(1))
+            if sm := _ROOT_SIGNAL_RE.search(s, m.end()):
+                signame = sm.group(1)
+        if signame is None and (m := _ROOT_SIGNAL_MSG_RE.search(s)):
+            signame = m.group(1)
         if t is None and (m := _ROOT_TIME_RE.search(s)):
             t = find_time(m.group(1))
     if rank is None:
         return None
-    return rank, Event("child_failed", f"torchrun root cause: rank {rank} exitcode {exitcode}", t)
+    return RootCause(rank, exitcode, signame, t)
+
+
+def parse_root_cause(lines: list[str]) -> tuple[int | None, Event] | None:
+    """torchrun's ChildFailedError summary: the lines after "Root Cause (first observed failure):"."""
+    rc = read_root_cause(lines)
+    if rc is None:
+        return None
+    return rc.rank, Event("child_failed", rc.message, rc.time)
 
 
 # ----------------------------------------------------------------------------------------- a whole log
@@ -247,11 +331,16 @@ _FIRST_ERROR_KINDS = ("oom", "segfault", "time_limit", "node_fail", "preemption"
 
 
 def first_error(text: str) -> str | None:
-    """The first line of a log that says what went wrong: a traceback's exception line (not a victim's:
-    a peer timeout is a consequence) or an OOM/segfault/scheduler event line, by the rules of the events
-    table; else the first error-looking line; None when there is none."""
+    """What went wrong in a log, in one line, by the order of evidence triage uses too:
+    1. a traceback's exception line (not a victim's: a peer timeout is a consequence; not the launcher's
+       ChildFailedError, which only says a child failed), or an OOM/segfault/scheduler event line;
+    2. a signal death in torchrun's root-cause summary (it leaves no traceback), where it appears;
+    3. else torchrun's root cause with an exit code, then the first error-looking line, then the launcher's
+       bare exception line; None when there is none."""
     lines = text.splitlines()
     tracker = TracebackTracker()
+    exited: str | None = None  # a root cause without a signal: a rank's traceback found later says more
+    launcher: str | None = None
     for i, raw in enumerate(lines):
         origin, s = split_origin(raw)
         key = (origin.task, origin.local_rank, origin.rank)
@@ -259,12 +348,25 @@ def first_error(text: str) -> str | None:
             tracker.start(key, i, None)
             continue
         done = tracker.feed(key, s) if tracker.active(key) else None
-        if done is not None and not is_victim_message(done[1].message):
-            return done[1].message
+        if done is not None:
+            msg = done[1].message
+            if is_launcher_exception(msg):
+                launcher = launcher or msg
+            elif not is_victim_message(msg):
+                return msg
+        if ROOT_CAUSE_LINE in s:
+            rc = read_root_cause([split_origin(x)[1] for x in lines[i + 1 : i + 1 + ROOT_CAUSE_SPAN]])
+            if rc is not None and rc.signalled:
+                return rc.message
+            if rc is not None:
+                exited = exited or rc.message
+            continue
         for ev in classify_line(s):
             if ev.kind in _FIRST_ERROR_KINDS:
                 return ev.message
+    if exited:
+        return exited
     for s in lines:
-        if _ERROR_LINE.match(s) and "Traceback" not in s:
+        if _ERROR_LINE.match(s) and "Traceback" not in s and not is_launcher_exception(s):
             return s.strip()[:500]
-    return None
+    return launcher

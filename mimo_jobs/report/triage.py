@@ -2,7 +2,9 @@
 
 Pure: events in, verdict out. Order of evidence (a peer's timeout is a consequence, never the cause):
 1. a rank's own failure (traceback that is not a timeout, OOM, segfault, node failure), earliest first;
-2. launcher summaries (torchrun "Root Cause"; an srun task exit only after the timeouts of 4);
+   one no rank or node is known for yields to torchrun's "Root Cause", which names the rank;
+2. launcher summaries (torchrun "Root Cause", worded by events.root_cause_message like the jobs table's
+   first error; an srun task exit, or the launcher's bare ChildFailedError line, only after the timeouts of 4);
 3. scheduler ends (time limit, preemption, requeue, cancel);
 4. timeouts only: the ranks that did NOT report a timeout went silent (they never joined the collective
    the others waited in); if every rank timed out, the earliest;
@@ -61,24 +63,36 @@ def triage(
 ) -> Verdict:
     """The verdict on a failed or hung job: the first level of evidence (module docstring) its events hold."""
     # the event parser compiles its patterns at import: only a report with a failed run pays for it
-    from mimo_jobs.ingest.events import ROOT_KINDS, SCHEDULER_KINDS, SUMMARY_KINDS, VICTIM_KINDS, is_victim_message
+    from mimo_jobs.ingest.events import (
+        ROOT_KINDS,
+        SCHEDULER_KINDS,
+        SUMMARY_KINDS,
+        VICTIM_KINDS,
+        is_launcher_exception,
+        is_victim_message,
+    )
+
+    def launcher(e: EventRow) -> bool:  # torchrun's own ChildFailedError: a summary, not a rank's failure
+        return e.kind == "traceback" and is_launcher_exception(e.message)
 
     root = [
         e
         for e in events
-        if (e.kind in ROOT_KINDS and not (e.kind == "traceback" and is_victim_message(e.message)))
+        if e.kind in ROOT_KINDS
+        and not (e.kind == "traceback" and is_victim_message(e.message))
+        and not launcher(e)
     ]
     victims = [
         e
         for e in events
-        if e.kind in VICTIM_KINDS or (e.kind == "traceback" and is_victim_message(e.message))
+        if e.kind in VICTIM_KINDS or (e.kind == "traceback" and is_victim_message(e.message) and not launcher(e))
     ]
-    summary = [e for e in events if e.kind in SUMMARY_KINDS]
+    summary = [e for e in events if e.kind in SUMMARY_KINDS or launcher(e)]
     sched = [e for e in events if e.kind in SCHEDULER_KINDS]
     n_victim_ranks = len({e.rank for e in victims if e.rank is not None})
     tail = f"; {n_victim_ranks} other rank(s) then timed out waiting" if n_victim_ranks else ""
     return (
-        _own_failure(root, tail)
+        _own_failure(root, tail, summary)
         or _launcher_failure(summary, tail)
         or _scheduler_end(sched)
         or _timeouts(victims, world)
@@ -91,25 +105,32 @@ def _failed(e: EventRow, reason: str) -> Verdict:
     return Verdict(e.rank, e.node, "failed", reason, e.time, _where(e))
 
 
-def _own_failure(root: list[EventRow], tail: str) -> Verdict | None:
-    """1. The earliest rank's own failure (`tail`: how many ranks then timed out)."""
+def _own_failure(root: list[EventRow], tail: str, summary: list[EventRow]) -> Verdict | None:
+    """1. The earliest rank's own failure (`tail`: how many ranks then timed out). One that names no rank
+    or node yields to torchrun's root cause, which does (its line is kept as further evidence)."""
     if not root:
         return None
     # Prefer a rank-attributed event at the earliest time; a traceback beats an OOM line of the
     # same rank only for its message (the OOM line names the allocation).
     first = min(root, key=lambda e: (e.rank is None and e.node is None, *_order(e)))
+    if first.rank is None and first.node is None:
+        named = _launcher_failure(summary, tail)
+        if named is not None:
+            return Verdict(named.rank, named.node, named.kind, f"{named.reason} (also: {first.message})",
+                           named.time, named.evidence)
     others = [e for e in root if e.rank == first.rank and e.kind == "traceback"]
     msg = others[0].message if others and first.kind != "traceback" else first.message
     return _failed(first, f"{_who(first.rank, first.node)} failed: {msg}{tail}")
 
 
 def _launcher_failure(summary: list[EventRow], tail: str) -> Verdict | None:
-    """2. The earliest child the launcher reports failed (torchrun's "Root Cause")."""
+    """2. The earliest child the launcher reports failed (torchrun's "Root Cause"), in the words of its
+    event (events.root_cause_message: "rank 0 killed by SIGKILL (exit -9; ...)")."""
     child = [e for e in summary if e.kind == "child_failed"]
     if not child:
         return None
     first = min(child, key=_order)
-    return _failed(first, f"{_who(first.rank, first.node)} failed ({first.message}){tail}")
+    return _failed(first, f"{first.message}{tail}")
 
 
 def _scheduler_end(sched: list[EventRow]) -> Verdict | None:
@@ -150,10 +171,13 @@ def _timeouts(victims: list[EventRow], world: int | None) -> Verdict | None:
 
 
 def _summary(summary: list[EventRow]) -> Verdict | None:
-    """After the timeouts: another launcher summary (srun task exit), the earliest."""
+    """After the timeouts: another launcher summary (srun task exit, torchrun's bare ChildFailedError
+    line), the earliest."""
     if not summary:
         return None
     first = min(summary, key=_order)
+    if first.kind == "traceback":
+        return _failed(first, f"torchrun reports a failed child but no root cause: {first.message}")
     return _failed(first, first.message)
 
 

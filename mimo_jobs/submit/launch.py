@@ -274,8 +274,10 @@ def has_checkpoint(rd: RunDir, spec: dict) -> bool:
     return status.last_checkpoint_iteration(rd.root, spec) is not None
 
 
-def settle(con, row: jobs_table.JobRow, rd: RunDir, spec: dict) -> policy.Decision:
-    """Apply the retry/requeue policy to an ended job; resubmit when it says so."""
+def settle(con, row: jobs_table.JobRow, rd: RunDir, spec: dict) -> policy.Decision | None:
+    """Apply the retry/requeue policy to an ended job; resubmit when it says so. Another attempt never starts
+    while processes of this one still run (two copies would write one run dir): they are stopped first, and
+    if they will not stop the job stays unsettled (None) and the next refresh tries again."""
     from mimo_jobs.ingest.events import first_error  # its patterns compile at import: only settling pays
     from mimo_jobs.store.connection import transaction
 
@@ -294,6 +296,8 @@ def settle(con, row: jobs_table.JobRow, rd: RunDir, spec: dict) -> policy.Decisi
             next_id = later[0].job_id
         else:
             ex = executor(row.executor)
+            if not ex.reap(row.job_id, rd):
+                return None
             spec_obj = RunSpec.from_dict(spec)
             script = rd.sbatch_sh if row.executor == "slurm" else rd.launch_sh
             p = Prepared(spec_obj, rd, script, _sha(script))
@@ -328,7 +332,8 @@ def refresh(con, study: str | None = None) -> list[str]:
                 if f.state == "UNKNOWN" and row.state != "UNKNOWN":
                     continue  # sacct lag right after sbatch: keep what we knew
                 if (f.state, f.start_time, f.end_time, f.node_list) == (row.state, row.start_time, row.end_time,
-                                                                       row.node_list) and f.active:
+                                                                       row.node_list) and f.active \
+                        and f.reason in (None, row.reason):
                     continue  # nothing new: a poll of N unchanged jobs writes nothing
                 jobs_table.update_facts(con, row.run_id, f)
                 if not f.active:

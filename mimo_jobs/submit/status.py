@@ -1,5 +1,9 @@
-"""What `status` shows per run: its latest job, last iteration and loss (from the store, else from the tail
-of metrics.jsonl for runs not ingested yet) and the iteration its latest complete checkpoint holds."""
+"""What `status` shows per run: its latest job, that job's last iteration and loss (from the store, else from
+the tail of metrics.jsonl for runs not ingested yet) and the iteration its latest complete checkpoint holds.
+
+Progress is the latest job's own: while a retry or requeue waits or starts, the iterations an earlier attempt
+logged are not its progress (the checkpoint column says where it resumes), so it shows none until it logs one.
+"""
 
 from __future__ import annotations
 
@@ -39,16 +43,23 @@ class RunStatus:
     checkpoint: int | None = None  # iteration of the run's latest complete checkpoint (what a requeue resumes)
 
 
-def last_iteration_from_metrics(path: Path) -> tuple[int, float] | None:
-    """The newest iteration record in metrics.jsonl (for runs not ingested yet): read the tail only."""
+def last_iteration_from_metrics(path: Path, job_id: str | None = None) -> tuple[int, float] | None:
+    """The newest iteration record in metrics.jsonl (for runs not ingested yet), of job `job_id` when given:
+    read the tail only."""
     text = read_tail(path, 64_000)
     for line in reversed(text.splitlines()):
         try:
             d = json.loads(line)
         except ValueError:
             continue
-        if isinstance(d, dict) and d.get("kind", "iteration") == "iteration" and "iteration" in d:
+        if not (isinstance(d, dict) and d.get("kind", "iteration") == "iteration" and "iteration" in d):
+            continue
+        if job_id is not None and str(d.get("job_id")) != job_id:
+            continue
+        try:
             return int(d["iteration"]), float(d["loss"]) if d.get("loss") is not None else float("nan")
+        except (TypeError, ValueError):
+            continue
     return None
 
 
@@ -66,27 +77,35 @@ def run_statuses(con, study: str | None = None) -> list[RunStatus]:
     rows = con.execute(q + (" WHERE study = ?" if study else "") + " ORDER BY study, idx, name",
                        [study] if study else []).fetchall()
     latest = latest_jobs(con, [r[2] for r in rows])
-    last = {}
-    if rows:
-        cols = {c[0] for c in con.execute("DESCRIBE iterations").fetchall()}
-        live = " AND NOT coalesce(superseded, false)" if "superseded" in cols else ""
-        for rid, it, loss in con.execute(
-                f"""SELECT run_id, iteration, loss FROM iterations WHERE run_id IN (SELECT unnest(?)){live}
-                    QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY iteration DESC) = 1""",
-                [[r[2] for r in rows]]).fetchall():
-            last[rid] = (it, loss)
+    last = _last_iterations(con, [r[2] for r in rows]) if rows else {}
     out = []
     for st, name, rid, nodes, run_dir, spec in rows:
         spec = json.loads(spec) if isinstance(spec, str) else (spec or {})
-        rs = RunStatus(st, name, rid, nodes, run_dir, (spec.get("trainer") or {}).get("train_iters"),
-                       latest.get(rid))
+        job = latest.get(rid)
+        rs = RunStatus(st, name, rid, nodes, run_dir, (spec.get("trainer") or {}).get("train_iters"), job)
         if run_dir:
             rs.checkpoint = last_checkpoint_iteration(Path(run_dir), spec)
-        if rid in last:
-            rs.iteration, rs.loss, rs.iter_source = last[rid][0], last[rid][1], "store"
+        key = (rid, job.job_id if job is not None else None)  # a run without jobs: whatever was ingested
+        if key in last:
+            rs.iteration, rs.loss, rs.iter_source = last[key][0], last[key][1], "store"
         elif run_dir:
-            m = last_iteration_from_metrics(Path(run_dir) / "metrics.jsonl")
+            m = last_iteration_from_metrics(Path(run_dir) / "metrics.jsonl", key[1])
             if m:
                 rs.iteration, rs.loss, rs.iter_source = m[0], m[1], "metrics.jsonl"
         out.append(rs)
+    return out
+
+
+def _last_iterations(con, run_ids: list[str]) -> dict[tuple[str, str | None], tuple[int, float | None]]:
+    """(run id, job id) -> that job's newest stored (iteration, loss); (run id, None) -> the run's newest."""
+    cols = {c[0] for c in con.execute("DESCRIBE iterations").fetchall()}
+    live = " AND NOT coalesce(superseded, false)" if "superseded" in cols else ""
+    out: dict[tuple[str, str | None], tuple[int, float | None]] = {}
+    for rid, job, it, loss in con.execute(
+            f"""SELECT run_id, job_id, iteration, loss FROM iterations WHERE run_id IN (SELECT unnest(?)){live}
+                QUALIFY row_number() OVER (PARTITION BY run_id, job_id ORDER BY iteration DESC) = 1""",
+            [run_ids]).fetchall():
+        out[(rid, job)] = (it, loss)
+        if (rid, None) not in out or it > out[(rid, None)][0]:
+            out[(rid, None)] = (it, loss)
     return out

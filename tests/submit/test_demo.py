@@ -7,7 +7,8 @@ import re
 
 import pytest
 import yaml
-from helpers.submit import REPO, cli, job_rows, query
+from helpers import REPO
+from helpers.submit import cli, job_rows, query
 
 pytestmark = pytest.mark.slow
 

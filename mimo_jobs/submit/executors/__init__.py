@@ -44,6 +44,10 @@ class Executor(Protocol):
     def cancel(self, job_id: str, rd: RunDir) -> None:
         """Ask the scheduler to stop the job (idempotent)."""
 
+    def reap(self, job_id: str, rd: RunDir) -> bool:
+        """Make sure nothing of an ended job still runs (before another attempt of its run starts); True
+        once nothing does."""
+
     def find(self, rd: RunDir, since_epoch: float) -> list[JobFacts]:
         """Jobs of this run submitted since `since_epoch` (recovers a submission whose store write was lost)."""
 

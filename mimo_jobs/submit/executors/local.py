@@ -4,6 +4,11 @@ Why not submitit's LocalExecutor: its job handle lives in the submitting process
 `mimo-jobs status` or `cancel` from another process could not follow the job, and it records no exit code or
 times for a command. The runner records the same facts SLURM would in logs/local-<job id>.json, and jobs
 queue for machine-wide slots (MIMO_JOBS_LOCAL_SLOTS, default 1) the way jobs queue for nodes.
+
+A job's processes outlive its runner (local_runner.job_processes finds them by the mark in their
+environment). When the runner is gone but they still run, the job is RUNNING (orphaned): `cancel` stops
+them (launch.sh's recorded process group and every marked process), its time limit is still enforced at
+each poll, and only once none is left is it NODE_FAIL (or TIMEOUT), so no retry starts beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from pathlib import Path
 from mimo_jobs.submit.jobs_table import JobFacts
 from mimo_jobs.plan.rundir import RunDir
 from . import SubmitError
+from .local_runner import KILL_WAIT_S, job_processes, signal_processes
+
+ORPHANED = ("local runner process disappeared; the job's processes still run (orphaned): "
+            "`mimo-jobs cancel` stops them")
 
 
 def slots_dir() -> Path:
@@ -34,6 +43,25 @@ def slots() -> int:
 
 def _dt(s: str | None) -> datetime | None:
     return datetime.fromisoformat(s) if s else None
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def _write(sf: Path, d: dict) -> None:
+    """Replace a state file whose runner is gone (atomically, like the runner does)."""
+    tmp = sf.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(d))
+    os.replace(tmp, sf)
+
+
+def _wait_gone(job_id: str, timeout_s: float) -> list[int]:
+    """The job's processes still there after waiting up to `timeout_s` for them to exit."""
+    deadline = time.monotonic() + timeout_s
+    while (left := job_processes(job_id)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 def _alive(pid: int | None, job_id: str) -> bool:
@@ -103,28 +131,92 @@ class LocalExecutor:
         sf = self.state_file(rd, job_id)
         d = self._read(sf)
         if d is None:
-            return JobFacts(job_id, "UNKNOWN", reason=f"no state file {sf}")
+            return self._no_state(sf, job_id)
         if d["state"] in ("PENDING", "RUNNING") and not _alive(d.get("runner_pid"), job_id):
             d = self._read(sf) or d  # it may have written its end state just now
-        f = JobFacts(job_id, d["state"], d.get("exit_code"), _dt(d.get("submit_time")), _dt(d.get("start_time")),
-                     _dt(d.get("end_time")), d.get("node_list"), d.get("reason"))
-        if f.state in ("PENDING", "RUNNING") and not _alive(d.get("runner_pid"), job_id):
-            # The runner died without writing an end state (kill -9, machine reboot): like a node failure.
-            f.state, f.reason = "NODE_FAIL", "local runner process disappeared"
-            f.end_time = f.end_time or datetime.fromtimestamp(sf.stat().st_mtime, timezone.utc).replace(tzinfo=None)
-        return f
+            if d["state"] in ("PENDING", "RUNNING") and not _alive(d.get("runner_pid"), job_id):
+                d = self._runner_gone(sf, d, job_id)
+        return JobFacts(job_id, d["state"], d.get("exit_code"), _dt(d.get("submit_time")), _dt(d.get("start_time")),
+                        _dt(d.get("end_time")), d.get("node_list"), d.get("reason"))
+
+    def _no_state(self, sf: Path, job_id: str) -> JobFacts:
+        """No readable state file (deleted with the logs, or garbage). The runner writes it before `submit`
+        returns, so there is no lag to wait out: the job runs while its processes do, else it is lost."""
+        if job_processes(job_id):
+            return JobFacts(job_id, "RUNNING", reason=f"state file {sf} is missing or unreadable; the job's "
+                                                     "processes still run (`mimo-jobs cancel` stops them)")
+        if sf.exists() and time.time() - sf.stat().st_mtime < 5:
+            return JobFacts(job_id, "UNKNOWN", reason=f"state file {sf} unreadable")  # a torn write, perhaps
+        return JobFacts(job_id, "NODE_FAIL", end_time=_utcnow(),
+                        reason=f"state file {sf} is missing or unreadable and no process of the job runs")
+
+    def _runner_gone(self, sf: Path, d: dict, job_id: str) -> dict:
+        """The runner died without writing an end state (kill -9, OOM killer, reboot). While the job's
+        processes run on it is RUNNING (orphaned; the time limit still applies); once none is left it ended
+        like a node failure (or at its time limit), written to the state file so that it stays so."""
+        pids = job_processes(job_id)
+        now = _utcnow()
+        if pids:
+            d = {**d, "state": "RUNNING", "reason": ORPHANED, "orphaned_since": d.get("orphaned_since")
+                 or now.isoformat(timespec="milliseconds")}
+            start, limit = _dt(d.get("start_time")), d.get("time_limit_s")
+            if start and limit and (now - start).total_seconds() >= limit:
+                late = (now - start).total_seconds() - limit
+                signal_processes(pids, signal.SIGKILL if late >= KILL_WAIT_S else signal.SIGTERM, d.get("job_pgid"))
+                d["orphan_end"] = "TIMEOUT"
+            if d != self._read(sf):
+                _write(sf, d)
+            return d
+        end = now if d.get("orphaned_since") else datetime.fromtimestamp(sf.stat().st_mtime, timezone.utc).replace(
+            tzinfo=None)
+        if d.get("orphan_end") == "TIMEOUT":
+            state, reason = "TIMEOUT", (f"time limit {d.get('time_limit_s', 0):.0f}s reached (the local runner had "
+                                        "disappeared; its orphaned processes were stopped)")
+        else:
+            state, reason = "NODE_FAIL", "local runner process disappeared" + (
+                " (its orphaned processes ran on until then; their exit status is unknown)"
+                if d.get("orphaned_since") else "")
+        d = {**d, "state": state, "reason": reason, "end_time": d.get("end_time") or end.isoformat(
+            timespec="milliseconds")}
+        _write(sf, d)
+        return d
 
     def poll(self, rds: dict[str, RunDir]) -> dict[str, JobFacts]:
         return {i: self.facts(rd, i) for i, rd in rds.items()}
 
     def cancel(self, job_id: str, rd: RunDir) -> None:
-        try:
-            d = json.loads(self.state_file(rd, job_id).read_text())
-        except (OSError, ValueError):
+        sf = self.state_file(rd, job_id)
+        d = self._read(sf)
+        if d is None:
+            d = {"state": "RUNNING"}  # no state file: whatever of the job runs is found by its mark
+        if d.get("state") not in ("PENDING", "RUNNING"):
             return
         pid = d.get("runner_pid")
-        if d.get("state") in ("PENDING", "RUNNING") and _alive(pid, job_id):
+        if _alive(pid, job_id):
             os.kill(pid, signal.SIGTERM)  # the runner stops launch.sh's process group and records CANCELLED
+            return
+        # The runner is gone: stop its orphaned processes here, as the runner would (TERM, KILL after
+        # KILL_WAIT_S), then record the end it could not.
+        pids = job_processes(job_id)
+        if not pids:
+            return  # nothing left: the next poll records the runner's disappearance
+        signal_processes(pids, signal.SIGTERM, d.get("job_pgid"))
+        left = _wait_gone(job_id, KILL_WAIT_S)
+        if left:
+            signal_processes(left, signal.SIGKILL, d.get("job_pgid"))
+            left = _wait_gone(job_id, KILL_WAIT_S)
+        if not left and sf.parent.is_dir():
+            _write(sf, {**d, "state": "CANCELLED", "end_time": _utcnow().isoformat(timespec="milliseconds"),
+                        "reason": "cancelled (its runner had disappeared: the orphaned processes were stopped)"})
+
+    def reap(self, job_id: str, rd: RunDir) -> bool:
+        """Before a retry of an ended job: kill what is left of its processes (the runner kills them all when
+        the job ends; a stray may have escaped it). True once none is left."""
+        pids = job_processes(job_id)
+        if pids:
+            signal_processes(pids, signal.SIGKILL)
+            pids = _wait_gone(job_id, 2.0)
+        return not pids
 
     def signal(self, job_id: str, rd: RunDir, sig: int = signal.SIGUSR2) -> bool:
         """Send a running job's processes USR1/USR2 through its runner (like `scancel --signal=USR2 <job>`):
@@ -136,10 +228,14 @@ class LocalExecutor:
         except (OSError, ValueError):
             return False
         pid = d.get("runner_pid")
-        if d.get("state") != "RUNNING" or not _alive(pid, job_id):
+        if d.get("state") != "RUNNING":
             return False
-        os.kill(pid, sig)
-        return True
+        if _alive(pid, job_id):
+            os.kill(pid, sig)
+            return True
+        pids = job_processes(job_id)  # orphaned: to the job's processes directly, as the runner would
+        signal_processes(pids, sig, d.get("job_pgid"))
+        return bool(pids)
 
     def find(self, rd: RunDir, since_epoch: float) -> list[JobFacts]:
         out = []

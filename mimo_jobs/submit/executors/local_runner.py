@@ -9,6 +9,12 @@ process group; the warning signal and the final KILL also go to every descendant
 workers in their own sessions, so the group alone would miss the trainer). Like sbatch.sh it exports
 MIMO_JOB_DEADLINE (start + limit) so the trainer stops and saves before the limit by itself; launch.sh
 exiting 75 (the trainer's requeue request) is recorded as FAILED exit 75, which the policy requeues.
+
+The job's processes belong to the job, not to the runner: every one of them carries JOB_MARK=<job id> in its
+environment (inherited across torchrun's new sessions and reparenting), and the state file records the
+mark and launch.sh's process group. So a runner killed with -9 leaves processes that `job_processes` still
+finds: the executor reports the job RUNNING while they live, `cancel` stops them, no retry starts before they
+are gone, and the machine slot stays taken (`_acquire_slot` checks the slot's last owner).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from mimo_jobs.contract import REQUEUE_EXIT_CODE
 
 KILL_WAIT_S = 5.0  # like SLURM's KillWait
 POLL_S = 0.1
+JOB_MARK = "MIMO_JOBS_LOCAL_JOB"  # in the environment of every process of a local job: its job id
 
 
 def _now() -> str:
@@ -72,17 +79,80 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _acquire_slot(slots_dir: Path, slots: int, stop) -> object | None:
-    """Hold one of `slots` machine-wide flock slots (released by the kernel when this process dies)."""
+def _ancestors() -> set[int]:
+    """This process and its ancestors (never signalled as a job's processes, whatever their environment)."""
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return out
+
+
+def job_processes(job_id: str) -> list[int]:
+    """The live processes of local job `job_id`: those whose environment holds JOB_MARK=<job id> (from /proc;
+    zombies and processes of other users, whose environment cannot be read, are not counted)."""
+    mark = f"{JOB_MARK}={job_id}".encode()
+    skip = _ancestors()
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) in skip:
+            continue
+        try:
+            if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                continue
+            if mark in (d / "environ").read_bytes().split(b"\0"):
+                out.append(int(d.name))
+        except (OSError, IndexError):
+            continue
+    return out
+
+
+def signal_processes(pids: list[int], sig: int, pgid: int | None = None) -> None:
+    """`sig` to launch.sh's process group `pgid` (when one of `pids` is still in it) and to each of `pids`."""
+    if pgid:
+        try:
+            if any(os.getpgid(p) == pgid for p in pids):
+                os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _slot_owner(lock: Path) -> Path:
+    return lock.with_suffix(".owner")
+
+
+def _acquire_slot(slots_dir: Path, slots: int, stop, job_id: str = "") -> object | None:
+    """Hold one of `slots` machine-wide flock slots (released by the kernel when this process dies). A slot
+    whose last holder's job still has processes (its runner was killed, its job runs on) is not free."""
     slots_dir.mkdir(parents=True, exist_ok=True)
     while not stop():
         for i in range(slots):
-            fh = open(slots_dir / f"slot-{i}.lock", "a+")  # noqa: SIM115 (held for the job's life)
+            lock = slots_dir / f"slot-{i}.lock"
+            fh = open(lock, "a+")  # noqa: SIM115 (held for the job's life)
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fh
             except BlockingIOError:
                 fh.close()
+                continue
+            try:
+                owner = _slot_owner(lock).read_text().strip()
+            except OSError:
+                owner = ""
+            if owner and owner != job_id and job_processes(owner):
+                fh.close()
+                continue
+            tmp = lock.with_suffix(".owner.tmp")
+            tmp.write_text(job_id)
+            os.replace(tmp, _slot_owner(lock))
+            return fh
         time.sleep(0.2)
     return None
 
@@ -130,6 +200,7 @@ def _job_environment(a: argparse.Namespace) -> dict[str, str]:
     env.update(MIMO_JOBS_JOB_ID=a.job_id, MIMO_JOBS_ATTEMPT=str(a.attempt), MIMO_JOBS_RUN_DIR=a.run_dir,
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), MIMO_JOBS_EXECUTOR="local",
                MIMO_JOB_DEADLINE=str(int(time.time() + a.time_limit_s)))
+    env[JOB_MARK] = a.job_id  # what finds the job's processes when this runner is gone (job_processes)
     return env
 
 
@@ -138,16 +209,19 @@ class Job:
 
     def __init__(self, a: argparse.Namespace, out) -> None:
         self.start = time.monotonic()
+        self.job_id = a.job_id
         self.proc = subprocess.Popen(["bash", a.launch], cwd=a.run_dir, env=_job_environment(a), stdout=out,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def group(self, sig: int, tree: bool = False) -> None:
-        pids = descendants(self.proc.pid) if tree else []
+        """`sig` to launch.sh's process group; with `tree`, also to every process of the job (torchrun's
+        workers live in their own sessions, and a worker whose torchrun died is no descendant any more)."""
+        pids = sorted(set(descendants(self.proc.pid)) | set(job_processes(self.job_id))) if tree else []
         try:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
             pass
-        for pid in pids:  # torchrun's workers live in their own sessions
+        for pid in pids:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
@@ -205,17 +279,18 @@ def main(argv: list[str] | None = None) -> int:
     a = _parse_args(argv)
     state = State(Path(a.state_file), job_id=a.job_id, runner_pid=os.getpid(), state="PENDING",
                   submit_time=_now(), start_time=None, end_time=None, exit_code=None, reason=None,
-                  node_list=socket.gethostname())
+                  node_list=socket.gethostname(), job_mark=JOB_MARK, time_limit_s=a.time_limit_s)
     state.set()
     signals = Signals()
-    slot = _acquire_slot(Path(a.slots_dir), a.slots, lambda: signals.cancelled)
+    slot = _acquire_slot(Path(a.slots_dir), a.slots, lambda: signals.cancelled, a.job_id)
     if slot is None:
         state.set(state="CANCELLED", end_time=_now(), reason="cancelled while pending")
         return 0
     out = open(a.out, "ab", buffering=0)  # noqa: SIM115 (the job's output, open until it ends)
     out.write(f"mimo-jobs: local job {a.job_id} attempt {a.attempt} starts {_now()}Z\n".encode())
     job = Job(a, out)
-    state.set(state="RUNNING", start_time=_now(), child_pid=job.proc.pid)
+    # launch.sh leads its own session and process group (start_new_session): its id is the group's
+    state.set(state="RUNNING", start_time=_now(), child_pid=job.proc.pid, job_pgid=job.proc.pid)
     rc, ended = job.watch(a, signals)
     job.group(signal.SIGKILL, tree=True)  # stray descendants of launch.sh (a torchrun worker left behind) die too
     _record_end(a, state, out, rc, ended)

@@ -1,0 +1,54 @@
+"""What `status` shows for a run whose latest job is a retry: that job's own progress, never the iterations
+an earlier attempt logged (from metrics.jsonl while it runs, or from the store once ingested)."""
+
+from __future__ import annotations
+
+from helpers.ingest_runs import make_runs, record, write_jsonl
+
+from mimo_jobs.ingest import pipeline
+from mimo_jobs.store import connection as store
+from mimo_jobs.submit import jobs_table, status
+from mimo_jobs.submit.jobs_table import JobFacts
+
+
+def test_progress_is_the_latest_jobs_own(tmp_path):
+    (run, rd), = make_runs(tmp_path / "runs", nodes=(1,), train_iters=20)
+    con = store.connect(tmp_path / "store.duckdb")
+    try:
+        # attempt 0 (job 100) logged iterations 1..12 and failed; they are ingested into the store
+        write_jsonl(rd.metrics, [record(run, "100", 0, i, 400.0, 5.0 - 0.1 * i) for i in range(1, 13)])
+        pipeline.ingest_paths(con, [rd.root])
+        jobs_table.insert_job(con, run.run_id, "100", "slurm", 0, None, None)
+        jobs_table.update_facts(con, run.run_id, JobFacts("100", "FAILED", 1))
+        jobs_table.set_outcome(con, run.run_id, "100", "retry", "flaky", None, "101")
+
+        def shown():
+            (s,) = status.run_statuses(con, run.study)
+            return s.job.job_id, s.iteration, s.loss, s.iter_source
+
+        assert shown() == ("100", 12, 5.0 - 1.2, "store")
+
+        # the retry (job 101) is queued: it has logged nothing yet, so it shows no iteration
+        jobs_table.insert_job(con, run.run_id, "101", "slurm", 1, None, None, state="PENDING")
+        assert shown() == ("101", None, None, None)
+
+        # it runs and logs iteration 3 (resumed from a checkpoint): its own progress, from metrics.jsonl
+        write_jsonl(rd.metrics, [record(run, "101", 1, 3, 400.0, 4.5)])
+        assert shown() == ("101", 3, 4.5, "metrics.jsonl")
+
+        # once ingested the store answers, still for job 101 only
+        pipeline.ingest_paths(con, [rd.root])
+        assert shown() == ("101", 3, 4.5, "store")
+    finally:
+        con.close()
+
+
+def test_last_iteration_from_metrics_of_one_job(tmp_path):
+    m = tmp_path / "metrics.jsonl"
+    m.write_text('{"kind": "iteration", "job_id": "7", "iteration": 9, "loss": 2.0}\n'
+                 '{"kind": "iteration", "job_id": 8, "iteration": 2, "loss": 3.0}\n'
+                 '{"kind": "iteration", "job_id": "8", "iteration": "garbage", "loss": 3.0}\n')
+    assert status.last_iteration_from_metrics(m) == (2, 3.0)  # any job: the newest parseable record
+    assert status.last_iteration_from_metrics(m, "7") == (9, 2.0)
+    assert status.last_iteration_from_metrics(m, "8") == (2, 3.0)  # a numeric job id in JSON is the same id
+    assert status.last_iteration_from_metrics(m, "9") is None
