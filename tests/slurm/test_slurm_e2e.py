@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.submit import FAKE_TEMPLATES, REPO, all_ended, cli, job_rows, query, wait_until, write_study
+from helpers import REPO
+from helpers.submit import FAKE_TEMPLATES, all_ended, cli, job_rows, query, wait_until, write_study
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
