@@ -262,6 +262,9 @@ def _read(s: _Session, t: Target, ctx: RunCtx, offset: int, size: int, st: FileS
         except BaseException:
             stage.drain()  # a batch still being stored must finish before the rollback uses `con`
             raise
+        # The stage's thread may still be storing the last batch on `con`: whatever the caller does next
+        # on the connection (delete a rewritten file's old events, load, record) waits for it here.
+        stage.wait()
     else:
         end = readers.scan_python(t.path, offset, st, handler, s.progress, s.options)
     handler.finish()
