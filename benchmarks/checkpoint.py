@@ -32,19 +32,37 @@ sys.path.insert(0, str(ROOT))
 def render(root: Path, preset: str, distopt: bool) -> Path:
     import yaml
 
-    from mimo_jobs.plan.presets import get_preset
-    from mimo_jobs.plan.rundir import RunDir
     from mimo_jobs.plan.expand import runs_of
     from mimo_jobs.plan.load import parse_study
+    from mimo_jobs.plan.presets import get_preset
+    from mimo_jobs.plan.rundir import RunDir
     from mimo_jobs.plan.runspec import run_yaml_doc
 
     moe = get_preset(preset).llm.num_experts > 0
-    study = parse_study({
-        "name": "ckptbench", "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": 3},
-        "trainer": {"model": preset, "seq_length": 64, "train_iters": 10, "use_distributed_optimizer": distopt},
-        "matrix": {"points": [{"nodes": 1, "encoder": {"dp": 1}, "llm": {"dp": 2, "ep": 2 if moe else 1},
-                               "gbs": 4, "mbs": 1}]},
-    }, env={})
+    study = parse_study(
+        {
+            "name": "ckptbench",
+            "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": 3},
+            "trainer": {
+                "model": preset,
+                "seq_length": 64,
+                "train_iters": 10,
+                "use_distributed_optimizer": distopt,
+            },
+            "matrix": {
+                "points": [
+                    {
+                        "nodes": 1,
+                        "encoder": {"dp": 1},
+                        "llm": {"dp": 2, "ep": 2 if moe else 1},
+                        "gbs": 4,
+                        "mbs": 1,
+                    }
+                ]
+            },
+        },
+        env={},
+    )
     (spec,) = runs_of(study)
     rd = RunDir.of(root / "runs", spec.study, f"{spec.name}-{preset}-{'distopt' if distopt else 'opt'}")
     rd.root.mkdir(parents=True, exist_ok=True)
@@ -60,11 +78,11 @@ def worker(run_yaml: Path, out: Path, repeats: int) -> None:
     import torch.distributed as dist
 
     from mimo_jobs.plan.runspec import load_run_yaml
+    from mimo_jobs.trainer.build import build_state
     from mimo_jobs.trainer.checkpoint_state import optimizer_state
     from mimo_jobs.trainer.checkpointer import Checkpointer, checkpoint_dir_of, modules_of
-    from mimo_jobs.trainer.manifest import latest_checkpoint
-    from mimo_jobs.trainer.build import build_state
     from mimo_jobs.trainer.cuda_shims import install
+    from mimo_jobs.trainer.manifest import latest_checkpoint
     from mimo_jobs.trainer.step import train_step
 
     install()
@@ -92,8 +110,13 @@ def worker(run_yaml: Path, out: Path, repeats: int) -> None:
 
     # baseline: plain torch.save/torch.load of this rank's model + optimizer state in one file
     mods = modules_of(st)
-    blob = {m.name: {"model": m.model.state_dict(),
-                     "optim": None if m.optimizer is None else optimizer_state(m.optimizer)} for m in mods}
+    blob = {
+        m.name: {
+            "model": m.model.state_dict(),
+            "optim": None if m.optimizer is None else optimizer_state(m.optimizer),
+        }
+        for m in mods
+    }
     base_s, base_l = [], []
     with tempfile.TemporaryDirectory() as td:
         f = Path(td) / "plain.pt"
@@ -106,10 +129,17 @@ def worker(run_yaml: Path, out: Path, repeats: int) -> None:
             torch.load(f, weights_only=False)
             base_l.append(time.perf_counter() - t0)
         plain = f.stat().st_size
-    rec = {"rank": rank, "module": "+".join(m.name for m in mods), "bytes": mine, "plain_bytes": plain,
-           "save_s": statistics.median(saves), "load_s": statistics.median(loads),
-           "plain_save_s": statistics.median(base_s), "plain_load_s": statistics.median(base_l),
-           "total_bytes": info.bytes}
+    rec = {
+        "rank": rank,
+        "module": "+".join(m.name for m in mods),
+        "bytes": mine,
+        "plain_bytes": plain,
+        "save_s": statistics.median(saves),
+        "load_s": statistics.median(loads),
+        "plain_save_s": statistics.median(base_s),
+        "plain_load_s": statistics.median(base_l),
+        "total_bytes": info.bytes,
+    }
     recs: list = [None] * dist.get_world_size()
     dist.all_gather_object(recs, rec)
     if rank == 0:
@@ -129,25 +159,42 @@ def main() -> int:
         return 0
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1")
     print(f"checkpoint save/load per rank (median of {a.repeats}); world 3 = encoder 1 + LLM DP 2; CPU/gloo")
-    print(f"{'preset':<9} {'optimizer':<8} {'rank':>4} {'module':<9} {'bytes':>10} {'save ms':>8} {'load ms':>8} "
-          f"{'save/plain':>10} {'load/plain':>10}")
+    print(
+        f"{'preset':<9} {'optimizer':<8} {'rank':>4} {'module':<9} {'bytes':>10} {'save ms':>8} {'load ms':>8} "
+        f"{'save/plain':>10} {'load/plain':>10}"
+    )
     with tempfile.TemporaryDirectory() as td:
         for preset in a.presets:
             for distopt in (False, True):
                 y = render(Path(td), preset, distopt)
                 out = Path(td) / f"{preset}-{distopt}.json"
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
-                       str(Path(__file__).resolve()), "--repeats", str(a.repeats), "--worker", str(y), str(out)]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    "--nproc-per-node=3",
+                    str(Path(__file__).resolve()),
+                    "--repeats",
+                    str(a.repeats),
+                    "--worker",
+                    str(y),
+                    str(out),
+                ]
                 r = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
                 if r.returncode != 0:
                     print(f"{preset}: failed\n{r.stderr[-3000:]}")
                     return 1
                 recs = json.loads(out.read_text())
                 for x in recs:
-                    print(f"{preset:<9} {'distopt' if distopt else 'plain':<8} {x['rank']:>4} {x['module']:<9} "
-                          f"{x['bytes']:>10,} {x['save_s'] * 1e3:>8.1f} {x['load_s'] * 1e3:>8.1f} "
-                          f"{x['save_s'] / x['plain_save_s']:>10.2f} {x['load_s'] / x['plain_load_s']:>10.2f}")
-                print(f"{preset:<9} {'distopt' if distopt else 'plain':<8}  all {'':<9} {recs[0]['total_bytes']:>10,}")
+                    print(
+                        f"{preset:<9} {'distopt' if distopt else 'plain':<8} {x['rank']:>4} {x['module']:<9} "
+                        f"{x['bytes']:>10,} {x['save_s'] * 1e3:>8.1f} {x['load_s'] * 1e3:>8.1f} "
+                        f"{x['save_s'] / x['plain_save_s']:>10.2f} {x['load_s'] / x['plain_load_s']:>10.2f}"
+                    )
+                print(
+                    f"{preset:<9} {'distopt' if distopt else 'plain':<8}  all {'':<9} {recs[0]['total_bytes']:>10,}"
+                )
     return 0
 
 

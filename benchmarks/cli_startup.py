@@ -59,7 +59,9 @@ def main() -> None:
     timed(cases["python -c pass (baseline)"], 2)  # warm the page cache
     results = {name: timed(cmd, args.reps) for name, cmd in cases.items()}
     base = statistics.median(results["python -c pass (baseline)"])
-    print(f"CLI start-up, {args.reps} repetitions each (median / min wall seconds, ratio of medians to baseline)")
+    print(
+        f"CLI start-up, {args.reps} repetitions each (median / min wall seconds, ratio of medians to baseline)"
+    )
     for name, ts in results.items():
         med = statistics.median(ts)
         print(f"  {name:42s} {med:7.3f} s  (min {min(ts):.3f})  x{med / base:6.1f}")
@@ -69,16 +71,20 @@ def main() -> None:
     for argv in (["--help"], ["validate", str(PROD)]):
         r = subprocess.run([py, "-c", PROBE, *argv], capture_output=True, text=True, check=False)
         line = [x for x in r.stdout.splitlines() if x.startswith("HEAVY:")]
-        heavy = line[0][len("HEAVY:"):] if line else "<probe failed: " + r.stderr[-300:] + ">"
+        heavy = line[0][len("HEAVY:") :] if line else "<probe failed: " + r.stderr[-300:] + ">"
         ok &= heavy == ""
         print(f"  mimo-jobs {argv[0]:10s} -> {heavy or 'none'}")
 
-    r = subprocess.run([py, "-X", "importtime", "-m", "mimo_jobs.cli", "validate", str(PROD)],
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        [py, "-X", "importtime", "-m", "mimo_jobs.cli", "validate", str(PROD)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     rows = []
     for line in r.stderr.splitlines():
         if line.startswith("import time:") and "|" in line:
-            _, cum, name = (x.strip() for x in line[len("import time:"):].split("|"))
+            _, cum, name = (x.strip() for x in line[len("import time:") :].split("|"))
             if cum.isdigit():
                 rows.append((int(cum), name))
     names = {n.strip() for _, n in rows}

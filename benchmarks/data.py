@@ -41,8 +41,15 @@ def cfg_for(path: str, llm_dp: int, mbs: int):
     from mimo_jobs.data.energon_provider import LoaderConfig
     from mimo_jobs.data.images import ImageGeometry
 
-    return LoaderConfig(path=path, llm_dp=llm_dp, mbs=mbs, num_microbatches=1, seq_length=64,
-                        geometry=ImageGeometry(4, 16), vocab_size=128)
+    return LoaderConfig(
+        path=path,
+        llm_dp=llm_dp,
+        mbs=mbs,
+        num_microbatches=1,
+        seq_length=64,
+        geometry=ImageGeometry(4, 16),
+        vocab_size=128,
+    )
 
 
 def timed_steps(step, steps: int) -> tuple[float, float, float]:
@@ -66,8 +73,14 @@ def bare_loader(path: str, rank: int, world: int, batch: int):
             return samples
 
     wc = WorkerConfig(rank=rank, world_size=world, num_workers=0)
-    ds = get_train_dataset(path, worker_config=wc, batch_size=batch, shuffle_buffer_size=100,
-                           max_samples_per_sequence=100, task_encoder=ListBatches())
+    ds = get_train_dataset(
+        path,
+        worker_config=wc,
+        batch_size=batch,
+        shuffle_buffer_size=100,
+        max_samples_per_sequence=100,
+        task_encoder=ListBatches(),
+    )
     return iter(get_savable_loader(ds))
 
 
@@ -92,10 +105,14 @@ def main() -> None:
     sizes = tuple(parse_size(s) for s in a.image_sizes.split(","))
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        res = synth(tmp, SynthConfig(samples=a.samples, text_only_fraction=0.25, image_sizes=sizes,
-                                     samples_per_shard=100))
-    con.print(f"dataset: {a.samples} samples (25% text-only, images {a.image_sizes}) in {tmp}, "
-              f"made in {time.perf_counter() - t0:.2f} s; mbs={a.mbs}, {a.steps} steady steps, num_workers=0")
+        res = synth(
+            tmp,
+            SynthConfig(samples=a.samples, text_only_fraction=0.25, image_sizes=sizes, samples_per_shard=100),
+        )
+    con.print(
+        f"dataset: {a.samples} samples (25% text-only, images {a.image_sizes}) in {tmp}, "
+        f"made in {time.perf_counter() - t0:.2f} s; mbs={a.mbs}, {a.steps} steady steps, num_workers=0"
+    )
     blend = str(res.blend)
     lanes_list = [int(x) for x in a.lanes.split(",")]
 
@@ -144,27 +161,53 @@ def main() -> None:
             prog.advance(task)
 
     t1 = Table(title="1. one lane: samples/s (CPU) and ratio to the bare energon loader")
-    for c in ("pipeline", "first step s", "CPU ms/step", "samples/s (CPU)", "samples/s (wall)", "ratio vs bare"):
+    for c in (
+        "pipeline",
+        "first step s",
+        "CPU ms/step",
+        "samples/s (CPU)",
+        "samples/s (wall)",
+        "ratio vs bare",
+    ):
         t1.add_column(c, justify="right" if c != "pipeline" else "left")
     base = a.mbs / rows1[0][2]
     for name, first, cpu, wall in rows1:
         sps = a.mbs / cpu
-        t1.add_row(name, f"{first:.2f}", f"{cpu * 1e3:.2f}", f"{sps:,.0f}", f"{a.mbs / wall:,.0f}", f"{sps / base:.2f}")
+        t1.add_row(
+            name,
+            f"{first:.2f}",
+            f"{cpu * 1e3:.2f}",
+            f"{sps:,.0f}",
+            f"{a.mbs / wall:,.0f}",
+            f"{sps / base:.2f}",
+        )
     con.print(t1)
 
-    t2 = Table(title="2. encoder rank: loading cost vs lanes_per_encoder (one step = one microbatch per lane)")
+    t2 = Table(
+        title="2. encoder rank: loading cost vs lanes_per_encoder (one step = one microbatch per lane)"
+    )
     for c in ("loader", "k", "build s", "first step s", "CPU ms/step", "CPU ms/sample", "RSS +MB"):
         t2.add_column(c, justify="right" if c != "loader" else "left")
     for name, k, build, first, cpu, wall, mem in rows2:
-        t2.add_row(name, str(k), f"{build:.2f}", f"{first:.2f}", f"{cpu * 1e3:.2f}",
-                   f"{cpu * 1e3 / (k * a.mbs):.3f}", f"{mem:.0f}")
+        t2.add_row(
+            name,
+            str(k),
+            f"{build:.2f}",
+            f"{first:.2f}",
+            f"{cpu * 1e3:.2f}",
+            f"{cpu * 1e3 / (k * a.mbs):.3f}",
+            f"{mem:.0f}",
+        )
     con.print(t2)
     per = {r[1]: r[4] / (r[1] * a.mbs) for r in rows2 if r[0].startswith("per-lane")}
     mux = {r[1]: r[4] / (r[1] * a.mbs) for r in rows2 if not r[0].startswith("per-lane")}
     k1 = min(per)
-    con.print("per-sample CPU cost relative to k=1 (per-lane): "
-              + ", ".join(f"k={k}: {per[k] / per[k1]:.2f}x" for k in sorted(per))
-              + "; per-lane / multiplexed: " + ", ".join(f"k={k}: {per[k] / mux[k]:.2f}x" for k in sorted(per)))
+    con.print(
+        "per-sample CPU cost relative to k=1 (per-lane): "
+        + ", ".join(f"k={k}: {per[k] / per[k1]:.2f}x" for k in sorted(per))
+        + "; per-lane / multiplexed: "
+        + ", ".join(f"k={k}: {per[k] / mux[k]:.2f}x" for k in sorted(per))
+    )
 
 
 if __name__ == "__main__":

@@ -170,10 +170,14 @@ def _cold_cache(log: Path, run_ingest, reps: int = 3) -> None:
     pairs = []
     for _ in range(reps):
         _drop_page_cache()
-        wc = best_of(1, lambda: subprocess.run(["wc", "-l", str(log)], stdout=subprocess.DEVNULL, check=True))[0]
+        wc = best_of(
+            1, lambda: subprocess.run(["wc", "-l", str(log)], stdout=subprocess.DEVNULL, check=True)
+        )[0]
         _drop_page_cache()
         pairs.append((best_of(1, run_ingest)[0], wc))
-    ing, wc = sorted(pairs, key=lambda p: p[0] / p[1])[len(pairs) // 2]  # the median ratio of back-to-back pairs
+    ing, wc = sorted(pairs, key=lambda p: p[0] / p[1])[
+        len(pairs) // 2
+    ]  # the median ratio of back-to-back pairs
     print(
         f"cold page cache (dropped before each; median of {reps} pairs): wc -l {wc:.3f} s, ingest {ing:.3f} s, "
         f"ratio {ing / wc:.2f}x"
@@ -197,16 +201,20 @@ def _scan_only(log: Path, keep: list | None = None) -> None:
 
     st, stage = readers.FileState(), Discard()
     try:
-        handler = LineHandler(st, RunCtx("bench", 8, False), "1000", PathInfo(), stage, str(log), want_iters=True)
-        readers.scan_compiled(None, log, 0, log.stat().st_size, st, handler, stage, None, readers.ScanOptions("c"))
+        handler = LineHandler(
+            st, RunCtx("bench", 8, False), "1000", PathInfo(), stage, str(log), want_iters=True
+        )
+        readers.scan_compiled(
+            None, log, 0, log.stat().st_size, st, handler, stage, None, readers.ScanOptions("c")
+        )
     finally:
         stage.close()
 
 
 def _store_only(db: Path, batches: list) -> None:
     """ingest's storing of the C-parsed row batches alone (scanned beforehand): the other half of the work."""
-    from mimo_jobs.store import connection as store
     from mimo_jobs.ingest.staging import Stage
+    from mimo_jobs.store import connection as store
 
     if db.exists():
         db.unlink()
@@ -226,8 +234,8 @@ def _store_only(db: Path, batches: list) -> None:
 def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
     from mimo_jobs.ingest import pipeline as ingest
     from mimo_jobs.ingest import readers
-    from mimo_jobs.store import connection as store
     from mimo_jobs.ingest.staging import Stage
+    from mimo_jobs.store import connection as store
 
     log = workdir / "slurm-1000.out"
     t = time.perf_counter()
@@ -270,7 +278,9 @@ def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
     import resource
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS of this process so far: {rss:,.0f} MiB (the log is {mb:,.0f} MiB: it is streamed, not loaded)")
+    print(
+        f"peak RSS of this process so far: {rss:,.0f} MiB (the log is {mb:,.0f} MiB: it is streamed, not loaded)"
+    )
     if mode == "c":
         sc = best_of(3, lambda: _scan_only(log))
         batches: list = []
@@ -286,7 +296,9 @@ def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
             f"on 2 cores)"
         )
         keep_batch = Stage.c_batch
-        Stage.c_batch = lambda self, con, cols: None  # the parsed rows are dropped: DuckDB stores none of them
+        Stage.c_batch = lambda self, con, cols: (
+            None
+        )  # the parsed rows are dropped: DuckDB stores none of them
         try:
             free = best_of(3, run_ingest)
         finally:
@@ -311,10 +323,14 @@ def bench_ingest(size_mb: int, workdir: Path, python_mb: int) -> None:
         rates = {}
         for m in readers.SCANNERS if readers.HAVE_COMPILED else ("python",):
             rates[m] = best_of(1, lambda m=m: run_ingest(small, readers.ScanOptions(m)))
-        print(f"same {python_mb} MiB prefix, pure Python: wall {rates['python'][0]:.3f} s, cpu {rates['python'][1]:.3f} s")
+        print(
+            f"same {python_mb} MiB prefix, pure Python: wall {rates['python'][0]:.3f} s, cpu {rates['python'][1]:.3f} s"
+        )
         if "c" in rates:
-            print(f"  compiled: wall {rates['c'][0]:.3f} s, cpu {rates['c'][1]:.3f} s "
-                  f"(pure Python / compiled cpu: {rates['python'][1] / rates['c'][1]:.1f}x)")
+            print(
+                f"  compiled: wall {rates['c'][0]:.3f} s, cpu {rates['c'][1]:.3f} s "
+                f"(pure Python / compiled cpu: {rates['python'][1] / rates['c'][1]:.1f}x)"
+            )
 
 
 def bench_rank_files(n: int, workdir: Path) -> None:
@@ -326,18 +342,21 @@ def bench_rank_files(n: int, workdir: Path) -> None:
     import yaml
 
     from mimo_jobs.ingest import pipeline as ingest
-    from mimo_jobs.store import connection as store
-    from mimo_jobs.plan.rundir import RunDir
     from mimo_jobs.plan.expand import runs_of
     from mimo_jobs.plan.load import parse_study
+    from mimo_jobs.plan.rundir import RunDir
     from mimo_jobs.plan.runspec import run_yaml_doc
+    from mimo_jobs.store import connection as store
 
     doc = {
         "name": "ranks",
         "cluster": {"executor": "slurm", "accelerator": "gpu", "gpus_per_node": 8},
         "trainer": {"model": "tiny", "train_iters": 100, "seq_length": 64},
-        "matrix": {"points": [{"nodes": max(1, n // 16), "gbs": 8 * max(1, n // 16),
-                               "encoder": {"dp": 4 * max(1, n // 16)}}]},
+        "matrix": {
+            "points": [
+                {"nodes": max(1, n // 16), "gbs": 8 * max(1, n // 16), "encoder": {"dp": 4 * max(1, n // 16)}}
+            ]
+        },
     }
     run = runs_of(parse_study(doc, env={}))[0]
     root = workdir / "rank-runs"
@@ -349,8 +368,24 @@ def bench_rank_files(n: int, workdir: Path) -> None:
     for r in range(n // 2):
         d = rd.logs / "job-77" / f"node-{r // 8}" / "rdzv" / "attempt_0" / str(r % 8)
         d.mkdir(parents=True)
-        out = [NOISE[rng.randrange(3)].format(md="0302", hms="10:00:00", us=1, lane=r, lane2=r, n=i, img=1, txt=1,
-                                              ms=1.0, tok=1000, a=1, r=1, m=1) for i in range(100)]
+        out = [
+            NOISE[rng.randrange(3)].format(
+                md="0302",
+                hms="10:00:00",
+                us=1,
+                lane=r,
+                lane2=r,
+                n=i,
+                img=1,
+                txt=1,
+                ms=1.0,
+                tok=1000,
+                a=1,
+                r=1,
+                m=1,
+            )
+            for i in range(100)
+        ]
         (d / "stdout.log").write_text("\n".join(out) + "\n")
         (d / "stderr.log").write_text("\n".join(out[:20]) + "\n")
     db = workdir / "ranks.duckdb"
@@ -370,9 +405,8 @@ def bench_rank_files(n: int, workdir: Path) -> None:
 
 
 def bench_report(runs: int, iters: int, workdir: Path) -> None:
+    from mimo_jobs.report import build, render
     from mimo_jobs.store import connection as store
-    from mimo_jobs.report import render
-    from mimo_jobs.report import build
 
     db = workdir / "report.duckdb"
     if db.exists():
@@ -427,9 +461,14 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir, removed)")
     ap.add_argument("--skip-ingest", action="store_true")
     ap.add_argument("--skip-report", action="store_true")
-    ap.add_argument("--rank-files", type=int, default=512, help="per-rank log files for the per-file figure (0: no)")
     ap.add_argument(
-        "--python-mb", type=int, default=64, help="also time the pure-Python scanner (and the compiled one) on this prefix (0: no)"
+        "--rank-files", type=int, default=512, help="per-rank log files for the per-file figure (0: no)"
+    )
+    ap.add_argument(
+        "--python-mb",
+        type=int,
+        default=64,
+        help="also time the pure-Python scanner (and the compiled one) on this prefix (0: no)",
     )
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.dir) as d:

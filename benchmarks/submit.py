@@ -30,20 +30,35 @@ FAKE_TEMPLATES = REPO / "tests/submit/fake_templates"
 
 
 def study_doc(name: str, n: int, executor: str) -> dict:
-    cluster = {"executor": executor, "accelerator": "cpu", "gpus_per_node": 2, "time_limit": "00:05:00",
-               "exclusive": False, "requeue": False, "env": {"FAKE_SLEEP": "120"}}
+    cluster = {
+        "executor": executor,
+        "accelerator": "cpu",
+        "gpus_per_node": 2,
+        "time_limit": "00:05:00",
+        "exclusive": False,
+        "requeue": False,
+        "env": {"FAKE_SLEEP": "120"},
+    }
     if executor == "slurm":
         cluster["partition"] = "debug"
-    return {"name": name, "cluster": cluster, "trainer": {"model": "tiny", "train_iters": 2},
-            "matrix": {"points": [{"nodes": 1, "gbs": 6, "repeats": n}]}}
+    return {
+        "name": name,
+        "cluster": cluster,
+        "trainer": {"model": "tiny", "train_iters": 2},
+        "matrix": {"points": [{"nodes": 1, "gbs": 6, "repeats": n}]},
+    }
 
 
 def bare_sbatch(k: int = 5) -> float:
     ts = []
     for _ in range(k):
         t0 = time.perf_counter()
-        jid = subprocess.run(["sbatch", "--parsable", "-p", "debug", "--wrap", "true", "-o", "/dev/null"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+        jid = subprocess.run(
+            ["sbatch", "--parsable", "-p", "debug", "--wrap", "true", "-o", "/dev/null"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         ts.append(time.perf_counter() - t0)
         subprocess.run(["scancel", jid], check=False)
     return statistics.median(ts)
@@ -53,18 +68,20 @@ def bare_sacct(ids: list[str], k: int = 5) -> float:
     ts = []
     for _ in range(k):
         t0 = time.perf_counter()
-        subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(ids)], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(ids)],
+            check=True,
+            capture_output=True,
+        )
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
 
 
 def run(n: int, executor: str, work: Path) -> None:
-    from mimo_jobs.submit import status
-    from mimo_jobs.submit import launch
-    from mimo_jobs.store import connection as store
     from mimo_jobs.plan.expand import runs_of
     from mimo_jobs.plan.load import parse_study
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.submit import launch, status
 
     name = f"bench_{executor}_{n}"
     spec = parse_study(study_doc(name, n, executor))
@@ -95,12 +112,16 @@ def run(n: int, executor: str, work: Path) -> None:
     t_sched = sum(sched)
     total = t_render + t_submit
     print(f"\n== N={n} runs, executor {executor}")
-    print(f"submit total {total:7.3f} s  = {1e3 * total / n:6.1f} ms/run  (render {1e3 * t_render / n:5.1f}, "
-          f"scheduler {1e3 * t_sched / n:5.1f}, store+intent {1e3 * (t_submit - t_sched) / n:5.1f} ms/run)")
+    print(
+        f"submit total {total:7.3f} s  = {1e3 * total / n:6.1f} ms/run  (render {1e3 * t_render / n:5.1f}, "
+        f"scheduler {1e3 * t_sched / n:5.1f}, store+intent {1e3 * (t_submit - t_sched) / n:5.1f} ms/run)"
+    )
     if executor == "slurm":
         floor = bare_sbatch()
-        print(f"  bare `sbatch --wrap true`: {1e3 * floor:5.1f} ms/job -> mimo-jobs submit costs "
-              f"{total / n / floor:4.2f}x the scheduler floor per run")
+        print(
+            f"  bare `sbatch --wrap true`: {1e3 * floor:5.1f} ms/job -> mimo-jobs submit costs "
+            f"{total / n / floor:4.2f}x the scheduler floor per run"
+        )
 
     lat, sac = [], []
     for _ in range(5):
@@ -110,16 +131,25 @@ def run(n: int, executor: str, work: Path) -> None:
         lat.append(time.perf_counter() - c0)
         sac.append(getattr(ex, "sacct_s", 0.0) - s0)
     med, med_s = statistics.median(lat), statistics.median(sac)
-    print(f"status latency {1e3 * med:7.1f} ms (median of 5; sacct/squeue {1e3 * med_s:6.1f} ms, "
-          f"store+policy {1e3 * (med - med_s):6.1f} ms) for {n} active jobs")
+    print(
+        f"status latency {1e3 * med:7.1f} ms (median of 5; sacct/squeue {1e3 * med_s:6.1f} ms, "
+        f"store+policy {1e3 * (med - med_s):6.1f} ms) for {n} active jobs"
+    )
     if executor == "slurm":
         floor = bare_sacct([s.job_id for s in subs])
-        print(f"  bare `sacct -j <{n} ids>`: {1e3 * floor:5.1f} ms -> status costs {med / floor:4.2f}x one sacct call")
+        print(
+            f"  bare `sacct -j <{n} ids>`: {1e3 * floor:5.1f} ms -> status costs {med / floor:4.2f}x one sacct call"
+        )
     con.close()
     c0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "mimo_jobs.cli", "status", name, "--db", str(db)], check=True,
-                   capture_output=True)
-    print(f"`mimo-jobs status` CLI wall time (fresh process, imports included): {time.perf_counter() - c0:5.2f} s")
+    subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.cli", "status", name, "--db", str(db)],
+        check=True,
+        capture_output=True,
+    )
+    print(
+        f"`mimo-jobs status` CLI wall time (fresh process, imports included): {time.perf_counter() - c0:5.2f} s"
+    )
     con = store.connect(db)
     launch.cancel(con, name)
     con.close()
@@ -130,12 +160,19 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[3, 30])
     ap.add_argument("--executor", choices=["slurm", "local"], default="slurm")
     a = ap.parse_args()
-    if a.executor == "slurm" and subprocess.run(["scontrol", "ping"], capture_output=True, check=False).returncode:
+    if (
+        a.executor == "slurm"
+        and subprocess.run(["scontrol", "ping"], capture_output=True, check=False).returncode
+    ):
         sys.exit("no SLURM controller answers: start it with `bash tests/slurm/cluster.sh` (as root)")
     with tempfile.TemporaryDirectory(prefix="mimo-bench-") as d:
         for n in a.n:
             run(n, a.executor, Path(d))
-    print(yaml.safe_dump({"note": "figures depend on the machine's load; compare ratios within one run"}).strip())
+    print(
+        yaml.safe_dump(
+            {"note": "figures depend on the machine's load; compare ratios within one run"}
+        ).strip()
+    )
 
 
 if __name__ == "__main__":

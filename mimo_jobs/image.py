@@ -26,7 +26,15 @@ DIST = "mimo-jobs"
 # Where the Dockerfile writes the image's provenance; MIMO_JOBS_PROVENANCE overrides (tests, other images).
 PROVENANCE_PATH = Path("/opt/mimo-jobs/PROVENANCE.json")
 # Distributions whose versions are worth recording with a run (read from metadata; nothing is imported).
-RECORDED = ("mimo-jobs", "torch", "megatron-core", "megatron-energon", "transformer-engine", "einops", "numpy")
+RECORDED = (
+    "mimo-jobs",
+    "torch",
+    "megatron-core",
+    "megatron-energon",
+    "transformer-engine",
+    "einops",
+    "numpy",
+)
 
 _NAME_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _EXTRA_RE = re.compile(r"""^\s*extra\s*==\s*["']([^"']+)["']\s*$""")
@@ -37,8 +45,9 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def select_requirements(requires: list[str], extras: list[str], installed: dict[str, str],
-                        keep: list[str]) -> list[str]:
+def select_requirements(
+    requires: list[str], extras: list[str], installed: dict[str, str], keep: list[str]
+) -> list[str]:
     """Requirement lines for the base dependencies plus `extras`, from Requires-Dist strings.
 
     `installed` maps canonical names to versions already present; a requirement on a name in `keep` that is
@@ -54,7 +63,9 @@ def select_requirements(requires: list[str], extras: list[str], installed: dict[
         if "extra" in marker:
             m = _EXTRA_RE.match(marker)
             if not m:
-                raise ValueError(f"requirement {req!r}: an extra combined with other markers is not supported")
+                raise ValueError(
+                    f"requirement {req!r}: an extra combined with other markers is not supported"
+                )
             if canonical(m.group(1)) not in wanted:
                 continue
             marker = ""
@@ -138,8 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("requirements", help="print the installed package's requirements for the given extras")
     r.add_argument("--extra", action="append", default=[], help="extra to include (repeatable), e.g. train")
-    r.add_argument("--keep-installed", action="append", default=[], metavar="DIST",
-                   help="if DIST is already installed, require exactly that version (repeatable), e.g. torch")
+    r.add_argument(
+        "--keep-installed",
+        action="append",
+        default=[],
+        metavar="DIST",
+        help="if DIST is already installed, require exactly that version (repeatable), e.g. torch",
+    )
     p = sub.add_parser("provenance", help="write the image's provenance JSON")
     p.add_argument("--git-sha", default=None)
     p.add_argument("--base-image", default=None)

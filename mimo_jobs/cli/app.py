@@ -7,10 +7,8 @@ from __future__ import annotations
 import typer
 
 from mimo_jobs import __version__
-from . import data
-from . import jobs
-from . import plan
-from . import results
+
+from . import data, jobs, plan, results
 
 app = typer.Typer(
     name="mimo-jobs",
@@ -31,8 +29,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """mimo-jobs: study file -> validated sbatch/torchrun scripts -> jobs -> DuckDB -> scaling report."""
 
 

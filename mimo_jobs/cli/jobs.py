@@ -28,8 +28,17 @@ def _fmt_elapsed(s: float | None) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-_STYLE = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "yellow", "SUBMITTED": "yellow",
-          "FAILED": "red", "TIMEOUT": "red", "CANCELLED": "magenta", "NODE_FAIL": "red", "OUT_OF_MEMORY": "red"}
+_STYLE = {
+    "COMPLETED": "green",
+    "RUNNING": "cyan",
+    "PENDING": "yellow",
+    "SUBMITTED": "yellow",
+    "FAILED": "red",
+    "TIMEOUT": "red",
+    "CANCELLED": "magenta",
+    "NODE_FAIL": "red",
+    "OUT_OF_MEMORY": "red",
+}
 
 
 def status_table(statuses, title: str):
@@ -37,9 +46,19 @@ def status_table(statuses, title: str):
     from rich.text import Text
 
     t = Table(title=title, title_justify="left")
-    for col, just in (("run", "left"), ("nodes", "right"), ("executor", "left"), ("job", "left"),
-                      ("state", "left"), ("attempt", "right"), ("elapsed", "right"), ("iteration", "right"),
-                      ("loss", "right"), ("checkpoint", "right"), ("reason", "left")):
+    for col, just in (
+        ("run", "left"),
+        ("nodes", "right"),
+        ("executor", "left"),
+        ("job", "left"),
+        ("state", "left"),
+        ("attempt", "right"),
+        ("elapsed", "right"),
+        ("iteration", "right"),
+        ("loss", "right"),
+        ("checkpoint", "right"),
+        ("reason", "left"),
+    ):
         t.add_column(col, justify=just, overflow="fold")
     for s in statuses:
         j = s.job
@@ -51,10 +70,19 @@ def status_table(statuses, title: str):
         elif j is not None and j.active and j.executor == "local" and j.reason:
             reason = j.reason  # a local job whose runner disappeared while its processes run on
         state = Text(j.state if j else "not submitted", style=_STYLE.get(j.state if j else "", ""))
-        t.add_row(s.run if len(statuses) < 2 or s.study == statuses[0].study else f"{s.study}/{s.run}",
-                  str(s.nodes), j.executor if j else "-", j.job_id if j else "-", state,
-                  str(j.attempt) if j else "-", _fmt_elapsed(j.elapsed_s() if j else None), it, loss,
-                  "-" if s.checkpoint is None else str(s.checkpoint), reason)
+        t.add_row(
+            s.run if len(statuses) < 2 or s.study == statuses[0].study else f"{s.study}/{s.run}",
+            str(s.nodes),
+            j.executor if j else "-",
+            j.job_id if j else "-",
+            state,
+            str(j.attempt) if j else "-",
+            _fmt_elapsed(j.elapsed_s() if j else None),
+            it,
+            loss,
+            "-" if s.checkpoint is None else str(s.checkpoint),
+            reason,
+        )
     return t
 
 
@@ -107,11 +135,12 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mimo_jobs.submit import status
-    from mimo_jobs.submit import launch
     from mimo_jobs.store.connection import connect
+    from mimo_jobs.submit import launch, status
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+    )
     task = progress.add_task(f"{study or 'all studies'}: runs ended", total=None)
     with Live(console=console(), refresh_per_second=4, transient=False) as live:
         while True:
@@ -131,17 +160,26 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
 
 def submit(
     study_file: Path = typer.Argument(..., help="Study YAML file."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Render and print what would be submitted; submit nothing."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Render and print what would be submitted; submit nothing."
+    ),
     only: Optional[list[str]] = typer.Option(  # noqa: UP045 (typer needs Optional on 3.10)
-        None, "--only", help="Submit only this run (name or run id); repeatable."),
+        None, "--only", help="Submit only this run (name or run id); repeatable."
+    ),
     executor_name: Optional[str] = typer.Option(  # noqa: UP045
-        None, "--executor", help="slurm or local (default: the study's cluster.executor)."),
-    force: bool = typer.Option(False, "--force", help="Submit runs that are pending, running or completed again."),
+        None, "--executor", help="slurm or local (default: the study's cluster.executor)."
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Submit runs that are pending, running or completed again."
+    ),
     runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help=RUNS_HELP),  # noqa: UP045
     db: Optional[Path] = typer.Option(None, "--db", help=DB_HELP),  # noqa: UP045
-    wait: bool = typer.Option(False, "--wait", help="Follow the jobs until they end; exit 1 if one did not complete."),
+    wait: bool = typer.Option(
+        False, "--wait", help="Follow the jobs until they end; exit 1 if one did not complete."
+    ),
     templates: Optional[Path] = typer.Option(  # noqa: UP045
-        None, "--templates", help="Directory whose sbatch.sh.j2 / launch.sh.j2 override the packaged ones."),
+        None, "--templates", help="Directory whose sbatch.sh.j2 / launch.sh.j2 override the packaged ones."
+    ),
 ) -> None:
     """Render and submit a study's runs (skips runs already pending, running or completed)."""
     from mimo_jobs.store.connection import db_path
@@ -178,7 +216,9 @@ def _selected_runs(diag, only: list[str] | None, ex_name: str) -> list:
 
 def _print_kept(sel) -> None:
     for r, j in sel.keep:
-        console().print(f"skip {r.name}: job {j.job_id} is {j.state} (--force submits it again)", markup=False)
+        console().print(
+            f"skip {r.name}: job {j.job_id} is {j.state} (--force submits it again)", markup=False
+        )
 
 
 def _prepare(diag, runs: list, root: Path, ex_name: str, templates: Path | None) -> list:
@@ -192,8 +232,9 @@ def _prepare(diag, runs: list, root: Path, ex_name: str, templates: Path | None)
         fail_problems(diag.source, e.problems)
 
 
-def _dry_run(diag, runs: list, root: Path, ex_name: str, templates: Path | None, db: Path | None,
-             force: bool) -> None:
+def _dry_run(
+    diag, runs: list, root: Path, ex_name: str, templates: Path | None, db: Path | None, force: bool
+) -> None:
     """Print each script that would be submitted and the command that would submit it; write no store."""
     from mimo_jobs.store.connection import connect, db_path
     from mimo_jobs.submit import launch
@@ -211,12 +252,16 @@ def _dry_run(diag, runs: list, root: Path, ex_name: str, templates: Path | None,
         out.rule(f"{p.spec.name} ({p.spec.run_id}): {p.script}", characters="=")
         out.print("$ " + " ".join(ex.submit_command(p.rd)), markup=False, soft_wrap=True)
         out.print(p.script.read_text(), markup=False, highlight=False, soft_wrap=True)
-    out.print(f"dry run: {len(prepared)} run(s) would be submitted with --executor {ex_name}, "
-              f"{len(sel.keep)} skipped; nothing submitted", markup=False)
+    out.print(
+        f"dry run: {len(prepared)} run(s) would be submitted with --executor {ex_name}, "
+        f"{len(sel.keep)} skipped; nothing submitted",
+        markup=False,
+    )
 
 
-def _submit_for_real(diag, runs: list, root: Path, ex_name: str, templates: Path | None, db: Path | None,
-                     force: bool) -> None:
+def _submit_for_real(
+    diag, runs: list, root: Path, ex_name: str, templates: Path | None, db: Path | None, force: bool
+) -> None:
     """Settle earlier jobs, then render and submit the runs that need a job, recording each in the store."""
     from mimo_jobs.store.connection import connect
     from mimo_jobs.submit import launch
@@ -230,14 +275,25 @@ def _submit_for_real(diag, runs: list, root: Path, ex_name: str, templates: Path
         prepared = _prepare(diag, sel.submit, root, ex_name, templates)
 
         def said(s: launch.Submitted) -> None:
-            out.print(f"submitted {s.spec.name} ({s.spec.run_id}) as {ex_name} job {s.job_id}, "
-                      f"attempt {s.attempt}", markup=False)
+            out.print(
+                f"submitted {s.spec.name} ({s.spec.run_id}) as {ex_name} job {s.job_id}, attempt {s.attempt}",
+                markup=False,
+            )
 
-        launch.submit_runs(con, study, str(Path(diag.source).resolve()), prepared, sel, launch.executor(ex_name),
-                           on_submit=said)
+        launch.submit_runs(
+            con,
+            study,
+            str(Path(diag.source).resolve()),
+            prepared,
+            sel,
+            launch.executor(ex_name),
+            on_submit=said,
+        )
         if not prepared:
-            out.print(f"{study.name}: nothing to submit ({len(sel.keep)} run(s) pending, running or completed)",
-                      markup=False)
+            out.print(
+                f"{study.name}: nothing to submit ({len(sel.keep)} run(s) pending, running or completed)",
+                markup=False,
+            )
     finally:
         con.close()
 
@@ -251,7 +307,9 @@ def _open_existing_store(db: Path | None):
 
 
 def status(
-    study: Optional[str] = typer.Argument(None, help="Study name or file (default: every study in the store)."),  # noqa: UP045
+    study: str | None = typer.Argument(
+        None, help="Study name or file (default: every study in the store)."
+    ),  # noqa: UP045
     watch: bool = typer.Option(False, "--watch", help="Refresh continuously until every job has ended."),
     interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes with --watch."),
     db: Optional[Path] = typer.Option(None, "--db", help=DB_HELP),  # noqa: UP045
@@ -259,7 +317,8 @@ def status(
     """State, attempt, elapsed time, last iteration and loss of every run (polls the scheduler, ingests
     finished runs)."""
     from mimo_jobs.store.connection import db_path
-    from mimo_jobs.submit import launch, status as run_status
+    from mimo_jobs.submit import launch
+    from mimo_jobs.submit import status as run_status
 
     _check_interval(interval)
     name = _study_name(study)
@@ -298,7 +357,8 @@ def demo(
     db: Optional[Path] = typer.Option(None, "--db", help=DB_HELP),  # noqa: UP045
     runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help=RUNS_HELP),  # noqa: UP045
     study_file: Optional[Path] = typer.Option(  # noqa: UP045
-        None, "--study", help="Study to run instead of the packaged cpu_local.yaml."),
+        None, "--study", help="Study to run instead of the packaged cpu_local.yaml."
+    ),
 ) -> None:
     """The main job: run the packaged CPU study locally, follow it, ingest it and print the scaling report."""
     from mimo_jobs import report
@@ -311,8 +371,11 @@ def demo(
     diag = study_or_fail(path)
     root = _runs_dir(runs_dir)
     launch.check_executor(diag.runs, "local")
-    console().print(f"demo: study {diag.study.name} ({len(diag.runs)} runs, {path}) on this machine; store "
-                    f"{db_path(db)}, runs under {root}", markup=False)
+    console().print(
+        f"demo: study {diag.study.name} ({len(diag.runs)} runs, {path}) on this machine; store "
+        f"{db_path(db)}, runs under {root}",
+        markup=False,
+    )
     _submit_for_real(diag, diag.runs, root, "local", None, db, force=False)
     sts = follow(db, diag.study.name, f"{diag.study.name} ({db_path(db)})")
     con = connect(db)
@@ -326,7 +389,11 @@ def demo(
         con.close()
     bad = [s for s in sts if s.job is None or s.job.state != "COMPLETED"]
     if bad:
-        fail(", ".join(f"{s.run} {s.job.state if s.job else 'not submitted'}" for s in bad), "demo", EXIT_FAILED)
+        fail(
+            ", ".join(f"{s.run} {s.job.state if s.job else 'not submitted'}" for s in bad),
+            "demo",
+            EXIT_FAILED,
+        )
 
 
 def register(app: typer.Typer) -> None:

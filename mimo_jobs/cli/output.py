@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import TYPE_CHECKING, Callable, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 

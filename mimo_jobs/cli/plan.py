@@ -26,8 +26,12 @@ def _cells(plan) -> dict[str, str]:
         return f"{n} node" + ("s" if n != 1 else "")
 
     enc = f"TP{lay.enc_tp}" + (f" PP{lay.enc_pp}" if lay.enc_pp > 1 else "") + f" DP{lay.enc_dp}"
-    llm = (f"TP{lay.llm_tp}" + (f" PP{lay.llm_pp}" if lay.llm_pp > 1 else "")
-           + (f" EP{lay.llm_ep}" if lay.llm_ep > 1 else "") + f" DP{lay.llm_dp}")
+    llm = (
+        f"TP{lay.llm_tp}"
+        + (f" PP{lay.llm_pp}" if lay.llm_pp > 1 else "")
+        + (f" EP{lay.llm_ep}" if lay.llm_ep > 1 else "")
+        + f" DP{lay.llm_dp}"
+    )
     shared = " (shared)" if plan.shared_nodes else ""
     if plan.fan == "in":
         lanes = f"1/{plan.encoders_per_lane}"  # fan-in: several encoder replicas per lane
@@ -35,10 +39,12 @@ def _cells(plan) -> dict[str, str]:
         lanes = str(plan.lanes_per_encoder)
     return {
         "encoder": f"{nodes(len(plan.encoder_nodes))}{shared}, {enc} (ranks {plan.enc_rank_start}-"
-                   f"{plan.enc_rank_end - 1})",
+        f"{plan.enc_rank_end - 1})",
         "llm": f"{nodes(len(plan.llm_nodes))}{shared}, {llm} (ranks {plan.llm_rank_start}-{plan.llm_rank_end - 1})",
         "expert_dp": str(plan.expert_dp) if plan.expert_dp else "-",
-        "fan": plan.fan, "lanes": lanes, "microbatches": str(plan.num_microbatches),
+        "fan": plan.fan,
+        "lanes": lanes,
+        "microbatches": str(plan.num_microbatches),
     }
 
 
@@ -47,14 +53,31 @@ def _plan_table(diag: Diagnosis):
 
     name = diag.study.name if diag.study else diag.source
     t = Table(title=f"{name}: {len(diag.runs)} run(s)", title_justify="left")
-    for col, just in (("run", "left"), ("run id", "left"), ("nodes", "right"), ("encoder", "left"),
-                      ("LLM", "left"), ("expert-DP", "right"), ("fan", "center"), ("lanes/encoder", "right"),
-                      ("microbatches", "right")):
+    for col, just in (
+        ("run", "left"),
+        ("run id", "left"),
+        ("nodes", "right"),
+        ("encoder", "left"),
+        ("LLM", "left"),
+        ("expert-DP", "right"),
+        ("fan", "center"),
+        ("lanes/encoder", "right"),
+        ("microbatches", "right"),
+    ):
         t.add_column(col, justify=just, overflow="fold")
     for r in diag.runs:
         c = _cells(r.plan())
-        t.add_row(r.name, r.run_id, str(r.layout.nodes), c["encoder"], c["llm"], c["expert_dp"], c["fan"],
-                  c["lanes"], c["microbatches"])
+        t.add_row(
+            r.name,
+            r.run_id,
+            str(r.layout.nodes),
+            c["encoder"],
+            c["llm"],
+            c["expert_dp"],
+            c["fan"],
+            c["lanes"],
+            c["microbatches"],
+        )
     return t
 
 
@@ -81,11 +104,21 @@ def validate(
             "study": diag.study.name if diag.study else None,
             "source": diag.source,
             "ok": diag.ok,
-            "runs": [{"name": r.name, "run_id": r.run_id, "index": r.index, "repeat": r.repeat,
-                      "nodes": r.layout.nodes, "time_limit": r.time_limit, "plan": r.plan().to_dict()}
-                     for r in diag.runs],
-            "problems": [{"path": p.path, "rule": p.rule, "message": p.message, "fit": p.fit}
-                         for p in diag.problems],
+            "runs": [
+                {
+                    "name": r.name,
+                    "run_id": r.run_id,
+                    "index": r.index,
+                    "repeat": r.repeat,
+                    "nodes": r.layout.nodes,
+                    "time_limit": r.time_limit,
+                    "plan": r.plan().to_dict(),
+                }
+                for r in diag.runs
+            ],
+            "problems": [
+                {"path": p.path, "rule": p.rule, "message": p.message, "fit": p.fit} for p in diag.problems
+            ],
         }
         typer.echo(json.dumps(doc, indent=2))
         raise typer.Exit(0 if diag.ok else EXIT_INVALID)
@@ -98,11 +131,15 @@ def validate(
 
 def render(
     study_file: Path = typer.Argument(..., help="Study YAML file."),
-    output: Path = typer.Option(Path("runs"), "--output", "-o", help="Runs root: writes <root>/<study>/<run>/."),
+    output: Path = typer.Option(
+        Path("runs"), "--output", "-o", help="Runs root: writes <root>/<study>/<run>/."
+    ),
     templates: Optional[Path] = typer.Option(  # noqa: UP045 (typer needs Optional on 3.10)
-        None, "--templates", help="Directory whose sbatch.sh.j2 / launch.sh.j2 override the packaged ones."),
+        None, "--templates", help="Directory whose sbatch.sh.j2 / launch.sh.j2 override the packaged ones."
+    ),
     only: Optional[list[str]] = typer.Option(  # noqa: UP045
-        None, "--only", help="Render only this run (name or run id); repeatable."),
+        None, "--only", help="Render only this run (name or run id); repeatable."
+    ),
 ) -> None:
     """Write run.yaml, launch.sh and sbatch.sh for every run of a study (nothing is written on any error)."""
     from rich.table import Table
@@ -111,12 +148,15 @@ def render(
 
     diag = study_or_fail(study_file)
     try:
-        rendered = render_study(diag.study, output, templates_dir=templates, only=only or None,
-                                source=diag.source)
+        rendered = render_study(
+            diag.study, output, templates_dir=templates, only=only or None, source=diag.source
+        )
     except RenderError as e:
         fail_problems(diag.source, e.problems)
 
-    t = Table(title=f"{diag.study.name}: rendered {len(rendered)} run(s) under {output}", title_justify="left")
+    t = Table(
+        title=f"{diag.study.name}: rendered {len(rendered)} run(s) under {output}", title_justify="left"
+    )
     for col in ("run", "run id", "status", "run dir", "sbatch sha256"):
         t.add_column(col, overflow="fold")
     for r in rendered:

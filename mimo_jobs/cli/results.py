@@ -100,8 +100,7 @@ def report_cmd(
     ),
 ) -> None:
     """Scaling report: iteration time, throughput, MFU, E(N), loss parity, failure triage."""
-    from mimo_jobs.report import FORMATS, render
-    from mimo_jobs.report import build
+    from mimo_jobs.report import FORMATS, build, render
     from mimo_jobs.store.connection import connect
 
     if fmt not in FORMATS:

@@ -44,7 +44,9 @@ def check_data_path(path: str) -> None:
         except yaml.YAMLError as e:
             raise DataError(f"trainer.data.path={path!r}: invalid YAML: {e}") from None
         if not isinstance(doc, dict) or "splits" not in doc:
-            raise DataError(f"trainer.data.path={path!r}: a blend file is a MetadatasetV2 document with `splits:`")
+            raise DataError(
+                f"trainer.data.path={path!r}: a blend file is a MetadatasetV2 document with `splits:`"
+            )
         train = doc["splits"].get("train") if isinstance(doc["splits"], dict) else None
         if not train:
             raise DataError(f"trainer.data.path={path!r}: no `splits.train` entry")
@@ -71,10 +73,14 @@ def check_energon_data(run_spec: Any) -> None:
     geom = geometry_of_preset(t.model)
     need = geom.max_tokens + 2  # BOS + the largest image + at least EOS
     if need > t.seq_length:
-        raise DataError(f"trainer.seq_length={t.seq_length} cannot hold the largest image of preset {t.model!r} "
-                        f"({geom.image_size}x{geom.image_size} px = {geom.max_tokens} tokens) plus BOS/EOS; "
-                        f"use seq_length >= {need}")
+        raise DataError(
+            f"trainer.seq_length={t.seq_length} cannot hold the largest image of preset {t.model!r} "
+            f"({geom.image_size}x{geom.image_size} px = {geom.max_tokens} tokens) plus BOS/EOS; "
+            f"use seq_length >= {need}"
+        )
     vocab = get_preset(t.model).llm.vocab_size
     if not d.tokenizer and vocab < len(PRINTABLE) + 5:
-        raise DataError(f"the built-in tokenizer needs vocab_size >= {len(PRINTABLE) + 5}; preset {t.model!r} has "
-                        f"{vocab}: give trainer.data.tokenizer")
+        raise DataError(
+            f"the built-in tokenizer needs vocab_size >= {len(PRINTABLE) + 5}; preset {t.model!r} has "
+            f"{vocab}: give trainer.data.tokenizer"
+        )

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from mimo_jobs.trainer.batch import LaneBatch, Provider
+
 from .check import check_data_path
 from .errors import DataError
 from .images import ImageGeometry, geometry_of_preset
@@ -28,7 +29,10 @@ from .tokenizer import load_tokenizer
 log = logging.getLogger("mimo_jobs.data")
 
 STATE_FORMAT = 1
-LOG_FIRST, LOG_EVERY = 20, 100  # bad-sample log lines: the first 20 per lane, then every 100th (counts are exact)
+LOG_FIRST, LOG_EVERY = (
+    20,
+    100,
+)  # bad-sample log lines: the first 20 per lane, then every 100th (counts are exact)
 
 
 def image_token_id(vocab_size: int) -> int:
@@ -65,13 +69,21 @@ class LoaderConfig:
         d = tr.data
         preset = get_preset(tr.model)
         return cls(
-            path=str(d.path), llm_dp=plan.layout.llm_dp, mbs=plan.layout.mbs,
-            num_microbatches=plan.num_microbatches, seq_length=tr.seq_length,
-            geometry=geometry_of_preset(tr.model), vocab_size=preset.llm.vocab_size,
+            path=str(d.path),
+            llm_dp=plan.layout.llm_dp,
+            mbs=plan.layout.mbs,
+            num_microbatches=plan.num_microbatches,
+            seq_length=tr.seq_length,
+            geometry=geometry_of_preset(tr.model),
+            vocab_size=preset.llm.vocab_size,
             image_token_id=image_token_id(preset.llm.vocab_size),
-            tokenizer=d.tokenizer, num_workers=d.num_workers, seed=tr.seed,
-            on_bad_sample=d.on_bad_sample, truncate_text=d.truncate_text,
-            shuffle_buffer_size=d.shuffle_buffer_size, max_samples_per_sequence=d.max_samples_per_sequence,
+            tokenizer=d.tokenizer,
+            num_workers=d.num_workers,
+            seed=tr.seed,
+            on_bad_sample=d.on_bad_sample,
+            truncate_text=d.truncate_text,
+            shuffle_buffer_size=d.shuffle_buffer_size,
+            max_samples_per_sequence=d.max_samples_per_sequence,
         )
 
 
@@ -91,8 +103,13 @@ class LaneTotals:
         sk = dict(self.skipped)
         for k, v in o.skipped.items():
             sk[k] = sk.get(k, 0) + v
-        return LaneTotals(self.microbatches + o.microbatches, self.samples + o.samples,
-                          self.image_samples + o.image_samples, self.truncated + o.truncated, sk)
+        return LaneTotals(
+            self.microbatches + o.microbatches,
+            self.samples + o.samples,
+            self.image_samples + o.image_samples,
+            self.truncated + o.truncated,
+            sk,
+        )
 
 
 class _Lane:
@@ -106,21 +123,35 @@ class _Lane:
         self.encoder = MimoTaskEncoder(tokenizer, enc_cfg)
 
         def restore_error(e: Exception, sample: Any, sources: Any = None) -> None:
-            raise DataError(f"lane {lane}: could not restore a sample from the checkpointed loader state: "
-                            f"{type(e).__name__}: {e}") from e
+            raise DataError(
+                f"lane {lane}: could not restore a sample from the checkpointed loader state: "
+                f"{type(e).__name__}: {e}"
+            ) from e
 
         # energon's default handler logs and skips; ours raises or counts (see MimoTaskEncoder.on_error)
         self.worker_config = WorkerConfig(
-            rank=lane, world_size=cfg.llm_dp, num_workers=cfg.num_workers, seed_offset=cfg.seed,
-            global_error_handler=self.encoder.on_error, restore_error_handler=restore_error)
+            rank=lane,
+            world_size=cfg.llm_dp,
+            num_workers=cfg.num_workers,
+            seed_offset=cfg.seed,
+            global_error_handler=self.encoder.on_error,
+            restore_error_handler=restore_error,
+        )
         try:
             ds = get_train_dataset(
-                cfg.path, worker_config=self.worker_config, batch_size=cfg.mbs,
-                shuffle_buffer_size=cfg.shuffle_buffer_size, max_samples_per_sequence=cfg.max_samples_per_sequence,
-                task_encoder=self.encoder, repeat=True)
+                cfg.path,
+                worker_config=self.worker_config,
+                batch_size=cfg.mbs,
+                shuffle_buffer_size=cfg.shuffle_buffer_size,
+                max_samples_per_sequence=cfg.max_samples_per_sequence,
+                task_encoder=self.encoder,
+                repeat=True,
+            )
         except EmptyDatasetError as e:
-            raise DataError(f"trainer.data.path={cfg.path!r}: the train split is empty for lane {lane} of "
-                            f"{cfg.llm_dp} ({e}); add samples/shards or use fewer LLM DP lanes") from None
+            raise DataError(
+                f"trainer.data.path={cfg.path!r}: the train split is empty for lane {lane} of "
+                f"{cfg.llm_dp} ({e}); add samples/shards or use fewer LLM DP lanes"
+            ) from None
         self.loader = get_savable_loader(ds)
         self.it = None
         self.totals = LaneTotals()
@@ -133,9 +164,11 @@ class _Lane:
         try:
             return next(self.it)
         except EmptyDatasetError as e:
-            raise DataError(f"lane {self.lane}: no samples ({e}); the dataset is too small for "
-                            f"{self.worker_config.world_size} lanes x {max(1, self.worker_config.num_workers)} "
-                            "workers") from None
+            raise DataError(
+                f"lane {self.lane}: no samples ({e}); the dataset is too small for "
+                f"{self.worker_config.world_size} lanes x {max(1, self.worker_config.num_workers)} "
+                "workers"
+            ) from None
 
     def close(self) -> None:
         # Closing the iterator ends the workers at once (otherwise ~5 s join timeout per worker on GC).
@@ -151,8 +184,14 @@ class _Lane:
 
 
 class EnergonProvider(Provider):
-    def __init__(self, cfg: LoaderConfig, lanes: list[int], need_images: bool, need_text: bool = True,
-                 image_slice: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        cfg: LoaderConfig,
+        lanes: list[int],
+        need_images: bool,
+        need_text: bool = True,
+        image_slice: tuple[int, int] | None = None,
+    ):
         from .task_encoder import EncodeConfig
 
         check_data_path(cfg.path)
@@ -166,9 +205,14 @@ class EnergonProvider(Provider):
         img_id = cfg.image_token_id if cfg.image_token_id >= 0 else image_token_id(cfg.vocab_size)
         self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.vocab_size, img_id)
         self.image_token_id = self.tokenizer.image_token_id
-        self.enc_cfg = EncodeConfig(seq_length=cfg.seq_length, geometry=cfg.geometry, need_images=need_images,
-                                    on_bad_sample=cfg.on_bad_sample, truncate_text=cfg.truncate_text,
-                                    image_slice=image_slice)
+        self.enc_cfg = EncodeConfig(
+            seq_length=cfg.seq_length,
+            geometry=cfg.geometry,
+            need_images=need_images,
+            on_bad_sample=cfg.on_bad_sample,
+            truncate_text=cfg.truncate_text,
+            image_slice=image_slice,
+        )
         self._lanes = {x: _Lane(x, cfg, self.enc_cfg, self.tokenizer) for x in self.lanes}
         # Workers end when the provider is closed, collected, or at interpreter exit (the trainer need not
         # call close(); without this each worker costs a 5 s join timeout at exit).
@@ -196,16 +240,33 @@ class EnergonProvider(Provider):
                 n_kind = t.truncated
             # every event is counted; the log names the first ones and then one line per LOG_EVERY
             if n_kind <= LOG_FIRST or n_kind % LOG_EVERY == 0:
-                log.warning("data lane %d: %s sample %r in shard %s (%s); %d %s so far on this lane", lane,
-                            e["kind"], e["key"], e["shard"], e["detail"], n_kind, e["kind"])
+                log.warning(
+                    "data lane %d: %s sample %r in shard %s (%s); %d %s so far on this lane",
+                    lane,
+                    e["kind"],
+                    e["key"],
+                    e["shard"],
+                    e["detail"],
+                    n_kind,
+                    e["kind"],
+                )
         nmb = self.cfg.num_microbatches
         return LaneBatch(
-            lane=lane, step=n // nmb, microbatch=n % nmb, sample_keys=list(b.__key__),
-            tokens=b.tokens, labels=b.labels, loss_mask=b.loss_mask, position_ids=b.position_ids,
+            lane=lane,
+            step=n // nmb,
+            microbatch=n % nmb,
+            sample_keys=list(b.__key__),
+            tokens=b.tokens,
+            labels=b.labels,
+            loss_mask=b.loss_mask,
+            position_ids=b.position_ids,
             image_token_counts=list(b.image_token_counts),
             images=list(b.images) if (self.need_images and b.images is not None) else None,
-            meta={"events": list(b.events), "image_token_id": self.image_token_id,
-                  "subflavors": list(b.__subflavors__ or [])},
+            meta={
+                "events": list(b.events),
+                "image_token_id": self.image_token_id,
+                "subflavors": list(b.__subflavors__ or []),
+            },
         )
 
     def state_dict(self) -> dict:
@@ -215,18 +276,29 @@ class EnergonProvider(Provider):
             # iter() and the first next() hangs); without an iterator energon returns None = initial state.
             st = ln.loader.save_state_rank()
             lanes[x] = {"loader": pickle.dumps(st), "totals": asdict(ln.totals)}
-        return {"format": STATE_FORMAT, "kind": "energon", "path": self.cfg.path,
-                "num_workers": self.cfg.num_workers, "llm_dp": self.cfg.llm_dp, "mbs": self.cfg.mbs,
-                "seed": self.cfg.seed, "lanes": lanes}
+        return {
+            "format": STATE_FORMAT,
+            "kind": "energon",
+            "path": self.cfg.path,
+            "num_workers": self.cfg.num_workers,
+            "llm_dp": self.cfg.llm_dp,
+            "mbs": self.cfg.mbs,
+            "seed": self.cfg.seed,
+            "lanes": lanes,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("kind") != "energon" or state.get("format") != STATE_FORMAT:
-            raise DataError(f"checkpointed data state is {state.get('kind')!r} format {state.get('format')!r}; "
-                            f"this run reads energon format {STATE_FORMAT}")
+            raise DataError(
+                f"checkpointed data state is {state.get('kind')!r} format {state.get('format')!r}; "
+                f"this run reads energon format {STATE_FORMAT}"
+            )
         for k in ("num_workers", "llm_dp", "mbs", "seed"):
             if state[k] != getattr(self.cfg, k):
-                raise DataError(f"checkpointed data state was saved with {k}={state[k]}, this run has "
-                                f"{getattr(self.cfg, k)}: resume with the same value (the sample order depends on it)")
+                raise DataError(
+                    f"checkpointed data state was saved with {k}={state[k]}, this run has "
+                    f"{getattr(self.cfg, k)}: resume with the same value (the sample order depends on it)"
+                )
         missing = [x for x in self.lanes if x not in state["lanes"]]
         if missing:
             raise DataError(f"checkpointed data state has lanes {sorted(state['lanes'])}, missing {missing}")
@@ -260,7 +332,13 @@ def _close_lanes(lanes: dict) -> None:
             ln.close()
 
 
-def make_energon_provider(run_spec: Any, plan: Any, lanes: list[int], need_images: bool, need_text: bool,
-                          image_slice: tuple[int, int] | None = None) -> EnergonProvider:
+def make_energon_provider(
+    run_spec: Any,
+    plan: Any,
+    lanes: list[int],
+    need_images: bool,
+    need_text: bool,
+    image_slice: tuple[int, int] | None = None,
+) -> EnergonProvider:
     """The trainer's entry point (mimo_jobs.trainer.data.make_provider, provider 'energon')."""
     return EnergonProvider(LoaderConfig.from_run(run_spec, plan), lanes, need_images, need_text, image_slice)

@@ -26,17 +26,50 @@ import yaml
 from .errors import DataError
 
 COLORS = {
-    "red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (230, 210, 40),
-    "purple": (150, 60, 190), "orange": (240, 140, 30), "gray": (128, 128, 128), "cyan": (40, 200, 210),
+    "red": (220, 40, 40),
+    "green": (40, 180, 60),
+    "blue": (40, 80, 220),
+    "yellow": (230, 210, 40),
+    "purple": (150, 60, 190),
+    "orange": (240, 140, 30),
+    "gray": (128, 128, 128),
+    "cyan": (40, 200, 210),
 }
 SHAPES = ("square", "stripe", "dot", "cross")
-WORDS = ("the", "a", "model", "reads", "data", "from", "many", "nodes", "and", "learns", "to", "see", "small",
-         "images", "of", "color", "text", "tokens", "flow", "across", "ranks", "every", "step")
+WORDS = (
+    "the",
+    "a",
+    "model",
+    "reads",
+    "data",
+    "from",
+    "many",
+    "nodes",
+    "and",
+    "learns",
+    "to",
+    "see",
+    "small",
+    "images",
+    "of",
+    "color",
+    "text",
+    "tokens",
+    "flow",
+    "across",
+    "ranks",
+    "every",
+    "step",
+)
 
-CAPTIONING = {"sample_type": {"__module__": "megatron.energon", "__class__": "CaptioningSample"},
-              "field_map": {"image": "png", "caption": "txt"}}
-TEXT = {"sample_type": {"__module__": "megatron.energon", "__class__": "TextSample"},
-        "field_map": {"text": "txt"}}
+CAPTIONING = {
+    "sample_type": {"__module__": "megatron.energon", "__class__": "CaptioningSample"},
+    "field_map": {"image": "png", "caption": "txt"},
+}
+TEXT = {
+    "sample_type": {"__module__": "megatron.energon", "__class__": "TextSample"},
+    "field_map": {"text": "txt"},
+}
 
 
 def parse_size(s: str) -> tuple[int, int]:
@@ -94,7 +127,9 @@ class SynthResult:
 # ---------------------------------------------------------------- sample content (pure)
 
 
-def caption_sample(seed: int, i: int, sizes: tuple[tuple[int, int], ...]) -> tuple[str, tuple[int, int], str, str]:
+def caption_sample(
+    seed: int, i: int, sizes: tuple[tuple[int, int], ...]
+) -> tuple[str, tuple[int, int], str, str]:
     """(key, (h, w), color, caption) of image-caption sample i."""
     rng = random.Random(f"caps:{seed}:{i}")
     h, w = sizes[rng.randrange(len(sizes))]
@@ -144,14 +179,16 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_shards(root: Path, prefix: str, samples: list[tuple[str, dict[str, bytes]]], per_shard: int) -> list[str]:
+def write_shards(
+    root: Path, prefix: str, samples: list[tuple[str, dict[str, bytes]]], per_shard: int
+) -> list[str]:
     """Write (key, {ext: bytes}) samples into prefix-NNNNNN.tar files; returns shard names relative to root."""
     root.mkdir(parents=True, exist_ok=True)
     names = []
     for s in range(0, len(samples), per_shard):
         name = f"{prefix}-{s // per_shard:06d}.tar"
         with tarfile.open(root / name, "w") as tar:
-            for key, files in samples[s:s + per_shard]:
+            for key, files in samples[s : s + per_shard]:
                 for ext, data in files.items():
                     _add(tar, f"{key}.{ext}", data)
         names.append(name)
@@ -164,10 +201,17 @@ def prepare(root: Path, shards: list[str], dataset_yaml: dict) -> None:
 
     try:
         BaseWebdatasetFactory.prepare_dataset(
-            root, shards, split_parts_ratio=[("train", 1.0), ("val", 0.0), ("test", 0.0)],
-            shuffle_seed=None, workers=1, progress_fn=lambda x, y=None: x)
+            root,
+            shards,
+            split_parts_ratio=[("train", 1.0), ("val", 0.0), ("test", 0.0)],
+            shuffle_seed=None,
+            workers=1,
+            progress_fn=lambda x, y=None: x,
+        )
     except SystemExit as e:  # energon exits the process on duplicate keys; turn it into an error
-        raise DataError(f"{root}: energon prepare failed (exit {e.code}); sample keys must be unique") from None
+        raise DataError(
+            f"{root}: energon prepare failed (exit {e.code}); sample keys must be unique"
+        ) from None
     (root / ".nv-meta" / "dataset.yaml").write_text(yaml.safe_dump(dataset_yaml, sort_keys=False))
 
 
@@ -176,8 +220,11 @@ def blend_doc(parts: list[tuple[float, str, str]]) -> dict:
     return {
         "__module__": "megatron.energon",
         "__class__": "MetadatasetV2",
-        "splits": {"train": {"blend": [
-            {"weight": float(w), "path": p, "subflavors": {"kind": k}} for w, p, k in parts]}},
+        "splits": {
+            "train": {
+                "blend": [{"weight": float(w), "path": p, "subflavors": {"kind": k}} for w, p, k in parts]
+            }
+        },
     }
 
 
@@ -190,7 +237,9 @@ def synth(root: str | Path, cfg: SynthConfig = SynthConfig(), progress=None) -> 
             raise DataError(f"{root / sub} is already an energon dataset; choose an empty DIR or remove it")
     root.mkdir(parents=True, exist_ok=True)
     tick = progress or (lambda n=1: None)
-    res = SynthResult(root=root, blend=root / "blend.yaml", caps=None, text=None, n_caps=cfg.n_caps, n_text=cfg.n_text)
+    res = SynthResult(
+        root=root, blend=root / "blend.yaml", caps=None, text=None, n_caps=cfg.n_caps, n_text=cfg.n_text
+    )
     parts: list[tuple[float, str, str]] = []
     if cfg.n_caps:
         samples = []
@@ -215,7 +264,13 @@ def synth(root: str | Path, cfg: SynthConfig = SynthConfig(), progress=None) -> 
     if len(parts) == 2 and min(w for w, _, _ in parts) == 0:
         parts = [p for p in parts if p[0] > 0]
     res.blend.write_text(yaml.safe_dump(blend_doc(parts), sort_keys=False))
-    manifest = {**asdict(cfg), "n_caps": cfg.n_caps, "n_text": cfg.n_text,
-                "caps_shards": res.caps_shards, "text_shards": res.text_shards, "blend": res.blend.name}
+    manifest = {
+        **asdict(cfg),
+        "n_caps": cfg.n_caps,
+        "n_text": cfg.n_text,
+        "caps_shards": res.caps_shards,
+        "text_shards": res.text_shards,
+        "blend": res.blend.name,
+    }
     (root / "synth.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return res

@@ -30,6 +30,7 @@ from megatron.energon import (
 )
 
 from mimo_jobs.trainer.batch import IGNORE_INDEX
+
 from .errors import DataError, describe
 from .images import ImageGeometry, decode, header_size
 from .tokenizer import Tokenizer
@@ -112,19 +113,25 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
     def _bad(self, sample: Any, reason: str, detail: str) -> None:
         key, shard, dataset = _source(sample)
         if self.cfg.on_bad_sample == "error":
-            raise DataError(f"{describe(key, shard, dataset)}: {detail} "
-                            "(set trainer.data.on_bad_sample: skip to skip and count such samples)")
+            raise DataError(
+                f"{describe(key, shard, dataset)}: {detail} "
+                "(set trainer.data.on_bad_sample: skip to skip and count such samples)"
+            )
         self._skip_event(reason, key, shard, detail)
         raise SkipSample()
 
     def _skip_event(self, reason: str, key: str | None, shard: str | None, detail: str) -> None:
-        self._events.append({"kind": "skipped", "reason": reason, "key": key, "shard": shard, "detail": detail})
+        self._events.append(
+            {"kind": "skipped", "reason": reason, "key": key, "shard": shard, "detail": detail}
+        )
         # energon does not count SkipSample towards its failure tolerance: an all-bad dataset would loop
         # forever. Stop with the evidence instead.
         self._consecutive_skips += 1
         if self._consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
-            raise DataError(f"{self._consecutive_skips} consecutive samples were skipped as bad (last: "
-                            f"{describe(key, shard)}: {detail}); the dataset looks broken")
+            raise DataError(
+                f"{self._consecutive_skips} consecutive samples were skipped as bad (last: "
+                f"{describe(key, shard)}: {detail}); the dataset looks broken"
+            )
 
     def on_error(self, exc: Exception, sample: Any, sources: Any = None) -> None:
         """energon's global_error_handler: failures inside energon (e.g. a field missing from the shard)."""
@@ -137,8 +144,10 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
         # energon's messages embed the whole sample repr; keep the first clause
         detail = f"{type(exc).__name__}: {str(exc).split(' in {', 1)[0]}"
         if self.cfg.on_bad_sample == "error":
-            raise DataError(f"{describe(key, shard, dataset)}: energon failed to load the sample: {detail} "
-                            f"(set trainer.data.on_bad_sample: skip to skip and count such samples)") from exc
+            raise DataError(
+                f"{describe(key, shard, dataset)}: energon failed to load the sample: {detail} "
+                f"(set trainer.data.on_bad_sample: skip to skip and count such samples)"
+            ) from exc
         # energon drops the sample after this returns; we count it.
         self._skip_event("load", key, shard, detail)
 
@@ -153,12 +162,18 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
                 answers = sample.answers if isinstance(sample.answers, list) else [sample.answers]
                 if not answers:
                     raise ValueError("field 'answers' is empty")
-                prompt, response, image = _text(sample.context, "context"), _text(answers[0], "answers"), sample.image
+                prompt, response, image = (
+                    _text(sample.context, "context"),
+                    _text(answers[0], "answers"),
+                    sample.image,
+                )
             elif isinstance(sample, TextSample):
                 prompt, response = "", _text(sample.text, "text")
             else:
-                raise ValueError(f"unsupported sample type {type(sample).__name__} "  # noqa: TRY004
-                                 "(use CaptioningSample, VQASample or TextSample)")
+                raise ValueError(
+                    f"unsupported sample type {type(sample).__name__} "  # noqa: TRY004
+                    "(use CaptioningSample, VQASample or TextSample)"
+                )
         except ValueError as e:
             self._bad(sample, "field", str(e))
         if not response.strip():
@@ -166,7 +181,9 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
         n_img = 0
         if image is not None:
             if not isinstance(image, (bytes, bytearray)):
-                self._bad(sample, "field", f"image field has type {type(image).__name__}, expected encoded bytes")
+                self._bad(
+                    sample, "field", f"image field has type {type(image).__name__}, expected encoded bytes"
+                )
             try:
                 h, w = header_size(bytes(image))
             except Exception as e:  # noqa: BLE001 -- PIL raises many types for broken files
@@ -180,21 +197,39 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
         if len(head) + len(body) > seq:
             need = len(head) + len(body)
             if not self.cfg.truncate_text or len(head) + 1 > seq:
-                self._bad(sample, "overlong", f"{need} tokens ({n_img} image tokens) do not fit "
-                          f"seq_length={seq}" + ("" if self.cfg.truncate_text else
-                                                 "; set trainer.data.truncate_text: true to cut text"))
+                self._bad(
+                    sample,
+                    "overlong",
+                    f"{need} tokens ({n_img} image tokens) do not fit "
+                    f"seq_length={seq}"
+                    + (
+                        "" if self.cfg.truncate_text else "; set trainer.data.truncate_text: true to cut text"
+                    ),
+                )
             body = body[: seq - len(head)]
             truncated = True
             key, shard, _ = _source(sample)
-            self._events.append({"kind": "truncated", "reason": "overlong", "key": key, "shard": shard,
-                                 "detail": f"{need} tokens cut to {seq}"})
+            self._events.append(
+                {
+                    "kind": "truncated",
+                    "reason": "overlong",
+                    "key": key,
+                    "shard": shard,
+                    "detail": f"{need} tokens cut to {seq}",
+                }
+            )
         self._consecutive_skips = 0
         # The last head token predicts the first response token, unless it is an image position: the
         # contract (trainer/batch.py) keeps loss_mask 0 on every image position, as the mock provider does.
         loss_from = len(head) - 1 if head[-1] != t.image_token_id else len(head)
-        return EncodedSample.derive_from(sample, tokens=head + body, loss_from=loss_from,
-                                         image_token_count=n_img, image=bytes(image) if n_img else None,
-                                         truncated=truncated)
+        return EncodedSample.derive_from(
+            sample,
+            tokens=head + body,
+            loss_from=loss_from,
+            image_token_count=n_img,
+            image=bytes(image) if n_img else None,
+            truncated=truncated,
+        )
 
     # ------------------------------------------------------------ per batch
 
@@ -206,7 +241,7 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             ids = torch.tensor(s.tokens, dtype=torch.long)
             tokens[i, : len(ids)] = ids
             # next-token targets; positions before loss_from predict prompt/image tokens: no loss
-            labels[i, s.loss_from: len(ids) - 1] = ids[s.loss_from + 1:]
+            labels[i, s.loss_from : len(ids) - 1] = ids[s.loss_from + 1 :]
         loss_mask = (labels != IGNORE_INDEX).float()
         position_ids = torch.arange(seq, dtype=torch.long).unsqueeze(0).expand(b, seq).contiguous()
         images = None
@@ -223,15 +258,26 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
                     # The LLM side accepted this image from its header; skipping here would misalign the
                     # lanes, so this is always an error.
                     key, shard, dataset = _source(s)
-                    raise DataError(f"{describe(key, shard, dataset)}: image passed the header check but "
-                                    f"failed to decode ({type(e).__name__}: {e}); remove or fix the sample") from e
+                    raise DataError(
+                        f"{describe(key, shard, dataset)}: image passed the header check but "
+                        f"failed to decode ({type(e).__name__}: {e}); remove or fix the sample"
+                    ) from e
                 g = self.cfg.geometry
                 n = (img.shape[1] // g.patch_size) * (img.shape[2] // g.patch_size)
                 if n != s.image_token_count:  # header and pixels disagree (e.g. EXIF/frames): never silent
-                    raise DataError(f"{describe(*_source(s))}: header size gives {s.image_token_count} image "
-                                    f"tokens but the decoded image gives {n}")
+                    raise DataError(
+                        f"{describe(*_source(s))}: header size gives {s.image_token_count} image "
+                        f"tokens but the decoded image gives {n}"
+                    )
                 images.append(img)
         events, self._events = self._events, []
         return EncodedBatch.from_samples(
-            samples, tokens=tokens, labels=labels, loss_mask=loss_mask, position_ids=position_ids,
-            image_token_counts=[s.image_token_count for s in samples], images=images, events=events)
+            samples,
+            tokens=tokens,
+            labels=labels,
+            loss_mask=loss_mask,
+            position_ids=position_ids,
+            image_token_counts=[s.image_token_count for s in samples],
+            images=images,
+            events=events,
+        )

@@ -44,12 +44,20 @@ class CharTokenizer:
     def __post_init__(self) -> None:
         need = len(PRINTABLE) + 5
         if self.vocab_size < need:
-            raise DataError(f"built-in tokenizer needs vocab_size >= {need} (4 specials + image + "
-                            f"{len(PRINTABLE)} characters); the model has {self.vocab_size}: "
-                            "choose a larger preset or give trainer.data.tokenizer")
-        if not 0 <= self.image_token_id < self.vocab_size or self.image_token_id in (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
-            raise DataError(f"image_token_id={self.image_token_id} must be in [4, {self.vocab_size}) "
-                            "and not a special id")
+            raise DataError(
+                f"built-in tokenizer needs vocab_size >= {need} (4 specials + image + "
+                f"{len(PRINTABLE)} characters); the model has {self.vocab_size}: "
+                "choose a larger preset or give trainer.data.tokenizer"
+            )
+        if not 0 <= self.image_token_id < self.vocab_size or self.image_token_id in (
+            PAD_ID,
+            BOS_ID,
+            EOS_ID,
+            UNK_ID,
+        ):
+            raise DataError(
+                f"image_token_id={self.image_token_id} must be in [4, {self.vocab_size}) and not a special id"
+            )
         ids = [i for i in range(4, self.vocab_size) if i != self.image_token_id]
         self._table = dict(zip(PRINTABLE, ids))
 
@@ -69,8 +77,10 @@ class HFTokenizer:
         try:
             from transformers import AutoTokenizer
         except ImportError:
-            raise DataError(f"trainer.data.tokenizer={path!r} needs the `transformers` package "
-                            "(pip install transformers), or leave it unset for the built-in tokenizer") from None
+            raise DataError(
+                f"trainer.data.tokenizer={path!r} needs the `transformers` package "
+                "(pip install transformers), or leave it unset for the built-in tokenizer"
+            ) from None
         if not Path(path).exists():
             raise DataError(f"trainer.data.tokenizer={path!r}: no such local directory")
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -78,13 +88,17 @@ class HFTokenizer:
         self.name = f"hf:{path}"
         self.vocab_size = len(tok)
         if self.vocab_size > vocab_size:
-            raise DataError(f"tokenizer {path!r} has {self.vocab_size} ids but the model's vocab_size is "
-                            f"{vocab_size}; choose a preset with vocab_size >= {self.vocab_size}")
+            raise DataError(
+                f"tokenizer {path!r} has {self.vocab_size} ids but the model's vocab_size is "
+                f"{vocab_size}; choose a preset with vocab_size >= {self.vocab_size}"
+            )
         img = tok.convert_tokens_to_ids("<image>") if "<image>" in tok.get_vocab() else None
         self.image_token_id = img if img is not None else image_token_id
         if img is None and image_token_id < self.vocab_size:
-            raise DataError(f"tokenizer {path!r} has no <image> token and image_token_id={image_token_id} "
-                            f"collides with its ids [0, {self.vocab_size}); use an id >= {self.vocab_size}")
+            raise DataError(
+                f"tokenizer {path!r} has no <image> token and image_token_id={image_token_id} "
+                f"collides with its ids [0, {self.vocab_size}); use an id >= {self.vocab_size}"
+            )
         self.bos_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         self.eos_id = tok.eos_token_id if tok.eos_token_id is not None else self.bos_id
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_id

@@ -140,8 +140,11 @@ def _checkpoint(text: str, low: str) -> list[str]:
 
 
 def _process_end(text: str) -> list[str]:
-    return [k for k, word in (("segfault", "Segmentation fault"), ("task_exit", "Exited with exit code"))
-            if word in text]
+    return [
+        k
+        for k, word in (("segfault", "Segmentation fault"), ("task_exit", "Exited with exit code"))
+        if word in text
+    ]
 
 
 def _cancel_kind(reason: str) -> str:
@@ -325,8 +328,10 @@ def parse_root_cause(lines: list[str]) -> tuple[int | None, Event] | None:
 
 # ----------------------------------------------------------------------------------------- a whole log
 
-_ERROR_LINE = re.compile(r"^\s*(?:\[?rank\d+\]?:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)|error|Error|ERROR|FATAL|"
-                         r"fatal|Killed|Segmentation fault)\b")
+_ERROR_LINE = re.compile(
+    r"^\s*(?:\[?rank\d+\]?:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)|error|Error|ERROR|FATAL|"
+    r"fatal|Killed|Segmentation fault)\b"
+)
 _FIRST_ERROR_KINDS = ("oom", "segfault", "time_limit", "node_fail", "preemption")
 
 

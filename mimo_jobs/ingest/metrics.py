@@ -14,8 +14,20 @@ from .timestamps import find_time, store_text
 
 # the record keys staged as they are, in the iterations table's order (between time and phases)
 _VALUE_KEYS = (
-    "elapsed_ms", "loss", "lr", "grad_norm", "consumed_samples", "gbs", "loss_scale", "skipped", "nan",
-    "samples_per_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "moe_aux_loss",
+    "elapsed_ms",
+    "loss",
+    "lr",
+    "grad_norm",
+    "consumed_samples",
+    "gbs",
+    "loss_scale",
+    "skipped",
+    "nan",
+    "samples_per_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "tflops_per_gpu",
+    "moe_aux_loss",
 )
 
 

@@ -199,8 +199,20 @@ def _ingest_one(s: _Session, t: Target, group: list | None = None) -> None:
             if offset == 0 and row:
                 con.execute("DELETE FROM events WHERE source_file = ?", [t.src])  # rewritten: start over
             n_it, n_ev = _load(con, t, ctx, stage)
-            record = [t.src, ctx.run_id, size, mtime, st.lines, st.bad, st.undecodable, t.kind, end_offset,
-                      head, partial, st.to_json()]
+            record = [
+                t.src,
+                ctx.run_id,
+                size,
+                mtime,
+                st.lines,
+                st.bad,
+                st.undecodable,
+                t.kind,
+                end_offset,
+                head,
+                partial,
+                st.to_json(),
+            ]
             if group is None:
                 _record_files(con, [(record, bool(row))])
             else:
@@ -247,8 +259,9 @@ def _read(s: _Session, t: Target, ctx: RunCtx, offset: int, size: int, st: FileS
         return readers.read_blocks(t.path, offset, st, on_block, s.progress, s.options.max_line)
     if t.kind == "sacct":
         blocks: list[str] = []
-        end = readers.read_blocks(t.path, offset, st, lambda _, text: blocks.append(text), s.progress,
-                                  s.options.max_line)
+        end = readers.read_blocks(
+            t.path, offset, st, lambda _, text: blocks.append(text), s.progress, s.options.max_line
+        )
         _store_sacct(s.con, "".join(blocks), ctx, t.src, st, stage)
         return end
     pinfo = path_info(t.src)

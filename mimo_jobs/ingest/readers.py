@@ -192,7 +192,12 @@ def candidate_lines(text: str, first: int):
 
 
 def scan_python(
-    path: Path, offset: int, st: FileState, handler, on_bytes: Callable[[int], None] | None, options: ScanOptions
+    path: Path,
+    offset: int,
+    st: FileState,
+    handler,
+    on_bytes: Callable[[int], None] | None,
+    options: ScanOptions,
 ) -> tuple[int, bool]:
     """A log through the pure-Python scanner: each block's candidate lines go to `handler.line`."""
 

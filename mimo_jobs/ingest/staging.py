@@ -46,10 +46,28 @@ ITER_TYPES = (
 )
 ITER_COLS = [c for c in ITER_TYPES if c != "seq"]  # the iterations table's columns, in staging order
 # Megatron log lines stage only what varies per line; run/job/file are constants added by the load query.
-LOG_ITER_TYPES = {c: ITER_TYPES[c] for c in (
-    "iteration", "time", "elapsed_ms", "loss", "lr", "grad_norm", "consumed_samples", "gbs", "loss_scale",
-    "skipped", "nan", "tflops_per_gpu", "moe_aux_loss", "extras", "attempt", "train_iters", "seq",
-)}
+LOG_ITER_TYPES = {
+    c: ITER_TYPES[c]
+    for c in (
+        "iteration",
+        "time",
+        "elapsed_ms",
+        "loss",
+        "lr",
+        "grad_norm",
+        "consumed_samples",
+        "gbs",
+        "loss_scale",
+        "skipped",
+        "nan",
+        "tflops_per_gpu",
+        "moe_aux_loss",
+        "extras",
+        "attempt",
+        "train_iters",
+        "seq",
+    )
+}
 _LOG_ITER_SELECT = (
     "SELECT ? AS run_id, ? AS job_id, iteration, time, elapsed_ms, loss, lr, grad_norm, consumed_samples, gbs, "
     "loss_scale, skipped, nan, CASE WHEN gbs <> 0 AND elapsed_ms > 0 THEN gbs / (elapsed_ms / 1000.0) END "
@@ -132,8 +150,19 @@ def _c_columns(cols: dict):
 
     out = {"iteration": np.frombuffer(cols["iteration"], np.int32)}
     out["time_us"] = np.frombuffer(cols["time_us"], "datetime64[us]")
-    for k in ("elapsed_ms", "loss", "lr", "grad_norm", "consumed_samples", "gbs", "loss_scale", "skipped", "nan",
-              "tflops_per_gpu", "moe_aux_loss"):
+    for k in (
+        "elapsed_ms",
+        "loss",
+        "lr",
+        "grad_norm",
+        "consumed_samples",
+        "gbs",
+        "loss_scale",
+        "skipped",
+        "nan",
+        "tflops_per_gpu",
+        "moe_aux_loss",
+    ):
         out[k] = np.frombuffer(cols[k], np.float64)
     out["extras_id"] = np.frombuffer(cols["extras_id"], np.int32)
     out["attempt"] = np.frombuffer(cols["attempt"], np.int32)

@@ -60,8 +60,12 @@ def diagnose_data(data: Any, source: str = "<study>", env: dict[str, str] | None
     YAML paths, and the topology rules every point breaks. When the top level does not validate, the matrix
     is still checked against whatever cluster/trainer parts did (gpus_per_node, the model's experts)."""
     if not isinstance(data, dict):
-        return Diagnosis(source, None, [], [Problem("<root>", "schema",
-                                                    f"a study is a mapping, got {type(data).__name__}")])
+        return Diagnosis(
+            source,
+            None,
+            [],
+            [Problem("<root>", "schema", f"a study is a mapping, got {type(data).__name__}")],
+        )
     env_problems: list[tuple[str, str]] = []
     data = interpolate(data, (), dict(os.environ) if env is None else env, env_problems)
     problems = [Problem(p, "env", m) for p, m in env_problems]
@@ -73,7 +77,11 @@ def diagnose_data(data: Any, source: str = "<study>", env: dict[str, str] | None
     if problems and study is not None:
         study = None  # an unset variable was replaced by "": the spec is not what the user meant
     if study is not None:
-        matrix, gpn, experts = study.matrix, study.cluster.gpus_per_node, PRESETS[study.trainer.model].llm.num_experts
+        matrix, gpn, experts = (
+            study.matrix,
+            study.cluster.gpus_per_node,
+            PRESETS[study.trainer.model].llm.num_experts,
+        )
     else:
         # Only the two facts the topology needs are taken from the raw cluster/trainer sections.
         matrix = _partial(MatrixSpec, data.get("matrix"))
@@ -101,4 +109,3 @@ def diagnose(path: str | Path, env: dict[str, str] | None = None) -> Diagnosis:
         rule = "file" if where == "<file>" else "yaml"
         return Diagnosis(str(path), None, [], [Problem(where, rule, msg)])
     return diagnose_data(data, str(path), env)
-

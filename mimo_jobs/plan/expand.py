@@ -44,7 +44,11 @@ def run_name(p: PointSpec, repeat: int, repeats: int) -> str:
     """Readable name, e.g. 33n-e1x8-l2x8x128-g768 (encoder tp x dp, llm tp x ep x dp, gbs)."""
     e, l_ = p.encoder, p.llm
     enc = f"e{e.tp}x{e.dp}" + (f"p{e.pp}" if e.pp > 1 else "")
-    llm = f"l{l_.tp}x{l_.ep}x{l_.dp}" + (f"p{l_.pp}" if l_.pp > 1 else "") + (f"t{l_.etp}" if l_.etp > 1 else "")
+    llm = (
+        f"l{l_.tp}x{l_.ep}x{l_.dp}"
+        + (f"p{l_.pp}" if l_.pp > 1 else "")
+        + (f"t{l_.etp}" if l_.etp > 1 else "")
+    )
     name = f"{p.nodes}n-{enc}-{llm}-g{p.gbs}" + (f"-m{p.mbs}" if p.mbs > 1 else "")
     return name + (f"-r{repeat}" if repeats > 1 else "")
 
@@ -52,8 +56,10 @@ def run_name(p: PointSpec, repeat: int, repeats: int) -> str:
 def run_id_of(study: StudySpec, point: PointSpec, repeat: int) -> str:
     """Stable id: a hash of the resolved config (study name, cluster, trainer, point, repeat)."""
     payload = {
-        "study": study.name, "cluster": study.cluster.model_dump(mode="json"),
-        "trainer": study.trainer.model_dump(mode="json"), "point": point.model_dump(mode="json"),
+        "study": study.name,
+        "cluster": study.cluster.model_dump(mode="json"),
+        "trainer": study.trainer.model_dump(mode="json"),
+        "point": point.model_dump(mode="json"),
         "repeat": repeat,
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
@@ -81,8 +87,9 @@ def _raw_points(m: MatrixSpec, problems: list[tuple[str, str]]) -> list[tuple[st
     return pts
 
 
-def expand_matrix(matrix: MatrixSpec, gpus_per_node: int, num_experts: int,
-            study: StudySpec | None) -> tuple[list[PointResult], list[tuple[str, str]]]:
+def expand_matrix(
+    matrix: MatrixSpec, gpus_per_node: int, num_experts: int, study: StudySpec | None
+) -> tuple[list[PointResult], list[tuple[str, str]]]:
     """Expand the matrix; schema problems are returned, not raised, so every problem can be reported at once.
     Without a valid `study` (diagnosis of a broken file) points are only checked, no RunSpec is built."""
     problems: list[tuple[str, str]] = []
@@ -103,17 +110,35 @@ def expand_matrix(matrix: MatrixSpec, gpus_per_node: int, num_experts: int,
         gpn = gpus_per_node
         dp = p.llm.dp
         if dp is None:
-            dp = topology.derive_llm_dp(p.nodes, gpn, p.encoder.tp, p.encoder.pp, p.encoder.dp,
-                                        p.llm.tp, p.llm.pp, p.llm.cp)
+            dp = topology.derive_llm_dp(
+                p.nodes, gpn, p.encoder.tp, p.encoder.pp, p.encoder.dp, p.llm.tp, p.llm.pp, p.llm.cp
+            )
         lay = topology.Layout(
-            nodes=p.nodes, gpus_per_node=gpn, enc_tp=p.encoder.tp, enc_pp=p.encoder.pp, enc_dp=p.encoder.dp,
-            llm_tp=p.llm.tp, llm_pp=p.llm.pp, llm_dp=dp if dp is not None else 0, llm_ep=p.llm.ep,
-            llm_etp=p.llm.etp, llm_cp=p.llm.cp, num_experts=num_experts, gbs=p.gbs, mbs=p.mbs)
+            nodes=p.nodes,
+            gpus_per_node=gpn,
+            enc_tp=p.encoder.tp,
+            enc_pp=p.encoder.pp,
+            enc_dp=p.encoder.dp,
+            llm_tp=p.llm.tp,
+            llm_pp=p.llm.pp,
+            llm_dp=dp if dp is not None else 0,
+            llm_ep=p.llm.ep,
+            llm_etp=p.llm.etp,
+            llm_cp=p.llm.cp,
+            num_experts=num_experts,
+            gbs=p.gbs,
+            mbs=p.mbs,
+        )
         if dp is None:
-            viol = [topology.Violation(
-                "tiling", f"llm.dp cannot be derived: {p.nodes}x{gpn} GPUs minus encoder "
-                f"{p.encoder.tp * p.encoder.pp * p.encoder.dp} is not a multiple of llm.tp*cp*pp="
-                f"{p.llm.tp * p.llm.cp * p.llm.pp}", None)]
+            viol = [
+                topology.Violation(
+                    "tiling",
+                    f"llm.dp cannot be derived: {p.nodes}x{gpn} GPUs minus encoder "
+                    f"{p.encoder.tp * p.encoder.pp * p.encoder.dp} is not a multiple of llm.tp*cp*pp="
+                    f"{p.llm.tp * p.llm.cp * p.llm.pp}",
+                    None,
+                )
+            ]
         else:
             viol = topology.check(lay)
         p = p.model_copy(update={"llm": p.llm.model_copy(update={"dp": dp})})
@@ -129,8 +154,17 @@ def expand_matrix(matrix: MatrixSpec, gpus_per_node: int, num_experts: int,
             seen[name] = label
             spec = None
             if study is not None:
-                spec = RunSpec(study=study.name, name=name, run_id=run_id_of(study, p, r), index=index, repeat=r,
-                               point=p, layout=lay, cluster=study.cluster, trainer=study.trainer)
+                spec = RunSpec(
+                    study=study.name,
+                    name=name,
+                    run_id=run_id_of(study, p, r),
+                    index=index,
+                    repeat=r,
+                    point=p,
+                    layout=lay,
+                    cluster=study.cluster,
+                    trainer=study.trainer,
+                )
             results.append(PointResult(index, label, spec, []))
             index += 1
     return results, problems
@@ -139,12 +173,12 @@ def expand_matrix(matrix: MatrixSpec, gpus_per_node: int, num_experts: int,
 def expand(study: StudySpec, source: str = "<study>") -> list[PointResult]:
     """All points of the matrix, each with its RunSpec or its violations. Raises StudyError for malformed
     points (unknown keys, wrong types) and duplicate run names; topology violations are returned per point."""
-    results, problems = expand_matrix(study.matrix, study.cluster.gpus_per_node,
-                                PRESETS[study.trainer.model].llm.num_experts, study)
+    results, problems = expand_matrix(
+        study.matrix, study.cluster.gpus_per_node, PRESETS[study.trainer.model].llm.num_experts, study
+    )
     if problems:
         raise StudyError(source, problems)
     return results
-
 
 
 def runs_of(study: StudySpec, source: str = "<study>") -> list[RunSpec]:
@@ -154,5 +188,3 @@ def runs_of(study: StudySpec, source: str = "<study>") -> list[RunSpec]:
     if bad:
         raise StudyError(source, bad)
     return [r.run for r in results if r.run is not None]
-
-

@@ -32,15 +32,22 @@ def interpolate(node: Any, path: tuple, env: dict[str, str], problems: list[tupl
     if isinstance(node, list):
         return [interpolate(v, path + (i,), env, problems) for i, v in enumerate(node)]
     if isinstance(node, str) and "${" in node:
+
         def repl(m: re.Match) -> str:
             var, default = m.group(1), m.group(2)
             if var in env:
                 return env[var]
             if default is not None:
                 return default
-            problems.append((fmt_path(path), f"environment variable ${{{var}}} is not set "
-                             f"(export {var}=... or write ${{{var}:-default}})"))
+            problems.append(
+                (
+                    fmt_path(path),
+                    f"environment variable ${{{var}}} is not set "
+                    f"(export {var}=... or write ${{{var}:-default}})",
+                )
+            )
             return ""
+
         return _ENV_RE.sub(repl, node)
     return node
 
@@ -53,7 +60,7 @@ def pydantic_problems(err: ValidationError, prefix: tuple = ()) -> list[tuple[st
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+            msg = msg[len("Value error, ") :]
         out.append((fmt_path(loc), msg))
     return out
 
@@ -88,4 +95,3 @@ def read_yaml(path: str | Path) -> Any:
 
 def load_study(path: str | Path, env: dict[str, str] | None = None) -> StudySpec:
     return parse_study(read_yaml(path), str(path), env)
-

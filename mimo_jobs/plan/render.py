@@ -9,8 +9,6 @@ temporary file and renamed, so a failure leaves no half-written run directory be
 
 from __future__ import annotations
 
-from mimo_jobs.errors import MimoJobsError
-
 import hashlib
 import os
 import re
@@ -27,9 +25,11 @@ import yaml
 
 from mimo_jobs import __version__
 from mimo_jobs.contract import REQUEUE_EXIT_CODE, REQUEUE_MARKER
-from .rundir import RunDir
+from mimo_jobs.errors import MimoJobsError
+
 from .diagnose import Problem
 from .expand import runs_of
+from .rundir import RunDir
 from .runspec import RunSpec, run_yaml_doc
 from .spec import ClusterSpec, StudySpec
 
@@ -74,7 +74,9 @@ def packaged_templates() -> Path:
     for cand in (here / "_templates", here.parent / "templates"):
         if all((cand / n).is_file() for n in TEMPLATE_NAMES):
             return cand
-    raise TemplatesNotFound(f"packaged templates not found next to {here} (expected _templates/{TEMPLATE_NAMES[0]})")
+    raise TemplatesNotFound(
+        f"packaged templates not found next to {here} (expected _templates/{TEMPLATE_NAMES[0]})"
+    )
 
 
 def packaged_studies() -> Path:
@@ -88,7 +90,9 @@ def packaged_studies() -> Path:
 def _sbatch_word(value: Any) -> str:
     s = str(value)
     if not _SBATCH_WORD_RE.match(s):
-        raise jinja2.TemplateRuntimeError(f"{s!r} cannot go into an #SBATCH header (no spaces/quotes/shell chars)")
+        raise jinja2.TemplateRuntimeError(
+            f"{s!r} cannot go into an #SBATCH header (no spaces/quotes/shell chars)"
+        )
     return s
 
 
@@ -143,15 +147,22 @@ def setup_problems(cluster: ClusterSpec) -> list[Problem]:
     problems: list[Problem] = []
     for i, line in enumerate(cluster.setup):
         if "\n" in line.strip():
-            problems.append(Problem(f"cluster.setup[{i}]", "setup", "one command per list item (no newlines)"))
+            problems.append(
+                Problem(f"cluster.setup[{i}]", "setup", "one command per list item (no newlines)")
+            )
             continue
         # Inside a function body, anything that reaches past its own line (open quote or block, heredoc,
         # trailing backslash joining the next line) leaves the closing brace unmatched: bash -n fails.
         err = _bash_n(f"_mimo_jobs_setup() {{\n{line}\n}}\n")
         if err:
-            problems.append(Problem(f"cluster.setup[{i}]", "setup",
-                                    f"{line!r} is not a complete shell command ({err})",
-                                    "close quotes/blocks on the same line, or split it into complete commands"))
+            problems.append(
+                Problem(
+                    f"cluster.setup[{i}]",
+                    "setup",
+                    f"{line!r} is not a complete shell command ({err})",
+                    "close quotes/blocks on the same line, or split it into complete commands",
+                )
+            )
     return problems
 
 
@@ -161,8 +172,14 @@ def path_problems(runs_root: str | Path) -> list[Problem]:
     if RUN_PATH_RE.match(root):
         return []
     bad = "".join(sorted({c for c in root if not RUN_PATH_RE.match(c)}))
-    return [Problem("--output", "run-path", f"runs root {root!r} contains {bad!r}, which #SBATCH lines and "
-                    "container mounts cannot quote", "use a path of letters, digits and _./@+=~-")]
+    return [
+        Problem(
+            "--output",
+            "run-path",
+            f"runs root {root!r} contains {bad!r}, which #SBATCH lines and container mounts cannot quote",
+            "use a path of letters, digits and _./@+=~-",
+        )
+    ]
 
 
 def preflight(spec: StudySpec, runs_root: str | Path | None = None) -> list[Problem]:
@@ -178,20 +195,35 @@ def provenance() -> dict:
     src = Path(__file__).resolve().parent
     sha, dirty = None, None
     try:
-        r = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], check=False, capture_output=True,
-                           text=True, timeout=5)
+        r = subprocess.run(
+            ["git", "-C", str(src), "rev-parse", "HEAD"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         if r.returncode == 0:
             sha = r.stdout.strip()
-            st = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--", "."],
-                                check=False, capture_output=True, text=True, timeout=10)
+            st = subprocess.run(
+                ["git", "-C", str(src), "status", "--porcelain", "--", "."],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
             dirty = bool(st.stdout.strip()) if st.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         pass
     if sha is None:  # no checkout, e.g. inside the mimo-jobs image: the commit the image was built from
         from mimo_jobs.image import image_sha
+
         sha, dirty = image_sha()
-    return {"mimo_jobs_version": __version__, "git_sha": sha, "git_dirty": dirty,
-            "rendered_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "mimo_jobs_version": __version__,
+        "git_sha": sha,
+        "git_dirty": dirty,
+        "rendered_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def context(spec: RunSpec, rd: RunDir) -> dict:
@@ -205,20 +237,43 @@ def context(spec: RunSpec, rd: RunDir) -> dict:
         if ck and not Path(ck).resolve().is_relative_to(rd.root):
             mounts.append(f"{ck}:{ck}")
         mounts += [m for m in c.container.mounts if m not in mounts]
-        container = {"runtime": c.container.runtime, "image": c.container.image, "mounts": mounts,
-                     "workdir": c.container.workdir or run_dir, "mount_home": c.container.mount_home}
+        container = {
+            "runtime": c.container.runtime,
+            "image": c.container.image,
+            "mounts": mounts,
+            "workdir": c.container.workdir or run_dir,
+            "mount_home": c.container.mount_home,
+        }
     return {
-        "version": __version__, "study": spec.study, "run_name": spec.name, "run_id": spec.run_id,
+        "version": __version__,
+        "study": spec.study,
+        "run_name": spec.name,
+        "run_id": spec.run_id,
         "job_name": f"{spec.study}.{spec.name}",
-        "run_dir": run_dir, "run_yaml": str(rd.run_yaml), "launch_sh": str(rd.launch_sh),
+        "run_dir": run_dir,
+        "run_yaml": str(rd.run_yaml),
+        "launch_sh": str(rd.launch_sh),
         "slurm_out": str(rd.slurm_out()),
-        "nodes": spec.layout.nodes, "nproc_per_node": c.gpus_per_node, "gpus_per_node": c.gpus_per_node,
-        "accelerator": c.accelerator, "time_limit": spec.time_limit,
-        "partition": c.partition, "account": c.account, "qos": c.qos, "exclusive": c.exclusive,
-        "signal": c.signal, "signal_name": c.signal.split("@")[0].removeprefix("B:"), "requeue": c.requeue,
-        "sbatch_args": list(c.sbatch_args), "srun_args": list(c.srun_args),
-        "env": sorted(c.env.items()), "setup": list(c.setup), "python": c.python, "container": container,
-        "port_base": PORT_BASE, "port_span": PORT_SPAN,
+        "nodes": spec.layout.nodes,
+        "nproc_per_node": c.gpus_per_node,
+        "gpus_per_node": c.gpus_per_node,
+        "accelerator": c.accelerator,
+        "time_limit": spec.time_limit,
+        "partition": c.partition,
+        "account": c.account,
+        "qos": c.qos,
+        "exclusive": c.exclusive,
+        "signal": c.signal,
+        "signal_name": c.signal.split("@")[0].removeprefix("B:"),
+        "requeue": c.requeue,
+        "sbatch_args": list(c.sbatch_args),
+        "srun_args": list(c.srun_args),
+        "env": sorted(c.env.items()),
+        "setup": list(c.setup),
+        "python": c.python,
+        "container": container,
+        "port_base": PORT_BASE,
+        "port_span": PORT_SPAN,
         # requeue contract (trainer/signals.py; literals so rendering imports no trainer module)
         "time_limit_s": spec.cluster.model_copy(update={"time_limit": spec.time_limit}).time_limit_seconds(),
         "requeue_marker": str(Path(spec.trainer.checkpoint_dir or rd.checkpoints) / REQUEUE_MARKER),
@@ -246,7 +301,9 @@ def _plan_run(spec: RunSpec, rd: RunDir, env: jinja2.Environment, prov: dict) ->
             raise RenderError([Problem(spec.name, "template", f"{where}: {e}")]) from None
         err = _bash_n(text)
         if err:
-            raise RenderError([Problem(spec.name, "template", f"rendered {path.name} is not valid bash: {err}")])
+            raise RenderError(
+                [Problem(spec.name, "template", f"rendered {path.name} is not valid bash: {err}")]
+            )
         files[path] = (text, 0o755)
     return _Planned(spec, rd, files)
 
@@ -260,7 +317,9 @@ def _same_run_yaml(path: Path, text: str) -> bool:
     new = yaml.safe_load(text)
     if not isinstance(old, dict):
         return False
-    return {k: v for k, v in old.items() if k != "provenance"} == {k: v for k, v in new.items() if k != "provenance"}
+    return {k: v for k, v in old.items() if k != "provenance"} == {
+        k: v for k, v in new.items() if k != "provenance"
+    }
 
 
 def _write_atomic(path: Path, text: str, mode: int) -> None:
@@ -293,13 +352,20 @@ def _write(p: _Planned) -> RenderedRun:
         _write_atomic(path, text, mode)
     sbatch_text = p.files[p.rd.sbatch_sh][0]
     status = "unchanged" if existed and not changed else ("updated" if existed else "new")
-    return RenderedRun(run=p.spec, run_dir=p.rd.root, run_yaml=p.rd.run_yaml, launch_sh=p.rd.launch_sh,
-                       sbatch_sh=p.rd.sbatch_sh, sbatch_sha256=hashlib.sha256(sbatch_text.encode()).hexdigest(),
-                       status=status)
+    return RenderedRun(
+        run=p.spec,
+        run_dir=p.rd.root,
+        run_yaml=p.rd.run_yaml,
+        launch_sh=p.rd.launch_sh,
+        sbatch_sh=p.rd.sbatch_sh,
+        sbatch_sha256=hashlib.sha256(sbatch_text.encode()).hexdigest(),
+        status=status,
+    )
 
 
-def render_runs(runs: list[RunSpec], runs_root: str | Path,
-                templates_dir: str | Path | None = None) -> list[RenderedRun]:
+def render_runs(
+    runs: list[RunSpec], runs_root: str | Path, templates_dir: str | Path | None = None
+) -> list[RenderedRun]:
     """Render and write `runs` under runs_root/<study>/<run>/. Everything is checked before anything is
     written; raises RenderError (with every problem found) and writes nothing when a check fails."""
     root = Path(runs_root).resolve()
@@ -319,15 +385,29 @@ def render_run(spec: RunSpec, runs_root: str | Path, templates_dir: str | Path |
     return render_runs([spec], runs_root, templates_dir)[0]
 
 
-def render_study(study: StudySpec, runs_root: str | Path, templates_dir: str | Path | None = None,
-                 only: list[str] | None = None, source: str = "<study>") -> list[RenderedRun]:
+def render_study(
+    study: StudySpec,
+    runs_root: str | Path,
+    templates_dir: str | Path | None = None,
+    only: list[str] | None = None,
+    source: str = "<study>",
+) -> list[RenderedRun]:
     """Render every run of a study (or those named in `only`, by run name or run id)."""
     runs = runs_of(study, source)
     if only:
         known = {r.name for r in runs} | {r.run_id for r in runs}
         missing = [o for o in only if o not in known]
         if missing:
-            raise RenderError([Problem("--only", "unknown-run", f"no run named {m!r} in {study.name}",
-                                       "one of: " + ", ".join(r.name for r in runs)) for m in missing])
+            raise RenderError(
+                [
+                    Problem(
+                        "--only",
+                        "unknown-run",
+                        f"no run named {m!r} in {study.name}",
+                        "one of: " + ", ".join(r.name for r in runs),
+                    )
+                    for m in missing
+                ]
+            )
         runs = [r for r in runs if r.name in only or r.run_id in only]
     return render_runs(runs, runs_root, templates_dir)

@@ -23,7 +23,7 @@ class RunDir:
     root: Path
 
     @classmethod
-    def of(cls, runs_root: str | Path, study: str, run: str) -> "RunDir":
+    def of(cls, runs_root: str | Path, study: str, run: str) -> RunDir:
         return cls(Path(runs_root) / study / run)
 
     @property

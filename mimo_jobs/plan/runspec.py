@@ -12,7 +12,6 @@ from .rundir import RunDir
 from .spec import ClusterSpec, PointSpec, TrainerSpec
 
 
-
 @dataclass(frozen=True)
 class RunSpec:
     """One expanded point of a study: everything needed to render, launch and train it."""
@@ -33,17 +32,29 @@ class RunSpec:
 
     def to_dict(self) -> dict:
         return {
-            "study": self.study, "name": self.name, "run_id": self.run_id, "index": self.index,
-            "repeat": self.repeat, "point": self.point.model_dump(mode="json"), "layout": asdict(self.layout),
-            "cluster": self.cluster.model_dump(mode="json"), "trainer": self.trainer.model_dump(mode="json"),
+            "study": self.study,
+            "name": self.name,
+            "run_id": self.run_id,
+            "index": self.index,
+            "repeat": self.repeat,
+            "point": self.point.model_dump(mode="json"),
+            "layout": asdict(self.layout),
+            "cluster": self.cluster.model_dump(mode="json"),
+            "trainer": self.trainer.model_dump(mode="json"),
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> RunSpec:
         return cls(
-            study=d["study"], name=d["name"], run_id=d["run_id"], index=int(d["index"]), repeat=int(d["repeat"]),
-            point=PointSpec.model_validate(d["point"]), layout=topology.Layout(**d["layout"]),
-            cluster=ClusterSpec.model_validate(d["cluster"]), trainer=TrainerSpec.model_validate(d["trainer"]),
+            study=d["study"],
+            name=d["name"],
+            run_id=d["run_id"],
+            index=int(d["index"]),
+            repeat=int(d["repeat"]),
+            point=PointSpec.model_validate(d["point"]),
+            layout=topology.Layout(**d["layout"]),
+            cluster=ClusterSpec.model_validate(d["cluster"]),
+            trainer=TrainerSpec.model_validate(d["trainer"]),
         )
 
     def plan(self) -> topology.Plan:
@@ -73,8 +84,11 @@ def run_yaml_doc(spec: RunSpec, run_dir: str | Path, provenance: dict | None = N
     return {
         "run": spec.to_dict(),
         "plan": spec.plan().to_dict(),
-        "paths": {"run_dir": str(rd.root), "metrics": str(rd.metrics), "logs": str(rd.logs),
-                  "checkpoints": ckpt},
+        "paths": {
+            "run_dir": str(rd.root),
+            "metrics": str(rd.metrics),
+            "logs": str(rd.logs),
+            "checkpoints": ckpt,
+        },
         "provenance": provenance or {},
     }
-

@@ -58,8 +58,10 @@ class ContainerSpec(_Strict):
     @classmethod
     def _image(cls, v: str) -> str:
         if not IMAGE_RE.match(v):
-            raise ValueError(f"{v!r} is not an image reference or path (letters, digits, _./@+=~#:- only, "
-                             "e.g. nvcr.io#nvidia/pytorch:25.04-py3 or /images/mimo.sqsh)")
+            raise ValueError(
+                f"{v!r} is not an image reference or path (letters, digits, _./@+=~#:- only, "
+                "e.g. nvcr.io#nvidia/pytorch:25.04-py3 or /images/mimo.sqsh)"
+            )
         return v
 
     @field_validator("mounts")
@@ -67,8 +69,10 @@ class ContainerSpec(_Strict):
     def _mounts(cls, v: list[str]) -> list[str]:
         for m in v:
             if not MOUNT_RE.match(m):
-                raise ValueError(f"mount {m!r} must look like /src:/dst or /src:/dst:ro (no spaces, commas, "
-                                 "quotes or shell characters)")
+                raise ValueError(
+                    f"mount {m!r} must look like /src:/dst or /src:/dst:ro (no spaces, commas, "
+                    "quotes or shell characters)"
+                )
         return v
 
     @field_validator("workdir")
@@ -90,7 +94,9 @@ class ClusterSpec(_Strict):
     exclusive: bool = True
     container: ContainerSpec | None = None
     env: dict[str, str] = Field(default_factory=dict)
-    setup: list[str] = Field(default_factory=list)  # shell lines run before the launch (trusted, checked by bash -n)
+    setup: list[str] = Field(
+        default_factory=list
+    )  # shell lines run before the launch (trusted, checked by bash -n)
     sbatch_args: list[str] = Field(default_factory=list)  # extra "--key=value" headers
     srun_args: list[str] = Field(default_factory=list)
     signal: str = "USR2@120"  # preemption/time-limit warning signal: the trainer checkpoints and exits
@@ -137,8 +143,10 @@ class ClusterSpec(_Strict):
             out = {}
             for k, x in v.items():
                 if isinstance(x, bool):
-                    raise ValueError(f"environment variable {k}: write the value as a quoted string "
-                                     f"(\"1\" or \"true\"), not the YAML boolean {x}")
+                    raise ValueError(
+                        f"environment variable {k}: write the value as a quoted string "
+                        f'("1" or "true"), not the YAML boolean {x}'
+                    )
                 out[k] = str(x) if isinstance(x, (int, float)) else x
             return out
         return v
@@ -149,14 +157,18 @@ class ClusterSpec(_Strict):
         what = "sbatch" if info.field_name == "sbatch_args" else "srun"
         for a in v:
             if not ARG_RE.match(a):
-                raise ValueError(f"{what} arg {a!r} must look like --key or --key=value (no spaces or quotes)")
+                raise ValueError(
+                    f"{what} arg {a!r} must look like --key or --key=value (no spaces or quotes)"
+                )
         return v
 
     @field_validator("python")
     @classmethod
     def _python(cls, v: str) -> str:
         if not PATH_WORD_RE.match(v):
-            raise ValueError(f"python {v!r} must be one command or path (e.g. python3 or /opt/venv/bin/python)")
+            raise ValueError(
+                f"python {v!r} must be one command or path (e.g. python3 or /opt/venv/bin/python)"
+            )
         return v
 
     def time_limit_seconds(self) -> int:
@@ -204,7 +216,9 @@ class DataSpec(_Strict):
     num_workers: int = Field(0, ge=0, le=64)
     text_only_fraction: float = Field(0.25, ge=0, le=1)  # mock provider: share of samples with no image
     image_sizes: list[int] = Field(default_factory=lambda: [8, 12, 16])  # mock: square sides in pixels
-    tokenizer: str | None = None  # local HuggingFace tokenizer path (energon); built-in byte tokenizer if None
+    tokenizer: str | None = (
+        None  # local HuggingFace tokenizer path (energon); built-in byte tokenizer if None
+    )
     # energon: a corrupt/incomplete/too-long sample stops the run naming shard and key, or is skipped and counted
     on_bad_sample: Literal["error", "skip"] = "error"
     truncate_text: bool = False  # energon: cut text that does not fit seq_length (counted); images never cut
@@ -293,7 +307,9 @@ class PointSpec(_Strict):
 class MatrixSpec(_Strict):
     defaults: dict[str, Any] = Field(default_factory=dict)  # partial point merged under every point
     points: list[dict[str, Any]] = Field(default_factory=list)
-    product: dict[str, list[Any]] = Field(default_factory=dict)  # dotted axis -> values, e.g. "llm.tp": [1, 2]
+    product: dict[str, list[Any]] = Field(
+        default_factory=dict
+    )  # dotted axis -> values, e.g. "llm.tp": [1, 2]
 
 
 class StudySpec(_Strict):
@@ -309,6 +325,7 @@ class StudySpec(_Strict):
     @classmethod
     def _name(cls, v: str) -> str:
         if not NAME_RE.match(v):
-            raise ValueError(f"{v!r}: study names use letters, digits, '.', '_' and '-' (max 64, no leading '-')")
+            raise ValueError(
+                f"{v!r}: study names use letters, digits, '.', '_' and '-' (max 64, no leading '-')"
+            )
         return v
-

@@ -123,10 +123,19 @@ def _nearest(candidates: list[int], target: int) -> int | None:
 def _positive(lay: Layout) -> list[Violation]:
     """`positive`: every size is an integer >= 1 (num_experts >= 0). The other rules assume it."""
     sizes = {
-        "nodes": lay.nodes, "gpus_per_node": lay.gpus_per_node,
-        "encoder.tp": lay.enc_tp, "encoder.pp": lay.enc_pp, "encoder.dp": lay.enc_dp,
-        "llm.tp": lay.llm_tp, "llm.pp": lay.llm_pp, "llm.dp": lay.llm_dp, "llm.ep": lay.llm_ep,
-        "llm.etp": lay.llm_etp, "llm.cp": lay.llm_cp, "gbs": lay.gbs, "mbs": lay.mbs,
+        "nodes": lay.nodes,
+        "gpus_per_node": lay.gpus_per_node,
+        "encoder.tp": lay.enc_tp,
+        "encoder.pp": lay.enc_pp,
+        "encoder.dp": lay.enc_dp,
+        "llm.tp": lay.llm_tp,
+        "llm.pp": lay.llm_pp,
+        "llm.dp": lay.llm_dp,
+        "llm.ep": lay.llm_ep,
+        "llm.etp": lay.llm_etp,
+        "llm.cp": lay.llm_cp,
+        "gbs": lay.gbs,
+        "mbs": lay.mbs,
     }
     bad = [k for k, x in sizes.items() if not isinstance(x, int) or x < 1]
     if bad:
@@ -151,11 +160,15 @@ def _tiling(lay: Layout) -> list[Violation]:
     else:
         fit = f"the encoder alone needs {e} GPUs; use at least {math.ceil((e + per_dp) / gpn)} nodes"
     what = f"leaves {world - e - l_} GPUs unused" if e + l_ < world else f"needs {e + l_ - world} GPUs more"
-    return [Violation(
-        "tiling",
-        f"encoder {lay.enc_tp}x{lay.enc_pp}x{lay.enc_dp}={e} + llm "
-        f"{lay.llm_tp}x{lay.llm_cp}x{lay.llm_pp}x{lay.llm_dp}={l_} ranks {what} on "
-        f"{lay.nodes}x{gpn}={world}", fit)]
+    return [
+        Violation(
+            "tiling",
+            f"encoder {lay.enc_tp}x{lay.enc_pp}x{lay.enc_dp}={e} + llm "
+            f"{lay.llm_tp}x{lay.llm_cp}x{lay.llm_pp}x{lay.llm_dp}={l_} ranks {what} on "
+            f"{lay.nodes}x{gpn}={world}",
+            fit,
+        )
+    ]
 
 
 def _tp_within_node(lay: Layout) -> list[Violation]:
@@ -164,10 +177,13 @@ def _tp_within_node(lay: Layout) -> list[Violation]:
     for name, tp, start in (("encoder.tp", lay.enc_tp, 0), ("llm.tp", lay.llm_tp, lay.enc_ranks)):
         if gpn % tp != 0 or (start % gpn) % tp != 0:
             fits = [d for d in _divisors(gpn) if (start % gpn) % d == 0]
-            out.append(Violation(
-                "tp-within-node",
-                f"{name}={tp} makes TP groups cross node boundaries (gpus_per_node={gpn}, first rank {start})",
-                f"{name} in {fits} fits"))
+            out.append(
+                Violation(
+                    "tp-within-node",
+                    f"{name}={tp} makes TP groups cross node boundaries (gpus_per_node={gpn}, first rank {start})",
+                    f"{name} in {fits} fits",
+                )
+            )
     return out
 
 
@@ -180,19 +196,32 @@ def _moe(lay: Layout) -> list[Violation]:
     """`moe-experts`, `moe-expert-dp`, `moe-dense`: the expert layout divides what it splits."""
     if lay.num_experts == 0:
         if lay.llm_ep != 1 or lay.llm_etp != 1:
-            return [Violation("moe-dense", f"llm.ep={lay.llm_ep}, llm.etp={lay.llm_etp} given for a dense model "
-                              "(num_experts=0)", "llm.ep=1 (or choose an MoE model preset)")]
+            return [
+                Violation(
+                    "moe-dense",
+                    f"llm.ep={lay.llm_ep}, llm.etp={lay.llm_etp} given for a dense model (num_experts=0)",
+                    "llm.ep=1 (or choose an MoE model preset)",
+                )
+            ]
         return []
     out, tp_dp = [], lay.llm_tp * lay.llm_dp
     if lay.num_experts % lay.llm_ep != 0:
         fits = [d for d in _divisors(lay.num_experts) if tp_dp % (d * lay.llm_etp) == 0]
-        out.append(Violation("moe-experts", f"num_experts={lay.num_experts} is not divisible by llm.ep={lay.llm_ep}",
-                             f"llm.ep in {fits} fits"))
+        out.append(
+            Violation(
+                "moe-experts",
+                f"num_experts={lay.num_experts} is not divisible by llm.ep={lay.llm_ep}",
+                f"llm.ep in {fits} fits",
+            )
+        )
     if tp_dp % (lay.llm_ep * lay.llm_etp) != 0:
-        out.append(Violation(
-            "moe-expert-dp",
-            f"llm.tp*llm.dp={tp_dp} is not divisible by llm.ep*llm.etp={lay.llm_ep * lay.llm_etp}",
-            f"llm.ep in {[d for d in _divisors(lay.num_experts) if tp_dp % d == 0]} fits"))
+        out.append(
+            Violation(
+                "moe-expert-dp",
+                f"llm.tp*llm.dp={tp_dp} is not divisible by llm.ep*llm.etp={lay.llm_ep * lay.llm_etp}",
+                f"llm.ep in {[d for d in _divisors(lay.num_experts) if tp_dp % d == 0]} fits",
+            )
+        )
     return out
 
 
@@ -202,8 +231,13 @@ def _gbs(lay: Layout) -> list[Violation]:
     if lay.gbs % step == 0:
         return []
     lo, hi = (lay.gbs // step) * step, (lay.gbs // step + 1) * step
-    return [Violation("gbs", f"gbs={lay.gbs} is not divisible by mbs*llm.dp={lay.mbs}*{lay.llm_dp}={step}",
-                      f"gbs={hi}" + (f" or gbs={lo}" if lo > 0 else "") + " fits")]
+    return [
+        Violation(
+            "gbs",
+            f"gbs={lay.gbs} is not divisible by mbs*llm.dp={lay.mbs}*{lay.llm_dp}={step}",
+            f"gbs={hi}" + (f" or gbs={lo}" if lo > 0 else "") + " fits",
+        )
+    ]
 
 
 def _bridge(lay: Layout) -> list[Violation]:
@@ -211,15 +245,23 @@ def _bridge(lay: Layout) -> list[Violation]:
     embeds whole samples of every microbatch."""
     if lay.enc_dp % lay.llm_dp != 0 and lay.llm_dp % lay.enc_dp != 0:
         cands = _divisors(lay.llm_dp) + [lay.llm_dp * m for m in range(2, 5)]
-        return [Violation("bridge-ratio", f"encoder.dp={lay.enc_dp} and llm.dp={lay.llm_dp}: neither divides the other",
-                          f"encoder.dp={_nearest(cands, lay.enc_dp)} fits")]
+        return [
+            Violation(
+                "bridge-ratio",
+                f"encoder.dp={lay.enc_dp} and llm.dp={lay.llm_dp}: neither divides the other",
+                f"encoder.dp={_nearest(cands, lay.enc_dp)} fits",
+            )
+        ]
     if (lay.mbs * lay.llm_dp) % lay.enc_dp != 0:
         need = lay.enc_dp // math.gcd(lay.enc_dp, lay.llm_dp)
-        return [Violation(
-            "bridge-samples",
-            f"mbs*llm.dp={lay.mbs}*{lay.llm_dp}={lay.mbs * lay.llm_dp} samples per microbatch do not split over "
-            f"encoder.dp={lay.enc_dp} replicas",
-            f"mbs={need} (a multiple of {need}) fits")]
+        return [
+            Violation(
+                "bridge-samples",
+                f"mbs*llm.dp={lay.mbs}*{lay.llm_dp}={lay.mbs * lay.llm_dp} samples per microbatch do not split over "
+                f"encoder.dp={lay.enc_dp} replicas",
+                f"mbs={need} (a multiple of {need}) fits",
+            )
+        ]
     return []
 
 
@@ -251,19 +293,34 @@ def plan(lay: Layout) -> Plan:
         fan, lpe, epl = "in", 1, lay.enc_dp // lay.llm_dp
     expert_dp = lay.llm_tp * lay.llm_dp // (lay.llm_ep * lay.llm_etp) if lay.num_experts else 0
     return Plan(
-        layout=lay, world=lay.world,
-        enc_rank_start=0, enc_rank_end=e, llm_rank_start=e, llm_rank_end=lay.world,
-        encoder_nodes=enc_nodes, llm_nodes=llm_nodes,
+        layout=lay,
+        world=lay.world,
+        enc_rank_start=0,
+        enc_rank_end=e,
+        llm_rank_start=e,
+        llm_rank_end=lay.world,
+        encoder_nodes=enc_nodes,
+        llm_nodes=llm_nodes,
         shared_nodes=sorted(set(enc_nodes) & set(llm_nodes)),
         expert_dp=expert_dp,
         num_microbatches=lay.gbs // (lay.mbs * lay.llm_dp),
-        fan=fan, lanes_per_encoder=lpe, encoders_per_lane=epl,
+        fan=fan,
+        lanes_per_encoder=lpe,
+        encoders_per_lane=epl,
         samples_per_encoder_microbatch=lay.mbs * lay.llm_dp // lay.enc_dp,
     )
 
 
-def derive_llm_dp(nodes: int, gpus_per_node: int, enc_tp: int, enc_pp: int, enc_dp: int,
-                  llm_tp: int, llm_pp: int, llm_cp: int = 1) -> int | None:
+def derive_llm_dp(
+    nodes: int,
+    gpus_per_node: int,
+    enc_tp: int,
+    enc_pp: int,
+    enc_dp: int,
+    llm_tp: int,
+    llm_pp: int,
+    llm_cp: int = 1,
+) -> int | None:
     """The llm.dp that tiles the world exactly, or None when none does."""
     rest = nodes * gpus_per_node - enc_tp * enc_pp * enc_dp
     per = llm_tp * llm_pp * llm_cp

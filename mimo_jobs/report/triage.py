@@ -85,7 +85,8 @@ def triage(
     victims = [
         e
         for e in events
-        if e.kind in VICTIM_KINDS or (e.kind == "traceback" and is_victim_message(e.message) and not launcher(e))
+        if e.kind in VICTIM_KINDS
+        or (e.kind == "traceback" and is_victim_message(e.message) and not launcher(e))
     ]
     summary = [e for e in events if e.kind in SUMMARY_KINDS or launcher(e)]
     sched = [e for e in events if e.kind in SCHEDULER_KINDS]
@@ -116,8 +117,14 @@ def _own_failure(root: list[EventRow], tail: str, summary: list[EventRow]) -> Ve
     if first.rank is None and first.node is None:
         named = _launcher_failure(summary, tail)
         if named is not None:
-            return Verdict(named.rank, named.node, named.kind, f"{named.reason} (also: {first.message})",
-                           named.time, named.evidence)
+            return Verdict(
+                named.rank,
+                named.node,
+                named.kind,
+                f"{named.reason} (also: {first.message})",
+                named.time,
+                named.evidence,
+            )
     others = [e for e in root if e.rank == first.rank and e.kind == "traceback"]
     msg = others[0].message if others and first.kind != "traceback" else first.message
     return _failed(first, f"{_who(first.rank, first.node)} failed: {msg}{tail}")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from mimo_jobs.errors import MimoJobsError
 
@@ -25,7 +25,10 @@ class NoStore(MimoJobsError, FileNotFoundError):
 class StoreLocked(MimoJobsError, RuntimeError):
     """Another process kept the store's write lock for longer than this one waited."""
 
+
 DEFAULT_DB = "mimo-jobs.duckdb"
+
+
 def db_path(db: str | os.PathLike | None = None) -> Path:
     return Path(db or os.environ.get("MIMO_JOBS_DB") or DEFAULT_DB)
 

@@ -113,8 +113,12 @@ SCHEMA = [
 ]
 
 # Columns added after a table's first release: (table, column, type), added to stores that lack them.
-ADDED_COLUMNS = [("jobs", "action", "VARCHAR"), ("jobs", "next_job_id", "VARCHAR"),
-                 ("jobs", "first_error", "VARCHAR"), ("jobs", "log_path", "VARCHAR")]
+ADDED_COLUMNS = [
+    ("jobs", "action", "VARCHAR"),
+    ("jobs", "next_job_id", "VARCHAR"),
+    ("jobs", "first_error", "VARCHAR"),
+    ("jobs", "log_path", "VARCHAR"),
+]
 
 
 def version_of(con) -> int | None:

@@ -7,8 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-ACTIVE_STATES = frozenset({"SUBMITTED", "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED",
-                           "RESIZING", "SUSPENDED", "UNKNOWN"})
+ACTIVE_STATES = frozenset(
+    {
+        "SUBMITTED",
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "REQUEUED",
+        "RESIZING",
+        "SUSPENDED",
+        "UNKNOWN",
+    }
+)
 # Runs whose latest job is in one of these are not submitted again (unless --force).
 KEEP_STATES = ACTIVE_STATES | {"COMPLETED"}
 
@@ -66,16 +77,38 @@ class JobRow:
         return max(0.0, (end - self.start_time).total_seconds())
 
 
-_COLS = ("run_id, job_id, executor, attempt, state, reason, exit_code, submit_time, start_time, end_time, "
-         "node_list, script_sha256, action, next_job_id, first_error, log_path")
+_COLS = (
+    "run_id, job_id, executor, attempt, state, reason, exit_code, submit_time, start_time, end_time, "
+    "node_list, script_sha256, action, next_job_id, first_error, log_path"
+)
 
 
-def insert_job(con, run_id: str, job_id: str, executor: str, attempt: int, script_sha256: str | None,
-               log_path: str | None, submit_time: datetime | None = None, state: str = "SUBMITTED") -> None:
+def insert_job(
+    con,
+    run_id: str,
+    job_id: str,
+    executor: str,
+    attempt: int,
+    script_sha256: str | None,
+    log_path: str | None,
+    submit_time: datetime | None = None,
+    state: str = "SUBMITTED",
+) -> None:
     con.execute(
         f"INSERT INTO jobs ({_COLS}, updated_at) VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, NULL, NULL, NULL, ?, "
         "NULL, NULL, NULL, ?, ?)",
-        [run_id, job_id, executor, attempt, state, submit_time or utcnow(), script_sha256, log_path, utcnow()])
+        [
+            run_id,
+            job_id,
+            executor,
+            attempt,
+            state,
+            submit_time or utcnow(),
+            script_sha256,
+            log_path,
+            utcnow(),
+        ],
+    )
 
 
 def update_facts(con, run_id: str, f: JobFacts) -> None:
@@ -84,15 +117,35 @@ def update_facts(con, run_id: str, f: JobFacts) -> None:
              start_time = coalesce(?, start_time), end_time = coalesce(?, end_time),
              node_list = coalesce(?, node_list), reason = coalesce(?, reason), updated_at = ?
            WHERE run_id = ? AND job_id = ?""",
-        [f.state, f.exit_code, f.submit_time, f.start_time, f.end_time, f.node_list, f.reason, utcnow(),
-         run_id, f.job_id])
+        [
+            f.state,
+            f.exit_code,
+            f.submit_time,
+            f.start_time,
+            f.end_time,
+            f.node_list,
+            f.reason,
+            utcnow(),
+            run_id,
+            f.job_id,
+        ],
+    )
 
 
-def set_outcome(con, run_id: str, job_id: str, action: str, reason: str, first_err: str | None,
-                next_job_id: str | None = None) -> None:
-    con.execute("UPDATE jobs SET action = ?, reason = ?, first_error = ?, next_job_id = ?, updated_at = ? "
-                "WHERE run_id = ? AND job_id = ?",
-                [action, reason, first_err, next_job_id, utcnow(), run_id, job_id])
+def set_outcome(
+    con,
+    run_id: str,
+    job_id: str,
+    action: str,
+    reason: str,
+    first_err: str | None,
+    next_job_id: str | None = None,
+) -> None:
+    con.execute(
+        "UPDATE jobs SET action = ?, reason = ?, first_error = ?, next_job_id = ?, updated_at = ? "
+        "WHERE run_id = ? AND job_id = ?",
+        [action, reason, first_err, next_job_id, utcnow(), run_id, job_id],
+    )
 
 
 def _rows(con, where: str, params: list) -> list[JobRow]:

@@ -17,8 +17,6 @@ Store consistency (no job row without a scheduler job, nor the reverse):
 
 from __future__ import annotations
 
-from mimo_jobs.errors import MimoJobsError
-
 import json
 import os
 import time
@@ -26,12 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mimo_jobs import __version__
-from mimo_jobs.store import catalog
-from . import jobs_table, policy, status
-from .executors import Executor, SubmitError, get_executor
+from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.plan.rundir import RunDir
 from mimo_jobs.plan.runspec import RunSpec
 from mimo_jobs.plan.spec import StudySpec
+from mimo_jobs.store import catalog
+
+from . import jobs_table, policy, status
+from .executors import Executor, SubmitError, get_executor
 
 INTENT = ".submit-intent.json"
 INTENT_MAX_AGE_S = 300  # an intent with no scheduler job after this long was a refused submission
@@ -66,12 +66,15 @@ def provenance() -> dict:
 
         p = render_provenance()
         sha = p.get("git_sha")
-        _PROV = {"version": p.get("mimo_jobs_version", __version__),
-                 "git_sha": (sha + "-dirty") if sha and p.get("git_dirty") else sha}
+        _PROV = {
+            "version": p.get("mimo_jobs_version", __version__),
+            "git_sha": (sha + "-dirty") if sha and p.get("git_dirty") else sha,
+        }
     return _PROV
 
 
 # ------------------------------------------------------------------------------------------- selection
+
 
 def select_runs(runs: list[RunSpec], only: list[str] | None, source: str) -> list[RunSpec]:
     """--only takes run names or run ids; an unknown one is an error that lists what exists."""
@@ -93,8 +96,11 @@ def check_executor(runs: list[RunSpec], executor_name: str) -> None:
     if executor_name == "local":
         multi = [f"{r.name} ({r.layout.nodes} nodes)" for r in runs if r.layout.nodes > 1]
         if multi:
-            raise LaunchError("--executor local runs one node; these runs need more: " + ", ".join(multi)
-                              + " (submit them to SLURM, or pick 1-node runs with --only)")
+            raise LaunchError(
+                "--executor local runs one node; these runs need more: "
+                + ", ".join(multi)
+                + " (submit them to SLURM, or pick 1-node runs with --only)"
+            )
 
 
 @dataclass
@@ -121,6 +127,7 @@ def plan_submit(con, runs: list[RunSpec], force: bool) -> Selection:
 
 # ------------------------------------------------------------------------------------------- rendering
 
+
 @dataclass
 class Prepared:
     spec: RunSpec
@@ -135,8 +142,9 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def prepare(specs: list[RunSpec], runs_root: Path, executor_name: str,
-            templates_dir: Path | None = None) -> list[Prepared]:
+def prepare(
+    specs: list[RunSpec], runs_root: Path, executor_name: str, templates_dir: Path | None = None
+) -> list[Prepared]:
     """Render the runs (render checks all of them before writing any: run.yaml, launch.sh, sbatch.sh) and
     name the script each executor runs."""
     from mimo_jobs.plan import render
@@ -145,11 +153,14 @@ def prepare(specs: list[RunSpec], runs_root: Path, executor_name: str,
     for rr in render.render_runs(specs, runs_root, templates_dir):
         rd = RunDir(Path(rr.run_dir).resolve())
         script = rd.sbatch_sh if executor_name == "slurm" else rd.launch_sh
-        out.append(Prepared(rr.run, rd, script, rr.sbatch_sha256 if executor_name == "slurm" else _sha(script)))
+        out.append(
+            Prepared(rr.run, rd, script, rr.sbatch_sha256 if executor_name == "slurm" else _sha(script))
+        )
     return out
 
 
 # ------------------------------------------------------------------------------------------- submitting
+
 
 def _write_intent(rd: RunDir, ex: str, attempt: int, job_id: str | None) -> Path:
     p = rd.root / INTENT
@@ -172,7 +183,9 @@ def submit_prepared(con, ex: Executor, p: Prepared, attempt: int) -> str:
         from mimo_jobs.store.connection import transaction
 
         with transaction(con):
-            jobs_table.insert_job(con, p.spec.run_id, job_id, ex.name, attempt, p.sha256, ex.log_path(p.rd, job_id))
+            jobs_table.insert_job(
+                con, p.spec.run_id, job_id, ex.name, attempt, p.sha256, ex.log_path(p.rd, job_id)
+            )
     except BaseException:
         ex.cancel(job_id, p.rd)  # no scheduler job without a row
         intent.unlink(missing_ok=True)
@@ -194,8 +207,15 @@ class Submitted:
     rd: RunDir
 
 
-def submit_runs(con, study: StudySpec, source: str | None, prepared: list[Prepared], sel: Selection,
-                ex: Executor, on_submit=None) -> list[Submitted]:
+def submit_runs(
+    con,
+    study: StudySpec,
+    source: str | None,
+    prepared: list[Prepared],
+    sel: Selection,
+    ex: Executor,
+    on_submit=None,
+) -> list[Submitted]:
     """Record the study and its runs (with provenance), then submit each prepared run. A refusal half way
     raises SubmitError after the earlier jobs are recorded (they are real); nothing of the refused run's job
     is recorded."""
@@ -221,10 +241,13 @@ def submit_runs(con, study: StudySpec, source: str | None, prepared: list[Prepar
 
 # ------------------------------------------------------------------------------------------- following
 
+
 def _run_dirs(con, study: str | None = None) -> dict[str, tuple[RunDir, str]]:
     """run id -> (run dir, spec_json text); the spec is parsed only for jobs that need it (settle)."""
     q = "SELECT run_id, run_dir, spec_json FROM runs" + (" WHERE study = ?" if study else "")
-    return {rid: (RunDir(Path(d)), s) for rid, d, s in con.execute(q, [study] if study else []).fetchall() if d}
+    return {
+        rid: (RunDir(Path(d)), s) for rid, d, s in con.execute(q, [study] if study else []).fetchall() if d
+    }
 
 
 def reconcile(con, study: str | None = None, rdirs: dict | None = None) -> list[tuple[str, str]]:
@@ -247,8 +270,16 @@ def reconcile(con, study: str | None = None, rdirs: dict | None = None) -> list[
         if found:
             with transaction(con):
                 for i, f in enumerate(sorted(found, key=lambda f: f.job_id)):
-                    jobs_table.insert_job(con, rid, f.job_id, ex.name, it["attempt"] + i, None,
-                                    ex.log_path(rd, f.job_id), f.submit_time)
+                    jobs_table.insert_job(
+                        con,
+                        rid,
+                        f.job_id,
+                        ex.name,
+                        it["attempt"] + i,
+                        None,
+                        ex.log_path(rd, f.job_id),
+                        f.submit_time,
+                    )
                     jobs_table.update_facts(con, rid, f)
             adopted += [(rid, f.job_id) for f in found]
             ip.unlink(missing_ok=True)
@@ -286,10 +317,20 @@ def settle(con, row: jobs_table.JobRow, rd: RunDir, spec: dict) -> policy.Decisi
     all_rows = jobs_table.jobs_of_run(con, row.run_id)
     earlier = [r for r in all_rows if r.attempt < row.attempt]
     later = [r for r in all_rows if r.attempt > row.attempt]
-    d = policy.classify(row.state, row.exit_code, text, policy.history_of(earlier),
-                      int((spec.get("cluster") or {}).get("max_retries", 0)), has_checkpoint(rd, spec))
-    why = f"{row.state}" + (f" exit {row.exit_code}" if row.exit_code is not None else "") + \
-        (f" ({row.reason})" if row.reason and row.reason not in ("None", d.reason) else "") + f": {d.reason}"
+    d = policy.classify(
+        row.state,
+        row.exit_code,
+        text,
+        policy.history_of(earlier),
+        int((spec.get("cluster") or {}).get("max_retries", 0)),
+        has_checkpoint(rd, spec),
+    )
+    why = (
+        f"{row.state}"
+        + (f" exit {row.exit_code}" if row.exit_code is not None else "")
+        + (f" ({row.reason})" if row.reason and row.reason not in ("None", d.reason) else "")
+        + f": {d.reason}"
+    )
     next_id = None
     if d.action in ("retry", "requeue"):
         if later:  # a crash after the resubmission but before this update: do not submit twice
@@ -331,9 +372,12 @@ def refresh(con, study: str | None = None) -> list[str]:
                 row = rows[jid][0]
                 if f.state == "UNKNOWN" and row.state != "UNKNOWN":
                     continue  # sacct lag right after sbatch: keep what we knew
-                if (f.state, f.start_time, f.end_time, f.node_list) == (row.state, row.start_time, row.end_time,
-                                                                       row.node_list) and f.active \
-                        and f.reason in (None, row.reason):
+                if (
+                    (f.state, f.start_time, f.end_time, f.node_list)
+                    == (row.state, row.start_time, row.end_time, row.node_list)
+                    and f.active
+                    and f.reason in (None, row.reason)
+                ):
                     continue  # nothing new: a poll of N unchanged jobs writes nothing
                 jobs_table.update_facts(con, row.run_id, f)
                 if not f.active:
@@ -363,6 +407,7 @@ def ingest_runs(con, rds: list[RunDir]) -> None:
 
 # ------------------------------------------------------------------------------------------- cancelling
 
+
 def cancel(con, study: str, run: str | None = None) -> list[tuple[str, str, str]]:
     """scancel (or stop the local runner of) every active job of the study, or of one run (name or id).
     Returns (run name, job id, executor)."""
@@ -372,8 +417,12 @@ def cancel(con, study: str, run: str | None = None) -> list[tuple[str, str, str]
     if run is not None:
         rows = [r for r in rows if run in (r[0], r[1])]
         if not rows:
-            names = ", ".join(n for _, n, _ in con.execute(
-                "SELECT run_id, name, run_dir FROM runs WHERE study = ? ORDER BY idx", [study]).fetchall())
+            names = ", ".join(
+                n
+                for _, n, _ in con.execute(
+                    "SELECT run_id, name, run_dir FROM runs WHERE study = ? ORDER BY idx", [study]
+                ).fetchall()
+            )
             raise LaunchError(f"study {study!r} has no run {run!r} (runs: {names})")
     ids = {rid: (name, RunDir(Path(d))) for rid, name, d in rows}
     out = []

@@ -27,11 +27,28 @@ MAX_REQUEUES = 20
 
 # Log signatures of failures that another attempt may well not hit (infrastructure, not the program).
 FLAKY_PATTERNS = [
-    ("nccl_timeout", re.compile(r"Watchdog caught collective operation timeout|NCCL (?:communicator was aborted|"
-                                r"error|timeout)|ncclRemoteError|ncclSystemError", re.IGNORECASE)),
-    ("gloo_timeout", re.compile(r"gloo/transport.*Timed out|\[gloo\].*Timed out|Gloo connectFullMesh failed", re.IGNORECASE)),
-    ("peer_lost", re.compile(r"gloo/transport.*(?:Connection closed by peer|Connection reset by peer)|"
-                             r"DistNetworkError|RendezvousConnectionError|RendezvousTimeoutError", re.IGNORECASE)),
+    (
+        "nccl_timeout",
+        re.compile(
+            r"Watchdog caught collective operation timeout|NCCL (?:communicator was aborted|"
+            r"error|timeout)|ncclRemoteError|ncclSystemError",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "gloo_timeout",
+        re.compile(
+            r"gloo/transport.*Timed out|\[gloo\].*Timed out|Gloo connectFullMesh failed", re.IGNORECASE
+        ),
+    ),
+    (
+        "peer_lost",
+        re.compile(
+            r"gloo/transport.*(?:Connection closed by peer|Connection reset by peer)|"
+            r"DistNetworkError|RendezvousConnectionError|RendezvousTimeoutError",
+            re.IGNORECASE,
+        ),
+    ),
     ("node_fail", re.compile(r"DUE TO NODE FAILURE|NODE_FAIL|Node failure on", re.IGNORECASE)),
 ]
 
@@ -58,26 +75,38 @@ def flaky_signature(text: str) -> str | None:
     return None
 
 
-def classify(state: str, exit_code: int | None, log_text: str, history: History, max_retries: int,
-             has_checkpoint: bool) -> Decision:
+def classify(
+    state: str, exit_code: int | None, log_text: str, history: History, max_retries: int, has_checkpoint: bool
+) -> Decision:
     """What to do with a job that ended. Pure: every input is given."""
     if state == "COMPLETED":
         return Decision("done", "completed")
     if state != "CANCELLED" and (exit_code == REQUEUE_EXIT_CODE or REQUEUE_LOG_LINE in log_text):
         # The trainer checkpointed and asked for another attempt (its marker was handled by the launch script).
         if not has_checkpoint:
-            return Decision("final", f"exit {exit_code}: the trainer asked for a requeue but no complete "
-                                     "checkpoint exists: not requeued")
+            return Decision(
+                "final",
+                f"exit {exit_code}: the trainer asked for a requeue but no complete "
+                "checkpoint exists: not requeued",
+            )
         if history.preemptions >= MAX_REQUEUES:
             return Decision("final", f"requeued {history.preemptions} times already: not requeued again")
-        return Decision("requeue", "trainer checkpointed and asked for a requeue (signal or time limit): "
-                                   "requeued, resumes from checkpoint")
+        return Decision(
+            "requeue",
+            "trainer checkpointed and asked for a requeue (signal or time limit): "
+            "requeued, resumes from checkpoint",
+        )
     if state == "PREEMPTED":
-        return Decision("requeue", "preempted: requeued" + (" (resumes from checkpoint)" if has_checkpoint else ""))
+        return Decision(
+            "requeue", "preempted: requeued" + (" (resumes from checkpoint)" if has_checkpoint else "")
+        )
     if state == "TIMEOUT":
         if not has_checkpoint:
-            return Decision("final", "time limit reached with no checkpoint: not requeued (it would redo the "
-                                     "same work); raise time_limit or set trainer.save_interval")
+            return Decision(
+                "final",
+                "time limit reached with no checkpoint: not requeued (it would redo the "
+                "same work); raise time_limit or set trainer.save_interval",
+            )
         if history.timeouts >= MAX_TIMEOUTS:
             return Decision("final", f"time limit reached {history.timeouts + 1} times: not requeued again")
         return Decision("requeue", "time limit reached: requeued, resumes from checkpoint")
@@ -87,8 +116,10 @@ def classify(state: str, exit_code: int | None, log_text: str, history: History,
     if sig is not None:
         if history.retries < max_retries:
             return Decision("retry", f"flaky failure ({sig}): retry {history.retries + 1}/{max_retries}")
-        return Decision("final", f"flaky failure ({sig}) after {history.retries} retries (cluster.max_retries="
-                                 f"{max_retries})")
+        return Decision(
+            "final",
+            f"flaky failure ({sig}) after {history.retries} retries (cluster.max_retries={max_retries})",
+        )
     return Decision("final", "deterministic failure: not retried")
 
 

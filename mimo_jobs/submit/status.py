@@ -40,7 +40,9 @@ class RunStatus:
     iteration: int | None = None
     loss: float | None = None
     iter_source: str | None = None  # store | metrics.jsonl
-    checkpoint: int | None = None  # iteration of the run's latest complete checkpoint (what a requeue resumes)
+    checkpoint: int | None = (
+        None  # iteration of the run's latest complete checkpoint (what a requeue resumes)
+    )
 
 
 def last_iteration_from_metrics(path: Path, job_id: str | None = None) -> tuple[int, float] | None:
@@ -74,8 +76,9 @@ def last_checkpoint_iteration(run_dir: Path, spec: dict) -> int | None:
 
 def run_statuses(con, study: str | None = None) -> list[RunStatus]:
     q = "SELECT study, name, run_id, nodes, run_dir, spec_json FROM runs"
-    rows = con.execute(q + (" WHERE study = ?" if study else "") + " ORDER BY study, idx, name",
-                       [study] if study else []).fetchall()
+    rows = con.execute(
+        q + (" WHERE study = ?" if study else "") + " ORDER BY study, idx, name", [study] if study else []
+    ).fetchall()
     latest = latest_jobs(con, [r[2] for r in rows])
     last = _last_iterations(con, [r[2] for r in rows]) if rows else {}
     out = []
@@ -102,9 +105,10 @@ def _last_iterations(con, run_ids: list[str]) -> dict[tuple[str, str | None], tu
     live = " AND NOT coalesce(superseded, false)" if "superseded" in cols else ""
     out: dict[tuple[str, str | None], tuple[int, float | None]] = {}
     for rid, job, it, loss in con.execute(
-            f"""SELECT run_id, job_id, iteration, loss FROM iterations WHERE run_id IN (SELECT unnest(?)){live}
+        f"""SELECT run_id, job_id, iteration, loss FROM iterations WHERE run_id IN (SELECT unnest(?)){live}
                 QUALIFY row_number() OVER (PARTITION BY run_id, job_id ORDER BY iteration DESC) = 1""",
-            [run_ids]).fetchall():
+        [run_ids],
+    ).fetchall():
         out[(rid, job)] = (it, loss)
         if (rid, None) not in out or it > out[(rid, None)][0]:
             out[(rid, None)] = (it, loss)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.plan.topology import Plan
+
 from .grids import ModuleShape
 
 MAGIC = 0x4D494D4F  # "MIMO"
@@ -75,14 +76,16 @@ def keys_hash(keys: list[str]) -> int:
 
 def split_sizes(counts: list[int], parts: list[tuple[int, int]]) -> list[int]:
     """Token rows per part, parts given as (start, n) over the per-sample `counts`."""
-    return [sum(counts[a:a + n]) for a, n in parts]
+    return [sum(counts[a : a + n]) for a, n in parts]
 
 
 def check_split(rows: int, sizes: list[int], where: str) -> None:
     """A flat tensor of `rows` rows must split exactly into `sizes`."""
     if any(x < 0 for x in sizes) or sum(sizes) != rows:
-        raise BridgeError(f"{where}: split sizes {sizes} (sum {sum(sizes)}) do not match the {rows} rows of "
-                          "the embedding tensor")
+        raise BridgeError(
+            f"{where}: split sizes {sizes} (sum {sum(sizes)}) do not match the {rows} rows of "
+            "the embedding tensor"
+        )
 
 
 def make_header(step: int, mb: int, hidden: int, keys: list[str], counts: list[int]) -> list[int]:
@@ -97,15 +100,18 @@ def check_header(got: list[int], expected: list[int], src: int, dst: int, what: 
     diffs = []
     for i, (g, x) in enumerate(zip(got, expected)):
         if g != x:
-            diffs.append(f"{names[i] if i < HDR else 'tokens of sample ' + str(i - HDR)}: "
-                         f"sent {g}, expected {x}")
+            diffs.append(
+                f"{names[i] if i < HDR else 'tokens of sample ' + str(i - HDR)}: sent {g}, expected {x}"
+            )
     if len(got) != len(expected):
         diffs.append(f"header length: sent {len(got)}, expected {len(expected)}")
     sent_sizes, exp_sizes = got[HDR:], expected[HDR:]
     raise BridgeError(
-        f"bridge {what} mismatch from rank {src} to rank {dst}: " + "; ".join(diffs)
+        f"bridge {what} mismatch from rank {src} to rank {dst}: "
+        + "; ".join(diffs)
         + f" (per-sample token counts sent {sent_sizes} = {sum(sent_sizes)} rows, "
-          f"receiver expects {exp_sizes} = {sum(exp_sizes)} rows)")
+        f"receiver expects {exp_sizes} = {sum(exp_sizes)} rows)"
+    )
 
 
 # ------------------------------------------------------------------------------------------ runtime
@@ -117,8 +123,18 @@ class Bridge:
     Encoder ranks call send_forward / recv_backward; LLM ranks recv_forward / send_backward. Sends are
     asynchronous (isend); `finish()` waits for all of this iteration's sends."""
 
-    def __init__(self, plan: Plan, enc: ModuleShape, llm: ModuleShape, role, enc_tp_group, llm_tp_group,
-                 hidden: int, dtype, device):
+    def __init__(
+        self,
+        plan: Plan,
+        enc: ModuleShape,
+        llm: ModuleShape,
+        role,
+        enc_tp_group,
+        llm_tp_group,
+        hidden: int,
+        dtype,
+        device,
+    ):
         self.plan, self.enc, self.llm, self.role = plan, enc, llm, role
         self.enc_tp_group, self.llm_tp_group = enc_tp_group, llm_tp_group
         self.hidden, self.dtype, self.device = hidden, dtype, device
@@ -159,11 +175,14 @@ class Bridge:
         check_split(flat.shape[0], sizes, f"{what} on rank {self.role.rank}")
         row = 0
         for (a, n), size, dst in zip(parts, sizes, dst_ranks):
-            hdr = torch.tensor(make_header(step, mb, self.hidden, keys[a:a + n], counts[a:a + n]),
-                               dtype=torch.int64, device=self.device)
+            hdr = torch.tensor(
+                make_header(step, mb, self.hidden, keys[a : a + n], counts[a : a + n]),
+                dtype=torch.int64,
+                device=self.device,
+            )
             self._isend(hdr, dst)
             if size:
-                self._isend(flat[row:row + size].detach().to(self.dtype).contiguous(), dst)
+                self._isend(flat[row : row + size].detach().to(self.dtype).contiguous(), dst)
             row += size
 
     def _recv_parts(self, step, mb, keys, counts, parts, src_ranks, what):
@@ -171,12 +190,14 @@ class Bridge:
 
         chunks = []
         for (a, n), src in zip(parts, src_ranks):
-            exp = make_header(step, mb, self.hidden, keys[a:a + n], counts[a:a + n])
+            exp = make_header(step, mb, self.hidden, keys[a : a + n], counts[a : a + n])
             hdr = self._recv(torch.empty(len(exp), dtype=torch.int64, device=self.device), src)
             check_header(hdr.tolist(), exp, src, self.role.rank, what)
-            size = sum(counts[a:a + n])
+            size = sum(counts[a : a + n])
             if size:
-                chunks.append(self._recv(torch.empty(size, self.hidden, dtype=self.dtype, device=self.device), src))
+                chunks.append(
+                    self._recv(torch.empty(size, self.hidden, dtype=self.dtype, device=self.device), src)
+                )
         if not chunks:
             return torch.empty(0, self.hidden, dtype=self.dtype, device=self.device)
         return torch.cat(chunks) if len(chunks) > 1 else chunks[0]
@@ -187,8 +208,16 @@ class Bridge:
         if not self.role.is_leader:
             return
         segs = segments_of_encoder(self.plan, self.role.dp_rank)
-        self._send_parts(step, mb, flat, keys, counts, [(g.enc_start, g.n) for g in segs],
-                         [self.llm.leader_of(g.lane) for g in segs], "forward")
+        self._send_parts(
+            step,
+            mb,
+            flat,
+            keys,
+            counts,
+            [(g.enc_start, g.n) for g in segs],
+            [self.llm.leader_of(g.lane) for g in segs],
+            "forward",
+        )
 
     def recv_backward(self, step: int, mb: int, keys: list[str], counts: list[int]):
         import torch
@@ -196,8 +225,15 @@ class Bridge:
         total = sum(counts)
         if self.role.is_leader:
             segs = segments_of_encoder(self.plan, self.role.dp_rank)
-            g = self._recv_parts(step, mb, keys, counts, [(s.enc_start, s.n) for s in segs],
-                                 [self.llm.leader_of(s.lane) for s in segs], "backward")
+            g = self._recv_parts(
+                step,
+                mb,
+                keys,
+                counts,
+                [(s.enc_start, s.n) for s in segs],
+                [self.llm.leader_of(s.lane) for s in segs],
+                "backward",
+            )
         else:
             g = torch.empty(total, self.hidden, dtype=self.dtype, device=self.device)
         return self._bcast(g, self.enc.leader_of(self.role.dp_rank), self.enc_tp_group, self.enc.tp)
@@ -210,8 +246,15 @@ class Bridge:
         lane = self.role.dp_rank
         if self.role.is_leader:
             segs = segments_of_lane(self.plan, lane)
-            x = self._recv_parts(step, mb, keys, counts, [(s.lane_start, s.n) for s in segs],
-                                 [self.enc.leader_of(s.enc_dp) for s in segs], "forward")
+            x = self._recv_parts(
+                step,
+                mb,
+                keys,
+                counts,
+                [(s.lane_start, s.n) for s in segs],
+                [self.enc.leader_of(s.enc_dp) for s in segs],
+                "forward",
+            )
         else:
             x = torch.empty(sum(counts), self.hidden, dtype=self.dtype, device=self.device)
         return self._bcast(x, self.llm.leader_of(lane), self.llm_tp_group, self.llm.tp)
@@ -220,8 +263,16 @@ class Bridge:
         if not self.role.is_leader:
             return
         segs = segments_of_lane(self.plan, self.role.dp_rank)
-        self._send_parts(step, mb, grad, keys, counts, [(g.lane_start, g.n) for g in segs],
-                         [self.enc.leader_of(g.enc_dp) for g in segs], "backward")
+        self._send_parts(
+            step,
+            mb,
+            grad,
+            keys,
+            counts,
+            [(g.lane_start, g.n) for g in segs],
+            [self.enc.leader_of(g.enc_dp) for g in segs],
+            "backward",
+        )
 
     def finish(self) -> None:
         for work, _t in self.pending:

@@ -12,6 +12,7 @@ from typing import Any
 from mimo_jobs.plan.presets import ModelPreset, get_preset
 from mimo_jobs.plan.runspec import RunSpec
 from mimo_jobs.plan.topology import Plan
+
 from . import grids as G
 from .models import Precision
 
@@ -86,19 +87,42 @@ def build_state(run: RunSpec, plan: Plan, reference: bool, timeout) -> TrainStat
     encoder = _build_encoder(preset, t, grids.encoder.pgc, enc_s, prec) if role.is_encoder else None
     language = _build_language(preset, t, grids.language.pgc, llm_s, prec) if role.is_language else None
     optimizer = _build_optimizer(t, prec, device, encoder, language, reference)
-    total_samples = (t.train_samples if t.train_samples is not None else t.train_iters * run.layout.gbs)
+    total_samples = t.train_samples if t.train_samples is not None else t.train_iters * run.layout.gbs
     schedule = from_spec(t.lr, total_samples)
-    provider = make_provider(run, plan, rank_lanes(plan, role, reference), need_images=role.is_encoder,
-                             need_text=True)
+    provider = make_provider(
+        run, plan, rank_lanes(plan, role, reference), need_images=role.is_encoder, need_text=True
+    )
     bridge = None
     if not reference:
-        bridge = Bridge(plan, enc_s, llm_s, role, grids.encoder.pgc.tp if role.is_encoder else None,
-                        grids.language.pgc.tp if role.is_language else None, preset.llm.hidden_size,
-                        prec.dtype, device)
-    return TrainState(run=run, plan=plan, preset=preset, prec=prec, device=device, reference=reference,
-                      role=role, enc_shape=enc_s, llm_shape=llm_s, encoder=encoder, language=language,
-                      optimizer=optimizer, schedule=schedule, provider=provider,
-                      bridge=bridge, image_token_id=image_token_id(preset.llm.vocab_size))
+        bridge = Bridge(
+            plan,
+            enc_s,
+            llm_s,
+            role,
+            grids.encoder.pgc.tp if role.is_encoder else None,
+            grids.language.pgc.tp if role.is_language else None,
+            preset.llm.hidden_size,
+            prec.dtype,
+            device,
+        )
+    return TrainState(
+        run=run,
+        plan=plan,
+        preset=preset,
+        prec=prec,
+        device=device,
+        reference=reference,
+        role=role,
+        enc_shape=enc_s,
+        llm_shape=llm_s,
+        encoder=encoder,
+        language=language,
+        optimizer=optimizer,
+        schedule=schedule,
+        provider=provider,
+        bridge=bridge,
+        image_token_id=image_token_id(preset.llm.vocab_size),
+    )
 
 
 def _precision_and_device(run: RunSpec):
@@ -125,15 +149,19 @@ def _seed_megatron(grids: G.Grids, seed: int) -> None:
     pg = (grids.language if grids.role.is_language else grids.encoder).pgc
     # The model-parallel RNG tracker must exist (attention wraps its dropout in tracker.fork()); passing the
     # tp/ep ranks explicitly keeps it from reading them off parallel_state, which this trainer never sets up.
-    model_parallel_cuda_manual_seed(seed, tp_rank=pg.tp.rank(), ep_rank=pg.ep.rank(),
-                                    etp_rank=pg.expt_tp.rank(), force_reset_rng=True)
+    model_parallel_cuda_manual_seed(
+        seed, tp_rank=pg.tp.rank(), ep_rank=pg.ep.rank(), etp_rank=pg.expt_tp.rank(), force_reset_rng=True
+    )
 
 
 def _ddp(module, cfg, pgc, spec):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    dc = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                       use_distributed_optimizer=spec.use_distributed_optimizer)
+    dc = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=spec.use_distributed_optimizer,
+    )
     return DistributedDataParallel(cfg, dc, module, pg_collection=pgc)
 
 
@@ -166,15 +194,25 @@ def _build_language(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Pre
     # we build decoder inputs ourselves (image tokens scattered in) and scatter to SP afterwards
     gpt.embedding.word_embeddings.reduce_scatter_embeddings = False
     nl = (preset.llm.num_experts // shape.ep) if preset.llm.num_experts else 0
-    M.canonical_init_(gpt, t.seed, "language", pgc.tp.rank(), pgc.tp.size(), pgc.expt_tp.rank(),
-                      pgc.expt_tp.size(), pgc.ep.rank(), nl)
+    M.canonical_init_(
+        gpt,
+        t.seed,
+        "language",
+        pgc.tp.rank(),
+        pgc.tp.size(),
+        pgc.expt_tp.rank(),
+        pgc.expt_tp.size(),
+        pgc.ep.rank(),
+        nl,
+    )
     if prec.use_gpu:
         gpt.cuda()
     return _wrap(G.LANGUAGE, gpt, cfg, pgc, shape, t.freeze.llm, t)
 
 
-def _build_optimizer(t, prec: Precision, device, encoder: Module | None, language: Module | None,
-                     reference: bool):
+def _build_optimizer(
+    t, prec: Precision, device, encoder: Module | None, language: Module | None, reference: bool
+):
     """The MimoOptimizer over one megatron optimizer slot per module, in a fixed order.
 
     get_megatron_optimizer is a world collective, so every rank takes part in both slots: the module's own

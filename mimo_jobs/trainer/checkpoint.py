@@ -173,9 +173,18 @@ def _group_source(g) -> int:
 # ---------------------------------------------------------------- save
 
 
-def save(directory: str | Path, *, iteration: int, consumed_samples: int, modules: list[ModuleParts],
-         provider: Any, provenance: Provenance, keep: int, run_doc: dict | None = None,
-         extra: dict | None = None) -> Path:
+def save(
+    directory: str | Path,
+    *,
+    iteration: int,
+    consumed_samples: int,
+    modules: list[ModuleParts],
+    provider: Any,
+    provenance: Provenance,
+    keep: int,
+    run_doc: dict | None = None,
+    extra: dict | None = None,
+) -> Path:
     """Collective over the whole world: every rank calls it at the same iteration. Returns the final path.
     Raises CheckpointError on every rank if any rank failed to write (the previous checkpoint stays)."""
     import torch.distributed as dist
@@ -190,16 +199,28 @@ def save(directory: str | Path, *, iteration: int, consumed_samples: int, module
     finish_err = None
     if rank == 0:
         try:
-            _publish(root, tmp, final, iteration, keep, run_doc, manifest_doc(
-                iteration=iteration, consumed_samples=consumed_samples, provenance=provenance,
-                files={k: v for g in gathered for k, v in g["files"].items()},
-                rank_modules={str(r): g["modules"] for r, g in enumerate(gathered)},
-                save_s=time.perf_counter() - t0))
+            _publish(
+                root,
+                tmp,
+                final,
+                iteration,
+                keep,
+                run_doc,
+                manifest_doc(
+                    iteration=iteration,
+                    consumed_samples=consumed_samples,
+                    provenance=provenance,
+                    files={k: v for g in gathered for k, v in g["files"].items()},
+                    rank_modules={str(r): g["modules"] for r, g in enumerate(gathered)},
+                    save_s=time.perf_counter() - t0,
+                ),
+            )
         except Exception as e:  # noqa: BLE001 - raised on every rank just below
             finish_err = f"rank 0: finishing {final}: {type(e).__name__}: {e}"
     if not _agree(finish_err is None):
-        raise CheckpointError(finish_err
-                              or f"checkpoint {final}: rank 0 failed to finish it (previous one kept)")
+        raise CheckpointError(
+            finish_err or f"checkpoint {final}: rank 0 failed to finish it (previous one kept)"
+        )
     return final
 
 
@@ -220,8 +241,15 @@ def _prepare_tmp(root: Path, tmp: Path) -> None:
         raise CheckpointError(err or f"rank 0 could not prepare {tmp}")
 
 
-def _write_rank_parts(tmp: Path, rank: int, iteration: int, consumed_samples: int, modules: list[ModuleParts],
-                      provider: Any, extra: dict | None) -> tuple[dict[str, int], str | None]:
+def _write_rank_parts(
+    tmp: Path,
+    rank: int,
+    iteration: int,
+    consumed_samples: int,
+    modules: list[ModuleParts],
+    provider: Any,
+    extra: dict | None,
+) -> tuple[dict[str, int], str | None]:
     """This rank's files (relative path -> bytes) written into `tmp`, and the error that stopped it (or
     None)."""
     files: dict[str, int] = {}
@@ -234,15 +262,24 @@ def _write_rank_parts(tmp: Path, rank: int, iteration: int, consumed_samples: in
             if experts and _group_rank(m.expt_dp_group) == 0:
                 rel = f"{m.name}/experts-{rank:05d}.pt"
                 files[rel] = _fsync_write(tmp / rel, experts)
-            part = {"module": m.name, "frozen": m.frozen,
-                    "optimizer": None if m.optimizer is None else S.optimizer_state(m.optimizer),
-                    "scheduler": None if m.scheduler is None else m.scheduler.state_dict()}
+            part = {
+                "module": m.name,
+                "frozen": m.frozen,
+                "optimizer": None if m.optimizer is None else S.optimizer_state(m.optimizer),
+                "scheduler": None if m.scheduler is None else m.scheduler.state_dict(),
+            }
             rel = f"{m.name}/optim-{rank:05d}.pt"
             files[rel] = _fsync_write(tmp / rel, part)
-        own = {"format": FORMAT_VERSION, "rank": rank, "iteration": iteration,
-               "consumed_samples": consumed_samples, "modules": [m.name for m in modules],
-               "rng": S.rng_state(), "provider": None if provider is None else provider.state_dict(),
-               "extra": extra or {}}
+        own = {
+            "format": FORMAT_VERSION,
+            "rank": rank,
+            "iteration": iteration,
+            "consumed_samples": consumed_samples,
+            "modules": [m.name for m in modules],
+            "rng": S.rng_state(),
+            "provider": None if provider is None else provider.state_dict(),
+            "extra": extra or {},
+        }
         files[rank_file(rank)] = _fsync_write(tmp / rank_file(rank), own)
         _maybe_crash("rank_files", iteration)
     except Exception as e:  # noqa: BLE001 - reported world-wide by _gather_parts, then raised everywhere
@@ -250,8 +287,9 @@ def _write_rank_parts(tmp: Path, rank: int, iteration: int, consumed_samples: in
     return files, None
 
 
-def _gather_parts(tmp: Path, final: Path, files: dict[str, int], err: str | None,
-                  modules: list[ModuleParts]) -> list[dict]:
+def _gather_parts(
+    tmp: Path, final: Path, files: dict[str, int], err: str | None, modules: list[ModuleParts]
+) -> list[dict]:
     """Collective: every rank's {"files", "err", "modules"}, in rank order. If any rank failed, rank 0 removes
     `tmp` and every rank raises."""
     import torch.distributed as dist
@@ -267,8 +305,9 @@ def _gather_parts(tmp: Path, final: Path, files: dict[str, int], err: str | None
     return gathered
 
 
-def _publish(root: Path, tmp: Path, final: Path, iteration: int, keep: int, run_doc: dict | None,
-             manifest: dict) -> None:
+def _publish(
+    root: Path, tmp: Path, final: Path, iteration: int, keep: int, run_doc: dict | None, manifest: dict
+) -> None:
     """Rank 0 only: complete `tmp`, rename it to `final`, point `latest` at it, prune old checkpoints."""
     import yaml
 
@@ -318,8 +357,14 @@ def prune(directory: str | Path, keep: int) -> list[Path]:
 # ---------------------------------------------------------------- load
 
 
-def load(directory: str | Path, *, modules: list[ModuleParts], provider: Any, provenance: Provenance,
-         path: str | Path | None = None) -> Resumed | None:
+def load(
+    directory: str | Path,
+    *,
+    modules: list[ModuleParts],
+    provider: Any,
+    provenance: Provenance,
+    path: str | Path | None = None,
+) -> Resumed | None:
     """Collective: restore this rank's part of `latest` (or `path`). None when there is no checkpoint yet.
     Refuses (CheckpointMismatch on every rank) a checkpoint of another run or layout."""
     import torch.distributed as dist
@@ -363,9 +408,11 @@ def _agreed_checkpoint(root: Path, path: str | Path | None) -> CheckpointInfo | 
     if errs:
         raise CheckpointError("; ".join(errs))
     if len({p for p, _ in seen}) != 1:
-        raise CheckpointError(f"ranks see different checkpoints in {root}: "
-                              f"{sorted({str(p) for p, _ in seen})} "
-                              "(is trainer.checkpoint_dir on a filesystem all nodes share?)")
+        raise CheckpointError(
+            f"ranks see different checkpoints in {root}: "
+            f"{sorted({str(p) for p, _ in seen})} "
+            "(is trainer.checkpoint_dir on a filesystem all nodes share?)"
+        )
     return info
 
 
@@ -374,8 +421,10 @@ def _restore_rank(info: CheckpointInfo, rank: int, modules: list[ModuleParts], p
     d, expected = info.path, info.files
     own = _load_file(d, rank_file(rank), expected)
     if own["modules"] != [m.name for m in modules]:
-        raise CheckpointMismatch(f"{d / rank_file(rank)}: rank {rank} held modules {own['modules']}, "
-                                 f"now {[m.name for m in modules]}")
+        raise CheckpointMismatch(
+            f"{d / rank_file(rank)}: rank {rank} held modules {own['modules']}, "
+            f"now {[m.name for m in modules]}"
+        )
     for m in modules:
         _restore_module(d, rank, m, expected)
     if provider is not None:
@@ -383,8 +432,12 @@ def _restore_rank(info: CheckpointInfo, rank: int, modules: list[ModuleParts], p
             raise CheckpointMismatch(f"{d / rank_file(rank)}: no data-provider state saved")
         provider.load_state_dict(own["provider"])
     S.set_rng_state(own["rng"])
-    return Resumed(path=d, iteration=int(own["iteration"]), consumed_samples=int(own["consumed_samples"]),
-                   extra=own.get("extra") or {})
+    return Resumed(
+        path=d,
+        iteration=int(own["iteration"]),
+        consumed_samples=int(own["consumed_samples"]),
+        extra=own.get("extra") or {},
+    )
 
 
 def _restore_module(d: Path, rank: int, m: ModuleParts, expected: dict) -> None:
@@ -396,8 +449,10 @@ def _restore_module(d: Path, rank: int, m: ModuleParts, expected: dict) -> None:
     rel = f"{m.name}/optim-{rank:05d}.pt"
     part = _load_file(d, rel, expected)
     if (part["optimizer"] is None) != (m.optimizer is None):
-        raise CheckpointMismatch(f"{d}/{m.name}: saved {'without' if part['optimizer'] is None else 'with'}"
-                                 f" an optimizer (frozen={part['frozen']}), this run has frozen={m.frozen}")
+        raise CheckpointMismatch(
+            f"{d}/{m.name}: saved {'without' if part['optimizer'] is None else 'with'}"
+            f" an optimizer (frozen={part['frozen']}), this run has frozen={m.frozen}"
+        )
     if m.optimizer is not None:
         S.load_optimizer_state(m.optimizer, part["optimizer"], f"{d}/{rel}")
     if m.scheduler is not None and part["scheduler"] is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from .manifest import CheckpointMismatch
 from .optimizer import leaf_optimizers
 
-
 # ---------------------------------------------------------------- RNG
 
 
@@ -24,8 +23,12 @@ def rng_state() -> dict:
     import torch
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-          "tracker": {k: v.clone() for k, v in get_cuda_rng_tracker().get_states().items()}}
+    st = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "tracker": {k: v.clone() for k, v in get_cuda_rng_tracker().get_states().items()},
+    }
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state()
     return st
@@ -66,8 +69,10 @@ def load_model_state(model, state: dict, where: str) -> None:
     missing = [k for k in missing if not k.endswith("_extra_state")]
     unexpected = [k for k in unexpected if not k.endswith("_extra_state")]
     if missing or unexpected:
-        raise CheckpointMismatch(f"{where}: model keys differ (missing {missing[:5]}, unexpected "
-                                 f"{unexpected[:5]}): a different model preset?")
+        raise CheckpointMismatch(
+            f"{where}: model keys differ (missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}): a different model preset?"
+        )
 
 
 # ---------------------------------------------------------------- optimizer
@@ -109,15 +114,18 @@ def load_optimizer_state(opt, states: list[dict], where: str) -> None:
 
     leaves = leaf_optimizers(opt)
     if len(leaves) != len(states):
-        raise CheckpointMismatch(f"{where}: {len(states)} optimizer parts saved, this run builds "
-                                 f"{len(leaves)}")
+        raise CheckpointMismatch(
+            f"{where}: {len(states)} optimizer parts saved, this run builds {len(leaves)}"
+        )
     with torch.no_grad():  # fp32 distopt main params are views of params that require grad
         for o, s in zip(leaves, states):
             if s.get("empty"):
                 continue
             if _is_distopt(o) != ("param_state" in s):
-                raise CheckpointMismatch(f"{where}: saved with use_distributed_optimizer="
-                                         f"{'param_state' in s}, this run has {_is_distopt(o)}")
+                raise CheckpointMismatch(
+                    f"{where}: saved with use_distributed_optimizer="
+                    f"{'param_state' in s}, this run has {_is_distopt(o)}"
+                )
             o.load_state_dict(s["common"])  # distopt: allocates dummy state tensors, filled just below
             if "param_state" in s:
                 o.load_parameter_state_from_dp_reshardable(s["param_state"])

@@ -40,8 +40,16 @@ def modules_of(st) -> list[ModuleParts]:
         if mod is None:
             continue
         opt = None if mod.frozen else st.optimizer.optimizers.get(mod.name)
-        out.append(ModuleParts(name=mod.name, model=mod.core, optimizer=opt, dp_group=mod.pgc.dp,
-                               expt_dp_group=getattr(mod.pgc, "expt_dp", None), frozen=mod.frozen))
+        out.append(
+            ModuleParts(
+                name=mod.name,
+                model=mod.core,
+                optimizer=opt,
+                dp_group=mod.pgc.dp,
+                expt_dp_group=getattr(mod.pgc, "expt_dp", None),
+                frozen=mod.frozen,
+            )
+        )
     return out
 
 
@@ -49,11 +57,16 @@ def provenance_of(run, doc: dict, world: int) -> Provenance:
     """This launch's provenance: the run, its layout and world, the code's git sha, the job and attempt."""
     prov = doc.get("provenance") or {}
     return Provenance(
-        run_id=run.run_id, study=run.study, run_name=run.name, layout=asdict(run.layout), world=world,
+        run_id=run.run_id,
+        study=run.study,
+        run_name=run.name,
+        layout=asdict(run.layout),
+        world=world,
         git_sha=prov.get("git_sha"),
         # launch.sh exports these for SLURM and local jobs alike
         job_id=os.environ.get("MIMO_JOBS_JOB_ID") or os.environ.get("SLURM_JOB_ID"),
-        attempt=int(os.environ.get("MIMO_JOBS_ATTEMPT") or os.environ.get("SLURM_RESTART_COUNT") or 0))
+        attempt=int(os.environ.get("MIMO_JOBS_ATTEMPT") or os.environ.get("SLURM_RESTART_COUNT") or 0),
+    )
 
 
 def _test_hooks(iteration: int) -> None:
@@ -104,23 +117,36 @@ class Checkpointer:
             self.resumed = r
             if st.role.rank == 0:
                 # mimo_jobs.ingest matches this wording ("resumed from checkpoint" -> checkpoint_loaded event)
-                print(f"mimo-jobs trainer: resumed from checkpoint {r.path} (iteration {r.iteration}, "
-                      f"{r.consumed_samples} samples)", flush=True)
+                print(
+                    f"mimo-jobs trainer: resumed from checkpoint {r.path} (iteration {r.iteration}, "
+                    f"{r.consumed_samples} samples)",
+                    flush=True,
+                )
         return r
 
     def save(self, st) -> Path:
         """Collective: save `st` at its current iteration."""
         t0 = time.perf_counter()
-        p = ckpt.save(self.dir, iteration=st.iteration, consumed_samples=st.consumed_samples,
-                      modules=modules_of(st), provider=st.provider, provenance=self.provenance,
-                      keep=self.keep, run_doc=self.doc)
+        p = ckpt.save(
+            self.dir,
+            iteration=st.iteration,
+            consumed_samples=st.consumed_samples,
+            modules=modules_of(st),
+            provider=st.provider,
+            provenance=self.provenance,
+            keep=self.keep,
+            run_doc=self.doc,
+        )
         self.last_saved = st.iteration
         self.last_save_s = time.perf_counter() - t0
         if self.watch is not None:
             self.watch.note_save(self.last_save_s)
         if st.role.rank == 0:  # mimo_jobs.ingest: "saved checkpoint" -> checkpoint_saved event
-            print(f"mimo-jobs trainer: saved checkpoint {p} (iteration {st.iteration}, {st.consumed_samples} "
-                  f"samples, {self.last_save_s:.2f} s)", flush=True)
+            print(
+                f"mimo-jobs trainer: saved checkpoint {p} (iteration {st.iteration}, {st.consumed_samples} "
+                f"samples, {self.last_save_s:.2f} s)",
+                flush=True,
+            )
         return p
 
     def after_step(self, st, n_iters: int, step_s: float | None = None):
@@ -147,5 +173,7 @@ class Checkpointer:
         from .signals import write_requeue_marker
 
         write_requeue_marker(self.dir, iteration, reason, self.provenance.job_id)
-        print(f"{REQUEUE_LOG_LINE} {iteration} ({reason}); checkpoint {self.dir / iter_name(iteration)}",
-              flush=True)
+        print(
+            f"{REQUEUE_LOG_LINE} {iteration} ({reason}); checkpoint {self.dir / iter_name(iteration)}",
+            flush=True,
+        )

@@ -65,14 +65,28 @@ def _torch_proxy(torch):
     clip_grads norm buffers, grad_scaler, param_and_grad_buffer warm-up, utils l2-norm, schedules)."""
     proxy = types.ModuleType("torch_cpu_proxy")
     proxy.__dict__.update({k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")})
-    for name in ("tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like",
-                 "empty_like", "full_like", "randn", "rand"):
+    for name in (
+        "tensor",
+        "zeros",
+        "ones",
+        "empty",
+        "full",
+        "arange",
+        "zeros_like",
+        "ones_like",
+        "empty_like",
+        "full_like",
+        "randn",
+        "rand",
+    ):
         orig = getattr(torch, name)
 
         def make(orig):
             def f(*a, **k):
                 return orig(*a, **_cpu_device(k))
+
             return f
+
         setattr(proxy, name, make(orig))
     return proxy
 
@@ -148,10 +162,15 @@ def _tensor_factories(torch) -> None:
     import importlib
 
     proxy = _torch_proxy(torch)
-    for modname in ("megatron.core.optimizer.optimizer", "megatron.core.optimizer.clip_grads",
-                    "megatron.core.optimizer.grad_scaler", "megatron.core.optimizer.distrib_optimizer",
-                    "megatron.core.distributed.param_and_grad_buffer", "megatron.core.utils",
-                    "megatron.core.pipeline_parallel.schedules"):
+    for modname in (
+        "megatron.core.optimizer.optimizer",
+        "megatron.core.optimizer.clip_grads",
+        "megatron.core.optimizer.grad_scaler",
+        "megatron.core.optimizer.distrib_optimizer",
+        "megatron.core.distributed.param_and_grad_buffer",
+        "megatron.core.utils",
+        "megatron.core.pipeline_parallel.schedules",
+    ):
         try:
             m = importlib.import_module(modname)
         except ImportError:  # pragma: no cover - optional module
@@ -183,8 +202,12 @@ def _process_groups() -> None:
     orig_nsbe = dist.new_subgroups_by_enumeration
 
     def _nsbe(ranks_per_subgroup_list, timeout=None, backend=None, pg_options=None, group_desc=None):
-        return orig_nsbe(ranks_per_subgroup_list, timeout=timeout,
-                         backend="gloo" if backend == "nccl" else backend, pg_options=pg_options,
-                         group_desc=group_desc)
+        return orig_nsbe(
+            ranks_per_subgroup_list,
+            timeout=timeout,
+            backend="gloo" if backend == "nccl" else backend,
+            pg_options=pg_options,
+            group_desc=group_desc,
+        )
 
     dist.new_subgroups_by_enumeration = _nsbe

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.plan.presets import get_preset
+
 from .batch import IGNORE_INDEX, LaneBatch, Provider
 
 PAD_ID = 0
@@ -57,12 +58,14 @@ def check_mock_config(c: MockConfig, max_image_size: int) -> None:
         if s % c.patch_size or s > max_image_size or s < c.patch_size:
             raise DataConfigError(
                 f"trainer.data.image_sizes: {s} must be a multiple of the encoder patch size {c.patch_size} "
-                f"between {c.patch_size} and the preset's image_size {max_image_size}")
+                f"between {c.patch_size} and the preset's image_size {max_image_size}"
+            )
         n = (s // c.patch_size) ** 2
         if n >= c.seq_length:
             raise DataConfigError(
                 f"trainer.data.image_sizes: a {s}x{s} image is {n} tokens, which does not fit seq_length="
-                f"{c.seq_length} with text; use smaller images or seq_length > {n + 1}")
+                f"{c.seq_length} with text; use smaller images or seq_length > {n + 1}"
+            )
     if not c.image_sizes and c.text_only_fraction < 1:
         raise DataConfigError("trainer.data.image_sizes is empty but text_only_fraction < 1")
 
@@ -97,7 +100,7 @@ class MockProvider(Provider):
         text = torch.randint(1, c.vocab_size - 1, (n_text,), generator=g)
         tokens = torch.full((c.seq_length,), PAD_ID, dtype=torch.long)
         tokens[:n_img] = image_token_id(c.vocab_size)
-        tokens[n_img:n_img + n_text] = text
+        tokens[n_img : n_img + n_text] = text
         image = None
         if side and self.need_images:
             gi = torch.Generator().manual_seed(_seed_of(c.seed, "image", index))
@@ -119,7 +122,7 @@ class MockProvider(Provider):
             lab[:-1] = t[1:]
             m = torch.zeros(c.seq_length)
             # a position carries loss when it holds text and predicts a real (text) token
-            m[n_img:max(n_img, n_real - 1)] = 1.0
+            m[n_img : max(n_img, n_real - 1)] = 1.0
             lab[m == 0] = IGNORE_INDEX
             keys.append(key)
             toks.append(t)
@@ -129,10 +132,17 @@ class MockProvider(Provider):
             labels.append(lab)
         pos_ids = torch.arange(c.seq_length).unsqueeze(0).expand(c.mbs, -1).contiguous()
         return LaneBatch(
-            lane=lane, step=pos // c.num_microbatches, microbatch=pos % c.num_microbatches, sample_keys=keys,
-            tokens=torch.stack(toks), labels=torch.stack(labels), loss_mask=torch.stack(masks),
-            position_ids=pos_ids, image_token_counts=counts,
-            images=images if self.need_images else None)
+            lane=lane,
+            step=pos // c.num_microbatches,
+            microbatch=pos % c.num_microbatches,
+            sample_keys=keys,
+            tokens=torch.stack(toks),
+            labels=torch.stack(labels),
+            loss_mask=torch.stack(masks),
+            position_ids=pos_ids,
+            image_token_counts=counts,
+            images=images if self.need_images else None,
+        )
 
     def state_dict(self) -> dict:
         return {"kind": "mock", "position": dict(self.position)}
@@ -144,11 +154,18 @@ class MockProvider(Provider):
 def mock_config(run_spec, plan) -> MockConfig:
     p = get_preset(run_spec.trainer.model)
     t = run_spec.trainer
-    c = MockConfig(seed=t.seed, seq_length=t.seq_length, mbs=run_spec.layout.mbs,
-                   num_microbatches=plan.num_microbatches, vocab_size=p.llm.vocab_size,
-                   patch_size=p.encoder.patch_size, channels=p.encoder.channels,
-                   image_sizes=tuple(t.data.image_sizes), text_only_fraction=t.data.text_only_fraction,
-                   lanes=run_spec.layout.llm_dp)
+    c = MockConfig(
+        seed=t.seed,
+        seq_length=t.seq_length,
+        mbs=run_spec.layout.mbs,
+        num_microbatches=plan.num_microbatches,
+        vocab_size=p.llm.vocab_size,
+        patch_size=p.encoder.patch_size,
+        channels=p.encoder.channels,
+        image_sizes=tuple(t.data.image_sizes),
+        text_only_fraction=t.data.text_only_fraction,
+        lanes=run_spec.layout.llm_dp,
+    )
     check_mock_config(c, p.encoder.image_size)
     return c
 

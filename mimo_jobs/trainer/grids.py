@@ -55,8 +55,15 @@ class ModuleShape:
 def module_shapes(plan: Plan) -> tuple[ModuleShape, ModuleShape]:
     lay = plan.layout
     enc = ModuleShape(ENCODER, 0, lay.enc_tp, lay.enc_pp, lay.enc_dp, 1, lay.enc_tp)
-    llm = ModuleShape(LANGUAGE, plan.llm_rank_start, lay.llm_tp, lay.llm_pp, lay.llm_dp,
-                      lay.llm_ep if lay.num_experts else 1, lay.llm_etp if lay.num_experts else 1)
+    llm = ModuleShape(
+        LANGUAGE,
+        plan.llm_rank_start,
+        lay.llm_tp,
+        lay.llm_pp,
+        lay.llm_dp,
+        lay.llm_ep if lay.num_experts else 1,
+        lay.llm_etp if lay.num_experts else 1,
+    )
     return enc, llm
 
 
@@ -89,8 +96,10 @@ class RankRole:
 def role_of(rank: int, enc: ModuleShape, llm: ModuleShape) -> RankRole:
     mods = tuple(m.name for m in (enc, llm) if m.contains(rank))
     if not mods:
-        raise RuntimeError(f"rank {rank} is in no grid (encoder ranks [{enc.offset}, {enc.offset + enc.size}), "
-                           f"LLM ranks [{llm.offset}, {llm.offset + llm.size})): refusing a stub rank")
+        raise RuntimeError(
+            f"rank {rank} is in no grid (encoder ranks [{enc.offset}, {enc.offset + enc.size}), "
+            f"LLM ranks [{llm.offset}, {llm.offset + llm.size})): refusing a stub rank"
+        )
     own = llm if LANGUAGE in mods else enc
     tp, pp, dp = own.coords(rank)
     return RankRole(rank, mods, tp, dp, pp == 0, pp == own.pp - 1, tp == 0)
@@ -108,21 +117,34 @@ def _pgc(shape: ModuleShape, backend: str, timeout) -> ModuleGroups:
     from megatron.core.hyper_comm_grid import HyperCommGrid
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    g = HyperCommGrid([shape.tp, 1, shape.pp, shape.dp], ["tp", "cp", "pp", "dp"], rank_offset=shape.offset,
-                      backend=backend)
+    g = HyperCommGrid(
+        [shape.tp, 1, shape.pp, shape.dp], ["tp", "cp", "pp", "dp"], rank_offset=shape.offset, backend=backend
+    )
     # Expert view over the same ranks: ETP x EP x expert-DP (pp kept in the same place).
-    eg = HyperCommGrid([shape.etp, shape.ep, shape.pp, shape.edp], ["tp", "ep", "pp", "dp"],
-                       rank_offset=shape.offset, backend=backend)
+    eg = HyperCommGrid(
+        [shape.etp, shape.ep, shape.pp, shape.edp],
+        ["tp", "ep", "pp", "dp"],
+        rank_offset=shape.offset,
+        backend=backend,
+    )
     kw = {"timeout": timeout}
     # The fixed creation order. Every rank runs every line (create_pg returns None off the grid).
     groups = {
-        "tp": g.create_pg("tp", **kw), "cp": g.create_pg("cp", **kw), "pp": g.create_pg("pp", **kw),
-        "dp": g.create_pg("dp", **kw), "tp_cp": g.create_pg(["tp", "cp"], **kw), "dp_cp": g.create_pg(["cp", "dp"], **kw),
-        "mp": g.create_pg(["tp", "pp"], **kw), "tp_dp_cp": g.create_pg(["tp", "cp", "dp"], **kw),
+        "tp": g.create_pg("tp", **kw),
+        "cp": g.create_pg("cp", **kw),
+        "pp": g.create_pg("pp", **kw),
+        "dp": g.create_pg("dp", **kw),
+        "tp_cp": g.create_pg(["tp", "cp"], **kw),
+        "dp_cp": g.create_pg(["cp", "dp"], **kw),
+        "mp": g.create_pg(["tp", "pp"], **kw),
+        "tp_dp_cp": g.create_pg(["tp", "cp", "dp"], **kw),
         # the optimizer's grad-norm group must be the whole module grid, not the dp group
         "intra_dist_opt": g.create_pg(["tp", "cp", "pp", "dp"], **kw),
-        "expt_tp": eg.create_pg("tp", **kw), "ep": eg.create_pg("ep", **kw), "expt_dp": eg.create_pg("dp", **kw),
-        "tp_ep": eg.create_pg(["tp", "ep"], **kw), "tp_ep_pp": eg.create_pg(["tp", "ep", "pp"], **kw),
+        "expt_tp": eg.create_pg("tp", **kw),
+        "ep": eg.create_pg("ep", **kw),
+        "expt_dp": eg.create_pg("dp", **kw),
+        "tp_ep": eg.create_pg(["tp", "ep"], **kw),
+        "tp_ep_pp": eg.create_pg(["tp", "ep", "pp"], **kw),
     }
     import torch.distributed as dist
 

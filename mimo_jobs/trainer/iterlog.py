@@ -15,31 +15,50 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mimo_jobs.plan.presets import flops_per_sample
 from mimo_jobs.contract import IterationRecord
+from mimo_jobs.plan.presets import flops_per_sample
 
 
 def layout_line(run, plan, mode: str, backend: str) -> str:
     lay = plan.layout
-    fan = {"out": f"fan-out 1->{plan.lanes_per_encoder} (each encoder replica serves {plan.lanes_per_encoder} "
-                  "LLM lanes)",
-           "in": f"fan-in {plan.encoders_per_lane}->1 ({plan.encoders_per_lane} encoder replicas per LLM lane)",
-           "1:1": "1:1"}[plan.fan]
-    moe = f" ep={lay.llm_ep} etp={lay.llm_etp} experts={lay.num_experts} expert-dp={plan.expert_dp}" \
-        if lay.num_experts else ""
-    return (f"mimo-jobs trainer: run {run.name} ({run.run_id}) study {run.study} | mode {mode} | backend {backend} "
-            f"| world {plan.world} = {lay.nodes} nodes x {lay.gpus_per_node} | encoder ranks "
-            f"[{plan.enc_rank_start},{plan.enc_rank_end}) tp={lay.enc_tp} pp={lay.enc_pp} dp={lay.enc_dp} | "
-            f"llm ranks [{plan.llm_rank_start},{plan.llm_rank_end}) tp={lay.llm_tp} pp={lay.llm_pp} "
-            f"dp={lay.llm_dp}{moe} | bridge {fan}, {plan.samples_per_encoder_microbatch} samples per encoder "
-            f"microbatch | gbs={lay.gbs} mbs={lay.mbs} microbatches={plan.num_microbatches} | model "
-            f"{run.trainer.model} seq={run.trainer.seq_length} precision={run.trainer.precision} "
-            f"freeze(encoder={run.trainer.freeze.encoder}, llm={run.trainer.freeze.llm})")
+    fan = {
+        "out": f"fan-out 1->{plan.lanes_per_encoder} (each encoder replica serves {plan.lanes_per_encoder} "
+        "LLM lanes)",
+        "in": f"fan-in {plan.encoders_per_lane}->1 ({plan.encoders_per_lane} encoder replicas per LLM lane)",
+        "1:1": "1:1",
+    }[plan.fan]
+    moe = (
+        f" ep={lay.llm_ep} etp={lay.llm_etp} experts={lay.num_experts} expert-dp={plan.expert_dp}"
+        if lay.num_experts
+        else ""
+    )
+    return (
+        f"mimo-jobs trainer: run {run.name} ({run.run_id}) study {run.study} | mode {mode} | backend {backend} "
+        f"| world {plan.world} = {lay.nodes} nodes x {lay.gpus_per_node} | encoder ranks "
+        f"[{plan.enc_rank_start},{plan.enc_rank_end}) tp={lay.enc_tp} pp={lay.enc_pp} dp={lay.enc_dp} | "
+        f"llm ranks [{plan.llm_rank_start},{plan.llm_rank_end}) tp={lay.llm_tp} pp={lay.llm_pp} "
+        f"dp={lay.llm_dp}{moe} | bridge {fan}, {plan.samples_per_encoder_microbatch} samples per encoder "
+        f"microbatch | gbs={lay.gbs} mbs={lay.mbs} microbatches={plan.num_microbatches} | model "
+        f"{run.trainer.model} seq={run.trainer.seq_length} precision={run.trainer.precision} "
+        f"freeze(encoder={run.trainer.freeze.encoder}, llm={run.trainer.freeze.llm})"
+    )
 
 
-def megatron_line(it: int, iters: int, consumed: int, elapsed_ms: float, tflops: float | None, lr: float,
-                  gbs: int, loss: float, aux: float | None, grad_norm: float | None, skipped: int, nan: int,
-                  now: _dt.datetime | None = None) -> str:
+def megatron_line(
+    it: int,
+    iters: int,
+    consumed: int,
+    elapsed_ms: float,
+    tflops: float | None,
+    lr: float,
+    gbs: int,
+    loss: float,
+    aux: float | None,
+    grad_norm: float | None,
+    skipped: int,
+    nan: int,
+    now: _dt.datetime | None = None,
+) -> str:
     ts = (now or _dt.datetime.now()).strftime("%Y-%m-%d %H:%M:%S.%f")
     s = f" [{ts}] iteration {it:8d}/{iters:8d} | consumed samples: {consumed:12d} |"
     s += f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
@@ -67,9 +86,14 @@ def _environment(run_provenance: dict | None = None) -> dict:
     except (RuntimeError, TypeError, ValueError):  # a damaged provenance file must not stop training
         prov = {}
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"gpu": gpu, "torch": torch.__version__, "image": prov or None,
-            "git_sha": prov.get("git_sha") or os.environ.get("MIMO_JOBS_GIT_SHA")
-            or (run_provenance or {}).get("git_sha")}
+    return {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "image": prov or None,
+        "git_sha": prov.get("git_sha")
+        or os.environ.get("MIMO_JOBS_GIT_SHA")
+        or (run_provenance or {}).get("git_sha"),
+    }
 
 
 @dataclass
@@ -95,10 +119,21 @@ class IterLogger:
                 f.write(json.dumps(rec.to_json()) + "\n")
 
     def _rec(self, kind: str, **kw) -> IterationRecord:
-        base = {"kind": kind, "run_id": self.run.run_id, "job_id": self.job_id, "attempt": self.attempt,
-                    "time": _dt.datetime.now(_dt.timezone.utc).isoformat(), "iteration": 0,
-                    "train_iters": self.train_iters, "consumed_samples": 0, "elapsed_ms": 0.0, "lr": 0.0,
-                    "gbs": self.plan.layout.gbs, "loss": 0.0, "grad_norm": None}
+        base = {
+            "kind": kind,
+            "run_id": self.run.run_id,
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "time": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            "iteration": 0,
+            "train_iters": self.train_iters,
+            "consumed_samples": 0,
+            "elapsed_ms": 0.0,
+            "lr": 0.0,
+            "gbs": self.plan.layout.gbs,
+            "loss": 0.0,
+            "grad_norm": None,
+        }
         base.update(kw)
         return IterationRecord(**base)
 
@@ -106,16 +141,24 @@ class IterLogger:
         if not self.active:
             return
         env = _environment(self.provenance)
-        print(f"{line} | provenance git {env['git_sha'] or 'unknown'} image "
-              f"{(env['image'] or {}).get('base_image', 'none')} torch {env['torch']} gpu {env['gpu'] or 'none'}",
-              flush=True)
-        self._write(self._rec("start", extras={"layout": line, "mode": mode, "backend": backend,
-                                               "plan": self.plan.to_dict(), **env}))
+        print(
+            f"{line} | provenance git {env['git_sha'] or 'unknown'} image "
+            f"{(env['image'] or {}).get('base_image', 'none')} torch {env['torch']} gpu {env['gpu'] or 'none'}",
+            flush=True,
+        )
+        self._write(
+            self._rec(
+                "start",
+                extras={"layout": line, "mode": mode, "backend": backend, "plan": self.plan.to_dict(), **env},
+            )
+        )
 
     def end(self, reason: str, iteration: int, consumed: int) -> None:
         if not self.active:
             return
-        self._write(self._rec("end", iteration=iteration, consumed_samples=consumed, extras={"reason": reason}))
+        self._write(
+            self._rec("end", iteration=iteration, consumed_samples=consumed, extras={"reason": reason})
+        )
         print(f"mimo-jobs trainer: finished ({reason}) after iteration {iteration}", flush=True)
 
     def iteration(self, stats, consumed: int, preset, seq_length: int) -> IterationRecord | None:
@@ -129,12 +172,24 @@ class IterLogger:
         tflops = flops / el / world / 1e12
         tok_s = lay.gbs * seq_length / el
         rec = self._rec(
-            "iteration", iteration=stats.iteration, consumed_samples=consumed, elapsed_ms=el * 1e3, lr=stats.lr,
-            loss=stats.loss, grad_norm=stats.grad_norm, skipped=int(stats.skipped), nan=int(stats.nan),
-            tokens=stats.tokens, samples_per_s=lay.gbs / el, tokens_per_s=tok_s, tokens_per_s_per_gpu=tok_s / world,
-            tflops_per_gpu=tflops, moe_aux_loss=stats.moe_aux_loss,
+            "iteration",
+            iteration=stats.iteration,
+            consumed_samples=consumed,
+            elapsed_ms=el * 1e3,
+            lr=stats.lr,
+            loss=stats.loss,
+            grad_norm=stats.grad_norm,
+            skipped=int(stats.skipped),
+            nan=int(stats.nan),
+            tokens=stats.tokens,
+            samples_per_s=lay.gbs / el,
+            tokens_per_s=tok_s,
+            tokens_per_s_per_gpu=tok_s / world,
+            tflops_per_gpu=tflops,
+            moe_aux_loss=stats.moe_aux_loss,
             phases_ms={k: v * 1e3 for k, v in stats.phases_s.items()},
-            extras={"image_tokens": stats.image_tokens, "world": world})
+            extras={"image_tokens": stats.image_tokens, "world": world},
+        )
         self._write(rec)
         self._acc.append(rec)
         it = stats.iteration
@@ -143,10 +198,19 @@ class IterLogger:
             acc, self._acc = self._acc, []
             n = len(acc)
             line = megatron_line(
-                it, self.train_iters, consumed, sum(r.elapsed_ms for r in acc) / n,
-                sum(r.tflops_per_gpu for r in acc) / n, rec.lr, lay.gbs, sum(r.loss for r in acc) / n,
+                it,
+                self.train_iters,
+                consumed,
+                sum(r.elapsed_ms for r in acc) / n,
+                sum(r.tflops_per_gpu for r in acc) / n,
+                rec.lr,
+                lay.gbs,
+                sum(r.loss for r in acc) / n,
                 (sum(r.moe_aux_loss for r in acc) / n) if rec.moe_aux_loss is not None else None,
-                rec.grad_norm, sum(r.skipped for r in acc), sum(r.nan for r in acc))
+                rec.grad_norm,
+                sum(r.skipped for r in acc),
+                sum(r.nan for r in acc),
+            )
             if self.echo:
                 print(line, flush=True)
         return rec

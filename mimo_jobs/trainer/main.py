@@ -39,6 +39,7 @@ def _env_int(name: str, default: int) -> int:
 def preflight(run, doc: dict, reference: bool) -> None:
     """Every check that needs no collective. Raises PreflightError with one specific message."""
     from mimo_jobs.plan import topology
+
     from .data import mock_config
 
     lay = run.layout
@@ -49,10 +50,14 @@ def preflight(run, doc: dict, reference: bool) -> None:
     stored = doc.get("plan") or {}
     if stored and stored != plan.to_dict():
         diff = sorted(k for k in set(stored) | set(plan.to_dict()) if stored.get(k) != plan.to_dict().get(k))
-        raise PreflightError(f"run.yaml: the stored plan does not match the layout (fields {diff}); re-render it")
+        raise PreflightError(
+            f"run.yaml: the stored plan does not match the layout (fields {diff}); re-render it"
+        )
     if lay.enc_pp != 1 or lay.llm_pp != 1:
-        raise PreflightError(f"run.yaml: encoder.pp={lay.enc_pp}, llm.pp={lay.llm_pp}: pipeline parallelism "
-                             "inside a module is not implemented by this trainer; use pp=1")
+        raise PreflightError(
+            f"run.yaml: encoder.pp={lay.enc_pp}, llm.pp={lay.llm_pp}: pipeline parallelism "
+            "inside a module is not implemented by this trainer; use pp=1"
+        )
     t = run.trainer
     if t.freeze.encoder and t.freeze.llm:
         raise PreflightError("run.yaml: trainer.freeze has both encoder and llm frozen; nothing to train")
@@ -68,18 +73,23 @@ def preflight(run, doc: dict, reference: bool) -> None:
             f"world size mismatch: launched with WORLD_SIZE={world} but run.yaml's layout needs {plan.world} "
             f"ranks ({lay.nodes} nodes x {lay.gpus_per_node}: encoder {plan.enc_rank_end} + LLM "
             f"{plan.llm_rank_end - plan.llm_rank_start}); launch with --nnodes {lay.nodes} --nproc-per-node "
-            f"{lay.gpus_per_node}")
+            f"{lay.gpus_per_node}"
+        )
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if local is not None and int(local) != lay.gpus_per_node:
-        raise PreflightError(f"LOCAL_WORLD_SIZE={local} but run.yaml has gpus_per_node={lay.gpus_per_node} "
-                             "processes per node (TP groups must stay inside a node); use --nproc-per-node "
-                             f"{lay.gpus_per_node}")
+        raise PreflightError(
+            f"LOCAL_WORLD_SIZE={local} but run.yaml has gpus_per_node={lay.gpus_per_node} "
+            "processes per node (TP groups must stay inside a node); use --nproc-per-node "
+            f"{lay.gpus_per_node}"
+        )
     if run.cluster.accelerator == "gpu":
         import torch
 
         if not torch.cuda.is_available():
-            raise PreflightError("cluster.accelerator=gpu but CUDA is not available on this node; use "
-                                 "accelerator: cpu for a CPU (gloo) run")
+            raise PreflightError(
+                "cluster.accelerator=gpu but CUDA is not available on this node; use "
+                "accelerator: cpu for a CPU (gloo) run"
+            )
 
 
 def _init_dist(run, reference: bool):
@@ -132,9 +142,15 @@ class RankProfile:
         import torch.distributed as dist
 
         rank = dist.get_rank()
-        out = {"rank": rank, "mode": "reference" if st.reference else "hetero", "modules": list(st.role.modules),
-               "iterations": self.n, "elapsed_s": self.elapsed, "phases_s": self.phases,
-               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        out = {
+            "rank": rank,
+            "mode": "reference" if st.reference else "hetero",
+            "modules": list(st.role.modules),
+            "iterations": self.n,
+            "elapsed_s": self.elapsed,
+            "phases_s": self.phases,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
         Path(self.dir).mkdir(parents=True, exist_ok=True)
         (Path(self.dir) / f"{out['mode']}-rank-{rank}.json").write_text(json.dumps(out))
 
@@ -149,7 +165,9 @@ def _injected_failure() -> tuple[int, int] | None:
     return int(rank), int(it or 1)
 
 
-def run_training(run_yaml: Path, reference: bool, metrics: Path | None, iters: int | None, quiet: bool) -> int:
+def run_training(
+    run_yaml: Path, reference: bool, metrics: Path | None, iters: int | None, quiet: bool
+) -> int:
     """Train the run of `run_yaml` on this rank; returns the process exit code (0, or REQUEUE_EXIT_CODE)."""
     from mimo_jobs.contract import REQUEUE_EXIT_CODE
 
@@ -190,8 +208,10 @@ def _load_run(run_yaml: Path):
         run, doc = load_run_yaml(run_yaml)
     except Exception as e:  # noqa: BLE001 - yaml, missing keys, pydantic: all mean "not a run.yaml"
         msg = " ".join(str(e).split())[:600]
-        raise PreflightError(f"{run_yaml}: not a valid run.yaml ({type(e).__name__}: {msg}); re-render it with "
-                             "`mimo-jobs render`") from None
+        raise PreflightError(
+            f"{run_yaml}: not a valid run.yaml ({type(e).__name__}: {msg}); re-render it with "
+            "`mimo-jobs render`"
+        ) from None
     # CPU runs: the native fused cross entropy is torch.compile'd, and compiling it costs ~16 s cold
     if run.cluster.accelerator == "cpu":
         os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
@@ -209,8 +229,9 @@ def _install_cpu_shims() -> None:
         install()
 
 
-def _iteration_logger(run, plan, doc: dict, metrics: Path | None, reference: bool, backend: str, n_iters: int,
-                      quiet: bool):
+def _iteration_logger(
+    run, plan, doc: dict, metrics: Path | None, reference: bool, backend: str, n_iters: int, quiet: bool
+):
     """The IterLogger (active on the last rank, an LLM rank: LLM ranks come last), started with the layout."""
     import torch.distributed as dist
 
@@ -223,8 +244,9 @@ def _iteration_logger(run, plan, doc: dict, metrics: Path | None, reference: boo
         metrics = Path(paths["metrics"])
         if reference:
             metrics = metrics.with_name("metrics.reference.jsonl")
-    log = IterLogger(run, plan, metrics, n_iters, active=last, echo=not quiet,
-                     provenance=doc.get("provenance"))
+    log = IterLogger(
+        run, plan, metrics, n_iters, active=last, echo=not quiet, provenance=doc.get("provenance")
+    )
     log.start(layout_line(run, plan, mode, backend), mode, backend)
     return log
 
@@ -256,14 +278,22 @@ def _shutdown() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mimo_jobs.trainer",
-                                 description="The heterogeneous MIMO trainer (launch under torchrun).")
+    ap = argparse.ArgumentParser(
+        prog="python -m mimo_jobs.trainer",
+        description="The heterogeneous MIMO trainer (launch under torchrun).",
+    )
     ap.add_argument("run_yaml", type=Path, help="runs/<study>/<run>/run.yaml")
-    ap.add_argument("--reference", action="store_true",
-                    help="one process, same model and global batches: the correctness yardstick")
-    ap.add_argument("--metrics", type=Path, default=None,
-                    help="metrics.jsonl to append to (default: paths.metrics; metrics.reference.jsonl with "
-                         "--reference)")
+    ap.add_argument(
+        "--reference",
+        action="store_true",
+        help="one process, same model and global batches: the correctness yardstick",
+    )
+    ap.add_argument(
+        "--metrics",
+        type=Path,
+        default=None,
+        help="metrics.jsonl to append to (default: paths.metrics; metrics.reference.jsonl with --reference)",
+    )
     ap.add_argument("--iters", type=int, default=None, help="stop after this many iterations")
     ap.add_argument("--quiet", action="store_true", help="do not print iteration lines")
     a = ap.parse_args(argv)

@@ -31,8 +31,22 @@ LATEST = "latest"
 MANIFEST = "manifest.json"
 _ITER_RE = re.compile(r"^iter_(\d{7,})$")
 # Layout fields that must match for a checkpoint to load (same-layout format: no resharding).
-LAYOUT_KEYS = ("nodes", "gpus_per_node", "enc_tp", "enc_pp", "enc_dp", "llm_tp", "llm_pp", "llm_dp", "llm_ep",
-               "llm_etp", "llm_cp", "num_experts", "gbs", "mbs")
+LAYOUT_KEYS = (
+    "nodes",
+    "gpus_per_node",
+    "enc_tp",
+    "enc_pp",
+    "enc_dp",
+    "llm_tp",
+    "llm_pp",
+    "llm_dp",
+    "llm_ep",
+    "llm_etp",
+    "llm_cp",
+    "num_experts",
+    "gbs",
+    "mbs",
+)
 
 
 class CheckpointError(MimoJobsError, RuntimeError):
@@ -97,14 +111,26 @@ class CheckpointInfo:
         return d
 
 
-def manifest_doc(*, iteration: int, consumed_samples: int, provenance: Provenance, files: dict[str, int],
-                 rank_modules: dict[str, list[str]], save_s: float) -> dict:
+def manifest_doc(
+    *,
+    iteration: int,
+    consumed_samples: int,
+    provenance: Provenance,
+    files: dict[str, int],
+    rank_modules: dict[str, list[str]],
+    save_s: float,
+) -> dict:
     """The manifest.json document of a checkpoint whose files (relative path -> bytes) are all written."""
     return {
-        "format": FORMAT_VERSION, "iteration": iteration, "consumed_samples": consumed_samples,
+        "format": FORMAT_VERSION,
+        "iteration": iteration,
+        "consumed_samples": consumed_samples,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "provenance": asdict(provenance), "bytes": sum(files.values()),
-        "rank_modules": rank_modules, "files": files, "save_s": round(save_s, 4),
+        "provenance": asdict(provenance),
+        "bytes": sum(files.values()),
+        "rank_modules": rank_modules,
+        "files": files,
+        "save_s": round(save_s, 4),
     }
 
 
@@ -116,14 +142,26 @@ def read_manifest(d: Path) -> CheckpointInfo:
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{d}/{MANIFEST}: unreadable: {e}") from None
     if m.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{d}/{MANIFEST}: format {m.get('format')!r}, this mimo-jobs reads "
-                              f"format {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{d}/{MANIFEST}: format {m.get('format')!r}, this mimo-jobs reads format {FORMAT_VERSION}"
+        )
     p = m["provenance"]
-    return CheckpointInfo(path=d, iteration=int(m["iteration"]), consumed_samples=int(m["consumed_samples"]),
-                          run_id=p["run_id"], study=p["study"], run_name=p["run_name"], git_sha=p.get("git_sha"),
-                          layout=p["layout"], world=int(p["world"]), time=m.get("time", ""),
-                          job_id=p.get("job_id"), attempt=int(p.get("attempt", 0)),
-                          bytes=int(m.get("bytes", 0)), files=m.get("files", {}))
+    return CheckpointInfo(
+        path=d,
+        iteration=int(m["iteration"]),
+        consumed_samples=int(m["consumed_samples"]),
+        run_id=p["run_id"],
+        study=p["study"],
+        run_name=p["run_name"],
+        git_sha=p.get("git_sha"),
+        layout=p["layout"],
+        world=int(p["world"]),
+        time=m.get("time", ""),
+        job_id=p.get("job_id"),
+        attempt=int(p.get("attempt", 0)),
+        bytes=int(m.get("bytes", 0)),
+        files=m.get("files", {}),
+    )
 
 
 def list_checkpoints(directory: str | Path) -> list[CheckpointInfo]:
@@ -158,15 +196,19 @@ def check_compatible(info: CheckpointInfo, prov: Provenance) -> list[str]:
     """Why `prov` (this launch) may not load `info` (empty = compatible)."""
     problems = []
     if info.run_id != prov.run_id:
-        problems.append(f"it belongs to run {info.run_id} ({info.study}/{info.run_name}), this is run "
-                        f"{prov.run_id} ({prov.study}/{prov.run_name}); the run id hashes the resolved study "
-                        "config, so a changed config is a new run: give it its own trainer.checkpoint_dir (or move "
-                        "the old checkpoints away)")
+        problems.append(
+            f"it belongs to run {info.run_id} ({info.study}/{info.run_name}), this is run "
+            f"{prov.run_id} ({prov.study}/{prov.run_name}); the run id hashes the resolved study "
+            "config, so a changed config is a new run: give it its own trainer.checkpoint_dir (or move "
+            "the old checkpoints away)"
+        )
     diff = [k for k in LAYOUT_KEYS if info.layout.get(k) != prov.layout.get(k)]
     if diff:
-        problems.append("it was saved with a different layout (" + ", ".join(
-            f"{k}={info.layout.get(k)} vs now {prov.layout.get(k)}" for k in diff)
-            + "); resharding is not supported: resume with the checkpoint's layout")
+        problems.append(
+            "it was saved with a different layout ("
+            + ", ".join(f"{k}={info.layout.get(k)} vs now {prov.layout.get(k)}" for k in diff)
+            + "); resharding is not supported: resume with the checkpoint's layout"
+        )
     if info.world != prov.world and not diff:
         problems.append(f"it was saved by {info.world} ranks, this launch has {prov.world}")
     return problems

@@ -30,16 +30,29 @@ class Precision:
 
 
 def _base_kwargs(prec: Precision) -> dict:
-    kw = {"params_dtype": prec.dtype, "pipeline_dtype": prec.dtype, "bf16": prec.bf16, "hidden_dropout": 0.0,
-          "attention_dropout": 0.0, "use_cpu_initialization": not prec.use_gpu,
-          "calculate_per_token_loss": True,
-          # the native fused cross entropy is the one that honours pg_collection (the vocab-parallel one
-          # reads the TP group off parallel_state)
-          "cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "native"}
+    kw = {
+        "params_dtype": prec.dtype,
+        "pipeline_dtype": prec.dtype,
+        "bf16": prec.bf16,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "use_cpu_initialization": not prec.use_gpu,
+        "calculate_per_token_loss": True,
+        # the native fused cross entropy is the one that honours pg_collection (the vocab-parallel one
+        # reads the TP group off parallel_state)
+        "cross_entropy_loss_fusion": True,
+        "cross_entropy_fusion_impl": "native",
+    }
     if not prec.use_gpu:
         # no TE/apex/CUDA kernels on CPU
-        kw.update(gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
-                  bias_dropout_fusion=False, apply_rope_fusion=False, persist_layer_norm=False)
+        kw.update(
+            gradient_accumulation_fusion=False,
+            bias_activation_fusion=False,
+            masked_softmax_fusion=False,
+            bias_dropout_fusion=False,
+            apply_rope_fusion=False,
+            persist_layer_norm=False,
+        )
     else:
         kw.update(gradient_accumulation_fusion=False)
     return kw
@@ -51,31 +64,54 @@ def llm_config(preset: ModelPreset, tp: int, ep: int, etp: int, prec: Precision)
     p = preset.llm
     kw = _base_kwargs(prec)
     if p.num_experts:
-        kw.update(num_moe_experts=p.num_experts, moe_router_topk=p.moe_router_topk,
-                  moe_ffn_hidden_size=p.moe_ffn_hidden_size or p.ffn_hidden_size,
-                  expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
-                  moe_token_dispatcher_type="alltoall", moe_grouped_gemm=prec.use_gpu,
-                  moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-2,
-                  moe_permute_fusion=False, moe_router_fusion=False,
-                  add_bias_linear=False,  # SequentialMLP with biases modifies a view in place (autograd error)
-                  sequence_parallel=tp > 1)
+        kw.update(
+            num_moe_experts=p.num_experts,
+            moe_router_topk=p.moe_router_topk,
+            moe_ffn_hidden_size=p.moe_ffn_hidden_size or p.ffn_hidden_size,
+            expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp,
+            moe_token_dispatcher_type="alltoall",
+            moe_grouped_gemm=prec.use_gpu,
+            moe_router_load_balancing_type="aux_loss",
+            moe_aux_loss_coeff=1e-2,
+            moe_permute_fusion=False,
+            moe_router_fusion=False,
+            add_bias_linear=False,  # SequentialMLP with biases modifies a view in place (autograd error)
+            sequence_parallel=tp > 1,
+        )
     return TransformerConfig(
-        num_layers=p.num_layers, hidden_size=p.hidden_size, num_attention_heads=p.num_attention_heads,
-        num_query_groups=p.num_query_groups, ffn_hidden_size=p.ffn_hidden_size,
-        tensor_model_parallel_size=tp, **kw)
+        num_layers=p.num_layers,
+        hidden_size=p.hidden_size,
+        num_attention_heads=p.num_attention_heads,
+        num_query_groups=p.num_query_groups,
+        ffn_hidden_size=p.ffn_hidden_size,
+        tensor_model_parallel_size=tp,
+        **kw,
+    )
 
 
 def encoder_configs(preset: ModelPreset, tp: int, prec: Precision):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     e, llm = preset.encoder, preset.llm
-    vit = TransformerConfig(num_layers=e.num_layers, hidden_size=e.hidden_size,
-                            num_attention_heads=e.num_attention_heads, ffn_hidden_size=e.ffn_hidden_size,
-                            tensor_model_parallel_size=tp, **_base_kwargs(prec))
+    vit = TransformerConfig(
+        num_layers=e.num_layers,
+        hidden_size=e.hidden_size,
+        num_attention_heads=e.num_attention_heads,
+        ffn_hidden_size=e.ffn_hidden_size,
+        tensor_model_parallel_size=tp,
+        **_base_kwargs(prec),
+    )
     # The projector maps encoder width -> LLM width: MLP(enc_h -> llm_h -> llm_h), TP-split like the ViT.
-    proj = TransformerConfig(num_layers=1, hidden_size=llm.hidden_size, num_attention_heads=tp,
-                             ffn_hidden_size=llm.hidden_size, tensor_model_parallel_size=tp,
-                             gated_linear_unit=False, **_base_kwargs(prec))
+    proj = TransformerConfig(
+        num_layers=1,
+        hidden_size=llm.hidden_size,
+        num_attention_heads=tp,
+        ffn_hidden_size=llm.hidden_size,
+        tensor_model_parallel_size=tp,
+        gated_linear_unit=False,
+        **_base_kwargs(prec),
+    )
     return vit, proj
 
 
@@ -113,9 +149,15 @@ def build_llm(preset: ModelPreset, cfg, pgc, prec: Precision, seq_length: int):
             spec.submodules.input_layernorm = norm
             spec.submodules.pre_mlp_layernorm = norm
             spec = TransformerBlockSubmodules(layer_specs=[spec] * cfg.num_layers, layer_norm=norm)
-    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=preset.llm.vocab_size,
-                     max_sequence_length=seq_length, position_embedding_type="rope",
-                     share_embeddings_and_output_weights=False, pg_collection=pgc)
+    model = GPTModel(
+        config=cfg,
+        transformer_layer_spec=spec,
+        vocab_size=preset.llm.vocab_size,
+        max_sequence_length=seq_length,
+        position_embedding_type="rope",
+        share_embeddings_and_output_weights=False,
+        pg_collection=pgc,
+    )
     return model
 
 
@@ -131,13 +173,17 @@ def _encoder_layer_specs(prec: Precision):
         from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TERowParallelLinear
         from megatron.core.models.vision.vit_layer_specs import get_vit_layer_with_transformer_engine_spec
 
-        return (get_vit_layer_with_transformer_engine_spec(),
-                MLPSubmodules(linear_fc1=TEColumnParallelLinear, linear_fc2=TERowParallelLinear))
+        return (
+            get_vit_layer_with_transformer_engine_spec(),
+            MLPSubmodules(linear_fc1=TEColumnParallelLinear, linear_fc2=TERowParallelLinear),
+        )
     from megatron.core.models.vision.vit_layer_specs import get_vit_layer_with_local_spec
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
-    return (get_vit_layer_with_local_spec(),
-            MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
+    return (
+        get_vit_layer_with_local_spec(),
+        MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
+    )
 
 
 def _var_res_vit_class():
@@ -153,8 +199,9 @@ def _var_res_vit_class():
             self.seq_length = (x.shape[-2] // self.patch_dim) * (x.shape[-1] // self.patch_dim)
             if attention_mask is None:
                 # bidirectional attention; an explicit mask also avoids mcore's device="cuda" default mask
-                attention_mask = torch.zeros(1, 1, self.seq_length, self.seq_length, dtype=torch.bool,
-                                             device=x.device)
+                attention_mask = torch.zeros(
+                    1, 1, self.seq_length, self.seq_length, dtype=torch.bool, device=x.device
+                )
             return super().forward(x, attention_mask=attention_mask)
 
     return VarResViT
@@ -175,16 +222,30 @@ def _encoder_class():
             spec, proj_sub = _encoder_layer_specs(prec)
             self.patch = e.patch_size
             self.vit = _var_res_vit_class()(
-                vit_cfg, spec, add_class_token=False, patch_dim=e.patch_size, img_h=e.image_size,
-                img_w=e.image_size, max_img_h=e.image_size, max_img_w=e.image_size, has_cpe=False,
-                pg_collection=pgc)
+                vit_cfg,
+                spec,
+                add_class_token=False,
+                patch_dim=e.patch_size,
+                img_h=e.image_size,
+                img_w=e.image_size,
+                max_img_h=e.image_size,
+                max_img_w=e.image_size,
+                has_cpe=False,
+                pg_collection=pgc,
+            )
             # RADIO builds its patch embedder without tp_group (radio.py:129): rebuild it on our TP group.
             self.vit.embedder = ColumnParallelLinear(
-                input_size=e.channels * e.patch_size ** 2, output_size=e.hidden_size, bias=False,
-                config=vit_cfg, gather_output=True, init_method=lambda t: torch.nn.init.normal_(t, 0, 1),
-                tp_group=pgc.tp)
-            self.projector = MultimodalProjector(proj_cfg, proj_sub, "mlp", input_size=e.hidden_size,
-                                                 tp_group=pgc.tp)
+                input_size=e.channels * e.patch_size**2,
+                output_size=e.hidden_size,
+                bias=False,
+                config=vit_cfg,
+                gather_output=True,
+                init_method=lambda t: torch.nn.init.normal_(t, 0, 1),
+                tp_group=pgc.tp,
+            )
+            self.projector = MultimodalProjector(
+                proj_cfg, proj_sub, "mlp", input_size=e.hidden_size, tp_group=pgc.tp
+            )
             self.out_hidden = proj_cfg.hidden_size
             self.dtype = prec.dtype
 
@@ -213,8 +274,17 @@ def _encoder_class():
 _EXPERT_RE = re.compile(r"local_experts\.(\d+)\.")
 
 
-def canonical_init_(module, seed: int, tag: str, tp_rank: int, tp_size: int, etp_rank: int = 0,
-                    etp_size: int = 1, ep_rank: int = 0, num_local_experts: int = 0) -> None:
+def canonical_init_(
+    module,
+    seed: int,
+    tag: str,
+    tp_rank: int,
+    tp_size: int,
+    etp_rank: int = 0,
+    etp_size: int = 1,
+    ep_rank: int = 0,
+    num_local_experts: int = 0,
+) -> None:
     """Overwrite every parameter with its shard of a full tensor drawn from (seed, tag, canonical name).
 
     The canonical name replaces a local expert index by its global one (ep_rank * local + i); TP-split
@@ -226,7 +296,9 @@ def canonical_init_(module, seed: int, tag: str, tp_rank: int, tp_size: int, etp
         # expert params: by name (with EP=1 mcore leaves their `allreduce` attribute True)
         is_expert = bool(_EXPERT_RE.search(name)) or not getattr(p, "allreduce", True)
         if is_expert and num_local_experts:
-            cname = _EXPERT_RE.sub(lambda m: f"experts.{ep_rank * num_local_experts + int(m.group(1))}.", name)
+            cname = _EXPERT_RE.sub(
+                lambda m: f"experts.{ep_rank * num_local_experts + int(m.group(1))}.", name
+            )
         rank, size = (etp_rank, etp_size) if is_expert else (tp_rank, tp_size)
         full = list(p.shape)
         dim = None

@@ -21,11 +21,19 @@ def build_megatron_optimizer(ddp, pgc, spec, prec, max_lr: float):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     o = spec.optimizer
-    cfg = OptimizerConfig(optimizer=o.name, lr=max_lr, min_lr=spec.lr.min, weight_decay=o.weight_decay,
-                          adam_beta1=o.beta1, adam_beta2=o.beta2, adam_eps=o.eps,
-                          clip_grad=0.0,  # clipping is done by MimoOptimizer with the global norm
-                          bf16=prec.bf16, params_dtype=prec.dtype,
-                          use_distributed_optimizer=spec.use_distributed_optimizer)
+    cfg = OptimizerConfig(
+        optimizer=o.name,
+        lr=max_lr,
+        min_lr=spec.lr.min,
+        weight_decay=o.weight_decay,
+        adam_beta1=o.beta1,
+        adam_beta2=o.beta2,
+        adam_eps=o.eps,
+        clip_grad=0.0,  # clipping is done by MimoOptimizer with the global norm
+        bf16=prec.bf16,
+        params_dtype=prec.dtype,
+        use_distributed_optimizer=spec.use_distributed_optimizer,
+    )
     # megatron-core refuses gloo helper groups together with a pg_collection
     return get_megatron_optimizer(cfg, [ddp], use_gloo_process_groups=False, pg_collection=pgc)
 
@@ -79,8 +87,9 @@ class MimoOptimizer:
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor(values, dtype=torch.float64 if self.device == "cpu" else torch.float32,
-                         device=self.device)
+        t = torch.tensor(
+            values, dtype=torch.float64 if self.device == "cpu" else torch.float32, device=self.device
+        )
         dist.all_reduce(t, op=op)
         return t.tolist()
 

@@ -29,11 +29,17 @@ class LRSchedule:
     def __post_init__(self):
         if self.style not in ("constant", "cosine", "linear", "wsd"):
             raise ValueError(f"unknown lr schedule {self.style!r}")
-        if self.style == "wsd" and self.wsd_decay_style not in ("minus_sqrt", "linear", "cosine", "exponential"):
+        if self.style == "wsd" and self.wsd_decay_style not in (
+            "minus_sqrt",
+            "linear",
+            "cosine",
+            "exponential",
+        ):
             raise ValueError(f"unknown wsd decay style {self.wsd_decay_style!r}")
         if self.warmup_samples > self.decay_samples and self.style != "constant":
-            raise ValueError(f"lr.warmup_samples={self.warmup_samples} exceeds the decay end "
-                             f"{self.decay_samples} samples")
+            raise ValueError(
+                f"lr.warmup_samples={self.warmup_samples} exceeds the decay end {self.decay_samples} samples"
+            )
 
     def __call__(self, samples: int) -> float:
         mx, mn, w = self.max_lr, self.min_lr, self.warmup_samples
@@ -62,12 +68,18 @@ class LRSchedule:
             f = 0.5 * (1 + math.cos(math.pi * q))
         else:  # exponential to min (min must be > 0 to reach it; 0 -> decays to ~0 over the phase)
             ratio = mn / mx if mn > 0 else 1e-8
-            return mx * ratio ** q
+            return mx * ratio**q
         return mn + (mx - mn) * f
 
 
 def from_spec(lr, total_samples: int) -> LRSchedule:
     """Build from study.LRSpec; decay defaults to the whole run."""
-    return LRSchedule(style=lr.schedule, max_lr=lr.max, min_lr=lr.min, warmup_samples=lr.warmup_samples,
-                      decay_samples=lr.decay_samples or total_samples,
-                      wsd_decay_samples=lr.wsd_decay_samples or 0, wsd_decay_style=lr.wsd_decay_style)
+    return LRSchedule(
+        style=lr.schedule,
+        max_lr=lr.max,
+        min_lr=lr.min,
+        warmup_samples=lr.warmup_samples,
+        decay_samples=lr.decay_samples or total_samples,
+        wsd_decay_samples=lr.wsd_decay_samples or 0,
+        wsd_decay_style=lr.wsd_decay_style,
+    )

@@ -61,8 +61,13 @@ class StopDecision:
 class PreemptionWatch:
     """Install once after init_process_group; call `should_stop()` once per step on every rank."""
 
-    def __init__(self, deadline: float | None = None, margin_s: float = 30.0,
-                 signals: tuple[str, ...] = STOP_SIGNALS, term_grace_s: float | None = None):
+    def __init__(
+        self,
+        deadline: float | None = None,
+        margin_s: float = 30.0,
+        signals: tuple[str, ...] = STOP_SIGNALS,
+        term_grace_s: float | None = None,
+    ):
         self.deadline = deadline
         self.term_grace_s = term_grace_s  # None: 5 s + 2 x (longest step + save), see _arm_term_deadline
         self.margin_s = margin_s
@@ -86,11 +91,17 @@ class PreemptionWatch:
         within one step + one save, so a rank still alive well after that exits by itself."""
         import threading
 
-        grace = self.term_grace_s if self.term_grace_s is not None else 5.0 + 2.0 * (self._step_s + self._save_s)
+        grace = (
+            self.term_grace_s if self.term_grace_s is not None else 5.0 + 2.0 * (self._step_s + self._save_s)
+        )
 
         def expire() -> None:
-            print(f"mimo-jobs trainer: no world-wide stop within {grace:.0f} s of SIGTERM (a peer is gone?): "
-                  "exiting", file=sys.stderr, flush=True)
+            print(
+                f"mimo-jobs trainer: no world-wide stop within {grace:.0f} s of SIGTERM (a peer is gone?): "
+                "exiting",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(128 + signal.SIGTERM)
 
         self._timer = threading.Timer(grace, expire)
@@ -152,14 +163,24 @@ class PreemptionWatch:
         return StopDecision("+".join(parts), self.received)
 
 
-def write_requeue_marker(checkpoint_dir: str | Path, iteration: int, reason: str,
-                         job_id: str | None = None) -> Path:
+def write_requeue_marker(
+    checkpoint_dir: str | Path, iteration: int, reason: str, job_id: str | None = None
+) -> Path:
     """Rank 0, after the checkpoint is complete: tell the launch script to requeue (see module doc)."""
     d = Path(checkpoint_dir)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / (REQUEUE_MARKER + ".tmp")
-    tmp.write_text(json.dumps({"iteration": iteration, "reason": reason, "job_id": job_id,
-                               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+    tmp.write_text(
+        json.dumps(
+            {
+                "iteration": iteration,
+                "reason": reason,
+                "job_id": job_id,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
+        + "\n"
+    )
     os.replace(tmp, d / REQUEUE_MARKER)
     return d / REQUEUE_MARKER
 

@@ -62,8 +62,10 @@ def check_alignment(batch, image_token_id: int) -> None:
     """The runtime alignment invariant: placeholder tokens per sample == the image token counts."""
     got = (batch.tokens == image_token_id).sum(dim=1).tolist()
     if got != list(batch.image_token_counts):
-        raise RuntimeError(f"lane {batch.lane} microbatch {batch.microbatch}: image placeholder tokens per "
-                           f"sample {got} != image_token_counts {batch.image_token_counts}")
+        raise RuntimeError(
+            f"lane {batch.lane} microbatch {batch.microbatch}: image placeholder tokens per "
+            f"sample {got} != image_token_counts {batch.image_token_counts}"
+        )
 
 
 def llm_forward(st: TrainState, batch, img_emb):
@@ -85,8 +87,13 @@ def llm_forward(st: TrainState, batch, img_emb):
 
         dec_in = scatter_to_sequence_parallel_region(dec_in, group=lm.pgc.tp)
     labels = batch.labels.to(dev).clamp(min=0)  # masked positions carry IGNORE_INDEX; loss_mask drops them
-    per_token = lm.model(input_ids=None, position_ids=batch.position_ids.to(dev),
-                         attention_mask=_causal_mask(tokens.shape[1], dev), decoder_input=dec_in, labels=labels)
+    per_token = lm.model(
+        input_ids=None,
+        position_ids=batch.position_ids.to(dev),
+        attention_mask=_causal_mask(tokens.shape[1], dev),
+        decoder_input=dec_in,
+        labels=labels,
+    )
     return (per_token.float() * batch.loss_mask.to(dev)).sum()
 
 
@@ -203,10 +210,19 @@ def train_step(st: TrainState) -> StepStats:
     st.consumed_samples += st.plan.layout.gbs
     aux_per_microbatch = aux / (st.plan.num_microbatches * st.plan.layout.llm_dp)
     return StepStats(
-        iteration=st.iteration, loss=loss_sum / max(n_tokens, 1.0), tokens=int(n_tokens),
-        grad_norm=res.grad_norm, lr=lr, skipped=res.skipped, nan=res.nan, elapsed_s=_tick() - t0,
-        phases_s=dict(tm.acc), moe_aux_loss=aux_per_microbatch if st.preset.llm.num_experts else None,
-        image_tokens=int(image_tokens), empty_encoder_microbatches=tally.empty_encoder_microbatches)
+        iteration=st.iteration,
+        loss=loss_sum / max(n_tokens, 1.0),
+        tokens=int(n_tokens),
+        grad_norm=res.grad_norm,
+        lr=lr,
+        skipped=res.skipped,
+        nan=res.nan,
+        elapsed_s=_tick() - t0,
+        phases_s=dict(tm.acc),
+        moe_aux_loss=aux_per_microbatch if st.preset.llm.num_experts else None,
+        image_tokens=int(image_tokens),
+        empty_encoder_microbatches=tally.empty_encoder_microbatches,
+    )
 
 
 @dataclass
@@ -286,8 +302,8 @@ def _reference_encoder_forward(st: TrainState, mb: dict, tally: _Tally) -> dict[
         tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
         row = 0
         for g in segs:
-            n = sum(mb[g.lane].image_token_counts[g.lane_start:g.lane_start + g.n])
-            per_lane.setdefault(g.lane, []).append(flat[row:row + n])
+            n = sum(mb[g.lane].image_token_counts[g.lane_start : g.lane_start + g.n])
+            per_lane.setdefault(g.lane, []).append(flat[row : row + n])
             row += n
     return per_lane
 

@@ -24,6 +24,7 @@ import duckdb
 import pytest
 import tomllib
 import yaml
+
 from helpers.container import BUILD_SCRIPT, PYXIS_SRUN, REPO, podman_env, slurm_env, write_stubs
 
 # The timeout covers the module fixture (base bootstrap + build) on a loaded machine, not the CI budget.
@@ -38,8 +39,9 @@ TRAIN_PINS = dict(r.split("==") for r in PYPROJECT["optional-dependencies"]["tra
 
 
 def podman(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(["podman", *args], env=podman_env(), capture_output=True, text=True, timeout=timeout,
-                       check=False)
+    p = subprocess.run(
+        ["podman", *args], env=podman_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
     if check:
         assert p.returncode == 0, f"podman {' '.join(args)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p
@@ -50,8 +52,11 @@ BUILT_FROM: dict = {}  # the commit this test told the build to record; the sour
 
 def package_sources() -> dict[str, str]:
     pkg = REPO / "mimo_jobs"
-    return {str(f.relative_to(pkg)): hashlib.sha256(f.read_bytes()).hexdigest()
-            for f in sorted(pkg.rglob("*.py")) if "__pycache__" not in f.parts and not f.is_symlink()}
+    return {
+        str(f.relative_to(pkg)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(pkg.rglob("*.py"))
+        if "__pycache__" not in f.parts and not f.is_symlink()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +64,9 @@ def image() -> str:
     BUILT_FROM["sha"] = host_git_sha()
     before = package_sources()
     env = dict(podman_env(), MIMO_JOBS_GIT_SHA=BUILT_FROM["sha"])
-    p = subprocess.run(["bash", str(BUILD_SCRIPT)], env=env, capture_output=True, text=True, timeout=1800,
-                       check=False)
+    p = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], env=env, capture_output=True, text=True, timeout=1800, check=False
+    )
     after = package_sources()
     # Files nobody edited while the build ran (CI: all of them; a shared checkout moves under a long build).
     BUILT_FROM["sources"] = {k: v for k, v in before.items() if after.get(k) == v}
@@ -84,8 +90,9 @@ def in_image(image: str, *cmd: str, workdir: Path | None = None, check: bool = T
 
 
 def host_git_sha() -> str:
-    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_image_cli_provenance_and_clean_layers(image, tmp_path):
@@ -112,8 +119,10 @@ def test_image_cli_provenance_and_clean_layers(image, tmp_path):
     stable = BUILT_FROM["sources"]
     assert len(stable) > 10 and {k: installed.get(k) for k in stable} == stable
 
-    probe = ("for t in gcc cc g++ make; do command -v $t; done; find /root/.cache /tmp -type f | head; "
-             "ls -d /src /dist 2>/dev/null; command -v mimo-jobs; ls /opt/mimo-jobs/templates /opt/mimo-jobs/studies")
+    probe = (
+        "for t in gcc cc g++ make; do command -v $t; done; find /root/.cache /tmp -type f | head; "
+        "ls -d /src /dist 2>/dev/null; command -v mimo-jobs; ls /opt/mimo-jobs/templates /opt/mimo-jobs/studies"
+    )
     out = in_image(image, "bash", "-c", probe + "; true").stdout.split()
     assert out[0] == "/usr/local/bin/mimo-jobs", out  # nothing before it: no compilers, caches, sources
     assert {"sbatch.sh.j2", "launch.sh.j2", "cpu_local.yaml"} <= set(out[1:])
@@ -122,8 +131,18 @@ def test_image_cli_provenance_and_clean_layers(image, tmp_path):
 def test_local_study_end_to_end_in_the_image(image, tmp_path):
     """README local use: submit --executor local, then report, in the image; results land in the mount."""
     (tmp_path / "study.yaml").write_text(STUDY.read_text())
-    sub = in_image(image, "mimo-jobs", "submit", "study.yaml", "--executor", "local", "--wait",
-                   workdir=tmp_path, check=False, timeout=900)
+    sub = in_image(
+        image,
+        "mimo-jobs",
+        "submit",
+        "study.yaml",
+        "--executor",
+        "local",
+        "--wait",
+        workdir=tmp_path,
+        check=False,
+        timeout=900,
+    )
     assert sub.returncode == 0, sub.stdout[-4000:] + sub.stderr[-4000:]
     rep = in_image(image, "mimo-jobs", "report", "container_cpu", "--format", "json", workdir=tmp_path)
     report = json.loads(rep.stdout)
@@ -138,7 +157,7 @@ def test_local_study_end_to_end_in_the_image(image, tmp_path):
     assert [i for i, _ in its] == list(range(1, TRAIN_ITERS + 1))
     assert all(math.isfinite(loss) and loss > 0 for _, loss in its)
     # No git checkout in the image: the run's provenance is the commit the image was built from.
-    (name, version, sha), = con.execute("SELECT name, pkg_version, git_sha FROM runs").fetchall()
+    ((name, version, sha),) = con.execute("SELECT name, pkg_version, git_sha FROM runs").fetchall()
     assert (name, version, sha) == (RUN_NAME, PYPROJECT["version"], BUILT_FROM["sha"])
     prov = yaml.safe_load((run_dir / "run.yaml").read_text())["provenance"]
     assert (prov["git_sha"], prov["git_dirty"]) == (BUILT_FROM["sha"], False)
@@ -151,15 +170,33 @@ def test_rendered_pyxis_step_runs_in_the_image(image, tmp_path):
     doc["cluster"].update(executor="slurm", container={"image": image, "runtime": "pyxis"})
     (tmp_path / "pyxis.yaml").write_text(yaml.safe_dump(doc))
     runs = tmp_path / "runs"
-    subprocess.run([sys.executable, "-m", "mimo_jobs.cli", "render", str(tmp_path / "pyxis.yaml"),
-                    "--output", str(runs)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mimo_jobs.cli",
+            "render",
+            str(tmp_path / "pyxis.yaml"),
+            "--output",
+            str(runs),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     run_dir = runs / "container_cpu" / RUN_NAME
     bin_dir, out = tmp_path / "bin", tmp_path / "out"
     out.mkdir()
     write_stubs(bin_dir, srun=PYXIS_SRUN)
     env = slurm_env(bin_dir, out, job_id=4242, CONTAINERS_CONF=podman_env()["CONTAINERS_CONF"])
-    p = subprocess.run(["bash", str(run_dir / "sbatch.sh")], env=env, capture_output=True, text=True,
-                       timeout=900, check=False)
+    p = subprocess.run(
+        ["bash", str(run_dir / "sbatch.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     assert "srun exited with status 0" in p.stdout
 
@@ -169,7 +206,11 @@ def test_rendered_pyxis_step_runs_in_the_image(image, tmp_path):
     assert (run_dir / "logs" / "job-4242" / "node-0").is_dir()
 
     db = tmp_path / "host.duckdb"
-    subprocess.run([sys.executable, "-m", "mimo_jobs.cli", "ingest", str(run_dir), "--db", str(db)], check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.cli", "ingest", str(run_dir), "--db", str(db)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM iterations WHERE job_id = '4242'").fetchone()[0] == TRAIN_ITERS

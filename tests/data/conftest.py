@@ -9,15 +9,19 @@ from pathlib import Path
 import pytest
 
 
-
 @pytest.fixture(scope="session")
 def synth_blend(tmp_path_factory):
     """512 samples, 25% text-only, images 8x8 / 12x12 / 16x8 (4, 9, 8 tokens with patch 4)."""
     from mimo_jobs.data.synth import SynthConfig, synth
 
     root = tmp_path_factory.mktemp("synth")
-    cfg = SynthConfig(samples=512, text_only_fraction=0.25, image_sizes=((8, 8), (12, 12), (16, 8)),
-                      samples_per_shard=32, seed=7)
+    cfg = SynthConfig(
+        samples=512,
+        text_only_fraction=0.25,
+        image_sizes=((8, 8), (12, 12), (16, 8)),
+        samples_per_shard=32,
+        seed=7,
+    )
     with contextlib.redirect_stdout(io.StringIO()):
         res = synth(root, cfg)
     return res, cfg

@@ -11,7 +11,6 @@ import sys
 
 from helpers import TESTS
 from helpers.data import run_spec
-
 from mimo_jobs.data.synth import caption_sample
 
 N = 6  # microbatches per lane
@@ -19,8 +18,16 @@ N = 6  # microbatches per lane
 
 def _spawn(reqs: dict[str, dict]) -> dict[str, dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": str(TESTS)}
-    procs = {name: subprocess.Popen([sys.executable, "-m", "helpers.data", json.dumps(r)], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env=env) for name, r in reqs.items()}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "helpers.data", json.dumps(r)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for name, r in reqs.items()
+    }
     out = {}
     for name, p in procs.items():
         so, se = p.communicate(timeout=240)
@@ -52,16 +59,32 @@ def _check_self_consistent(rec: dict, cfg, image_token_id: int = 127) -> None:
 def test_fan_out_and_fan_in_lanes_align_across_processes(synth_blend):
     res, cfg = synth_blend
     blend = str(res.blend)
-    out_spec = {"path": blend, "gpus_per_node": 6, "enc_dp": 2, "llm_dp": 4, "mbs": 2, "gbs": 16}  # fan-out k=2
-    in_spec = {"path": blend, "gpus_per_node": 6, "enc_dp": 4, "llm_dp": 2, "mbs": 2, "gbs": 8}  # fan-in, 2 replicas/lane
+    out_spec = {
+        "path": blend,
+        "gpus_per_node": 6,
+        "enc_dp": 2,
+        "llm_dp": 4,
+        "mbs": 2,
+        "gbs": 16,
+    }  # fan-out k=2
+    in_spec = {
+        "path": blend,
+        "gpus_per_node": 6,
+        "enc_dp": 4,
+        "llm_dp": 2,
+        "mbs": 2,
+        "gbs": 8,
+    }  # fan-in, 2 replicas/lane
     assert run_spec(**out_spec).plan().fan == "out" and run_spec(**in_spec).plan().fan == "in"
-    r = _spawn({
-        "out_llm3": {"spec": out_spec, "role": "llm", "rank": 3, "n": N},
-        "out_enc1": {"spec": out_spec, "role": "encoder", "rank": 1, "n": N},
-        "out_ref": {"spec": out_spec, "role": "reference", "n": N},
-        "in_llm1": {"spec": in_spec, "role": "llm", "rank": 1, "n": N},
-        "in_enc3": {"spec": in_spec, "role": "encoder", "rank": 3, "n": N},
-    })
+    r = _spawn(
+        {
+            "out_llm3": {"spec": out_spec, "role": "llm", "rank": 3, "n": N},
+            "out_enc1": {"spec": out_spec, "role": "encoder", "rank": 1, "n": N},
+            "out_ref": {"spec": out_spec, "role": "reference", "n": N},
+            "in_llm1": {"spec": in_spec, "role": "llm", "rank": 1, "n": N},
+            "in_enc3": {"spec": in_spec, "role": "encoder", "rank": 3, "n": N},
+        }
+    )
     # fan-out: encoder replica 1 serves lanes 2 and 3
     assert r["out_enc1"]["lanes"] == [2, 3]
     llm3, enc3, ref3 = (r[k]["draw"]["3"] for k in ("out_llm3", "out_enc1", "out_ref"))

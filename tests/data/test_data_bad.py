@@ -21,13 +21,20 @@ GOOD = [f"g-{i:03d}" for i in range(12)]
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    return (
+        struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    )
 
 
 def png_bad_pixels(h: int = 8, w: int = 8) -> bytes:
     """A PNG whose header and chunk CRCs are valid but whose pixel stream is not zlib data."""
     ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", b"not zlib at all" * 4) + _chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", ihdr)
+        + _chunk(b"IDAT", b"not zlib at all" * 4)
+        + _chunk(b"IEND", b"")
+    )
 
 
 def _dataset(root, bad: list[tuple[str, dict]], per_shard: int = 4):
@@ -41,18 +48,31 @@ def _dataset(root, bad: list[tuple[str, dict]], per_shard: int = 4):
 
 
 def _cfg(root, mode: str, nw: int = 0, **kw) -> LoaderConfig:
-    return LoaderConfig(path=str(root), llm_dp=1, mbs=4, num_microbatches=1, seq_length=64,
-                        geometry=ImageGeometry(4, 16), vocab_size=128, num_workers=nw, on_bad_sample=mode,
-                        shuffle_buffer_size=None, max_samples_per_sequence=None, **kw)
+    return LoaderConfig(
+        path=str(root),
+        llm_dp=1,
+        mbs=4,
+        num_microbatches=1,
+        seq_length=64,
+        geometry=ImageGeometry(4, 16),
+        vocab_size=128,
+        num_workers=nw,
+        on_bad_sample=mode,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
 def bad_root(tmp_path_factory):
     png = render_png(8, 8, "blue", 0, 99)
-    bad = [("b-random", {"png": b"\x89PNG" + bytes(range(200)), "txt": b"x"}),  # not an image
-           ("b-trunc", {"png": png[:45], "txt": b"x"}),  # cut-off file
-           ("b-nocap", {"png": png}),  # caption field missing from the shard
-           ("b-long", {"png": png, "txt": b"y" * 300})]  # does not fit seq_length=64
+    bad = [
+        ("b-random", {"png": b"\x89PNG" + bytes(range(200)), "txt": b"x"}),  # not an image
+        ("b-trunc", {"png": png[:45], "txt": b"x"}),  # cut-off file
+        ("b-nocap", {"png": png}),  # caption field missing from the shard
+        ("b-long", {"png": png, "txt": b"y" * 300}),
+    ]  # does not fit seq_length=64
     root = tmp_path_factory.mktemp("bad")
     return root, _dataset(root, bad)
 
@@ -89,7 +109,11 @@ def test_skip_mode_counts_every_bad_sample_and_both_sides_agree(bad_root, caplog
     assert set(skipped) == {"b-random", "b-trunc", "b-nocap", "b-long"}
     assert {k: e["shard"] for k, e in skipped.items()} == {k: where[k] for k in skipped}
     assert {k: e["reason"] for k, e in skipped.items()} == {
-        "b-random": "image", "b-trunc": "image", "b-nocap": "load", "b-long": "overlong"}
+        "b-random": "image",
+        "b-trunc": "image",
+        "b-nocap": "load",
+        "b-long": "overlong",
+    }
     assert p.totals().skipped == {"image": 2, "load": 1, "overlong": 1}
     assert p.totals().samples == 12
     logged = [r.getMessage() for r in caplog.records]
@@ -116,7 +140,9 @@ def test_pixels_that_fail_after_a_good_header_stop_the_run_even_in_skip_mode(tmp
     llm.close()
     assert "b-pixels" in keys  # header is fine: the LLM side keeps it (it never decodes)...
     enc = EnergonProvider(_cfg(tmp_path, "skip"), [0], need_images=True)
-    with pytest.raises(DataError, match=rf"shard {where['b-pixels']}, sample 'b-pixels': image passed the header"):
+    with pytest.raises(
+        DataError, match=rf"shard {where['b-pixels']}, sample 'b-pixels': image passed the header"
+    ):
         for _ in range(4):
             enc.next(0)
     enc.close()  # ...so skipping it on the encoder side would misalign the lanes: an error instead
@@ -148,8 +174,9 @@ def test_not_a_dataset_and_empty_split(tmp_path):
     good = [(f"g-{i}", {"png": render_png(8, 8, "red", 0, i), "txt": b"t"}) for i in range(4)]
     shards = write_shards(root, "v", good, 4)
     with contextlib.redirect_stdout(io.StringIO()):
-        BaseWebdatasetFactory.prepare_dataset(root, shards, split_parts_ratio=[("train", 0.0), ("val", 1.0)],
-                                              shuffle_seed=None, workers=1)
+        BaseWebdatasetFactory.prepare_dataset(
+            root, shards, split_parts_ratio=[("train", 0.0), ("val", 1.0)], shuffle_seed=None, workers=1
+        )
     import yaml
 
     (root / ".nv-meta" / "dataset.yaml").write_text(yaml.safe_dump(CAPTIONING))

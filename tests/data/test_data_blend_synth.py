@@ -25,7 +25,9 @@ def _members(tar_path):
 def test_synth_writes_what_it_says_and_is_deterministic(tmp_path):
     from PIL import Image
 
-    cfg = SynthConfig(samples=40, text_only_fraction=0.25, image_sizes=((8, 8), (16, 8)), samples_per_shard=16, seed=3)
+    cfg = SynthConfig(
+        samples=40, text_only_fraction=0.25, image_sizes=((8, 8), (16, 8)), samples_per_shard=16, seed=3
+    )
     with contextlib.redirect_stdout(io.StringIO()):
         a = synth(tmp_path / "a", cfg)
         b = synth(tmp_path / "b", cfg)
@@ -45,7 +47,10 @@ def test_synth_writes_what_it_says_and_is_deterministic(tmp_path):
         seen_sizes.add((h, w))
         color, shape = caption.split()
         assert shape in SHAPES and len(caption) <= 13
-        assert img.convert("RGB").getpixel((w - 1, 0)) in (COLORS[color], tuple(c // 2 for c in COLORS[color]))
+        assert img.convert("RGB").getpixel((w - 1, 0)) in (
+            COLORS[color],
+            tuple(c // 2 for c in COLORS[color]),
+        )
     assert seen_sizes == {(8, 8), (16, 8)}
     for cat in ("caps", "text"):
         meta = yaml.safe_load((tmp_path / "a" / cat / ".nv-meta" / "dataset.yaml").read_text())
@@ -75,17 +80,42 @@ def test_geometry_token_counts():
 
 def test_cli_synth_and_bad_input(tmp_path):
     out = tmp_path / "ds"
-    r = subprocess.run([sys.executable, "-m", "mimo_jobs.cli", "data", "synth", str(out), "--samples", "20",
-                        "--text-only-fraction", "0.5", "--image-sizes", "8,16x8"], check=False, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mimo_jobs.cli",
+            "data",
+            "synth",
+            str(out),
+            "--samples",
+            "20",
+            "--text-only-fraction",
+            "0.5",
+            "--image-sizes",
+            "8,16x8",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "10 image-caption samples" in r.stdout and "blend.yaml" in r.stdout
     assert (out / "caps" / ".nv-meta" / "split.yaml").exists() and (out / "text" / ".nv-meta").exists()
     assert not list(out.glob(".synth-staging*"))
-    again = subprocess.run([sys.executable, "-m", "mimo_jobs.cli", "data", "synth", str(out)],
-                           check=False, capture_output=True, text=True)
+    again = subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.cli", "data", "synth", str(out)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert again.returncode == 2 and "already holds" in again.stderr
-    bad = subprocess.run([sys.executable, "-m", "mimo_jobs.cli", "data", "synth", str(tmp_path / "x"),
-                          "--image-sizes", "0"], check=False, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.cli", "data", "synth", str(tmp_path / "x"), "--image-sizes", "0"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "image size '0'" in bad.stderr and not (tmp_path / "x").exists()
 
 
@@ -96,8 +126,15 @@ def test_blend_image_share_matches_its_weight(tmp_path):
 
     with contextlib.redirect_stdout(io.StringIO()):
         res = synth(tmp_path, SynthConfig(samples=400, text_only_fraction=0.9, samples_per_shard=50))
-    cfg = LoaderConfig(path=str(res.blend), llm_dp=1, mbs=16, num_microbatches=1, seq_length=64,
-                       geometry=ImageGeometry(4, 16), vocab_size=128)
+    cfg = LoaderConfig(
+        path=str(res.blend),
+        llm_dp=1,
+        mbs=16,
+        num_microbatches=1,
+        seq_length=64,
+        geometry=ImageGeometry(4, 16),
+        vocab_size=128,
+    )
     p = EnergonProvider(cfg, [0], need_images=False)
     keys = [k for _ in range(100) for k in p.next(0).sample_keys]
     tot = p.totals()
@@ -109,7 +146,6 @@ def test_blend_image_share_matches_its_weight(tmp_path):
 
 def test_check_energon_data_before_any_loader(synth_blend, tmp_path):
     from helpers.data import run_spec
-
     from mimo_jobs.data.check import check_energon_data
 
     res, _ = synth_blend
@@ -117,7 +153,9 @@ def test_check_energon_data_before_any_loader(synth_blend, tmp_path):
     with pytest.raises(DataError, match=r"use .*blend\.yaml"):
         check_energon_data(run_spec(res.root, gpus_per_node=2, enc_dp=1, llm_dp=1, mbs=1, gbs=1))
     with pytest.raises(DataError, match="seq_length >= 18"):  # tiny: 16x16 px / patch 4 = 16 tokens + 2
-        check_energon_data(run_spec(res.blend, gpus_per_node=2, enc_dp=1, llm_dp=1, mbs=1, gbs=1, seq_length=16))
+        check_energon_data(
+            run_spec(res.blend, gpus_per_node=2, enc_dp=1, llm_dp=1, mbs=1, gbs=1, seq_length=16)
+        )
     broken = res.root / "broken-blend.yaml"  # next to caps/ and text/, one entry pointing nowhere
     broken.write_text(res.blend.read_text().replace("./text", "./nowhere"))
     with pytest.raises(DataError, match=r"splits\.train path './nowhere'.*does not exist"):

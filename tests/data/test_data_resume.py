@@ -7,8 +7,8 @@ import io
 
 import pytest
 import torch
-from helpers.data import run_spec
 
+from helpers.data import run_spec
 from mimo_jobs.data.energon_provider import make_energon_provider
 from mimo_jobs.data.errors import DataError
 
@@ -61,7 +61,7 @@ def test_resume_continues_with_identical_samples(synth_blend, nw, lanes, k):
     # counted totals continue across restarts
     assert third.lane_totals(lanes[0]).microbatches == k + m
     third.close()
-    assert mid + tail == expect[k * len(lanes):]
+    assert mid + tail == expect[k * len(lanes) :]
     assert next(r[1:3] for r in mid[: len(lanes)]) == (k // 2, k % 2)  # step/microbatch numbering continues
 
 

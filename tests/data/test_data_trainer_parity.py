@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mimo_jobs.plan.rundir import RunDir
 from mimo_jobs.plan.expand import runs_of
 from mimo_jobs.plan.load import parse_study
+from mimo_jobs.plan.rundir import RunDir
 from mimo_jobs.plan.runspec import run_yaml_doc
 
 ITERS = 3
@@ -29,21 +29,40 @@ def dataset(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("parity")
     with contextlib.redirect_stdout(io.StringIO()):
-        res = synth(root / "ds", SynthConfig(samples=128, text_only_fraction=0.25,
-                                             image_sizes=((8, 8), (12, 12), (16, 8)), samples_per_shard=32))
+        res = synth(
+            root / "ds",
+            SynthConfig(
+                samples=128,
+                text_only_fraction=0.25,
+                image_sizes=((8, 8), (12, 12), (16, 8)),
+                samples_per_shard=32,
+            ),
+        )
     return root, res.blend
 
 
 def _run_yaml(root: Path, blend: Path, enc_dp: int, llm_dp: int, mbs: int, gbs: int, nw: int):
     world = enc_dp + llm_dp
-    study = parse_study({
-        "name": "energon-parity",
-        "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": world},
-        "trainer": {"model": "tiny", "seq_length": 64, "train_iters": ITERS, "seed": 1234,
-                    "lr": {"schedule": "constant", "max": 1e-3},
-                    "data": {"provider": "energon", "path": str(blend), "num_workers": nw}},
-        "matrix": {"points": [{"nodes": 1, "encoder": {"dp": enc_dp}, "llm": {"dp": llm_dp}, "gbs": gbs, "mbs": mbs}]},
-    }, env={})
+    study = parse_study(
+        {
+            "name": "energon-parity",
+            "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": world},
+            "trainer": {
+                "model": "tiny",
+                "seq_length": 64,
+                "train_iters": ITERS,
+                "seed": 1234,
+                "lr": {"schedule": "constant", "max": 1e-3},
+                "data": {"provider": "energon", "path": str(blend), "num_workers": nw},
+            },
+            "matrix": {
+                "points": [
+                    {"nodes": 1, "encoder": {"dp": enc_dp}, "llm": {"dp": llm_dp}, "gbs": gbs, "mbs": mbs}
+                ]
+            },
+        },
+        env={},
+    )
     (spec,) = runs_of(study)
     rd = RunDir.of(root / "runs", spec.study, spec.name)
     rd.root.mkdir(parents=True, exist_ok=True)
@@ -52,7 +71,9 @@ def _run_yaml(root: Path, blend: Path, enc_dp: int, llm_dp: int, mbs: int, gbs: 
 
 
 def _iterations(path: Path) -> dict[int, dict]:
-    return {r["iteration"]: r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "iteration"}
+    return {
+        r["iteration"]: r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "iteration"
+    }
 
 
 def _expected_counts(spec) -> dict[int, tuple[int, int]]:
@@ -79,18 +100,41 @@ def _expected_counts(spec) -> dict[int, tuple[int, int]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("enc_dp,llm_dp,mbs,gbs,nw", [(1, 2, 1, 4, 0), (2, 1, 2, 4, 2)], ids=["fan-out", "fan-in-nw2"])
+@pytest.mark.parametrize(
+    "enc_dp,llm_dp,mbs,gbs,nw", [(1, 2, 1, 4, 0), (2, 1, 2, 4, 2)], ids=["fan-out", "fan-in-nw2"]
+)
 def test_trainer_on_energon_matches_reference(dataset, enc_dp, llm_dp, mbs, gbs, nw):
     root, blend = dataset
     spec, rd = _run_yaml(root, blend, enc_dp, llm_dp, mbs, gbs, nw)
     assert spec.plan().fan == ("out" if enc_dp < llm_dp else "in")
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONUNBUFFERED="1")
-    het = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          f"--nproc-per-node={enc_dp + llm_dp}", "-m", "mimo_jobs.trainer", str(rd.run_yaml),
-                          "--quiet"], check=False, env=env, capture_output=True, text=True, timeout=500)
+    het = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={enc_dp + llm_dp}",
+            "-m",
+            "mimo_jobs.trainer",
+            str(rd.run_yaml),
+            "--quiet",
+        ],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     assert het.returncode == 0, het.stderr[-4000:]
-    ref = subprocess.run([sys.executable, "-m", "mimo_jobs.trainer", str(rd.run_yaml), "--reference", "--quiet"],
-                         check=False, env=env, capture_output=True, text=True, timeout=300)
+    ref = subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.trainer", str(rd.run_yaml), "--reference", "--quiet"],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ref.returncode == 0, ref.stderr[-4000:]
     h, r = _iterations(rd.metrics), _iterations(rd.root / "metrics.reference.jsonl")
     assert sorted(h) == sorted(r) == list(range(1, ITERS + 1))

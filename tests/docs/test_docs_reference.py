@@ -20,8 +20,20 @@ REPO = Path(__file__).resolve().parents[2]
 STUDY_DOC = REPO / "docs" / "study-file.md"
 MODELS = {
     name: getattr(spec, name)
-    for name in ("StudySpec", "ClusterSpec", "ContainerSpec", "TrainerSpec", "LRSpec", "OptimizerSpec",
-                 "DataSpec", "FreezeSpec", "PointSpec", "EncoderAxes", "LLMAxes", "MatrixSpec")
+    for name in (
+        "StudySpec",
+        "ClusterSpec",
+        "ContainerSpec",
+        "TrainerSpec",
+        "LRSpec",
+        "OptimizerSpec",
+        "DataSpec",
+        "FreezeSpec",
+        "PointSpec",
+        "EncoderAxes",
+        "LLMAxes",
+        "MatrixSpec",
+    )
 }
 
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
@@ -42,7 +54,12 @@ def _prose_lines(text: str) -> list[str]:
             else:
                 out.append(line)
             continue
-        if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not line.strip().strip(fence[0]):
+        if (
+            m
+            and m.group(1)[0] == fence[0]
+            and len(m.group(1)) >= len(fence)
+            and not line.strip().strip(fence[0])
+        ):
             fence = None
         out.append("")
     return out
@@ -124,8 +141,10 @@ def test_defaults_match(tables, model):
             if f is None:
                 continue  # reported by test_table_lists_exactly_the_fields
             if (cell == "required") != f.is_required():
-                bad.append(f"{k}: default column {cell!r}, but the field is "
-                           + ("required" if f.is_required() else "optional"))
+                bad.append(
+                    f"{k}: default column {cell!r}, but the field is "
+                    + ("required" if f.is_required() else "optional")
+                )
                 continue
             m = re.fullmatch(r"`([^`]*)`", cell)
             if m and not f.is_required():
@@ -203,17 +222,19 @@ def test_relative_links_resolve(doc):
 
 def test_reference_parser_sees_a_missing_row():
     """The check can fail: a table without one of its model's rows, or with a row too many, is seen."""
-    doc = "\n".join([
-        "## `trainer.freeze` (`FreezeSpec`)",
-        "",
-        "| key | default | meaning |",
-        "|---|---|---|",
-        "| `encoder` | `false` | freeze the encoder |",
-        "| `llm_head` | `false` | not a field |",
-        "```",
-        "| `llm` | `false` | inside a code block: not a row |",
-        "```",
-    ])
+    doc = "\n".join(
+        [
+            "## `trainer.freeze` (`FreezeSpec`)",
+            "",
+            "| key | default | meaning |",
+            "|---|---|---|",
+            "| `encoder` | `false` | freeze the encoder |",
+            "| `llm_head` | `false` | not a field |",
+            "```",
+            "| `llm` | `false` | inside a code block: not a row |",
+            "```",
+        ]
+    )
     rows = reference_tables(doc)["FreezeSpec"]
     documented = {k for keys, _ in rows for k in keys}
     fields = set(MODELS["FreezeSpec"].model_fields)

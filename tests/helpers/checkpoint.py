@@ -10,33 +10,69 @@ from pathlib import Path
 
 import yaml
 
-from mimo_jobs.plan.rundir import RunDir
 from mimo_jobs.plan.expand import runs_of
 from mimo_jobs.plan.load import parse_study
+from mimo_jobs.plan.rundir import RunDir
 from mimo_jobs.plan.runspec import run_yaml_doc
 
 
-def make_run(root: Path, *, enc_dp: int, llm_dp: int, llm_tp: int = 1, enc_tp: int = 1, llm_ep: int = 1,
-             model: str = "tiny", gbs: int, mbs: int = 1,
-             iters: int, save_interval: int | None = 2, keep: int = 2, distopt: bool = False,
-             name: str = "ckpt", data: dict | None = None, seed: int = 1234, freeze: dict | None = None,
-             checkpoint_dir: str | None = None) -> Path:
+def make_run(
+    root: Path,
+    *,
+    enc_dp: int,
+    llm_dp: int,
+    llm_tp: int = 1,
+    enc_tp: int = 1,
+    llm_ep: int = 1,
+    model: str = "tiny",
+    gbs: int,
+    mbs: int = 1,
+    iters: int,
+    save_interval: int | None = 2,
+    keep: int = 2,
+    distopt: bool = False,
+    name: str = "ckpt",
+    data: dict | None = None,
+    seed: int = 1234,
+    freeze: dict | None = None,
+    checkpoint_dir: str | None = None,
+) -> Path:
     """A one-node CPU run (processes = ranks) rendered to <root>/runs/<name>/<run>/run.yaml."""
     world = enc_tp * enc_dp + llm_tp * llm_dp
-    trainer = {"model": model, "seq_length": 32, "train_iters": iters, "save_interval": save_interval,
-               "keep_checkpoints": keep, "use_distributed_optimizer": distopt, "seed": seed,
-               "lr": {"schedule": "cosine", "max": 2e-3, "min": 1e-4, "warmup_samples": gbs},
-               "data": data or {"provider": "mock", "image_sizes": [8, 12, 16]}}
+    trainer = {
+        "model": model,
+        "seq_length": 32,
+        "train_iters": iters,
+        "save_interval": save_interval,
+        "keep_checkpoints": keep,
+        "use_distributed_optimizer": distopt,
+        "seed": seed,
+        "lr": {"schedule": "cosine", "max": 2e-3, "min": 1e-4, "warmup_samples": gbs},
+        "data": data or {"provider": "mock", "image_sizes": [8, 12, 16]},
+    }
     if freeze:
         trainer["freeze"] = freeze
     if checkpoint_dir:
         trainer["checkpoint_dir"] = checkpoint_dir
-    study = parse_study({
-        "name": name, "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": world},
-        "trainer": trainer,
-        "matrix": {"points": [{"nodes": 1, "encoder": {"tp": enc_tp, "dp": enc_dp},
-                               "llm": {"tp": llm_tp, "dp": llm_dp, "ep": llm_ep}, "gbs": gbs, "mbs": mbs}]},
-    }, env={})
+    study = parse_study(
+        {
+            "name": name,
+            "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": world},
+            "trainer": trainer,
+            "matrix": {
+                "points": [
+                    {
+                        "nodes": 1,
+                        "encoder": {"tp": enc_tp, "dp": enc_dp},
+                        "llm": {"tp": llm_tp, "dp": llm_dp, "ep": llm_ep},
+                        "gbs": gbs,
+                        "mbs": mbs,
+                    }
+                ]
+            },
+        },
+        env={},
+    )
     (spec,) = runs_of(study)
     rd = RunDir.of(root / "runs", spec.study, spec.name)
     rd.root.mkdir(parents=True, exist_ok=True)
@@ -52,28 +88,62 @@ def world_of(run_yaml: Path) -> int:
 
 def trainer_env(extra: dict | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONUNBUFFERED="1")
-    for k in ("MIMO_CKPT_CRASH", "MIMO_CKPT_KILL_AFTER_ITER", "MIMO_CKPT_TEST_STEP_DELAY_S", "MIMO_JOB_DEADLINE",
-              "SLURM_JOB_END_TIME", "SLURM_JOB_ID", "SLURM_RESTART_COUNT", "MIMO_JOBS_JOB_ID", "MIMO_JOBS_ATTEMPT"):
+    for k in (
+        "MIMO_CKPT_CRASH",
+        "MIMO_CKPT_KILL_AFTER_ITER",
+        "MIMO_CKPT_TEST_STEP_DELAY_S",
+        "MIMO_JOB_DEADLINE",
+        "SLURM_JOB_END_TIME",
+        "SLURM_JOB_ID",
+        "SLURM_RESTART_COUNT",
+        "MIMO_JOBS_JOB_ID",
+        "MIMO_JOBS_ATTEMPT",
+    ):
         env.pop(k, None)
     env.update(extra or {})
     return env
 
 
 def torchrun_cmd(run_yaml: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_of(run_yaml)}",
-            "-m", "mimo_jobs.trainer", str(run_yaml), "--quiet", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={world_of(run_yaml)}",
+        "-m",
+        "mimo_jobs.trainer",
+        str(run_yaml),
+        "--quiet",
+        *args,
+    ]
 
 
-def launch(run_yaml: Path, *args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def launch(
+    run_yaml: Path, *args: str, env: dict | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
     # own session: the crash hook SIGKILLs its whole process group (torchrun + ranks), never pytest
-    return subprocess.run(torchrun_cmd(run_yaml, *args), check=False, env=trainer_env(env), capture_output=True, text=True,
-                          timeout=timeout, start_new_session=True)
+    return subprocess.run(
+        torchrun_cmd(run_yaml, *args),
+        check=False,
+        env=trainer_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+    )
 
 
 def start(run_yaml: Path, *args: str, env: dict | None = None, log: Path) -> subprocess.Popen:
     with open(log, "w") as f:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(torchrun_cmd(run_yaml, *args), env=trainer_env(env), stdout=f,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        return subprocess.Popen(
+            torchrun_cmd(run_yaml, *args),
+            env=trainer_env(env),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
 
 def children(pid: int) -> list[int]:

@@ -41,9 +41,15 @@ def write_stubs(bin_dir: Path, srun: str | Path = RECORD_SRUN) -> None:
 
 def slurm_env(bin_dir: Path, out: Path, job_id: int = 4242, nodes: int = 1, **extra) -> dict[str, str]:
     """A from-scratch batch environment (nothing from the machine's own SLURM_*/MASTER_* leaks in)."""
-    env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": str(out), "STUB_OUT": str(out),
-           "LANG": "C.UTF-8", "SLURM_JOB_ID": str(job_id), "SLURM_JOB_NODELIST": "localhost",
-           "SLURM_JOB_NUM_NODES": str(nodes)}
+    env = {
+        "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(out),
+        "STUB_OUT": str(out),
+        "LANG": "C.UTF-8",
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_JOB_NUM_NODES": str(nodes),
+    }
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -53,8 +59,14 @@ def srun_argv(sbatch_sh: Path, tmp: Path) -> list[str]:
     bin_dir, out = tmp / "bin", tmp / "out"
     out.mkdir(parents=True, exist_ok=True)
     write_stubs(bin_dir)
-    p = subprocess.run(["bash", str(sbatch_sh)], env=slurm_env(bin_dir, out), check=False, capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        ["bash", str(sbatch_sh)],
+        env=slurm_env(bin_dir, out),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     return (out / "srun.argv").read_bytes().decode().split("\0")[:-1]
 

@@ -6,18 +6,37 @@ from __future__ import annotations
 import json
 import sys
 
-def run_spec(path, *, gpus_per_node: int, enc_dp: int, llm_dp: int, mbs: int, gbs: int, seq_length: int = 64,
-             num_workers: int = 0, seed: int = 1234, model: str = "tiny", **data):
+
+def run_spec(
+    path,
+    *,
+    gpus_per_node: int,
+    enc_dp: int,
+    llm_dp: int,
+    mbs: int,
+    gbs: int,
+    seq_length: int = 64,
+    num_workers: int = 0,
+    seed: int = 1234,
+    model: str = "tiny",
+    **data,
+):
     from mimo_jobs.plan.expand import runs_of
     from mimo_jobs.plan.load import parse_study
 
     doc = {
         "name": "datatest",
         "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": gpus_per_node},
-        "trainer": {"model": model, "seq_length": seq_length, "train_iters": 4, "seed": seed,
-                    "data": {"provider": "energon", "path": str(path), "num_workers": num_workers, **data}},
-        "matrix": {"points": [{"nodes": 1, "encoder": {"dp": enc_dp}, "llm": {"dp": llm_dp},
-                               "gbs": gbs, "mbs": mbs}]},
+        "trainer": {
+            "model": model,
+            "seq_length": seq_length,
+            "train_iters": 4,
+            "seed": seed,
+            "data": {"provider": "energon", "path": str(path), "num_workers": num_workers, **data},
+        },
+        "matrix": {
+            "points": [{"nodes": 1, "encoder": {"dp": enc_dp}, "llm": {"dp": llm_dp}, "gbs": gbs, "mbs": mbs}]
+        },
     }
     (spec,) = runs_of(parse_study(doc, env={}))
     return spec
@@ -29,12 +48,21 @@ def draw(provider, lanes, n):
     for _ in range(n):
         for lane in lanes:
             b = provider.next(lane)
-            out[lane].append({
-                "keys": b.sample_keys, "counts": b.image_token_counts,
-                "tokens": b.tokens.tolist(), "labels": b.labels.tolist(), "loss_mask": b.loss_mask.tolist(),
-                "images": None if b.images is None else [None if im is None else list(im.shape) for im in b.images],
-                "events": b.meta["events"], "step": b.step, "microbatch": b.microbatch,
-            })
+            out[lane].append(
+                {
+                    "keys": b.sample_keys,
+                    "counts": b.image_token_counts,
+                    "tokens": b.tokens.tolist(),
+                    "labels": b.labels.tolist(),
+                    "loss_mask": b.loss_mask.tolist(),
+                    "images": None
+                    if b.images is None
+                    else [None if im is None else list(im.shape) for im in b.images],
+                    "events": b.meta["events"],
+                    "step": b.step,
+                    "microbatch": b.microbatch,
+                }
+            )
     return out
 
 

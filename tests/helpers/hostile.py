@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,20 @@ def run_case(case: Case, tmp: Path) -> str:
     argv = [a.replace("{tmp}", str(tmp)) for a in case.argv]
     env = {**os.environ, "COLUMNS": "", "MIMO_JOBS_DB": str(tmp / "default.duckdb"), **case.env}
     try:
-        p = subprocess.run([sys.executable, "-m", "mimo_jobs.cli", *argv], cwd=tmp, env=env, capture_output=True,
-                           text=True, errors="replace", timeout=case.timeout_s, stdin=subprocess.DEVNULL)
+        p = subprocess.run(
+            [sys.executable, "-m", "mimo_jobs.cli", *argv],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=case.timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"{case.id}: `mimo-jobs {' '.join(argv)}` still ran after {case.timeout_s:.0f} s")
+        raise AssertionError(
+            f"{case.id}: `mimo-jobs {' '.join(argv)}` still ran after {case.timeout_s:.0f} s"
+        )
     out = p.stdout + p.stderr
     assert "Traceback (most recent call last)" not in out, f"{case.id}: a traceback reached the user:\n{out}"
     assert p.returncode == case.exit, f"{case.id}: exit {p.returncode}, expected {case.exit}:\n{out[-3000:]}"

@@ -7,16 +7,14 @@ import os
 from pathlib import Path
 
 import pytest
-
 import yaml
 
+from helpers import TESTS
 from mimo_jobs.contract import IterationRecord
-from mimo_jobs.plan.rundir import RunDir
 from mimo_jobs.plan.expand import runs_of
 from mimo_jobs.plan.load import parse_study
+from mimo_jobs.plan.rundir import RunDir
 from mimo_jobs.plan.runspec import RunSpec, run_yaml_doc
-
-from helpers import TESTS
 
 FIXTURES = TESTS / "ingest" / "fixtures"
 

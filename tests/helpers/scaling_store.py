@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers.ingest_runs import make_runs, record, write_jsonl  # noqa: E402
-
 from mimo_jobs.ingest import pipeline as ingest
 from mimo_jobs.store import connection as store  # noqa: E402
 

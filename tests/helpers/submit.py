@@ -15,15 +15,32 @@ from helpers import TESTS
 FAKE_TEMPLATES = TESTS / "submit" / "fake_templates"
 
 
-def write_study(path: Path, name: str, points: list[dict], env: dict | None = None, executor: str = "local",
-                time_limit: str = "00:05:00", max_retries: int = 0, gpus_per_node: int = 2,
-                train_iters: int = 2, signal: str = "USR2@60") -> Path:
+def write_study(
+    path: Path,
+    name: str,
+    points: list[dict],
+    env: dict | None = None,
+    executor: str = "local",
+    time_limit: str = "00:05:00",
+    max_retries: int = 0,
+    gpus_per_node: int = 2,
+    train_iters: int = 2,
+    signal: str = "USR2@60",
+) -> Path:
     doc = {
         "name": name,
-        "cluster": {"executor": executor, "partition": "debug" if executor == "slurm" else None,
-                    "accelerator": "cpu", "gpus_per_node": gpus_per_node, "time_limit": time_limit,
-                    "exclusive": False, "requeue": False, "max_retries": max_retries, "signal": signal,
-                    "env": {k: str(v) for k, v in (env or {}).items()}},
+        "cluster": {
+            "executor": executor,
+            "partition": "debug" if executor == "slurm" else None,
+            "accelerator": "cpu",
+            "gpus_per_node": gpus_per_node,
+            "time_limit": time_limit,
+            "exclusive": False,
+            "requeue": False,
+            "max_retries": max_retries,
+            "signal": signal,
+            "env": {k: str(v) for k, v in (env or {}).items()},
+        },
         "trainer": {"model": "tiny", "train_iters": train_iters},
         "matrix": {"defaults": {"gbs": 6, "encoder": {"tp": 1, "dp": 1}, "llm": {"tp": 1}}, "points": points},
     }
@@ -33,16 +50,25 @@ def write_study(path: Path, name: str, points: list[dict], env: dict | None = No
     return path
 
 
-def cli(*args: str, env: dict | None = None, timeout: float = 300, check: bool = False
-        ) -> subprocess.CompletedProcess:
+def cli(
+    *args: str, env: dict | None = None, timeout: float = 300, check: bool = False
+) -> subprocess.CompletedProcess:
     """The real command line in a fresh process (as a user runs it)."""
     e = dict(os.environ)
     e.update(env or {})
     e.setdefault("COLUMNS", "250")
-    p = subprocess.run([sys.executable, "-m", "mimo_jobs.cli", *map(str, args)], check=False, capture_output=True,
-                       text=True, timeout=timeout, env=e)
+    p = subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.cli", *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=e,
+    )
     if check and p.returncode != 0:
-        raise AssertionError(f"mimo-jobs {' '.join(map(str, args))} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+        raise AssertionError(
+            f"mimo-jobs {' '.join(map(str, args))} -> {p.returncode}\n{p.stdout}\n{p.stderr}"
+        )
     return p
 
 
@@ -57,18 +83,44 @@ def query(db: Path, sql: str, params: list | None = None) -> list[tuple]:
 
 
 def job_rows(db: Path, study: str) -> list[dict]:
-    cols = ["run", "job_id", "executor", "attempt", "state", "reason", "exit_code", "submit_time", "start_time",
-            "end_time", "node_list", "action", "next_job_id", "first_error", "log_path", "run_dir"]
-    rows = query(db, """SELECT r.name, j.job_id, j.executor, j.attempt, j.state, j.reason, j.exit_code,
+    cols = [
+        "run",
+        "job_id",
+        "executor",
+        "attempt",
+        "state",
+        "reason",
+        "exit_code",
+        "submit_time",
+        "start_time",
+        "end_time",
+        "node_list",
+        "action",
+        "next_job_id",
+        "first_error",
+        "log_path",
+        "run_dir",
+    ]
+    rows = query(
+        db,
+        """SELECT r.name, j.job_id, j.executor, j.attempt, j.state, j.reason, j.exit_code,
                                j.submit_time, j.start_time, j.end_time, j.node_list, j.action, j.next_job_id,
                                j.first_error, j.log_path, r.run_dir
                         FROM jobs j JOIN runs r USING (run_id) WHERE r.study = ? ORDER BY r.name, j.attempt""",
-                 [study])
+        [study],
+    )
     return [dict(zip(cols, r)) for r in rows]
 
 
-def wait_until(db: Path, study: str, done, timeout: float, env: dict | None = None, every: float = 1.0,
-               seen: dict | None = None) -> list[dict]:
+def wait_until(
+    db: Path,
+    study: str,
+    done,
+    timeout: float,
+    env: dict | None = None,
+    every: float = 1.0,
+    seen: dict | None = None,
+) -> list[dict]:
     """Run `mimo-jobs status` (which polls the scheduler and applies the policy) until done(rows) holds.
     `seen` collects every (run, job) -> states observed along the way."""
     deadline = time.monotonic() + timeout

@@ -12,24 +12,44 @@ from pathlib import Path
 import yaml
 
 from mimo_jobs.plan.expand import runs_of
-
 from mimo_jobs.plan.load import parse_study
-
 from mimo_jobs.plan.runspec import run_yaml_doc
 
 
-def make_run_yaml(out: Path, *, gpn: int, gbs: int, mbs: int = 1, enc: dict | None = None,
-                  llm: dict | None = None, model: str = "tiny", iters: int = 3, trainer: dict | None = None,
-                  data: dict | None = None) -> Path:
-    t = {"model": model, "seq_length": 32, "train_iters": iters,
-         "lr": {"schedule": "cosine", "max": 1e-3, "min": 1e-4, "warmup_samples": 2 * gbs},
-         "optimizer": {"name": "adam", "eps": 1e-8, "clip_grad": 1.0}, "timeout_s": 60}
+def make_run_yaml(
+    out: Path,
+    *,
+    gpn: int,
+    gbs: int,
+    mbs: int = 1,
+    enc: dict | None = None,
+    llm: dict | None = None,
+    model: str = "tiny",
+    iters: int = 3,
+    trainer: dict | None = None,
+    data: dict | None = None,
+) -> Path:
+    t = {
+        "model": model,
+        "seq_length": 32,
+        "train_iters": iters,
+        "lr": {"schedule": "cosine", "max": 1e-3, "min": 1e-4, "warmup_samples": 2 * gbs},
+        "optimizer": {"name": "adam", "eps": 1e-8, "clip_grad": 1.0},
+        "timeout_s": 60,
+    }
     if data:
         t["data"] = data
     t.update(trainer or {})
-    s = parse_study({"name": "tr", "cluster": {"executor": "local", "gpus_per_node": gpn, "accelerator": "cpu"},
-                     "trainer": t, "matrix": {"points": [{"nodes": 1, "encoder": enc or {}, "llm": llm or {},
-                                                          "gbs": gbs, "mbs": mbs}]}})
+    s = parse_study(
+        {
+            "name": "tr",
+            "cluster": {"executor": "local", "gpus_per_node": gpn, "accelerator": "cpu"},
+            "trainer": t,
+            "matrix": {
+                "points": [{"nodes": 1, "encoder": enc or {}, "llm": llm or {}, "gbs": gbs, "mbs": mbs}]
+            },
+        }
+    )
     run = runs_of(s)[0]
     out.mkdir(parents=True, exist_ok=True)
     p = out / "run.yaml"
@@ -50,17 +70,42 @@ def _env() -> dict:
 
 
 def run_reference(run_yaml: Path, metrics: Path, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mimo_jobs.trainer", str(run_yaml), "--reference",
-                           "--metrics", str(metrics)], check=False, capture_output=True, text=True,
-                          timeout=timeout, env=_env())
+    return subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.trainer", str(run_yaml), "--reference", "--metrics", str(metrics)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+    )
 
 
-def run_torchrun(run_yaml: Path, nproc: int, metrics: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m",
-                           "mimo_jobs.trainer", str(run_yaml), "--metrics", str(metrics)],
-                          check=False, capture_output=True, text=True,
-                          timeout=timeout, env=_env())
+def run_torchrun(
+    run_yaml: Path, nproc: int, metrics: Path, timeout: int = 300
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "mimo_jobs.trainer",
+            str(run_yaml),
+            "--metrics",
+            str(metrics),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+    )
 
 
 def iterations(metrics: Path) -> list[dict]:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from helpers.hostile import Case, run_case
 from helpers.submit import write_study
 
@@ -42,8 +43,16 @@ def store(job_state: str | None = None, state_file: bytes | None = None):
             catalog.record_study(con, spec, str(tmp / "s.yaml"))
             catalog.record_run(con, run, str(rd.root), None)
             if job_state is not None:
-                jobs_table.insert_job(con, run.run_id, "local-1", "local", 0, None, str(rd.local_out("local-1")),
-                                      state=job_state)
+                jobs_table.insert_job(
+                    con,
+                    run.run_id,
+                    "local-1",
+                    "local",
+                    0,
+                    None,
+                    str(rd.local_out("local-1")),
+                    state=job_state,
+                )
         finally:
             con.close()
         if state_file is not None:
@@ -82,47 +91,149 @@ def no_store(tmp: Path, out: str) -> None:
 
 
 CASES = [
-    Case("status-unknown-study", ["status", "nosuch", "--db", DB], 2, ("'nosuch'", "known: hs"), setup=store()),
-    Case("cancel-unknown-study", ["cancel", "nosuch", "--db", DB], 2, ("'nosuch'", "known: hs"), setup=store()),
-    Case("cancel-unknown-run", ["cancel", STUDY, "--run", "nosuch", "--db", DB], 2, ("no run 'nosuch'", RUN),
-         setup=store()),
+    Case(
+        "status-unknown-study", ["status", "nosuch", "--db", DB], 2, ("'nosuch'", "known: hs"), setup=store()
+    ),
+    Case(
+        "cancel-unknown-study", ["cancel", "nosuch", "--db", DB], 2, ("'nosuch'", "known: hs"), setup=store()
+    ),
+    Case(
+        "cancel-unknown-run",
+        ["cancel", STUDY, "--run", "nosuch", "--db", DB],
+        2,
+        ("no run 'nosuch'", RUN),
+        setup=store(),
+    ),
     Case("status-no-store", ["status", STUDY, "--db", "{tmp}/none.duckdb"], 2, ("no store",)),
     Case("cancel-no-store", ["cancel", STUDY, "--db", "{tmp}/none.duckdb"], 2, ("no store",)),
-    Case("status-missing-study-file", ["status", "gone.yaml", "--db", DB], 2, ("no study file or study 'gone.yaml'",),
-         setup=store()),
-    Case("status-study-file-is-dir", ["status", "d.yaml", "--db", DB], 2, ("d.yaml: not a study file (a directory)",),
-         setup=both(store(), directory("d.yaml"))),
-    Case("cancel-study-file-is-dir", ["cancel", "d.yaml", "--db", DB], 2, ("not a study file (a directory)",),
-         setup=both(store(), directory("d.yaml"))),
-    Case("submit-study-file-is-dir", ["submit", "d.yaml", "--db", DB], 2, ("d.yaml",), setup=directory("d.yaml"),
-         check=no_store),
-    Case("submit-study-file-is-fifo", ["submit", "f.yaml", "--db", DB], 2, ("not a study file (not a regular file)",),
-         setup=fifo("f.yaml"), check=no_store, timeout_s=20),
-    Case("status-study-file-is-fifo", ["status", "f.yaml", "--db", DB], 2, ("not a regular file",),
-         setup=both(store(), fifo("f.yaml")), timeout_s=20),
-    Case("demo-study-file-is-fifo", ["demo", "--study", "f.yaml", "--db", DB], 2, ("not a regular file",),
-         setup=fifo("f.yaml"), check=no_store, timeout_s=20),
-    Case("submit-only-unknown-run", ["submit", "s.yaml", "--only", "nosuch", "--db", DB, "--runs-dir", "{tmp}/runs"],
-         2, ("no run named 'nosuch'", RUN), setup=lambda tmp: study_file(tmp), check=no_store),
-    Case("submit-only-empty-name", ["submit", "s.yaml", "--only", "", "--db", DB, "--runs-dir", "{tmp}/runs"],
-         2, ("no run named ''",), setup=lambda tmp: study_file(tmp), check=no_store),
-    Case("status-watch-zero-interval", ["status", "--watch", "--interval", "0", "--db", DB], 2, ("--interval",),
-         setup=store("RUNNING")),
-    Case("status-watch-negative-interval", ["status", "--watch", "--interval", "-1", "--db", DB], 2, ("--interval",),
-         setup=store("RUNNING")),
-    Case("status-watch-nan-interval", ["status", "--watch", "--interval", "nan", "--db", DB], 2, ("--interval",),
-         setup=store("RUNNING")),
-    Case("cancel-nothing-to-cancel", ["cancel", STUDY, "--db", DB], 0, ("no pending or running job",),
-         setup=store("CANCELLED")),
-    Case("cancel-again-after-cancel", ["cancel", STUDY, "--db", DB], 0, ("no pending or running job",),
-         setup=store("RUNNING", b'{"state": "CANCELLED", "job_id": "local-1", "exit_code": 0}')),
+    Case(
+        "status-missing-study-file",
+        ["status", "gone.yaml", "--db", DB],
+        2,
+        ("no study file or study 'gone.yaml'",),
+        setup=store(),
+    ),
+    Case(
+        "status-study-file-is-dir",
+        ["status", "d.yaml", "--db", DB],
+        2,
+        ("d.yaml: not a study file (a directory)",),
+        setup=both(store(), directory("d.yaml")),
+    ),
+    Case(
+        "cancel-study-file-is-dir",
+        ["cancel", "d.yaml", "--db", DB],
+        2,
+        ("not a study file (a directory)",),
+        setup=both(store(), directory("d.yaml")),
+    ),
+    Case(
+        "submit-study-file-is-dir",
+        ["submit", "d.yaml", "--db", DB],
+        2,
+        ("d.yaml",),
+        setup=directory("d.yaml"),
+        check=no_store,
+    ),
+    Case(
+        "submit-study-file-is-fifo",
+        ["submit", "f.yaml", "--db", DB],
+        2,
+        ("not a study file (not a regular file)",),
+        setup=fifo("f.yaml"),
+        check=no_store,
+        timeout_s=20,
+    ),
+    Case(
+        "status-study-file-is-fifo",
+        ["status", "f.yaml", "--db", DB],
+        2,
+        ("not a regular file",),
+        setup=both(store(), fifo("f.yaml")),
+        timeout_s=20,
+    ),
+    Case(
+        "demo-study-file-is-fifo",
+        ["demo", "--study", "f.yaml", "--db", DB],
+        2,
+        ("not a regular file",),
+        setup=fifo("f.yaml"),
+        check=no_store,
+        timeout_s=20,
+    ),
+    Case(
+        "submit-only-unknown-run",
+        ["submit", "s.yaml", "--only", "nosuch", "--db", DB, "--runs-dir", "{tmp}/runs"],
+        2,
+        ("no run named 'nosuch'", RUN),
+        setup=lambda tmp: study_file(tmp),
+        check=no_store,
+    ),
+    Case(
+        "submit-only-empty-name",
+        ["submit", "s.yaml", "--only", "", "--db", DB, "--runs-dir", "{tmp}/runs"],
+        2,
+        ("no run named ''",),
+        setup=lambda tmp: study_file(tmp),
+        check=no_store,
+    ),
+    Case(
+        "status-watch-zero-interval",
+        ["status", "--watch", "--interval", "0", "--db", DB],
+        2,
+        ("--interval",),
+        setup=store("RUNNING"),
+    ),
+    Case(
+        "status-watch-negative-interval",
+        ["status", "--watch", "--interval", "-1", "--db", DB],
+        2,
+        ("--interval",),
+        setup=store("RUNNING"),
+    ),
+    Case(
+        "status-watch-nan-interval",
+        ["status", "--watch", "--interval", "nan", "--db", DB],
+        2,
+        ("--interval",),
+        setup=store("RUNNING"),
+    ),
+    Case(
+        "cancel-nothing-to-cancel",
+        ["cancel", STUDY, "--db", DB],
+        0,
+        ("no pending or running job",),
+        setup=store("CANCELLED"),
+    ),
+    Case(
+        "cancel-again-after-cancel",
+        ["cancel", STUDY, "--db", DB],
+        0,
+        ("no pending or running job",),
+        setup=store("RUNNING", b'{"state": "CANCELLED", "job_id": "local-1", "exit_code": 0}'),
+    ),
     # a local job whose state file was deleted (or is garbage) and of which no process runs is over
-    Case("status-local-state-file-gone", ["status", STUDY, "--db", DB], 0, ("NODE_FAIL", "state file"),
-         setup=store("RUNNING")),
-    Case("status-local-state-file-garbage", ["status", STUDY, "--db", DB], 0, ("NODE_FAIL",),
-         setup=store("RUNNING", b"\x00{not json")),
-    Case("cancel-local-state-file-gone", ["cancel", STUDY, "--db", DB], 0, ("no pending or running job",),
-         setup=store("RUNNING")),
+    Case(
+        "status-local-state-file-gone",
+        ["status", STUDY, "--db", DB],
+        0,
+        ("NODE_FAIL", "state file"),
+        setup=store("RUNNING"),
+    ),
+    Case(
+        "status-local-state-file-garbage",
+        ["status", STUDY, "--db", DB],
+        0,
+        ("NODE_FAIL",),
+        setup=store("RUNNING", b"\x00{not json"),
+    ),
+    Case(
+        "cancel-local-state-file-gone",
+        ["cancel", STUDY, "--db", DB],
+        0,
+        ("no pending or running job",),
+        setup=store("RUNNING"),
+    ),
 ]
 
 

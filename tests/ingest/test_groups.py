@@ -29,8 +29,11 @@ def _logs(root: Path, n: int = 12) -> list[Path]:
             lines.append(f"{j}: [default0]:data loader: lane {it} prefetched 8 samples")
         lines.append(f"{j}: [default0]: successfully saved checkpoint from iteration 29 to /ckpt")
         if j == 7:
-            lines += ["0: [default0]:Traceback (most recent call last):", '0: [default0]:  File "t.py", line 1',
-                      "0: [default0]:RuntimeError: boom"]
+            lines += [
+                "0: [default0]:Traceback (most recent call last):",
+                '0: [default0]:  File "t.py", line 1',
+                "0: [default0]:RuntimeError: boom",
+            ]
         p = root / f"slurm-{100 + j}.out"
         p.write_text("\n".join(lines) + "\n")
         out.append(p)
@@ -62,7 +65,9 @@ def test_groups_store_what_one_file_at_a_time_stores(tmp_path, monkeypatch, fail
         monkeypatch.setattr(LineHandler, "line", line)
     calls = []
     real_group = ingest._ingest_group
-    monkeypatch.setattr(ingest, "_ingest_group", lambda *a, **k: calls.append(len(a[1])) or real_group(*a, **k))
+    monkeypatch.setattr(
+        ingest, "_ingest_group", lambda *a, **k: calls.append(len(a[1])) or real_group(*a, **k)
+    )
     monkeypatch.setattr(ingest, "GROUP_FILES", 5)
     grouped = _ingest(tmp_path / "g.duckdb", logs)
     assert calls == [5, 5, 2]  # 12 small files: groups of 5, 5 and 2

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from mimo_jobs.ingest import pipeline as ingest
-from mimo_jobs.ingest import readers
-from mimo_jobs.store import connection as store
-from mimo_jobs.report import build
-
 from helpers import REPO
 from helpers.ingest_runs import FIXTURES, make_runs, record, require_ext, write_jsonl  # noqa: E402
+from mimo_jobs.ingest import pipeline as ingest
+from mimo_jobs.ingest import readers
+from mimo_jobs.report import build
+from mimo_jobs.store import connection as store
 
 
 @pytest.fixture
@@ -323,7 +322,7 @@ def test_cli_ingest(tmp_path):
 
     from mimo_jobs.cli.app import app
 
-    (run, rd), = make_runs(tmp_path / "runs", nodes=(2,))
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(2,))
     shutil.copy(FIXTURES / "slurm-4242.out", rd.logs / "slurm-4242.out")
     db = str(tmp_path / "s.duckdb")
     res = CliRunner().invoke(app, ["ingest", str(tmp_path / "runs"), str(tmp_path / "nope"), "--db", db])
@@ -331,7 +330,10 @@ def test_cli_ingest(tmp_path):
     assert not Path(db).exists(), "a refused ingest must not leave a store behind"
     res = CliRunner().invoke(app, ["ingest", str(tmp_path / "runs"), "--db", db])
     assert res.exit_code == 0, res.output
-    assert "ingested 1 file(s) (0 unchanged, skipped): 21 lines, 3 iterations, 8 events, 1 new run(s)" in res.output
+    assert (
+        "ingested 1 file(s) (0 unchanged, skipped): 21 lines, 3 iterations, 8 events, 1 new run(s)"
+        in res.output
+    )
     res = CliRunner().invoke(app, ["ingest", str(tmp_path / "runs"), "--db", db])
     assert "ingested 0 file(s) (1 unchanged, skipped)" in res.output
 

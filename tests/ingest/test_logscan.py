@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers.ingest_runs import require_ext  # noqa: E402
 from mimo_jobs.ingest import pipeline as ingest
 from mimo_jobs.ingest.lines import LineHandler
 from mimo_jobs.ingest.readers import ScanOptions
 from mimo_jobs.store import connection as store
-
-from helpers.ingest_runs import require_ext  # noqa: E402
-
 
 KEYS = [
     ("consumed samples", lambda r, i: f"{i * 128:12d}"),
@@ -81,7 +79,7 @@ def _mutate(r: random.Random, line: str) -> str:
     if choice == 10:
         return line.replace("| ", "| \u00b5s: 3 | ", 1)  # non-ASCII key
     if choice == 11:
-        return line.replace('lm loss', 'lm "loss"')  # a key that needs JSON escapes
+        return line.replace("lm loss", 'lm "loss"')  # a key that needs JSON escapes
     if choice == 12:
         return line.replace(" | ", " | | ", 2)  # blank segments
     return line.replace("consumed samples", "consumed_samples", 1)  # an unknown key: extras
@@ -108,7 +106,9 @@ def make_log(path: Path, seed: int, n: int = 1500) -> None:
                 f"{rank}: [default{rank}]:[rank{rank}]: RuntimeError: boom {k}".encode(),
             ]
         elif u < 0.42:
-            out.append(bytes(r.randrange(256) for _ in range(r.randrange(1, 80))).replace(b"\n", b""))  # garbage
+            out.append(
+                bytes(r.randrange(256) for _ in range(r.randrange(1, 80))).replace(b"\n", b"")
+            )  # garbage
         elif u < 0.43:
             out.append(b"\xff\xfe broken \xc3\x28 iteration 5/ 9 | elapsed time per iteration (ms): 1 |")
         else:
@@ -128,7 +128,9 @@ def _ingest(db: Path, log: Path, options: ScanOptions | None = None) -> tuple:
     # the C path keeps the log's number text in extras (1.000000E+00), Python writes repr (1.0)
     rows = [r[:x] + (json.loads(r[x]) if r[x] else None,) + r[x + 1 :] for r in cur.fetchall()]
     ev = con.execute("SELECT * EXCLUDE (source_file) FROM events ORDER BY line_no, kind").fetchall()
-    files = con.execute("SELECT lines, bad_lines, undecodable_lines, \"offset\", truncated, state FROM ingested_files").fetchall()
+    files = con.execute(
+        'SELECT lines, bad_lines, undecodable_lines, "offset", truncated, state FROM ingested_files'
+    ).fetchall()
     con.close()
     return rows, ev, files, (st.lines, st.iterations, st.bad_lines, st.undecodable, st.truncated_files)
 
@@ -151,13 +153,20 @@ def test_compiled_scanner_equals_python(tmp_path, seed):
     log = tmp_path / "slurm-500.out"
     make_log(log, seed)
     want = _ingest(tmp_path / "py.duckdb", log, PYTHON)
-    assert want[3][1] > 300 and want[3][2] > 0 and want[3][3] > 5 and len(want[1]) > 30, want[3]  # a nasty log
+    assert want[3][1] > 300 and want[3][2] > 0 and want[3][3] > 5 and len(want[1]) > 30, want[
+        3
+    ]  # a nasty log
     # whole file in one block, a few blocks, and many tiny blocks (a batch each, lines across them) and
     # batches of a few rows stored while scanning (take(n) leaves the rest, extras ids stay valid); blocks
     # of 16 KiB that grow for long lines up to a max_line of 64 KiB (filter: simd AVX2, or portable C)
-    for segment, simd, group, max_line in ((64 << 20, True, 122880, 16 << 20), (64 << 10, True, 7, 16 << 20),
-                                           (8 << 10, True, 122880, 16 << 20), (8 << 10, False, 3, 16 << 20),
-                                           (16 << 10, True, 5, 64 << 10), (16 << 10, False, 5, 64 << 10)):
+    for segment, simd, group, max_line in (
+        (64 << 20, True, 122880, 16 << 20),
+        (64 << 10, True, 7, 16 << 20),
+        (8 << 10, True, 122880, 16 << 20),
+        (8 << 10, False, 3, 16 << 20),
+        (16 << 10, True, 5, 64 << 10),
+        (16 << 10, False, 5, 64 << 10),
+    ):
         case = (segment, simd, group, max_line)
         options = _c(segment, simd=simd, row_group=group, max_line=max_line)
         got = _ingest(tmp_path / f"c-{segment}-{simd}-{max_line}.duckdb", log, options)
@@ -187,7 +196,9 @@ def test_appends_resume_the_same_way(tmp_path):
 
 def test_garbage_longer_than_max_line(tmp_path):
     log = tmp_path / "slurm-1.out"
-    log.write_bytes(ONE_ITER + b"\x07" * (40 << 10) + b"\n" + ONE_ITER.replace(b"iteration 1/", b"iteration 2/"))
+    log.write_bytes(
+        ONE_ITER + b"\x07" * (40 << 10) + b"\n" + ONE_ITER.replace(b"iteration 1/", b"iteration 2/")
+    )
     options = _c(16 << 10, max_line=32 << 10)  # the read buffer grows to max_line
     rows, _, files, stats = _ingest(tmp_path / "g.duckdb", log, options)
     assert [r[2] for r in rows] == [1, 2]
@@ -234,13 +245,23 @@ def test_garbage_lines_mid_file(tmp_path):
     k = data.index(b"\n", len(data) // 3) + 1
     j = data.index(b"\n", 2 * len(data) // 3) + 1
     log = tmp_path / "slurm-4.out"
-    log.write_bytes(data[:k] + b"\x07" * (40 << 10) + b"\n" + data[k:j] + b"\x01" * (150 << 10) + b"\n" + data[j:])
-    got = [_ingest(tmp_path / f"{segment}.duckdb", log, _c(segment, max_line=32 << 10)) for segment in (8 << 10, 32 << 10)]
+    log.write_bytes(
+        data[:k] + b"\x07" * (40 << 10) + b"\n" + data[k:j] + b"\x01" * (150 << 10) + b"\n" + data[j:]
+    )
+    got = [
+        _ingest(tmp_path / f"{segment}.duckdb", log, _c(segment, max_line=32 << 10))
+        for segment in (8 << 10, 32 << 10)
+    ]
     assert got[0] == got[1]
     base = _ingest(tmp_path / "clean.duckdb", clean, _c(8 << 10, max_line=32 << 10))
     assert got[0][0] == base[0]  # the same iteration rows
     lines, iters, bad, undecodable, truncated = got[0][3]
-    assert (lines, iters, bad, undecodable, truncated) == (base[3][0] + 2, base[3][1], base[3][2] + 2, *base[3][3:])
+    assert (lines, iters, bad, undecodable, truncated) == (
+        base[3][0] + 2,
+        base[3][1],
+        base[3][2] + 2,
+        *base[3][3:],
+    )
 
 
 def test_a_long_line_grows_the_buffer(tmp_path):
@@ -273,7 +294,9 @@ def test_a_file_truncated_while_read(tmp_path, monkeypatch):
     con = store.connect(tmp_path / "t.duckdb")
     st = ingest.ingest_paths(con, [log], log_run=ingest.LogRunInfo(study="s", name="n"), options=options)
     assert not st.problems and 0 < st.lines < 400 and st.files == 1
-    rows = con.execute("SELECT iteration, attempt, time, loss, elapsed_ms FROM iterations ORDER BY iteration, attempt").fetchall()
+    rows = con.execute(
+        "SELECT iteration, attempt, time, loss, elapsed_ms FROM iterations ORDER BY iteration, attempt"
+    ).fetchall()
     lines = con.execute("SELECT lines FROM ingested_files").fetchone()[0]
     con.close()
     monkeypatch.setattr(LineHandler, "line", real)
@@ -282,6 +305,12 @@ def test_a_file_truncated_while_read(tmp_path, monkeypatch):
     keep.write_bytes(data[: 20 << 10])
     con = store.connect(tmp_path / "k.duckdb")
     ingest.ingest_paths(con, [keep], log_run=ingest.LogRunInfo(study="s", name="n"), options=options)
-    assert rows and rows == con.execute("SELECT iteration, attempt, time, loss, elapsed_ms FROM iterations ORDER BY iteration, attempt").fetchall()
+    assert (
+        rows
+        and rows
+        == con.execute(
+            "SELECT iteration, attempt, time, loss, elapsed_ms FROM iterations ORDER BY iteration, attempt"
+        ).fetchall()
+    )
     assert lines == con.execute("SELECT lines FROM ingested_files").fetchone()[0]
     con.close()

@@ -41,7 +41,9 @@ def test_microseconds_absent_fields_and_dynamic_losses():
 
 
 def test_line_without_timestamp_and_single_other_loss():
-    it = iterline.parse_iteration("iteration 3/ 10 | elapsed time per iteration (ms): 12.5 | language loss: 2.5 |")
+    it = iterline.parse_iteration(
+        "iteration 3/ 10 | elapsed time per iteration (ms): 12.5 | language loss: 2.5 |"
+    )
     assert it.time is None and it.iteration == 3 and it.loss == 2.5
 
 
@@ -216,7 +218,9 @@ def test_sacct_poll_and_dump_of_one_job():
     what each documents: a signal death's exit code, "None assigned" nodes."""
     row = "7|CANCELLED by 0|0:15|2026-03-02T10:00:00|2026-03-02T11:00:05|None assigned|None"
     (p,) = sacct.parse_poll("7|CANCELLED by 0|0:15|2026-03-02T09:59:00|" + row.split("|", 3)[3] + "|/r/a\n")
-    (d,) = sacct.parse_dump(["JobID|State|ExitCode|Start|End|NodeList|Reason\n", row + "\n", "7.batch|x|0:0|||n|\n"])
+    (d,) = sacct.parse_dump(
+        ["JobID|State|ExitCode|Start|End|NodeList|Reason\n", row + "\n", "7.batch|x|0:0|||n|\n"]
+    )
     assert (p.job_id, p.state, p.reason) == (d.job_id, d.state, d.reason) == ("7", "CANCELLED", None)
     assert (p.exit_code, d.exit_code) == (128 + 15, 0)  # polled: as a shell reports a signal death
     assert (p.node_list, d.node_list, p.work_dir) == (None, "None assigned", "/r/a")

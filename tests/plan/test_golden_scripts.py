@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import STUDIES
 
+from helpers import STUDIES
 from mimo_jobs.plan.load import load_study
 from mimo_jobs.plan.render import render_study
 
@@ -46,4 +46,6 @@ def test_rendered_scripts_match_the_golden_files(study_file, tmp_path):
     assert on_disk == set(got), f"golden files differ from the rendered runs: {sorted(on_disk ^ set(got))}"
     for rel, text in got.items():
         want = (GOLDEN / rel).read_text()
-        assert text == want, f"{rel} differs from tests/plan/golden/{rel} (MIMO_JOBS_UPDATE_GOLDEN=1 regenerates)"
+        assert text == want, (
+            f"{rel} differs from tests/plan/golden/{rel} (MIMO_JOBS_UPDATE_GOLDEN=1 regenerates)"
+        )

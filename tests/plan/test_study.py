@@ -13,13 +13,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from helpers import REPO
 from mimo_jobs.cli.app import app
 from mimo_jobs.plan.diagnose import diagnose, diagnose_data
 from mimo_jobs.plan.expand import expand, run_name, runs_of
 from mimo_jobs.plan.load import load_study, parse_study
 from mimo_jobs.plan.spec import StudyError
 
-from helpers import REPO
 STUDIES = REPO / "studies"
 PROD = STUDIES / "scale_33n_68n_100n.yaml"
 
@@ -50,14 +50,29 @@ def test_production_study_has_the_documented_layouts():
     runs = runs_of(s)
     assert [r.layout.nodes for r in runs] == [33, 68, 100]
     assert [(r.point.encoder.tp, r.point.encoder.dp) for r in runs] == [(1, 8), (1, 32), (1, 32)]
-    assert [(r.point.llm.tp, r.point.llm.ep, r.point.llm.dp) for r in runs] == [(2, 8, 128), (2, 8, 256),
-                                                                                 (2, 8, 384)]
-    assert [(r.plan().lanes_per_encoder, r.plan().num_microbatches) for r in runs] == [(16, 6), (8, 3), (12, 2)]
+    assert [(r.point.llm.tp, r.point.llm.ep, r.point.llm.dp) for r in runs] == [
+        (2, 8, 128),
+        (2, 8, 256),
+        (2, 8, 384),
+    ]
+    assert [(r.plan().lanes_per_encoder, r.plan().num_microbatches) for r in runs] == [
+        (16, 6),
+        (8, 3),
+        (12, 2),
+    ]
     assert [len(r.plan().encoder_nodes) for r in runs] == [1, 4, 4]
-    assert {r.name for r in runs} == {"33n-e1x8-l2x8x128-g768", "68n-e1x32-l2x8x256-g768",
-                                      "100n-e1x32-l2x8x384-g768"}
+    assert {r.name for r in runs} == {
+        "33n-e1x8-l2x8x128-g768",
+        "68n-e1x32-l2x8x256-g768",
+        "100n-e1x32-l2x8x384-g768",
+    }
     c, t = s.cluster, s.trainer
-    assert (c.gpus_per_node, c.time_limit, c.accelerator, c.container is not None) == (8, "04:00:00", "gpu", True)
+    assert (c.gpus_per_node, c.time_limit, c.accelerator, c.container is not None) == (
+        8,
+        "04:00:00",
+        "gpu",
+        True,
+    )
     assert (t.model, t.log_interval, t.save_interval, t.train_iters) == ("moe-8x1b", 100, 1000, None)
     assert (t.lr.schedule, t.lr.wsd_decay_style) == ("wsd", "minus_sqrt")
     assert t.train_samples == 122070313 and t.lr.warmup_samples + t.lr.decay_samples == t.train_samples
@@ -88,7 +103,8 @@ def test_unknown_keys_are_reported_with_their_paths():
     doc["cluster"]["gpus_per_nod"] = 8
     doc["trainer"]["lr"] = {"schedul": "wsd"}
     doc["matrix"]["points"] = [{"nodes": 1, "llm": {"dp": 3}, "gbs": 6}] * 2 + [
-        {"nodes": 1, "llm": {"dp": 3, "tpp": 2}, "gbs": 6}]
+        {"nodes": 1, "llm": {"dp": 3, "tpp": 2}, "gbs": 6}
+    ]
     diag = diagnose_data(doc, "s.yaml", env={})
     paths = {(p.path, p.message) for p in diag.problems}
     assert ("cluster.gpus_per_nod", "unknown key") in paths
@@ -137,14 +153,28 @@ def test_wsd_needs_decay_samples_and_unknown_preset():
 def test_shell_facing_values_are_restricted():
     doc = minimal()
     doc["name"] = "x;rm -rf"
-    doc["cluster"].update({"partition": "a b", "env": {"BAD-KEY": "1"}, "sbatch_args": ["--x=$(id)"],
-                           "srun_args": ["--cpu-bind=none; id"], "python": "python3 -c x",
-                           "container": {"image": "img;id", "mounts": ["/a b:/c", "/a:/b,/c:/d"],
-                                         "workdir": "rel/dir"}})
+    doc["cluster"].update(
+        {
+            "partition": "a b",
+            "env": {"BAD-KEY": "1"},
+            "sbatch_args": ["--x=$(id)"],
+            "srun_args": ["--cpu-bind=none; id"],
+            "python": "python3 -c x",
+            "container": {"image": "img;id", "mounts": ["/a b:/c", "/a:/b,/c:/d"], "workdir": "rel/dir"},
+        }
+    )
     paths = {p.path for p in diagnose_data(doc, env={}).problems}
-    assert {"name", "cluster.partition", "cluster.env", "cluster.sbatch_args", "cluster.srun_args",
-            "cluster.python", "cluster.container.image", "cluster.container.mounts",
-            "cluster.container.workdir"} <= paths
+    assert {
+        "name",
+        "cluster.partition",
+        "cluster.env",
+        "cluster.sbatch_args",
+        "cluster.srun_args",
+        "cluster.python",
+        "cluster.container.image",
+        "cluster.container.mounts",
+        "cluster.container.workdir",
+    } <= paths
 
 
 def test_env_values_numbers_become_strings_booleans_are_rejected():
@@ -177,8 +207,10 @@ def test_unset_env_is_an_error_at_its_path():
     with pytest.raises(StudyError) as e:
         parse_study(doc, "s.yaml", env={})
     got = dict(e.value.problems)
-    assert "MIMO_TEST_UNSET_PART" in got["cluster.partition"] and "export MIMO_TEST_UNSET_PART=" in \
-        got["cluster.partition"]
+    assert (
+        "MIMO_TEST_UNSET_PART" in got["cluster.partition"]
+        and "export MIMO_TEST_UNSET_PART=" in got["cluster.partition"]
+    )
     assert "MIMO_TEST_UNSET_GBS" in got["matrix.points[0].gbs"]
 
 
@@ -191,16 +223,24 @@ def test_production_study_reads_site_settings_from_env():
 
 
 def test_product_axes_expand_over_defaults():
-    doc = minimal(matrix={"defaults": {"nodes": 1, "gbs": 12, "encoder": {"dp": 1}},
-                          "product": {"llm.dp": [3], "mbs": [1, 2]}})
+    doc = minimal(
+        matrix={
+            "defaults": {"nodes": 1, "gbs": 12, "encoder": {"dp": 1}},
+            "product": {"llm.dp": [3], "mbs": [1, 2]},
+        }
+    )
     runs = runs_of(parse_study(doc, env={}))
     assert [(r.point.llm.dp, r.point.mbs) for r in runs] == [(3, 1), (3, 2)]
     assert [r.plan().num_microbatches for r in runs] == [4, 2]  # 12/(1*3), 12/(2*3)
 
 
 def test_derived_llm_dp_and_infeasible_points_are_labelled():
-    doc = minimal(matrix={"defaults": {"nodes": 1, "gbs": 6},
-                          "points": [{"encoder": {"dp": 1}}, {"encoder": {"dp": 2}, "gbs": 5}]})
+    doc = minimal(
+        matrix={
+            "defaults": {"nodes": 1, "gbs": 6},
+            "points": [{"encoder": {"dp": 1}}, {"encoder": {"dp": 2}, "gbs": 5}],
+        }
+    )
     results = expand(parse_study(doc, env={}))
     assert results[0].run.point.llm.dp == 3  # 4 - 1
     assert results[1].run is None and results[1].label == "matrix.points[1]"
@@ -235,20 +275,30 @@ def test_run_ids_are_stable_across_processes_and_key_order(tmp_path):
     reordered["cluster"] = dict(reversed(list(doc["cluster"].items())))
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump(reordered, sort_keys=False))
-    code = ("import sys; from mimo_jobs.plan.load import load_study; from mimo_jobs.plan.expand import runs_of; "
-            "print(' '.join(r.run_id for r in runs_of(load_study(sys.argv[1], env={}))))")
-    out = subprocess.run([sys.executable, "-c", code, str(f)], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONHASHSEED": "123"}).stdout.split()
+    code = (
+        "import sys; from mimo_jobs.plan.load import load_study; from mimo_jobs.plan.expand import runs_of; "
+        "print(' '.join(r.run_id for r in runs_of(load_study(sys.argv[1], env={}))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(f)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "123"},
+    ).stdout.split()
     assert out == ids
     assert all(len(i) == 12 and int(i, 16) >= 0 for i in ids)
 
 
-@pytest.mark.parametrize("change", [
-    lambda d: d["trainer"].update(seed=1),
-    lambda d: d["cluster"].update(time_limit="00:30:00"),
-    lambda d: d["matrix"]["points"][0].update(gbs=12),
-    lambda d: d.update(name="t2"),
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d["trainer"].update(seed=1),
+        lambda d: d["cluster"].update(time_limit="00:30:00"),
+        lambda d: d["matrix"]["points"][0].update(gbs=12),
+        lambda d: d.update(name="t2"),
+    ],
+)
 def test_run_id_changes_with_the_resolved_config(change):
     doc = minimal()
     before = runs_of(parse_study(doc, env={}))[0].run_id
@@ -271,14 +321,19 @@ def test_diagnose_reports_schema_env_and_topology_together():
     doc["cluster"]["bogus"] = 1
     doc["cluster"]["env"] = {"A": "${MIMO_TEST_NOPE}"}
     doc["matrix"]["points"] = [
-        {"nodes": 1, "encoder": {"dp": 1}, "llm": {"dp": 2}, "gbs": 6},   # leaves 1 rank unused
-        {"nodes": 1, "encoder": {"dp": 2}, "llm": {"dp": 2}, "gbs": 5},   # gbs 5 % 2
+        {"nodes": 1, "encoder": {"dp": 1}, "llm": {"dp": 2}, "gbs": 6},  # leaves 1 rank unused
+        {"nodes": 1, "encoder": {"dp": 2}, "llm": {"dp": 2}, "gbs": 5},  # gbs 5 % 2
         {"nodes": 1, "llm": {"tpp": 1}, "gbs": 6},
     ]
     diag = diagnose_data(doc, "s.yaml", env={})
     got = {(p.path, p.rule) for p in diag.problems}
-    assert {("cluster.env.A", "env"), ("cluster.bogus", "schema"), ("matrix.points[0]", "tiling"),
-            ("matrix.points[1]", "gbs"), ("matrix.points[2].llm.tpp", "schema")} <= got
+    assert {
+        ("cluster.env.A", "env"),
+        ("cluster.bogus", "schema"),
+        ("matrix.points[0]", "tiling"),
+        ("matrix.points[1]", "gbs"),
+        ("matrix.points[2].llm.tpp", "schema"),
+    } <= got
     tiling = [p for p in diag.problems if p.rule == "tiling"][0]
     assert "leaves 1 GPUs unused" in tiling.message and tiling.fit == "llm.dp=3 fits"
 
@@ -295,9 +350,14 @@ def test_validate_prints_the_design_table():
     rows = [line for line in r.output.splitlines() if "n-e1x" in line]
     assert len(rows) == 3
     # per row: nodes, encoder, LLM, lanes/encoder, microbatches (docs/topology.md worked example)
-    for row, want in zip(rows, [("33", "1 node", "32 nodes", "TP2 EP8 DP128", "16", "6"),
-                                ("68", "4 nodes", "64 nodes", "TP2 EP8 DP256", "8", "3"),
-                                ("100", "4 nodes", "96 nodes", "TP2 EP8 DP384", "12", "2")]):
+    for row, want in zip(
+        rows,
+        [
+            ("33", "1 node", "32 nodes", "TP2 EP8 DP128", "16", "6"),
+            ("68", "4 nodes", "64 nodes", "TP2 EP8 DP256", "8", "3"),
+            ("100", "4 nodes", "96 nodes", "TP2 EP8 DP384", "12", "2"),
+        ],
+    ):
         cells = [c.strip() for c in row.split("│")[1:-1]]
         assert cells[2] == want[0]
         assert cells[3].startswith(want[1]) and cells[4].startswith(want[2]) and want[3] in cells[4]
@@ -309,15 +369,16 @@ def test_validate_json_gives_the_plan():
     assert r.exit_code == 0
     doc = json.loads(r.output)
     assert doc["ok"] and doc["problems"] == []
-    assert [(x["nodes"], x["plan"]["lanes_per_encoder"], x["plan"]["num_microbatches"]) for x in doc["runs"]] == [
-        (33, 16, 6), (68, 8, 3), (100, 12, 2)]
+    assert [
+        (x["nodes"], x["plan"]["lanes_per_encoder"], x["plan"]["num_microbatches"]) for x in doc["runs"]
+    ] == [(33, 16, 6), (68, 8, 3), (100, 12, 2)]
     assert doc["runs"][0]["plan"]["layout"]["llm_ep"] == 8 and doc["runs"][0]["plan"]["expert_dp"] == 32
 
 
 def test_validate_reports_every_broken_rule_and_exits_nonzero(tmp_path):
     doc = yaml.safe_load(PROD.read_text())
-    doc["matrix"]["points"][0]["llm"]["dp"] = 120      # tiling + gbs (768 % 120)
-    doc["matrix"]["points"][1]["encoder"]["dp"] = 24   # bridge: 256 % 24, 24 % 256 (and tiling)
+    doc["matrix"]["points"][0]["llm"]["dp"] = 120  # tiling + gbs (768 % 120)
+    doc["matrix"]["points"][1]["encoder"]["dp"] = 24  # bridge: 256 % 24, 24 % 256 (and tiling)
     doc["cluster"]["qos"] = "has space"
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump(doc))
@@ -331,8 +392,12 @@ def test_validate_reports_every_broken_rule_and_exits_nonzero(tmp_path):
     rj = runner.invoke(app, ["validate", str(f), "--json"])
     assert rj.exit_code == 2
     rules = {(p["path"], p["rule"]) for p in json.loads(rj.stdout)["problems"]}
-    assert {("matrix.points[0]", "tiling"), ("matrix.points[0]", "gbs"), ("matrix.points[1]", "bridge-ratio"),
-            ("cluster.qos", "schema")} <= rules
+    assert {
+        ("matrix.points[0]", "tiling"),
+        ("matrix.points[0]", "gbs"),
+        ("matrix.points[1]", "bridge-ratio"),
+        ("cluster.qos", "schema"),
+    } <= rules
 
 
 def test_validate_console_script_runs(tmp_path):

@@ -11,8 +11,9 @@ from mimo_jobs.plan.topology import Layout, TopologyError, check, derive_llm_dp,
 
 
 def lay(**kw) -> Layout:
-    base = dict(nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=7,
-                gbs=7, mbs=1)
+    base = dict(
+        nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=7, gbs=7, mbs=1
+    )
     base.update(kw)
     return Layout(**base)
 
@@ -24,14 +25,31 @@ def rules(layout: Layout) -> list[str]:
 # ---------------------------------------------------------------- the production study (docs/topology.md worked example)
 
 
-@pytest.mark.parametrize("nodes,enc_dp,llm_dp,enc_nodes,llm_nodes,lanes,mbatches,expert_dp", [
-    (33, 8, 128, [0], list(range(1, 33)), 16, 6, 32),      # 768 / 128 = 6; 128 / 8 = 16; 2*128/8 = 32
-    (68, 32, 256, [0, 1, 2, 3], list(range(4, 68)), 8, 3, 64),
-    (100, 32, 384, [0, 1, 2, 3], list(range(4, 100)), 12, 2, 96),
-])
+@pytest.mark.parametrize(
+    "nodes,enc_dp,llm_dp,enc_nodes,llm_nodes,lanes,mbatches,expert_dp",
+    [
+        (33, 8, 128, [0], list(range(1, 33)), 16, 6, 32),  # 768 / 128 = 6; 128 / 8 = 16; 2*128/8 = 32
+        (68, 32, 256, [0, 1, 2, 3], list(range(4, 68)), 8, 3, 64),
+        (100, 32, 384, [0, 1, 2, 3], list(range(4, 100)), 12, 2, 96),
+    ],
+)
 def test_production_points(nodes, enc_dp, llm_dp, enc_nodes, llm_nodes, lanes, mbatches, expert_dp):
-    p = plan(Layout(nodes=nodes, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=enc_dp, llm_tp=2, llm_pp=1,
-                    llm_dp=llm_dp, llm_ep=8, num_experts=64, gbs=768, mbs=1))
+    p = plan(
+        Layout(
+            nodes=nodes,
+            gpus_per_node=8,
+            enc_tp=1,
+            enc_pp=1,
+            enc_dp=enc_dp,
+            llm_tp=2,
+            llm_pp=1,
+            llm_dp=llm_dp,
+            llm_ep=8,
+            num_experts=64,
+            gbs=768,
+            mbs=1,
+        )
+    )
     assert p.world == nodes * 8
     assert (p.enc_rank_start, p.enc_rank_end) == (0, enc_dp)
     assert (p.llm_rank_start, p.llm_rank_end) == (enc_dp, nodes * 8)
@@ -48,8 +66,20 @@ def test_production_points(nodes, enc_dp, llm_dp, enc_nodes, llm_nodes, lanes, m
 
 
 def test_tiling_too_few_llm_ranks_names_the_gap_and_the_fit():
-    (v,) = check(Layout(nodes=33, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=8, llm_tp=2, llm_pp=1, llm_dp=120,
-                        gbs=720, mbs=1))
+    (v,) = check(
+        Layout(
+            nodes=33,
+            gpus_per_node=8,
+            enc_tp=1,
+            enc_pp=1,
+            enc_dp=8,
+            llm_tp=2,
+            llm_pp=1,
+            llm_dp=120,
+            gbs=720,
+            mbs=1,
+        )
+    )
     assert v.rule == "tiling"
     assert "leaves 16 GPUs unused" in v.message and "33x8=264" in v.message  # 264 - 8 - 240 = 16
     assert v.fit == "llm.dp=128 fits"  # (264 - 8) / 2
@@ -76,16 +106,22 @@ def test_tiling_encoder_alone_exceeds_world():
 
 def test_tp_within_node_llm_block_starting_mid_pair():
     # encoder ranks 0-2, LLM TP2 blocks start at 3: ranks 7|8 would straddle nodes 0 and 1
-    vs = check(Layout(nodes=2, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=3, llm_tp=2, llm_pp=1, llm_dp=6,
-                      gbs=6, mbs=1))
+    vs = check(
+        Layout(
+            nodes=2, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=3, llm_tp=2, llm_pp=1, llm_dp=6, gbs=6, mbs=1
+        )
+    )
     # 3 + 12 = 15 != 16 is a tiling problem as well; the TP rule is reported next to it
     tp = [v for v in vs if v.rule == "tp-within-node"]
     assert len(tp) == 1 and "llm.tp=2" in tp[0].message and tp[0].fit == "llm.tp in [1] fits"
 
 
 def test_tp_larger_than_node():
-    vs = check(Layout(nodes=2, gpus_per_node=4, enc_tp=8, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=1,
-                      gbs=1, mbs=1))
+    vs = check(
+        Layout(
+            nodes=2, gpus_per_node=4, enc_tp=8, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=1, gbs=1, mbs=1
+        )
+    )
     tp = [v for v in vs if v.rule == "tp-within-node"]
     assert tp and "encoder.tp=8" in tp[0].message and tp[0].fit == "encoder.tp in [1, 2, 4] fits"
 
@@ -98,8 +134,22 @@ def test_cp_is_rejected():
 
 def test_moe_experts_not_divisible_by_ep():
     # 64 experts, EP 6; tp*dp = 2*128 = 256: EP in divisors of 64 that divide 256 -> all of them
-    vs = check(Layout(nodes=33, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=8, llm_tp=2, llm_pp=1, llm_dp=128,
-                      llm_ep=6, num_experts=64, gbs=768, mbs=1))
+    vs = check(
+        Layout(
+            nodes=33,
+            gpus_per_node=8,
+            enc_tp=1,
+            enc_pp=1,
+            enc_dp=8,
+            llm_tp=2,
+            llm_pp=1,
+            llm_dp=128,
+            llm_ep=6,
+            num_experts=64,
+            gbs=768,
+            mbs=1,
+        )
+    )
     assert "moe-experts" in [v.rule for v in vs]
     v = [v for v in vs if v.rule == "moe-experts"][0]
     assert "num_experts=64" in v.message and v.fit == "llm.ep in [1, 2, 4, 8, 16, 32, 64] fits"
@@ -131,12 +181,18 @@ def test_bridge_ratio():
 
 def test_bridge_samples_fan_in_needs_bigger_mbs():
     # fan-in: 4 encoder replicas feed 2 LLM lanes; 1 sample per lane per microbatch cannot split over 4
-    vs = check(Layout(nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=4, llm_tp=2, llm_pp=1, llm_dp=2,
-                      gbs=8, mbs=1))
+    vs = check(
+        Layout(
+            nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=4, llm_tp=2, llm_pp=1, llm_dp=2, gbs=8, mbs=1
+        )
+    )
     assert [v.rule for v in vs] == ["bridge-samples"]
     assert vs[0].fit == "mbs=2 (a multiple of 2) fits"
-    p = plan(Layout(nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=4, llm_tp=2, llm_pp=1, llm_dp=2,
-                    gbs=8, mbs=2))
+    p = plan(
+        Layout(
+            nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=4, llm_tp=2, llm_pp=1, llm_dp=2, gbs=8, mbs=2
+        )
+    )
     assert (p.fan, p.lanes_per_encoder, p.encoders_per_lane) == ("in", 1, 2)
     assert p.encoders_of_lane(1) == [2, 3] and p.lanes_of_encoder(3) == [1]
     assert p.samples_per_encoder_microbatch == 1 and p.num_microbatches == 2
@@ -148,8 +204,24 @@ def test_positive():
 
 
 def test_every_problem_is_reported_at_once():
-    got = set(rules(Layout(nodes=2, gpus_per_node=8, enc_tp=3, enc_pp=1, enc_dp=3, llm_tp=1, llm_pp=1,
-                           llm_dp=5, llm_cp=2, llm_ep=2, gbs=7, mbs=1)))
+    got = set(
+        rules(
+            Layout(
+                nodes=2,
+                gpus_per_node=8,
+                enc_tp=3,
+                enc_pp=1,
+                enc_dp=3,
+                llm_tp=1,
+                llm_pp=1,
+                llm_dp=5,
+                llm_cp=2,
+                llm_ep=2,
+                gbs=7,
+                mbs=1,
+            )
+        )
+    )
     assert {"tiling", "tp-within-node", "cp", "moe-dense", "gbs", "bridge-ratio"} <= got
 
 
@@ -163,8 +235,11 @@ def test_shared_node_and_derive():
     assert derive_llm_dp(1, 4, 1, 1, 1, 1, 1) == 3
     assert derive_llm_dp(2, 8, 1, 1, 3, 2, 1) is None  # 13 GPUs left, TP2
     assert derive_llm_dp(33, 8, 1, 1, 8, 2, 1) == 128
-    p = plan(Layout(nodes=1, gpus_per_node=4, enc_tp=1, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=3,
-                    gbs=6, mbs=1))
+    p = plan(
+        Layout(
+            nodes=1, gpus_per_node=4, enc_tp=1, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=3, gbs=6, mbs=1
+        )
+    )
     assert p.encoder_nodes == [0] and p.llm_nodes == [0] and p.shared_nodes == [0]
     assert p.lanes_of_encoder(0) == [0, 1, 2] and p.num_microbatches == 2
 
@@ -194,7 +269,10 @@ def _independent_violations(lay: Layout) -> set[str]:
     llm = lay.llm_tp * lay.llm_pp * lay.llm_dp * lay.llm_cp
     if e + llm != lay.nodes * lay.gpus_per_node:
         bad.add("tiling")
-    for start, tp, pp, dp in ((0, lay.enc_tp, lay.enc_pp, lay.enc_dp), (e, lay.llm_tp, lay.llm_pp, lay.llm_dp)):
+    for start, tp, pp, dp in (
+        (0, lay.enc_tp, lay.enc_pp, lay.enc_dp),
+        (e, lay.llm_tp, lay.llm_pp, lay.llm_dp),
+    ):
         for g in _groups(start, tp, pp, dp)["tp"]:
             if len({r // lay.gpus_per_node for r in g}) != 1:
                 bad.add("tp-within-node")
@@ -235,8 +313,20 @@ def layouts(draw):
     llm_ep = draw(st.sampled_from([1, 2, 4, 8])) if num_experts else draw(st.sampled_from([1, 1, 1, 2]))
     mbs = draw(st.sampled_from([1, 1, 2, 4]))
     gbs = mbs * llm_dp * draw(st.integers(1, 6)) if draw(st.booleans()) else draw(st.integers(1, 256))
-    return Layout(nodes=nodes, gpus_per_node=gpn, enc_tp=enc_tp, enc_pp=enc_pp, enc_dp=enc_dp, llm_tp=llm_tp,
-                  llm_pp=llm_pp, llm_dp=llm_dp, llm_ep=llm_ep, num_experts=num_experts, gbs=gbs, mbs=mbs)
+    return Layout(
+        nodes=nodes,
+        gpus_per_node=gpn,
+        enc_tp=enc_tp,
+        enc_pp=enc_pp,
+        enc_dp=enc_dp,
+        llm_tp=llm_tp,
+        llm_pp=llm_pp,
+        llm_dp=llm_dp,
+        llm_ep=llm_ep,
+        num_experts=num_experts,
+        gbs=gbs,
+        mbs=mbs,
+    )
 
 
 @st.composite
@@ -252,8 +342,20 @@ def friendly_layouts(draw):
     llm_ep = draw(st.sampled_from([1, 2])) if num_experts else 1
     mbs = draw(st.sampled_from([1, 2, 4, 8]))
     gbs = mbs * llm_dp * draw(st.integers(1, 4))
-    return Layout(nodes=nodes, gpus_per_node=gpn, enc_tp=enc_tp, enc_pp=1, enc_dp=enc_dp, llm_tp=llm_tp,
-                  llm_pp=1, llm_dp=llm_dp, llm_ep=llm_ep, num_experts=num_experts, gbs=gbs, mbs=mbs)
+    return Layout(
+        nodes=nodes,
+        gpus_per_node=gpn,
+        enc_tp=enc_tp,
+        enc_pp=1,
+        enc_dp=enc_dp,
+        llm_tp=llm_tp,
+        llm_pp=1,
+        llm_dp=llm_dp,
+        llm_ep=llm_ep,
+        num_experts=num_experts,
+        gbs=gbs,
+        mbs=mbs,
+    )
 
 
 @settings(max_examples=500, deadline=None)
@@ -268,8 +370,10 @@ def test_property_accepted_plans_tile_the_world_and_rejections_name_a_broken_rul
             if v.rule == "tp-within-node":
                 # the planner's rule is stricter than "no group crosses": TP must divide the node and the
                 # module's first rank; hold it to exactly that
-                assert any(lay.gpus_per_node % tp or (start % lay.gpus_per_node) % tp
-                           for tp, start in ((lay.enc_tp, 0), (lay.llm_tp, lay.enc_ranks)))
+                assert any(
+                    lay.gpus_per_node % tp or (start % lay.gpus_per_node) % tp
+                    for tp, start in ((lay.enc_tp, 0), (lay.llm_tp, lay.enc_ranks))
+                )
             else:
                 assert v.rule in independent, (v, independent)
         assert independent <= named, (independent, named)  # nothing broken goes unreported

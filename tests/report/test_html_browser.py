@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from helpers.scaling_store import build_store  # noqa: E402
-
-from mimo_jobs.report import render
-from mimo_jobs.report import build  # noqa: E402
+from mimo_jobs.report import (
+    build,  # noqa: E402
+    render,
+)
 from mimo_jobs.report.svg import IDEAL, PALETTE  # noqa: E402
 
 pytestmark = pytest.mark.browser

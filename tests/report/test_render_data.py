@@ -7,9 +7,7 @@ import math
 from dataclasses import replace
 
 from helpers.scaling_store import build_store
-
-from mimo_jobs.report import render
-from mimo_jobs.report import build
+from mimo_jobs.report import build, render
 
 
 def reference(report) -> str:

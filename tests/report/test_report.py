@@ -11,11 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 from helpers.scaling_store import build_store  # noqa: E402
-
 from mimo_jobs.cli.app import app  # noqa: E402
 from mimo_jobs.plan.presets import PRESETS, flops_per_sample  # noqa: E402
-from mimo_jobs.report import ReportError, render
-from mimo_jobs.report import build  # noqa: E402
+from mimo_jobs.report import (
+    ReportError,
+    build,  # noqa: E402
+    render,
+)
 
 
 @pytest.fixture(scope="module")

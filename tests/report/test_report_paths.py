@@ -11,11 +11,10 @@ import pytest
 
 from helpers.ingest_runs import make_runs, record, write_jsonl  # noqa: E402
 from helpers.scaling_store import build_store  # noqa: E402
-
 from mimo_jobs.ingest import pipeline as ingest
-from mimo_jobs.store import connection as store  # noqa: E402
 from mimo_jobs.report import build  # noqa: E402
 from mimo_jobs.report.queries import CURVE_POINTS  # noqa: E402
+from mimo_jobs.store import connection as store  # noqa: E402
 
 
 def by_nodes(rep, study="scal"):

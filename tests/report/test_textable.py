@@ -11,13 +11,14 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from helpers.scaling_store import build_store
-
 from mimo_jobs.report import build
 from mimo_jobs.report.render_text import render_table
 from mimo_jobs.report.textable import RICH_LAYOUT, Column, Table, matches_rich, render, to_rich
 
 # textable copies one rich release's layout; with another rich the report draws with rich itself
-pytestmark = pytest.mark.skipif(not matches_rich(), reason=f"rich is not {RICH_LAYOUT}x: textable is not used")
+pytestmark = pytest.mark.skipif(
+    not matches_rich(), reason=f"rich is not {RICH_LAYOUT}x: textable is not used"
+)
 
 
 def rich_text(table: Table, width: int) -> str:

@@ -18,9 +18,13 @@ CLUSTER = HERE / "cluster.sh"
 def slurm_cluster():
     if os.geteuid() != 0:
         pytest.skip("the local SLURM cluster needs root (tests/slurm/cluster.sh installs and starts daemons)")
-    p = subprocess.run(["bash", str(CLUSTER), "start"], check=False, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        ["bash", str(CLUSTER), "start"], check=False, capture_output=True, text=True, timeout=900
+    )
     if p.returncode != 0:
         pytest.fail(f"tests/slurm/cluster.sh start failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     yield {"nodes": 4, "gpus_per_node": 2, "partition": "debug"}
     if os.environ.get("MIMO_SLURM_KEEP") != "1":
-        subprocess.run(["bash", str(CLUSTER), "stop"], check=False, capture_output=True, text=True, timeout=300)
+        subprocess.run(
+            ["bash", str(CLUSTER), "stop"], check=False, capture_output=True, text=True, timeout=300
+        )

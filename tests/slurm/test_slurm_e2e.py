@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from helpers import REPO
 from helpers.submit import FAKE_TEMPLATES, all_ended, cli, job_rows, query, wait_until, write_study
 
@@ -37,8 +38,9 @@ def test_cluster_script_is_idempotent(slurm_cluster):
     pids = {p.name: p.read_text() for p in Path("/run/slurm-ci").glob("*.pid")}
     assert {"slurmctld.pid", "slurmdbd.pid", "mariadbd.pid"} <= set(pids)
     assert {f"slurmd-node{i}.pid" for i in range(1, 5)} <= set(pids)
-    subprocess.run(["bash", str(REPO / "tests/slurm/cluster.sh"), "start"], check=True, capture_output=True,
-                   timeout=120)
+    subprocess.run(
+        ["bash", str(REPO / "tests/slurm/cluster.sh"), "start"], check=True, capture_output=True, timeout=120
+    )
     assert {p.name: p.read_text() for p in Path("/run/slurm-ci").glob("*.pid")} == pids  # nothing restarted
     nodes = sh("sinfo", "-h", "-N", "-o", "%N %G").split("\n")
     assert sorted(n.split()[0] for n in nodes if n) == ["node1", "node2", "node3", "node4"]
@@ -56,7 +58,11 @@ def test_real_trainer_study_2_3_4_nodes(slurm_cluster, tmp_path):
     assert out.count("as slurm job") == 3
     seen: dict = {}
     rows = wait_until(db, "slurm_ci", all_ended, 420, every=2, seen=seen)
-    assert sorted(r["run"] for r in rows) == ["2n-e1x2-l1x1x2-g12", "3n-e1x2-l1x1x4-g12", "4n-e1x2-l1x1x6-g12"]
+    assert sorted(r["run"] for r in rows) == [
+        "2n-e1x2-l1x1x2-g12",
+        "3n-e1x2-l1x1x4-g12",
+        "4n-e1x2-l1x1x6-g12",
+    ]
     for r in rows:
         assert (r["state"], r["exit_code"], r["action"]) == ("COMPLETED", 0, "done"), r
         assert sacct_state(r["job_id"]) == "COMPLETED"
@@ -73,8 +79,10 @@ def test_real_trainer_study_2_3_4_nodes(slurm_cluster, tmp_path):
         # The trainer's layout line: encoder ranks [0, 2) = the 2 ranks of node rank 0 = the first host.
         jl = Path(r["run_dir"]) / "logs" / f"job-{r['job_id']}"
         layout = "".join(p.read_text() for p in jl.rglob("*.log"))
-        m = re.search(r"world (\d+) = (\d+) nodes x (\d+) \| encoder ranks \[0,(\d+)\).*llm ranks \[(\d+),(\d+)\)",
-                      layout)
+        m = re.search(
+            r"world (\d+) = (\d+) nodes x (\d+) \| encoder ranks \[0,(\d+)\).*llm ranks \[(\d+),(\d+)\)",
+            layout,
+        )
         assert m, "trainer layout line missing"
         world, enc_end = int(m[1]), int(m[4])
         assert (world, int(m[2]), int(m[3]), enc_end, int(m[6])) == (n * gpn, n, gpn, 2, n * gpn)
@@ -89,7 +97,9 @@ def test_real_trainer_study_2_3_4_nodes(slurm_cluster, tmp_path):
         assert any(f" iteration {iters:8d}/{iters:8d}" in p.read_text() for p in last)
 
     # status ingested the finished runs: every iteration is in the store, and the table shows the last one.
-    counts = dict(query(db, "SELECT r.name, count(*) FROM iterations i JOIN runs r USING (run_id) GROUP BY 1"))
+    counts = dict(
+        query(db, "SELECT r.name, count(*) FROM iterations i JOIN runs r USING (run_id) GROUP BY 1")
+    )
     assert counts == {r["run"]: iters for r in rows}
     st = cli("status", "slurm_ci", "--db", db, check=True).stdout
     assert st.count(f"{iters}/{iters}") == 3 and st.count("COMPLETED") == 3
@@ -110,13 +120,18 @@ def test_failure_timeout_cancel_and_crash_recovery(slurm_cluster, tmp_path):
 
     # The time limit is the slowest case (SLURM checks limits every ~30 s): submit it first.
     submit(study("sl_timeout", time_limit="00:01:00", signal="USR2@10", env={"FAKE_SLEEP": 600}))
-    submit(study("sl_broken", max_retries=2, env={"FAKE_EXIT": 3, "FAKE_MESSAGE": "ValueError: broken on purpose"}))
+    submit(
+        study(
+            "sl_broken", max_retries=2, env={"FAKE_EXIT": 3, "FAKE_MESSAGE": "ValueError: broken on purpose"}
+        )
+    )
     submit(study("sl_cancel", env={"FAKE_SLEEP": 600}))
 
     running = wait_until(db, "sl_cancel", lambda rs: rs[0]["state"] == "RUNNING", 60)[0]
     # One script, one truth: the batch script SLURM holds for the job is the rendered sbatch.sh, byte for byte.
-    held = subprocess.run(["scontrol", "write", "batch_script", running["job_id"], "-"], check=True,
-                          capture_output=True).stdout
+    held = subprocess.run(
+        ["scontrol", "write", "batch_script", running["job_id"], "-"], check=True, capture_output=True
+    ).stdout
     assert held == (Path(running["run_dir"]) / "sbatch.sh").read_bytes()
     out = cli("cancel", "sl_cancel", "--run", "1n-e1x1-l1x1x1-g6", "--db", db, check=True).stdout
     assert f"slurm job {running['job_id']}" in out
@@ -134,11 +149,11 @@ def test_failure_timeout_cancel_and_crash_recovery(slurm_cluster, tmp_path):
     # Crash window: sbatch went through, the process died before recording it. status adopts the job by
     # its work dir (sacct/squeue WorkDir = the run dir).
     orphan = study("sl_orphan", env={"FAKE_SLEEP": 1})
-    from mimo_jobs.store import catalog
-    from mimo_jobs.submit import launch
-    from mimo_jobs.store import connection as store
     from mimo_jobs.plan.expand import runs_of
     from mimo_jobs.plan.load import load_study
+    from mimo_jobs.store import catalog
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.submit import launch
 
     s = load_study(orphan)
     spec = runs_of(s)[0]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from helpers.submit import all_ended, cli, job_rows, query, wait_until, write_study
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -31,42 +32,79 @@ def straight_curve(run_dir: Path) -> dict[int, float]:
 
 def test_time_limited_job_is_requeued_by_slurm_and_resumes_to_one_curve(slurm_cluster, tmp_path):
     db, runs = tmp_path / "store.duckdb", tmp_path / "runs"
-    study = write_study(tmp_path / "sl_requeue.yaml", "sl_requeue", [{"nodes": 1}], executor="slurm",
-                        time_limit="00:01:00", signal="USR2@5", train_iters=ITERS, env={"OMP_NUM_THREADS": 1})
+    study = write_study(
+        tmp_path / "sl_requeue.yaml",
+        "sl_requeue",
+        [{"nodes": 1}],
+        executor="slurm",
+        time_limit="00:01:00",
+        signal="USR2@5",
+        train_iters=ITERS,
+        env={"OMP_NUM_THREADS": 1},
+    )
     doc = yaml.safe_load(study.read_text())
     doc["cluster"]["requeue"] = True
-    doc["trainer"].update({"seq_length": 32, "save_interval": 4, "log_interval": 1, "seed": 1234,
-                           "precision": "fp32"})
+    doc["trainer"].update(
+        {"seq_length": 32, "save_interval": 4, "log_interval": 1, "seed": 1234, "precision": "fp32"}
+    )
     study.write_text(yaml.safe_dump(doc, sort_keys=False))
 
     # Only the SLURM job (sbatch exports the submitter's environment) sleeps 2.5 s after each step (test hook)
     # and keeps 10 s before its deadline: 12 iterations do not fit in 1 minute with the start-up (~25 s), so
     # the first attempt stops part way (by the deadline, or by USR2 which SLURM may send early); each attempt
     # that reaches its first step advances at least one iteration.
-    out = cli("submit", study, "--db", db, "--runs-dir", runs, check=True,
-              env={"MIMO_CKPT_TEST_STEP_DELAY_S": "2.5", "MIMO_JOB_DEADLINE_MARGIN_S": "10"}).stdout
+    out = cli(
+        "submit",
+        study,
+        "--db",
+        db,
+        "--runs-dir",
+        runs,
+        check=True,
+        env={"MIMO_CKPT_TEST_STEP_DELAY_S": "2.5", "MIMO_JOB_DEADLINE_MARGIN_S": "10"},
+    ).stdout
     assert out.count("as slurm job") == 1
 
     # The yardstick, meanwhile: the same rendered launch.sh run alone (local mode: no SLURM, no deadline).
-    cli("submit", study, "--dry-run", "--runs-dir", tmp_path / "straight", "--db", tmp_path / "none.duckdb",
-        check=True)
+    cli(
+        "submit",
+        study,
+        "--dry-run",
+        "--runs-dir",
+        tmp_path / "straight",
+        "--db",
+        tmp_path / "none.duckdb",
+        check=True,
+    )
     (srd,) = (tmp_path / "straight" / "sl_requeue").iterdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MIMO_JOB"))}
-    p = subprocess.run(["bash", str(srd / "launch.sh")], cwd=srd, env=env, capture_output=True, text=True, check=False,
-                       timeout=400)
+    p = subprocess.run(
+        ["bash", str(srd / "launch.sh")],
+        cwd=srd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=400,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     want = straight_curve(srd)
     assert sorted(want) == list(range(1, ITERS + 1))
 
-    rows = wait_until(db, "sl_requeue", lambda rs: all_ended(rs) and rs[-1]["action"] in ("done", "final"), 600,
-                      every=3)
+    rows = wait_until(
+        db, "sl_requeue", lambda rs: all_ended(rs) and rs[-1]["action"] in ("done", "final"), 600, every=3
+    )
     *earlier, r = rows
     assert (r["state"], r["exit_code"], r["action"]) == ("COMPLETED", 0, "done"), rows
     # The accounting database, independently: the first job ran more than once, its first run ended REQUEUED
     # (sbatch.sh's `scontrol requeue`: same job id, SLURM_RESTART_COUNT + 1).
     first = rows[0]["job_id"]
-    states = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "State", "-j", first], check=True,
-                            capture_output=True, text=True).stdout.split()
+    states = subprocess.run(
+        ["sacct", "-X", "-D", "-n", "-P", "-o", "State", "-j", first],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     assert states[0] == "REQUEUED" and len(states) >= 2, states
     # Usually that is all (one job row). On a slow host an attempt that resumed may start so late that SLURM's
     # limit ends it while it exits after its stop; mimo-jobs then resubmits it (the trainer's stop line).
@@ -80,8 +118,11 @@ def test_time_limited_job_is_requeued_by_slurm_and_resumes_to_one_curve(slurm_cl
     assert "resumed from checkpoint" in logs
     assert not (rd / "checkpoints" / "requeue.json").exists()
 
-    got = query(db, """SELECT iteration, loss FROM iterations i JOIN runs USING (run_id)
-                       WHERE study = 'sl_requeue' AND NOT coalesce(superseded, false) ORDER BY iteration""")
+    got = query(
+        db,
+        """SELECT iteration, loss FROM iterations i JOIN runs USING (run_id)
+                       WHERE study = 'sl_requeue' AND NOT coalesce(superseded, false) ORDER BY iteration""",
+    )
     assert [i for i, _ in got] == list(range(1, ITERS + 1))
     assert dict(got) == want
     rep = json.loads(cli("report", "sl_requeue", "--db", db, "--format", "json", check=True).stdout)

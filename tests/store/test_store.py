@@ -21,9 +21,13 @@ def test_schema_1_store_is_migrated(tmp_path):
     con = store.connect(db)
     pk = "SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'iterations' AND constraint_type = 'PRIMARY KEY'"
     assert con.execute(pk).fetchone()[0] == 0
-    rows = con.execute("SELECT run_id, job_id, iteration, elapsed_ms, loss, superseded FROM iterations ORDER BY 3")
+    rows = con.execute(
+        "SELECT run_id, job_id, iteration, elapsed_ms, loss, superseded FROM iterations ORDER BY 3"
+    )
     assert rows.fetchall() == [("r", "1", 1, 100.0, 5.0, False), ("r", "1", 2, 90.0, 4.5, False)]
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(
+        SCHEMA_VERSION
+    )
     con.close()
 
 
@@ -42,7 +46,11 @@ def test_schema_2_store_gains_the_job_policy_columns(tmp_path):
     con.execute("INSERT INTO jobs (run_id, job_id, state) VALUES ('r', '7', 'COMPLETED')")
     con.close()
     con = store.connect(db)
-    row = con.execute("SELECT run_id, job_id, state, action, next_job_id, first_error, log_path FROM jobs").fetchall()
+    row = con.execute(
+        "SELECT run_id, job_id, state, action, next_job_id, first_error, log_path FROM jobs"
+    ).fetchall()
     assert row == [("r", "7", "COMPLETED", None, None, None, None)]
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(
+        SCHEMA_VERSION
+    )
     con.close()

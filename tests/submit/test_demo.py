@@ -7,6 +7,7 @@ import re
 
 import pytest
 import yaml
+
 from helpers import REPO
 from helpers.submit import cli, job_rows, query
 
@@ -23,12 +24,19 @@ def test_demo_runs_the_packaged_study_to_a_report(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     rows = job_rows(db, "cpu_local")
     assert len(rows) == n
-    assert all((r["executor"], r["state"], r["exit_code"], r["attempt"]) == ("local", "COMPLETED", 0, 0) for r in rows)
+    assert all(
+        (r["executor"], r["state"], r["exit_code"], r["attempt"]) == ("local", "COMPLETED", 0, 0)
+        for r in rows
+    )
     # The report came from the ingested store: every run's iterations are there, and the table names them.
-    counts = dict(query(db, "SELECT r.name, count(*) FROM iterations i JOIN runs r USING (run_id) GROUP BY 1"))
+    counts = dict(
+        query(db, "SELECT r.name, count(*) FROM iterations i JOIN runs r USING (run_id) GROUP BY 1")
+    )
     assert counts == {r["run"]: iters for r in rows}
     for r in rows:
-        assert re.search(rf"{re.escape(r['run'])}\s*│[^\n]*COMPLETED[^\n]*{iters}/{iters}", p.stdout), r["run"]
+        assert re.search(rf"{re.escape(r['run'])}\s*│[^\n]*COMPLETED[^\n]*{iters}/{iters}", p.stdout), r[
+            "run"
+        ]
     assert "E(N)" in p.stdout
 
     # Running it again submits nothing new: the completed runs are kept.

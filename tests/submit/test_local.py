@@ -14,10 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+
 from helpers.submit import FAKE_TEMPLATES, all_ended, cli, job_rows, query, wait_until, write_study
 
-NCCL_MSG = ("[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
-            "WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600042 milliseconds before timing out.")
+NCCL_MSG = (
+    "[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600042 milliseconds before timing out."
+)
 
 
 @pytest.fixture
@@ -28,17 +31,34 @@ def ws(tmp_path):
 
 
 def submit(ws, study: Path, *extra: str, check: bool = True):
-    return cli("submit", study, "--db", ws["db"], "--runs-dir", ws["runs"], "--templates", FAKE_TEMPLATES, *extra,
-               env=ws["env"], check=check)
+    return cli(
+        "submit",
+        study,
+        "--db",
+        ws["db"],
+        "--runs-dir",
+        ws["runs"],
+        "--templates",
+        FAKE_TEMPLATES,
+        *extra,
+        env=ws["env"],
+        check=check,
+    )
 
 
 def test_submit_complete_resubmit_is_noop_force_and_changed_spec(ws):
-    study = write_study(ws["dir"] / "s.yaml", "loc_ok", [{"nodes": 1, "gbs": 6}, {"nodes": 1, "gbs": 12}],
-                        env={"FAKE_SLEEP": 1})
+    study = write_study(
+        ws["dir"] / "s.yaml",
+        "loc_ok",
+        [{"nodes": 1, "gbs": 6}, {"nodes": 1, "gbs": 12}],
+        env={"FAKE_SLEEP": 1},
+    )
     out = submit(ws, study).stdout
     assert out.count("submitted ") == 2
     rows = wait_until(ws["db"], "loc_ok", all_ended, 60, ws["env"])
-    assert [(r["state"], r["exit_code"], r["attempt"], r["action"]) for r in rows] == [("COMPLETED", 0, 0, "done")] * 2
+    assert [(r["state"], r["exit_code"], r["attempt"], r["action"]) for r in rows] == [
+        ("COMPLETED", 0, 0, "done")
+    ] * 2
     for r in rows:
         assert r["submit_time"] <= r["start_time"] <= r["end_time"]
         assert (r["end_time"] - r["start_time"]).total_seconds() >= 1  # it slept 1 s
@@ -59,7 +79,10 @@ def test_submit_complete_resubmit_is_noop_force_and_changed_spec(ws):
     assert forced.count("submitted ") == 1 and "attempt 1" in forced
     rows = wait_until(ws["db"], "loc_ok", all_ended, 60, ws["env"])
     assert sorted((r["run"], r["attempt"]) for r in rows) == [
-        ("1n-e1x1-l1x1x1-g12", 0), ("1n-e1x1-l1x1x1-g6", 0), ("1n-e1x1-l1x1x1-g6", 1)]
+        ("1n-e1x1-l1x1x1-g12", 0),
+        ("1n-e1x1-l1x1x1-g6", 0),
+        ("1n-e1x1-l1x1x1-g6", 1),
+    ]
 
     # A changed spec (another env value) is a new run id: submitted although the old one completed.
     write_study(study, "loc_ok", [{"nodes": 1, "gbs": 6}, {"nodes": 1, "gbs": 12}], env={"FAKE_SLEEP": 0})
@@ -69,8 +92,13 @@ def test_submit_complete_resubmit_is_noop_force_and_changed_spec(ws):
 
 
 def test_failure_is_recorded_with_reason_and_not_retried(ws):
-    study = write_study(ws["dir"] / "f.yaml", "loc_fail", [{"nodes": 1}], max_retries=2,
-                        env={"FAKE_EXIT": 3, "FAKE_MESSAGE": "ValueError: broken on purpose"})
+    study = write_study(
+        ws["dir"] / "f.yaml",
+        "loc_fail",
+        [{"nodes": 1}],
+        max_retries=2,
+        env={"FAKE_EXIT": 3, "FAKE_MESSAGE": "ValueError: broken on purpose"},
+    )
     submit(ws, study)
     rows = wait_until(ws["db"], "loc_fail", all_ended, 60, ws["env"])
     assert len(rows) == 1, "a deterministic failure must not be retried"
@@ -83,8 +111,13 @@ def test_failure_is_recorded_with_reason_and_not_retried(ws):
 
 
 def test_flaky_failure_is_retried_up_to_max_retries(ws):
-    study = write_study(ws["dir"] / "k.yaml", "loc_flaky", [{"nodes": 1}], max_retries=1,
-                        env={"FAKE_EXIT": 1, "FAKE_MESSAGE": NCCL_MSG})
+    study = write_study(
+        ws["dir"] / "k.yaml",
+        "loc_flaky",
+        [{"nodes": 1}],
+        max_retries=1,
+        env={"FAKE_EXIT": 1, "FAKE_MESSAGE": NCCL_MSG},
+    )
     submit(ws, study)
     rows = wait_until(ws["db"], "loc_flaky", lambda rs: len(rs) == 2 and all_ended(rs), 60, ws["env"])
     first, second = rows
@@ -95,8 +128,14 @@ def test_flaky_failure_is_retried_up_to_max_retries(ws):
 
 
 def test_timeout_without_checkpoint_is_final(ws):
-    study = write_study(ws["dir"] / "t.yaml", "loc_timeout", [{"nodes": 1}], time_limit="00:00:02",
-                        signal="USR2@0", env={"FAKE_SLEEP": 60})
+    study = write_study(
+        ws["dir"] / "t.yaml",
+        "loc_timeout",
+        [{"nodes": 1}],
+        time_limit="00:00:02",
+        signal="USR2@0",
+        env={"FAKE_SLEEP": 60},
+    )
     submit(ws, study)
     t0 = time.monotonic()
     rows = wait_until(ws["db"], "loc_timeout", all_ended, 50, ws["env"], every=0.5)
@@ -108,19 +147,31 @@ def test_timeout_without_checkpoint_is_final(ws):
 
 
 def test_timeout_with_checkpoint_is_requeued_and_resumes(ws):
-    study = write_study(ws["dir"] / "c.yaml", "loc_requeue", [{"nodes": 1}], time_limit="00:00:02",
-                        signal="USR2@0", env={"FAKE_SLEEP": 60, "FAKE_CKPT": 1})
+    study = write_study(
+        ws["dir"] / "c.yaml",
+        "loc_requeue",
+        [{"nodes": 1}],
+        time_limit="00:00:02",
+        signal="USR2@0",
+        env={"FAKE_SLEEP": 60, "FAKE_CKPT": 1},
+    )
     submit(ws, study)
-    rows = wait_until(ws["db"], "loc_requeue", lambda rs: len(rs) == 2 and all_ended(rs), 90, ws["env"], every=0.5)
-    assert [(r["attempt"], r["state"], r["action"]) for r in rows] == [(0, "TIMEOUT", "requeue"),
-                                                                       (1, "COMPLETED", "done")]
+    rows = wait_until(
+        ws["db"], "loc_requeue", lambda rs: len(rs) == 2 and all_ended(rs), 90, ws["env"], every=0.5
+    )
+    assert [(r["attempt"], r["state"], r["action"]) for r in rows] == [
+        (0, "TIMEOUT", "requeue"),
+        (1, "COMPLETED", "done"),
+    ]
     assert "resumed from checkpoint" in Path(rows[1]["log_path"]).read_text()  # saw MIMO_JOBS_ATTEMPT=1
 
 
 def test_cancel_stops_the_whole_process_group(ws):
     study = write_study(ws["dir"] / "x.yaml", "loc_cancel", [{"nodes": 1}], env={"FAKE_SLEEP": 120})
     submit(ws, study)
-    rows = wait_until(ws["db"], "loc_cancel", lambda rs: rs[0]["state"] == "RUNNING", 30, ws["env"], every=0.3)
+    rows = wait_until(
+        ws["db"], "loc_cancel", lambda rs: rs[0]["state"] == "RUNNING", 30, ws["env"], every=0.3
+    )
     state_file = Path(rows[0]["run_dir"]) / "logs" / f"local-{rows[0]['job_id']}.json"
     child = json.loads(state_file.read_text())["child_pid"]
     out = cli("cancel", "loc_cancel", "--db", ws["db"], env=ws["env"], check=True).stdout
@@ -173,11 +224,10 @@ def test_bad_input_is_refused_before_anything_is_written(ws):
 
 def test_store_write_failure_cancels_the_job(ws, monkeypatch):
     """No scheduler job without a row: when recording fails right after submission, the job is cancelled."""
-    from mimo_jobs.submit import jobs_table
-    from mimo_jobs.submit import launch
-    from mimo_jobs.store import connection as store
     from mimo_jobs.plan.expand import runs_of
     from mimo_jobs.plan.load import load_study
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.submit import jobs_table, launch
 
     for k, v in ws["env"].items():
         monkeypatch.setenv(k, v)
@@ -206,11 +256,11 @@ def test_store_write_failure_cancels_the_job(ws, monkeypatch):
 def test_crash_between_submission_and_store_write_is_recovered(ws, monkeypatch):
     """The process dies after the scheduler took the job but before the row was written: the intent file
     lets the next `status` find the job and record it (no lost job, no duplicate on resubmit)."""
-    from mimo_jobs.store import catalog
-    from mimo_jobs.submit import launch
-    from mimo_jobs.store import connection as store
     from mimo_jobs.plan.expand import runs_of
     from mimo_jobs.plan.load import load_study
+    from mimo_jobs.store import catalog
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.submit import launch
 
     for k, v in ws["env"].items():
         monkeypatch.setenv(k, v)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from helpers.submit import FAKE_TEMPLATES, all_ended, cli, job_rows, wait_until, write_study
 
 RUN = "1n-e1x1-l1x1x1-g6"
@@ -22,7 +23,13 @@ def ws(tmp_path):
     """Own store, runs root and ONE machine slot (MIMO_JOBS_LOCAL_SLOTS=1), so slot use is visible."""
     env = {"MIMO_JOBS_LOCAL_SLOTS_DIR": str(tmp_path / "slots"), "MIMO_JOBS_LOCAL_SLOTS": "1"}
     procs: list[int] = []
-    yield {"dir": tmp_path, "db": tmp_path / "store.duckdb", "runs": tmp_path / "runs", "env": env, "procs": procs}
+    yield {
+        "dir": tmp_path,
+        "db": tmp_path / "store.duckdb",
+        "runs": tmp_path / "runs",
+        "env": env,
+        "procs": procs,
+    }
     for sf in (tmp_path / "runs").glob("*/*/logs/local-*.json"):  # whatever a failed test left running
         d = json.loads(sf.read_text())
         if d.get("state") in ("PENDING", "RUNNING") and running(d.get("runner_pid") or 0):
@@ -35,8 +42,19 @@ def ws(tmp_path):
 
 
 def submit(ws, study: Path, *extra: str):
-    return cli("submit", study, "--db", ws["db"], "--runs-dir", ws["runs"], "--templates", FAKE_TEMPLATES, *extra,
-               env=ws["env"], check=True)
+    return cli(
+        "submit",
+        study,
+        "--db",
+        ws["db"],
+        "--runs-dir",
+        ws["runs"],
+        "--templates",
+        FAKE_TEMPLATES,
+        *extra,
+        env=ws["env"],
+        check=True,
+    )
 
 
 def status(ws, study: str) -> str:
@@ -57,7 +75,9 @@ def tree(pid: int) -> list[int]:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                kids.setdefault(int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(d.name))
+                kids.setdefault(int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(
+                    int(d.name)
+                )
             except (OSError, IndexError, ValueError):
                 pass
     out, todo = [pid], [pid]
@@ -114,13 +134,20 @@ def test_killed_runner_job_stays_running_is_not_retried_and_cancel_stops_it(ws):
     assert gone(job, 10), f"orphaned processes {[p for p in job if running(p)]} survived cancel"
     rows = wait_until(ws["db"], "orph", all_ended, 30, ws["env"], every=0.3)
     assert [(r["state"], r["action"]) for r in rows] == [("CANCELLED", "final")]
-    assert "no pending or running job" in cli("cancel", "orph", "--db", ws["db"], env=ws["env"], check=True).stdout
+    assert (
+        "no pending or running job"
+        in cli("cancel", "orph", "--db", ws["db"], env=ws["env"], check=True).stdout
+    )
 
 
 def test_orphaned_job_keeps_its_slot(ws):
     """With one machine slot, a job queued behind an orphaned one waits until the orphan is gone."""
-    study = write_study(ws["dir"] / "q.yaml", "orph_slot", [{"nodes": 1, "gbs": 6}, {"nodes": 1, "gbs": 12}],
-                        env={"FAKE_SLEEP": 120})
+    study = write_study(
+        ws["dir"] / "q.yaml",
+        "orph_slot",
+        [{"nodes": 1, "gbs": 6}, {"nodes": 1, "gbs": 12}],
+        env={"FAKE_SLEEP": 120},
+    )
     submit(ws, study, "--only", RUN)
     (row,) = wait_until(ws["db"], "orph_slot", started, 30, ws["env"], every=0.3)
     job = kill_runner(ws, row)
@@ -132,16 +159,29 @@ def test_orphaned_job_keeps_its_slot(ws):
 
     cli("cancel", "orph_slot", "--run", RUN, "--db", ws["db"], env=ws["env"], check=True)
     assert gone(job, 10)
-    rows = wait_until(ws["db"], "orph_slot", lambda rs: {r["run"]: r["state"] for r in rs}.get(
-        "1n-e1x1-l1x1x1-g12") == "RUNNING", 30, ws["env"], every=0.3)
+    rows = wait_until(
+        ws["db"],
+        "orph_slot",
+        lambda rs: {r["run"]: r["state"] for r in rs}.get("1n-e1x1-l1x1x1-g12") == "RUNNING",
+        30,
+        ws["env"],
+        every=0.3,
+    )
     cli("cancel", "orph_slot", "--db", ws["db"], env=ws["env"], check=True)
     rows = wait_until(ws["db"], "orph_slot", all_ended, 30, ws["env"], every=0.3)
     assert sorted(r["state"] for r in rows) == ["CANCELLED", "CANCELLED"]
 
 
 def test_orphaned_job_still_ends_at_its_time_limit_before_any_retry(ws):
-    study = write_study(ws["dir"] / "t.yaml", "orph_limit", [{"nodes": 1}], max_retries=1, time_limit="00:00:04",
-                        signal="USR2@0", env={"FAKE_SLEEP": 120})
+    study = write_study(
+        ws["dir"] / "t.yaml",
+        "orph_limit",
+        [{"nodes": 1}],
+        max_retries=1,
+        time_limit="00:00:04",
+        signal="USR2@0",
+        env={"FAKE_SLEEP": 120},
+    )
     submit(ws, study)
     (row,) = wait_until(ws["db"], "orph_limit", started, 30, ws["env"], every=0.3)
     job = kill_runner(ws, row)
@@ -152,11 +192,15 @@ def test_orphaned_job_still_ends_at_its_time_limit_before_any_retry(ws):
 
 
 def test_orphaned_job_that_ends_is_retried_only_after_its_processes_are_gone(ws):
-    study = write_study(ws["dir"] / "n.yaml", "orph_end", [{"nodes": 1}], max_retries=1, env={"FAKE_SLEEP": 4})
+    study = write_study(
+        ws["dir"] / "n.yaml", "orph_end", [{"nodes": 1}], max_retries=1, env={"FAKE_SLEEP": 4}
+    )
     submit(ws, study)
     (row,) = wait_until(ws["db"], "orph_end", started, 30, ws["env"], every=0.3)
     job = kill_runner(ws, row)
-    rows = wait_until(ws["db"], "orph_end", lambda rs: len(rs) == 2 and all_ended(rs), 60, ws["env"], every=0.5)
+    rows = wait_until(
+        ws["db"], "orph_end", lambda rs: len(rs) == 2 and all_ended(rs), 60, ws["env"], every=0.5
+    )
     first, second = rows
     assert (first["state"], first["action"], first["next_job_id"]) == ("NODE_FAIL", "retry", second["job_id"])
     assert "local runner process disappeared" in first["reason"]

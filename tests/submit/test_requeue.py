@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from helpers.submit import all_ended, cli, query, wait_until, write_study
 
 pytestmark = pytest.mark.slow
@@ -23,11 +24,19 @@ ITERS = 16
 
 def study_file(path: Path, time_limit: str, env: dict) -> Path:
     """1 node, 2 CPU ranks (encoder DP1, LLM DP1), tiny model, checkpoints every 4 iterations."""
-    write_study(path, "rq_local", [{"nodes": 1}], time_limit=time_limit, train_iters=ITERS,
-                signal="USR2@0", env={"OMP_NUM_THREADS": 1, **env})
+    write_study(
+        path,
+        "rq_local",
+        [{"nodes": 1}],
+        time_limit=time_limit,
+        train_iters=ITERS,
+        signal="USR2@0",
+        env={"OMP_NUM_THREADS": 1, **env},
+    )
     doc = yaml.safe_load(path.read_text())
-    doc["trainer"].update({"seq_length": 32, "save_interval": 4, "log_interval": 1, "seed": 1234,
-                           "precision": "fp32"})
+    doc["trainer"].update(
+        {"seq_length": 32, "save_interval": 4, "log_interval": 1, "seed": 1234, "precision": "fp32"}
+    )
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -35,14 +44,18 @@ def study_file(path: Path, time_limit: str, env: dict) -> Path:
 def ws(root: Path) -> dict:
     """Own store and runs root; ONE machine slot shared by both workspaces: the runs take turns (2 cores)."""
     root.mkdir()
-    return {"db": root / "store.duckdb", "runs": root / "runs",
-            "env": {"MIMO_JOBS_LOCAL_SLOTS_DIR": str(root.parent / "slots"), "MIMO_JOBS_LOCAL_SLOTS": "1"}}
+    return {
+        "db": root / "store.duckdb",
+        "runs": root / "runs",
+        "env": {"MIMO_JOBS_LOCAL_SLOTS_DIR": str(root.parent / "slots"), "MIMO_JOBS_LOCAL_SLOTS": "1"},
+    }
 
 
 def curve(db: Path) -> list[tuple[int, float]]:
     """The stitched curve as the report reads it (superseded rows are older attempts)."""
-    return query(db, "SELECT iteration, loss FROM iterations WHERE NOT coalesce(superseded, false) "
-                     "ORDER BY iteration")
+    return query(
+        db, "SELECT iteration, loss FROM iterations WHERE NOT coalesce(superseded, false) ORDER BY iteration"
+    )
 
 
 def metrics_iteration(run_dir: Path) -> int:
@@ -55,8 +68,8 @@ def metrics_iteration(run_dir: Path) -> int:
 
 
 def test_signalled_local_run_is_requeued_and_resumes_to_one_curve(tmp_path):
-    from mimo_jobs.submit.executors.local import LocalExecutor
     from mimo_jobs.plan.rundir import RunDir
+    from mimo_jobs.submit.executors.local import LocalExecutor
 
     straight, short = ws(tmp_path / "straight"), ws(tmp_path / "short")
     s_study = study_file(tmp_path / "straight.yaml", "00:10:00", {})
@@ -65,8 +78,10 @@ def test_signalled_local_run_is_requeued_and_resumes_to_one_curve(tmp_path):
     for w, st in ((straight, s_study), (short, q_study)):
         cli("submit", st, "--db", w["db"], "--runs-dir", w["runs"], env=w["env"], check=True)
 
-    want = dict(wait_until(straight["db"], "rq_local", all_ended, 400, straight["env"], every=2) and
-                curve(straight["db"]))
+    want = dict(
+        wait_until(straight["db"], "rq_local", all_ended, 400, straight["env"], every=2)
+        and curve(straight["db"])
+    )
     assert sorted(want) == list(range(1, ITERS + 1))
 
     (first,) = wait_until(short["db"], "rq_local", lambda rs: rs[0]["state"] == "RUNNING", 120, short["env"])
@@ -78,16 +93,31 @@ def test_signalled_local_run_is_requeued_and_resumes_to_one_curve(tmp_path):
     assert LocalExecutor().signal(first["job_id"], rd)
     sent_at = metrics_iteration(rd.root)
 
-    rows = wait_until(short["db"], "rq_local", lambda rs: all_ended(rs) and rs[-1]["action"] in ("done", "final"),
-                      400, short["env"], every=2)
+    rows = wait_until(
+        short["db"],
+        "rq_local",
+        lambda rs: all_ended(rs) and rs[-1]["action"] in ("done", "final"),
+        400,
+        short["env"],
+        every=2,
+    )
     assert len(rows) == 2, rows
     stopped, last = rows
     # launch.sh turned the trainer's marker into exit 75 (torchrun alone reports 1); the policy requeued the
     # run as attempt 1, which completed.
-    assert (stopped["attempt"], stopped["state"], stopped["exit_code"], stopped["action"]) == \
-        (0, "FAILED", 75, "requeue"), stopped
+    assert (stopped["attempt"], stopped["state"], stopped["exit_code"], stopped["action"]) == (
+        0,
+        "FAILED",
+        75,
+        "requeue",
+    ), stopped
     assert stopped["next_job_id"] == last["job_id"]
-    assert (last["attempt"], last["state"], last["exit_code"], last["action"]) == (1, "COMPLETED", 0, "done"), last
+    assert (last["attempt"], last["state"], last["exit_code"], last["action"]) == (
+        1,
+        "COMPLETED",
+        0,
+        "done",
+    ), last
     log0 = Path(stopped["log_path"]).read_text()
     m = re.search(r'asks for a requeue: \{"iteration": (\d+), "reason": "signal:SIGUSR2"', log0)
     assert m, log0[-3000:]

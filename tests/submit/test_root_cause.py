@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.scaling_store import build_store
 
+from helpers.scaling_store import build_store
 from mimo_jobs.ingest import pipeline
 from mimo_jobs.ingest.events import first_error, root_cause_message
 from mimo_jobs.report import build
@@ -31,8 +31,11 @@ def older_torch(text: str) -> str:
     return text.replace("(pid: 8793)  (SIGKILL)", "(pid: 8793)")
 
 
-@pytest.mark.parametrize("log", [SIGKILL_LOG, srun_prefixed(SIGKILL_LOG), older_torch(SIGKILL_LOG)],
-                         ids=["torchrun", "srun-prefixed", "older-torch"])
+@pytest.mark.parametrize(
+    "log",
+    [SIGKILL_LOG, srun_prefixed(SIGKILL_LOG), older_torch(SIGKILL_LOG)],
+    ids=["torchrun", "srun-prefixed", "older-torch"],
+)
 def test_first_error_names_the_killed_rank_not_the_launcher_exception(log):
     assert first_error(log) == KILLED
 
@@ -49,8 +52,9 @@ def test_first_error_a_rank_traceback_says_more_than_an_exit_code():
 def test_root_cause_wording():
     assert root_cause_message(0, -9) == KILLED
     assert root_cause_message(3, -11) == "rank 3 killed by SIGSEGV (exit -11)"
-    assert root_cause_message(2, 137) == ("rank 2 exited with code 137 (128+SIGKILL: killed by a signal; often "
-                                          "the kernel's OOM killer)")
+    assert root_cause_message(2, 137) == (
+        "rank 2 exited with code 137 (128+SIGKILL: killed by a signal; often the kernel's OOM killer)"
+    )
     assert root_cause_message(1, 1) == "rank 1 exited with code 1"
 
 

@@ -4,7 +4,6 @@ an earlier attempt logged (from metrics.jsonl while it runs, or from the store o
 from __future__ import annotations
 
 from helpers.ingest_runs import make_runs, record, write_jsonl
-
 from mimo_jobs.ingest import pipeline
 from mimo_jobs.store import connection as store
 from mimo_jobs.submit import jobs_table, status
@@ -12,7 +11,7 @@ from mimo_jobs.submit.jobs_table import JobFacts
 
 
 def test_progress_is_the_latest_jobs_own(tmp_path):
-    (run, rd), = make_runs(tmp_path / "runs", nodes=(1,), train_iters=20)
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(1,), train_iters=20)
     con = store.connect(tmp_path / "store.duckdb")
     try:
         # attempt 0 (job 100) logged iterations 1..12 and failed; they are ingested into the store
@@ -45,9 +44,11 @@ def test_progress_is_the_latest_jobs_own(tmp_path):
 
 def test_last_iteration_from_metrics_of_one_job(tmp_path):
     m = tmp_path / "metrics.jsonl"
-    m.write_text('{"kind": "iteration", "job_id": "7", "iteration": 9, "loss": 2.0}\n'
-                 '{"kind": "iteration", "job_id": 8, "iteration": 2, "loss": 3.0}\n'
-                 '{"kind": "iteration", "job_id": "8", "iteration": "garbage", "loss": 3.0}\n')
+    m.write_text(
+        '{"kind": "iteration", "job_id": "7", "iteration": 9, "loss": 2.0}\n'
+        '{"kind": "iteration", "job_id": 8, "iteration": 2, "loss": 3.0}\n'
+        '{"kind": "iteration", "job_id": "8", "iteration": "garbage", "loss": 3.0}\n'
+    )
     assert status.last_iteration_from_metrics(m) == (2, 3.0)  # any job: the newest parseable record
     assert status.last_iteration_from_metrics(m, "7") == (9, 2.0)
     assert status.last_iteration_from_metrics(m, "8") == (2, 3.0)  # a numeric job id in JSON is the same id

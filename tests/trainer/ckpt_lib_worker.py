@@ -51,32 +51,68 @@ def build(seed: int):
     g = HyperCommGrid([1, 1, 1, 1], ["tp", "cp", "dp", "pp"], backend="gloo")
     eg = HyperCommGrid([1, 1, 1, 1], ["tp", "ep", "dp", "pp"], backend="gloo")
     pgc = ProcessGroupCollection(
-        tp=g.create_pg("tp"), cp=g.create_pg("cp"), dp=g.create_pg("dp"), pp=g.create_pg("pp"),
-        tp_cp=g.create_pg(["tp", "cp"]), dp_cp=g.create_pg(["cp", "dp"]), mp=g.create_pg(["tp", "pp"]),
-        tp_dp_cp=g.create_pg(["tp", "cp", "dp"]), intra_dist_opt=g.create_pg(["tp", "cp", "dp", "pp"]),
-        expt_tp=eg.create_pg("tp"), ep=eg.create_pg("ep"), expt_dp=eg.create_pg("dp"),
-        tp_ep=eg.create_pg(["tp", "ep"]), tp_ep_pp=eg.create_pg(["tp", "ep", "pp"]))
+        tp=g.create_pg("tp"),
+        cp=g.create_pg("cp"),
+        dp=g.create_pg("dp"),
+        pp=g.create_pg("pp"),
+        tp_cp=g.create_pg(["tp", "cp"]),
+        dp_cp=g.create_pg(["cp", "dp"]),
+        mp=g.create_pg(["tp", "pp"]),
+        tp_dp_cp=g.create_pg(["tp", "cp", "dp"]),
+        intra_dist_opt=g.create_pg(["tp", "cp", "dp", "pp"]),
+        expt_tp=eg.create_pg("tp"),
+        ep=eg.create_pg("ep"),
+        expt_dp=eg.create_pg("dp"),
+        tp_ep=eg.create_pg(["tp", "ep"]),
+        tp_ep_pp=eg.create_pg(["tp", "ep", "pp"]),
+    )
     pgc.embd = pgc.pos_embd = pgc.pp
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed, tp_rank=0, ep_rank=0, etp_rank=0, force_reset_rng=True)
     cfg = TransformerConfig(
-        num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, use_cpu_initialization=True,
-        tensor_model_parallel_size=1, params_dtype=torch.float32, pipeline_dtype=torch.float32,
-        hidden_dropout=0.1, attention_dropout=0.1, gradient_accumulation_fusion=False,
-        bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
-        apply_rope_fusion=False, persist_layer_norm=False, cross_entropy_loss_fusion=True,
-        cross_entropy_fusion_impl="native")
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        ffn_hidden_size=64,
+        use_cpu_initialization=True,
+        tensor_model_parallel_size=1,
+        params_dtype=torch.float32,
+        pipeline_dtype=torch.float32,
+        hidden_dropout=0.1,
+        attention_dropout=0.1,
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        cross_entropy_loss_fusion=True,
+        cross_entropy_fusion_impl="native",
+    )
 
     def gpt():
-        return GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=128,
-                        max_sequence_length=16, position_embedding_type="rope", pg_collection=pgc)
+        return GPTModel(
+            config=cfg,
+            transformer_layer_spec=get_gpt_layer_local_spec(),
+            vocab_size=128,
+            max_sequence_length=16,
+            position_embedding_type="rope",
+            pg_collection=pgc,
+        )
 
     lm = gpt()
-    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(use_distributed_optimizer=True,
-                                  grad_reduce_in_fp32=True), lm, pg_collection=pgc)
-    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=3e-3, use_distributed_optimizer=True,
-                                                 clip_grad=1.0), [ddp], use_gloo_process_groups=False,
-                                 pg_collection=pgc)
+    ddp = DistributedDataParallel(
+        cfg,
+        DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True),
+        lm,
+        pg_collection=pgc,
+    )
+    opt = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=3e-3, use_distributed_optimizer=True, clip_grad=1.0),
+        [ddp],
+        use_gloo_process_groups=False,
+        pg_collection=pgc,
+    )
     enc = gpt()
     for p in enc.parameters():
         p.requires_grad_(False)
@@ -105,8 +141,10 @@ def step(m, prov):
 def parts(m):
     from mimo_jobs.trainer.checkpoint import ModuleParts
 
-    return [ModuleParts("encoder", m["enc"], None, m["pgc"].dp, m["pgc"].expt_dp, frozen=True),
-            ModuleParts("language", m["lm"], m["opt"], m["pgc"].dp, m["pgc"].expt_dp)]
+    return [
+        ModuleParts("encoder", m["enc"], None, m["pgc"].dp, m["pgc"].expt_dp, frozen=True),
+        ModuleParts("language", m["lm"], m["opt"], m["pgc"].dp, m["pgc"].expt_dp),
+    ]
 
 
 def scramble_rng():
@@ -134,8 +172,22 @@ def main(out: Path) -> dict:
     from megatron.core import parallel_state
 
     parallel_state._set_global_memory_buffer()
-    layout = {"nodes": 1, "gpus_per_node": 1, "enc_tp": 1, "enc_pp": 1, "enc_dp": 1, "llm_tp": 1, "llm_pp": 1,
-              "llm_dp": 1, "llm_ep": 1, "llm_etp": 1, "llm_cp": 1, "num_experts": 0, "gbs": 2, "mbs": 1}
+    layout = {
+        "nodes": 1,
+        "gpus_per_node": 1,
+        "enc_tp": 1,
+        "enc_pp": 1,
+        "enc_dp": 1,
+        "llm_tp": 1,
+        "llm_pp": 1,
+        "llm_dp": 1,
+        "llm_ep": 1,
+        "llm_etp": 1,
+        "llm_cp": 1,
+        "num_experts": 0,
+        "gbs": 2,
+        "mbs": 1,
+    }
     prov0 = MF.Provenance(run_id="run-a", study="s", run_name="r", layout=layout, world=1, git_sha="abc")
     res: dict = {}
     ck = out / "ckpt"
@@ -149,8 +201,17 @@ def main(out: Path) -> dict:
     random.random()
     for _ in range(3):
         step(m, prov)
-    path = C.save(ck, iteration=3, consumed_samples=6, modules=parts(m), provider=prov, provenance=prov0, keep=2,
-                  run_doc={"run": {"run_id": "run-a"}}, extra={"note": "x"})
+    path = C.save(
+        ck,
+        iteration=3,
+        consumed_samples=6,
+        modules=parts(m),
+        provider=prov,
+        provenance=prov0,
+        keep=2,
+        run_doc={"run": {"run_id": "run-a"}},
+        extra={"note": "x"},
+    )
     py_after_save = random.random()
     res["ref"] = [step(m, prov) for _ in range(3)]
     res["saved_path"] = str(path)
@@ -176,8 +237,10 @@ def main(out: Path) -> dict:
     res["weights_only"] = [step(m3, prov3) for _ in range(3)]
 
     # 4. refusals: another run, another layout (checked before any state is touched)
-    for key, prov_x in (("other_run", MF.Provenance(**{**prov0.__dict__, "run_id": "run-b"})),
-                        ("other_layout", MF.Provenance(**{**prov0.__dict__, "layout": {**layout, "llm_tp": 2}}))):
+    for key, prov_x in (
+        ("other_run", MF.Provenance(**{**prov0.__dict__, "run_id": "run-b"})),
+        ("other_layout", MF.Provenance(**{**prov0.__dict__, "layout": {**layout, "llm_tp": 2}})),
+    ):
         try:
             C.load(ck, modules=parts(m2), provider=prov2, provenance=prov_x)
             res[key] = None
@@ -186,7 +249,15 @@ def main(out: Path) -> dict:
 
     # 5. keep-K: saves at 4, 5, 6 with keep=2 leave 5 and 6; latest -> 6
     for it in (4, 5, 6):
-        C.save(ck, iteration=it, consumed_samples=2 * it, modules=parts(m2), provider=prov2, provenance=prov0, keep=2)
+        C.save(
+            ck,
+            iteration=it,
+            consumed_samples=2 * it,
+            modules=parts(m2),
+            provider=prov2,
+            provenance=prov0,
+            keep=2,
+        )
     res["kept"] = sorted(p.name for p in ck.iterdir())
 
     # 6. a damaged part is named, not silently loaded

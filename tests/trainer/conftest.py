@@ -1,3 +1,1 @@
 """Trainer tests: shared helpers live in tests/helpers (trainer.py, checkpoint.py)."""
-
-

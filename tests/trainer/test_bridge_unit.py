@@ -3,18 +3,45 @@
 import pytest
 
 from mimo_jobs.plan import topology
-from mimo_jobs.trainer.bridge import BridgeError, Segment, check_header, check_split, make_header, segments, segments_of_encoder, segments_of_lane, split_sizes
+from mimo_jobs.trainer.bridge import (
+    BridgeError,
+    Segment,
+    check_header,
+    check_split,
+    make_header,
+    segments,
+    segments_of_encoder,
+    segments_of_lane,
+    split_sizes,
+)
 
 
 def _plan(enc_dp, llm_dp, mbs, gbs):
-    return topology.plan(topology.Layout(nodes=1, gpus_per_node=enc_dp + llm_dp, enc_tp=1, enc_pp=1,
-                                         enc_dp=enc_dp, llm_tp=1, llm_pp=1, llm_dp=llm_dp, gbs=gbs, mbs=mbs))
+    return topology.plan(
+        topology.Layout(
+            nodes=1,
+            gpus_per_node=enc_dp + llm_dp,
+            enc_tp=1,
+            enc_pp=1,
+            enc_dp=enc_dp,
+            llm_tp=1,
+            llm_pp=1,
+            llm_dp=llm_dp,
+            gbs=gbs,
+            mbs=mbs,
+        )
+    )
 
 
 def test_fan_out_each_encoder_serves_its_lanes_whole():
     # enc DP2 -> LLM DP4, mbs 2: an LLM microbatch step has 8 samples, 4 per encoder replica
     segs = segments(_plan(2, 4, 2, 8))
-    assert segs == [Segment(0, 0, 0, 0, 2), Segment(0, 1, 2, 0, 2), Segment(1, 2, 0, 0, 2), Segment(1, 3, 2, 0, 2)]
+    assert segs == [
+        Segment(0, 0, 0, 0, 2),
+        Segment(0, 1, 2, 0, 2),
+        Segment(1, 2, 0, 0, 2),
+        Segment(1, 3, 2, 0, 2),
+    ]
 
 
 def test_fan_in_each_lane_gathers_from_its_encoders():

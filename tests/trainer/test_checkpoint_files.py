@@ -16,21 +16,52 @@ from mimo_jobs.trainer import checkpoint as C
 from mimo_jobs.trainer import manifest as MF
 from mimo_jobs.trainer import signals as S
 
-LAYOUT = {"nodes": 1, "gpus_per_node": 3, "enc_tp": 1, "enc_pp": 1, "enc_dp": 1, "llm_tp": 1, "llm_pp": 1,
-          "llm_dp": 2, "llm_ep": 1, "llm_etp": 1, "llm_cp": 1, "num_experts": 0, "gbs": 4, "mbs": 1}
+LAYOUT = {
+    "nodes": 1,
+    "gpus_per_node": 3,
+    "enc_tp": 1,
+    "enc_pp": 1,
+    "enc_dp": 1,
+    "llm_tp": 1,
+    "llm_pp": 1,
+    "llm_dp": 2,
+    "llm_ep": 1,
+    "llm_etp": 1,
+    "llm_cp": 1,
+    "num_experts": 0,
+    "gbs": 4,
+    "mbs": 1,
+}
 
 
-def fake_ckpt(root: Path, it: int, run_id: str = "r1", layout: dict | None = None, complete: bool = True) -> Path:
+def fake_ckpt(
+    root: Path, it: int, run_id: str = "r1", layout: dict | None = None, complete: bool = True
+) -> Path:
     d = root / (MF.iter_name(it) + ("" if complete else ".tmp"))
     d.mkdir(parents=True)
     (d / "rank").mkdir()
     (d / "rank" / "rank-00000.pt").write_bytes(b"x" * 10)
     if complete:
-        (d / "manifest.json").write_text(json.dumps({
-            "format": MF.FORMAT_VERSION, "iteration": it, "consumed_samples": 4 * it, "time": "t",
-            "files": {"rank/rank-00000.pt": 10}, "bytes": 10,
-            "provenance": {"run_id": run_id, "study": "s", "run_name": "n", "layout": layout or LAYOUT, "world": 3,
-                           "git_sha": "abc"}}))
+        (d / "manifest.json").write_text(
+            json.dumps(
+                {
+                    "format": MF.FORMAT_VERSION,
+                    "iteration": it,
+                    "consumed_samples": 4 * it,
+                    "time": "t",
+                    "files": {"rank/rank-00000.pt": 10},
+                    "bytes": 10,
+                    "provenance": {
+                        "run_id": run_id,
+                        "study": "s",
+                        "run_name": "n",
+                        "layout": layout or LAYOUT,
+                        "world": 3,
+                        "git_sha": "abc",
+                    },
+                }
+            )
+        )
     return d
 
 
@@ -72,8 +103,12 @@ def test_prune_keeps_k_newest_and_latest_and_clears_crash_leftovers(tmp_path):
     (tmp_path / ".deleting-iter_0000001-7").mkdir()
     (tmp_path / "latest").write_text("iter_0000008\n")
     C.prune(tmp_path, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000006", "iter_0000008", "iter_0000010.tmp",
-                                                          "latest"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "iter_0000006",
+        "iter_0000008",
+        "iter_0000010.tmp",
+        "latest",
+    ]
 
 
 def test_prune_never_deletes_what_latest_names(tmp_path):
@@ -85,8 +120,18 @@ def test_prune_never_deletes_what_latest_names(tmp_path):
 
 
 def test_compatibility_messages():
-    info = MF.CheckpointInfo(path=Path("/c/iter_0000002"), iteration=2, consumed_samples=8, run_id="r1", study="s",
-                            run_name="n", git_sha=None, layout=LAYOUT, world=3, time="t")
+    info = MF.CheckpointInfo(
+        path=Path("/c/iter_0000002"),
+        iteration=2,
+        consumed_samples=8,
+        run_id="r1",
+        study="s",
+        run_name="n",
+        git_sha=None,
+        layout=LAYOUT,
+        world=3,
+        time="t",
+    )
     assert MF.check_compatible(info, prov()) == []
     (msg,) = MF.check_compatible(info, prov(run_id="r2", run_name="m"))
     assert "belongs to run r1 (s/n)" in msg and "this is run r2 (s/m)" in msg
@@ -137,9 +182,11 @@ def test_sigterm_without_a_world_stop_exits_after_the_grace():
     import subprocess
     import sys
 
-    code = ("import os, signal, time; from mimo_jobs.trainer.signals import PreemptionWatch; "
-            "w = PreemptionWatch(term_grace_s=0.5).install(); os.kill(os.getpid(), signal.SIGTERM); "
-            "time.sleep(30); print('still alive')")
+    code = (
+        "import os, signal, time; from mimo_jobs.trainer.signals import PreemptionWatch; "
+        "w = PreemptionWatch(term_grace_s=0.5).install(); os.kill(os.getpid(), signal.SIGTERM); "
+        "time.sleep(30); print('still alive')"
+    )
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 128 + signal.SIGTERM and "still alive" not in r.stdout
@@ -160,8 +207,10 @@ def test_toolkit_import_stays_light():
     import subprocess
     import sys
 
-    code = ("import sys, mimo_jobs.trainer.manifest, mimo_jobs.trainer.checkpoint, "
-            "mimo_jobs.trainer.checkpointer, mimo_jobs.trainer.signals; "
-            "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))")
+    code = (
+        "import sys, mimo_jobs.trainer.manifest, mimo_jobs.trainer.checkpoint, "
+        "mimo_jobs.trainer.checkpointer, mimo_jobs.trainer.signals; "
+        "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"

@@ -19,18 +19,29 @@ HERE = Path(__file__).parent
 def worker(tmp_path_factory):
     out = tmp_path_factory.mktemp("libckpt")
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1")
-    r = subprocess.run([sys.executable, str(HERE / "ckpt_lib_worker.py"), str(out)], capture_output=True, text=True,
-                       timeout=300, env=env, check=False)
+    r = subprocess.run(
+        [sys.executable, str(HERE / "ckpt_lib_worker.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     assert r.returncode == 0 and lines, r.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):]), out
+    return json.loads(lines[-1][len("RESULT ") :]), out
 
 
 def test_resume_is_bitwise_exact_with_distributed_optimizer_and_dropout(worker):
     res, _ = worker
     # loss, grad norm and the frozen module's output for 3 steps after the save, straight vs restored
     assert res["cont"] == res["ref"]
-    assert res["resumed"] == [3, 6, {"note": "x"}, 3]  # iteration, consumed samples, extras, provider position
+    assert res["resumed"] == [
+        3,
+        6,
+        {"note": "x"},
+        3,
+    ]  # iteration, consumed samples, extras, provider position
     assert res["python_rng_restored"] is True
 
 
@@ -44,13 +55,22 @@ def test_negative_control_weights_alone_do_not_reproduce(worker):
 
 def test_every_part_is_its_own_file(worker):
     res, _ = worker
-    assert res["files"] == ["encoder/model-00000.pt", "encoder/optim-00000.pt", "language/model-00000.pt",
-                            "language/optim-00000.pt", "rank/rank-00000.pt"]
+    assert res["files"] == [
+        "encoder/model-00000.pt",
+        "encoder/optim-00000.pt",
+        "language/model-00000.pt",
+        "language/optim-00000.pt",
+        "rank/rank-00000.pt",
+    ]
 
 
 def test_refuses_other_run_and_other_layout(worker):
     res, _ = worker
-    assert res["other_run"] is not None and "belongs to run run-a" in res["other_run"] and "run-b" in res["other_run"]
+    assert (
+        res["other_run"] is not None
+        and "belongs to run run-a" in res["other_run"]
+        and "run-b" in res["other_run"]
+    )
     assert res["other_layout"] is not None and "llm_tp=1 vs now 2" in res["other_layout"]
     assert "resharding is not supported" in res["other_layout"]
 

@@ -16,9 +16,9 @@ import signal
 import time
 from pathlib import Path
 
-from helpers import checkpoint as H
 import pytest
 
+from helpers import checkpoint as H
 from mimo_jobs.contract import REQUEUE_MARKER
 from mimo_jobs.trainer.manifest import latest_checkpoint
 from mimo_jobs.trainer.signals import read_requeue_marker
@@ -27,15 +27,25 @@ pytestmark = pytest.mark.slow
 
 # fan-out: 1 encoder rank serves 2 LLM lanes (world 3); MoE LLM with its 4 experts split over EP=2 (each LLM
 # rank holds different experts); mock provider; non-distributed optimizer
-FAN_OUT = {"enc_dp": 1, "llm_dp": 2, "llm_ep": 2, "model": "tiny-moe", "gbs": 4, "iters": 8, "save_interval": 2,
-           "keep": 2}
+FAN_OUT = {
+    "enc_dp": 1,
+    "llm_dp": 2,
+    "llm_ep": 2,
+    "model": "tiny-moe",
+    "gbs": 4,
+    "iters": 8,
+    "save_interval": 2,
+    "keep": 2,
+}
 
 
 def all_records(run_yaml: Path) -> dict[int, list[tuple]]:
     out: dict[int, list[tuple]] = {}
     for r in H.metrics(run_yaml):
         if r.get("kind") == "iteration":
-            out.setdefault(r["iteration"], []).append((r["loss"], r["grad_norm"], r["lr"], r["consumed_samples"]))
+            out.setdefault(r["iteration"], []).append(
+                (r["loss"], r["grad_norm"], r["lr"], r["consumed_samples"])
+            )
     return out
 
 
@@ -70,10 +80,18 @@ def test_straight_run_keeps_k_sharded_checkpoints(straight_fanout):
     assert info.git_sha == "0" * 40 and info.layout["llm_dp"] == 2
     # every rank wrote its own state; replicated dense weights only by DP rank 0 (encoder rank 0, LLM rank 1);
     # expert weights by each expert-DP rank 0 (EP=2 over 2 LLM ranks: both hold different experts)
-    assert sorted(info.files) == ["encoder/model-00000.pt", "encoder/optim-00000.pt", "language/experts-00001.pt",
-                                  "language/experts-00002.pt", "language/model-00001.pt", "language/optim-00001.pt",
-                                  "language/optim-00002.pt", "rank/rank-00000.pt", "rank/rank-00001.pt",
-                                  "rank/rank-00002.pt"]
+    assert sorted(info.files) == [
+        "encoder/model-00000.pt",
+        "encoder/optim-00000.pt",
+        "language/experts-00001.pt",
+        "language/experts-00002.pt",
+        "language/model-00001.pt",
+        "language/optim-00001.pt",
+        "language/optim-00002.pt",
+        "rank/rank-00000.pt",
+        "rank/rank-00001.pt",
+        "rank/rank-00002.pt",
+    ]
     assert (info.path / "run.yaml").read_text() == straight_fanout.read_text()
 
 
@@ -109,8 +127,14 @@ def test_sigusr2_on_one_rank_checkpoints_and_requeues(straight_fanout, tmp_path)
             assert proc.poll() is None and time.time() < deadline, (tmp_path / "out.log").read_text()[-3000:]
             time.sleep(0.2)
         # deliver SIGUSR2 to the worker of rank 1 only: the world must still stop together
-        workers = {int(dict(x.split("=", 1) for x in Path(f"/proc/{c}/environ").read_text().split("\0")
-                            if "=" in x).get("RANK", -1)): c for c in H.children(proc.pid)}
+        workers = {
+            int(
+                dict(
+                    x.split("=", 1) for x in Path(f"/proc/{c}/environ").read_text().split("\0") if "=" in x
+                ).get("RANK", -1)
+            ): c
+            for c in H.children(proc.pid)
+        }
         os.kill(workers[1], signal.SIGUSR2)
         proc.wait(timeout=240)
     finally:
@@ -126,8 +150,9 @@ def test_sigusr2_on_one_rank_checkpoints_and_requeues(straight_fanout, tmp_path)
     k = marker["iteration"]
     assert 1 <= k < 8
     info = latest_checkpoint(d)
-    assert info.iteration == k and sorted(p.name for p in d.iterdir()) == sorted([f"iter_{k:07d}", "latest",
-                                                                                  REQUEUE_MARKER])
+    assert info.iteration == k and sorted(p.name for p in d.iterdir()) == sorted(
+        [f"iter_{k:07d}", "latest", REQUEUE_MARKER]
+    )
     assert H.ends(y) == ["requeue: signal:SIGUSR2"]
     assert max(H.curve(y)) == k
     # the requeued attempt resumes and finishes exactly like the straight run
@@ -139,11 +164,15 @@ def test_sigusr2_on_one_rank_checkpoints_and_requeues(straight_fanout, tmp_path)
 def test_refuses_checkpoint_of_another_layout(straight_fanout, tmp_path):
     d = H.ckpt_dir(straight_fanout)
     before = {p.name: p.stat().st_mtime_ns for p in d.rglob("*")}
-    y = H.make_run(tmp_path, enc_dp=2, llm_dp=1, mbs=2, gbs=4, iters=8, model="tiny-moe", checkpoint_dir=str(d))
+    y = H.make_run(
+        tmp_path, enc_dp=2, llm_dp=1, mbs=2, gbs=4, iters=8, model="tiny-moe", checkpoint_dir=str(d)
+    )
     r = H.launch(y)
     assert r.returncode != 0
     assert "refusing checkpoint" in r.stderr and f"{d / 'iter_0000008'}" in r.stderr
-    assert "enc_dp=1 vs now 2" in r.stderr and "llm_dp=2 vs now 1" in r.stderr and "belongs to run" in r.stderr
+    assert (
+        "enc_dp=1 vs now 2" in r.stderr and "llm_dp=2 vs now 1" in r.stderr and "belongs to run" in r.stderr
+    )
     assert {p.name: p.stat().st_mtime_ns for p in d.rglob("*")} == before  # nothing written
     assert not any(r.get("kind") == "iteration" for r in H.metrics(y))
 
@@ -153,8 +182,13 @@ def energon_blend(tmp_path_factory):
     from mimo_jobs.data.synth import SynthConfig, synth
 
     root = tmp_path_factory.mktemp("blend")
-    cfg = SynthConfig(samples=256, text_only_fraction=0.25, image_sizes=((8, 8), (12, 12), (16, 8)),
-                      samples_per_shard=32, seed=3)
+    cfg = SynthConfig(
+        samples=256,
+        text_only_fraction=0.25,
+        image_sizes=((8, 8), (12, 12), (16, 8)),
+        samples_per_shard=32,
+        seed=3,
+    )
     with contextlib.redirect_stdout(io.StringIO()):
         synth(root, cfg)
     return root / "blend.yaml"
@@ -163,8 +197,16 @@ def energon_blend(tmp_path_factory):
 def test_fan_in_energon_distributed_optimizer_kill9_resume_is_exact(energon_blend, tmp_path):
     # fan-in: 2 encoder replicas feed 1 LLM lane (world 3); energon provider; distributed optimizer
     # (the encoder's optimizer state is sharded over its 2 DP ranks)
-    cfg = {"enc_dp": 2, "llm_dp": 1, "mbs": 2, "gbs": 4, "iters": 6, "save_interval": 2, "distopt": True,
-           "data": {"provider": "energon", "path": str(energon_blend), "truncate_text": True}}
+    cfg = {
+        "enc_dp": 2,
+        "llm_dp": 1,
+        "mbs": 2,
+        "gbs": 4,
+        "iters": 6,
+        "save_interval": 2,
+        "distopt": True,
+        "data": {"provider": "energon", "path": str(energon_blend), "truncate_text": True},
+    }
     straight = H.make_run(tmp_path / "a", **cfg)
     run_ok(straight)
     y = H.make_run(tmp_path / "b", **cfg)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import yaml
+
 from helpers.trainer import _env, free_port, make_run_yaml, run_reference, run_torchrun
 
 
@@ -15,10 +16,24 @@ def _spawn_ranks(run_yaml, world: int):
     port = str(free_port())
     procs = []
     for r in range(world):
-        env = dict(_env(), WORLD_SIZE=str(world), RANK=str(r), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([sys.executable, "-m", "mimo_jobs.trainer", str(run_yaml)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(
+            _env(),
+            WORLD_SIZE=str(world),
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "mimo_jobs.trainer", str(run_yaml)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     return [(p, *p.communicate(timeout=120)) for p in procs]
 
 
@@ -48,8 +63,9 @@ def test_unsupported_and_tampered_run_yaml_are_refused(tmp_path):
 
 def test_one_failing_rank_ends_the_job_naming_it(tmp_path):
     # a collective timeout of 5 minutes: the job must end long before it through torchrun's teardown
-    ry = make_run_yaml(tmp_path / "run", gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2}, iters=4,
-                       trainer={"timeout_s": 300})
+    ry = make_run_yaml(
+        tmp_path / "run", gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2}, iters=4, trainer={"timeout_s": 300}
+    )
     os.environ["MIMO_JOBS_TRAINER_FAIL"] = "0:2"  # the encoder rank, before iteration 2
     try:
         p = run_torchrun(ry, 3, tmp_path / "m.jsonl", timeout=150)
@@ -58,7 +74,9 @@ def test_one_failing_rank_ends_the_job_naming_it(tmp_path):
     assert p.returncode != 0
     assert "mimo-jobs trainer: rank 0 failed: RuntimeError: injected failure" in p.stderr
     its = [line for line in (tmp_path / "m.jsonl").read_text().splitlines() if '"iteration"' in line]
-    assert len([x for x in its if '"kind": "iteration"' in x]) == 1  # iteration 1 completed, then the job ended
+    assert (
+        len([x for x in its if '"kind": "iteration"' in x]) == 1
+    )  # iteration 1 completed, then the job ended
 
 
 def test_garbage_run_yaml_is_one_clear_error(tmp_path):

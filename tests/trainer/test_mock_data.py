@@ -5,8 +5,18 @@ import torch
 from mimo_jobs.trainer.batch import IGNORE_INDEX
 from mimo_jobs.trainer.data import MockConfig, MockProvider, image_token_id
 
-CFG = MockConfig(seed=7, seq_length=32, mbs=2, num_microbatches=3, vocab_size=128, patch_size=4, channels=3,
-                 image_sizes=(8, 12, 16), text_only_fraction=0.3, lanes=4)
+CFG = MockConfig(
+    seed=7,
+    seq_length=32,
+    mbs=2,
+    num_microbatches=3,
+    vocab_size=128,
+    patch_size=4,
+    channels=3,
+    image_sizes=(8, 12, 16),
+    text_only_fraction=0.3,
+    lanes=4,
+)
 
 
 def test_same_lane_same_samples_whoever_reads_it():

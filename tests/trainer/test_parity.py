@@ -9,18 +9,21 @@ import math
 import re
 
 import pytest
-from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
 
+from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
 from mimo_jobs.plan.runspec import load_run_yaml
 from mimo_jobs.trainer.bridge import segments_of_encoder
 from mimo_jobs.trainer.data import MockProvider, mock_config
 
 RTOL = 1e-5
-LINE_RE = re.compile(r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+\] iteration +(\d+)/ +3 \| consumed samples: +(\d+) \| "
-                     r"elapsed time per iteration \(ms\): [\d.]+ \| throughput per GPU \(TFLOP/s/GPU\): [\d.]+ \| "
-                     r"learning rate: [\d.E+-]+ \| global batch size: +\d+ \| lm loss: ([\d.E+-]+) \|"
-                     r"( load_balancing_loss: [\d.E+-]+ \|)? loss scale: 1\.0 \| grad norm: [\d.]+ \| "
-                     r"number of skipped iterations: +0 \| number of nan iterations: +0 \|$", re.MULTILINE)
+LINE_RE = re.compile(
+    r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+\] iteration +(\d+)/ +3 \| consumed samples: +(\d+) \| "
+    r"elapsed time per iteration \(ms\): [\d.]+ \| throughput per GPU \(TFLOP/s/GPU\): [\d.]+ \| "
+    r"learning rate: [\d.E+-]+ \| global batch size: +\d+ \| lm loss: ([\d.E+-]+) \|"
+    r"( load_balancing_loss: [\d.E+-]+ \|)? loss scale: 1\.0 \| grad norm: [\d.]+ \| "
+    r"number of skipped iterations: +0 \| number of nan iterations: +0 \|$",
+    re.MULTILINE,
+)
 
 
 def _parity(tmp_path, nproc: int, **kw):
@@ -54,8 +57,16 @@ def test_fan_out_enc_dp1_to_llm_dp2(tmp_path):
 
 @pytest.mark.slow
 def test_fan_in_enc_dp2_to_llm_dp1_with_text_only_and_imageless_microbatches(tmp_path):
-    ry, _, h, het = _parity(tmp_path, 3, gpn=3, gbs=4, mbs=2, enc={"dp": 2}, llm={"dp": 1},
-                            data={"text_only_fraction": 0.5, "image_sizes": [8, 12, 16]})
+    ry, _, h, het = _parity(
+        tmp_path,
+        3,
+        gpn=3,
+        gbs=4,
+        mbs=2,
+        enc={"dp": 2},
+        llm={"dp": 1},
+        data={"text_only_fraction": 0.5, "image_sizes": [8, 12, 16]},
+    )
     assert "fan-in 2->1" in het.stdout
     # the data of these 3 iterations really contains text-only samples, an encoder replica microbatch
     # without any image, and different image token counts
@@ -63,8 +74,12 @@ def test_fan_in_enc_dp2_to_llm_dp1_with_text_only_and_imageless_microbatches(tmp
     plan = run.plan()
     prov = MockProvider(mock_config(run, plan), [0], need_images=False, need_text=True)
     counts = [prov.next(0).image_token_counts for _ in range(3 * plan.num_microbatches)]
-    per_encoder = [sum(c[g.lane_start:g.lane_start + g.n]) for c in counts
-                   for e in range(2) for g in segments_of_encoder(plan, e)]
+    per_encoder = [
+        sum(c[g.lane_start : g.lane_start + g.n])
+        for c in counts
+        for e in range(2)
+        for g in segments_of_encoder(plan, e)
+    ]
     flat = [n for c in counts for n in c]
     assert 0 in flat and len({n for n in flat if n}) >= 2
     assert 0 in per_encoder and any(per_encoder)
@@ -87,8 +102,9 @@ def test_moe_ep2(tmp_path):
 
 @pytest.mark.slow
 def test_frozen_encoder(tmp_path):
-    _, _, h_frozen, het = _parity(tmp_path / "f", 3, gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2},
-                                  trainer={"freeze": {"encoder": True}})
+    _, _, h_frozen, het = _parity(
+        tmp_path / "f", 3, gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2}, trainer={"freeze": {"encoder": True}}
+    )
     assert "freeze(encoder=True" in het.stdout
     # same weights and data as the trained-encoder run: same first loss, but the encoder contributes no
     # gradient, so the global grad norm is strictly smaller
@@ -103,8 +119,9 @@ def test_frozen_encoder(tmp_path):
 @pytest.mark.slow
 def test_moe_tp2_sequence_parallel_ep2_fan_in(tmp_path):
     # MoE with TP>1 needs sequence parallelism; the EP group spans the two TP ranks of the single lane
-    _, r, _, het = _parity(tmp_path, 4, gpn=4, gbs=4, mbs=2, model="tiny-moe", enc={"dp": 2},
-                           llm={"tp": 2, "dp": 1, "ep": 2})
+    _, r, _, het = _parity(
+        tmp_path, 4, gpn=4, gbs=4, mbs=2, model="tiny-moe", enc={"dp": 2}, llm={"tp": 2, "dp": 1, "ep": 2}
+    )
     assert "tp=2 pp=1 dp=1 ep=2" in het.stdout
     h = iterations(tmp_path / "het.jsonl")
     for a, b in zip(r, h):
@@ -113,8 +130,9 @@ def test_moe_tp2_sequence_parallel_ep2_fan_in(tmp_path):
 
 @pytest.mark.slow
 def test_one_to_one_dp2_with_distributed_optimizer(tmp_path):
-    _, _, _, het = _parity(tmp_path, 4, gpn=4, gbs=4, enc={"dp": 2}, llm={"dp": 2},
-                           trainer={"use_distributed_optimizer": True})
+    _, _, _, het = _parity(
+        tmp_path, 4, gpn=4, gbs=4, enc={"dp": 2}, llm={"dp": 2}, trainer={"use_distributed_optimizer": True}
+    )
     assert "bridge 1:1" in het.stdout
 
 
@@ -122,7 +140,10 @@ def test_reference_losses_do_not_depend_on_the_layout(tmp_path):
     # the same global batches (gbs 4) split as 2 lanes x 2 microbatches or 1 lane x mbs 2: the trainer's
     # figures are per global batch, so both layouts train identically
     out = []
-    for name, kw in (("fo", {"enc": {"dp": 1}, "llm": {"dp": 2}}), ("fi", {"mbs": 2, "enc": {"dp": 2}, "llm": {"dp": 1}})):
+    for name, kw in (
+        ("fo", {"enc": {"dp": 1}, "llm": {"dp": 2}}),
+        ("fi", {"mbs": 2, "enc": {"dp": 2}, "llm": {"dp": 1}}),
+    ):
         ry = make_run_yaml(tmp_path / name, gpn=3, gbs=4, **kw)
         assert_ok(run_reference(ry, tmp_path / f"{name}.jsonl"), name)
         out.append(iterations(tmp_path / f"{name}.jsonl"))

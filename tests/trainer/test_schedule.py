@@ -34,14 +34,18 @@ def test_linear():
     assert s(50) == pytest.approx(0.75)
 
 
-@pytest.mark.parametrize("style,q,expect", [
-    ("minus_sqrt", 0.25, 1 - 0.5),  # 1 - sqrt(1/4)
-    ("linear", 0.25, 0.75),
-    ("cosine", 0.5, 0.5),
-])
+@pytest.mark.parametrize(
+    "style,q,expect",
+    [
+        ("minus_sqrt", 0.25, 1 - 0.5),  # 1 - sqrt(1/4)
+        ("linear", 0.25, 0.75),
+        ("cosine", 0.5, 0.5),
+    ],
+)
 def test_wsd_decay_styles(style, q, expect):
-    s = LRSchedule("wsd", 1.0, 0.0, warmup_samples=0, decay_samples=1000, wsd_decay_samples=400,
-                   wsd_decay_style=style)
+    s = LRSchedule(
+        "wsd", 1.0, 0.0, warmup_samples=0, decay_samples=1000, wsd_decay_samples=400, wsd_decay_style=style
+    )
     assert s(599) == 1.0  # stable phase
     assert s(600 + int(q * 400)) == pytest.approx(expect)
     assert s(1000) == 0.0

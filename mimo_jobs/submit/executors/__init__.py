@@ -11,12 +11,11 @@ code, node list, reason), so the jobs table, the retry policy and `status` do no
 
 from __future__ import annotations
 
-from mimo_jobs.errors import MimoJobsError
-
 from typing import Protocol
 
-from mimo_jobs.submit.jobs_table import JobFacts
+from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.plan.rundir import RunDir
+from mimo_jobs.submit.jobs_table import JobFacts
 
 
 class SubmitError(MimoJobsError, RuntimeError):
@@ -34,7 +33,9 @@ class Executor(Protocol):
     def new_job_id(self) -> str | None:
         """A job id chosen before submission (local), or None when the scheduler assigns it (slurm)."""
 
-    def submit(self, rd: RunDir, attempt: int, time_limit_s: int, signal: str, job_id: str | None = None) -> str:
+    def submit(
+        self, rd: RunDir, attempt: int, time_limit_s: int, signal: str, job_id: str | None = None
+    ) -> str:
         """Submit; return the scheduler job id. Raises SubmitError when nothing was submitted. The time limit
         and signal are enforced by the local runner; SLURM reads them from the script's #SBATCH lines."""
 

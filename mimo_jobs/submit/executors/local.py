@@ -23,13 +23,16 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mimo_jobs.submit.jobs_table import JobFacts
 from mimo_jobs.plan.rundir import RunDir
+from mimo_jobs.submit.jobs_table import JobFacts
+
 from . import SubmitError
 from .local_runner import KILL_WAIT_S, job_processes, signal_processes
 
-ORPHANED = ("local runner process disappeared; the job's processes still run (orphaned): "
-            "`mimo-jobs cancel` stops them")
+ORPHANED = (
+    "local runner process disappeared; the job's processes still run (orphaned): "
+    "`mimo-jobs cancel` stops them"
+)
 
 
 def slots_dir() -> Path:
@@ -88,17 +91,46 @@ class LocalExecutor:
     def new_job_id(self) -> str:
         return f"local-{int(time.time() * 1000)}{secrets.randbelow(100):02d}"
 
-    def submit_command(self, rd: RunDir, job_id: str | None = None, attempt: int = 0, time_limit_s: int = 0,
-                       signal_spec: str = "USR2@0") -> list[str]:
+    def submit_command(
+        self,
+        rd: RunDir,
+        job_id: str | None = None,
+        attempt: int = 0,
+        time_limit_s: int = 0,
+        signal_spec: str = "USR2@0",
+    ) -> list[str]:
         job_id = job_id or "local-<id>"
         sig, _, secs = signal_spec.partition("@")
-        return [sys.executable, "-m", "mimo_jobs.submit.executors.local_runner", str(self.state_file(rd, job_id)),
-                "--launch", str(rd.launch_sh), "--run-dir", str(rd.root), "--out", self.log_path(rd, job_id),
-                "--job-id", job_id, "--attempt", str(attempt), "--time-limit-s", str(time_limit_s),
-                "--signal", sig, "--signal-s", secs or "0", "--slots-dir", str(slots_dir()),
-                "--slots", str(slots())]
+        return [
+            sys.executable,
+            "-m",
+            "mimo_jobs.submit.executors.local_runner",
+            str(self.state_file(rd, job_id)),
+            "--launch",
+            str(rd.launch_sh),
+            "--run-dir",
+            str(rd.root),
+            "--out",
+            self.log_path(rd, job_id),
+            "--job-id",
+            job_id,
+            "--attempt",
+            str(attempt),
+            "--time-limit-s",
+            str(time_limit_s),
+            "--signal",
+            sig,
+            "--signal-s",
+            secs or "0",
+            "--slots-dir",
+            str(slots_dir()),
+            "--slots",
+            str(slots()),
+        ]
 
-    def submit(self, rd: RunDir, attempt: int, time_limit_s: int, signal: str, job_id: str | None = None) -> str:
+    def submit(
+        self, rd: RunDir, attempt: int, time_limit_s: int, signal: str, job_id: str | None = None
+    ) -> str:
         if not rd.launch_sh.is_file():
             raise SubmitError(f"{rd.launch_sh} does not exist (render the run first)")
         job_id = job_id or self.new_job_id()
@@ -107,17 +139,25 @@ class LocalExecutor:
         cmd = self.submit_command(rd, job_id, attempt, time_limit_s, signal)
         try:
             # Own session: the job survives the CLI and a terminal's Ctrl-C; cancel goes through `cancel`.
-            subprocess.Popen(cmd, cwd=rd.root, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=open(self.runner_err(rd, job_id), "ab"), start_new_session=True,  # noqa: SIM115
-                             close_fds=True)
+            subprocess.Popen(
+                cmd,
+                cwd=rd.root,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=open(self.runner_err(rd, job_id), "ab"),
+                start_new_session=True,  # noqa: SIM115
+                close_fds=True,
+            )
         except OSError as e:
             raise SubmitError(f"cannot start the local runner: {e}") from None
         # The runner's first act is writing its state file: wait for it so the job is real when we return.
         deadline = time.monotonic() + 30
         while not sf.exists():
             if time.monotonic() > deadline:
-                raise SubmitError(f"local runner for {rd.root} did not start within 30 s "
-                                  f"(see {self.runner_err(rd, job_id)})")
+                raise SubmitError(
+                    f"local runner for {rd.root} did not start within 30 s "
+                    f"(see {self.runner_err(rd, job_id)})"
+                )
             time.sleep(0.02)
         return job_id
 
@@ -136,19 +176,35 @@ class LocalExecutor:
             d = self._read(sf) or d  # it may have written its end state just now
             if d["state"] in ("PENDING", "RUNNING") and not _alive(d.get("runner_pid"), job_id):
                 d = self._runner_gone(sf, d, job_id)
-        return JobFacts(job_id, d["state"], d.get("exit_code"), _dt(d.get("submit_time")), _dt(d.get("start_time")),
-                        _dt(d.get("end_time")), d.get("node_list"), d.get("reason"))
+        return JobFacts(
+            job_id,
+            d["state"],
+            d.get("exit_code"),
+            _dt(d.get("submit_time")),
+            _dt(d.get("start_time")),
+            _dt(d.get("end_time")),
+            d.get("node_list"),
+            d.get("reason"),
+        )
 
     def _no_state(self, sf: Path, job_id: str) -> JobFacts:
         """No readable state file (deleted with the logs, or garbage). The runner writes it before `submit`
         returns, so there is no lag to wait out: the job runs while its processes do, else it is lost."""
         if job_processes(job_id):
-            return JobFacts(job_id, "RUNNING", reason=f"state file {sf} is missing or unreadable; the job's "
-                                                     "processes still run (`mimo-jobs cancel` stops them)")
+            return JobFacts(
+                job_id,
+                "RUNNING",
+                reason=f"state file {sf} is missing or unreadable; the job's "
+                "processes still run (`mimo-jobs cancel` stops them)",
+            )
         if sf.exists() and time.time() - sf.stat().st_mtime < 5:
             return JobFacts(job_id, "UNKNOWN", reason=f"state file {sf} unreadable")  # a torn write, perhaps
-        return JobFacts(job_id, "NODE_FAIL", end_time=_utcnow(),
-                        reason=f"state file {sf} is missing or unreadable and no process of the job runs")
+        return JobFacts(
+            job_id,
+            "NODE_FAIL",
+            end_time=_utcnow(),
+            reason=f"state file {sf} is missing or unreadable and no process of the job runs",
+        )
 
     def _runner_gone(self, sf: Path, d: dict, job_id: str) -> dict:
         """The runner died without writing an end state (kill -9, OOM killer, reboot). While the job's
@@ -157,27 +213,51 @@ class LocalExecutor:
         pids = job_processes(job_id)
         now = _utcnow()
         if pids:
-            d = {**d, "state": "RUNNING", "reason": ORPHANED, "orphaned_since": d.get("orphaned_since")
-                 or now.isoformat(timespec="milliseconds")}
+            d = {
+                **d,
+                "state": "RUNNING",
+                "reason": ORPHANED,
+                "orphaned_since": d.get("orphaned_since") or now.isoformat(timespec="milliseconds"),
+            }
             start, limit = _dt(d.get("start_time")), d.get("time_limit_s")
             if start and limit and (now - start).total_seconds() >= limit:
                 late = (now - start).total_seconds() - limit
-                signal_processes(pids, signal.SIGKILL if late >= KILL_WAIT_S else signal.SIGTERM, d.get("job_pgid"))
+                signal_processes(
+                    pids, signal.SIGKILL if late >= KILL_WAIT_S else signal.SIGTERM, d.get("job_pgid")
+                )
                 d["orphan_end"] = "TIMEOUT"
             if d != self._read(sf):
                 _write(sf, d)
             return d
-        end = now if d.get("orphaned_since") else datetime.fromtimestamp(sf.stat().st_mtime, timezone.utc).replace(
-            tzinfo=None)
+        end = (
+            now
+            if d.get("orphaned_since")
+            else datetime.fromtimestamp(sf.stat().st_mtime, timezone.utc).replace(tzinfo=None)
+        )
         if d.get("orphan_end") == "TIMEOUT":
-            state, reason = "TIMEOUT", (f"time limit {d.get('time_limit_s', 0):.0f}s reached (the local runner had "
-                                        "disappeared; its orphaned processes were stopped)")
+            state, reason = (
+                "TIMEOUT",
+                (
+                    f"time limit {d.get('time_limit_s', 0):.0f}s reached (the local runner had "
+                    "disappeared; its orphaned processes were stopped)"
+                ),
+            )
         else:
-            state, reason = "NODE_FAIL", "local runner process disappeared" + (
-                " (its orphaned processes ran on until then; their exit status is unknown)"
-                if d.get("orphaned_since") else "")
-        d = {**d, "state": state, "reason": reason, "end_time": d.get("end_time") or end.isoformat(
-            timespec="milliseconds")}
+            state, reason = (
+                "NODE_FAIL",
+                "local runner process disappeared"
+                + (
+                    " (its orphaned processes ran on until then; their exit status is unknown)"
+                    if d.get("orphaned_since")
+                    else ""
+                ),
+            )
+        d = {
+            **d,
+            "state": state,
+            "reason": reason,
+            "end_time": d.get("end_time") or end.isoformat(timespec="milliseconds"),
+        }
         _write(sf, d)
         return d
 
@@ -206,8 +286,15 @@ class LocalExecutor:
             signal_processes(left, signal.SIGKILL, d.get("job_pgid"))
             left = _wait_gone(job_id, KILL_WAIT_S)
         if not left and sf.parent.is_dir():
-            _write(sf, {**d, "state": "CANCELLED", "end_time": _utcnow().isoformat(timespec="milliseconds"),
-                        "reason": "cancelled (its runner had disappeared: the orphaned processes were stopped)"})
+            _write(
+                sf,
+                {
+                    **d,
+                    "state": "CANCELLED",
+                    "end_time": _utcnow().isoformat(timespec="milliseconds"),
+                    "reason": "cancelled (its runner had disappeared: the orphaned processes were stopped)",
+                },
+            )
 
     def reap(self, job_id: str, rd: RunDir) -> bool:
         """Before a retry of an ended job: kill what is left of its processes (the runner kills them all when
@@ -241,7 +328,7 @@ class LocalExecutor:
         out = []
         for sf in sorted(rd.logs.glob("local-*.json")):
             if sf.stat().st_mtime >= since_epoch - 60:
-                out.append(self.facts(rd, sf.stem[len("local-"):]))
+                out.append(self.facts(rd, sf.stem[len("local-") :]))
         return out
 
     def log_path(self, rd: RunDir, job_id: str) -> str:

@@ -197,9 +197,15 @@ def _job_environment(a: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ)
     for k in [k for k in env if k.startswith("SLURM_")]:
         del env[k]  # a local job must not think it is inside a SLURM allocation
-    env.update(MIMO_JOBS_JOB_ID=a.job_id, MIMO_JOBS_ATTEMPT=str(a.attempt), MIMO_JOBS_RUN_DIR=a.run_dir,
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), MIMO_JOBS_EXECUTOR="local",
-               MIMO_JOB_DEADLINE=str(int(time.time() + a.time_limit_s)))
+    env.update(
+        MIMO_JOBS_JOB_ID=a.job_id,
+        MIMO_JOBS_ATTEMPT=str(a.attempt),
+        MIMO_JOBS_RUN_DIR=a.run_dir,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        MIMO_JOBS_EXECUTOR="local",
+        MIMO_JOB_DEADLINE=str(int(time.time() + a.time_limit_s)),
+    )
     env[JOB_MARK] = a.job_id  # what finds the job's processes when this runner is gone (job_processes)
     return env
 
@@ -210,8 +216,15 @@ class Job:
     def __init__(self, a: argparse.Namespace, out) -> None:
         self.start = time.monotonic()
         self.job_id = a.job_id
-        self.proc = subprocess.Popen(["bash", a.launch], cwd=a.run_dir, env=_job_environment(a), stdout=out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            ["bash", a.launch],
+            cwd=a.run_dir,
+            env=_job_environment(a),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def group(self, sig: int, tree: bool = False) -> None:
         """`sig` to launch.sh's process group; with `tree`, also to every process of the job (torchrun's
@@ -254,7 +267,11 @@ class Job:
                 return self.stop(signal.SIGTERM), "TIMEOUT"
             # Never before half the limit: a warning at t=0 (signal_s >= limit) would hit launch.sh before it
             # could install its handler, and a job that short has nothing to save yet.
-            if not warned and a.signal_s > 0 and elapsed >= max(a.time_limit_s - a.signal_s, a.time_limit_s / 2):
+            if (
+                not warned
+                and a.signal_s > 0
+                and elapsed >= max(a.time_limit_s - a.signal_s, a.time_limit_s / 2)
+            ):
                 self.group(warn_sig, tree=True)
                 warned = True
             time.sleep(POLL_S)
@@ -270,16 +287,29 @@ def _record_end(a: argparse.Namespace, state: State, out, rc: int, ended: str | 
     if ended == "TIMEOUT":
         # SLURM's wording, so log scanners read a local timeout like a cluster one.
         stamp = datetime.now().strftime("%Y-%m-%dT%H:%M:%S")
-        out.write(f"mimo-jobs: *** JOB {a.job_id} ON {socket.gethostname()} CANCELLED AT {stamp} "
-                  f"DUE TO TIME LIMIT ***\n".encode())
+        out.write(
+            f"mimo-jobs: *** JOB {a.job_id} ON {socket.gethostname()} CANCELLED AT {stamp} "
+            f"DUE TO TIME LIMIT ***\n".encode()
+        )
     state.set(state=final, exit_code=code, end_time=_now(), reason=msg)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = _parse_args(argv)
-    state = State(Path(a.state_file), job_id=a.job_id, runner_pid=os.getpid(), state="PENDING",
-                  submit_time=_now(), start_time=None, end_time=None, exit_code=None, reason=None,
-                  node_list=socket.gethostname(), job_mark=JOB_MARK, time_limit_s=a.time_limit_s)
+    state = State(
+        Path(a.state_file),
+        job_id=a.job_id,
+        runner_pid=os.getpid(),
+        state="PENDING",
+        submit_time=_now(),
+        start_time=None,
+        end_time=None,
+        exit_code=None,
+        reason=None,
+        node_list=socket.gethostname(),
+        job_mark=JOB_MARK,
+        time_limit_s=a.time_limit_s,
+    )
     state.set()
     signals = Signals()
     slot = _acquire_slot(Path(a.slots_dir), a.slots, lambda: signals.cancelled, a.job_id)
@@ -292,7 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     # launch.sh leads its own session and process group (start_new_session): its id is the group's
     state.set(state="RUNNING", start_time=_now(), child_pid=job.proc.pid, job_pgid=job.proc.pid)
     rc, ended = job.watch(a, signals)
-    job.group(signal.SIGKILL, tree=True)  # stray descendants of launch.sh (a torchrun worker left behind) die too
+    job.group(
+        signal.SIGKILL, tree=True
+    )  # stray descendants of launch.sh (a torchrun worker left behind) die too
     _record_end(a, state, out, rc, ended)
     return 0
 

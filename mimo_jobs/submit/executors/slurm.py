@@ -16,8 +16,9 @@ import time
 from datetime import datetime
 
 from mimo_jobs.ingest import sacct
-from mimo_jobs.submit.jobs_table import JobFacts
 from mimo_jobs.plan.rundir import RunDir
+from mimo_jobs.submit.jobs_table import JobFacts
+
 from . import SubmitError
 
 SACCT_FIELDS = ",".join(sacct.POLL_COLUMNS)
@@ -28,8 +29,10 @@ def jobs_from_sacct(text: str) -> dict[str, tuple[JobFacts, str]]:
     """`sacct -X -n -P -o SACCT_FIELDS` (parsed by ingest.sacct) -> job id -> (facts, work dir). With
     requeues sacct may list a job id twice; the last line is the newest."""
     return {
-        r.job_id: (JobFacts(r.job_id, r.state, r.exit_code, r.submit, r.start, r.end, r.node_list, r.reason),
-                   r.work_dir)
+        r.job_id: (
+            JobFacts(r.job_id, r.state, r.exit_code, r.submit, r.start, r.end, r.node_list, r.reason),
+            r.work_dir,
+        )
         for r in sacct.parse_poll(text)
     }
 
@@ -43,7 +46,9 @@ def parse_squeue(text: str) -> dict[str, tuple[JobFacts, str]]:
             continue
         reason = f[5].strip() if f[5].strip() not in ("", "None") else None
         submitted, started = sacct.controller_time(f[2]), sacct.controller_time(f[3])
-        facts = JobFacts(f[0], f[1].strip() or "UNKNOWN", None, submitted, started, None, f[4].strip() or None, reason)
+        facts = JobFacts(
+            f[0], f[1].strip() or "UNKNOWN", None, submitted, started, None, f[4].strip() or None, reason
+        )
         out[f[0]] = (facts, f[6].strip())
     return out
 
@@ -52,7 +57,9 @@ def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
-        raise SubmitError(f"{cmd[0]} not found: is this a SLURM login node? (or use --executor local)") from None
+        raise SubmitError(
+            f"{cmd[0]} not found: is this a SLURM login node? (or use --executor local)"
+        ) from None
 
 
 class SlurmExecutor:
@@ -68,7 +75,9 @@ class SlurmExecutor:
     def new_job_id(self) -> None:
         return None  # SLURM names the job
 
-    def submit(self, rd: RunDir, attempt: int, time_limit_s: int, signal: str, job_id: str | None = None) -> str:
+    def submit(
+        self, rd: RunDir, attempt: int, time_limit_s: int, signal: str, job_id: str | None = None
+    ) -> str:
         rd.logs.mkdir(parents=True, exist_ok=True)  # sbatch does not create the --output directory
         p = _run(self.submit_command(rd))
         if p.returncode != 0:
