@@ -94,7 +94,7 @@ def worker(run_yaml: Path, out: Path, repeats: int) -> None:
     ck = Checkpointer(run, doc, checkpoint_dir_of(run, doc, run_yaml), dist.get_world_size())
     rank = dist.get_rank()
     saves, loads = [], []
-    for i in range(repeats):
+    for _ in range(repeats):
         st.iteration += 1  # a new checkpoint each time (keep_checkpoints prunes the older ones)
         dist.barrier()
         t0 = time.perf_counter()

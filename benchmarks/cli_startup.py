@@ -19,7 +19,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PROD = REPO / "studies" / "scale_33n_68n_100n.yaml"
-HEAVY = ("torch", "megatron", "megatron.core", "megatron.energon", "transformer_engine", "numpy", "einops")
+HEAVY = (
+    "torch",
+    "megatron",
+    "megatron.core",
+    "megatron.energon",
+    "transformer_engine",
+    "numpy",
+    "einops",
+    "duckdb",
+)
 
 # Runs the CLI in-process (as the console script does), then reports which heavy modules got imported.
 PROBE = r"""
@@ -29,9 +38,9 @@ try:
     app(sys.argv[1:], standalone_mode=False)
 except SystemExit:
     pass
-heavy = sorted(m for m in sys.modules if m.split('.')[0] in {h.split('.')[0] for h in %r})
+heavy = sorted(m for m in sys.modules if m.split('.')[0] in {h.split('.')[0] for h in @HEAVY@})
 print("HEAVY:" + ",".join(heavy))
-""" % (HEAVY,)
+""".replace("@HEAVY@", repr(HEAVY))
 
 
 def timed(cmd: list[str], reps: int) -> list[float]:

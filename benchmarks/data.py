@@ -188,7 +188,7 @@ def main() -> None:
     )
     for c in ("loader", "k", "build s", "first step s", "CPU ms/step", "CPU ms/sample", "RSS +MB"):
         t2.add_column(c, justify="right" if c != "loader" else "left")
-    for name, k, build, first, cpu, wall, mem in rows2:
+    for name, k, build, first, cpu, _wall, mem in rows2:
         t2.add_row(
             name,
             str(k),

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from mimo_jobs.plan.expand import runs_of
 from mimo_jobs.plan.load import parse_study
 from mimo_jobs.plan.runspec import run_yaml_doc
+
+ROOT = Path(__file__).resolve().parents[1]
 
 LAYOUTS = {
     "fanout": {"gpn": 3, "enc": {"dp": 1}, "llm": {"dp": 2}, "mbs": 1, "gbs": 8, "model": "tiny"},

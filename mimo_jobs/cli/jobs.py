@@ -307,9 +307,7 @@ def _open_existing_store(db: Path | None):
 
 
 def status(
-    study: str | None = typer.Argument(
-        None, help="Study name or file (default: every study in the store)."
-    ),  # noqa: UP045
+    study: str | None = typer.Argument(None, help="Study name or file (default: every study in the store)."),  # noqa: UP045
     watch: bool = typer.Option(False, "--watch", help="Refresh continuously until every job has ended."),
     interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes with --watch."),
     db: Optional[Path] = typer.Option(None, "--db", help=DB_HELP),  # noqa: UP045

@@ -55,7 +55,7 @@ def run_case(case: Case, tmp: Path) -> str:
     except subprocess.TimeoutExpired:
         raise AssertionError(
             f"{case.id}: `mimo-jobs {' '.join(argv)}` still ran after {case.timeout_s:.0f} s"
-        )
+        ) from None
     out = p.stdout + p.stderr
     assert "Traceback (most recent call last)" not in out, f"{case.id}: a traceback reached the user:\n{out}"
     assert p.returncode == case.exit, f"{case.id}: exit {p.returncode}, expected {case.exit}:\n{out[-3000:]}"

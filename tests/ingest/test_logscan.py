@@ -49,7 +49,7 @@ NOISE = [
 def _iteration_line(r: random.Random, i: int, total: int, t: int) -> str:
     keys = [k for k in KEYS if r.random() > 0.1 or k[0] == "elapsed time per iteration (ms)"]
     fields = " | ".join(f"{k}: {v(r, i)}" for k, v in keys)
-    ts = f"[2026-03-02 10:{t // 60 % 60:02d}:{t % 60:02d}{'.%06d' % r.randrange(10**6) if r.random() < 0.5 else ''}] "
+    ts = f"[2026-03-02 10:{t // 60 % 60:02d}:{t % 60:02d}{f'.{r.randrange(10**6):06d}' if r.random() < 0.5 else ''}] "
     return f" {ts}iteration {i:8d}/{total:8d} | {fields} |"
 
 

@@ -65,7 +65,7 @@ def test_submit_complete_resubmit_is_noop_force_and_changed_spec(ws):
         log = Path(r["log_path"]).read_text()
         assert f"fake-launch run={r['run']} node=0/1" in log and f"job={r['job_id']}" in log
     # Provenance: the runs rows carry the rendered script's hash (local: launch.sh) and the package version.
-    for name, sha, ver, rd in query(ws["db"], "SELECT name, script_sha256, pkg_version, run_dir FROM runs"):
+    for _name, sha, ver, rd in query(ws["db"], "SELECT name, script_sha256, pkg_version, run_dir FROM runs"):
         import hashlib
 
         assert sha == hashlib.sha256((Path(rd) / "launch.sh").read_bytes()).hexdigest()
