@@ -143,3 +143,20 @@ def all_ended(rows: list[dict]) -> bool:
     from mimo_jobs.submit.jobs_table import ACTIVE_STATES
 
     return all(r["state"] not in ACTIVE_STATES and r["action"] is not None for r in rows)
+
+
+def submit_fake(ws: dict, study: Path, *extra: str, check: bool = True):
+    """`mimo-jobs submit` of a study into a test workspace (store, runs root, env) with the FAKE templates."""
+    return cli(
+        "submit",
+        study,
+        "--db",
+        ws["db"],
+        "--runs-dir",
+        ws["runs"],
+        "--templates",
+        FAKE_TEMPLATES,
+        *extra,
+        env=ws["env"],
+        check=check,
+    )

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers.submit import FAKE_TEMPLATES, all_ended, cli, job_rows, query, wait_until, write_study
+from helpers.submit import (
+    FAKE_TEMPLATES,
+    all_ended,
+    cli,
+    job_rows,
+    query,
+    submit_fake,
+    wait_until,
+    write_study,
+)
 
 NCCL_MSG = (
     "[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
@@ -30,20 +39,7 @@ def ws(tmp_path):
     return {"dir": tmp_path, "db": tmp_path / "store.duckdb", "runs": tmp_path / "runs", "env": env}
 
 
-def submit(ws, study: Path, *extra: str, check: bool = True):
-    return cli(
-        "submit",
-        study,
-        "--db",
-        ws["db"],
-        "--runs-dir",
-        ws["runs"],
-        "--templates",
-        FAKE_TEMPLATES,
-        *extra,
-        env=ws["env"],
-        check=check,
-    )
+submit = submit_fake
 
 
 def test_submit_complete_resubmit_is_noop_force_and_changed_spec(ws):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.submit import FAKE_TEMPLATES, all_ended, cli, job_rows, wait_until, write_study
+from helpers.submit import all_ended, cli, job_rows, submit_fake, wait_until, write_study
 
 RUN = "1n-e1x1-l1x1x1-g6"
 
@@ -41,20 +41,7 @@ def ws(tmp_path):
             pass
 
 
-def submit(ws, study: Path, *extra: str):
-    return cli(
-        "submit",
-        study,
-        "--db",
-        ws["db"],
-        "--runs-dir",
-        ws["runs"],
-        "--templates",
-        FAKE_TEMPLATES,
-        *extra,
-        env=ws["env"],
-        check=True,
-    )
+submit = submit_fake
 
 
 def status(ws, study: str) -> str:
