@@ -76,5 +76,17 @@ def reports_errors(command: Callable) -> Callable:
             return command(*args, **kwargs)
         except MimoJobsError as e:
             fail_with(e)
+        except Exception as e:
+            if not _from_duckdb(e):
+                raise
+            # a damaged store can open cleanly and fail only when a query reaches the bad part
+            from mimo_jobs.store.connection import db_path
+            from mimo_jobs.store.errors import explain
+
+            fail_with(explain(e, db_path(kwargs.get("db"))))
 
     return wrapper
+
+
+def _from_duckdb(e: BaseException) -> bool:
+    return type(e).__module__.split(".")[0] in ("duckdb", "_duckdb")

@@ -8,10 +8,6 @@ import typer
 
 from .output import DB_HELP, fail, reports_errors
 
-# DuckDB lets one process write a store at a time: a second ingest (or a report) waits for the first to
-# finish instead of failing (about 10 minutes of retries), so concurrent commands serialize.
-LOCK_RETRIES = 600
-
 
 def ingest_cmd(
     paths: list[Path] = typer.Argument(
@@ -36,7 +32,7 @@ def ingest_cmd(
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     from mimo_jobs.ingest.pipeline import LogRunInfo, ingest_paths
-    from mimo_jobs.store.connection import connect
+    from mimo_jobs.store.connection import LONG_WAIT_S, connect
 
     err = Console(stderr=True)
     info = LogRunInfo(study=study, name=name, nodes=nodes, gpus_per_node=gpus_per_node, seq_length=seq_length)
@@ -46,7 +42,7 @@ def ingest_cmd(
     from mimo_jobs.ingest.readers import forced_scanner
 
     forced_scanner()  # MIMO_JOBS_SCANNER, likewise checked before the store is opened
-    con = connect(db, retries=LOCK_RETRIES)
+    con = connect(db, wait_s=LONG_WAIT_S)
     try:
         with Progress(
             TextColumn("{task.description}"),
@@ -101,11 +97,11 @@ def report_cmd(
 ) -> None:
     """Scaling report: iteration time, throughput, MFU, E(N), loss parity, failure triage."""
     from mimo_jobs.report import FORMATS, build, render
-    from mimo_jobs.store.connection import connect
+    from mimo_jobs.store.connection import LONG_WAIT_S, connect
 
     if fmt not in FORMATS:
         fail(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    con = connect(db, read_only=True, retries=LOCK_RETRIES)
+    con = connect(db, read_only=True, wait_s=LONG_WAIT_S)
     try:
         rep = build(con, study, baseline_nodes=baseline_nodes, gpu=gpu)
     finally:

@@ -7,7 +7,9 @@ more than one row runs in one transaction, so a failure leaves nothing half-writ
 
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,14 +18,9 @@ from pathlib import Path
 from mimo_jobs.errors import MimoJobsError
 
 from . import schema
+from .errors import NoStore, NotAStore, StoreError, StoreLocked, explain, is_lock, lock_holder
 
-
-class NoStore(MimoJobsError, FileNotFoundError):
-    """A command that only reads found no store file."""
-
-
-class StoreLocked(MimoJobsError, RuntimeError):
-    """Another process kept the store's write lock for longer than this one waited."""
+__all__ = ["NoStore", "StoreError", "StoreLocked", "connect", "db_path", "transaction"]
 
 
 DEFAULT_DB = "mimo-jobs.duckdb"
@@ -40,29 +37,101 @@ def db_path(db: str | os.PathLike | None = None) -> Path:
 ROW_GROUP = 32768
 
 
-def connect(db: str | os.PathLike | None = None, read_only: bool = False, retries: int = 50):
-    """Open (and create/migrate) the store. DuckDB allows one writing process per file: a second writer
-    waits for the lock (retries) instead of failing, so two ingests at once serialize cleanly."""
-    import duckdb
+# How long a command waits for another process's write lock before giving up. Ingest and report wait
+# longer (`LONG_WAIT_S`): a second ingest then simply runs after the first.
+WAIT_S = 60.0
+LONG_WAIT_S = 600.0
 
+
+def connect(db: str | os.PathLike | None = None, read_only: bool = False, wait_s: float = WAIT_S):
+    """Open (and create/migrate) the store. DuckDB allows one writing process per file: a second writer
+    waits up to `wait_s` for the lock (saying so once on stderr) instead of failing, so two ingests at once
+    serialize cleanly. Anything else wrong with the file (not a store, damaged, read-only, written by a
+    newer mimo-jobs) is a StoreError at once."""
     path = db_path(db)
+    _check_path(path, read_only)
+    con = _open_waiting(path, read_only, lock_wait_s(wait_s))
+    try:
+        _check_schema(con, path, read_only)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def lock_wait_s(default: float) -> float:
+    """MIMO_JOBS_LOCK_WAIT_S overrides how long any command waits for a lock (0: fail at once)."""
+    raw = os.environ.get("MIMO_JOBS_LOCK_WAIT_S")
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:
+        raise MimoJobsError(f"MIMO_JOBS_LOCK_WAIT_S={raw!r}: give seconds between 0 and 86400", "environment")
+    return value
+
+
+def _check_path(path: Path, read_only: bool) -> None:
     if read_only and not path.exists():
         raise NoStore(f"no store at {path} (run `mimo-jobs submit` or `ingest` first, or pass --db)")
+    if path.exists() and not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file"
+        raise NotAStore(f"this is {what}, not a store file; pass --db with a file path", str(path))
     if not read_only:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    last = None
-    for i in range(retries):
         try:
-            con = _open(duckdb, path, read_only)
-            break
-        except duckdb.IOException as e:  # lock held by another process
-            last = e
-            time.sleep(min(0.05 * (i + 1), 1.0))
-    else:
-        raise StoreLocked(f"store {path} is locked by another mimo-jobs process: {last}")
-    if not read_only:
-        schema.ensure(con)
-    return con
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise explain(e, path) from None
+
+
+def _open_waiting(path: Path, read_only: bool, wait_s: float):
+    import duckdb
+
+    deadline = time.monotonic() + wait_s
+    said = False
+    for i in itertools.count():
+        try:
+            return _open(duckdb, path, read_only)
+        except (duckdb.Error, OSError) as e:
+            if not is_lock(e) or time.monotonic() >= deadline:
+                raise _final(e, path, wait_s) from None
+            if not said:
+                _say_waiting(path, lock_holder(e), wait_s)
+                said = True
+            time.sleep(min(0.05 * (i + 1), 1.0, max(deadline - time.monotonic(), 0.01)))
+    raise AssertionError("unreachable")
+
+
+def _final(e: BaseException, path: Path, wait_s: float) -> StoreError:
+    err = explain(e, path)
+    if isinstance(err, StoreLocked):
+        return StoreLocked(
+            f"{err} and stayed locked for {wait_s:.0f} s; try again when it has finished", err.where
+        )
+    return err
+
+
+def _say_waiting(path: Path, holder: str | None, wait_s: float) -> None:
+    who = f"PID {holder}" if holder and holder.isdigit() else "another process"
+    print(
+        f"waiting for the store {path}: {who} holds its lock (up to {wait_s:.0f} s) ...",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _check_schema(con, path: Path, read_only: bool) -> None:
+    """Refuse a store from a newer mimo-jobs; bring a writable older one up to date."""
+    import duckdb
+
+    try:
+        schema.refuse_newer(con, str(path))
+        if not read_only:
+            schema.ensure(con)
+    except duckdb.Error as e:
+        raise explain(e, path) from None
 
 
 def _open(duckdb, path: Path, read_only: bool):

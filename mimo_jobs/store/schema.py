@@ -132,16 +132,49 @@ def version_of(con) -> int | None:
     return int(v[0][0]) if v else None
 
 
+def written_by(con) -> str | None:
+    """The mimo-jobs version that last brought the store to its schema (None: stores from before 0.1)."""
+    import duckdb
+
+    try:
+        v = con.execute("SELECT value FROM meta WHERE key = 'written_by'").fetchall()
+    except duckdb.CatalogException:
+        return None
+    return v[0][0] if v else None
+
+
+def refuse_newer(con, where: str) -> None:
+    """A store from a newer schema is never rewritten (its new tables and columns would be lost or lie)."""
+    from mimo_jobs import __version__
+
+    from .errors import StoreTooNew
+
+    version = version_of(con)
+    if version is None or version <= SCHEMA_VERSION:
+        return
+    by = written_by(con)
+    raise StoreTooNew(
+        f"this store has schema {version}, written by mimo-jobs {by or 'a newer version'}; this is "
+        f"mimo-jobs {__version__} (schema {SCHEMA_VERSION}): upgrade mimo-jobs to read or write it",
+        where,
+    )
+
+
 def ensure(con) -> None:
     version = version_of(con)
     if version == SCHEMA_VERSION:
         return
+    if version is not None and version > SCHEMA_VERSION:  # callers refuse first; never downgrade a store
+        raise RuntimeError(f"store schema {version} is newer than {SCHEMA_VERSION}")
     for stmt in SCHEMA:
         con.execute(stmt)
     if version is not None and version < 2:  # only stores made by schema 1 need the copy
         _drop_iterations_key(con)
     _add_columns(con)
+    from mimo_jobs import __version__
+
     con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+    con.execute("INSERT OR REPLACE INTO meta VALUES ('written_by', ?)", [__version__])
 
 
 def _add_columns(con) -> None:

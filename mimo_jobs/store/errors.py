@@ -1,0 +1,100 @@
+"""What can be wrong with a store file, told apart, each in one line a person can act on.
+
+DuckDB reports every failure to open or read a file as an `IOException` (or, deeper in a damaged file, a
+`SerializationException` / `InternalException`); its message says which. `explain` is the one place that
+reads those messages: only a held lock is worth waiting for, every other cause is final.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from mimo_jobs.errors import MimoJobsError
+
+
+class StoreError(MimoJobsError):
+    """Something about the store file itself stops the command; nothing in it was changed. Exit 1 when the
+    file is fine but unusable now (locked, read-only) or damaged; 2 when --db names the wrong thing."""
+
+    exit_code = 1
+
+
+class NoStore(StoreError, FileNotFoundError):
+    """A command that only reads found no store file."""
+
+    exit_code = 2
+
+
+class StoreLocked(StoreError, RuntimeError):
+    """Another process kept the store's write lock for longer than this one waited."""
+
+
+class NotAStore(StoreError):
+    """The path holds something that is not a DuckDB database (a text file, a directory)."""
+
+    exit_code = 2
+
+
+class StoreCorrupt(StoreError):
+    """A DuckDB file that cannot be read to its end (cut short, overwritten in the middle)."""
+
+
+class StoreReadOnly(StoreError):
+    """A writer cannot write the file or its directory (read-only filesystem, permissions)."""
+
+
+class StoreTooNew(StoreError):
+    """The store was written by a newer mimo-jobs (a newer schema this version does not know)."""
+
+    exit_code = 2
+
+
+_LOCK_PID = re.compile(r"\(PID (\d+)\)")
+
+
+def lock_holder(exc: BaseException) -> str | None:
+    """The PID DuckDB names as holding the lock, when the error is a lock conflict."""
+    msg = str(exc)
+    if "Could not set lock" not in msg and "Conflicting lock" not in msg:
+        return None
+    m = _LOCK_PID.search(msg)
+    return m.group(1) if m else "another process"
+
+
+def is_lock(exc: BaseException) -> bool:
+    return lock_holder(exc) is not None
+
+
+def explain(exc: BaseException, path: Path | str) -> StoreError:
+    """The StoreError a DuckDB failure on `path` means."""
+    msg = str(exc)
+    where = str(path)
+    holder = lock_holder(exc)
+    if holder is not None:
+        return StoreLocked(f"the store is locked by {_pid(holder)} (another mimo-jobs command)", where)
+    if "not a valid DuckDB database" in msg or "Is a directory" in msg:
+        return NotAStore(
+            "this is not a mimo-jobs store (not a DuckDB database file); pass --db with a store path",
+            where,
+        )
+    if "Read-only file system" in msg or "Permission denied" in msg or "read-only" in msg.lower():
+        return StoreReadOnly(
+            "cannot write the store here (read-only filesystem or no permission); "
+            "pass --db with a writable path",
+            where,
+        )
+    return StoreCorrupt(
+        f"the store file is damaged ({_first_line(msg)}); restore it from a copy or re-ingest the "
+        "run directories into a new --db",
+        where,
+    )
+
+
+def _pid(holder: str) -> str:
+    return f"PID {holder}" if holder.isdigit() else holder
+
+
+def _first_line(msg: str) -> str:
+    line = msg.strip().splitlines()[0] if msg.strip() else "unreadable"
+    return line.removeprefix("IO Error: ")[:200]

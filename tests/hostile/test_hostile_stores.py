@@ -1,0 +1,231 @@
+"""Hostile stores: --db naming a text file, an empty file, a directory, a store cut short, a store from a
+newer mimo-jobs, a store locked by another process, a read-only filesystem. Every command that opens the
+store must say which of these it met, in one line, at once (only a real lock is waited for, visibly and
+within a bound), and must leave the file as it was. One line per case (see tests/helpers/hostile.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import TESTS
+from helpers.hostile import Case, run_case
+
+FIXTURES = TESTS / "ingest" / "fixtures"
+DB = "{tmp}/s.duckdb"
+LOG = str(FIXTURES / "slurm-4242.out")
+
+# every command that opens a store, with what it must do to one
+COMMANDS = {
+    "status": ["status", "--db", DB],
+    "report": ["report", "--db", DB],
+    "ingest": ["ingest", LOG, "--db", DB],
+    "cancel": ["cancel", "x", "--db", DB],
+}
+
+
+def real_store(tmp: Path) -> Path:
+    """A store holding one ingested log, made by the real CLI."""
+    db = tmp / "real.duckdb"
+    subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.cli", "ingest", LOG, "--db", str(db)],
+        check=True,
+        capture_output=True,
+    )
+    return db
+
+
+def cut_store(fraction: float):
+    def setup(tmp: Path) -> None:
+        data = real_store(tmp).read_bytes()
+        (tmp / "s.duckdb").write_bytes(data[: int(len(data) * fraction)])
+
+    return setup
+
+
+def newer_store(tmp: Path) -> None:
+    import duckdb
+
+    shutil.copy(real_store(tmp), tmp / "s.duckdb")
+    con = duckdb.connect(str(tmp / "s.duckdb"))
+    con.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    con.execute("INSERT OR REPLACE INTO meta VALUES ('written_by', '9.9.0')")
+    con.close()
+
+
+def digest(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def unchanged(setup):
+    """setup + check: the store file is byte-identical after the command."""
+    seen: dict[str, str] = {}
+
+    def prepare(tmp: Path) -> None:
+        setup(tmp)
+        seen[str(tmp)] = digest(tmp / "s.duckdb")
+
+    def check(tmp: Path, out: str) -> None:
+        assert digest(tmp / "s.duckdb") == seen[str(tmp)], "the command changed the store file"
+
+    return prepare, check
+
+
+def text_file(tmp: Path) -> None:
+    (tmp / "s.duckdb").write_text("name,nodes\nrun,8\n")
+
+
+def empty_file(tmp: Path) -> None:
+    (tmp / "s.duckdb").write_bytes(b"")
+
+
+def a_directory(tmp: Path) -> None:
+    (tmp / "s.duckdb").mkdir()
+
+
+def cases() -> list[Case]:
+    out = []
+    for cmd, argv in COMMANDS.items():
+        for what, setup, code, says in [
+            ("text-file", text_file, 2, "not a mimo-jobs store"),
+            ("empty-file", empty_file, 2, "not a mimo-jobs store"),
+            ("cut-to-a-tenth", cut_store(0.1), 1, "the store file is damaged"),
+            ("cut-in-half", cut_store(0.5), 1, "the store file is damaged"),
+            ("newer-schema", newer_store, 2, "written by mimo-jobs 9.9.0"),
+        ]:
+            prepare, check = unchanged(setup)
+            out.append(Case(f"{cmd}-{what}", argv, code, (says,), setup=prepare, check=check, timeout_s=30))
+        out.append(Case(f"{cmd}-directory", argv, 2, ("a directory, not a store file",), setup=a_directory))
+    return out
+
+
+CASES = cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_store(case: Case, tmp_path: Path) -> None:
+    out = run_case(case, tmp_path)
+    assert out.count("error:") == 1, f"one line per error:\n{out}"
+    assert "locked" not in out, "a store that is not locked must not be called locked"
+
+
+@contextlib.contextmanager
+def lock_held(db: Path):
+    """Another process holding the store's write lock until the block ends."""
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('held', flush=True); time.sleep(120)",
+            str(db),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout.readline().strip() == "held"
+        yield p.pid
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("argv", list(COMMANDS.values()), ids=list(COMMANDS))
+def test_a_held_lock_is_waited_for_visibly_and_within_the_bound(argv: list[str], tmp_path: Path) -> None:
+    shutil.copy(real_store(tmp_path), tmp_path / "s.duckdb")
+    with lock_held(tmp_path / "s.duckdb") as pid:
+        t0 = time.monotonic()
+        case = Case(
+            "locked",
+            argv,
+            1,
+            (f"locked by PID {pid}", "stayed locked for 2 s"),
+            env={"MIMO_JOBS_LOCK_WAIT_S": "2"},
+        )
+        out = run_case(case, tmp_path)
+        took = time.monotonic() - t0
+    assert f"waiting for the store {tmp_path / 's.duckdb'}: PID {pid} holds its lock (up to 2 s)" in out
+    assert took < 20, f"a 2 s lock wait took {took:.1f} s"
+
+
+def test_a_lock_released_while_waiting_lets_the_command_run(tmp_path: Path) -> None:
+    shutil.copy(real_store(tmp_path), tmp_path / "s.duckdb")
+    with lock_held(tmp_path / "s.duckdb"):
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mimo_jobs.cli",
+                "ingest",
+                LOG,
+                "--force",
+                "--db",
+                str(tmp_path / "s.duckdb"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        time.sleep(3)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out
+    assert "waiting for the store" in out and "ingested 1 file(s)" in out
+
+
+def test_a_bad_lock_wait_setting_is_refused(tmp_path: Path) -> None:
+    case = Case(
+        "bad-wait",
+        ["ingest", LOG, "--db", DB],
+        2,
+        ("MIMO_JOBS_LOCK_WAIT_S='soon'",),
+        env={"MIMO_JOBS_LOCK_WAIT_S": "soon"},
+    )
+    run_case(case, tmp_path)
+
+
+@contextlib.contextmanager
+def read_only_mount(tmp: Path, store: Path | None):
+    """A tmpfs at tmp/ro holding `store` (when given), remounted read-only."""
+    mnt = tmp / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True).returncode != 0:
+        pytest.skip("needs mount(8) (root with CAP_SYS_ADMIN) to make a read-only filesystem")
+    try:
+        if store is not None:
+            shutil.copy(store, mnt / "s.duckdb")
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("argv", [COMMANDS["status"], COMMANDS["ingest"]], ids=["status", "ingest"])
+def test_a_store_on_a_read_only_filesystem_is_named_so(argv: list[str], tmp_path: Path) -> None:
+    with read_only_mount(tmp_path, real_store(tmp_path)) as mnt:
+        case = Case("ro", [a.replace(DB, str(mnt / "s.duckdb")) for a in argv], 1, ("read-only filesystem",))
+        run_case(case, tmp_path)
+
+
+def test_a_new_store_in_a_read_only_directory_is_named_so(tmp_path: Path) -> None:
+    with read_only_mount(tmp_path, None) as mnt:
+        case = Case(
+            "ro-new", ["ingest", LOG, "--db", str(mnt / "sub" / "s.duckdb")], 1, ("read-only filesystem",)
+        )
+        run_case(case, tmp_path)
+
+
+def test_a_store_records_the_version_that_wrote_it(tmp_path: Path) -> None:
+    import duckdb
+
+    from mimo_jobs import __version__
+
+    con = duckdb.connect(str(real_store(tmp_path)), read_only=True)
+    meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+    assert meta["written_by"] == __version__
