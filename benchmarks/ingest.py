@@ -453,6 +453,43 @@ def bench_report(runs: int, iters: int, workdir: Path) -> None:
     print(f"`mimo-jobs report` end to end (process start included): {time.perf_counter() - t:.3f} s")
 
 
+def bench_reingest(n: int, workdir: Path) -> None:
+    """Re-ingesting a tree of `n` loose, unchanged tiny logs (a second `ingest` of the same directory, as a
+    cron job does): it should cost about a stat per file. Printed against the first ingest and against
+    os.stat of the same files, timed in this process."""
+    import shutil
+
+    from mimo_jobs.ingest import pipeline as ingest
+    from mimo_jobs.store import connection as store
+
+    root = workdir / "loose"
+    shutil.rmtree(root, ignore_errors=True)
+    for i in range(n):
+        d = root / f"job-{i // 100}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"slurm-{i}.out").write_text(f"starting job {i}\nsome output\n")
+    files = sorted(root.rglob("*.out"))
+    db = workdir / "loose.duckdb"
+    db.unlink(missing_ok=True)
+
+    def ingest_once():
+        con = store.connect(db)
+        ingest_once.st = ingest.ingest_paths(con, [root])
+        con.close()
+
+    t0 = time.perf_counter()
+    ingest_once()
+    first = time.perf_counter() - t0
+    again, _ = best_of(3, ingest_once)
+    assert ingest_once.st.skipped_unchanged == n, ingest_once.st
+    stat, _ = best_of(3, lambda: [f.stat() for f in files])
+    print(
+        f"re-ingest of {n} unchanged loose logs: {again:.3f} s ({1e3 * again / n:.3f} ms per file); "
+        f"first ingest {first:.3f} s ({again / first:.3f}x of it); os.stat of every file {stat:.3f} s "
+        f"({again / stat:.1f}x of it)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=int, default=1024, help="size of the generated log (MiB)")
@@ -470,6 +507,12 @@ def main() -> None:
         default=64,
         help="also time the pure-Python scanner (and the compiled one) on this prefix (0: no)",
     )
+    ap.add_argument(
+        "--reingest-files",
+        type=int,
+        default=5000,
+        help="loose logs for the unchanged re-ingest figure (0: no)",
+    )
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.dir) as d:
         work = Path(d)
@@ -477,6 +520,8 @@ def main() -> None:
             bench_ingest(a.size_mb, work, a.python_mb)
             if a.rank_files:
                 bench_rank_files(a.rank_files, work)
+            if a.reingest_files:
+                bench_reingest(a.reingest_files, work)
         if not a.skip_report:
             bench_report(a.runs, a.iters, work)
 

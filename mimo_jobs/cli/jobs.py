@@ -71,19 +71,28 @@ def status_table(statuses, title: str):
             reason = j.reason  # a local job whose runner disappeared while its processes run on
         state = Text(j.state if j else "not submitted", style=_STYLE.get(j.state if j else "", ""))
         t.add_row(
-            s.run if len(statuses) < 2 or s.study == statuses[0].study else f"{s.study}/{s.run}",
-            str(s.nodes),
+            _plain(s.run if len(statuses) < 2 or s.study == statuses[0].study else f"{s.study}/{s.run}"),
+            "-" if s.nodes is None else str(s.nodes),
             j.executor if j else "-",
-            j.job_id if j else "-",
+            _plain(j.job_id if j else "-"),
             state,
             str(j.attempt) if j else "-",
             _fmt_elapsed(j.elapsed_s() if j else None),
             it,
             loss,
             "-" if s.checkpoint is None else str(s.checkpoint),
-            reason,
+            _plain(reason),
         )
     return t
+
+
+def _plain(text: str):
+    """Names and log excerpts as literal text: never rich markup, escape sequences shown, not obeyed."""
+    from rich.text import Text
+
+    from mimo_jobs.textsafe import visible
+
+    return Text(visible(text))
 
 
 def _study_name(study: str | None) -> str | None:

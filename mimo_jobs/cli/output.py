@@ -9,7 +9,6 @@ prints it the same way with the error's own exit code.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
@@ -30,10 +29,11 @@ RUNS_HELP = "Runs root: run dirs go to <root>/<study>/<run>/ (default: $MIMO_JOB
 def console(stderr: bool = False):
     from rich.console import Console
 
+    from mimo_jobs.textsafe import console_width
+
     stream = sys.stderr if stderr else sys.stdout
     # Piped output (CI logs, files) keeps whole rows instead of rich's 80-column default.
-    wide = None if stream.isatty() or os.environ.get("COLUMNS") else 200
-    return Console(stderr=stderr, highlight=False, width=wide)
+    return Console(stderr=stderr, highlight=False, width=console_width(stream))
 
 
 def _say(text: str) -> None:

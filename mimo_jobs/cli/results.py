@@ -29,17 +29,20 @@ def ingest_cmd(
 ) -> None:
     """Ingest logs and metrics into the store (idempotent: unchanged files are skipped, appends resume)."""
     from rich.console import Console
+    from rich.markup import escape as markup_escape
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     from mimo_jobs.ingest.pipeline import LogRunInfo, ingest_paths
     from mimo_jobs.store.connection import LONG_WAIT_S, connect
+    from mimo_jobs.textsafe import visible
 
     err = Console(stderr=True)
     info = LogRunInfo(study=study, name=name, nodes=nodes, gpus_per_node=gpus_per_node, seq_length=seq_length)
-    missing = [str(p) for p in paths if not p.exists()]
-    if missing:  # before opening the store: a typo must not leave an empty store behind
-        fail("no such file or directory: " + ", ".join(missing))
+    from mimo_jobs.ingest.discover import check_paths
     from mimo_jobs.ingest.readers import forced_scanner
+
+    check_paths(paths)  # before opening the store: a typo must not leave an empty store behind
+    _check_names(study=study, name=name)
 
     forced_scanner()  # MIMO_JOBS_SCANNER, likewise checked before the store is opened
     con = connect(db, wait_s=LONG_WAIT_S)
@@ -55,7 +58,8 @@ def ingest_cmd(
             task = prog.add_task("ingest", total=None)
 
             def progress(name: str, done: int, total: int) -> None:
-                prog.update(task, description=f"ingest {name[:40]}", completed=done, total=total)
+                shown = markup_escape(visible(name[:40]))  # a file name is not markup nor escapes
+                prog.update(task, description=f"ingest {shown}", completed=done, total=total)
 
             stats = ingest_paths(con, list(paths), force=force, log_run=info, progress=progress)
     finally:
@@ -74,6 +78,19 @@ def ingest_cmd(
         typer.echo(f"problem: {p}", err=True)
     if stats.problems:
         raise typer.Exit(1)
+
+
+def _check_names(**names: str | None) -> None:
+    """Names given on the command line follow the rule of names in study files (they reach file names,
+    tables and spreadsheets the same way)."""
+    from mimo_jobs.plan.spec import NAME_RE
+
+    for option, value in names.items():
+        if value is not None and not NAME_RE.match(value):
+            fail(
+                f"--{option} {value!r}: use letters, digits, '.', '_' and '-' "
+                "(1 to 64 characters, starting with a letter or digit)"
+            )
 
 
 def report_cmd(
@@ -113,7 +130,10 @@ def report_cmd(
 
         print_table(rep)
         return
-    res = render(rep, fmt, out)
+    try:
+        res = render(rep, fmt, out)
+    except OSError as e:  # a read-only or full directory, a file where a directory should be
+        fail(f"cannot write the report there: {e.strerror or e}", where=f"--out {out}", code=1)
     if isinstance(res, Path):
         typer.echo(f"wrote {res}")
     else:

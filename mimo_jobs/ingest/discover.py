@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,12 +78,40 @@ def _targets_of(p: Path) -> list[Target]:
     return [t for rd in run_dirs for t in _run_dir_targets(rd)]
 
 
-def discover(paths: Iterable[Path]) -> list[Target]:
-    """Files to read: run dirs (run.yaml inside), trees of run dirs, or single log/jsonl/sacct files; each
-    file once (by resolved path), in the order given."""
+_SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _refuse_special(p: Path) -> None:
+    """Only regular files are logs: a FIFO would block the read forever, /dev/zero never ends (and reads as
+    an empty log), a socket cannot be read. Named files are refused; inside a directory they are skipped."""
+    mode = p.stat().st_mode
+    if stat.S_ISREG(mode):
+        return
+    what = next((name for test, name in _SPECIAL if test(mode)), "not a regular file")
+    raise IngestError(f"{p}: not a log file ({what}); give regular files or directories")
+
+
+def check_paths(paths: Iterable[Path]) -> None:
+    """What the command line names must exist and be directories or regular files (checked before the
+    store is opened, so a typo leaves nothing behind)."""
     missing = [str(p) for p in paths if not Path(p).exists()]
     if missing:
         raise IngestError(f"no such file or directory: {', '.join(missing)}")
+    for p in map(Path, paths):
+        if not p.is_dir():
+            _refuse_special(p)
+
+
+def discover(paths: Iterable[Path]) -> list[Target]:
+    """Files to read: run dirs (run.yaml inside), trees of run dirs, or single log/jsonl/sacct files; each
+    file once (by resolved path), in the order given."""
+    paths = list(paths)
+    check_paths(paths)
     seen: set[str] = set()
     uniq = []
     for p in map(Path, paths):

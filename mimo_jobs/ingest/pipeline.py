@@ -174,8 +174,10 @@ def _ingest_one(s: _Session, t: Target, group: list | None = None) -> None:
     con, ctx, row = s.con, ctx_of(s.ctx, t), s.known.get(t.src)
     stt = t.path.stat()
     size, mtime = stt.st_size, stt.st_mtime
-    head = _head_sha(t.path)
-    start = _start(row, s.force, size, mtime, head)
+    # Same size and mtime as last time: unchanged, known from the stat alone (as rsync and make decide).
+    same = row is not None and not s.force and row[0] == size and row[1] == mtime
+    head = None if same else _head_sha(t.path)
+    start = None if same else _start(row, s.force, size, mtime, head)
     if start is None:  # unchanged since the last ingest
         s.stats.skipped_unchanged += 1
         s.progress(size)

@@ -44,11 +44,9 @@ def register_runs(con, targets: list[Target], log_run: LogRunInfo | None) -> tup
             catalog.record_run(con, spec, str(rd.resolve()), provenance=doc.get("provenance") or {})
             new += 1
         ctx[rd] = RunCtx(spec.run_id, spec.layout.gpus_per_node, RunDir(rd).metrics.is_file())
-    info = log_run or LogRunInfo()
-    for t in targets:
-        if t.run_dir is None:
-            ctx[t.src], is_new = _register_log_run(con, t, info)
-            new += is_new
+    loose = [t for t in targets if t.run_dir is None]
+    if loose:
+        new += _register_log_runs(con, loose, log_run or LogRunInfo(), ctx)
     return ctx, new
 
 
@@ -73,21 +71,64 @@ def _load_run_yamls(run_dirs: list[Path]) -> dict:
     return specs
 
 
-def _register_log_run(con, t: Target, info: LogRunInfo) -> tuple[RunCtx, bool]:
-    """A loose log's run: one run per file unless the user names the run (then all given files are its
-    attempts). Returns (its RunCtx, whether the run is new to the store)."""
+def _log_run_id(t: Target, info: LogRunInfo) -> str:
+    """One run per loose file, unless the user names the run: then all given files are its attempts."""
     ident = f"{info.study}/{info.name}" if info.name else t.src
-    rid = "log-" + hashlib.sha1(ident.encode()).hexdigest()[:10]
-    known = _known(con, rid)
-    catalog.ensure_study(con, info.study, description="(logs ingested without a run.yaml)")
-    catalog.record_log_run(
-        con,
-        rid,
-        info.study,
-        info.name or t.path.stem,
-        str(Path(t.src).parent),
-        nodes=info.nodes,
-        gpus_per_node=info.gpus_per_node,
-        seq_length=info.seq_length,
+    return "log-" + hashlib.sha1(ident.encode()).hexdigest()[:10]
+
+
+def _register_log_runs(con, loose: list[Target], info: LogRunInfo, ctx: dict) -> int:
+    """Record the runs of loose logs; fills `ctx` by resolved path, returns how many runs are new. A run
+    already in the store is only written again when the user tells something new about it (--nodes ...):
+    re-ingesting thousands of unchanged logs then costs no writes."""
+    ids = {t.src: _log_run_id(t, info) for t in loose}
+    _refuse_moves(con, ids)
+    known = _known_ids(con, set(ids.values()))
+    tells = any(v is not None for v in (info.nodes, info.gpus_per_node, info.seq_length))
+    if len(known) < len(set(ids.values())):
+        catalog.ensure_study(con, info.study, description="(logs ingested without a run.yaml)")
+    new = 0
+    for t in loose:
+        rid = ids[t.src]
+        if rid not in known or tells:
+            catalog.record_log_run(
+                con,
+                rid,
+                info.study,
+                info.name or t.path.stem,
+                str(Path(t.src).parent),
+                nodes=info.nodes,
+                gpus_per_node=info.gpus_per_node,
+                seq_length=info.seq_length,
+            )
+        if rid not in known:
+            known.add(rid)
+            new += 1
+        ctx[t.src] = RunCtx(rid, info.gpus_per_node, False)
+    return new
+
+
+def _known_ids(con, run_ids: set[str]) -> set[str]:
+    rows = con.execute(
+        "SELECT run_id FROM runs WHERE run_id IN (SELECT unnest(?::VARCHAR[]))", [sorted(run_ids)]
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def _refuse_moves(con, ids: dict[str, str]) -> None:
+    """A file's rows belong to the run it was first ingested into: ingested again under another --study or
+    --name it would leave an empty new run beside the old one. Refused before anything is written."""
+    rows = con.execute(
+        """SELECT f.path, f.run_id, r.study, r.name FROM ingested_files f LEFT JOIN runs r USING (run_id)
+           WHERE f.path IN (SELECT unnest(?::VARCHAR[]))""",
+        [list(ids)],
+    ).fetchall()
+    moved = [(path, study, name) for path, rid, study, name in rows if rid != ids[path]]
+    if not moved:
+        return
+    path, study, name = moved[0]
+    more = f" (and {len(moved) - 1} more file(s))" if len(moved) > 1 else ""
+    raise IngestError(
+        f"{path}{more}: already ingested as run {name!r} of study {study!r}; ingest it with the "
+        f"--study/--name it had (a file belongs to one run), or into a new --db to group it differently"
     )
-    return RunCtx(rid, info.gpus_per_node, False), not known

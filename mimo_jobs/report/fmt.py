@@ -1,8 +1,43 @@
-"""Number formatting shared by the renderers (one place, so table/md/html agree)."""
+"""Number formatting shared by the renderers (one place, so table/md/html agree), and how each text format
+carries text it did not write (names, flags, log excerpts) without that text acting in it."""
 
 from __future__ import annotations
 
+import re
+from html import escape
+
+from mimo_jobs.textsafe import visible
+
 from .model import ParityRow, Report, RunRow
+
+# A spreadsheet reads a cell starting with one of these as a formula (OWASP, "CSV Injection").
+_FORMULA_LEAD = ("=", "+", "-", "@", "\t", "\r")
+# Text that is a plain number, or the "none" placeholder, is no formula however it starts.
+_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?|-")
+
+
+def csv_cell(v):
+    """A CSV cell that a spreadsheet shows as the text it is: text starting with a formula character gets a
+    leading single quote (OWASP's rule). Numbers stay numbers: only text is ever prefixed."""
+    if isinstance(v, str) and v.startswith(_FORMULA_LEAD) and not _NUMBER.fullmatch(v):
+        return "'" + v
+    return v
+
+
+# Markdown punctuation that can start emphasis, code, a link, a table cell or strike-through inline, and
+# the characters of HTML (GitHub renders inline HTML): all literal once escaped.
+_MD = str.maketrans({**{c: "\\" + c for c in "\\`*_[]|~"}, "<": "&lt;", ">": "&gt;", "&": "&amp;"})
+
+
+def md_text(s: str) -> str:
+    """`s` as literal markdown text inside a line or a table cell: visible (no control characters, so no
+    line break either), with every markup character escaped."""
+    return visible(s).translate(_MD)
+
+
+def html_text(s: str) -> str:
+    """`s` as literal HTML text or attribute value: visible, then escaped."""
+    return escape(visible(s))
 
 
 def num(x: float | int | None, digits: int = 1) -> str:

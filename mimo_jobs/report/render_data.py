@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
+import re
 from dataclasses import replace
 from datetime import datetime
 
+from .fmt import csv_cell
 from .model import Report, RunRow
 
 CSV_COLS = [
@@ -102,13 +102,27 @@ def _cell(r: RunRow, c: str):
     return "" if v is None else v
 
 
+# Python's csv writer quotes a field holding its line terminator ("\n") but not a lone "\r", which every
+# CSV reader takes for a line end: a name holding one would split its row. Quoted here is any field holding
+# a separator, a quote or either line-end character.
+_QUOTED = re.compile('[,"\r\n]')
+
+
+def _csv_field(v) -> str:
+    s = v if isinstance(v, str) else str(v)  # str(float) is repr: every digit, as csv.writer writes it
+    return '"' + s.replace('"', '""') + '"' if _QUOTED.search(s) else s
+
+
+def _csv_line(cells: list) -> str:
+    """One CSV line; every cell through csv_cell first, so a spreadsheet opening the file evaluates none."""
+    return ",".join(_csv_field(csv_cell(c)) for c in cells) + "\n"
+
+
 def render_csv(report: Report) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
     phases = []
     for r in report.runs:
         phases += [p for p in r.phase_share if p not in phases]
-    w.writerow(CSV_COLS + [f"share_{p}" for p in phases])
+    lines = [_csv_line(CSV_COLS + [f"share_{p}" for p in phases])]
     for r in report.runs:
-        w.writerow([_cell(r, c) for c in CSV_COLS] + [r.phase_share.get(p, "") for p in phases])
-    return buf.getvalue()
+        lines.append(_csv_line([_cell(r, c) for c in CSV_COLS] + [r.phase_share.get(p, "") for p in phases]))
+    return "".join(lines)

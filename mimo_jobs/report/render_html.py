@@ -3,8 +3,6 @@ with the ideal line, loss curves overlaid, phase breakdown). No scripts, no netw
 
 from __future__ import annotations
 
-from html import escape
-
 from . import fmt, svg
 from .model import Report, RunRow, StudyInfo
 
@@ -127,12 +125,12 @@ def _phase_chart(report: Report) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]], cls: str = "") -> str:
-    h = "".join(f"<th>{escape(x)}</th>" for x in headers)
+    h = "".join(f"<th>{fmt.html_text(x)}</th>" for x in headers)
     body = "".join(
         "<tr"
         + (f' class="{c}"' if c else "")
         + ">"
-        + "".join(f"<td>{escape(x)}</td>" for x in cells)
+        + "".join(f"<td>{fmt.html_text(x)}</td>" for x in cells)
         + "</tr>"
         for cells, c in rows
     )
@@ -170,8 +168,8 @@ def render_html(report: Report) -> str:
 def _head(report: Report) -> list[str]:
     """The document's head, the title with the generation time and the list of studies."""
     studies = "".join(
-        f"<li><b>{escape(s.name)}</b>: {escape(s.scaling)} scaling, baseline N0 = "
-        f"{escape(str(s.baseline_nodes))} nodes, P(N) = {escape(s.metric)}, E(N) = P(N)/P(N0)</li>"
+        f"<li><b>{fmt.html_text(s.name)}</b>: {fmt.html_text(s.scaling)} scaling, baseline N0 = "
+        f"{fmt.html_text(str(s.baseline_nodes))} nodes, P(N) = {fmt.html_text(s.metric)}, E(N) = P(N)/P(N0)</li>"
         for s in report.studies
     )
     return [
@@ -195,7 +193,7 @@ def _runs_section(report: Report) -> list[str]:
         "<h2>Runs</h2>",
         _table(fmt.RUN_HEADERS, run_rows, "runs"),
         "".join(
-            f'<div class="note">{"*" if n.startswith("per-GPU") else ""} {escape(n)}</div>'
+            f'<div class="note">{"*" if n.startswith("per-GPU") else ""} {fmt.html_text(n)}</div>'
             for n in report.notes
         ),
     ]

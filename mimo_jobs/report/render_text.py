@@ -1,32 +1,50 @@
-"""Terminal table (textable, or rich on a colour terminal) and markdown renderings of a Report."""
+"""Terminal table (textable, or rich on a colour terminal) and markdown renderings of a Report.
+
+Names, flags and log excerpts are text the report did not write: in the table they are made visible
+(textable.Table does it for every cell), in markdown escaped (fmt.md_text), and neither is ever read as
+rich markup. Figures are never cut: layout.fit draws a table too wide for the console in parts.
+"""
 
 from __future__ import annotations
 
 import io
+import sys
+
+from mimo_jobs.textsafe import console_width, visible
 
 from . import fmt
+from .layout import fit
 from .model import Report
 from .textable import Column, Table
 
+# A line of text between the tables: (text, rich style) pieces, the text literal (never rich markup).
+Line = tuple[tuple[str, str | None], ...]
+TEXT_COLUMNS = ("study", "run", "flags")  # the runs table's columns of text; the others hold figures
 
-def _tables(report: Report) -> list:
-    """What the table rendering prints, in order: tables (textable.Table) and lines of rich markup."""
-    out: list = [_runs_table(report)]
+
+def _tables(report: Report) -> list[Table | Line]:
+    """What the table rendering prints, in order: tables and lines."""
+    out: list[Table | Line] = [_runs_table(report)]
     for s in report.studies:
-        out.append(
-            f"[bold]{s.name}[/]: {s.scaling} scaling, baseline N0={s.baseline_nodes} nodes, "
-            f"P(N) = {s.metric}, E(N) = P(N)/P(N0)"
+        rest = (
+            f": {s.scaling} scaling, baseline N0={s.baseline_nodes} nodes, P(N) = {s.metric}, "
+            "E(N) = P(N)/P(N0)"
         )
+        out.append(((s.name, "bold"), (rest, None)))
     out += _phase_table(report) + _parity_table(report) + _triage_table(report)
     for n in report.notes:
-        out.append(f"* {n}" if n.startswith("per-GPU") else f"  {n}")
+        out.append(((f"* {n}" if n.startswith("per-GPU") else f"  {n}", None),))
     return out
 
 
 def _runs_table(report: Report):
     """One row per run, styled by its state (yellow: running or no data, red: failed)."""
     t = Table(
-        "Runs", [Column(h, overflow="fold", no_wrap=h not in ("flags", "run")) for h in fmt.RUN_HEADERS]
+        "Runs",
+        [
+            Column(h, overflow="fold", no_wrap=h not in TEXT_COLUMNS, key=h in ("study", "run"))
+            for h in fmt.RUN_HEADERS
+        ],
     )
     for r in report.runs:
         style = (
@@ -41,7 +59,10 @@ def _phase_table(report: Report) -> list:
     names = fmt.phase_names(report)
     if not names:
         return []
-    pt = Table("Phase time shares (steady state)", [Column("run")] + [Column(p, "right") for p in names])
+    pt = Table(
+        "Phase time shares (steady state)",
+        [Column("run", overflow="fold", key=True)] + [Column(p, "right", no_wrap=True) for p in names],
+    )
     for r in report.runs:
         if r.phase_share:
             pt.add_row([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]])
@@ -53,7 +74,14 @@ def _parity_table(report: Report) -> list:
     if not report.parity:
         return []
     heads = ("run", "nodes", "samples", "loss", "baseline loss", "max |diff|", "max rel diff")
-    lt = Table("Loss parity at equal consumed samples (vs baseline)", [Column(h) for h in heads])
+    lists = ("samples", "loss", "baseline loss")  # a figure per parity point: they wrap between figures
+    lt = Table(
+        "Loss parity at equal consumed samples (vs baseline)",
+        [
+            Column(h, overflow="fold", no_wrap=h not in ("run", *lists), key=h == "run", figures=h in lists)
+            for h in heads
+        ],
+    )
     for p in report.parity:
         lt.add_row(fmt.parity_cells(p))
     return [lt]
@@ -66,7 +94,7 @@ def _triage_table(report: Report) -> list:
     heads = ("run", "job", "state", "rank", "why", "evidence")
     tt = Table(
         "Failure triage (first rank that failed or went silent)",
-        [Column(h, overflow="fold") for h in heads],
+        [Column(h, overflow="fold", no_wrap=h in ("job", "state", "rank"), key=h == "run") for h in heads],
     )
     for x in report.triage:
         who = str(x.rank) if x.rank is not None else (f"node {x.node}" if x.node is not None else "-")
@@ -83,21 +111,37 @@ def _plain_console(console) -> bool:
 def print_table(report: Report, console=None, fast: bool = True) -> None:
     """Print the report's tables. On a plain console (no colour: a file, a pipe, NO_COLOR) the tables are
     drawn by textable (same text, ~18x faster than rich); on a colour terminal (failed runs in red) or
-    with fast=False, by rich."""
+    with fast=False, by rich. Without a console: one on stdout, as wide as the CLI's consoles are."""
     from rich.console import Console
+    from rich.text import Text
 
     from .textable import matches_rich, render, to_rich
 
-    console = console or Console()
+    console = console or Console(highlight=False, width=console_width(sys.stdout))
     plain = fast and _plain_console(console) and matches_rich()
     for x in _tables(report):
-        if isinstance(x, Table):
-            lines = render(x, console.width) if plain else None
+        if not isinstance(x, Table):
+            console.print(Text.assemble(*((visible(t), s) for t, s in x)))
+            continue
+        for part, width in fit(x, console.width):
+            lines = render(part, width) if plain else None
             if lines is not None:
                 console.file.write("\n".join(lines) + "\n")
-                continue
-            x = to_rich(x)
-        console.print(x)
+            else:
+                _print_at(console, to_rich(part), width)
+
+
+def _print_at(console, renderable, width: int) -> None:
+    """Print at `width`, wider than the console when a part of a table needs it (rich would crop it)."""
+    if width <= console.width:
+        console.print(renderable)
+        return
+    narrow = console.width
+    console.width = width
+    try:
+        console.print(renderable)
+    finally:
+        console.width = narrow
 
 
 def render_table(report: Report, width: int = 200, fast: bool = True) -> str:
@@ -109,19 +153,21 @@ def render_table(report: Report, width: int = 200, fast: bool = True) -> str:
 
 
 def _md_row(cells: list[str]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    return "| " + " | ".join(map(fmt.md_text, cells)) + " |"
 
 
 def render_md(report: Report) -> str:
-    """The report as markdown: the study list, the runs table and its notes, then the other tables."""
+    """The report as markdown: the study list, the runs table and its notes, then the other tables. Every
+    piece of text from the store goes through fmt.md_text: it reads as the text it is."""
+    md = fmt.md_text
     lines = [f"# Scaling report ({report.generated_at:%Y-%m-%d %H:%M} UTC)", ""]
     for s in report.studies:
         lines.append(
-            f"- **{s.name}**: {s.scaling} scaling, baseline N0 = {s.baseline_nodes} nodes, "
-            f"P(N) = {s.metric}, E(N) = P(N)/P(N0)"
+            f"- **{md(s.name)}**: {md(s.scaling)} scaling, baseline N0 = {s.baseline_nodes} nodes, "
+            f"P(N) = {md(s.metric)}, E(N) = P(N)/P(N0)"
         )
     lines += _md_table("Runs", fmt.RUN_HEADERS, [fmt.run_cells(r) for r in report.runs])
-    lines += [""] + [f"\\* {n}" if n.startswith("per-GPU") else f"- {n}" for n in report.notes]
+    lines += [""] + [f"\\* {md(n)}" if n.startswith("per-GPU") else f"- {md(n)}" for n in report.notes]
     names = fmt.phase_names(report)
     if names:
         shares = [

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from html import escape
+
+from .fmt import html_text
 
 PALETTE = [
     "#1f77b4",
@@ -54,13 +55,13 @@ def _open(width: int, height: int, title: str, chart_id: str) -> list[str]:
     """The opening of every chart: the <svg> element, a white background and the title."""
     return [
         (
-            f'<svg xmlns="http://www.w3.org/2000/svg" id="{escape(chart_id)}" class="chart" width="{width}" '
-            f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">'
+            f'<svg xmlns="http://www.w3.org/2000/svg" id="{html_text(chart_id)}" class="chart" width="{width}" '
+            f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{html_text(title)}">'
         ),
         f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
         (
             f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">'
-            f"{escape(title)}</text>"
+            f"{html_text(title)}</text>"
         ),
     ]
 
@@ -115,7 +116,7 @@ def line_chart(
     parts += _x_ticks(f, x_ticks or nice_ticks(f.x0, f.x1))
     parts.append(
         f'<text x="{f.left + f.width / 2}" y="{height - 8}" text-anchor="middle" font-size="12">'
-        f"{escape(xlabel)}</text>"
+        f"{html_text(xlabel)}</text>"
     )
     parts.append(_y_label(f, ylabel))
     for s in series:
@@ -183,7 +184,7 @@ def _x_ticks(f: _Frame, ticks: list[float]) -> list[str]:
 def _y_label(f: _Frame, label: str) -> str:
     return (
         f'<text transform="translate(14,{f.top + f.height / 2}) rotate(-90)" text-anchor="middle" '
-        f'font-size="12">{escape(label)}</text>'
+        f'font-size="12">{html_text(label)}</text>'
     )
 
 
@@ -198,7 +199,7 @@ def _line(f: _Frame, s: Series) -> list[str]:
         return []
     d = " ".join(f"{f.sx(x):.1f},{f.sy(y):.1f}" for x, y in good)
     polyline = (
-        f'<polyline class="series" data-name="{escape(s.name)}" points="{d}" fill="none" '
+        f'<polyline class="series" data-name="{html_text(s.name)}" points="{d}" fill="none" '
         f'stroke="{s.color}" stroke-width="3"{_dash(s)}/>'
     )
     out = [polyline]
@@ -216,7 +217,7 @@ def _line_legend(f: _Frame, series: list[Series]) -> list[str]:
         out.append(
             f'<line x1="{right - 150}" x2="{right - 126}" y1="{ly}" y2="{ly}" stroke="{s.color}" '
             f'stroke-width="3"{_dash(s)}/><text x="{right - 120}" y="{ly + 4}" font-size="11">'
-            f"{escape(s.name[:22])}</text>"
+            f"{html_text(s.name[:22])}</text>"
         )
     return out
 
@@ -258,14 +259,14 @@ def _bar(f: _Frame, i: int, n: int, cat: str, values: list[tuple[str, float]]) -
             continue
         out.append(
             f'<rect x="{f.left + i * bw + bw * 0.15:.1f}" y="{f.sy(base + v):.1f}" width="{bw * 0.7:.1f}" '
-            f'height="{v / f.y1 * f.height:.1f}" fill="{PALETTE[j % len(PALETTE)]}"><title>{escape(cat)} '
-            f"{escape(name)}: {v:.1f}</title></rect>"
+            f'height="{v / f.y1 * f.height:.1f}" fill="{PALETTE[j % len(PALETTE)]}"><title>{html_text(cat)} '
+            f"{html_text(name)}: {v:.1f}</title></rect>"
         )
         base += v
     cx = f.left + i * bw + bw / 2
     out.append(
         f'<text transform="translate({cx:.1f},{f.top + f.height + 12}) rotate(30)" font-size="10">'
-        f"{escape(cat[:18])}</text>"
+        f"{html_text(cat[:18])}</text>"
     )
     return out
 
@@ -277,7 +278,7 @@ def _bar_legend(f: _Frame, names: list[str]) -> list[str]:
         (
             f'<rect x="{right + 10}" y="{f.top + 8 + 16 * j - 8}" width="12" height="12" '
             f'fill="{PALETTE[j % len(PALETTE)]}"/>'
-            f'<text x="{right + 26}" y="{f.top + 8 + 16 * j + 2}" font-size="11">{escape(name)}</text>'
+            f'<text x="{right + 26}" y="{f.top + 8 + 16 * j + 2}" font-size="11">{html_text(name)}</text>'
         )
         for j, name in enumerate(names)
     ]

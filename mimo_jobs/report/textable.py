@@ -12,8 +12,10 @@ the table with rich. tests/report/test_textable.py compares the two on generated
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
+
+from mimo_jobs.textsafe import visible
 
 # The rich release whose layout rules these are (tests/report/test_textable.py checks them against it). With
 # any other rich, rich itself draws the tables: a layout change there must not change what users see.
@@ -43,19 +45,31 @@ PAD = 1  # spaces left and right of every cell
 class Column:
     header: str
     justify: str = "left"  # left | right | center
-    no_wrap: bool = False
+    no_wrap: bool = False  # a cell is one line: a figure, never wrapped or cut (layout.fit sees to that)
     overflow: str = "ellipsis"  # fold | crop | ellipsis (rich's default), for cells that do not fit
+    key: bool = False  # names the row: repeated in every part of a table split to fit (layout.fit)
+    figures: bool = False  # cells are lists of figures: they wrap between figures, never inside one
 
 
 @dataclass
 class Table:
+    """A table of literal text. Every title, header and cell is made `visible` on the way in: whatever
+    renders the table (textable or rich) prints no control character a name or a log line brought."""
+
     title: str
     columns: list[Column]
     rows: list[list[str]] = field(default_factory=list)
     styles: list[str | None] = field(default_factory=list)  # per row, for the rich rendering only
 
+    def __post_init__(self) -> None:
+        self.title = visible(self.title)
+        self.columns = [
+            c if c.header == visible(c.header) else replace(c, header=visible(c.header)) for c in self.columns
+        ]
+        self.rows = [list(map(visible, r)) for r in self.rows]
+
     def add_row(self, cells: list[str], style: str | None = None) -> None:
-        self.rows.append(cells)
+        self.rows.append(list(map(visible, cells)))
         self.styles.append(style)
 
 

@@ -8,7 +8,9 @@ time bound (no input may make a command hang). Extend a test module's CASES with
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -64,3 +66,21 @@ def run_case(case: Case, tmp: Path) -> str:
     if case.check is not None:
         case.check(tmp, out)
     return out
+
+
+@contextlib.contextmanager
+def read_only_mount(tmp: Path, content: Path | None = None):
+    """A tmpfs at tmp/ro holding a copy of `content` (a file, when given), remounted read-only."""
+    import pytest
+
+    mnt = tmp / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True).returncode != 0:
+        pytest.skip("needs mount(8) (root with CAP_SYS_ADMIN) to make a read-only filesystem")
+    try:
+        if content is not None:
+            shutil.copy(content, mnt / content.name)
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)

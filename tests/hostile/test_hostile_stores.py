@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import TESTS
-from helpers.hostile import Case, run_case
+from helpers.hostile import Case, read_only_mount, run_case
 
 FIXTURES = TESTS / "ingest" / "fixtures"
 DB = "{tmp}/s.duckdb"
@@ -190,26 +190,12 @@ def test_a_bad_lock_wait_setting_is_refused(tmp_path: Path) -> None:
     run_case(case, tmp_path)
 
 
-@contextlib.contextmanager
-def read_only_mount(tmp: Path, store: Path | None):
-    """A tmpfs at tmp/ro holding `store` (when given), remounted read-only."""
-    mnt = tmp / "ro"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True).returncode != 0:
-        pytest.skip("needs mount(8) (root with CAP_SYS_ADMIN) to make a read-only filesystem")
-    try:
-        if store is not None:
-            shutil.copy(store, mnt / "s.duckdb")
-        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
-
-
 @pytest.mark.parametrize("argv", [COMMANDS["status"], COMMANDS["ingest"]], ids=["status", "ingest"])
 def test_a_store_on_a_read_only_filesystem_is_named_so(argv: list[str], tmp_path: Path) -> None:
     with read_only_mount(tmp_path, real_store(tmp_path)) as mnt:
-        case = Case("ro", [a.replace(DB, str(mnt / "s.duckdb")) for a in argv], 1, ("read-only filesystem",))
+        case = Case(
+            "ro", [a.replace(DB, str(mnt / "real.duckdb")) for a in argv], 1, ("read-only filesystem",)
+        )
         run_case(case, tmp_path)
 
 
