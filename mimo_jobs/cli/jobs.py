@@ -337,7 +337,11 @@ def status(
         follow(db, name, title, interval)
         return
     launch.refresh(con, name)
-    console().print(status_table(run_status.run_statuses(con, name), title))
+    statuses = run_status.run_statuses(con, name)
+    out = console()
+    out.print(status_table(statuses, title))
+    for cmd in run_status.tensorboard_commands(statuses):
+        out.print(f"live curves: {cmd}", markup=False, soft_wrap=True)
 
 
 def cancel(

@@ -50,6 +50,11 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard event files (`tensorboard --logdir <runs root>/<study>` overlays the study's runs)."""
+        return self.root / "tensorboard"
+
     def slurm_out(self, job_id: str = "%j") -> Path:
         return self.logs / f"slurm-{job_id}.out"
 

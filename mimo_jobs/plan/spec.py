@@ -237,6 +237,15 @@ class FreezeSpec(_Strict):
     llm: bool = False
 
 
+class WandbSpec(_Strict):
+    """Weights & Biases logging of the same scalars as metrics.jsonl (needs `pip install wandb`)."""
+
+    project: str = Field(min_length=1, max_length=128)
+    mode: Literal["online", "offline", "disabled"] = "offline"  # offline: sync later with `wandb sync`
+    entity: str | None = None
+    group: str | None = None  # default: the study name
+
+
 class TrainerSpec(_Strict):
     model: str = "tiny"
     seq_length: int = Field(64, ge=8)
@@ -254,6 +263,8 @@ class TrainerSpec(_Strict):
     freeze: FreezeSpec = Field(default_factory=FreezeSpec)
     use_distributed_optimizer: bool = False
     timeout_s: int = Field(300, ge=10)  # collective timeout; a dead peer ends the job instead of hanging
+    tensorboard: bool = True  # event files under <run dir>/tensorboard/ (Megatron's tag names)
+    wandb: WandbSpec | None = None
 
     @field_validator("model")
     @classmethod

@@ -113,3 +113,17 @@ def _last_iterations(con, run_ids: list[str]) -> dict[tuple[str, str | None], tu
         if (rid, None) not in out or it > out[(rid, None)][0]:
             out[(rid, None)] = (it, loss)
     return out
+
+
+def tensorboard_commands(statuses: list[RunStatus]) -> list[str]:
+    """One `tensorboard --logdir <runs root>/<study>` per study whose runs have written event files: the
+    study's directory holds every run's tensorboard/ folder, so TensorBoard overlays them."""
+    import shlex
+
+    from mimo_jobs.plan.rundir import RunDir
+
+    roots: dict[str, None] = {}
+    for st in statuses:
+        if st.run_dir and RunDir(Path(st.run_dir)).tensorboard.is_dir():
+            roots[str(Path(st.run_dir).parent)] = None
+    return [f"tensorboard --logdir {shlex.quote(r)}" for r in roots]

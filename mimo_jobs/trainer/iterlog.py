@@ -96,6 +96,22 @@ def _environment(run_provenance: dict | None = None) -> dict:
     }
 
 
+def memory_facts() -> dict[str, int]:
+    """This rank's memory now, by Megatron's tag names (bytes): the CUDA allocator's figures on a GPU, the
+    process's peak resident set on CPU."""
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available():
+        return {
+            "mem-allocated-bytes": torch.cuda.memory_allocated(),
+            "mem-max-allocated-bytes": torch.cuda.max_memory_allocated(),
+            "mem-reserved-bytes": torch.cuda.memory_reserved(),
+        }
+    return {"mem-max-rss-bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
 @dataclass
 class IterLogger:
     run: object
@@ -105,6 +121,7 @@ class IterLogger:
     active: bool  # only the last LLM rank (or the reference process) writes
     echo: bool = True
     provenance: dict | None = None  # run.yaml's provenance (render: version, git sha)
+    trackers: object = None  # trackers.Trackers: TensorBoard / W&B, fed the same records
     _acc: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -154,6 +171,8 @@ class IterLogger:
         )
 
     def end(self, reason: str, iteration: int, consumed: int) -> None:
+        if self.trackers is not None:
+            self.trackers.close()
         if not self.active:
             return
         self._write(
@@ -188,9 +207,11 @@ class IterLogger:
             tflops_per_gpu=tflops,
             moe_aux_loss=stats.moe_aux_loss,
             phases_ms={k: v * 1e3 for k, v in stats.phases_s.items()},
-            extras={"image_tokens": stats.image_tokens, "world": world},
+            extras={"image_tokens": stats.image_tokens, "world": world, "memory": memory_facts()},
         )
         self._write(rec)
+        if self.trackers is not None:
+            self.trackers.log(rec)
         self._acc.append(rec)
         it = stats.iteration
         interval = self.run.trainer.log_interval

@@ -36,6 +36,22 @@ def _env_int(name: str, default: int) -> int:
         raise PreflightError(f"environment variable {name}={v!r} is not an integer") from None
 
 
+def _check_trackers(t) -> None:
+    """A dashboard asked for must be installable before any rank starts, not fail at the first log."""
+    import importlib.util
+
+    if t.wandb is not None and t.wandb.mode != "disabled" and importlib.util.find_spec("wandb") is None:
+        raise PreflightError(
+            "run.yaml: trainer.wandb is set but the wandb package is not installed in this environment; "
+            "install it (pip install wandb) or set trainer.wandb.mode: disabled"
+        )
+    if t.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise PreflightError(
+            "run.yaml: trainer.tensorboard is true but the tensorboard package is not installed; install it "
+            "(pip install tensorboard) or set trainer.tensorboard: false"
+        )
+
+
 def preflight(run, doc: dict, reference: bool) -> None:
     """Every check that needs no collective. Raises PreflightError with one specific message."""
     from mimo_jobs.plan import topology
@@ -65,6 +81,7 @@ def preflight(run, doc: dict, reference: bool) -> None:
         raise PreflightError("run.yaml: trainer.precision=bf16 needs accelerator=gpu; use fp32 on CPU")
     if t.data.provider == "mock":
         mock_config(run, plan)
+    _check_trackers(t)
     if reference:
         return
     world = _env_int("WORLD_SIZE", 1)
@@ -245,10 +262,26 @@ def _iteration_logger(
         if reference:
             metrics = metrics.with_name("metrics.reference.jsonl")
     log = IterLogger(
-        run, plan, metrics, n_iters, active=last, echo=not quiet, provenance=doc.get("provenance")
+        run,
+        plan,
+        metrics,
+        n_iters,
+        active=last,
+        echo=not quiet,
+        provenance=doc.get("provenance"),
+        trackers=_trackers(run, paths, reference, last),
     )
     log.start(layout_line(run, plan, mode, backend), mode, backend)
     return log
+
+
+def _trackers(run, paths: dict, reference: bool, last: bool):
+    """TensorBoard / W&B on the rank that writes metrics.jsonl, for real runs (not the reference)."""
+    from .trackers import Trackers, trackers_for
+
+    if reference or not last or not paths.get("run_dir"):
+        return Trackers()
+    return trackers_for(run, Path(paths["run_dir"]))
 
 
 def _train_loop(st, n_iters: int, log, ckpt, prof: RankProfile):

@@ -53,3 +53,14 @@ def test_last_iteration_from_metrics_of_one_job(tmp_path):
     assert status.last_iteration_from_metrics(m, "7") == (9, 2.0)
     assert status.last_iteration_from_metrics(m, "8") == (2, 3.0)  # a numeric job id in JSON is the same id
     assert status.last_iteration_from_metrics(m, "9") is None
+
+
+def test_status_names_the_tensorboard_command_of_studies_with_event_files(tmp_path) -> None:
+    from mimo_jobs.submit.status import RunStatus, tensorboard_commands
+
+    study_dir = tmp_path / "runs with space" / "s"
+    (study_dir / "a" / "tensorboard").mkdir(parents=True)
+    (study_dir / "b").mkdir()
+    sts = [RunStatus("s", name, f"id-{name}", 1, str(study_dir / name), 3, None) for name in ("a", "b")]
+    assert tensorboard_commands(sts) == [f"tensorboard --logdir '{study_dir}'"]
+    assert tensorboard_commands(sts[1:]) == []  # no event files yet: no command
