@@ -7,6 +7,7 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -66,7 +67,18 @@ def run_id_of(study: StudySpec, point: PointSpec, repeat: int) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
+# Runs one study may expand to. A product of axes multiplies: a few long axes would otherwise build
+# billions of points before anything is checked.
+MAX_RUNS = 100_000
+
+
 def _raw_points(m: MatrixSpec, problems: list[tuple[str, str]]) -> list[tuple[str, dict]]:
+    n = len(m.points) + (math.prod(len(v) for v in m.product.values()) if m.product else 0)
+    if n > MAX_RUNS:
+        problems.append(
+            ("matrix", f"expands to {n:,} points; a study holds at most {MAX_RUNS:,} (split it into studies)")
+        )
+        return []
     pts: list[tuple[str, dict]] = []
     for i, p in enumerate(m.points):
         pts.append((f"matrix.points[{i}]", _deep_merge(m.defaults, p)))
@@ -142,6 +154,9 @@ def expand_matrix(
         else:
             viol = topology.check(lay)
         p = p.model_copy(update={"llm": p.llm.model_copy(update={"dp": dp})})
+        if index + p.repeats > MAX_RUNS:
+            problems.append((label, f"with its repeats the study exceeds {MAX_RUNS:,} runs"))
+            break
         for r in range(p.repeats):
             if viol:
                 results.append(PointResult(index, label, None, viol))

@@ -13,6 +13,7 @@ import hashlib
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -337,6 +338,20 @@ def _write_atomic(path: Path, text: str, mode: int) -> None:
 
 
 def _write(p: _Planned) -> RenderedRun:
+    """Write a planned run's files; a run directory this call created is removed again if any write fails
+    (a full disk, a name the filesystem refuses), so a failed render leaves no half-made run behind."""
+    new_dir = not p.rd.root.exists()
+    try:
+        return _write_files(p)
+    except OSError as e:
+        if new_dir:
+            shutil.rmtree(p.rd.root, ignore_errors=True)
+        raise RenderError(
+            [Problem(p.spec.name, "write", f"cannot write {e.filename or p.rd.root}: {e.strerror or e}")]
+        ) from None
+
+
+def _write_files(p: _Planned) -> RenderedRun:
     p.rd.root.mkdir(parents=True, exist_ok=True)
     p.rd.logs.mkdir(exist_ok=True)  # SLURM opens --output before the script runs: the directory must exist
     changed, existed = False, False

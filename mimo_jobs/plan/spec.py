@@ -14,12 +14,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from mimo_jobs.errors import MimoJobsError
 
+from . import slurm_time
 from .presets import PRESETS
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=+/-]{1,128}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-TIME_RE = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})$|^(\d+)$")
+# Sizes beyond any real cluster or run: a value past them is a typo (or hostile), and planning it would
+# only spend memory and time. The largest machines have about 10^4 nodes and 10^5 GPUs.
+MAX_NODES = 100_000
+MAX_AXIS = 65_536  # one parallel axis (TP, PP, EP, CP, encoder DP)
+MAX_DP = MAX_NODES * 64
+MAX_BATCH = 100_000_000  # samples in one global batch
+MAX_SEQ = 16_777_216
+MAX_COUNT = 10**12  # iterations, samples
 
 
 class StudyError(MimoJobsError, ValueError):
@@ -33,7 +41,24 @@ class StudyError(MimoJobsError, ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan are never meant (a learning rate of .inf validates nothing and trains nothing)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_as_numbers(cls, v: Any, info) -> Any:
+        # pydantic reads YAML's true/false as 1/0 for a number field: `nodes: true` would be one node
+        if isinstance(v, bool) and _is_number(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"{v} is a YAML boolean (true/false/yes/no), not a number")
+        return v
+
+
+def _is_number(annotation: Any) -> bool:
+    import typing
+
+    args = typing.get_args(annotation)
+    kinds = [a for a in (args or (annotation,)) if a is not type(None)]
+    return bool(kinds) and all(a in (int, float) or a in ("int", "float") for a in kinds)
 
 
 # ---------------------------------------------------------------- cluster
@@ -114,8 +139,7 @@ class ClusterSpec(_Strict):
     @field_validator("time_limit")
     @classmethod
     def _time(cls, v: str) -> str:
-        if not TIME_RE.match(str(v)):
-            raise ValueError(f"{v!r} is not a SLURM time (HH:MM:SS, D-HH:MM:SS or minutes)")
+        slurm_time.seconds(v)
         return str(v)
 
     @field_validator("signal")
@@ -172,12 +196,7 @@ class ClusterSpec(_Strict):
         return v
 
     def time_limit_seconds(self) -> int:
-        m = TIME_RE.match(self.time_limit)
-        assert m
-        if m.group(5) is not None:
-            return int(m.group(5)) * 60
-        d = int(m.group(1) or 0)
-        return ((d * 24 + int(m.group(2))) * 60 + int(m.group(3))) * 60 + int(m.group(4))
+        return slurm_time.seconds(self.time_limit)
 
 
 # ---------------------------------------------------------------- trainer
@@ -187,9 +206,9 @@ class LRSpec(_Strict):
     schedule: Literal["constant", "cosine", "linear", "wsd"] = "cosine"
     max: float = Field(3e-4, gt=0)
     min: float = Field(0.0, ge=0)
-    warmup_samples: int = Field(0, ge=0)
-    decay_samples: int | None = Field(None, ge=1)  # default: the whole run
-    wsd_decay_samples: int | None = Field(None, ge=1)  # length of WSD's final decay phase
+    warmup_samples: int = Field(0, ge=0, le=MAX_COUNT)
+    decay_samples: int | None = Field(None, ge=1, le=MAX_COUNT)  # default: the whole run
+    wsd_decay_samples: int | None = Field(None, ge=1, le=MAX_COUNT)  # length of WSD's final decay phase
     wsd_decay_style: Literal["minus_sqrt", "linear", "cosine", "exponential"] = "minus_sqrt"
 
     @model_validator(mode="after")
@@ -248,21 +267,23 @@ class WandbSpec(_Strict):
 
 class TrainerSpec(_Strict):
     model: str = "tiny"
-    seq_length: int = Field(64, ge=8)
-    train_iters: int | None = Field(None, ge=1)
-    train_samples: int | None = Field(None, ge=1)
+    seq_length: int = Field(64, ge=8, le=MAX_SEQ)
+    train_iters: int | None = Field(None, ge=1, le=MAX_COUNT)
+    train_samples: int | None = Field(None, ge=1, le=MAX_COUNT)
     lr: LRSpec = Field(default_factory=LRSpec)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     data: DataSpec = Field(default_factory=DataSpec)
-    log_interval: int = Field(1, ge=1)
-    save_interval: int | None = Field(None, ge=1)
+    log_interval: int = Field(1, ge=1, le=MAX_COUNT)
+    save_interval: int | None = Field(None, ge=1, le=MAX_COUNT)
     checkpoint_dir: str | None = None  # default: <run dir>/checkpoints
-    keep_checkpoints: int = Field(2, ge=1)
-    seed: int = 1234
+    keep_checkpoints: int = Field(2, ge=1, le=1000)
+    seed: int = Field(1234, ge=0, lt=2**63)
     precision: Literal["fp32", "bf16"] = "fp32"
     freeze: FreezeSpec = Field(default_factory=FreezeSpec)
     use_distributed_optimizer: bool = False
-    timeout_s: int = Field(300, ge=10)  # collective timeout; a dead peer ends the job instead of hanging
+    timeout_s: int = Field(
+        300, ge=10, le=7 * 24 * 3600
+    )  # collective timeout; a dead peer ends the job instead of hanging
     tensorboard: bool = True  # event files under <run dir>/tensorboard/ (Megatron's tag names)
     wandb: WandbSpec | None = None
 
@@ -284,34 +305,34 @@ class TrainerSpec(_Strict):
 
 
 class EncoderAxes(_Strict):
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    dp: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1, le=MAX_AXIS)
+    pp: int = Field(1, ge=1, le=MAX_AXIS)
+    dp: int = Field(1, ge=1, le=MAX_AXIS)
 
 
 class LLMAxes(_Strict):
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    ep: int = Field(1, ge=1)
-    etp: int = Field(1, ge=1)
-    cp: int = Field(1, ge=1)
-    dp: int | None = Field(None, ge=1)  # None: derived so that the world is tiled exactly
+    tp: int = Field(1, ge=1, le=MAX_AXIS)
+    pp: int = Field(1, ge=1, le=MAX_AXIS)
+    ep: int = Field(1, ge=1, le=MAX_AXIS)
+    etp: int = Field(1, ge=1, le=MAX_AXIS)
+    cp: int = Field(1, ge=1, le=MAX_AXIS)
+    dp: int | None = Field(None, ge=1, le=MAX_DP)  # None: derived so that the world is tiled exactly
 
 
 class PointSpec(_Strict):
-    nodes: int = Field(ge=1)
+    nodes: int = Field(ge=1, le=MAX_NODES)
     encoder: EncoderAxes = Field(default_factory=EncoderAxes)
     llm: LLMAxes = Field(default_factory=LLMAxes)
-    gbs: int = Field(ge=1)
-    mbs: int = Field(1, ge=1)
+    gbs: int = Field(ge=1, le=MAX_BATCH)
+    mbs: int = Field(1, ge=1, le=MAX_BATCH)
     repeats: int = Field(1, ge=1, le=100)
     time_limit: str | None = None  # overrides cluster.time_limit for this point
 
     @field_validator("time_limit")
     @classmethod
     def _time(cls, v: str | None) -> str | None:
-        if v is not None and not TIME_RE.match(str(v)):
-            raise ValueError(f"{v!r} is not a SLURM time (HH:MM:SS, D-HH:MM:SS or minutes)")
+        if v is not None:
+            slurm_time.seconds(v)
         return v
 
 
@@ -327,7 +348,7 @@ class StudySpec(_Strict):
     name: str
     description: str = ""
     scaling: Literal["strong", "weak"] = "strong"
-    baseline_nodes: int | None = None
+    baseline_nodes: int | None = Field(None, ge=1, le=MAX_NODES)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     trainer: TrainerSpec
     matrix: MatrixSpec
