@@ -41,10 +41,16 @@ def _set_dotted(d: dict, dotted: str, value: Any) -> dict:
     return out
 
 
+def _derived_dp(p: PointSpec, gpn: int) -> int | None:
+    enc = (0, 1, 1) if p.colocated else (p.encoder.tp, p.encoder.pp, p.encoder.dp)
+    return topology.derive_llm_dp(p.nodes, gpn, *enc, p.llm.tp, p.llm.pp, p.llm.cp)
+
+
 def run_name(p: PointSpec, repeat: int, repeats: int) -> str:
-    """Readable name, e.g. 33n-e1x8-l2x8x128-g768 (encoder tp x dp, llm tp x ep x dp, gbs)."""
+    """Readable name, e.g. 33n-e1x8-l2x8x128-g768 (encoder tp x dp, llm tp x ep x dp, gbs); a colocated
+    point says `colo` where the encoder's sizes would be (33n-colo-l2x8x132-g768)."""
     e, l_ = p.encoder, p.llm
-    enc = f"e{e.tp}x{e.dp}" + (f"p{e.pp}" if e.pp > 1 else "")
+    enc = "colo" if p.colocated else f"e{e.tp}x{e.dp}" + (f"p{e.pp}" if e.pp > 1 else "")
     llm = (
         f"l{l_.tp}x{l_.ep}x{l_.dp}"
         + (f"p{l_.pp}" if l_.pp > 1 else "")
@@ -122,15 +128,15 @@ def expand_matrix(
         gpn = gpus_per_node
         dp = p.llm.dp
         if dp is None:
-            dp = topology.derive_llm_dp(
-                p.nodes, gpn, p.encoder.tp, p.encoder.pp, p.encoder.dp, p.llm.tp, p.llm.pp, p.llm.cp
-            )
+            dp = _derived_dp(p, gpn)
+        enc = (p.llm.tp, 1, dp or 0) if p.colocated else (p.encoder.tp, p.encoder.pp, p.encoder.dp)
         lay = topology.Layout(
             nodes=p.nodes,
             gpus_per_node=gpn,
-            enc_tp=p.encoder.tp,
-            enc_pp=p.encoder.pp,
-            enc_dp=p.encoder.dp,
+            enc_tp=enc[0],
+            enc_pp=enc[1],
+            enc_dp=enc[2],
+            colocated=p.colocated,
             llm_tp=p.llm.tp,
             llm_pp=p.llm.pp,
             llm_dp=dp if dp is not None else 0,
@@ -142,12 +148,12 @@ def expand_matrix(
             mbs=p.mbs,
         )
         if dp is None:
+            enc_gpus = 0 if p.colocated else p.encoder.tp * p.encoder.pp * p.encoder.dp
             viol = [
                 topology.Violation(
                     "tiling",
                     f"llm.dp cannot be derived: {p.nodes}x{gpn} GPUs minus encoder "
-                    f"{p.encoder.tp * p.encoder.pp * p.encoder.dp} is not a multiple of llm.tp*cp*pp="
-                    f"{p.llm.tp * p.llm.cp * p.llm.pp}",
+                    f"{enc_gpus} is not a multiple of llm.tp*cp*pp={p.llm.tp * p.llm.cp * p.llm.pp}",
                     None,
                 )
             ]

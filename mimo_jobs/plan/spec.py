@@ -327,6 +327,16 @@ class PointSpec(_Strict):
     mbs: int = Field(1, ge=1, le=MAX_BATCH)
     repeats: int = Field(1, ge=1, le=100)
     time_limit: str | None = None  # overrides cluster.time_limit for this point
+    colocated: bool = False  # every GPU runs both modules (the baseline): the encoder takes the LLM's TP/DP
+
+    @model_validator(mode="after")
+    def _colocated_has_no_encoder(self) -> PointSpec:
+        if self.colocated and self.encoder != EncoderAxes():
+            raise ValueError(
+                "a colocated point runs the encoder on every rank with the LLM's TP and DP: remove its "
+                f"encoder sizes ({self.encoder.model_dump()}), or set colocated: false"
+            )
+        return self
 
     @field_validator("time_limit")
     @classmethod

@@ -1,11 +1,12 @@
-"""Topology arithmetic for a heterogeneous (non-colocated) MIMO layout.
+"""Topology arithmetic for a MIMO layout: heterogeneous (encoder and LLM on their own ranks) or colocated.
 
 Pure integers, no torch: the CLI checks every study point with it before anything is submitted, and the
 trainer re-checks the same plan at start and builds its grids from it.
 
 Rank layout: encoder ranks occupy [0, E) and LLM ranks [E, world), E = enc_tp*enc_pp*enc_dp. Inside each
 module ranks are ordered tp (fastest) -> pp -> dp (slowest), matching the grids the trainer builds, so a
-TP group is a run of consecutive ranks.
+TP group is a run of consecutive ranks. A colocated layout runs both modules on every rank: the LLM grid
+covers the world and the encoder's grid is the same ranks with the same TP and DP.
 """
 
 from __future__ import annotations
@@ -35,10 +36,18 @@ class Layout:
     num_experts: int = 0  # 0 = dense LLM
     gbs: int = 1
     mbs: int = 1
+    # every rank runs both modules (the ordinary LLaVA-style layout, the baseline a heterogeneous layout is
+    # measured against): the encoder takes the LLM's TP and DP on the same ranks, and there is no bridge
+    colocated: bool = False
 
     @property
     def world(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def llm_offset(self) -> int:
+        """The LLM's first rank: after the encoder's ranks, or 0 when both modules share every rank."""
+        return 0 if self.colocated else self.enc_ranks
 
     @property
     def enc_ranks(self) -> int:
@@ -82,7 +91,7 @@ class Plan:
     shared_nodes: list[int]  # nodes hosting both (allowed; reported)
     expert_dp: int  # size of the expert-data-parallel group (0 for dense)
     num_microbatches: int
-    fan: str  # "out" (enc_dp < llm_dp), "in" (enc_dp > llm_dp) or "1:1"
+    fan: str  # "out" (enc_dp < llm_dp), "in" (enc_dp > llm_dp), "1:1", or "colocated" (no bridge)
     lanes_per_encoder: int  # LLM DP lanes served by one encoder replica (1 for fan-in / 1:1)
     encoders_per_lane: int  # encoder replicas feeding one LLM lane (1 for fan-out / 1:1)
     samples_per_encoder_microbatch: int  # samples one encoder replica embeds per LLM microbatch step
@@ -153,7 +162,10 @@ def _positive(lay: Layout) -> list[Violation]:
 
 
 def _tiling(lay: Layout) -> list[Violation]:
-    """`tiling`: encoder + LLM ranks cover the world exactly, no idle or stub rank."""
+    """`tiling`: encoder + LLM ranks cover the world exactly, no idle or stub rank (colocated: the LLM grid
+    alone covers it, and the encoder runs on the same ranks)."""
+    if lay.colocated:
+        return _colocated_tiling(lay)
     world, gpn = lay.world, lay.gpus_per_node
     e, l_ = lay.enc_ranks, lay.llm_ranks
     if e + l_ == world:
@@ -178,10 +190,39 @@ def _tiling(lay: Layout) -> list[Violation]:
     ]
 
 
+def _colocated_tiling(lay: Layout) -> list[Violation]:
+    world, per_dp = lay.world, lay.llm_tp * lay.llm_cp * lay.llm_pp
+    out = []
+    if lay.llm_ranks != world:
+        fit = (
+            f"llm.dp={world // per_dp} fits"
+            if world % per_dp == 0
+            else (f"llm.tp*cp*pp={per_dp} must divide the {world} GPUs")
+        )
+        out.append(
+            Violation(
+                "tiling",
+                f"colocated: llm {lay.llm_tp}x{lay.llm_cp}x{lay.llm_pp}x{lay.llm_dp}={lay.llm_ranks} ranks must be "
+                f"all {lay.nodes}x{lay.gpus_per_node}={world} GPUs",
+                fit,
+            )
+        )
+    if (lay.enc_tp, lay.enc_pp, lay.enc_dp) != (lay.llm_tp, 1, lay.llm_dp):
+        out.append(
+            Violation(
+                "colocated",
+                f"colocated: the encoder runs with the LLM's TP and DP on the same ranks, got encoder "
+                f"{lay.enc_tp}x{lay.enc_pp}x{lay.enc_dp} for llm.tp={lay.llm_tp}, llm.dp={lay.llm_dp}",
+                "leave encoder out of a colocated point",
+            )
+        )
+    return out
+
+
 def _tp_within_node(lay: Layout) -> list[Violation]:
     """`tp-within-node`: TP groups stay inside a node. Encoder TP blocks start at 0, LLM blocks at E."""
     gpn, out = lay.gpus_per_node, []
-    for name, tp, start in (("encoder.tp", lay.enc_tp, 0), ("llm.tp", lay.llm_tp, lay.enc_ranks)):
+    for name, tp, start in (("encoder.tp", lay.enc_tp, 0), ("llm.tp", lay.llm_tp, lay.llm_offset)):
         if gpn % tp != 0 or (start % gpn) % tp != 0:
             fits = [d for d in _divisors(gpn) if (start % gpn) % d == 0]
             out.append(
@@ -249,7 +290,9 @@ def _gbs(lay: Layout) -> list[Violation]:
 
 def _bridge(lay: Layout) -> list[Violation]:
     """`bridge-ratio`, `bridge-samples`: one of enc_dp, llm_dp divides the other, and each encoder replica
-    embeds whole samples of every microbatch."""
+    embeds whole samples of every microbatch (colocated: no bridge, nothing to check)."""
+    if lay.colocated:
+        return []
     if lay.enc_dp % lay.llm_dp != 0 and lay.llm_dp % lay.enc_dp != 0:
         cands = _divisors(lay.llm_dp) + [lay.llm_dp * m for m in range(2, 5)]
         return [
@@ -291,8 +334,10 @@ def plan(lay: Layout) -> Plan:
         raise TopologyError(violations)
     gpn, e = lay.gpus_per_node, lay.enc_ranks
     enc_nodes = list(range(0, -(-e // gpn)))  # nodes hosting ranks [0, e)
-    llm_nodes = sorted(set(range(e // gpn, lay.nodes)))
-    if lay.enc_dp == lay.llm_dp:
+    llm_nodes = sorted(set(range(lay.llm_offset // gpn, lay.nodes)))
+    if lay.colocated:
+        fan, lpe, epl = "colocated", 1, 1
+    elif lay.enc_dp == lay.llm_dp:
         fan, lpe, epl = "1:1", 1, 1
     elif lay.enc_dp < lay.llm_dp:
         fan, lpe, epl = "out", lay.llm_dp // lay.enc_dp, 1
@@ -304,7 +349,7 @@ def plan(lay: Layout) -> Plan:
         world=lay.world,
         enc_rank_start=0,
         enc_rank_end=e,
-        llm_rank_start=e,
+        llm_rank_start=lay.llm_offset,
         llm_rank_end=lay.world,
         encoder_nodes=enc_nodes,
         llm_nodes=llm_nodes,

@@ -40,7 +40,7 @@ def record_run(
     """Insert the run if new (run ids are content hashes: the same id is the same run)."""
     lay, prov = spec.layout, provenance or {}
     con.execute(
-        """INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        """INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
            ON CONFLICT (run_id) DO UPDATE SET run_dir = excluded.run_dir,
              script_sha256 = coalesce(excluded.script_sha256, runs.script_sha256)""",
         [
@@ -71,6 +71,7 @@ def record_run(
             prov.get("version"),
             prov.get("git_sha"),
             _now(),
+            lay.colocated,
         ],
     )
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 # 2: iterations without a primary key (ingest keeps the key unique itself)
 # 3: jobs.action, next_job_id, first_error, log_path (what the submit policy decided for an ended job)
-SCHEMA_VERSION = 3
+# 4: runs.colocated (a baseline layout: every rank runs both modules), meta.written_by
+SCHEMA_VERSION = 4
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)""",
@@ -36,7 +37,8 @@ SCHEMA = [
         spec_json JSON,               -- RunSpec.to_dict()
         script_sha256 VARCHAR,        -- hash of the rendered sbatch.sh (or launch.sh for local)
         pkg_version VARCHAR, git_sha VARCHAR,
-        created_at TIMESTAMP)""",
+        created_at TIMESTAMP,
+        colocated BOOLEAN DEFAULT false)  -- every rank runs the encoder and the LLM (no bridge)""",
     """CREATE TABLE IF NOT EXISTS jobs (
         run_id VARCHAR NOT NULL,
         job_id VARCHAR NOT NULL,      -- scheduler id (SLURM job id, or local-<n>)
@@ -118,6 +120,7 @@ ADDED_COLUMNS = [
     ("jobs", "next_job_id", "VARCHAR"),
     ("jobs", "first_error", "VARCHAR"),
     ("jobs", "log_path", "VARCHAR"),
+    ("runs", "colocated", "BOOLEAN DEFAULT false"),
 ]
 
 

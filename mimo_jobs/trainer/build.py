@@ -93,7 +93,7 @@ def build_state(run: RunSpec, plan: Plan, reference: bool, timeout) -> TrainStat
         run, plan, rank_lanes(plan, role, reference), need_images=role.is_encoder, need_text=True
     )
     bridge = None
-    if not reference:
+    if not reference and not plan.layout.colocated:  # colocated: both modules on this rank, no bridge
         bridge = Bridge(
             plan,
             enc_s,

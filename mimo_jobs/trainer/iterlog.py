@@ -26,6 +26,7 @@ def layout_line(run, plan, mode: str, backend: str) -> str:
         "LLM lanes)",
         "in": f"fan-in {plan.encoders_per_lane}->1 ({plan.encoders_per_lane} encoder replicas per LLM lane)",
         "1:1": "1:1",
+        "colocated": "none (colocated: every rank runs the encoder and the LLM)",
     }[plan.fan]
     moe = (
         f" ep={lay.llm_ep} etp={lay.llm_etp} experts={lay.num_experts} expert-dp={plan.expert_dp}"

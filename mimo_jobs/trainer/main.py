@@ -161,7 +161,7 @@ class RankProfile:
         rank = dist.get_rank()
         out = {
             "rank": rank,
-            "mode": "reference" if st.reference else "hetero",
+            "mode": _mode(st.run, st.reference),
             "modules": list(st.role.modules),
             "iterations": self.n,
             "elapsed_s": self.elapsed,
@@ -246,6 +246,13 @@ def _install_cpu_shims() -> None:
         install()
 
 
+def _mode(run, reference: bool) -> str:
+    """reference (one process), colocated or hetero: what the layout line and the rank profile say."""
+    if reference:
+        return "reference"
+    return "colocated" if run.layout.colocated else "hetero"
+
+
 def _iteration_logger(
     run, plan, doc: dict, metrics: Path | None, reference: bool, backend: str, n_iters: int, quiet: bool
 ):
@@ -254,7 +261,7 @@ def _iteration_logger(
 
     from .iterlog import IterLogger, layout_line
 
-    mode = "reference" if reference else "hetero"
+    mode = _mode(run, reference)
     last = dist.get_rank() == dist.get_world_size() - 1
     paths = doc.get("paths") or {}
     if metrics is None and paths.get("metrics"):

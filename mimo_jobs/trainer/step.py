@@ -1,4 +1,5 @@
-"""One training iteration, heterogeneous (encoder ranks | LLM ranks) or the one-process reference.
+"""One training iteration: heterogeneous (encoder ranks | LLM ranks), colocated (both modules on every rank,
+no bridge) or the one-process reference.
 
 Per iteration:
   data      every rank draws the iteration's microbatches for its lanes (deterministic streams);
@@ -200,6 +201,8 @@ def train_step(st: TrainState) -> StepStats:
     _set_aux_scale(st, n_tokens)
     if st.reference:
         tally = _reference_microbatches(st, batches, n_tokens, tm)
+    elif st.plan.layout.colocated:
+        tally = _colocated_microbatches(st, batches, n_tokens, tm)
     elif st.role.is_encoder:
         tally = _encoder_microbatches(st, batches, tm)
     else:
@@ -306,6 +309,31 @@ def _reference_encoder_forward(st: TrainState, mb: dict, tally: _Tally) -> dict[
             per_lane.setdefault(g.lane, []).append(flat[row : row + n])
             row += n
     return per_lane
+
+
+def _colocated_microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: _Timer) -> _Tally:
+    """Colocated ranks, per microbatch of their lane: the encoder forward on the lane's images, the LLM
+    forward on its output (no bridge), one backward through both. The encoder's TP peers are the LLM's, and
+    every one of them holds the whole embedding and its whole gradient, as over the bridge."""
+    tally = _Tally()
+    lane = st.role.dp_rank
+    for mb in batches:
+        b = mb[lane]
+        a = _tick()
+        flat = encoder_forward(st, b.images or [None] * len(b.sample_keys))
+        tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
+        tm.add("enc_fwd", _tick() - a)
+        tally.image_tokens += flat.shape[0]
+        a = _tick()
+        ls = llm_forward(st, b, flat)
+        tally.loss_sum += float(ls.detach())
+        tm.add("llm_fwd", _tick() - a)
+        a = _tick()
+        scaled = ls / max(n_tokens, 1.0)
+        if scaled.requires_grad:
+            scaled.backward()
+        tm.add("llm_bwd", _tick() - a)  # the encoder's backward runs inside it
+    return tally
 
 
 def _encoder_microbatches(st: TrainState, batches: list[dict], tm: _Timer) -> _Tally:

@@ -28,6 +28,7 @@ def make_run_yaml(
     iters: int = 3,
     trainer: dict | None = None,
     data: dict | None = None,
+    colocated: bool = False,
 ) -> Path:
     t = {
         "model": model,
@@ -46,7 +47,16 @@ def make_run_yaml(
             "cluster": {"executor": "local", "gpus_per_node": gpn, "accelerator": "cpu"},
             "trainer": t,
             "matrix": {
-                "points": [{"nodes": 1, "encoder": enc or {}, "llm": llm or {}, "gbs": gbs, "mbs": mbs}]
+                "points": [
+                    {
+                        "nodes": 1,
+                        "encoder": enc or {},
+                        "llm": llm or {},
+                        "gbs": gbs,
+                        "mbs": mbs,
+                        "colocated": colocated,
+                    }
+                ]
             },
         }
     )

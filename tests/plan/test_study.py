@@ -83,9 +83,43 @@ def test_cpu_local_study_fits_one_node_of_four_processes():
     s = load_study(STUDIES / "cpu_local.yaml", env={})
     runs = runs_of(s)
     assert s.cluster.executor == "local" and s.cluster.accelerator == "cpu" and s.trainer.model == "tiny"
-    assert 2 <= len(runs) <= 3
+    assert 3 <= len(runs) <= 4
     assert all(r.layout.nodes == 1 and r.layout.world == 4 for r in runs)
     assert "out" in {r.plan().fan for r in runs}  # at least one bridge fan-out point
+    # the colocated baseline, at the same size and global batch as the heterogeneous layouts
+    (colo,) = [r for r in runs if r.layout.colocated]
+    assert colo.plan().fan == "colocated" and colo.layout.gbs == runs[0].layout.gbs
+
+
+def test_colocated_points_are_planned_refused_and_named():
+    doc = minimal()
+    doc["cluster"]["gpus_per_node"] = 4
+    doc["matrix"]["points"] = [{"nodes": 2, "colocated": True, "llm": {"tp": 2}, "gbs": 8}]
+    (run,) = runs_of(parse_study(doc, env={}))
+    plan = run.plan()
+    assert run.name == "2n-colo-l2x1x4-g8"
+    assert (plan.enc_rank_start, plan.enc_rank_end, plan.llm_rank_start, plan.llm_rank_end) == (0, 8, 0, 8)
+    assert (run.layout.enc_tp, run.layout.enc_dp, plan.num_microbatches) == (2, 4, 2)
+    # encoder sizes make no sense on a colocated point
+    doc["matrix"]["points"] = [{"nodes": 2, "colocated": True, "encoder": {"dp": 2}, "gbs": 8}]
+    with pytest.raises(StudyError, match="a colocated point runs the encoder on every rank"):
+        runs_of(parse_study(doc, env={}))
+    # a layout that cannot be colocated: the LLM grid must cover all 8 GPUs
+    doc["matrix"]["points"] = [{"nodes": 2, "colocated": True, "llm": {"tp": 2, "dp": 2}, "gbs": 8}]
+    with pytest.raises(StudyError, match=r"\[tiling\] colocated: .* must be all 2x4=8 GPUs; llm.dp=4 fits"):
+        runs_of(parse_study(doc, env={}))
+
+
+def test_the_production_study_has_no_feasible_colocated_baseline_at_gbs_768():
+    """A colocated layout must use every GPU for the LLM grid: 264, 544 and 800 GPUs with TP2 give DP 132,
+    272 and 400, none of which divides GBS 768 (their factors 11, 17 and 5 are not in 768 = 2^8 x 3), and
+    no TP inside a node removes them. validate says so, with the global batch that would fit."""
+    s = load_study(STUDIES / "scale_33n_68n_100n.yaml", env={})
+    for nodes, dp in ((33, 132), (68, 272), (100, 400)):
+        doc = s.model_dump(mode="json")
+        doc["matrix"] = {"points": [{"nodes": nodes, "colocated": True, "llm": {"tp": 2, "ep": 8}, "gbs": 768}]}
+        with pytest.raises(StudyError, match=rf"\[gbs\] gbs=768 is not divisible by mbs\*llm.dp=1\*{dp}"):
+            runs_of(parse_study(doc, env={}))
 
 
 def test_slurm_ci_study_has_2_3_4_node_points():
