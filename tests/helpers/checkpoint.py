@@ -36,9 +36,16 @@ def make_run(
     seed: int = 1234,
     freeze: dict | None = None,
     checkpoint_dir: str | None = None,
+    colocated: bool = False,
 ) -> Path:
-    """A one-node CPU run (processes = ranks) rendered to <root>/runs/<name>/<run>/run.yaml."""
-    world = enc_tp * enc_dp + llm_tp * llm_dp
+    """A one-node CPU run (processes = ranks) rendered to <root>/runs/<name>/<run>/run.yaml (colocated: the
+    LLM's ranks run the encoder too; enc_tp/enc_dp are ignored)."""
+    world = llm_tp * llm_dp if colocated else enc_tp * enc_dp + llm_tp * llm_dp
+    point = {"nodes": 1, "llm": {"tp": llm_tp, "dp": llm_dp, "ep": llm_ep}, "gbs": gbs, "mbs": mbs}
+    if colocated:
+        point["colocated"] = True
+    else:
+        point["encoder"] = {"tp": enc_tp, "dp": enc_dp}
     trainer = {
         "model": model,
         "seq_length": 32,
@@ -59,17 +66,7 @@ def make_run(
             "name": name,
             "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": world},
             "trainer": trainer,
-            "matrix": {
-                "points": [
-                    {
-                        "nodes": 1,
-                        "encoder": {"tp": enc_tp, "dp": enc_dp},
-                        "llm": {"tp": llm_tp, "dp": llm_dp, "ep": llm_ep},
-                        "gbs": gbs,
-                        "mbs": mbs,
-                    }
-                ]
-            },
+            "matrix": {"points": [point]},
         },
         env={},
     )
