@@ -117,7 +117,9 @@ def test_the_production_study_has_no_feasible_colocated_baseline_at_gbs_768():
     s = load_study(STUDIES / "scale_33n_68n_100n.yaml", env={})
     for nodes, dp in ((33, 132), (68, 272), (100, 400)):
         doc = s.model_dump(mode="json")
-        doc["matrix"] = {"points": [{"nodes": nodes, "colocated": True, "llm": {"tp": 2, "ep": 8}, "gbs": 768}]}
+        doc["matrix"] = {
+            "points": [{"nodes": nodes, "colocated": True, "llm": {"tp": 2, "ep": 8}, "gbs": 768}]
+        }
         with pytest.raises(StudyError, match=rf"\[gbs\] gbs=768 is not divisible by mbs\*llm.dp=1\*{dp}"):
             runs_of(parse_study(doc, env={}))
 
