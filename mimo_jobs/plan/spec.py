@@ -285,6 +285,11 @@ class TrainerSpec(_Strict):
         300, ge=10, le=7 * 24 * 3600
     )  # collective timeout; a dead peer ends the job instead of hanging
     tensorboard: bool = True  # event files under <run dir>/tensorboard/ (Megatron's tag names)
+    # microbatches an encoder rank keeps ahead of their backward (1F1B across the bridge): bounds its saved
+    # activations to this many microbatches whatever the iteration's count; 2 lets the encoder compute the
+    # next microbatch while the LLM works on the last one
+    encoder_inflight: int = Field(2, ge=1, le=64)
+    recompute: Literal["none", "selective", "full"] = "none"  # megatron-core's activation recompute
     wandb: WandbSpec | None = None
 
     @field_validator("model")

@@ -145,6 +145,9 @@ class Bridge:
     def _isend(self, t, dst: int) -> None:
         import torch.distributed as dist
 
+        # sends already delivered release their tensors now, not at finish(): with 1F1B the encoder's sent
+        # embeddings must not pile up over the iteration's microbatches
+        self.pending = [(w, x) for w, x in self.pending if not w.is_completed()]
         self.pending.append((dist.isend(t, dst), t))
 
     def _recv(self, t, src: int):

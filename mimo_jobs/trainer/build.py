@@ -52,6 +52,8 @@ class TrainState:
     iteration: int = 0
     consumed_samples: int = 0
     extras: dict = field(default_factory=dict)
+    meter: Any = None  # memory.SavedTensorMeter: activations kept for backward
+    inflight_peak: int = 0  # most encoder microbatches whose backward was still to come
 
     @property
     def train_iters(self) -> int:
@@ -105,7 +107,11 @@ def build_state(run: RunSpec, plan: Plan, reference: bool, timeout) -> TrainStat
             prec.dtype,
             device,
         )
+    from .memory import SavedTensorMeter
+
+    params = [p for m in (encoder, language) if m is not None for p in m.core.parameters()]
     return TrainState(
+        meter=SavedTensorMeter(params),
         run=run,
         plan=plan,
         preset=preset,
@@ -178,7 +184,7 @@ def _wrap(name: str, module, cfg, pgc, shape: G.ModuleShape, frozen: bool, spec)
 def _build_encoder(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Precision) -> Module:
     from . import models as M
 
-    vit_cfg, proj_cfg = M.encoder_configs(preset, shape.tp, prec)
+    vit_cfg, proj_cfg = M.encoder_configs(preset, shape.tp, prec, t.recompute)
     enc = M.build_encoder(preset, vit_cfg, proj_cfg, pgc, prec)
     M.canonical_init_(enc, t.seed, "encoder", pgc.tp.rank(), pgc.tp.size())
     if prec.use_gpu:
@@ -189,7 +195,7 @@ def _build_encoder(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Prec
 def _build_language(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Precision) -> Module:
     from . import models as M
 
-    cfg = M.llm_config(preset, shape.tp, shape.ep, shape.etp, prec)
+    cfg = M.llm_config(preset, shape.tp, shape.ep, shape.etp, prec, t.recompute)
     gpt = M.build_llm(preset, cfg, pgc, prec, t.seq_length)
     # we build decoder inputs ourselves (image tokens scattered in) and scatter to SP afterwards
     gpt.embedding.word_embeddings.reduce_scatter_embeddings = False

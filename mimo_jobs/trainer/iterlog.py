@@ -208,7 +208,11 @@ class IterLogger:
             tflops_per_gpu=tflops,
             moe_aux_loss=stats.moe_aux_loss,
             phases_ms={k: v * 1e3 for k, v in stats.phases_s.items()},
-            extras={"image_tokens": stats.image_tokens, "world": world, "memory": memory_facts()},
+            extras={
+                "image_tokens": stats.image_tokens,
+                "world": world,
+                "memory": {**memory_facts(), "saved-activation-peak-bytes": stats.saved_peak_bytes},
+            },
         )
         self._write(rec)
         if self.trackers is not None:

@@ -142,8 +142,12 @@ class RankProfile:
         self.n = 0
         self.elapsed = 0.0
         self.phases: dict[str, float] = {}
+        self.saved_peak = 0  # over every step, always kept (the memory facts)
+        self.inflight_peak = 0
 
     def add(self, stats) -> None:
+        self.saved_peak = max(self.saved_peak, stats.saved_peak_bytes)
+        self.inflight_peak = max(self.inflight_peak, stats.inflight_peak)
         if self.dir and stats.iteration > 1:
             self.n += 1
             self.elapsed += stats.elapsed_s
@@ -167,6 +171,8 @@ class RankProfile:
             "elapsed_s": self.elapsed,
             "phases_s": self.phases,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "saved_activation_peak_bytes": self.saved_peak,
+            "inflight_peak": self.inflight_peak,
         }
         Path(self.dir).mkdir(parents=True, exist_ok=True)
         (Path(self.dir) / f"{out['mode']}-rank-{rank}.json").write_text(json.dumps(out))
@@ -203,6 +209,7 @@ def run_training(
     ckpt.resume(st)
     prof = RankProfile()
     stop = _train_loop(st, n_iters, log, ckpt, prof)
+    _write_memory_facts(st, doc, reference, prof)
     if stop is not None:
         log.end(f"requeue: {stop.reason}", st.iteration, st.consumed_samples)
         _shutdown()
@@ -211,6 +218,17 @@ def run_training(
     prof.write(st)
     _shutdown()
     return 0
+
+
+def _write_memory_facts(st, doc: dict, reference: bool, prof: RankProfile) -> None:
+    """Every rank's measured memory (trainer/memory.py) into <run dir>/memory/ (not for the reference)."""
+    run_dir = (doc.get("paths") or {}).get("run_dir")
+    if reference or not run_dir:
+        return
+    from .memory import rank_facts, write_facts
+
+    st.meter.peak = prof.saved_peak
+    write_facts(Path(run_dir), rank_facts(st, st.meter, prof.inflight_peak))
 
 
 def _load_run(run_yaml: Path):

@@ -58,11 +58,22 @@ def _base_kwargs(prec: Precision) -> dict:
     return kw
 
 
-def llm_config(preset: ModelPreset, tp: int, ep: int, etp: int, prec: Precision):
+def recompute_kwargs(recompute: str) -> dict:
+    """trainer.recompute as megatron-core's TransformerConfig fields: `selective` recomputes the core
+    attention (the activations that grow with the sequence squared), `full` recomputes each transformer
+    layer from its input (uniform method, one layer per checkpoint)."""
+    if recompute == "selective":
+        return {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+    if recompute == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    return {}
+
+
+def llm_config(preset: ModelPreset, tp: int, ep: int, etp: int, prec: Precision, recompute: str = "none"):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     p = preset.llm
-    kw = _base_kwargs(prec)
+    kw = _base_kwargs(prec) | recompute_kwargs(recompute)
     if p.num_experts:
         kw.update(
             num_moe_experts=p.num_experts,
@@ -90,7 +101,7 @@ def llm_config(preset: ModelPreset, tp: int, ep: int, etp: int, prec: Precision)
     )
 
 
-def encoder_configs(preset: ModelPreset, tp: int, prec: Precision):
+def encoder_configs(preset: ModelPreset, tp: int, prec: Precision, recompute: str = "none"):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     e, llm = preset.encoder, preset.llm
@@ -100,7 +111,7 @@ def encoder_configs(preset: ModelPreset, tp: int, prec: Precision):
         num_attention_heads=e.num_attention_heads,
         ffn_hidden_size=e.ffn_hidden_size,
         tensor_model_parallel_size=tp,
-        **_base_kwargs(prec),
+        **(_base_kwargs(prec) | recompute_kwargs(recompute)),
     )
     # The projector maps encoder width -> LLM width: MLP(enc_h -> llm_h -> llm_h), TP-split like the ViT.
     proj = TransformerConfig(

@@ -6,8 +6,9 @@ Per iteration:
   tokens    N = loss-bearing tokens of the whole global batch, all-reduced over the world, so every rank
             scales by the same 1/N (per-token loss; DDP sums): gradients do not depend on enc_dp/llm_dp
             or on which encoder ranks saw images;
-  encoder   forward of every microbatch (sent over the bridge as soon as it is ready), then backward of
-            each as its gradient comes back;
+  encoder   1F1B across the bridge: each microbatch drawn, forwarded and sent as the encoder reaches it;
+            once `encoder_inflight` await their gradient, the oldest one's backward runs before the next
+            forward (saved activations bounded by the in-flight count, not the microbatch count);
   LLM       per microbatch: receive image embeddings, scatter them into the image-token positions,
             forward, per-token loss * mask summed / N, backward, send the embedding gradient back;
   finalize  per-module DDP reduce on the module's own groups (finalize_model_grads);
@@ -39,6 +40,8 @@ class StepStats:
     moe_aux_loss: float | None = None
     image_tokens: int = 0
     empty_encoder_microbatches: int = 0  # encoder microbatches with no image at all (this rank)
+    saved_peak_bytes: int = 0  # most bytes autograd held for backward during the step (this rank)
+    inflight_peak: int = 0  # most encoder microbatches awaiting their backward (encoder ranks)
 
 
 class _Timer:
@@ -196,17 +199,16 @@ def train_step(st: TrainState) -> StepStats:
     lr = st.schedule(st.consumed_samples)
     st.optimizer.set_lr(lr)
     _zero_grads(st)
-    batches = _draw_batches(st, tm)
+    # An encoder rank draws each microbatch when it runs it (its images are the memory that matters); the
+    # others draw the iteration's token batches first: N, the global batch's loss-bearing tokens, scales
+    # every backward and must be known before the first.
+    lazy = _encoder_only(st)
+    batches = [] if lazy else _draw_batches(st, tm)
     n_tokens = _global_tokens(st, batches)
     _set_aux_scale(st, n_tokens)
-    if st.reference:
-        tally = _reference_microbatches(st, batches, n_tokens, tm)
-    elif st.plan.layout.colocated:
-        tally = _colocated_microbatches(st, batches, n_tokens, tm)
-    elif st.role.is_encoder:
-        tally = _encoder_microbatches(st, batches, tm)
-    else:
-        tally = _language_microbatches(st, batches, n_tokens, tm)
+    st.meter.reset_peak()
+    with st.meter.hooks():
+        tally = _microbatches(st, batches, n_tokens, tm)
     res = _optimizer_step(st, tm)
     loss_sum, aux, image_tokens = _global_figures(st, tally)
     st.iteration += 1
@@ -225,7 +227,23 @@ def train_step(st: TrainState) -> StepStats:
         moe_aux_loss=aux_per_microbatch if st.preset.llm.num_experts else None,
         image_tokens=int(image_tokens),
         empty_encoder_microbatches=tally.empty_encoder_microbatches,
+        saved_peak_bytes=st.meter.peak,
+        inflight_peak=tally.inflight_peak,
     )
+
+
+def _microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: _Timer) -> _Tally:
+    if st.reference:
+        return _reference_microbatches(st, batches, n_tokens, tm)
+    if st.plan.layout.colocated:
+        return _colocated_microbatches(st, batches, n_tokens, tm)
+    if st.role.is_encoder:
+        return _encoder_microbatches(st, tm)
+    return _language_microbatches(st, batches, n_tokens, tm)
+
+
+def _encoder_only(st: TrainState) -> bool:
+    return not st.reference and not st.plan.layout.colocated and not st.role.is_language
 
 
 @dataclass
@@ -235,6 +253,7 @@ class _Tally:
     loss_sum: float = 0.0  # per-token loss summed over the loss-bearing tokens (not yet divided by N)
     image_tokens: int = 0  # image embeddings the LLM consumed
     empty_encoder_microbatches: int = 0
+    inflight_peak: int = 0
 
 
 def _contributes(st: TrainState) -> bool:
@@ -250,14 +269,18 @@ def _grads_come_back(st: TrainState) -> bool:
 
 def _draw_batches(st: TrainState, tm: _Timer) -> list[dict]:
     """This rank's data of the whole iteration: [microbatch] -> {lane: LaneBatch}, alignment-checked."""
+    return [_draw_microbatch(st, tm) for _ in range(st.plan.num_microbatches)]
+
+
+def _draw_microbatch(st: TrainState, tm: _Timer) -> dict:
+    """This rank's next microbatch, {lane: LaneBatch}, alignment-checked (lanes are drawn in order, so
+    drawing a microbatch at a time gives the same samples as drawing the iteration at once)."""
     a = _tick()
-    lanes = rank_lanes(st.plan, st.role, st.reference)
-    batches = [{lane: st.provider.next(lane) for lane in lanes} for _ in range(st.plan.num_microbatches)]
-    for mb in batches:
-        for b in mb.values():
-            check_alignment(b, st.image_token_id)
+    mb = {lane: st.provider.next(lane) for lane in rank_lanes(st.plan, st.role, st.reference)}
+    for b in mb.values():
+        check_alignment(b, st.image_token_id)
     tm.add("data", _tick() - a)
-    return batches
+    return mb
 
 
 def _global_tokens(st: TrainState, batches: list[dict]) -> float:
@@ -336,33 +359,52 @@ def _colocated_microbatches(st: TrainState, batches: list[dict], n_tokens: float
     return tally
 
 
-def _encoder_microbatches(st: TrainState, batches: list[dict], tm: _Timer) -> _Tally:
-    """Encoder ranks: forward every microbatch and send it over the bridge, then backward each microbatch as
-    its embedding gradient comes back."""
+def _encoder_microbatches(st: TrainState, tm: _Timer) -> _Tally:
+    """Encoder ranks, 1F1B across the bridge: draw a microbatch, forward it and send it; once
+    `trainer.encoder_inflight` microbatches await their gradient, take the oldest one's back and run its
+    backward before the next forward; the rest at the end. Saved activations thus stay bounded by the
+    in-flight count, not by the iteration's microbatches. The LLM lanes answer microbatches in order, so
+    the oldest gradient is always the next one to arrive."""
+    from collections import deque
+
     tally = _Tally()
     segs = segments_of_encoder(st.plan, st.role.dp_rank)
     br = st.bridge
-    sent = []
-    for m, mb in enumerate(batches):
+    back = _grads_come_back(st)
+    keep = st.run.trainer.encoder_inflight
+    inflight: deque = deque()
+    for m in range(st.plan.num_microbatches):
+        mb = _draw_microbatch(st, tm)
         a = _tick()
         images, keys, counts = _encoder_samples(st, mb, segs)
         flat = encoder_forward(st, images)
         tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
         tm.add("enc_fwd", _tick() - a)
         br.send_forward(st.iteration, m, flat, keys, counts)
-        sent.append((flat, keys, counts))
-    if _grads_come_back(st):
-        enc_trains = st.encoder is not None and not st.encoder.frozen
-        for m, (flat, keys, counts) in enumerate(sent):
-            w0 = br.wait_s
-            g = br.recv_backward(st.iteration, m, keys, counts)
-            b0 = _tick()
-            tm.add("bridge_wait", br.wait_s - w0)
-            if enc_trains and flat.shape[0] > 0:
-                flat.backward(g.to(flat.dtype))
-            tm.add("enc_bwd", _tick() - b0)
+        del mb, images  # only the embeddings' graph is kept, for the backward
+        if not back:
+            continue
+        inflight.append((m, flat, keys, counts))
+        tally.inflight_peak = max(tally.inflight_peak, len(inflight))
+        while len(inflight) >= keep:
+            _encoder_backward(st, inflight.popleft(), tm)
+    while inflight:
+        _encoder_backward(st, inflight.popleft(), tm)
     _finish_bridge(st, tm)
     return tally
+
+
+def _encoder_backward(st: TrainState, item: tuple, tm: _Timer) -> None:
+    """Receive microbatch m's embedding gradient and run the encoder's backward from it."""
+    m, flat, keys, counts = item
+    br = st.bridge
+    w0 = br.wait_s
+    g = br.recv_backward(st.iteration, m, keys, counts)
+    b0 = _tick()
+    tm.add("bridge_wait", br.wait_s - w0)
+    if st.encoder is not None and not st.encoder.frozen and flat.shape[0] > 0:
+        flat.backward(g.to(flat.dtype))
+    tm.add("enc_bwd", _tick() - b0)
 
 
 def _language_microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: _Timer) -> _Tally:
