@@ -82,6 +82,7 @@ def diagnose_data(data: Any, source: str = "<study>", env: dict[str, str] | None
             study.cluster.gpus_per_node,
             PRESETS[study.trainer.model].llm.num_experts,
         )
+        layers = PRESETS[study.trainer.model].llm.num_layers
     else:
         # Only the two facts the topology needs are taken from the raw cluster/trainer sections.
         matrix = _partial(MatrixSpec, data.get("matrix"))
@@ -93,7 +94,8 @@ def diagnose_data(data: Any, source: str = "<study>", env: dict[str, str] | None
         experts = PRESETS[model].llm.num_experts if isinstance(model, str) and model in PRESETS else None
         if matrix is None or gpn is None or experts is None:
             return Diagnosis(source, None, [], problems)
-    points, point_problems = expand_matrix(matrix, gpn, experts, study)
+        layers = PRESETS[model].llm.num_layers
+    points, point_problems = expand_matrix(matrix, gpn, experts, study, layers)
     problems += [Problem(p, "schema", m) for p, m in point_problems]
     for pr in points:
         problems += [Problem(pr.label, v.rule, v.message, v.fit) for v in pr.violations]

@@ -106,7 +106,7 @@ def _raw_points(m: MatrixSpec, problems: list[tuple[str, str]]) -> list[tuple[st
 
 
 def expand_matrix(
-    matrix: MatrixSpec, gpus_per_node: int, num_experts: int, study: StudySpec | None
+    matrix: MatrixSpec, gpus_per_node: int, num_experts: int, study: StudySpec | None, llm_layers: int = 0
 ) -> tuple[list[PointResult], list[tuple[str, str]]]:
     """Expand the matrix; schema problems are returned, not raised, so every problem can be reported at once.
     Without a valid `study` (diagnosis of a broken file) points are only checked, no RunSpec is built."""
@@ -144,6 +144,7 @@ def expand_matrix(
             llm_etp=p.llm.etp,
             llm_cp=p.llm.cp,
             num_experts=num_experts,
+            llm_layers=llm_layers,
             gbs=p.gbs,
             mbs=p.mbs,
         )
@@ -194,8 +195,9 @@ def expand_matrix(
 def expand(study: StudySpec, source: str = "<study>") -> list[PointResult]:
     """All points of the matrix, each with its RunSpec or its violations. Raises StudyError for malformed
     points (unknown keys, wrong types) and duplicate run names; topology violations are returned per point."""
+    llm = PRESETS[study.trainer.model].llm
     results, problems = expand_matrix(
-        study.matrix, study.cluster.gpus_per_node, PRESETS[study.trainer.model].llm.num_experts, study
+        study.matrix, study.cluster.gpus_per_node, llm.num_experts, study, llm.num_layers
     )
     if problems:
         raise StudyError(source, problems)

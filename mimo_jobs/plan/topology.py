@@ -39,6 +39,7 @@ class Layout:
     # every rank runs both modules (the ordinary LLaVA-style layout, the baseline a heterogeneous layout is
     # measured against): the encoder takes the LLM's TP and DP on the same ranks, and there is no bridge
     colocated: bool = False
+    llm_layers: int = 0  # the LLM's transformer layers (0: unknown, the pp-layers rule is skipped)
 
     @property
     def world(self) -> int:
@@ -315,8 +316,43 @@ def _bridge(lay: Layout) -> list[Violation]:
     return []
 
 
+def _pp(lay: Layout) -> list[Violation]:
+    """`pp-layers`, `encoder-pp`, `moe-pp`: LLM pipeline stages hold whole, equal shares of the layers (and,
+    with experts, split them over their own DP ranks: ETP = TP); the encoder is one stage (it runs 1F1B
+    against the bridge instead of a pipeline of its own)."""
+    out = []
+    if lay.enc_pp != 1:
+        out.append(
+            Violation(
+                "encoder-pp",
+                f"encoder.pp={lay.enc_pp}: the encoder is not pipelined (its microbatches already overlap "
+                "with the LLM's through the bridge)",
+                "encoder.pp=1",
+            )
+        )
+    if lay.num_experts and lay.llm_pp > 1 and lay.llm_etp != lay.llm_tp:
+        out.append(
+            Violation(
+                "moe-pp",
+                f"llm.pp={lay.llm_pp} with experts: each stage splits its experts over its own DP ranks, so "
+                f"llm.etp must equal llm.tp, got etp={lay.llm_etp}, tp={lay.llm_tp}",
+                f"llm.etp={lay.llm_tp}",
+            )
+        )
+    if lay.llm_layers and lay.llm_layers % lay.llm_pp:
+        fits = [d for d in _divisors(lay.llm_layers) if d <= lay.llm_layers]
+        out.append(
+            Violation(
+                "pp-layers",
+                f"llm.pp={lay.llm_pp} stages cannot split the LLM's {lay.llm_layers} layers equally",
+                f"llm.pp in {fits} fits",
+            )
+        )
+    return out
+
+
 # One function per rule id, in the order problems are reported (docs/topology.md lists them).
-RULES = (_tiling, _tp_within_node, _cp, _moe, _gbs, _bridge)
+RULES = (_tiling, _tp_within_node, _cp, _moe, _pp, _gbs, _bridge)
 
 
 def check(lay: Layout) -> list[Violation]:

@@ -53,6 +53,7 @@ class TrainState:
     consumed_samples: int = 0
     extras: dict = field(default_factory=dict)
     meter: Any = None  # memory.SavedTensorMeter: activations kept for backward
+    link: Any = None  # pipeline.StageLink to the neighbouring LLM stages (llm.pp > 1)
     inflight_peak: int = 0  # most encoder microbatches whose backward was still to come
 
     @property
@@ -87,7 +88,7 @@ def build_state(run: RunSpec, plan: Plan, reference: bool, timeout) -> TrainStat
     role = grids.role
     _seed_megatron(grids, t.seed)
     encoder = _build_encoder(preset, t, grids.encoder.pgc, enc_s, prec) if role.is_encoder else None
-    language = _build_language(preset, t, grids.language.pgc, llm_s, prec) if role.is_language else None
+    language = _build_language(preset, t, grids.language.pgc, llm_s, prec, role) if role.is_language else None
     optimizer = _build_optimizer(t, prec, device, encoder, language, reference)
     total_samples = t.train_samples if t.train_samples is not None else t.train_iters * run.layout.gbs
     schedule = from_spec(t.lr, total_samples)
@@ -112,6 +113,7 @@ def build_state(run: RunSpec, plan: Plan, reference: bool, timeout) -> TrainStat
     params = [p for m in (encoder, language) if m is not None for p in m.core.parameters()]
     return TrainState(
         meter=SavedTensorMeter(params),
+        link=_stage_link(run, preset, llm_s, role, prec, device, reference),
         run=run,
         plan=plan,
         preset=preset,
@@ -129,6 +131,20 @@ def build_state(run: RunSpec, plan: Plan, reference: bool, timeout) -> TrainStat
         bridge=bridge,
         image_token_id=image_token_id(preset.llm.vocab_size),
     )
+
+
+def _stage_link(
+    run: RunSpec, preset: ModelPreset, llm_s: G.ModuleShape, role: G.RankRole, prec, device, reference
+):
+    """The pipeline neighbours of an LLM rank when the LLM has several stages (None otherwise)."""
+    if reference or not role.is_language or llm_s.pp == 1:
+        return None
+    from .pipeline import stage_link
+
+    lay = run.layout
+    sp = llm_s.tp if (preset.llm.num_experts and llm_s.tp > 1) else 1  # sequence parallel: see models.py
+    shape = (run.trainer.seq_length // sp, lay.mbs, preset.llm.hidden_size)
+    return stage_link(llm_s, role, shape, prec.dtype, device)
 
 
 def _precision_and_device(run: RunSpec):
@@ -192,13 +208,17 @@ def _build_encoder(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Prec
     return _wrap(G.ENCODER, enc, vit_cfg, pgc, shape, t.freeze.encoder, t)
 
 
-def _build_language(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Precision) -> Module:
+def _build_language(
+    preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Precision, role: G.RankRole
+) -> Module:
     from . import models as M
 
-    cfg = M.llm_config(preset, shape.tp, shape.ep, shape.etp, prec, t.recompute)
-    gpt = M.build_llm(preset, cfg, pgc, prec, t.seq_length)
+    cfg = M.llm_config(preset, shape.tp, shape.ep, shape.etp, prec, t.recompute, shape.pp)
+    gpt = M.build_llm(preset, cfg, pgc, prec, t.seq_length, role.is_first_stage, role.is_last_stage)
+    per_stage = preset.llm.num_layers // shape.pp
     # we build decoder inputs ourselves (image tokens scattered in) and scatter to SP afterwards
-    gpt.embedding.word_embeddings.reduce_scatter_embeddings = False
+    if role.is_first_stage:  # only the first pipeline stage has the embedding
+        gpt.embedding.word_embeddings.reduce_scatter_embeddings = False
     nl = (preset.llm.num_experts // shape.ep) if preset.llm.num_experts else 0
     M.canonical_init_(
         gpt,
@@ -210,6 +230,7 @@ def _build_language(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Pre
         pgc.expt_tp.size(),
         pgc.ep.rank(),
         nl,
+        layer_offset=pgc.pp.rank() * per_stage,
     )
     if prec.use_gpu:
         gpt.cuda()

@@ -113,6 +113,16 @@ class ModuleGroups:
     expert_grid: Any
 
 
+def _expert_dims(shape: ModuleShape) -> tuple[list[int], list[str]]:
+    """The expert view over the module's ranks, as (sizes, names) fastest first. With one stage, the TP x DP
+    ranks split into ETP x EP x expert-DP. With several, each stage's experts are split over its own ranks:
+    pp stays where the dense grid has it (after TP), so EP and expert-DP factor DP alone, which needs
+    ETP == TP (the topology's moe-pp rule)."""
+    if shape.pp == 1:
+        return [shape.etp, shape.ep, shape.pp, shape.edp], ["tp", "ep", "pp", "dp"]
+    return [shape.etp, shape.pp, shape.ep, shape.edp], ["tp", "pp", "ep", "dp"]
+
+
 def _pgc(shape: ModuleShape, backend: str, timeout) -> ModuleGroups:
     from megatron.core.hyper_comm_grid import HyperCommGrid
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -120,13 +130,7 @@ def _pgc(shape: ModuleShape, backend: str, timeout) -> ModuleGroups:
     g = HyperCommGrid(
         [shape.tp, 1, shape.pp, shape.dp], ["tp", "cp", "pp", "dp"], rank_offset=shape.offset, backend=backend
     )
-    # Expert view over the same ranks: ETP x EP x expert-DP (pp kept in the same place).
-    eg = HyperCommGrid(
-        [shape.etp, shape.ep, shape.pp, shape.edp],
-        ["tp", "ep", "pp", "dp"],
-        rank_offset=shape.offset,
-        backend=backend,
-    )
+    eg = HyperCommGrid(*_expert_dims(shape), rank_offset=shape.offset, backend=backend)
     kw = {"timeout": timeout}
     # The fixed creation order. Every rank runs every line (create_pg returns None off the grid).
     groups = {
@@ -151,7 +155,10 @@ def _pgc(shape: ModuleShape, backend: str, timeout) -> ModuleGroups:
     if not shape.contains(dist.get_rank()):
         return ModuleGroups(shape, None, g, eg)
     pgc = ProcessGroupCollection(**groups)
-    pgc.embd = pgc.pos_embd = pgc.pp  # PP == 1: the embedding group is the (single-stage) pp group
+    # The embedding groups keep tied weights in sync across the first and last pipeline stages. Embeddings
+    # here are untied and positions are rotary: with one stage the group is the (single-rank) pp group,
+    # with several there is nothing to sync (None: megatron-core then skips the all-reduce).
+    pgc.embd = pgc.pos_embd = pgc.pp if shape.pp == 1 else None
     return ModuleGroups(shape, pgc, g, eg)
 
 

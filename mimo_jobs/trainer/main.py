@@ -69,11 +69,6 @@ def preflight(run, doc: dict, reference: bool) -> None:
         raise PreflightError(
             f"run.yaml: the stored plan does not match the layout (fields {diff}); re-render it"
         )
-    if lay.enc_pp != 1 or lay.llm_pp != 1:
-        raise PreflightError(
-            f"run.yaml: encoder.pp={lay.enc_pp}, llm.pp={lay.llm_pp}: pipeline parallelism "
-            "inside a module is not implemented by this trainer; use pp=1"
-        )
     t = run.trainer
     if t.freeze.encoder and t.freeze.llm:
         raise PreflightError("run.yaml: trainer.freeze has both encoder and llm frozen; nothing to train")

@@ -69,7 +69,9 @@ def recompute_kwargs(recompute: str) -> dict:
     return {}
 
 
-def llm_config(preset: ModelPreset, tp: int, ep: int, etp: int, prec: Precision, recompute: str = "none"):
+def llm_config(
+    preset: ModelPreset, tp: int, ep: int, etp: int, prec: Precision, recompute: str = "none", pp: int = 1
+):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     p = preset.llm
@@ -97,6 +99,7 @@ def llm_config(preset: ModelPreset, tp: int, ep: int, etp: int, prec: Precision,
         num_query_groups=p.num_query_groups,
         ffn_hidden_size=p.ffn_hidden_size,
         tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
         **kw,
     )
 
@@ -141,7 +144,11 @@ def _sp_norm_class():
     return SPLayerNorm
 
 
-def build_llm(preset: ModelPreset, cfg, pgc, prec: Precision, seq_length: int):
+def build_llm(
+    preset: ModelPreset, cfg, pgc, prec: Precision, seq_length: int, first: bool = True, last: bool = True
+):
+    """The LLM, or its pipeline stage: `first` holds the embedding, `last` the output layer and the loss;
+    each stage builds num_layers / pp layers (megatron-core reads the stage from pgc.pp)."""
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     ne = preset.llm.num_experts or None
@@ -159,14 +166,17 @@ def build_llm(preset: ModelPreset, cfg, pgc, prec: Precision, seq_length: int):
             norm = _sp_norm_class()
             spec.submodules.input_layernorm = norm
             spec.submodules.pre_mlp_layernorm = norm
-            spec = TransformerBlockSubmodules(layer_specs=[spec] * cfg.num_layers, layer_norm=norm)
+            local = cfg.num_layers // cfg.pipeline_model_parallel_size
+            spec = TransformerBlockSubmodules(layer_specs=[spec] * local, layer_norm=norm)
     model = GPTModel(
         config=cfg,
         transformer_layer_spec=spec,
         vocab_size=preset.llm.vocab_size,
         max_sequence_length=seq_length,
         position_embedding_type="rope",
-        share_embeddings_and_output_weights=False,
+        share_embeddings_and_output_weights=False,  # untied: nothing to keep in sync across stages
+        pre_process=first,
+        post_process=last,
         pg_collection=pgc,
     )
     return model
@@ -283,6 +293,7 @@ def _encoder_class():
 # ----------------------------------------------------------------------------------------------- init
 
 _EXPERT_RE = re.compile(r"local_experts\.(\d+)\.")
+_LAYER_RE = re.compile(r"(?<![a-z_])layers\.(\d+)\.")
 
 
 def canonical_init_(
@@ -295,20 +306,27 @@ def canonical_init_(
     etp_size: int = 1,
     ep_rank: int = 0,
     num_local_experts: int = 0,
+    layer_offset: int = 0,
 ) -> None:
     """Overwrite every parameter with its shard of a full tensor drawn from (seed, tag, canonical name).
 
-    The canonical name replaces a local expert index by its global one (ep_rank * local + i); TP-split
+    The canonical name replaces a local expert index by its global one (ep_rank * local + i) and a pipeline
+    stage's local layer index by the global one (+ layer_offset); TP-split
     params (attribute tensor_model_parallel) are drawn at full size and sliced along partition_dim."""
     import torch
 
     for name, p in module.named_parameters():
-        cname = name
+        # a pipeline stage numbers its layers from 0: the canonical name has the global layer index
+        cname = (
+            _LAYER_RE.sub(lambda m: f"layers.{int(m.group(1)) + layer_offset}.", name)
+            if layer_offset
+            else name
+        )
         # expert params: by name (with EP=1 mcore leaves their `allreduce` attribute True)
         is_expert = bool(_EXPERT_RE.search(name)) or not getattr(p, "allreduce", True)
         if is_expert and num_local_experts:
             cname = _EXPERT_RE.sub(
-                lambda m: f"experts.{ep_rank * num_local_experts + int(m.group(1))}.", name
+                lambda m: f"experts.{ep_rank * num_local_experts + int(m.group(1))}.", cname
             )
         rank, size = (etp_rank, etp_size) if is_expert else (tp_rank, tp_size)
         full = list(p.shape)

@@ -72,33 +72,52 @@ def check_alignment(batch, image_token_id: int) -> None:
         )
 
 
-def llm_forward(st: TrainState, batch, img_emb):
-    """Sum over the lane's loss-bearing tokens of the per-token loss (not yet divided by N)."""
-
+def llm_forward(st: TrainState, batch, img_emb, hidden=None):
+    """The LLM on one lane's microbatch. Whole (or on the last pipeline stage): the sum over the lane's
+    loss-bearing tokens of the per-token loss (not yet divided by N). On an earlier stage: its output hidden
+    states, for the next stage. The first stage embeds the tokens and scatters the image embeddings in;
+    a later one continues from `hidden`, the previous stage's output."""
     lm = st.language
     gpt = lm.core
-    cfg = gpt.config
     dev = st.device
-    tokens = batch.tokens.to(dev)
+    role = st.role
+    if role.is_first_stage or st.reference:
+        dec_in = _decoder_input(st, batch, img_emb)
+    else:
+        gpt.set_input_tensor(hidden)
+        dec_in = None
+    last = role.is_last_stage or st.reference
+    # masked positions carry IGNORE_INDEX; loss_mask drops them
+    labels = batch.labels.to(dev).clamp(min=0) if last else None
+    out = lm.model(
+        input_ids=None,
+        position_ids=batch.position_ids.to(dev),
+        attention_mask=_causal_mask(batch.tokens.shape[1], dev),
+        decoder_input=dec_in,
+        labels=labels,
+    )
+    if not last:
+        return out
+    return (out.float() * batch.loss_mask.to(dev)).sum()
+
+
+def _decoder_input(st: TrainState, batch, img_emb):
+    """Token embeddings with the image embeddings scattered into the image-token positions, [s, b, h] (the
+    local sequence shard under sequence parallelism)."""
+    lm = st.language
+    gpt = lm.core
+    tokens = batch.tokens.to(st.device)
     emb = gpt.embedding.word_embeddings(tokens)  # [b, s, h], complete on every TP rank
     mask = tokens == st.image_token_id
     if img_emb is not None and img_emb.shape[0] > 0:
         # masked_scatter fills positions in row-major order: sample 0's image tokens first, as the bridge sends
         emb = emb.masked_scatter(mask.unsqueeze(-1), img_emb.to(emb.dtype))
     dec_in = emb.transpose(0, 1).contiguous()  # mcore wants [s, b, h]
-    if cfg.sequence_parallel:
+    if gpt.config.sequence_parallel:
         from megatron.core.tensor_parallel.mappings import scatter_to_sequence_parallel_region
 
         dec_in = scatter_to_sequence_parallel_region(dec_in, group=lm.pgc.tp)
-    labels = batch.labels.to(dev).clamp(min=0)  # masked positions carry IGNORE_INDEX; loss_mask drops them
-    per_token = lm.model(
-        input_ids=None,
-        position_ids=batch.position_ids.to(dev),
-        attention_mask=_causal_mask(tokens.shape[1], dev),
-        decoder_input=dec_in,
-        labels=labels,
-    )
-    return (per_token.float() * batch.loss_mask.to(dev)).sum()
+    return dec_in
 
 
 def encoder_forward(st: TrainState, images: list):
@@ -155,6 +174,7 @@ def _moe_aux(st: TrainState) -> float:
     """Mean over layers of the load-balancing loss summed over this iteration's microbatches; cleared."""
     if not st.preset.llm.num_experts or st.language is None:
         return 0.0
+    import torch.distributed as dist
     from megatron.core.transformer.moe.moe_utils import (
         clear_aux_losses_tracker,
         get_moe_layer_wise_logging_tracker,
@@ -165,10 +185,11 @@ def _moe_aux(st: TrainState) -> float:
     for x in tr.values():
         vals = x["values"]
         if _sp_size(st) > 1:  # with sequence parallelism each TP rank holds its shard's partial loss
-            import torch.distributed as dist
-
             vals = vals.clone()
             dist.all_reduce(vals, group=st.language.pgc.tp)
+        if st.llm_shape.pp > 1 and not st.reference:  # each stage filled the slots of its own layers
+            vals = vals.clone()
+            dist.all_reduce(vals, group=st.language.pgc.pp)
         v += float(vals.mean())
     clear_aux_losses_tracker()
     return v
@@ -257,9 +278,9 @@ class _Tally:
 
 
 def _contributes(st: TrainState) -> bool:
-    """Whether this rank's loss and token figures count in world sums: LLM lane leaders, or the reference
-    (the other TP ranks of a lane hold the same figures)."""
-    return st.role.is_language and (st.reference or st.role.is_leader)
+    """Whether this rank's loss and token figures count in world sums: TP rank 0 of each lane's last
+    pipeline stage (where the loss is), or the reference (the other TP ranks hold the same figures)."""
+    return st.role.is_language and (st.reference or (st.role.is_leader and st.role.is_last_stage))
 
 
 def _grads_come_back(st: TrainState) -> bool:
@@ -371,7 +392,8 @@ def _encoder_microbatches(st: TrainState, tm: _Timer) -> _Tally:
     segs = segments_of_encoder(st.plan, st.role.dp_rank)
     br = st.bridge
     back = _grads_come_back(st)
-    keep = st.run.trainer.encoder_inflight
+    # the first LLM stage runs llm.pp forwards before its first backward: it needs that many ahead
+    keep = max(st.run.trainer.encoder_inflight, st.llm_shape.pp)
     inflight: deque = deque()
     for m in range(st.plan.num_microbatches):
         mb = _draw_microbatch(st, tm)
@@ -408,36 +430,79 @@ def _encoder_backward(st: TrainState, item: tuple, tm: _Timer) -> None:
 
 
 def _language_microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: _Timer) -> _Tally:
-    """LLM ranks, per microbatch: receive the lane's image embeddings, forward, backward of loss / N, send the
-    embedding gradient back."""
-    import torch
+    """LLM ranks, 1F1B over the pipeline stages (one stage: forward and backward of each microbatch in
+    turn). The first stage receives the lane's image embeddings over the bridge and returns their gradient;
+    the last computes the loss; stages in between pass hidden states and their gradients (pipeline.py)."""
+    from collections import deque
+
+    from .pipeline import one_f_one_b
 
     tally = _Tally()
-    br = st.bridge
-    lane = st.role.dp_rank
-    grads_back = _grads_come_back(st)
-    for m, mb in enumerate(batches):
-        b = mb[lane]
+    waiting: deque = deque()
+    for kind, m in one_f_one_b(_stage(st), st.llm_shape.pp, len(batches)):
+        if kind == "F":
+            waiting.append(_stage_forward(st, m, batches[m], n_tokens, tm, tally))
+        else:
+            _stage_backward(st, waiting.popleft(), tm)
+    if st.link is not None:
+        a = _tick()
+        st.link.finish()
+        tm.add("pipeline_wait", _tick() - a)
+    _finish_bridge(st, tm)
+    return tally
+
+
+def _stage(st: TrainState) -> int:
+    return st.llm_shape.coords(st.role.rank)[1]
+
+
+def _stage_forward(st: TrainState, m: int, mb: dict, n_tokens: float, tm: _Timer, tally: _Tally) -> tuple:
+    """Forward of microbatch m on this stage; what its backward needs: (m, batch, input, output, image emb)."""
+    b = mb[st.role.dp_rank]
+    x = hidden = None
+    if st.role.is_first_stage:
+        br = st.bridge
         w0 = br.wait_s
         x = br.recv_forward(st.iteration, m, b.sample_keys, b.image_token_counts)
         tm.add("bridge_wait", br.wait_s - w0)
-        tally.image_tokens += x.shape[0]
-        if grads_back:
+        if _grads_come_back(st):
             x = x.detach().requires_grad_(True)
-        a = _tick()
-        ls = llm_forward(st, b, x)
-        tally.loss_sum += float(ls.detach())
-        tm.add("llm_fwd", _tick() - a)
-        a = _tick()
-        scaled = ls / max(n_tokens, 1.0)
-        if scaled.requires_grad:
-            scaled.backward()
-        tm.add("llm_bwd", _tick() - a)
-        if grads_back:
-            g = x.grad if x.grad is not None else torch.zeros_like(x)
-            br.send_backward(st.iteration, m, g, b.sample_keys, b.image_token_counts)
-    _finish_bridge(st, tm)
-    return tally
+    else:
+        w0 = st.link.wait_s
+        hidden = st.link.recv_forward()
+        tm.add("pipeline_wait", st.link.wait_s - w0)
+    a = _tick()
+    out = llm_forward(st, b, x, hidden)
+    if st.role.is_last_stage:
+        tally.loss_sum += float(out.detach())
+        tally.image_tokens += sum(b.image_token_counts)
+        out = out / max(n_tokens, 1.0)
+    else:
+        st.link.send_forward(out)
+    tm.add("llm_fwd", _tick() - a)
+    return m, b, hidden, out, x
+
+
+def _stage_backward(st: TrainState, item: tuple, tm: _Timer) -> None:
+    """Backward of the oldest forward: from the loss on the last stage, else from the next stage's gradient;
+    the input's gradient goes to the previous stage, or over the bridge from the first stage."""
+    import torch
+
+    m, b, hidden, out, x = item
+    grad = None
+    if not st.role.is_last_stage:
+        w0 = st.link.wait_s
+        grad = st.link.recv_backward()
+        tm.add("pipeline_wait", st.link.wait_s - w0)
+    a = _tick()
+    if out.requires_grad:
+        out.backward(grad)
+    tm.add("llm_bwd", _tick() - a)
+    if hidden is not None:
+        st.link.send_backward(hidden.grad if hidden.grad is not None else torch.zeros_like(hidden))
+    if st.role.is_first_stage and _grads_come_back(st):
+        g = x.grad if x.grad is not None else torch.zeros_like(x)
+        st.bridge.send_backward(st.iteration, m, g, b.sample_keys, b.image_token_counts)
 
 
 def _finish_bridge(st: TrainState, tm: _Timer) -> None:

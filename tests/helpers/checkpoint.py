@@ -24,6 +24,7 @@ def make_run(
     llm_tp: int = 1,
     enc_tp: int = 1,
     llm_ep: int = 1,
+    llm_pp: int = 1,
     model: str = "tiny",
     gbs: int,
     mbs: int = 1,
@@ -40,8 +41,14 @@ def make_run(
 ) -> Path:
     """A one-node CPU run (processes = ranks) rendered to <root>/runs/<name>/<run>/run.yaml (colocated: the
     LLM's ranks run the encoder too; enc_tp/enc_dp are ignored)."""
-    world = llm_tp * llm_dp if colocated else enc_tp * enc_dp + llm_tp * llm_dp
-    point = {"nodes": 1, "llm": {"tp": llm_tp, "dp": llm_dp, "ep": llm_ep}, "gbs": gbs, "mbs": mbs}
+    llm = llm_tp * llm_pp * llm_dp
+    world = llm if colocated else enc_tp * enc_dp + llm
+    point = {
+        "nodes": 1,
+        "llm": {"tp": llm_tp, "pp": llm_pp, "dp": llm_dp, "ep": llm_ep},
+        "gbs": gbs,
+        "mbs": mbs,
+    }
     if colocated:
         point["colocated"] = True
     else:

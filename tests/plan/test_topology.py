@@ -262,6 +262,17 @@ def _groups(start: int, tp: int, pp: int, dp: int) -> dict[str, list[list[int]]]
     return {"tp": tp_groups, "lanes": lanes}
 
 
+def _independent_pp_violations(lay: Layout) -> set[str]:
+    bad = set()
+    if lay.enc_pp != 1:
+        bad.add("encoder-pp")
+    if lay.llm_layers and lay.llm_layers % lay.llm_pp:
+        bad.add("pp-layers")
+    if lay.num_experts and lay.llm_pp > 1 and lay.llm_etp != lay.llm_tp:
+        bad.add("moe-pp")
+    return bad
+
+
 def _independent_violations(lay: Layout) -> set[str]:
     """The rules, restated from docs/topology.md without the planner's code (TP checked by enumeration)."""
     bad = set()
@@ -287,6 +298,7 @@ def _independent_violations(lay: Layout) -> set[str]:
         bad.add("moe-dense")
     if lay.gbs % (lay.mbs * lay.llm_dp):
         bad.add("gbs")
+    bad |= _independent_pp_violations(lay)
     if lay.enc_dp % lay.llm_dp and lay.llm_dp % lay.enc_dp:
         bad.add("bridge-ratio")
     elif (lay.mbs * lay.llm_dp) % lay.enc_dp:
@@ -324,6 +336,7 @@ def layouts(draw):
         llm_dp=llm_dp,
         llm_ep=llm_ep,
         num_experts=num_experts,
+        llm_layers=draw(st.sampled_from([0, 2, 3, 24])),
         gbs=gbs,
         mbs=mbs,
     )

@@ -1,5 +1,5 @@
 #!/bin/bash
-# torchrun launch of ONE node for run 100n-e1x32-l2x8x384-g768 (83ffd53aaed3) of study scale_33n_68n_100n.
+# torchrun launch of ONE node for run 100n-e1x32-l2x8x384-g768 (70ab152d5dca) of study scale_33n_68n_100n.
 # Rendered by mimo-jobs 0.1.0 from templates/launch.sh.j2; re-render instead of editing.
 #   under srun (sbatch.sh): node rank = $SLURM_NODEID, master = $MASTER_ADDR:$MASTER_PORT from sbatch.sh
 #                           (or the first host of the node list and a port from the job id)

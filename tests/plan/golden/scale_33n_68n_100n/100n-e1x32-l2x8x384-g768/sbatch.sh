@@ -1,5 +1,5 @@
 #!/bin/bash
-# SLURM batch script for run 100n-e1x32-l2x8x384-g768 (83ffd53aaed3) of study scale_33n_68n_100n.
+# SLURM batch script for run 100n-e1x32-l2x8x384-g768 (70ab152d5dca) of study scale_33n_68n_100n.
 # Rendered by mimo-jobs 0.1.0 from templates/sbatch.sh.j2; re-render instead of editing.
 #SBATCH --job-name=scale_33n_68n_100n.100n-e1x32-l2x8x384-g768
 #SBATCH --nodes=100

@@ -1,5 +1,5 @@
 #!/bin/bash
-# SLURM batch script for run 33n-e1x8-l2x8x128-g768 (d355b357e49c) of study scale_33n_68n_100n.
+# SLURM batch script for run 33n-e1x8-l2x8x128-g768 (c32c012005fd) of study scale_33n_68n_100n.
 # Rendered by mimo-jobs 0.1.0 from templates/sbatch.sh.j2; re-render instead of editing.
 #SBATCH --job-name=scale_33n_68n_100n.33n-e1x8-l2x8x128-g768
 #SBATCH --nodes=33

@@ -1,5 +1,5 @@
 #!/bin/bash
-# SLURM batch script for run 68n-e1x32-l2x8x256-g768 (86c044792231) of study scale_33n_68n_100n.
+# SLURM batch script for run 68n-e1x32-l2x8x256-g768 (5cb5867df853) of study scale_33n_68n_100n.
 # Rendered by mimo-jobs 0.1.0 from templates/sbatch.sh.j2; re-render instead of editing.
 #SBATCH --job-name=scale_33n_68n_100n.68n-e1x32-l2x8x256-g768
 #SBATCH --nodes=68
