@@ -68,6 +68,7 @@ def ingest_cmd(
         f"ingested {stats.files} file(s) ({stats.skipped_unchanged} unchanged, skipped): "
         f"{stats.lines:,} lines, {stats.iterations:,} iterations, {stats.events:,} events, "
         f"{stats.runs_registered} new run(s)"
+        + (f", {stats.memory_rows} per-rank memory row(s)" if stats.memory_rows else "")
     )
     if stats.bad_lines or stats.undecodable or stats.truncated_files:
         typer.echo(

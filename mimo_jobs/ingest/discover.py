@@ -20,7 +20,7 @@ class IngestError(MimoJobsError, ValueError):
 @dataclass
 class Target:
     path: Path
-    kind: str  # metrics | log | sacct
+    kind: str  # metrics | log | sacct | memory
     run_dir: Path | None  # the run dir (run.yaml inside) it belongs to; None: a loose log
     src: str = ""  # the resolved path (the file's key in the store), set by discover: resolving costs lstats
 
@@ -64,6 +64,9 @@ def _run_dir_targets(rd: Path) -> list[Target]:
     logs = RunDir(rd).logs
     if logs.is_dir():
         out += _files_of(logs, rd)
+    mem = rd / "memory"
+    if mem.is_dir():  # per-rank memory facts: stored per run (ingest/memory.py), not read line by line
+        out += [Target(p, "memory", rd) for p in sorted(mem.glob("rank-*.json")) if p.is_file()]
     return out
 
 

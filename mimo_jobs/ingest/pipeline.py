@@ -60,6 +60,7 @@ class IngestStats:
     skipped_unchanged: int = 0
     truncated_files: int = 0
     runs_registered: int = 0
+    memory_rows: int = 0  # rank_memory rows written (per-rank memory facts of run dirs)
     problems: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -106,10 +107,11 @@ def ingest_paths(
         options = options or readers.scan_options()
     except ScanError as e:
         raise IngestError(str(e)) from None
-    targets = discover([Path(p) for p in paths])
+    found = discover([Path(p) for p in paths])
     stats = IngestStats()
     with transaction(con):
-        ctx, stats.runs_registered = register_runs(con, targets, log_run)
+        ctx, stats.runs_registered = register_runs(con, found, log_run)
+    targets = [t for t in found if t.kind != "memory"]  # memory facts: _ingest_memory, per run
     sizes = [t.path.stat().st_size for t in targets]
     known = _known_files(con, [t.src for t in targets])
     s = _Session(con, ctx, stats, force, options, _Progress(progress, sum(sizes)), known)
@@ -118,7 +120,21 @@ def ingest_paths(
             continue
         for t in targets[i:j]:  # a large file, or the files of a group that failed, one by one
             _ingest_alone(s, t)
+    _ingest_memory(s)
     return stats
+
+
+def _ingest_memory(s: _Session) -> None:
+    """Each run dir's per-rank memory facts (memory.py), one transaction per run."""
+    from .memory import store_memory
+
+    for key, rc in s.ctx.items():
+        if not isinstance(key, Path):  # loose logs have no run dir
+            continue
+        with transaction(s.con):
+            n, problems = store_memory(s.con, key, rc.run_id)
+        s.stats.memory_rows += n
+        s.stats.problems += problems
 
 
 def _batches(sizes: list[int]):

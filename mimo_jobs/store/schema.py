@@ -9,7 +9,8 @@ from __future__ import annotations
 # 2: iterations without a primary key (ingest keeps the key unique itself)
 # 3: jobs.action, next_job_id, first_error, log_path (what the submit policy decided for an ended job)
 # 4: runs.colocated (a baseline layout: every rank runs both modules), meta.written_by
-SCHEMA_VERSION = 4
+# 5: rank_memory (what each rank measured it holds: trainer/memory.py)
+SCHEMA_VERSION = 5
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)""",
@@ -100,6 +101,18 @@ SCHEMA = [
         source_file VARCHAR NOT NULL,
         line_no BIGINT NOT NULL,
         PRIMARY KEY (source_file, line_no, kind))""",
+    """CREATE TABLE IF NOT EXISTS rank_memory (
+        run_id VARCHAR NOT NULL,
+        rank INTEGER NOT NULL,
+        module VARCHAR NOT NULL,      -- encoder | language (a colocated rank has a row for each)
+        tp_rank INTEGER, pp_rank INTEGER, dp_rank INTEGER,
+        iteration INTEGER,            -- when it was measured (the end of the run, or a requeue stop)
+        params BIGINT, param_bytes BIGINT, grad_buffer_bytes BIGINT, optimizer_state_bytes BIGINT,
+        saved_activation_peak_bytes BIGINT,   -- the rank's, over every step (both modules together)
+        inflight_peak INTEGER,
+        cuda_max_allocated_bytes BIGINT, cuda_max_reserved_bytes BIGINT,
+        source_file VARCHAR, mtime DOUBLE,
+        PRIMARY KEY (run_id, rank, module))""",
     """CREATE TABLE IF NOT EXISTS ingested_files (
         path VARCHAR PRIMARY KEY,
         run_id VARCHAR,

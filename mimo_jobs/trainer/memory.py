@@ -133,10 +133,12 @@ def rank_facts(st, meter: SavedTensorMeter, inflight_peak: int) -> dict:
         opt = st.optimizer.optimizers.get(mod.name)
         f["optimizer_state_bytes"] = optimizer_state_bytes(opt) if opt is not None else 0
         modules[mod.name] = f
+    own = st.llm_shape if st.role.is_language else st.enc_shape
     out = {
         "rank": st.role.rank,
         "iteration": st.iteration,
         "tp_rank": st.role.tp_rank,
+        "pp_rank": own.coords(st.role.rank)[1] if not st.reference else 0,
         "dp_rank": st.role.dp_rank,
         "modules": modules,
         "saved_activation_peak_bytes": meter.peak,

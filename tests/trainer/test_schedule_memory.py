@@ -46,6 +46,35 @@ def test_encoder_inflight_keeps_results_exact(tmp_path, inflight):
     assert sorted(facts) == [0, 1, 2]
     assert facts[0]["inflight_peak"] == inflight  # 4 microbatches, never more than `inflight` awaiting
     assert set(facts[0]["modules"]) == {"encoder"} and set(facts[1]["modules"]) == {"language"}
+    if inflight == 1:
+        _check_ingested(tmp_path, run_dir, facts)
+
+
+def _check_ingested(tmp_path: Path, run_dir: Path, facts: dict[int, dict]) -> None:
+    """ingest stores every rank's facts as written; an unchanged file is not read again."""
+    import duckdb
+
+    from mimo_jobs.ingest.pipeline import ingest_paths
+    from mimo_jobs.store.connection import connect
+
+    con = connect(tmp_path / "s.duckdb")
+    try:
+        first = ingest_paths(con, [run_dir])
+        again = ingest_paths(con, [run_dir])
+    finally:
+        con.close()
+    assert first.memory_rows == 3 and again.memory_rows == 0 and first.problems == []
+    con = duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True)
+    rows = con.execute(
+        "SELECT rank, module, params, optimizer_state_bytes, saved_activation_peak_bytes, inflight_peak "
+        "FROM rank_memory ORDER BY rank"
+    ).fetchall()
+    con.close()
+    for rank, module, params, opt_bytes, saved, inflight in rows:
+        f = facts[rank]
+        assert params == f["modules"][module]["params"] > 0
+        assert opt_bytes == f["modules"][module]["optimizer_state_bytes"] > 0  # Adam's two moments at least
+        assert (saved, inflight) == (f["saved_activation_peak_bytes"], f["inflight_peak"])
 
 
 @pytest.mark.slow
