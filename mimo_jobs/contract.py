@@ -22,7 +22,8 @@ REQUEUE_EXIT_CODE = 75
 REQUEUE_MARKER = "requeue.json"
 REQUEUE_LOG_LINE = "mimo-jobs trainer: stopping for requeue at iteration"
 
-PHASES = ("enc_fwd", "enc_bwd", "bridge_wait", "llm_fwd", "llm_bwd", "optimizer", "data")
+# pipeline_wait: an LLM stage blocked on its neighbouring stage (llm.pp > 1)
+PHASES = ("enc_fwd", "enc_bwd", "bridge_wait", "llm_fwd", "llm_bwd", "optimizer", "data", "pipeline_wait")
 
 
 @dataclass

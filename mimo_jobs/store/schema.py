@@ -9,7 +9,7 @@ from __future__ import annotations
 # 2: iterations without a primary key (ingest keeps the key unique itself)
 # 3: jobs.action, next_job_id, first_error, log_path (what the submit policy decided for an ended job)
 # 4: runs.colocated (a baseline layout: every rank runs both modules), meta.written_by
-# 5: rank_memory (what each rank measured it holds: trainer/memory.py)
+# 5: rank_memory (what each rank measured it holds: trainer/memory.py), iterations.pipeline_wait_ms
 SCHEMA_VERSION = 5
 
 SCHEMA = [
@@ -85,7 +85,7 @@ SCHEMA = [
         -- contract.PHASES as numbers (also in `phases`): the report averages millions of rows, and
         -- numeric columns are ~50x cheaper to aggregate than JSON
         enc_fwd_ms DOUBLE, enc_bwd_ms DOUBLE, bridge_wait_ms DOUBLE, llm_fwd_ms DOUBLE, llm_bwd_ms DOUBLE,
-        optimizer_ms DOUBLE, data_ms DOUBLE)
+        optimizer_ms DOUBLE, data_ms DOUBLE, pipeline_wait_ms DOUBLE)
         -- unique per (run_id, job_id, iteration), kept so by ingest's merge: a primary-key index cost
         -- more than all the rest of a big-log ingest""",
     """CREATE TABLE IF NOT EXISTS events (
@@ -134,6 +134,7 @@ ADDED_COLUMNS = [
     ("jobs", "first_error", "VARCHAR"),
     ("jobs", "log_path", "VARCHAR"),
     ("runs", "colocated", "BOOLEAN DEFAULT false"),
+    ("iterations", "pipeline_wait_ms", "DOUBLE"),
 ]
 
 
