@@ -203,7 +203,7 @@ def run_training(
     ckpt = Checkpointer.for_run(run, doc, run_yaml, reference)
     ckpt.resume(st)
     prof = RankProfile()
-    stop = _train_loop(st, n_iters, log, ckpt, prof)
+    stop = _train_loop(st, n_iters, log, ckpt, prof, lambda: _write_memory_facts(st, doc, reference, prof))
     _write_memory_facts(st, doc, reference, prof)
     if stop is not None:
         log.end(f"requeue: {stop.reason}", st.iteration, st.consumed_samples)
@@ -304,8 +304,9 @@ def _trackers(run, paths: dict, reference: bool, last: bool):
     return trackers_for(run, Path(paths["run_dir"]))
 
 
-def _train_loop(st, n_iters: int, log, ckpt, prof: RankProfile):
-    """Iterations until `n_iters`; returns the StopDecision when the world stopped early for a requeue."""
+def _train_loop(st, n_iters: int, log, ckpt, prof: RankProfile, on_checkpoint=None):
+    """Iterations until `n_iters`; returns the StopDecision when the world stopped early for a requeue.
+    `on_checkpoint()` runs after each periodic checkpoint interval (the memory facts are refreshed then)."""
     import torch.distributed as dist
 
     from .step import train_step
@@ -320,6 +321,9 @@ def _train_loop(st, n_iters: int, log, ckpt, prof: RankProfile):
         stop = ckpt.after_step(st, n_iters, stats.elapsed_s)
         if stop is not None:
             return stop
+        every = st.run.trainer.save_interval
+        if on_checkpoint is not None and every and st.iteration % every == 0:
+            on_checkpoint()
     return None
 
 
