@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 from mimo_jobs.contract import PHASES
 from mimo_jobs.errors import MimoJobsError
 
-from . import figures, queries
+from . import compare, figures, queries
+from .memory import memory_rows
 from .model import ParityRow, Report, RunRow, StudyInfo, TriageRow
 from .queries import StoreData
 from .triage import EventRow, triage
@@ -51,7 +52,12 @@ def build(
         info = _efficiency(name, stored["scaling"], srows, n0)
         parity_rows += _parity(name, srows, info.baseline_runs, n0, data.curves)
         infos.append(info)
-    return _assemble(infos, rows, triage_rows, parity_rows, data.curves, notes, gpu, warmup_frac, warmup_min)
+    rep = _assemble(infos, rows, triage_rows, parity_rows, data.curves, notes, gpu, warmup_frac, warmup_min)
+    compare.compare_layouts(rows)
+    rep.pairs, rep.unpaired = compare.pair_runs(rows, data.curves)
+    rep.rank_memory = queries.rank_memory(con, [r.run_id for r in rows])
+    rep.memory = memory_rows(rep.rank_memory, {r.run_id: r for r in rows})
+    return rep
 
 
 # -- reading
@@ -168,6 +174,7 @@ def _new_row(r: dict, s: tuple | None, window_from: int | None, state: str, stat
         train_iters=s[4] if s else None,
         jobs=s[3] if s else 0,
         window_from=window_from,
+        colocated=bool(r.get("colocated")),
     )
 
 
@@ -284,6 +291,10 @@ def _efficiency(name: str, scaling: str, srows: list[RunRow], n0: int | None) ->
         return x.tokens_per_s_per_gpu if use_tokens else x.samples_per_s_per_gpu
 
     base = [x for x in with_data if x.nodes == n0]
+    sizes = len({x.nodes for x in with_data})
+    if sizes == 1:  # layouts of one size: compared as layouts (compare.py), not as a scaling curve
+        metric = "tokens/s/GPU" if use_tokens else "samples/s/GPU"
+        return StudyInfo(name, scaling, n0, [x.run_id for x in base], metric, sizes)
     p0 = _median([perf(x) for x in base])
     t0 = _median([x.t_median_ms for x in base])
     g0 = base[0].gbs if base else None
@@ -294,7 +305,7 @@ def _efficiency(name: str, scaling: str, srows: list[RunRow], n0: int | None) ->
         flags = figures.scaling_flags(x.efficiency, x.nodes, n0, x.t_median_ms, t0, scaling, cv, x.gbs, g0)
         x.flags = flags + x.flags
     metric = "tokens/s/GPU" if use_tokens else "samples/s/GPU"
-    return StudyInfo(name, scaling, n0, [x.run_id for x in base], metric)
+    return StudyInfo(name, scaling, n0, [x.run_id for x in base], metric, sizes)
 
 
 def _parity(

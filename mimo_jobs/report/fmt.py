@@ -126,3 +126,15 @@ def phase_names(report: Report) -> list[str]:
             if p not in seen:
                 seen.append(p)
     return seen
+
+
+def study_line(s) -> str:
+    """What follows a study's name: how its runs are compared (a scaling curve, or layouts of one size)."""
+    if s.sizes == 1:
+        return (
+            f": one node count ({s.baseline_nodes}): its runs are layouts of one size, compared by {s.metric} "
+            "relative to the best layout (no scaling efficiency)"
+        )
+    return (
+        f": {s.scaling} scaling, baseline N0={s.baseline_nodes} nodes, P(N) = {s.metric}, E(N) = P(N)/P(N0)"
+    )

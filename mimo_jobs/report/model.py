@@ -41,6 +41,48 @@ class RunRow:
     speedup: float | None = None  # t(N0) / t(N)
     loss_parity_rel: float | None = None  # max relative loss difference to the baseline at equal samples
     flags: list[str] = field(default_factory=list)
+    colocated: bool = False  # every GPU ran both modules (the baseline layout)
+    # among the runs of the same study and node count: P / P(best layout of that size), and why it trails
+    relative_throughput: float | None = None
+    layout_note: str | None = None
+
+
+@dataclass
+class PairRow:
+    """A heterogeneous run against the colocated run of the same study, node count and global batch."""
+
+    study: str
+    nodes: int | None
+    gbs: int | None
+    hetero_run: str
+    colocated_run: str
+    hetero_ms: float | None
+    colocated_ms: float | None
+    time_ratio: float | None  # colocated / heterogeneous iteration time (> 1: heterogeneous is faster)
+    tokens_ratio: float | None  # heterogeneous / colocated tokens/s/GPU
+    loss_max_rel_diff: float | None  # at equal consumed samples
+    hetero_phases: dict[str, float] = field(default_factory=dict)  # phase -> share of the step
+    colocated_phases: dict[str, float] = field(default_factory=dict)
+    verdict: str = ""
+
+
+@dataclass
+class MemoryRow:
+    """The largest figures over the ranks of one module (and pipeline stage) of a run, as measured."""
+
+    study: str
+    run_id: str
+    name: str
+    module: str  # encoder | language
+    stage: int | None
+    ranks: int
+    params: int
+    param_bytes: int
+    grad_buffer_bytes: int
+    optimizer_state_bytes: int
+    saved_activation_peak_bytes: int
+    inflight_peak: int
+    cuda_max_allocated_bytes: int | None = None
 
 
 @dataclass
@@ -78,6 +120,7 @@ class StudyInfo:
     baseline_nodes: int | None
     baseline_runs: list[str]
     metric: str  # what P(N) is: tokens/s/GPU or samples/s/GPU
+    sizes: int = 0  # node counts with data: with one, runs are layouts of one size and E(N) is not given
 
 
 @dataclass
@@ -90,6 +133,10 @@ class Report:
     curves: dict[str, list[tuple[float, float]]]  # run_id -> [(consumed samples, loss)], downsampled
     notes: list[str]
     params: dict
+    pairs: list[PairRow] = field(default_factory=list)
+    unpaired: list[str] = field(default_factory=list)  # "<study>/<run>: why it has no partner"
+    memory: list[MemoryRow] = field(default_factory=list)
+    rank_memory: list[dict] = field(default_factory=list)  # every rank's facts (the JSON report's)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -20,7 +20,7 @@ CURVE_POINTS = 400
 _PREFILTER_MAX = 8
 
 _RUN_COLUMNS = """run_id, study, name, nodes, gpus_per_node, world, enc_tp, enc_pp, enc_dp, llm_tp, llm_pp,
-    llm_ep, llm_dp, gbs, seq_length, model, accelerator, spec_json"""
+    llm_ep, llm_dp, gbs, seq_length, model, accelerator, spec_json, colocated"""
 
 
 @dataclass
@@ -303,3 +303,15 @@ def _curves(con, span: dict[str, tuple], unfiltered: bool) -> dict[str, list[tup
         ).fetchall():
             found[rid] = list(zip(xs, ys))
     return {rid: found[rid] for rid in sorted(found)}  # in run_id order, as ORDER BY run_id gave them
+
+
+def rank_memory(con, ids: list[str]) -> list[dict]:
+    """Every rank's measured memory facts of the runs `ids` (the rank_memory table), by run, rank, module."""
+    if not ids:
+        return []
+    cur = con.execute(
+        f"""SELECT * FROM rank_memory WHERE run_id IN {_in_list(len(ids))} ORDER BY run_id, rank, module""",
+        ids,
+    )
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]

@@ -41,7 +41,18 @@ CSV_COLS = [
     "efficiency",
     "speedup",
     "loss_parity_rel",
+    "colocated",
+    "relative_throughput",
+    "layout_note",
     "flags",
+]
+# a heterogeneous run's comparison with its colocated baseline (compare.py), empty for other runs
+PAIR_COLS = [
+    "paired_colocated_run",
+    "pair_time_ratio",
+    "pair_tokens_ratio",
+    "pair_loss_max_rel_diff",
+    "pair_verdict",
 ]
 
 
@@ -122,7 +133,21 @@ def render_csv(report: Report) -> str:
     phases = []
     for r in report.runs:
         phases += [p for p in r.phase_share if p not in phases]
-    lines = [_csv_line(CSV_COLS + [f"share_{p}" for p in phases])]
+    pairs = {(p.study, p.hetero_run): p for p in report.pairs}
+    lines = [_csv_line(CSV_COLS + [f"share_{p}" for p in phases] + PAIR_COLS)]
     for r in report.runs:
-        lines.append(_csv_line([_cell(r, c) for c in CSV_COLS] + [r.phase_share.get(p, "") for p in phases]))
+        lines.append(
+            _csv_line(
+                [_cell(r, c) for c in CSV_COLS]
+                + [r.phase_share.get(p, "") for p in phases]
+                + _pair_cells(pairs.get((r.study, r.name)))
+            )
+        )
     return "".join(lines)
+
+
+def _pair_cells(p) -> list:
+    if p is None:
+        return [""] * len(PAIR_COLS)
+    vals = [p.colocated_run, p.time_ratio, p.tokens_ratio, p.loss_max_rel_diff, p.verdict]
+    return ["" if v is None else v for v in vals]

@@ -3,7 +3,7 @@ with the ideal line, loss curves overlaid, phase breakdown). No scripts, no netw
 
 from __future__ import annotations
 
-from . import fmt, svg
+from . import fmt, sections, svg
 from .model import Report, RunRow, StudyInfo
 
 
@@ -22,8 +22,54 @@ def _by_nodes(rows: list[RunRow], val) -> list[tuple[float, float]]:
     return out
 
 
+def _bars(rows: list[RunRow], val, title: str, ylabel: str, chart_id: str) -> str:
+    """One bar per run (layouts of one size, or the runs of the heterogeneous/colocated pairs)."""
+    rows = [r for r in rows if val(r) is not None]
+    return svg.stacked_bars(
+        [r.name for r in rows], {ylabel: [val(r) for r in rows]}, title, ylabel, chart_id=chart_id
+    )
+
+
+def _one_size(report: Report) -> bool:
+    return bool(report.studies) and all(s.sizes <= 1 for s in report.studies)
+
+
+def layout_charts(report: Report) -> dict[str, str]:
+    """Runs of one node count are layouts, not points of a curve: a bar per run instead of lines vs nodes."""
+    metric = report.studies[0].metric if report.studies else "tokens/s/GPU"
+    rows = [r for r in report.runs if r.t_median_ms is not None]
+    return {
+        "iteration-time": _bars(
+            rows, lambda r: r.t_median_ms, "Iteration time per layout (steady-state median)", "ms per iteration",
+            "chart-iteration-time",
+        ),
+        "throughput": _bars(
+            rows, lambda r: r.tokens_per_s_per_gpu if "tokens" in metric else r.samples_per_s_per_gpu,
+            f"Per-GPU throughput per layout ({metric}, all GPUs)", metric, "chart-throughput",
+        ),
+    }  # fmt: skip
+
+
+def pair_charts(report: Report) -> list[str]:
+    """Side by side, each heterogeneous run and its colocated baseline: iteration time and tokens/s/GPU."""
+    if not report.pairs:
+        return []
+    names = []
+    for p in report.pairs:
+        names += [n for n in (p.hetero_run, p.colocated_run) if n not in names]
+    rows = [r for n in names for r in report.runs if r.name == n]
+    return [
+        _bars(rows, lambda r: r.t_median_ms, "Heterogeneous vs colocated: iteration time", "ms per iteration",
+              "chart-pair-time"),
+        _bars(rows, lambda r: r.tokens_per_s_per_gpu, "Heterogeneous vs colocated: tokens/s/GPU",
+              "tokens/s/GPU", "chart-pair-throughput"),
+    ]  # fmt: skip
+
+
 def charts(report: Report) -> dict[str, str]:
     """The report's four plots as inline SVG: iteration time, per-GPU throughput, loss and phases."""
+    if _one_size(report):
+        return {**layout_charts(report), "loss": _loss_chart(report), "phases": _phase_chart(report)}
     t_series, p_series, ticks = _scaling_series(report)
     metric = report.studies[0].metric if report.studies else "tokens/s/GPU"
     return {
@@ -45,15 +91,15 @@ def charts(report: Report) -> dict[str, str]:
             y_zero=True,
             chart_id="chart-throughput",
         ),
-        "loss": svg.line_chart(
-            _loss_series(report),
-            "Loss vs consumed samples",
-            "consumed samples",
-            "loss",
-            chart_id="chart-loss",
-        ),
+        "loss": _loss_chart(report),
         "phases": _phase_chart(report),
     }
+
+
+def _loss_chart(report: Report) -> str:
+    return svg.line_chart(
+        _loss_series(report), "Loss vs consumed samples", "consumed samples", "loss", chart_id="chart-loss"
+    )
 
 
 def _scaling_series(report: Report) -> tuple[list[svg.Series], list[svg.Series], list[float] | None]:
@@ -158,6 +204,7 @@ def render_html(report: Report) -> str:
         "</div>",
         *_runs_section(report),
         *_phase_section(report),
+        *_comparison_sections(report),
         *_parity_section(report),
         *_triage_section(report),
         "</body></html>\n",
@@ -208,6 +255,17 @@ def _phase_section(report: Report) -> list[str]:
         ([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]], "") for r in report.runs if r.phase_share
     ]
     return ["<h2>Phase time shares</h2>", _table(["run", *names], rows)]
+
+
+def _comparison_sections(report: Report) -> list[str]:
+    """Layouts of one size, heterogeneous vs colocated (with its side-by-side bars), measured memory."""
+    out = []
+    for sec in sections.all_sections(report):
+        out += [f"<h2>{fmt.html_text(sec.title)}</h2>", _table(sec.headers, [(r, "") for r in sec.rows])]
+        out += [f'<p class="note">{fmt.html_text(x)}</p>' for x in sec.lines]
+        if sec.title.startswith("Heterogeneous vs colocated"):
+            out += ['<div class="grid">', *pair_charts(report), "</div>"]
+    return out
 
 
 def _parity_section(report: Report) -> list[str]:

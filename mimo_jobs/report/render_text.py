@@ -12,7 +12,7 @@ import sys
 
 from mimo_jobs.textsafe import console_width, visible
 
-from . import fmt
+from . import fmt, sections
 from .layout import fit
 from .model import Report
 from .textable import Column, Table
@@ -26,12 +26,8 @@ def _tables(report: Report) -> list[Table | Line]:
     """What the table rendering prints, in order: tables and lines."""
     out: list[Table | Line] = [_runs_table(report)]
     for s in report.studies:
-        rest = (
-            f": {s.scaling} scaling, baseline N0={s.baseline_nodes} nodes, P(N) = {s.metric}, "
-            "E(N) = P(N)/P(N0)"
-        )
-        out.append(((s.name, "bold"), (rest, None)))
-    out += _phase_table(report) + _parity_table(report) + _triage_table(report)
+        out.append(((s.name, "bold"), (fmt.study_line(s), None)))
+    out += _phase_table(report) + _section_tables(report) + _parity_table(report) + _triage_table(report)
     for n in report.notes:
         out.append(((f"* {n}" if n.startswith("per-GPU") else f"  {n}", None),))
     return out
@@ -67,6 +63,30 @@ def _phase_table(report: Report) -> list:
         if r.phase_share:
             pt.add_row([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]])
     return [pt]
+
+
+def _section_tables(report: Report) -> list:
+    """Layouts of one size, heterogeneous vs colocated, measured memory (sections.py), each followed by its
+    lines."""
+    out: list = []
+    for sec in sections.all_sections(report):
+        t = Table(
+            sec.title,
+            [
+                Column(
+                    h,
+                    overflow="fold",
+                    no_wrap=h not in sections.TEXT_HEADS,
+                    key=h in ("run", "heterogeneous"),
+                )
+                for h in sec.headers
+            ],
+        )
+        for row in sec.rows:
+            t.add_row(row)
+        out.append(t)
+        out += [((line, None),) for line in sec.lines]
+    return out
 
 
 def _parity_table(report: Report) -> list:
@@ -162,10 +182,7 @@ def render_md(report: Report) -> str:
     md = fmt.md_text
     lines = [f"# Scaling report ({report.generated_at:%Y-%m-%d %H:%M} UTC)", ""]
     for s in report.studies:
-        lines.append(
-            f"- **{md(s.name)}**: {md(s.scaling)} scaling, baseline N0 = {s.baseline_nodes} nodes, "
-            f"P(N) = {md(s.metric)}, E(N) = P(N)/P(N0)"
-        )
+        lines.append(f"- **{md(s.name)}**{md(fmt.study_line(s))}")
     lines += _md_table("Runs", fmt.RUN_HEADERS, [fmt.run_cells(r) for r in report.runs])
     lines += [""] + [f"\\* {md(n)}" if n.startswith("per-GPU") else f"- {md(n)}" for n in report.notes]
     names = fmt.phase_names(report)
@@ -174,6 +191,9 @@ def render_md(report: Report) -> str:
             [r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]] for r in report.runs if r.phase_share
         ]
         lines += _md_table("Phase time shares", ["run", *names], shares)
+    for sec in sections.all_sections(report):
+        lines += _md_table(sec.title, sec.headers, sec.rows)
+        lines += [""] + [f"- {md(x)}" for x in sec.lines] if sec.lines else []
     if report.parity:
         lines += _md_table(
             "Loss parity at equal consumed samples",

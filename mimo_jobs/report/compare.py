@@ -1,0 +1,125 @@
+"""Runs of one size compared as layouts, and each heterogeneous run against its colocated baseline.
+
+Runs with the same study and node count are layouts of one size, not points of a scaling curve: each gets
+its throughput relative to the best layout of that size and, when it trails, the phase that explains most
+of the gap (the phase whose share of the step exceeds the best layout's by the most). A heterogeneous run
+pairs with the colocated run of the same study, node count and global batch: iteration-time and
+tokens/s/GPU ratios, loss parity at equal consumed samples, phase shares side by side and a verdict.
+Pure: rows in, figures out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from . import figures
+from .model import PairRow, RunRow
+
+# Loss curves of two layouts that see the same global batches differ only by floating-point reduction
+# order; a larger gap at equal samples is a real difference (the report's parity tolerance).
+LOSS_NOISE = figures.PARITY_TOLERANCE
+
+
+def perf(x: RunRow) -> float | None:
+    return x.tokens_per_s_per_gpu if x.tokens_per_s_per_gpu is not None else x.samples_per_s_per_gpu
+
+
+def compare_layouts(rows: list[RunRow]) -> None:
+    """Set relative_throughput and layout_note on every run that shares its study and node count with
+    another run that has data."""
+    groups: dict[tuple, list[RunRow]] = defaultdict(list)
+    for x in rows:
+        if perf(x) is not None and x.nodes is not None:
+            groups[(x.study, x.nodes)].append(x)
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        best = max(group, key=lambda x: perf(x) or 0.0)
+        for x in group:
+            x.relative_throughput = perf(x) / perf(best) if perf(best) else None
+            x.layout_note = "best layout of this size" if x is best else _why_behind(x, best)
+
+
+def _why_behind(x: RunRow, best: RunRow) -> str:
+    gap = {p: x.phase_share.get(p, 0.0) - best.phase_share.get(p, 0.0) for p in x.phase_share}
+    if not gap or max(gap.values()) <= 0:
+        return f"{_ratio(x)} of {best.name}"
+    p = max(gap, key=gap.get)
+    return (
+        f"{_ratio(x)} of {best.name}: {p.replace('_', ' ')} {x.phase_share.get(p, 0.0):.0%} of the step "
+        f"vs {best.phase_share.get(p, 0.0):.0%}"
+    )
+
+
+def _ratio(x: RunRow) -> str:
+    return f"{x.relative_throughput:.2f}x" if x.relative_throughput is not None else "-"
+
+
+def pair_runs(rows: list[RunRow], curves: dict[str, list]) -> tuple[list[PairRow], list[str]]:
+    """Every heterogeneous run with the colocated run of its study, node count and global batch; and the
+    runs of a study holding a colocated run that found no partner, with why."""
+    colo = {(x.study, x.nodes, x.gbs): x for x in rows if x.colocated}
+    studies = {x.study for x in colo.values()}
+    pairs, paired = [], set()
+    for x in rows:
+        if x.colocated or x.study not in studies:
+            continue
+        c = colo.get((x.study, x.nodes, x.gbs))
+        if c is None:
+            continue
+        pairs.append(_pair(x, c, curves))
+        paired |= {x.run_id, c.run_id}
+    unpaired = [
+        f"{x.study}/{x.name}: no {'heterogeneous' if x.colocated else 'colocated'} run at {x.nodes} nodes, "
+        f"GBS {x.gbs}"
+        for x in rows
+        if x.study in studies and x.run_id not in paired
+    ]
+    return pairs, unpaired
+
+
+def _pair(h: RunRow, c: RunRow, curves: dict[str, list]) -> PairRow:
+    time_ratio = c.t_median_ms / h.t_median_ms if h.t_median_ms and c.t_median_ms else None
+    ph, pc = h.tokens_per_s_per_gpu, c.tokens_per_s_per_gpu
+    tokens_ratio = ph / pc if ph is not None and pc else None
+    loss = None
+    if curves.get(h.run_id) and curves.get(c.run_id):
+        pts = figures.parity_points([curves[h.run_id], curves[c.run_id]])
+        loss = figures.loss_parity(curves[h.run_id], curves[c.run_id], pts).max_rel_diff
+    row = PairRow(
+        study=h.study,
+        nodes=h.nodes,
+        gbs=h.gbs,
+        hetero_run=h.name,
+        colocated_run=c.name,
+        hetero_ms=h.t_median_ms,
+        colocated_ms=c.t_median_ms,
+        time_ratio=time_ratio,
+        tokens_ratio=tokens_ratio,
+        loss_max_rel_diff=loss,
+        hetero_phases=dict(h.phase_share),
+        colocated_phases=dict(c.phase_share),
+    )
+    row.verdict = verdict(row)
+    return row
+
+
+def verdict(p: PairRow) -> str:
+    """One line: which layout is faster by how much, and whether the loss is the same within the noise."""
+    if p.time_ratio is None:
+        speed = "no steady-state iteration time to compare"
+    elif p.time_ratio >= 1:
+        speed = f"heterogeneous {p.hetero_run} is {p.time_ratio:.2f}x faster than colocated {p.colocated_run}"
+    else:
+        speed = (
+            f"colocated {p.colocated_run} is {1 / p.time_ratio:.2f}x faster than heterogeneous {p.hetero_run}"
+        )
+    if p.loss_max_rel_diff is None:
+        loss = "loss not comparable (no common samples)"
+    elif p.loss_max_rel_diff <= LOSS_NOISE:
+        loss = f"loss equal within {LOSS_NOISE:.0%} at equal samples (max {p.loss_max_rel_diff:.2%})"
+    else:
+        loss = (
+            f"loss differs by up to {p.loss_max_rel_diff:.1%} at equal samples (more than {LOSS_NOISE:.0%})"
+        )
+    return f"{speed}; {loss}"

@@ -1,0 +1,44 @@
+"""The trainer's per-rank memory facts, summarised per run, module and pipeline stage (the largest figure
+over the ranks of each: the rank that decides whether a layout fits)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .model import MemoryRow, RunRow
+
+_FIGURES = (
+    "params",
+    "param_bytes",
+    "grad_buffer_bytes",
+    "optimizer_state_bytes",
+    "saved_activation_peak_bytes",
+    "inflight_peak",
+)
+
+
+def memory_rows(ranks: list[dict], runs: dict[str, RunRow]) -> list[MemoryRow]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in ranks:
+        stage = r.get("pp_rank") if r["module"] == "language" else None
+        groups[(r["run_id"], r["module"], stage)].append(r)
+    out = []
+    for (rid, module, stage), rs in groups.items():
+        run = runs.get(rid)
+        if run is None:
+            continue
+        top = {k: max(int(x[k] or 0) for x in rs) for k in _FIGURES}
+        cuda = [x["cuda_max_allocated_bytes"] for x in rs if x.get("cuda_max_allocated_bytes") is not None]
+        out.append(
+            MemoryRow(
+                run.study,
+                rid,
+                run.name,
+                module,
+                stage,
+                len(rs),
+                **top,
+                cuda_max_allocated_bytes=max(cuda, default=None),
+            )
+        )
+    return sorted(out, key=lambda m: (m.study, m.name, m.module, m.stage or 0))
