@@ -1,12 +1,21 @@
-"""Data providers for the trainer: the mock multimodal provider, and the branch to energon.
+"""Data providers for the trainer: the mock provider, and the branch to energon.
 
 Mock samples: an image of a random side from `data.image_sizes` (so a varying number of image tokens,
-(side/patch)^2) or no image at all (share `data.text_only_fraction`), followed by random text and padding.
+(side/patch)^2) or no image at all (share `data.text_only_fraction`), followed by text and padding. The
+text is learnable, and an image's caption can only be predicted by looking at the image:
+
+- an image sample draws a class k in [0, N_CLASSES); its pixels are class k's fixed random patch-sized tile,
+  repeated over the image, plus Gaussian noise (IMAGE_NOISE). Its text is MARK_ID then class k's word
+  (WORD_LEN tokens of its own), repeated: after each MARK_ID the next token names the class, which the text
+  before it cannot tell in the first repeat, so the LLM must read it from the image embeddings.
+- a text-only sample counts up through TEXT_POOL tokens from a random start (wrapping round), which the LLM
+  alone can learn.
+
 Each sample is a pure function of (seed, global sample index), and lane l's microbatch m of iteration t
 holds the global samples t*gbs + m*mbs*llm_dp + l*mbs + [0, mbs): the encoder replica and the LLM lane that
 read the same lane get identical samples, and the global batch of an iteration is the same whatever the
-layout (so losses are comparable across node counts). Images are drawn from their own generator, so
-`need_images=False` changes nothing else.
+layout (so losses are comparable across node counts). The class is drawn with the text; the pixel noise
+comes from the image's own generator, so `need_images=False` changes nothing else.
 """
 
 from __future__ import annotations
@@ -20,11 +29,27 @@ from mimo_jobs.plan.presets import get_preset
 from .batch import IGNORE_INDEX, LaneBatch, Provider
 
 PAD_ID = 0
+MARK_ID = 1  # opens every repeat of a caption word
+N_CLASSES = 4
+WORD_LEN = 2
+CLASS_BASE = 2  # class k's word is CLASS_BASE + k*WORD_LEN + [0, WORD_LEN)
+TEXT_BASE = CLASS_BASE + N_CLASSES * WORD_LEN  # text-only samples use TEXT_BASE + [0, TEXT_POOL)
+TEXT_POOL = 8
+IMAGE_NOISE = 0.5
+MIN_VOCAB = TEXT_BASE + TEXT_POOL + 1  # and the image placeholder, the last id
 
 
 def image_token_id(vocab_size: int) -> int:
     """The placeholder token at image positions (the last vocabulary entry)."""
     return vocab_size - 1
+
+
+def class_tile(k: int, channels: int, patch: int):
+    """Class k's [channels, patch, patch] tile: the same for every seed, so a run's seed picks samples only."""
+    import torch
+
+    g = torch.Generator().manual_seed(_seed_of("mock-class", k))
+    return torch.randn(channels, patch, patch, generator=g)
 
 
 class DataConfigError(MimoJobsError, ValueError):
@@ -54,6 +79,10 @@ class MockConfig:
 
 
 def check_mock_config(c: MockConfig, max_image_size: int) -> None:
+    if c.vocab_size < MIN_VOCAB:
+        raise DataConfigError(
+            f"the mock provider needs a vocabulary of at least {MIN_VOCAB} tokens, the model has {c.vocab_size}"
+        )
     for s in c.image_sizes:
         if s % c.patch_size or s > max_image_size or s < c.patch_size:
             raise DataConfigError(
@@ -61,7 +90,7 @@ def check_mock_config(c: MockConfig, max_image_size: int) -> None:
                 f"between {c.patch_size} and the preset's image_size {max_image_size}"
             )
         n = (s // c.patch_size) ** 2
-        if n >= c.seq_length:
+        if n + 2 > c.seq_length:  # at least two text tokens: one to read, one to predict
             raise DataConfigError(
                 f"trainer.data.image_sizes: a {s}x{s} image is {n} tokens, which does not fit seq_length="
                 f"{c.seq_length} with text; use smaller images or seq_length > {n + 1}"
@@ -97,14 +126,23 @@ class MockProvider(Provider):
         n_img = (side // c.patch_size) ** 2 if side else 0
         room = c.seq_length - n_img
         n_text = int(torch.randint(max(2, room // 2), room + 1, (), generator=g))
-        text = torch.randint(1, c.vocab_size - 1, (n_text,), generator=g)
+        i = torch.arange(n_text)
+        if side:
+            k = int(torch.randint(N_CLASSES, (), generator=g))
+            j = i % (WORD_LEN + 1)
+            text = torch.where(j == 0, MARK_ID, CLASS_BASE + k * WORD_LEN + j - 1)
+        else:
+            start = int(torch.randint(TEXT_POOL, (), generator=g))
+            text = TEXT_BASE + (start + i) % TEXT_POOL
         tokens = torch.full((c.seq_length,), PAD_ID, dtype=torch.long)
         tokens[:n_img] = image_token_id(c.vocab_size)
         tokens[n_img : n_img + n_text] = text
         image = None
         if side and self.need_images:
             gi = torch.Generator().manual_seed(_seed_of(c.seed, "image", index))
-            image = torch.randn(c.channels, side, side, generator=gi)
+            noise = torch.randn(c.channels, side, side, generator=gi)
+            reps = side // c.patch_size
+            image = class_tile(k, c.channels, c.patch_size).repeat(1, reps, reps) + IMAGE_NOISE * noise
         return f"mock/{c.seed}/{index}", tokens, n_img, n_img + n_text, image
 
     def next(self, lane: int) -> LaneBatch:

@@ -1,5 +1,5 @@
 #!/bin/bash
-# SLURM batch script for run 1n-colo-l2x1x2-g6 (0ded6d4ade7f) of study cpu_local.
+# SLURM batch script for run 1n-colo-l2x1x2-g6 (a56a3bdb4fba) of study cpu_local.
 # Rendered by mimo-jobs 0.1.0 from templates/sbatch.sh.j2; re-render instead of editing.
 #SBATCH --job-name=cpu_local.1n-colo-l2x1x2-g6
 #SBATCH --nodes=1

@@ -1,5 +1,5 @@
 #!/bin/bash
-# torchrun launch of ONE node for run 1n-e1x1-l1x1x3-g6 (7ed23b41d0e9) of study cpu_local.
+# torchrun launch of ONE node for run 1n-e1x1-l1x1x3-g6 (00fe12c3a2e5) of study cpu_local.
 # Rendered by mimo-jobs 0.1.0 from templates/launch.sh.j2; re-render instead of editing.
 #   under srun (sbatch.sh): node rank = $SLURM_NODEID, master = $MASTER_ADDR:$MASTER_PORT from sbatch.sh
 #                           (or the first host of the node list and a port from the job id)

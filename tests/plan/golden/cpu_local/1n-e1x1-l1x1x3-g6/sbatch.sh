@@ -1,5 +1,5 @@
 #!/bin/bash
-# SLURM batch script for run 1n-e1x1-l1x1x3-g6 (7ed23b41d0e9) of study cpu_local.
+# SLURM batch script for run 1n-e1x1-l1x1x3-g6 (00fe12c3a2e5) of study cpu_local.
 # Rendered by mimo-jobs 0.1.0 from templates/sbatch.sh.j2; re-render instead of editing.
 #SBATCH --job-name=cpu_local.1n-e1x1-l1x1x3-g6
 #SBATCH --nodes=1

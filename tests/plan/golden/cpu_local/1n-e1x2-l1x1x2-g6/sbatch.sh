@@ -1,5 +1,5 @@
 #!/bin/bash
-# SLURM batch script for run 1n-e1x2-l1x1x2-g6 (b1343589ea81) of study cpu_local.
+# SLURM batch script for run 1n-e1x2-l1x1x2-g6 (e692c6d39f33) of study cpu_local.
 # Rendered by mimo-jobs 0.1.0 from templates/sbatch.sh.j2; re-render instead of editing.
 #SBATCH --job-name=cpu_local.1n-e1x2-l1x1x2-g6
 #SBATCH --nodes=1

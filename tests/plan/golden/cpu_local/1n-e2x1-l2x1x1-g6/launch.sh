@@ -1,5 +1,5 @@
 #!/bin/bash
-# torchrun launch of ONE node for run 1n-e2x1-l2x1x1-g6 (a95268cadad0) of study cpu_local.
+# torchrun launch of ONE node for run 1n-e2x1-l2x1x1-g6 (879046a911e0) of study cpu_local.
 # Rendered by mimo-jobs 0.1.0 from templates/launch.sh.j2; re-render instead of editing.
 #   under srun (sbatch.sh): node rank = $SLURM_NODEID, master = $MASTER_ADDR:$MASTER_PORT from sbatch.sh
 #                           (or the first host of the node list and a port from the job id)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# SLURM batch script for run 1n-e2x1-l2x1x1-g6 (a95268cadad0) of study cpu_local.
+# SLURM batch script for run 1n-e2x1-l2x1x1-g6 (879046a911e0) of study cpu_local.
 # Rendered by mimo-jobs 0.1.0 from templates/sbatch.sh.j2; re-render instead of editing.
 #SBATCH --job-name=cpu_local.1n-e2x1-l2x1x1-g6
 #SBATCH --nodes=1
