@@ -57,7 +57,7 @@ CASES = [
     Case("too-big", V, 2, ("a study file is at most 1,048,576 bytes",), files={"s.yaml": "#" * (2 << 20)}),
     Case("empty", V, 2, ("a study is a mapping",), files={"s.yaml": ""}),
     Case("a-list", V, 2, ("a study is a mapping, got list",), files={"s.yaml": "- 1\n- 2\n"}),
-    Case("duplicate-key", V, 2, ("key 'seq_length' appears twice in the same mapping (first on line 24)",),
+    Case("duplicate-key", V, 2, ("key 'seq_length' appears twice in the same mapping (first on line 25)",),
          files={"s.yaml": edit("  seq_length: 64\n", "  seq_length: 64\n  seq_length: 32\n")}),
     Case("duplicate-top-key", V, 2, ("key 'name' appears twice",), files={"s.yaml": "name: a\n" + BASE}),
     # numbers: booleans, infinities, strings, fractions, sizes beyond any cluster
