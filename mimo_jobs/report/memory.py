@@ -19,8 +19,9 @@ _FIGURES = (
 
 def memory_rows(ranks: list[dict], runs: dict[str, RunRow]) -> list[MemoryRow]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
+    staged = {r["run_id"] for r in ranks if r["module"] == "language" and (r.get("pp_rank") or 0) > 0}
     for r in ranks:
-        stage = r.get("pp_rank") if r["module"] == "language" else None
+        stage = r.get("pp_rank") if r["module"] == "language" and r["run_id"] in staged else None
         groups[(r["run_id"], r["module"], stage)].append(r)
     out = []
     for (rid, module, stage), rs in groups.items():

@@ -23,7 +23,9 @@ class Section:
 def _gib(b: int | None) -> str:
     if b is None:
         return "-"
-    return f"{b / 2**30:.2f} GiB" if b >= 2**28 else f"{b / 2**20:.1f} MiB"
+    if b >= 2**28:
+        return f"{b / 2**30:.2f} GiB"
+    return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.1f} KiB"
 
 
 def layouts(report: Report) -> Section | None:
