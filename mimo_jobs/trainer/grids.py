@@ -123,33 +123,63 @@ def _expert_dims(shape: ModuleShape) -> tuple[list[int], list[str]]:
     return [shape.etp, shape.pp, shape.ep, shape.edp], ["tp", "pp", "ep", "dp"]
 
 
-def _pgc(shape: ModuleShape, backend: str, timeout) -> ModuleGroups:
-    from megatron.core.hyper_comm_grid import HyperCommGrid
-    from megatron.core.process_groups_config import ProcessGroupCollection
+# The fixed creation order of a module's groups: (ProcessGroupCollection field, grid, dims). Every rank
+# creates every one of them, in this order, for both modules (create_pg returns None off the grid).
+GROUPS = (
+    ("tp", "dense", ["tp"]),
+    ("cp", "dense", ["cp"]),
+    ("pp", "dense", ["pp"]),
+    ("dp", "dense", ["dp"]),
+    ("tp_cp", "dense", ["tp", "cp"]),
+    ("dp_cp", "dense", ["cp", "dp"]),
+    ("mp", "dense", ["tp", "pp"]),
+    ("tp_dp_cp", "dense", ["tp", "cp", "dp"]),
+    # the optimizer's grad-norm group must be the whole module grid, not the dp group
+    ("intra_dist_opt", "dense", ["tp", "cp", "pp", "dp"]),
+    ("expt_tp", "expert", ["tp"]),
+    ("ep", "expert", ["ep"]),
+    ("expt_dp", "expert", ["dp"]),
+    ("tp_ep", "expert", ["tp", "ep"]),
+    ("tp_ep_pp", "expert", ["tp", "ep", "pp"]),
+)
 
-    g = HyperCommGrid(
+
+def _grids(shape: ModuleShape, backend: str | None) -> dict:
+    from megatron.core.hyper_comm_grid import HyperCommGrid
+
+    dense = HyperCommGrid(
         [shape.tp, 1, shape.pp, shape.dp], ["tp", "cp", "pp", "dp"], rank_offset=shape.offset, backend=backend
     )
-    eg = HyperCommGrid(*_expert_dims(shape), rank_offset=shape.offset, backend=backend)
-    kw = {"timeout": timeout}
-    # The fixed creation order. Every rank runs every line (create_pg returns None off the grid).
-    groups = {
-        "tp": g.create_pg("tp", **kw),
-        "cp": g.create_pg("cp", **kw),
-        "pp": g.create_pg("pp", **kw),
-        "dp": g.create_pg("dp", **kw),
-        "tp_cp": g.create_pg(["tp", "cp"], **kw),
-        "dp_cp": g.create_pg(["cp", "dp"], **kw),
-        "mp": g.create_pg(["tp", "pp"], **kw),
-        "tp_dp_cp": g.create_pg(["tp", "cp", "dp"], **kw),
-        # the optimizer's grad-norm group must be the whole module grid, not the dp group
-        "intra_dist_opt": g.create_pg(["tp", "cp", "pp", "dp"], **kw),
-        "expt_tp": eg.create_pg("tp", **kw),
-        "ep": eg.create_pg("ep", **kw),
-        "expt_dp": eg.create_pg("dp", **kw),
-        "tp_ep": eg.create_pg(["tp", "ep"], **kw),
-        "tp_ep_pp": eg.create_pg(["tp", "ep", "pp"], **kw),
+    return {
+        "dense": dense,
+        "expert": HyperCommGrid(*_expert_dims(shape), rank_offset=shape.offset, backend=backend),
     }
+
+
+def group_enumeration(shape: ModuleShape, world: int) -> list[tuple[str, list[list[int]]]]:
+    """The rank lists of every group the trainer creates for the module, in creation order, without a
+    process group: HyperCommGrid.get_rank_enum is the enumeration its create_pg hands to torch (megatron-core
+    reads the world size from WORLD_SIZE when torch.distributed is not initialised)."""
+    import os
+
+    saved = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(world)
+    try:
+        grids = _grids(shape, None)
+    finally:
+        if saved is None:
+            del os.environ["WORLD_SIZE"]
+        else:
+            os.environ["WORLD_SIZE"] = saved
+    return [(name, grids[grid].get_rank_enum(dims)) for name, grid, dims in GROUPS]
+
+
+def _pgc(shape: ModuleShape, backend: str, timeout) -> ModuleGroups:
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    grids = _grids(shape, backend)
+    groups = {name: grids[grid].create_pg(dims, timeout=timeout) for name, grid, dims in GROUPS}
+    g, eg = grids["dense"], grids["expert"]
     import torch.distributed as dist
 
     if not shape.contains(dist.get_rank()):
