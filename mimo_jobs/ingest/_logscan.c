@@ -781,6 +781,13 @@ static int iteration_line(Scanner *s, const unsigned char *b, Py_ssize_t ls, Py_
         }
     }
     if (has_ts && !ok_time) return 0; /* a timestamp DuckDB may read differently: Python decides */
+    {
+        /* a line cut before its closing '|' (wrapped at a terminal's width): its last number may be cut
+           too. Python decides (it counts the line as garbled, never stores it). */
+        const unsigned char *z = E;
+        while (z > head_end && is_ws(z[-1])) z--;
+        if (z == head_end || z[-1] != '|') return 0;
+    }
     Field fl[MAX_FIELDS];
     int nf = 0, same = s->sh_n >= 0; /* same: the keys so far are the cached shape's */
     if (s->want_iters && same && match_shape(s, head_end, E, fl)) {

@@ -17,7 +17,9 @@ from .iterline import ITERATION_TRIGGER
 from .origin import split_origin
 from .timestamps import find_time
 
-ROOT_KINDS = ("traceback", "oom", "segfault", "node_fail")  # a rank's own failure
+# a rank's own failure; cuda_error / gpu_xid / gpu_ecc: the GPU itself failed (illegal memory access, an
+# NVIDIA driver Xid event, an uncorrectable ECC error)
+ROOT_KINDS = ("traceback", "oom", "segfault", "node_fail", "cuda_error", "gpu_xid", "gpu_ecc")
 SUMMARY_KINDS = ("child_failed", "task_exit")  # launcher summaries of a failure seen elsewhere
 VICTIM_KINDS = ("nccl_timeout", "gloo_timeout", "peer_lost")  # waited on a peer that failed or hung
 SCHEDULER_KINDS = ("time_limit", "preemption", "requeue", "cancelled")
@@ -49,6 +51,16 @@ TRIGGERS = (
     "exitcode",
     "Segmentation fault",
     "Exited with exit code",
+    # The failure lines below, by a few of their words each. The scan's cost grows with how often a
+    # trigger's first bytes occur in ordinary output: each was chosen so that the 1 GiB benchmark log
+    # (benchmarks/ingest.py) scans as fast as without it.
+    "oom_kill",  # slurmstepd: "Detected 1 oom_kill event in StepId=..." (newer SLURM; older: oom-kill)
+    "f Memory",  # srun: "task 3: Out Of Memory"
+    ": Killed",  # srun: "srun: error: node3: task 3: Killed"
+    "closed by remote",  # NCCL: "... NCCL WARN ... Connection closed by remote peer ..."
+    "illegal memory access",
+    "Xid (",  # the driver's "NVRM: Xid (PCI:0000:3b:00): 79, ..." (triggers are 4+ bytes)
+    "CC error",  # "uncorrectable ECC error"
 )
 # A traceback's last line names the exception; ingest only sees candidate lines, so these make the
 # exception lines of tracebacks candidates too (a custom exception without these words is reported as a
@@ -74,6 +86,30 @@ class Event:
     kind: str
     message: str
     time: datetime | None = None
+    # who the text itself names, when a line prefix does not: "[Rank 5] Watchdog ...", srun's "task 3:",
+    # the "[local rank]" of NCCL's "host:pid:tid [3] NCCL WARN" header
+    rank: int | None = None
+    task: int | None = None
+    local_rank: int | None = None
+
+
+# "[Rank 5] Watchdog caught ..." and "[PG ID 0 PG GUID 0(default_pg) Rank 5] ..." (torch's ProcessGroupNCCL)
+_MSG_RANK_RE = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
+# "srun: error: nid001234: task 3: Out Of Memory", "srun: error: node1: tasks 0-3: Killed"
+_SRUN_TASK_RE = re.compile(r"srun: error: \S+: tasks? (\d+)")
+# "ng30903:3063028:3066152 [3] include/alloc.h:178 NCCL WARN ..." (host:pid:tid [local rank])
+_NCCL_HEADER_RE = re.compile(r"^\s*\S+:\d+:\d+ \[(\d+)\] .*NCCL (?:WARN|INFO)")
+
+
+def named_identity(text: str) -> tuple[int | None, int | None, int | None]:
+    """(rank, srun task, local rank) the text of a line names (None where it names none)."""
+    m = _MSG_RANK_RE.search(text)
+    rank = int(m.group(1)) if m else None
+    m = _SRUN_TASK_RE.search(text)
+    task = int(m.group(1)) if m else None
+    m = _NCCL_HEADER_RE.search(text)
+    local = int(m.group(1)) if m else None
+    return rank, task, local
 
 
 def is_victim_message(msg: str) -> bool:
@@ -88,27 +124,61 @@ def classify_line(text: str, year_hint: int | None = None) -> list[Event]:
     """Events in one line (prefixes stripped), in a fixed order: a peer or memory failure, then what the
     scheduler says, then checkpoints and process ends. Tracebacks are handled by `TracebackTracker`."""
     low = text.lower()
-    early = _peer_and_memory(text)
+    early = _peer_and_memory(text, low)
     scheduler, cancel_time = _scheduler(text, low)
     late = _checkpoint(text, low) + _process_end(text)
     if not (early or scheduler or late):
         return []
     t = find_time(text, year_hint)
     msg = text.strip()[:500]
+    who = named_identity(text)
     # SLURM's cancel line carries its own time: it and what follows it are dated by it
-    return [Event(k, msg, t) for k in early] + [Event(k, msg, cancel_time or t) for k in scheduler + late]
+    return [Event(k, msg, t, *who) for k in early] + [
+        Event(k, msg, cancel_time or t, *who) for k in scheduler + late
+    ]
 
 
-def _peer_and_memory(text: str) -> list[str]:
+def _peer_and_memory(text: str, low: str) -> list[str]:
     out = []
     if "Watchdog caught collective" in text:
         out.append("nccl_timeout")
     if "gloo/transport" in text:
         out.append("gloo_timeout" if "Timed out" in text else "peer_lost")
-    cuda_oom = ("out of memory" in text or "OutOfMemoryError" in text) and "CUDA" in text
-    if cuda_oom or "oom-kill" in text or "Out Of Memory" in text or "OutOfMemoryError" in text:
+    if _nccl_peer_lost(text):
+        out.append("peer_lost")
+    # CUDA's allocator ("CUDA out of memory"), NCCL's ("Cuda failure 'out of memory'"), SLURM's cgroup OOM
+    # killer ("oom-kill event(s)", newer "oom_kill event"; srun's "task N: Out Of Memory")
+    cuda_oom = ("out of memory" in low or "OutOfMemoryError" in text) and "cuda" in low
+    if (
+        cuda_oom
+        or "oom-kill" in text
+        or "oom_kill" in text
+        or "Out Of Memory" in text
+        or "OutOfMemoryError" in text
+    ):
         out.append("oom")
+    out += _gpu_faults(text)
     return out
+
+
+def _nccl_peer_lost(text: str) -> bool:
+    """NCCL's socket/IB failures: a peer's process or link went away (a consequence, like a timeout)."""
+    return "NCCL WARN" in text and any(
+        w in text for w in ("Connection closed by remote peer", "unhandled system error", "ncclRemoteError")
+    )
+
+
+_XID_RE = re.compile(r"\bXid \(PCI:")
+
+
+def _gpu_faults(text: str) -> list[str]:
+    if "illegal memory access" in text:
+        return ["cuda_error"]
+    if "Xid (" in text and _XID_RE.search(text):
+        return ["gpu_xid"]
+    if "ECC error" in text and ("uncorrectable" in text or "double bit" in text):
+        return ["gpu_ecc"]
+    return []
 
 
 def _scheduler(text: str, low: str) -> tuple[list[str], datetime | None]:
@@ -140,11 +210,14 @@ def _checkpoint(text: str, low: str) -> list[str]:
 
 
 def _process_end(text: str) -> list[str]:
-    return [
+    out = [
         k
         for k, word in (("segfault", "Segmentation fault"), ("task_exit", "Exited with exit code"))
         if word in text
     ]
+    if not out and ": Killed" in text and _SRUN_TASK_RE.search(text):
+        out.append("task_exit")  # srun: "task 3: Killed" (SIGKILL from outside: the OOM killer, a cancel)
+    return out
 
 
 def _cancel_kind(reason: str) -> str:

@@ -121,7 +121,9 @@ def parse_fields(rest: str) -> tuple[dict, dict, dict]:
     for seg in rest.split("|"):
         key, sep, val = seg.rpartition(":")
         if not sep:
-            continue
+            key, val = _colonless(seg)  # 2019 Megatron-LM: "lm loss 7.70E-02", "loss scale 32768.0"
+            if key is None:
+                continue
         key = key.strip()
         if not key:
             continue
@@ -140,6 +142,16 @@ def parse_fields(rest: str) -> tuple[dict, dict, dict]:
         else:
             extras[key] = x if x is not None else val.strip()
     return cols, losses, extras
+
+
+def _colonless(seg: str) -> tuple[str | None, str]:
+    """(key, value) of a `key number` segment without a colon (Megatron-LM's 2019 format), else (None, "")."""
+    key, _, val = seg.strip().rpartition(" ")
+    try:
+        float(val)
+    except ValueError:
+        return None, ""
+    return (key.strip() or None), val
 
 
 def loss_roles(keys) -> tuple[str | None, str | None]:
@@ -236,7 +248,7 @@ _last_plan: list[_FieldPlan | None] = [None]
 _isfinite = math.isfinite
 
 
-def _plan_and_values(rest: str) -> tuple[_FieldPlan, tuple | object]:
+def _plan_and_values(rest: str) -> tuple[_FieldPlan | None, tuple | object]:
     """The plan for this line's key sequence and the value texts in its order (the last line's plan is
     tried first: the usual case)."""
     plan = _last_plan[0]
@@ -244,6 +256,8 @@ def _plan_and_values(rest: str) -> tuple[_FieldPlan, tuple | object]:
     if m is not None:
         return plan, m.groups()
     d = dict(_FIELD_RE.findall(rest))
+    if sum(1 for seg in rest.split("|") if seg.strip()) != len(d):
+        return None, ()  # a segment that is not `key: value` (2019's `lm loss 7.7E-02`): parse_fields decides
     keys = tuple(d)
     plan = _PLANS.get(keys)
     if plan is None:
@@ -264,6 +278,8 @@ def fast_fields(
     included) when the line is plain printable ASCII without '_' (there Python's float() and a CSV
     reader's DOUBLE agree): staging it skips float repr, the costliest step of writing a row."""
     plan, raw = _plan_and_values(rest)
+    if plan is None:
+        return None
     try:
         vals = [*map(float, raw)]
     except ValueError:

@@ -98,7 +98,12 @@ class LineHandler:
         st.last_iter = it
         if not self.want_iters:
             return
-        (elapsed, lr, gn, cs, gbs, ls, sk, nan, tf), loss, aux, extras = _fields(text[end:])
+        rest = text[end:]
+        if not rest.rstrip().endswith("|"):
+            # cut before its closing '|' (wrapped at a terminal's width): the last number may be cut too
+            st.bad += 1
+            return
+        (elapsed, lr, gn, cs, gbs, ls, sk, nan, tf), loss, aux, extras = _fields(rest)
         if elapsed is None:
             st.bad += 1  # garbled (e.g. interleaved with another rank's output)
             return
@@ -123,7 +128,23 @@ class LineHandler:
         self.stage.event([self.ctx.run_id, self.job, rank, node, t, ev.kind, ev.message, self.src, line_no])
 
     def _emit(self, origin: Origin, line_no: int, ev: Event) -> None:
-        self._event(*self._rank(origin), line_no, ev)
+        rank, node = self._rank(origin)
+        if rank is None:
+            rank, node = self._named(ev, node)
+        self._event(rank, node, line_no, ev)
+
+    def _named(self, ev: Event, node: int | None) -> tuple[int | None, int | None]:
+        """(rank, node) from what the line's text names, when its prefixes name no rank. An srun task is a
+        node in this toolkit's runs (one torchrun per node) and a rank in other logs (one task per GPU);
+        an NCCL header's local rank is a rank only when the node is known."""
+        gpn = self.ctx.gpus_per_node
+        if ev.rank is not None:
+            return ev.rank, node
+        if ev.task is not None:
+            return (None, ev.task) if self.ctx.ours else (ev.task, node)
+        if ev.local_rank is not None and node is not None and gpn:
+            return node * gpn + ev.local_rank, node
+        return None, node
 
     def _finish_root(self) -> None:
         line_no, _origin, follow = self._root

@@ -29,6 +29,9 @@ class RunCtx:
     run_id: str
     gpus_per_node: int | None
     has_metrics: bool  # metrics.jsonl carries the iterations: log lines then only give events
+    # launched by this toolkit's scripts (a run dir): srun starts one task per node (task N = node N);
+    # other logs usually come from `srun --ntasks-per-node=<GPUs>` (task N = global rank N)
+    ours: bool = True
 
 
 def register_runs(con, targets: list[Target], log_run: LogRunInfo | None) -> tuple[dict, int]:
@@ -104,7 +107,7 @@ def _register_log_runs(con, loose: list[Target], info: LogRunInfo, ctx: dict) ->
         if rid not in known:
             known.add(rid)
             new += 1
-        ctx[t.src] = RunCtx(rid, info.gpus_per_node, False)
+        ctx[t.src] = RunCtx(rid, info.gpus_per_node, False, ours=False)
     return new
 
 

@@ -15,6 +15,7 @@ from .model import ParityRow, Report, RunRow, StudyInfo, TriageRow
 from .queries import StoreData
 from .triage import EventRow, triage
 
+NO_GBS = "no global batch size in the log or the run: throughput and MFU unknown (pass a run.yaml)"
 OK_STATES = {"COMPLETED", "RUNNING", "PENDING", "NO DATA", "REQUEUED", "CONFIGURING", "COMPLETING"}
 
 
@@ -83,11 +84,15 @@ def _run(r: dict, data: StoreData, gpu: str | None) -> tuple[RunRow, TriageRow |
     evs = data.events.get((rid, last_job), []) if last_job else []
     row = _new_row(r, data.span.get(rid), data.cut.get(rid), *_state(rid, data, last_job, evs))
     a = data.steady.get(rid)
-    if a and a[0] is not None and row.gbs:
-        _steady_state(row, a)
-        tp = _throughput(row)
-        peak = figures.peak_flops(gpu or _gpu_name(data.starts.get(rid, [])))
-        row.mfu, row.mfu_note = _mfu(r, row.gpus, tp.samples_per_s, peak)
+    if a and a[0] is not None:
+        _steady_state(row, a)  # the iteration time needs no batch size; throughput does
+        if row.gbs:
+            tp = _throughput(row)
+            peak = figures.peak_flops(gpu or _gpu_name(data.starts.get(rid, [])))
+            row.mfu, row.mfu_note = _mfu(r, row.gpus, tp.samples_per_s, peak)
+        else:
+            row.mfu_note = NO_GBS
+            row.flags.append(NO_GBS)
     c = data.curves.get(rid)  # a run has a curve only when it has a span
     if c:  # the curve ends at the last iteration with a finite loss
         row.final_samples, row.final_loss = int(c[-1][0]), c[-1][1]
