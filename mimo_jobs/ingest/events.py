@@ -20,7 +20,9 @@ from .timestamps import find_time
 # a rank's own failure; cuda_error / gpu_xid / gpu_ecc: the GPU itself failed (illegal memory access, an
 # NVIDIA driver Xid event, an uncorrectable ECC error)
 ROOT_KINDS = ("traceback", "oom", "segfault", "node_fail", "cuda_error", "gpu_xid", "gpu_ecc")
-SUMMARY_KINDS = ("child_failed", "task_exit")  # launcher summaries of a failure seen elsewhere
+# launcher summaries of a failure seen elsewhere; child_failed_other: torchrun's "Failures:" entries (ranks
+# that also failed, after the root cause)
+SUMMARY_KINDS = ("child_failed", "child_failed_other", "task_exit")
 VICTIM_KINDS = ("nccl_timeout", "gloo_timeout", "peer_lost")  # waited on a peer that failed or hung
 SCHEDULER_KINDS = ("time_limit", "preemption", "requeue", "cancelled")
 INFO_KINDS = ("checkpoint_saved", "checkpoint_loaded", "end")
@@ -47,17 +49,21 @@ TRIGGERS = (
     "checkpoint loaded",
     "from checkpoint",
     "Root Cause (first observed failure)",
-    "(local_rank:",  # the fields of torchrun's summary that parse_root_cause reads (rank, exit code)
+    "(local_rank:",  # the fields of torchrun's summary that read_root_cause reads
     "exitcode",
+    "error_file:",
+    "traceback :",
     "Segmentation fault",
     "Exited with exit code",
-    # The failure lines below, by a few of their words each. The scan's cost grows with how often a
-    # trigger's first bytes occur in ordinary output: each was chosen so that the 1 GiB benchmark log
-    # (benchmarks/ingest.py) scans as fast as without it.
+    # The failure lines below, by a few of their words each. The compiled scan's cost grows with how often
+    # a trigger's fingerprint (or one sharing its bucket) occurs in ordinary output, and not additively:
+    # this set scans the benchmark log (benchmarks/ingest.py) as fast as the set without it, where
+    # "closed by remote" for NCCL's lost peer, srun's "f Memory" and ": Killed", or the summary's padded
+    # "host      :" and "time      :" fields each cost 10-30%. So torchrun's host is not read, and the
+    # summary's time is the log's last one before it.
     "oom_kill",  # slurmstepd: "Detected 1 oom_kill event in StepId=..." (newer SLURM; older: oom-kill)
-    "f Memory",  # srun: "task 3: Out Of Memory"
-    ": Killed",  # srun: "srun: error: node3: task 3: Killed"
-    "closed by remote",  # NCCL: "... NCCL WARN ... Connection closed by remote peer ..."
+    "srun: error",  # "srun: error: node3: task 3: Out Of Memory" / "...: Killed"
+    "NCCL WARN",  # "... NCCL WARN ... Connection closed by remote peer ...", "Cuda failure 'out of memory'"
     "illegal memory access",
     "Xid (",  # the driver's "NVRM: Xid (PCI:0000:3b:00): 79, ..." (triggers are 4+ bytes)
     "CC error",  # "uncorrectable ECC error"
@@ -314,6 +320,16 @@ _ROOT_EXIT_RE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _ROOT_SIGNAL_RE = re.compile(r"\((SIG[A-Z0-9]+)\)")  # after the exit code (newer torch)
 _ROOT_SIGNAL_MSG_RE = re.compile(r"Signal \d+ \((SIG[A-Z0-9]+)\) received")  # the traceback field
 _ROOT_TIME_RE = re.compile(r"time\s*:\s*(\d{4}-\d{2}-\d{2}_\d{2}:\d{2}:\d{2})")
+_ROOT_FILE_RE = re.compile(r"^\s*error_file\s*:\s*(\S.*?)\s*$")
+ROOT_FIELD_LAST = "traceback"  # an entry's last field: a block read line by line ends with it
+_ROOT_FIELD_RE = re.compile(r"^\s*(?:rank|exitcode|error_file|traceback)\s*:")  # those ingest sees
+
+
+def is_summary_field(s: str) -> bool:
+    """A line of a torchrun summary entry ("  rank      : 1 (local_rank: 1)"), prefixes stripped."""
+    return bool(_ROOT_FIELD_RE.match(s))
+
+
 _ROOT_END_RE = re.compile(r"^\s*(?:={5,}|-{5,}|\[\d+\]:)\s*$")  # the border, or the next failure entry
 _LAUNCHER_EXCEPTION_RE = re.compile(r"\bChildFailedError\b")
 
@@ -355,10 +371,15 @@ def root_cause_message(rank: int | None, exitcode: int | None, signame: str | No
 
 @dataclass(frozen=True)
 class RootCause:
+    """One failure entry of torchrun's summary: who (rank, local rank), how it ended (exit code, signal),
+    when, and where the child wrote its error (error_file, None for "<N/A>")."""
+
     rank: int
     exitcode: int | None
     signame: str | None
     time: datetime | None
+    local_rank: int | None = None
+    error_file: str | None = None
 
     @property
     def signalled(self) -> bool:
@@ -366,37 +387,49 @@ class RootCause:
 
     @property
     def message(self) -> str:
-        return root_cause_message(self.rank, self.exitcode, self.signame)
+        msg = root_cause_message(self.rank, self.exitcode, self.signame)
+        return f"{msg}; error file {self.error_file}" if self.error_file else msg
 
 
 def read_root_cause(lines: list[str]) -> RootCause | None:
-    """The first failure entry of the lines after "Root Cause (first observed failure):" (prefixes
-    stripped): its rank, exit code, signal and time; None without a rank."""
-    rank = exitcode = signame = t = None
+    """The first failure entry of `lines` (prefixes stripped: those after "Root Cause (first observed
+    failure):", or one entry of its "Failures:" list): its fields; None without a rank."""
+    f: dict = {}
     for i, s in enumerate(lines[:ROOT_CAUSE_SPAN]):
         if i and _ROOT_END_RE.match(s):
             break
-        if rank is None and (m := _ROOT_RANK_RE.search(s)):
-            rank = int(m.group(1))
-        if exitcode is None and (m := _ROOT_EXIT_RE.search(s)):
-            exitcode = int(m.group(1))
-            if sm := _ROOT_SIGNAL_RE.search(s, m.end()):
-                signame = sm.group(1)
-        if signame is None and (m := _ROOT_SIGNAL_MSG_RE.search(s)):
-            signame = m.group(1)
-        if t is None and (m := _ROOT_TIME_RE.search(s)):
-            t = find_time(m.group(1))
-    if rank is None:
+        _read_root_field(s, f)
+    if "rank" not in f:
         return None
-    return RootCause(rank, exitcode, signame, t)
+    return RootCause(
+        f["rank"], f.get("exitcode"), f.get("signame"), f.get("time"), f.get("local"), f.get("file")
+    )
 
 
-def parse_root_cause(lines: list[str]) -> tuple[int | None, Event] | None:
-    """torchrun's ChildFailedError summary: the lines after "Root Cause (first observed failure):"."""
+def _read_root_field(s: str, f: dict) -> None:
+    """Whichever field of a summary entry the line `s` holds, into `f` (the first of each wins)."""
+    if "rank" not in f and (m := _ROOT_RANK_RE.search(s)):
+        f["rank"], f["local"] = int(m.group(1)), int(m.group(2))
+    elif "exitcode" not in f and (m := _ROOT_EXIT_RE.search(s)):
+        f["exitcode"] = int(m.group(1))
+        if sm := _ROOT_SIGNAL_RE.search(s, m.end()):
+            f["signame"] = sm.group(1)
+    elif "signame" not in f and (m := _ROOT_SIGNAL_MSG_RE.search(s)):
+        f["signame"] = m.group(1)
+    elif "time" not in f and (m := _ROOT_TIME_RE.search(s)):
+        f["time"] = find_time(m.group(1))
+    elif "file" not in f and (m := _ROOT_FILE_RE.match(s)):
+        f["file"] = None if m.group(1) == "<N/A>" else m.group(1)[:200]
+
+
+def parse_root_cause(lines: list[str], kind: str = "child_failed") -> tuple[int | None, Event] | None:
+    """torchrun's ChildFailedError summary: the lines after "Root Cause (first observed failure):" (or,
+    kind child_failed_other, one entry of its "Failures:" list: a rank that also failed)."""
     rc = read_root_cause(lines)
     if rc is None:
         return None
-    return rc.rank, Event("child_failed", rc.message, rc.time)
+    msg = rc.message if kind == "child_failed" else f"also failed: {rc.message}"
+    return rc.rank, Event(kind, msg, rc.time, rc.rank, local_rank=rc.local_rank)
 
 
 # ----------------------------------------------------------------------------------------- a whole log

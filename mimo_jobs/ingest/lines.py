@@ -32,6 +32,7 @@ class LineHandler:
         self.base_attempt = pinfo.attempt or 0
         stage.log_const = (ctx.run_id, job, src)
         self._root: list | None = None  # torchrun "Root Cause" block being read: [line_no, origin, lines]
+        self._other: list | None = None  # an entry of its "Failures:" list being read: [line_no, lines]
 
     def fast(self) -> bool:
         """Whether iteration lines may skip the origin/traceback bookkeeping (the C scanner's fast mode)."""
@@ -48,8 +49,10 @@ class LineHandler:
         origin, body = split_origin(line)
         if self._root is not None:  # torchrun summary: its fields follow the "Root Cause" line
             self._root[2].append(body)
-            if len(self._root[2]) >= 12 or "exitcode" in body:
+            if len(self._root[2]) >= events.ROOT_CAUSE_SPAN or _last_field(body):
                 self._finish_root()
+        elif events.is_summary_field(body):  # an entry of the summary's "Failures:" list (before its root)
+            self._other_entry(line_no, body)
         key = (origin.task, origin.local_rank, origin.rank)
         if self.tracker.active(key) and TRACEBACK not in body:
             done = self.tracker.feed(key, body)
@@ -78,6 +81,8 @@ class LineHandler:
         """End of the file's complete lines: blocks still open become events."""
         if self._root is not None:
             self._finish_root()
+        if self._other is not None:
+            self._finish_other()
         for ln, ev in self.tracker.flush():
             self._emit(Origin(), ln, ev)
 
@@ -146,6 +151,21 @@ class LineHandler:
             return node * gpn + ev.local_rank, node
         return None, node
 
+    def _other_entry(self, line_no: int, body: str) -> None:
+        if self._other is None:
+            self._other = [line_no, []]
+        self._other[1].append(body)
+        if len(self._other[1]) >= events.ROOT_CAUSE_SPAN or _last_field(body):
+            self._finish_other()
+
+    def _finish_other(self) -> None:
+        line_no, follow = self._other
+        self._other = None
+        rc = events.parse_root_cause(follow, "child_failed_other")
+        if rc:
+            rank, ev = rc
+            self._event(rank, None, line_no, ev)
+
     def _finish_root(self) -> None:
         line_no, _origin, follow = self._root
         self._root = None
@@ -153,6 +173,11 @@ class LineHandler:
         if rc:
             rank, ev = rc
             self._event(rank, None, line_no, ev)
+
+
+def _last_field(body: str) -> bool:
+    """The last field of a torchrun summary entry ("traceback : ...")."""
+    return body.lstrip().startswith(events.ROOT_FIELD_LAST)
 
 
 def _fields(rest: str) -> tuple[list, object, object, str]:

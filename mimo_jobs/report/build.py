@@ -136,16 +136,9 @@ def _derive_state(
     ):
         if kind in kinds:
             return state
-    if kinds & {
-        "traceback",
-        "oom",
-        "segfault",
-        "child_failed",
-        "task_exit",
-        "nccl_timeout",
-        "gloo_timeout",
-        "peer_lost",
-    }:
+    from mimo_jobs.ingest.events import ROOT_KINDS, SUMMARY_KINDS, VICTIM_KINDS
+
+    if kinds & {*ROOT_KINDS, *SUMMARY_KINDS, *VICTIM_KINDS}:
         return "FAILED"
     if end_reason:
         r = end_reason.lower()

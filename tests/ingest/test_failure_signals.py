@@ -4,13 +4,14 @@ rank or node the text names, and triage must name the first failing rank with it
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from helpers.ingest_runs import FIXTURES, require_ext
 from mimo_jobs.ingest import pipeline as ingest
-from mimo_jobs.ingest.events import classify_line, named_identity
+from mimo_jobs.ingest.events import classify_line, first_error, named_identity
 from mimo_jobs.ingest.readers import ScanOptions
 from mimo_jobs.report.triage import EventRow, triage
 from mimo_jobs.store import connection as store
@@ -127,3 +128,57 @@ def test_the_fixtures_cite_their_sources():
 def test_one_line_signals(line, kind, who):
     assert kind in [e.kind for e in classify_line(line)]
     assert named_identity(line) == who
+
+
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_torchrun_root_cause_names_rank_and_signal(tmp_path, scanner):
+    (ev,) = ingested(tmp_path, "torchrun_root_cause_sigkill.log", scanner)
+    assert (ev.kind, ev.rank, ev.line_no) == ("child_failed", 0, 9)
+    assert ev.message == "rank 0 killed by SIGKILL (exit -9; often the kernel's OOM killer)"
+    # the jobs table's first error of the same text says the same (one wording)
+    assert first_error((SIGNALS / "torchrun_root_cause_sigkill.log").read_text()) == ev.message
+    v = triage([ev], world=8)
+    assert (v.kind, v.rank, v.reason) == ("failed", 0, ev.message)
+
+
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_torchrun_root_cause_keeps_the_error_file(tmp_path, scanner):
+    (ev,) = ingested(tmp_path, "torchrun_error_file.log", scanner)
+    assert (ev.kind, ev.rank) == ("child_failed", 0)
+    assert ev.message == (
+        "rank 0 exited with code 1; error file /home/kiuk/tmp/elastic/none_3_lsytqe/attempt_0/0/error.json"
+    )
+
+
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_torchrun_other_failures_are_each_an_event_below_the_root_cause(tmp_path, scanner):
+    evs = ingested(tmp_path, "torchrun_other_failures.log", scanner)
+    assert [(e.kind, e.rank, e.line_no) for e in evs] == [
+        ("child_failed_other", r, 3 + 7 * r) for r in (1, 2, 3)
+    ]
+    assert evs[0].message == "also failed: rank 1 exited with code 1"
+    # with the root cause of the same summary, the root cause is the first failing rank
+    root = EventRow(0, None, evs[0].time, "child_failed", "rank 0 exited with code 1", "x", 30)
+    assert triage([*evs, root], world=4).rank == 0
+    assert triage(evs, world=4).rank == 1  # without it, the first rank the launcher says failed
+
+
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_slurm_time_limit(tmp_path, scanner):
+    evs = ingested(tmp_path, "slurm_time_limit.log", scanner)
+    assert [(e.kind, e.time) for e in evs] == [("time_limit", datetime(2020, 7, 3, 2, 59, 56))]
+    v = triage(evs, world=16)
+    assert v.kind == "scheduler" and v.reason.startswith("time limit reached") and v.evidence.endswith(":4")
+
+
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_slurm_preemption_requeue_and_task_exit(tmp_path, scanner):
+    evs = ingested(tmp_path, "slurm_preempted_requeue.log", scanner)
+    assert [(e.line_no, e.kind, e.rank) for e in evs] == [
+        (2, "preemption", None),
+        (3, "requeue", None),
+        (4, "requeue", None),
+        (9, "task_exit", 2),  # "tasks 2-3": the first task named; one task per GPU outside our runs
+    ]
+    v = triage(evs, world=4)  # the scheduler ended the job: the exits are its consequence
+    assert v.kind == "scheduler" and v.reason.startswith("preempted") and v.evidence.endswith(":2")
