@@ -140,9 +140,22 @@ def validate(
                 "each with its plan)",
                 markup=False,
             )
+        if diag.ok:
+            _memory_verdicts(out, diag, shown)
     if not diag.ok:
         fail_problems(diag.source, diag.problems)
     console().print(f"{diag.source}: OK, {len(diag.runs)} run(s) feasible", style="green", markup=False)
+
+
+def _memory_verdicts(out, diag: Diagnosis, runs: list) -> None:
+    """One line per run: does it fit in the memory of the study's GPU (H100 assumed; `predict` says more)."""
+    from mimo_jobs.predict.estimate import predict_run
+    from mimo_jobs.predict.hardware import get_gpu
+
+    gpu = get_gpu("cpu" if diag.study.cluster.accelerator == "cpu" else "H100")
+    for r in runs:
+        verdict = predict_run(r, gpu).memory.verdict()
+        out.print(f"run {r.run_id} ({r.layout.nodes} nodes): memory on {gpu.name}: {verdict}", markup=False)
 
 
 def render(

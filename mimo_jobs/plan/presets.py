@@ -1,7 +1,8 @@
-"""Model presets: pure data (no torch), shared by the CLI (validation, MFU in reports) and the trainer.
+"""Model presets: pure data (no torch), shared by the CLI (validation, planning, MFU in reports) and the
+trainer.
 
-A preset names the encoder (ViT + MLP projector) and the language model (dense or MoE GPT). FLOPs per
-sample are computed from the shapes here so `report` can compute MFU without importing the trainer.
+A preset names the encoder (ViT + MLP projector) and the language model (dense or MoE GPT). Their FLOPs,
+parameters and memory are computed from these shapes by mimo_jobs/predict.
 """
 
 from __future__ import annotations
@@ -43,29 +44,6 @@ class ModelPreset:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _transformer_flops_per_token(layers: int, h: int, ffn: int, seq: int, mlp_mult: float = 1.0) -> float:
-    """Forward+backward (3x) model FLOPs per token of a dense transformer stack (2 FLOPs per MAC)."""
-    attn_proj = 4 * h * h  # q, k, v, o
-    attn_scores = 2 * seq * h  # QK^T and AV, per token
-    mlp = 2 * h * ffn * mlp_mult
-    return 3 * 2 * layers * (attn_proj + attn_scores + mlp)
-
-
-def flops_per_sample(p: ModelPreset, seq_length: int, image_tokens: int) -> float:
-    """Model FLOPs (fwd+bwd) for one sample with `seq_length` LLM tokens and `image_tokens` ViT patches."""
-    llm = p.llm
-    if llm.num_experts:
-        ffn = (llm.moe_ffn_hidden_size or llm.ffn_hidden_size) * llm.moe_router_topk
-    else:
-        ffn = llm.ffn_hidden_size
-    per_tok = _transformer_flops_per_token(llm.num_layers, llm.hidden_size, ffn, seq_length)
-    logits = 3 * 2 * llm.hidden_size * llm.vocab_size
-    enc = p.encoder
-    enc_tok = _transformer_flops_per_token(enc.num_layers, enc.hidden_size, enc.ffn_hidden_size, image_tokens)
-    projector = 3 * 2 * (enc.hidden_size * llm.hidden_size + llm.hidden_size * llm.hidden_size)
-    return seq_length * (per_tok + logits) + image_tokens * (enc_tok + projector)
 
 
 PRESETS: dict[str, ModelPreset] = {

@@ -206,7 +206,8 @@ def _throughput(row: RunRow) -> figures.Throughput:
 def _mfu(r: dict, gpus: int | None, samples_per_s: float, peak: float | None) -> tuple[float | None, str]:
     """MFU and a note on it: only for GPU runs whose GPU model (dense BF16 peak) and model preset are
     known."""
-    from mimo_jobs.plan.presets import PRESETS, flops_per_sample
+    from mimo_jobs.plan.presets import PRESETS
+    from mimo_jobs.predict.flops import flops_per_sample
 
     preset = PRESETS.get(r["model"] or "")
     if r["accelerator"] == "cpu":
@@ -218,7 +219,7 @@ def _mfu(r: dict, gpus: int | None, samples_per_s: float, peak: float | None) ->
     spec = json.loads(r["spec_json"]) if r["spec_json"] else {}
     data = (spec.get("trainer") or {}).get("data") or {}
     img, how = figures.image_tokens_per_sample(data, preset.encoder.patch_size, preset.encoder.image_size)
-    fps = flops_per_sample(preset, r["seq_length"], int(round(img)))
+    fps = flops_per_sample(preset, r["seq_length"], int(round(img))).total
     return figures.mfu(fps, samples_per_s, gpus, peak), f"image tokens/sample from {how}"
 
 

@@ -5,7 +5,7 @@ Conventions:
   the first iteration, which carries start-up cost); median/mean/std of the iteration time over it;
 - samples/s = gbs / t_iter; tokens/s = samples/s * seq_length; per GPU = / ALL GPUs of the job
   (encoder GPUs included);
-- MFU = model FLOPs per sample * samples/s / (GPUs * dense BF16 peak);
+- MFU = model FLOPs per sample (mimo_jobs/predict/flops.py) * samples/s / (GPUs * dense BF16 peak);
 - scaling efficiency E(N) = P(N) / P(N0), P = per-GPU throughput (tokens/s/GPU, or samples/s/GPU when the
   sequence length is unknown), N0 = baseline node count (same formula for strong and weak scaling);
 - loss parity: losses interpolated at equal consumed samples.

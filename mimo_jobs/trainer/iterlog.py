@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mimo_jobs.contract import IterationRecord
-from mimo_jobs.plan.presets import flops_per_sample
+from mimo_jobs.predict.flops import flops_per_sample
 
 
 def layout_line(run, plan, mode: str, backend: str) -> str:
@@ -188,7 +188,7 @@ class IterLogger:
         world = self.plan.world
         el = max(stats.elapsed_s, 1e-9)
         img_per_sample = stats.image_tokens / max(lay.gbs, 1)
-        flops = flops_per_sample(preset, seq_length, round(img_per_sample)) * lay.gbs
+        flops = flops_per_sample(preset, seq_length, round(img_per_sample)).total * lay.gbs
         tflops = flops / el / world / 1e12
         tok_s = lay.gbs * seq_length / el
         rec = self._rec(

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from helpers.scaling_store import build_store  # noqa: E402
 from mimo_jobs.cli.app import app  # noqa: E402
-from mimo_jobs.plan.presets import PRESETS, flops_per_sample  # noqa: E402
+from mimo_jobs.plan.presets import PRESETS  # noqa: E402
+from mimo_jobs.predict.flops import flops_per_sample  # noqa: E402
 from mimo_jobs.report import (
     ReportError,
     build,  # noqa: E402
@@ -78,7 +79,9 @@ def test_mfu_needs_a_known_gpu(store_):
     r1 = by_nodes(build(con, "scal"))[1]
     assert r1.mfu is None and "GPU peak unknown" in r1.mfu_note
     r1 = by_nodes(build(con, "scal", gpu="H100"))[1]
-    fps = flops_per_sample(PRESETS["tiny"], 64, 7)  # mock mix: 0.75 * (4 + 9 + 16) / 3 = 7.25 -> 7 patches
+    fps = flops_per_sample(
+        PRESETS["tiny"], 64, 7
+    ).total  # mock mix: 0.75 * (4 + 9 + 16) / 3 = 7.25 -> 7 patches
     assert r1.mfu == pytest.approx(fps * (8 / 0.405) / (2 * 989e12))
 
 

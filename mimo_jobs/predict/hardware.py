@@ -1,0 +1,54 @@
+"""GPU specs the planner prices a layout with (vendor datasheet figures, dense BF16, per GPU).
+
+Sources (public datasheets): NVIDIA H100 Tensor Core GPU datasheet (SXM5: 80 GB HBM3, 3.35 TB/s, 989 TFLOP/s
+dense BF16, NVLink 900 GB/s); NVIDIA H200 datasheet (141 GB HBM3e, 4.8 TB/s, 989 TFLOP/s, NVLink 900 GB/s);
+NVIDIA DGX B200 / HGX B200 datasheet (180 GB HBM3e, 8 TB/s, 2.25 PFLOP/s dense BF16 per GPU, NVLink 5
+1.8 TB/s); NVIDIA A100 datasheet (SXM 80 GB, 2.0 TB/s, 312 TFLOP/s, NVLink 600 GB/s). NVLink figures are
+bidirectional: one direction is half. InfiniBand: one ConnectX-7 NDR 400 Gb/s port per GPU (DGX H100/H200/
+B200), HDR 200 Gb/s per GPU on DGX A100. `cpu` is a nominal laptop-class figure for the CPU (gloo) runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mimo_jobs.errors import MimoJobsError
+
+GIB = 1024**3
+GB = 10**9
+
+
+class UnknownGPU(MimoJobsError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_bytes: int
+    peak_flops: float  # dense BF16 FLOP/s
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float  # one direction, per GPU
+    ib_bytes_per_s: float  # one direction, per GPU
+    framework_bytes: int  # CUDA context, NCCL buffers, allocator slack: not in any formula
+
+    @property
+    def fused_attention(self) -> bool:
+        """GPU runs use Transformer Engine's fused (flash) attention: no s x s score matrix is kept."""
+        return self.name != "cpu"
+
+
+GPUS: dict[str, GPU] = {
+    "H100": GPU("H100", 80 * GB, 989e12, 3.35e12, 450 * GB, 50 * GB, 3 * GIB),
+    "H200": GPU("H200", 141 * GB, 989e12, 4.8e12, 450 * GB, 50 * GB, 3 * GIB),
+    "B200": GPU("B200", 180 * GB, 2.25e15, 8.0e12, 900 * GB, 50 * GB, 3 * GIB),
+    "A100": GPU("A100", 80 * GB, 312e12, 2.0e12, 300 * GB, 25 * GB, 3 * GIB),
+    "cpu": GPU("cpu", 16 * GIB, 1e11, 2e10, 1e10, 1e9, 0),
+}
+
+
+def get_gpu(name: str) -> GPU:
+    for k, g in GPUS.items():
+        if k.lower() == name.strip().lower():
+            return g
+    raise UnknownGPU(f"unknown --gpu {name!r}; known: {', '.join(GPUS)}")

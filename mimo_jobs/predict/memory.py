@@ -1,0 +1,230 @@
+"""Memory per rank class: what an encoder rank and each LLM pipeline stage hold, and whether it fits.
+
+Per module on a rank (docs/predict.md has the sources and the derivation):
+  weights     parameters after sharding (params.py) x bytes of the parameter dtype;
+  gradients   megatron DDP's gradient buffer, fp32 (grad_reduce_in_fp32), padded for the distributed
+              optimizer as megatron-core pads it;
+  optimizer   Adam: fp32 exp_avg + exp_avg_sq (+ a 4-byte step counter per tensor), plus fp32 main params
+              under bf16; the distributed optimizer keeps only this rank's shard of the buffer (the dense
+              buffer over the DP group, the expert buffer over the expert-DP group);
+  activations bytes autograd keeps per microbatch (activations.py) x the microbatches in flight;
+  bridge      the image embeddings in flight and their gradients.
+Plus a fixed framework allowance per GPU (hardware.GPU.framework_bytes).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+from . import activations as A
+from .hardware import GIB, GPU
+from .params import Tensor, encoder_tensors, llm_tensors
+from .run import RunShape
+
+GRAD_BYTES = 4  # grad_reduce_in_fp32 in trainer/build.py
+ADAM_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
+STEP_BYTES = 4  # torch Adam's per-tensor step counter (a float32 scalar tensor)
+MAIN_PARAM_BYTES = 4  # fp32 master copy under bf16
+
+
+@dataclass(frozen=True)
+class ModuleMemory:
+    module: str  # "encoder" | "llm"
+    stage: int
+    ranks: tuple[int, int]  # first and last global rank of the class
+    params: int
+    weight_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    bridge_bytes: int
+    inflight: int  # microbatches whose activations are held at the peak
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.weight_bytes
+            + self.grad_bytes
+            + self.optimizer_bytes
+            + self.activation_bytes
+            + self.bridge_bytes
+        )
+
+
+@dataclass(frozen=True)
+class RankClass:
+    """Ranks that hold the same: one module (heterogeneous) or both (colocated)."""
+
+    ranks: tuple[int, int]
+    modules: tuple[ModuleMemory, ...]
+    framework_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(m.total_bytes for m in self.modules) + self.framework_bytes
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    classes: tuple[RankClass, ...]
+    capacity_bytes: int
+
+    @property
+    def worst(self) -> RankClass:
+        return max(self.classes, key=lambda c: c.total_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.worst.total_bytes <= self.capacity_bytes
+
+    def verdict(self) -> str:
+        return verdict_text(self.worst.total_bytes, self.capacity_bytes, self.worst.ranks[0])
+
+
+def verdict_text(used: int, capacity: int, rank: int) -> str:
+    """`fits, 12.3 GiB free` or `over by 4.1 GiB on rank 17`."""
+    if used <= capacity:
+        return f"fits, {(capacity - used) / GIB:.1f} GiB free"
+    return f"over by {(used - capacity) / GIB:.1f} GiB on rank {rank}"
+
+
+# -- gradient buffer and the distributed optimizer's shards
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One DDP gradient buffer: where each tensor starts and ends, and the padded size."""
+
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+    size: int
+    dp: int
+
+    @property
+    def numel(self) -> int:
+        return sum(e - s for s, e in zip(self.starts, self.ends))
+
+
+def _pad(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def buffer_of(numels: list[int], dp: int, distributed: bool) -> Buffer:
+    """megatron-core's _ParamAndGradBuffer with one bucket (overlap_grad_reduce is off): tensors in reverse
+    order; under the distributed optimizer each starts at a multiple of 64 and the end is padded to a
+    multiple of lcm(dp, 128)."""
+    starts, ends, pos = [], [], 0
+    for n in reversed(numels):
+        pos = _pad(pos, 64) if distributed else pos
+        starts.append(pos)
+        pos += n
+        ends.append(pos)
+    size = _pad(pos, math.lcm(dp, 128)) if distributed and numels else pos
+    return Buffer(tuple(starts), tuple(ends), size, dp)
+
+
+def shard_of(buf: Buffer, dp_rank: int) -> tuple[int, int]:
+    """(elements, tensor pieces) of the buffer in DP rank `dp_rank`'s shard."""
+    lo, hi = buf.size // buf.dp * dp_rank, buf.size // buf.dp * (dp_rank + 1)
+    i = bisect.bisect_right(buf.ends, lo)
+    n = pieces = 0
+    while i < len(buf.starts) and buf.starts[i] < hi:
+        overlap = min(hi, buf.ends[i]) - max(lo, buf.starts[i])
+        if overlap > 0:
+            n += overlap
+            pieces += 1
+        i += 1
+    return n, pieces
+
+
+def _state_bytes(elements: int, pieces: int, optimizer: str, bf16: bool) -> int:
+    main = MAIN_PARAM_BYTES * elements if bf16 else 0
+    if optimizer == "sgd":
+        return GRAD_BYTES * elements + main  # the momentum buffer
+    return ADAM_STATE_BYTES * elements + STEP_BYTES * pieces + main
+
+
+def optimizer_bytes(
+    buffers: list[Buffer], distributed: bool, optimizer: str, bf16: bool, dp_rank=None
+) -> int:
+    """Optimizer state on DP rank `dp_rank` (None: the largest over the DP ranks)."""
+    total = 0
+    for b in buffers:
+        if not b.starts:
+            continue
+        if not distributed:
+            total += _state_bytes(b.numel, len(b.starts), optimizer, bf16)
+            continue
+        ranks = range(b.dp) if dp_rank is None else [dp_rank % b.dp]
+        total += max(_state_bytes(*shard_of(b, r), optimizer, bf16) for r in ranks)
+    return total
+
+
+def buffers_of(tensors: list[Tensor], dp: int, edp: int, distributed: bool) -> list[Buffer]:
+    dense = [t.numel for t in tensors if not t.expert]
+    expert = [t.numel for t in tensors if t.expert]
+    return [buffer_of(dense, dp, distributed)] + ([buffer_of(expert, edp, distributed)] if expert else [])
+
+
+# -- per module
+
+
+def _module(rs: RunShape, module: str, stage: int, ranks, tensors, dp, edp, act, bridge, inflight, frozen):
+    params = sum(t.numel for t in tensors)
+    bufs = buffers_of(tensors, dp, edp, rs.distributed_optimizer)
+    grads = 0 if frozen else sum(b.size for b in bufs) * GRAD_BYTES
+    opt = 0 if frozen else optimizer_bytes(bufs, rs.distributed_optimizer, rs.optimizer, rs.bf16)
+    return ModuleMemory(
+        module, stage, ranks, params, params * rs.dtype_bytes, grads, opt, act, bridge, inflight
+    )
+
+
+def encoder_memory(rs: RunShape, gpu: GPU) -> ModuleMemory:
+    lay = rs.layout
+    tensors = encoder_tensors(rs.preset, lay.enc_tp)
+    keep = 1 if lay.colocated else min(rs.microbatches, max(rs.encoder_inflight, lay.llm_pp))
+    per_mb = A.encoder_bytes(rs, gpu.fused_attention)
+    bridge = 0 if lay.colocated else 2 * keep * A.embedding_bytes(rs, rs.encoder_samples_per_microbatch)
+    last = lay.enc_ranks - 1 if not lay.colocated else lay.world - 1
+    return _module(
+        rs,
+        "encoder",
+        0,
+        (0, last),
+        tensors,
+        lay.enc_dp,
+        lay.enc_dp,
+        keep * per_mb,
+        bridge,
+        keep,
+        rs.frozen_encoder,
+    )
+
+
+def llm_memory(rs: RunShape, gpu: GPU, stage: int) -> ModuleMemory:
+    lay = rs.layout
+    tp, pp, dp = lay.llm_tp, lay.llm_pp, lay.llm_dp
+    tensors = llm_tensors(rs.preset, tp, lay.llm_ep, lay.llm_etp, pp, stage)
+    edp = tp * dp // (lay.llm_ep * lay.llm_etp) if rs.preset.llm.num_experts else dp
+    keep = min(rs.microbatches, pp - stage)  # 1F1B: stage s of p runs p - s - 1 warm-up forwards
+    per_mb = A.llm_bytes(rs, stage, gpu.fused_attention)
+    bridge = 2 * keep * A.embedding_bytes(rs, lay.mbs) if stage == 0 and not lay.colocated else 0
+    first = lay.llm_offset + tp * stage
+    last = first + tp * pp * (dp - 1) + tp - 1
+    return _module(
+        rs, "llm", stage, (first, last), tensors, dp, edp, keep * per_mb, bridge, keep, rs.frozen_llm
+    )
+
+
+def memory_plan(rs: RunShape, gpu: GPU) -> MemoryPlan:
+    lay = rs.layout
+    enc = encoder_memory(rs, gpu)
+    stages = [llm_memory(rs, gpu, s) for s in range(lay.llm_pp)]
+    fw = gpu.framework_bytes
+    if lay.colocated:
+        classes = tuple(RankClass(s.ranks, (enc, s), fw) for s in stages)
+    else:
+        classes = (RankClass(enc.ranks, (enc,), fw),) + tuple(RankClass(s.ranks, (s,), fw) for s in stages)
+    return MemoryPlan(classes, gpu.memory_bytes)

@@ -1,0 +1,143 @@
+"""Iteration time of one run (docs/predict.md):
+
+  compute    FLOPs / (GPUs x peak x efficiency), per module (flops.py);
+  tp         per layer and microbatch 4 all-reduces (2 forward, 2 backward; all-gather + reduce-scatter under
+             sequence parallelism: the same bytes) of s b h, over NVLink (TP stays inside a node);
+  ep         per MoE layer 4 all-to-alls (dispatch and combine, forward and backward) of the routed tokens;
+  bridge     the image embeddings one encoder replica sends per microbatch, and their gradients back;
+  dp         after the last microbatch: the gradient reduce-scatter + parameter all-gather (distributed
+             optimizer) or all-reduce, dense over DP, experts over expert-DP;
+  optimizer  one pass over weights, gradients and optimizer state at HBM bandwidth.
+The two modules run as a pipeline of microbatches: M x max(encoder, LLM stage) + fill and drain (the
+shorter one once, and the LLM's pp - 1 stage bubble); colocated, every rank runs both in turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import comm
+from .flops import SampleFlops, flops_per_sample
+from .hardware import GPU
+from .memory import MemoryPlan
+from .run import RunShape
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of the peaks: compute per module, and the network."""
+
+    encoder: float = 0.40
+    llm: float = 0.40
+    network: float = 0.70
+
+
+@dataclass(frozen=True)
+class StepTime:
+    iteration_s: float
+    encoder_mb_s: float  # one encoder microbatch on its ranks (compute + tp + bridge)
+    llm_mb_s: float  # one microbatch on one LLM stage (compute + tp + ep)
+    parts: dict = field(default_factory=dict)  # compute/tp/ep/dp/bridge/optimizer seconds per iteration
+    bottleneck: str = "llm"
+    idle_fraction: float = 0.0  # of the module that waits for the bottleneck
+    dominant: str = "compute"
+    flops: SampleFlops | None = None  # per sample
+
+    @property
+    def compute_s(self) -> float:
+        return self.parts.get("compute", 0.0)
+
+
+def _bw(span_gpus: int, gpn: int, gpu: GPU, eff: Efficiency) -> float:
+    """NVLink while a group stays inside a node, InfiniBand once it spans nodes."""
+    return (gpu.nvlink_bytes_per_s if span_gpus <= gpn else gpu.ib_bytes_per_s) * eff.network
+
+
+def _encoder_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
+    lay, e = rs.layout, rs.preset.encoder
+    samples = rs.encoder_samples_per_microbatch
+    compute = samples * fl.encoder / (lay.enc_tp * gpu.peak_flops * eff.encoder)
+    tokens = samples * rs.image_tokens_mean
+    nvl = _bw(lay.enc_tp, lay.gpus_per_node, gpu, eff)
+    tp = 4 * e.num_layers * comm.all_reduce_s(tokens * e.hidden_size * rs.dtype_bytes, lay.enc_tp, nvl)
+    bridge = 0.0
+    if not lay.colocated:
+        nbytes = tokens * rs.preset.llm.hidden_size * rs.dtype_bytes
+        bridge = 2 * comm.p2p_s(nbytes, gpu.ib_bytes_per_s * eff.network)
+    return {"compute": compute, "tp": tp, "bridge": bridge}
+
+
+def _llm_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
+    """One microbatch on one stage (the stages run different microbatches at the same time)."""
+    lay, p = rs.layout, rs.preset.llm
+    layers = p.num_layers // lay.llm_pp
+    compute = lay.mbs * fl.llm / (lay.llm_tp * lay.llm_pp * gpu.peak_flops * eff.llm)
+    tokens = lay.mbs * rs.seq_length
+    act = tokens * p.hidden_size * rs.dtype_bytes
+    nvl = _bw(lay.llm_tp, lay.gpus_per_node, gpu, eff)
+    tp = 4 * layers * comm.all_reduce_s(act, lay.llm_tp, nvl)
+    ep = 0.0
+    if p.num_experts and lay.llm_ep > 1:
+        routed = act * p.moe_router_topk / lay.llm_tp  # each TP rank dispatches its sequence shard
+        bw = _bw(lay.llm_ep * lay.llm_tp, lay.gpus_per_node, gpu, eff)
+        ep = 4 * layers * comm.all_to_all_s(routed, lay.llm_ep, bw)
+    if lay.llm_pp > 1:
+        tp += 2 * comm.p2p_s(act / lay.llm_tp, _bw(2 * lay.gpus_per_node, lay.gpus_per_node, gpu, eff))
+    return {"compute": compute, "tp": tp, "ep": ep}
+
+
+def _dp_s(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> float:
+    """Gradient reduction after the last microbatch, on the slowest module."""
+    lay = rs.layout
+    worst = 0.0
+    for cls in mem.classes:
+        t = 0.0
+        for m in cls.modules:
+            dp = lay.enc_dp if m.module == "encoder" else lay.llm_dp
+            span = m.ranks[1] - m.ranks[0] + 1
+            bw = _bw(span, lay.gpus_per_node, gpu, eff)
+            if rs.distributed_optimizer:
+                t += comm.reduce_scatter_s(m.grad_bytes, dp, bw)
+                t += comm.reduce_scatter_s(m.weight_bytes, dp, bw)  # the parameter all-gather
+            else:
+                t += comm.all_reduce_s(m.grad_bytes, dp, bw)
+        worst = max(worst, t)
+    return worst
+
+
+def _optimizer_s(mem: MemoryPlan, gpu: GPU) -> float:
+    touched = max(
+        sum(m.weight_bytes + m.grad_bytes + 2 * m.optimizer_bytes for m in c.modules) for c in mem.classes
+    )
+    return touched / gpu.hbm_bytes_per_s
+
+
+def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepTime:
+    lay = rs.layout
+    fl = flops_per_sample(rs.preset, rs.seq_length, rs.image_tokens_mean, rs.tokens_per_image)
+    enc, llm = _encoder_mb(rs, gpu, eff, fl), _llm_mb(rs, gpu, eff, fl)
+    e, l_ = sum(enc.values()), sum(llm.values())
+    m = rs.microbatches
+    dp, opt = _dp_s(rs, mem, gpu, eff), _optimizer_s(mem, gpu)
+    bubble = (lay.llm_pp - 1) * l_
+    if lay.colocated:
+        pipe, scale = m * (e + l_) + bubble, {"enc": float(m), "llm": float(m)}
+        bottleneck, idle = ("encoder" if e > l_ else "llm"), 0.0
+    else:
+        slow = max(e, l_)
+        pipe = m * slow + min(e, l_) + bubble
+        bottleneck = "encoder" if e > l_ else "llm"
+        idle = 1 - min(e, l_) / slow if slow > 0 else 0.0
+        # the critical path: the bottleneck module's parts M times, the other's once (fill/drain)
+        scale = {"enc": m if e > l_ else 1.0, "llm": m if e <= l_ else 1.0}
+    scale["llm"] += lay.llm_pp - 1
+    parts = {
+        "compute": enc["compute"] * scale["enc"] + llm["compute"] * scale["llm"],
+        "tp": enc["tp"] * scale["enc"] + llm["tp"] * scale["llm"],
+        "ep": llm["ep"] * scale["llm"],
+        "bridge": enc["bridge"] * scale["enc"],
+        "dp": dp,
+        "optimizer": opt,
+    }
+    dominant = max(("compute", "tp", "ep", "dp", "bridge"), key=lambda k: parts[k])
+    return StepTime(pipe + dp + opt, e, l_, parts, bottleneck, idle, dominant, fl)
