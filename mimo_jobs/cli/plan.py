@@ -155,7 +155,8 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> None:
     gpu = get_gpu("cpu" if diag.study.cluster.accelerator == "cpu" else "H100")
     for r in runs:
         verdict = predict_run(r, gpu).memory.verdict()
-        out.print(f"run {r.run_id} ({r.layout.nodes} nodes): memory on {gpu.name}: {verdict}", markup=False)
+        nodes = f"{r.layout.nodes} node{'s' if r.layout.nodes != 1 else ''}"
+        out.print(f"run {r.run_id} ({nodes}): memory on {gpu.name}: {verdict}", markup=False)
 
 
 def render(

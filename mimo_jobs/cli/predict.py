@@ -40,23 +40,18 @@ def _measured(db: Path, study: str) -> dict[str, float]:
     return {r.run_id: r.t_median_ms / 1000.0 for r in rep.runs if r.t_median_ms}
 
 
-def _calibrate(preds: list, measured: dict[str, float]):
-    from mimo_jobs.predict.calibrate import Point, fit
+def _calibrate(runs: list, g, measured: dict[str, float]):
+    from mimo_jobs.predict.measured import Measured, calibrate
+    from mimo_jobs.predict.run import shape_of
 
-    pts = [
-        Point(
-            p.name,
-            p.shape.layout.nodes,
-            p.time.compute_s,
-            p.time.iteration_s - p.time.compute_s,
-            measured[p.run_id],
-        )
-        for p in preds
-        if p.run_id in measured
+    got = [
+        Measured(r.name, r.run_id, shape_of(r.layout, r.trainer), measured[r.run_id])
+        for r in runs
+        if r.run_id in measured
     ]
-    if not pts:
+    if not got:
         fail("no run of the study has a measured iteration time in the store (ingest its logs first)")
-    return fit(pts)
+    return calibrate(got, g)
 
 
 def _ranks_table(title: str, preds: list):
@@ -94,15 +89,15 @@ def _ranks_table(title: str, preds: list):
     return t
 
 
-def _time_table(preds: list, measured: dict[str, float] | None):
+def _time_table(preds: list):
     from rich.table import Table
 
     t = Table(title="iteration time", title_justify="left")
     cols = ["run", "nodes", "memory", "s/iter", "tokens/s/GPU", "MFU", "bottleneck", "idle other", "dominant"]
-    for col in cols + (["measured s/iter", "error"] if measured is not None else []):
+    for col in cols:
         t.add_column(col, justify="left" if col in ("run", "memory", "bottleneck", "dominant") else "right")
     for p in preds:
-        row = [
+        t.add_row(
             p.name,
             str(p.shape.layout.nodes),
             p.memory.verdict(),
@@ -112,12 +107,52 @@ def _time_table(preds: list, measured: dict[str, float] | None):
             p.time.bottleneck,
             f"{p.time.idle_fraction:.0%}",
             p.time.dominant,
-        ]
-        if measured is not None:
-            m = measured.get(p.run_id)
-            row += [f"{m:.3f}", f"{(p.time.iteration_s - m) / m:+.1%}"] if m else ["-", "-"]
-        t.add_row(*row)
+        )
     return t
+
+
+def _pct(e: float | None) -> str:
+    return "-" if e is None else f"{e:+.1%}"
+
+
+def _check_table(cal):
+    """Each measured run: measured, uncalibrated, calibrated and held-out seconds per iteration."""
+    from rich.table import Table
+
+    t = Table(title="predicted vs measured (s/iter; error = (predicted - measured) / measured)")
+    t.title_justify = "left"
+    cols = ["run", "nodes", "measured", "uncalibrated", "error", "calibrated", "error", "held out", "error"]
+    for col in cols:
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for r in cal.runs:
+        t.add_row(
+            r.name,
+            str(r.nodes),
+            f"{r.measured_s:.4f}",
+            f"{r.uncalibrated_s:.4f}",
+            _pct(r.uncalibrated_error),
+            f"{r.calibrated_s:.4f}",
+            _pct(r.calibrated_error),
+            "-" if r.holdout_s is None else f"{r.holdout_s:.4f}",
+            _pct(r.holdout_error),
+        )
+    return t
+
+
+def _calibration_line(cal) -> str:
+    s = cal.scales
+    line = (
+        f"calibration ({s.unknowns} scale(s) fitted on {len(cal.runs)} run(s)): efficiency encoder "
+        f"{cal.efficiency.encoder:.3g}, llm {cal.efficiency.llm:.3g}, network {cal.efficiency.network:.3g}; "
+        f"mean |error| {cal.error_before:.1%} uncalibrated, {cal.error_after:.1%} calibrated"
+    )
+    if cal.holdout_by:
+        by = "node count" if cal.holdout_by == "nodes" else "run"
+        line += (
+            f"; held out (one {by} at a time, fitted on the others): {cal.holdout_error_before:.1%} "
+            f"uncalibrated, {cal.holdout_error_after:.1%} calibrated"
+        )
+    return line
 
 
 def predict(
@@ -134,45 +169,53 @@ def predict(
 
     diag = study_or_fail(study_file)
     g = _gpu(gpu, diag.study)
-    preds = [predict_run(r, g) for r in diag.runs]
-    measured, cal = None, None
+    cal = None
     if db is not None:
         if not Path(db).exists():
             fail(f"no store at {db}", where="--db")
-        measured = _measured(db, diag.study.name)
-        cal = _calibrate(preds, measured)
-        eff = cal.efficiency(Efficiency())
-        preds = [predict_run(r, g, eff) for r in diag.runs]
+        cal = _calibrate(diag.runs, g, _measured(db, diag.study.name))
+    preds = [predict_run(r, g, cal.efficiency if cal else Efficiency()) for r in diag.runs]
     if as_json:
         doc = {"study": diag.study.name, "gpu": g.name, "runs": [to_json(p) for p in preds]}
         if cal is not None:
-            doc["calibration"] = _calibration_json(cal, measured)
+            checks = {c.run_id: c for c in cal.runs}
+            for run in doc["runs"]:
+                run.update(_check_json(checks.get(run["run_id"])))
+            doc["calibration"] = _calibration_json(cal)
         typer.echo(json.dumps(doc, indent=2))
         return
     out = console()
     out.print(_ranks_table(f"{diag.study.name} on {g.name}: memory per rank class (GiB)", preds))
-    out.print(_time_table(preds, measured))
+    out.print(_time_table(preds))
     if cal is not None:
-        hold = f", hold-out {cal.holdout_error:.1%}" if cal.holdout_error is not None else ""
-        out.print(
-            f"calibration: compute x{1 / cal.alpha:.2f}, network x{1 / cal.beta:.2f}; mean error "
-            f"{cal.error_before:.1%} before, {cal.error_after:.1%} after{hold}",
-            markup=False,
-        )
+        out.print(_check_table(cal))
+        out.print(_calibration_line(cal), markup=False)
     out.print(
         "MFU: encoder + LLM training FLOPs / (iteration time x all GPUs of the job x dense BF16 peak)",
         markup=False,
     )
 
 
-def _calibration_json(cal, measured: dict[str, float]) -> dict:
+def _check_json(c) -> dict:
+    """A run's measured figure and its predictions (null where the run has no measured time)."""
+    keys = ("measured_s", "uncalibrated_s", "uncalibrated_error", "calibrated_s", "calibrated_error")
+    out = {k: None if c is None else getattr(c, k) for k in keys}
+    out["holdout_s"] = None if c is None else c.holdout_s
+    out["holdout_error"] = None if c is None else c.holdout_error
+    return out
+
+
+def _calibration_json(cal) -> dict:
+    s, e = cal.scales, cal.efficiency
     return {
-        "compute_scale": cal.alpha,
-        "network_scale": cal.beta,
+        "unknowns": s.unknowns,
+        "scales": {"encoder": s.encoder, "llm": s.llm, "network": s.network},
+        "efficiency": {"encoder": e.encoder, "llm": e.llm, "network": e.network},
         "error_before": cal.error_before,
         "error_after": cal.error_after,
-        "holdout_error": cal.holdout_error,
-        "measured_s": measured,
+        "holdout_by": cal.holdout_by or None,
+        "holdout_error_before": cal.holdout_error_before,
+        "holdout_error_after": cal.holdout_error_after,
     }
 
 

@@ -42,10 +42,17 @@ class StepTime:
     idle_fraction: float = 0.0  # of the module that waits for the bottleneck
     dominant: str = "compute"
     flops: SampleFlops | None = None  # per sample
+    encoder_compute_s: float = 0.0  # parts["compute"] split by module (calibrate.py fits each)
+    llm_compute_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
         return self.parts.get("compute", 0.0)
+
+    @property
+    def network_s(self) -> float:
+        """The parts that scale with the network efficiency."""
+        return sum(self.parts.get(k, 0.0) for k in ("tp", "ep", "bridge", "dp"))
 
 
 def _bw(span_gpus: int, gpn: int, gpu: GPU, eff: Efficiency) -> float:
@@ -140,4 +147,5 @@ def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepT
         "optimizer": opt,
     }
     dominant = max(("compute", "tp", "ep", "dp", "bridge"), key=lambda k: parts[k])
-    return StepTime(pipe + dp + opt, e, l_, parts, bottleneck, idle, dominant, fl)
+    enc_c, llm_c = enc["compute"] * scale["enc"], llm["compute"] * scale["llm"]
+    return StepTime(pipe + dp + opt, e, l_, parts, bottleneck, idle, dominant, fl, enc_c, llm_c)

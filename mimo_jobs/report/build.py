@@ -12,6 +12,7 @@ from mimo_jobs.errors import MimoJobsError
 from . import compare, figures, queries
 from .memory import memory_rows
 from .model import ParityRow, Report, RunRow, StudyInfo, TriageRow
+from .predicted import predicted_rows
 from .queries import StoreData
 from .triage import EventRow, triage
 
@@ -58,6 +59,8 @@ def build(
     rep.pairs, rep.unpaired = compare.pair_runs(rows, data.curves)
     rep.rank_memory = queries.rank_memory(con, [r.run_id for r in rows])
     rep.memory = memory_rows(rep.rank_memory, {r.run_id: r for r in rows})
+    names = {rid: _gpu_name(m) for rid, m in data.starts.items()}
+    rep.predicted, rep.predicted_memory = predicted_rows(data.runs, rows, rep.rank_memory, gpu, names)
     return rep
 
 

@@ -86,6 +86,40 @@ class MemoryRow:
 
 
 @dataclass
+class PredictedRow:
+    """A run's planner prediction (mimo_jobs/predict, default efficiencies) against its measured figures."""
+
+    study: str
+    run_id: str
+    name: str
+    gpu: str  # the accelerator it was priced on
+    predicted_s: float  # seconds per iteration
+    measured_s: float | None  # the steady-state median
+    error: float | None  # (predicted - measured) / measured
+    predicted_tokens_per_s_per_gpu: float
+    measured_tokens_per_s_per_gpu: float | None
+    tokens_error: float | None
+    bottleneck: str
+    memory: str  # the planner's verdict on the fullest rank class
+
+
+@dataclass
+class PredictedMemoryRow:
+    """One rank class of a run: predicted bytes (weights + gradients + optimizer state + activations) against
+    the largest measured total over its ranks (rank_memory: the same four facts)."""
+
+    study: str
+    run_id: str
+    name: str
+    rank_class: str  # encoder | llm stage N | encoder+llm stage N (colocated)
+    ranks: str  # first-last global rank (LLM stages are strided)
+    predicted_bytes: int
+    measured_bytes: int | None
+    measured_ranks: int  # ranks of the class with measured facts
+    error: float | None
+
+
+@dataclass
 class TriageRow:
     study: str
     run_id: str
@@ -137,6 +171,8 @@ class Report:
     unpaired: list[str] = field(default_factory=list)  # "<study>/<run>: why it has no partner"
     memory: list[MemoryRow] = field(default_factory=list)
     rank_memory: list[dict] = field(default_factory=list)  # every rank's facts (the JSON report's)
+    predicted: list[PredictedRow] = field(default_factory=list)
+    predicted_memory: list[PredictedMemoryRow] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -54,6 +54,13 @@ PAIR_COLS = [
     "pair_loss_max_rel_diff",
     "pair_verdict",
 ]
+# the planner's prediction of the run (predicted.py), empty when the run has none
+PRED_COLS = [
+    "predicted_s_per_iter",
+    "predicted_error",
+    "predicted_tokens_per_s_per_gpu",
+    "predicted_tokens_error",
+]
 
 
 def _default(o):
@@ -134,13 +141,15 @@ def render_csv(report: Report) -> str:
     for r in report.runs:
         phases += [p for p in r.phase_share if p not in phases]
     pairs = {(p.study, p.hetero_run): p for p in report.pairs}
-    lines = [_csv_line(CSV_COLS + [f"share_{p}" for p in phases] + PAIR_COLS)]
+    preds = {p.run_id: p for p in report.predicted}
+    lines = [_csv_line(CSV_COLS + [f"share_{p}" for p in phases] + PAIR_COLS + PRED_COLS)]
     for r in report.runs:
         lines.append(
             _csv_line(
                 [_cell(r, c) for c in CSV_COLS]
                 + [r.phase_share.get(p, "") for p in phases]
                 + _pair_cells(pairs.get((r.study, r.name)))
+                + _pred_cells(preds.get(r.run_id))
             )
         )
     return "".join(lines)
@@ -150,4 +159,11 @@ def _pair_cells(p) -> list:
     if p is None:
         return [""] * len(PAIR_COLS)
     vals = [p.colocated_run, p.time_ratio, p.tokens_ratio, p.loss_max_rel_diff, p.verdict]
+    return ["" if v is None else v for v in vals]
+
+
+def _pred_cells(p) -> list:
+    if p is None:
+        return [""] * len(PRED_COLS)
+    vals = [p.predicted_s, p.error, p.predicted_tokens_per_s_per_gpu, p.tokens_error]
     return ["" if v is None else v for v in vals]

@@ -1,6 +1,7 @@
 """The comparison sections of a report as rows of text cells, shared by the table and markdown renderings:
-layouts of one size, heterogeneous vs colocated, and the measured memory per module and stage. The
-figures are computed in compare.py and memory.py; this module only formats them."""
+layouts of one size, heterogeneous vs colocated, the measured memory per module and stage, and the
+planner's predictions against the measured figures. The figures are computed in compare.py, memory.py and
+predicted.py; this module only formats them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from . import fmt
 from .model import Report
 
-TEXT_HEADS = {"run", "heterogeneous", "colocated", "verdict", "why", "module"}
+TEXT_HEADS = {"run", "heterogeneous", "colocated", "verdict", "why", "module", "priced on", "bottleneck"}
 
 
 @dataclass
@@ -80,5 +81,46 @@ def memory(report: Report) -> Section | None:
     )
 
 
+def _err(e: float | None) -> str:
+    return "-" if e is None else f"{e:+.1%}"
+
+
+def predicted(report: Report) -> Section | None:
+    if not report.predicted:
+        return None
+    rows = [
+        [p.name, p.gpu, f"{p.predicted_s:.4g}", "-" if p.measured_s is None else f"{p.measured_s:.4g}",
+         _err(p.error), fmt.num(p.predicted_tokens_per_s_per_gpu, 1), fmt.num(p.measured_tokens_per_s_per_gpu, 1),
+         _err(p.tokens_error), p.bottleneck]
+        for p in report.predicted
+    ]  # fmt: skip
+    heads = ["run", "priced on", "predicted s/iter", "measured s/iter", "error", "predicted tokens/s/GPU",
+             "measured tokens/s/GPU", "tokens error", "bottleneck"]  # fmt: skip
+    return Section(
+        "Predicted vs measured time (planner, default efficiencies; error = (predicted - measured) / measured)",
+        heads,
+        rows,
+        [],
+    )
+
+
+def predicted_memory(report: Report) -> Section | None:
+    if not report.predicted_memory:
+        return None
+    rows = [
+        [m.name, m.rank_class, m.ranks, _gib(m.predicted_bytes), _gib(m.measured_bytes), str(m.measured_ranks),
+         _err(m.error)]
+        for m in report.predicted_memory
+    ]  # fmt: skip
+    heads = ["run", "module", "ranks", "predicted", "measured (largest rank)", "ranks measured", "error"]
+    return Section(
+        "Predicted vs measured memory per rank class (weights + gradients + optimizer state + activations)",
+        heads,
+        rows,
+        [],
+    )
+
+
 def all_sections(report: Report) -> list[Section]:
-    return [s for s in (layouts(report), pairs(report), memory(report)) if s is not None]
+    found = (layouts(report), pairs(report), memory(report), predicted(report), predicted_memory(report))
+    return [s for s in found if s is not None]

@@ -48,19 +48,46 @@ def test_unknown_gpu():
         get_gpu("X100")
 
 
-def test_calibration_recovers_known_scales_and_holds_out():
-    pts = [
-        Point(f"r{n}", n, c, o, 2.0 * c + 0.5 * o)
-        for n, c, o in ((33, 1.0, 0.2), (68, 0.5, 0.3), (100, 0.35, 0.4))
-    ]
-    f = fit(pts)
-    assert f.alpha == pytest.approx(2.0) and f.beta == pytest.approx(0.5)
-    assert f.error_after == pytest.approx(0.0, abs=1e-9) and f.error_before > 0.25
-    assert len(f.holdout) == 3 and f.holdout_error == pytest.approx(0.0, abs=1e-6)
-    eff = f.efficiency(Efficiency(0.4, 0.4, 0.7))
-    assert eff.llm == pytest.approx(0.2) and eff.network == pytest.approx(1.4)
+def test_calibration_recovers_known_scales():
+    # measured = 2 x encoder + 3 x LLM compute + 0.5 x network + the fixed part, exactly
+    parts = ((1.0, 0.5, 0.2, 0.01), (0.5, 0.9, 0.3, 0.01), (0.35, 0.2, 0.4, 0.02), (0.2, 0.3, 0.1, 0.0))
+    pts = [Point(f"r{i}", e, x, n, f, 2 * e + 3 * x + 0.5 * n + f) for i, (e, x, n, f) in enumerate(parts)]
+    s = fit(pts)
+    assert s.unknowns == 3
+    assert (s.encoder, s.llm, s.network) == pytest.approx((2.0, 3.0, 0.5))
+    assert all(s.apply(p) == pytest.approx(p.measured_s) for p in pts)
+    eff = s.efficiency(Efficiency(0.4, 0.6, 0.7))
+    assert (eff.encoder, eff.llm, eff.network) == pytest.approx((0.2, 0.2, 1.4))
+    # fewer runs: fewer unknowns (never as many as runs), down to one ratio for all parts
+    assert fit(pts[:3]).unknowns == 2 and fit(pts[:2]).unknowns == 1
     one = fit(pts[:1])
-    assert one.alpha == one.beta and one.error_after == pytest.approx(0.0, abs=1e-9)
+    assert one.encoder == one.llm == one.network and one.apply(pts[0]) == pytest.approx(pts[0].measured_s)
+    # a scale the runs cannot determine (no run has network time) is not fitted
+    flat = [Point("a", 1.0, 1.0, 0.0, 0.0, 2.0), Point("b", 2.0, 1.0, 0.0, 0.0, 4.0)]
+    assert fit(flat).unknowns == 1 and fit(flat).network == fit(flat).llm
+
+
+def test_holdout_predicts_each_fold_from_the_others():
+    from mimo_jobs.predict.estimate import predict_shape
+    from mimo_jobs.predict.measured import Measured, calibrate
+
+    diag = diagnose(STUDIES / "scale_33n_68n_100n.yaml")
+    h100 = get_gpu("H100")
+    truth = Efficiency(0.2, 0.3, 0.35)  # what the "measured" runs achieved
+    runs = [Measured(r.name, r.run_id, shape_of(r.layout, r.trainer), 0.0) for r in diag.runs]
+    runs = [
+        Measured(m.name, m.run_id, m.shape, predict_shape(m.shape, h100, truth).time.iteration_s)
+        for m in runs
+    ]
+    cal = calibrate(runs, h100)
+    assert cal.holdout_by == "nodes" and all(r.holdout_s is not None for r in cal.runs)
+    assert cal.error_before > 0.3
+    assert cal.error_after < 0.02 and cal.holdout_error_after < 0.05 < cal.holdout_error_before
+    # a fold's prediction must not see its own run: with a wrong measurement only there, its hold-out
+    # prediction stays where the others put it
+    odd = [runs[0], runs[1], Measured(runs[2].name, runs[2].run_id, runs[2].shape, 10 * runs[2].measured_s)]
+    held = calibrate(odd, h100).runs[2]
+    assert held.holdout_error < -0.8 and held.holdout_s == pytest.approx(runs[2].measured_s, rel=0.05)
 
 
 def test_plan_enumeration_is_bounded_for_100_nodes():
