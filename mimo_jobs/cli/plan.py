@@ -148,11 +148,12 @@ def validate(
 
 
 def _memory_verdicts(out, diag: Diagnosis, runs: list) -> None:
-    """One line per run: does it fit in the memory of the study's GPU (H100 assumed; `predict` says more)."""
+    """One line per run: does it fit in the memory of the study's GPU (cluster.hardware, else H100;
+    `predict` says more)."""
     from mimo_jobs.predict.estimate import predict_run
-    from mimo_jobs.predict.hardware import get_gpu
+    from mimo_jobs.predict.hardware import study_gpu
 
-    gpu = get_gpu("cpu" if diag.study.cluster.accelerator == "cpu" else "H100")
+    gpu = study_gpu(diag.study.cluster)
     for r in runs:
         verdict = predict_run(r, gpu).memory.verdict()
         nodes = f"{r.layout.nodes} node{'s' if r.layout.nodes != 1 else ''}"

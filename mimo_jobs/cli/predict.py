@@ -10,15 +10,17 @@ import typer
 
 from .output import DB_HELP, console, fail, reports_errors
 
-GPU_HELP = "GPU to price the runs on: H100, H200, B200, A100 or cpu (default: H100, or cpu for a CPU study)."
+GPU_HELP = (
+    "GPU to price the runs on: H100, H200, B200, A100 or cpu (default: the study's cluster.hardware.gpu, "
+    "else H100; cpu for a CPU study). The study's cluster.hardware figures apply to it."
+)
 
 
 def _gpu(name: str | None, study):
-    from mimo_jobs.predict.hardware import UnknownGPU, get_gpu
+    from mimo_jobs.predict.hardware import UnknownGPU, study_gpu
 
-    default = "cpu" if study.cluster.accelerator == "cpu" else "H100"
     try:
-        return get_gpu(name or default)
+        return study_gpu(study.cluster, name)
     except UnknownGPU as e:
         fail(str(e))
 

@@ -64,7 +64,7 @@ def run_id_of(study: StudySpec, point: PointSpec, repeat: int) -> str:
     """Stable id: a hash of the resolved config (study name, cluster, trainer, point, repeat)."""
     payload = {
         "study": study.name,
-        "cluster": study.cluster.model_dump(mode="json"),
+        "cluster": study.cluster.model_dump(mode="json", exclude={"hardware"}),  # planning only
         "trainer": study.trainer.model_dump(mode="json"),
         "point": point.model_dump(mode="json"),
         "repeat": repeat,

@@ -108,6 +108,18 @@ class ContainerSpec(_Strict):
         return v
 
 
+class HardwareSpec(_Strict):
+    """What the capacity planner (predict, plan, validate's memory line) prices the runs on: a known GPU
+    model, and the figures of this cluster that differ from its datasheet. Planning only: it is not part of
+    a run's id and changes nothing that runs."""
+
+    gpu: Literal["H100", "H200", "B200", "A100"] = "H100"
+    memory_gib: float | None = Field(None, gt=0, le=4096)  # usable GPU memory
+    peak_tflops: float | None = Field(None, gt=0, le=100_000)  # dense BF16 per GPU
+    nvlink_gbps: float | None = Field(None, gt=0, le=100_000)  # GB/s per GPU, one direction
+    ib_gbps: float | None = Field(None, gt=0, le=100_000)  # GB/s per GPU across nodes, one direction
+
+
 class ClusterSpec(_Strict):
     executor: Literal["slurm", "local"] = "slurm"
     partition: str | None = None
@@ -128,6 +140,7 @@ class ClusterSpec(_Strict):
     requeue: bool = True
     max_retries: int = Field(2, ge=0, le=20)  # retries for flaky failures (watchdog timeouts, node failure)
     python: str = "python3"
+    hardware: HardwareSpec | None = None  # the planner's GPU and its overrides
 
     @field_validator("partition", "account", "qos")
     @classmethod

@@ -10,7 +10,7 @@ B200), HDR 200 Gb/s per GPU on DGX A100. `cpu` is a nominal laptop-class figure 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mimo_jobs.errors import MimoJobsError
 
@@ -52,3 +52,25 @@ def get_gpu(name: str) -> GPU:
         if k.lower() == name.strip().lower():
             return g
     raise UnknownGPU(f"unknown --gpu {name!r}; known: {', '.join(GPUS)}")
+
+
+def study_gpu(cluster, name: str | None = None) -> GPU:
+    """The GPU a study's runs are priced on: `name` (the --gpu option) if given, else the cluster's
+    `hardware.gpu` (cpu for an `accelerator: cpu` study, H100 when unset), with the cluster's
+    `hardware` overrides applied to either (figures of this cluster, not the datasheet's)."""
+    hw = cluster.hardware
+    if name:
+        gpu = get_gpu(name)
+    elif cluster.accelerator == "cpu":
+        gpu = GPUS["cpu"]
+    else:
+        gpu = GPUS[hw.gpu if hw is not None else "H100"]
+    if hw is None or gpu.name == "cpu":
+        return gpu
+    over = {
+        "memory_bytes": int(hw.memory_gib * GIB) if hw.memory_gib else None,
+        "peak_flops": hw.peak_tflops * 1e12 if hw.peak_tflops else None,
+        "nvlink_bytes_per_s": hw.nvlink_gbps * GB if hw.nvlink_gbps else None,
+        "ib_bytes_per_s": hw.ib_gbps * GB if hw.ib_gbps else None,
+    }
+    return replace(gpu, **{k: v for k, v in over.items() if v is not None})

@@ -24,6 +24,7 @@ MODELS = {
         "StudySpec",
         "ClusterSpec",
         "ContainerSpec",
+        "HardwareSpec",
         "TrainerSpec",
         "LRSpec",
         "OptimizerSpec",

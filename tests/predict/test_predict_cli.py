@@ -93,3 +93,35 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path):
         assert "error:" in r.output
     r = runner.invoke(app, ["predict", str(PROD), "--db", str(tmp_path / "none.duckdb")])
     assert r.exit_code == 2 and "no store at" in r.output
+
+
+def _with_hardware(tmp_path: Path, hardware: dict) -> Path:
+    doc = yaml.safe_load(PROD.read_text())
+    doc["cluster"]["hardware"] = hardware
+    p = tmp_path / "hw.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def test_cluster_hardware_picks_the_gpu_and_overrides_its_figures(tmp_path):
+    base = json.loads(runner.invoke(app, ["predict", str(PROD), "--json"]).output)
+    # a 16 GiB part of the same model: the same runs, the same time, no room for the 33-node encoder
+    small = _with_hardware(tmp_path, {"gpu": "H100", "memory_gib": 16})
+    doc = json.loads(runner.invoke(app, ["predict", str(small), "--json"]).output)
+    assert [r["run_id"] for r in doc["runs"]] == [r["run_id"] for r in base["runs"]]  # planning only
+    assert [r["iteration_s"] for r in doc["runs"]] == [r["iteration_s"] for r in base["runs"]]
+    assert "memory on H100: over by" in runner.invoke(app, ["validate", str(small)]).output
+    # half the compute peak: every run is slower; the model named by the study is used without --gpu
+    slow = _with_hardware(tmp_path, {"gpu": "B200", "peak_tflops": 500})
+    doc = json.loads(runner.invoke(app, ["predict", str(slow), "--json"]).output)
+    b200 = json.loads(runner.invoke(app, ["predict", str(PROD), "--gpu", "B200", "--json"]).output)
+    assert doc["gpu"] == "B200"
+    assert all(a["iteration_s"] > b["iteration_s"] for a, b in zip(doc["runs"], b200["runs"], strict=True))
+
+
+def test_cluster_hardware_is_checked(tmp_path):
+    bad = _with_hardware(tmp_path, {"gpu": "V100"})
+    r = runner.invoke(app, ["validate", str(bad)])
+    assert r.exit_code == 2 and "cluster.hardware.gpu" in r.output
+    bad = _with_hardware(tmp_path, {"memory_gib": -1})
+    assert runner.invoke(app, ["predict", str(bad)]).exit_code == 2
