@@ -182,3 +182,33 @@ def test_slurm_preemption_requeue_and_task_exit(tmp_path, scanner):
     ]
     v = triage(evs, world=4)  # the scheduler ended the job: the exits are its consequence
     assert v.kind == "scheduler" and v.reason.startswith("preempted") and v.evidence.endswith(":2")
+
+
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_uncorrectable_ecc_named_by_the_watchdog(tmp_path, scanner):
+    evs = ingested(tmp_path, "gpu_ecc_watchdog.log", scanner)
+    assert [(e.line_no, e.kind, e.rank) for e in evs] == [(2, "gpu_ecc", None), (7, "gpu_ecc", 1)]
+    v = triage(evs, world=2)  # the event that names its rank is the first failing rank's evidence
+    assert (v.kind, v.rank) == ("failed", 1) and "ECC" in v.reason and v.evidence.endswith(":7")
+
+
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_gpu_xid(tmp_path, scanner):
+    (ev,) = ingested(tmp_path, "gpu_xid.log", scanner)
+    assert (ev.kind, ev.line_no) == ("gpu_xid", 2)
+    assert "fallen off the bus" in triage([ev], world=8).reason
+
+
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_srun_task_killed(tmp_path, scanner):
+    (ev,) = ingested(tmp_path, "srun_task_killed.log", scanner)
+    assert (ev.kind, ev.rank) == ("task_exit", 0)  # outside our runs: task 0 is rank 0
+    v = triage([ev], world=8)
+    assert (v.kind, v.rank) == ("failed", 0) and v.reason.endswith("task 0: Killed")
+
+
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_node_failure(tmp_path, scanner):
+    (ev,) = ingested(tmp_path, "node_failure.log", scanner)
+    assert ev.kind == "node_fail"
+    assert "Node failure on worker-1" in triage([ev], world=8).reason
