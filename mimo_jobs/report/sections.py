@@ -96,12 +96,23 @@ def predicted(report: Report) -> Section | None:
     ]  # fmt: skip
     heads = ["run", "priced on", "predicted s/iter", "measured s/iter", "error", "predicted tokens/s/GPU",
              "measured tokens/s/GPU", "tokens error", "bottleneck"]  # fmt: skip
+    lines = []
+    if any(p.gpu == "cpu" for p in report.predicted):
+        lines.append(CPU_TIME_NOTE)
     return Section(
         "Predicted vs measured time (planner, default efficiencies; error = (predicted - measured) / measured)",
         heads,
         rows,
-        [],
+        lines,
     )
+
+
+# The planner prices FLOPs and bytes moved; a CPU/gloo step of a tiny model is almost all per-call overhead.
+CPU_TIME_NOTE = (
+    "cpu: times priced from FLOPs alone are far below a CPU/gloo step of a small model, which is mostly "
+    "per-call overhead; mimo-jobs predict STUDY --db FILE fits the efficiencies to these runs and reports "
+    "held-out errors"
+)
 
 
 def predicted_memory(report: Report) -> Section | None:

@@ -97,3 +97,16 @@ def test_every_format_carries_the_predictions(store_):
     rows = {r["run_id"]: r for r in csv.DictReader(io.StringIO(render(rep, "csv")))}
     assert float(rows[r1.run_id]["predicted_error"]) == pytest.approx(r1.error)
     assert float(rows[r1.run_id]["predicted_s_per_iter"]) == pytest.approx(r1.predicted_s)
+    assert "cpu: times priced from FLOPs alone" not in render(rep, "md")  # GPU-priced: no CPU caveat
+
+
+def test_cpu_priced_times_carry_their_caveat(store_):
+    from dataclasses import replace
+
+    from mimo_jobs.report import sections
+
+    con, _ = store_
+    rep = build(con, "scal", gpu="h100")
+    assert sections.predicted(rep).lines == []
+    rep.predicted[0] = replace(rep.predicted[0], gpu="cpu")  # as for a CPU run
+    assert sections.predicted(rep).lines == [sections.CPU_TIME_NOTE]
