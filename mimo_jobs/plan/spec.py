@@ -113,7 +113,7 @@ class HardwareSpec(_Strict):
     model, and the figures of this cluster that differ from its datasheet. Planning only: it is not part of
     a run's id and changes nothing that runs."""
 
-    gpu: Literal["H100", "H200", "B200", "A100"] = "H100"
+    gpu: Literal["H100", "H200", "GH200", "B200", "A100"] = "H100"
     memory_gib: float | None = Field(None, gt=0, le=4096)  # usable GPU memory
     peak_tflops: float | None = Field(None, gt=0, le=100_000)  # dense BF16 per GPU
     nvlink_gbps: float | None = Field(None, gt=0, le=100_000)  # GB/s per GPU, one direction

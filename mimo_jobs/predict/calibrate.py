@@ -111,9 +111,9 @@ def fit(points: list[Point]) -> Scales:
     return Scales()
 
 
-def relative_error(predicted: float, measured: float) -> float:
-    """Signed: (predicted - measured) / measured."""
-    return (predicted - measured) / measured
+def relative_error(predicted: float, measured: float | None) -> float | None:
+    """Signed: (predicted - measured) / measured; None without a measurement."""
+    return (predicted - measured) / measured if measured else None
 
 
 def mean_abs(errors: list[float]) -> float | None:

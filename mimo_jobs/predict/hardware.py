@@ -1,7 +1,8 @@
 """GPU specs the planner prices a layout with (vendor datasheet figures, dense BF16, per GPU).
 
 Sources (public datasheets): NVIDIA H100 Tensor Core GPU datasheet (SXM5: 80 GB HBM3, 3.35 TB/s, 989 TFLOP/s
-dense BF16, NVLink 900 GB/s); NVIDIA H200 datasheet (141 GB HBM3e, 4.8 TB/s, 989 TFLOP/s, NVLink 900 GB/s);
+dense BF16, NVLink 900 GB/s); NVIDIA GH200 Grace Hopper Superchip datasheet (96 GB HBM3, 4 TB/s, the H100's
+989 TFLOP/s); NVIDIA H200 datasheet (141 GB HBM3e, 4.8 TB/s, 989 TFLOP/s, NVLink 900 GB/s);
 NVIDIA DGX B200 / HGX B200 datasheet (180 GB HBM3e, 8 TB/s, 2.25 PFLOP/s dense BF16 per GPU, NVLink 5
 1.8 TB/s); NVIDIA A100 datasheet (SXM 80 GB, 2.0 TB/s, 312 TFLOP/s, NVLink 600 GB/s). NVLink figures are
 bidirectional: one direction is half. InfiniBand: one ConnectX-7 NDR 400 Gb/s port per GPU (DGX H100/H200/
@@ -41,6 +42,7 @@ class GPU:
 GPUS: dict[str, GPU] = {
     "H100": GPU("H100", 80 * GB, 989e12, 3.35e12, 450 * GB, 50 * GB, 3 * GIB),
     "H200": GPU("H200", 141 * GB, 989e12, 4.8e12, 450 * GB, 50 * GB, 3 * GIB),
+    "GH200": GPU("GH200", 96 * GB, 989e12, 4.0e12, 450 * GB, 50 * GB, 3 * GIB),
     "B200": GPU("B200", 180 * GB, 2.25e15, 8.0e12, 900 * GB, 50 * GB, 3 * GIB),
     "A100": GPU("A100", 80 * GB, 312e12, 2.0e12, 300 * GB, 25 * GB, 3 * GIB),
     "cpu": GPU("cpu", 16 * GIB, 1e11, 2e10, 1e10, 1e9, 0),
@@ -52,6 +54,15 @@ def get_gpu(name: str) -> GPU:
         if k.lower() == name.strip().lower():
             return g
     raise UnknownGPU(f"unknown --gpu {name!r}; known: {', '.join(GPUS)}")
+
+
+def gpu_named(text: str | None) -> GPU | None:
+    """The GPU a device name names ("NVIDIA H100 80GB HBM3", "h200"; GH200 before H200), None if none."""
+    t = (text or "").upper()
+    for key in sorted((k for k in GPUS if k != "cpu"), key=len, reverse=True):
+        if key.upper() in t:
+            return GPUS[key]
+    return None
 
 
 def study_gpu(cluster, name: str | None = None) -> GPU:

@@ -16,14 +16,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Dense BF16 peak FLOP/s per GPU (not the 2:4-sparse figure).
-PEAK_BF16 = {
-    "H200": 989e12,
-    "GH200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-}
-
 EFFICIENCY_FLOOR = 0.80  # below this E(N) is flagged as a slow-down
 SPEEDUP_TOLERANCE = 0.05  # E(N) above 1 + this is an unexpected (super-linear) speed-up
 NOISE_CV = 0.20  # std/mean of the iteration time above this is flagged as noisy
@@ -31,14 +23,12 @@ PARITY_TOLERANCE = 0.05  # relative loss difference at equal samples flagged abo
 
 
 def peak_flops(gpu: str | None) -> float | None:
-    """Dense BF16 peak of a GPU named like "NVIDIA H100 80GB HBM3" / "h200"; None when unknown."""
-    if not gpu:
-        return None
-    g = gpu.upper()
-    for name in sorted(PEAK_BF16, key=len, reverse=True):  # GH200 before H200
-        if name in g:
-            return PEAK_BF16[name]
-    return None
+    """Dense BF16 peak (not the 2:4-sparse figure) of a GPU named like "NVIDIA H100 80GB HBM3" / "h200";
+    None when unknown. The figures are the planner's (mimo_jobs/predict/hardware.py)."""
+    from mimo_jobs.predict.hardware import gpu_named
+
+    g = gpu_named(gpu)
+    return g.peak_flops if g else None
 
 
 def steady_cutoff(first: int, last: int, frac: float = 0.10, min_skip: int = 1) -> int:

@@ -11,22 +11,18 @@ from __future__ import annotations
 
 import json
 
+from mimo_jobs.predict.calibrate import relative_error
+
 from .model import PredictedMemoryRow, PredictedRow, RunRow
 
 _MEASURED = ("param_bytes", "grad_buffer_bytes", "optimizer_state_bytes")
 
 
 def _gpu(accelerator: str | None, name: str | None):
-    """The planner's GPU: `cpu` for a CPU run, else the first known GPU named in `name` (None if none)."""
-    from mimo_jobs.predict.hardware import GPUS
+    """The planner's GPU: `cpu` for a CPU run, else the GPU `name` names (None if none)."""
+    from mimo_jobs.predict.hardware import GPUS, gpu_named
 
-    if accelerator == "cpu":
-        return GPUS["cpu"]
-    n = (name or "").upper()
-    for key in sorted((k for k in GPUS if k != "cpu"), key=len, reverse=True):
-        if key.upper() in n:
-            return GPUS[key]
-    return None
+    return GPUS["cpu"] if accelerator == "cpu" else gpu_named(name)
 
 
 def _prediction(r: dict, gpu):
@@ -39,10 +35,6 @@ def _prediction(r: dict, gpu):
         return None  # a spec from an older version, or a layout the planner cannot price
 
 
-def _error(predicted: float, measured: float | None) -> float | None:
-    return (predicted - measured) / measured if measured else None
-
-
 def _time_row(row: RunRow, p) -> PredictedRow:
     measured = row.t_median_ms / 1000.0 if row.t_median_ms else None
     tok = p.tokens_per_s_per_gpu
@@ -53,10 +45,10 @@ def _time_row(row: RunRow, p) -> PredictedRow:
         p.gpu.name,
         p.time.iteration_s,
         measured,
-        _error(p.time.iteration_s, measured),
+        relative_error(p.time.iteration_s, measured),
         tok,
         row.tokens_per_s_per_gpu,
-        _error(tok, row.tokens_per_s_per_gpu),
+        relative_error(tok, row.tokens_per_s_per_gpu),
         p.time.bottleneck,
         p.memory.verdict(),
     )
@@ -104,7 +96,7 @@ def _memory_rows(row: RunRow, p, ranks: list[dict]) -> list[PredictedMemoryRow]:
                 pred,
                 top,
                 len(got),
-                _error(pred, top),
+                relative_error(pred, top),
             )
         )
     return out
