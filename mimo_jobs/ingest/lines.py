@@ -31,12 +31,13 @@ class LineHandler:
         self.tracker = TracebackTracker()
         self.base_attempt = pinfo.attempt or 0
         stage.log_const = (ctx.run_id, job, src)
-        self._root: list | None = None  # torchrun "Root Cause" block being read: [line_no, origin, lines]
-        self._other: list | None = None  # an entry of its "Failures:" list being read: [line_no, lines]
+        # an entry of torchrun's summary being read, [line_no, kind, field lines]: the "Root Cause" entry
+        # (child_failed) or one of its "Failures:" list (child_failed_other)
+        self._entry: list | None = None
 
     def fast(self) -> bool:
         """Whether iteration lines may skip the origin/traceback bookkeeping (the C scanner's fast mode)."""
-        return not self.tracker.pending and self._root is None
+        return not self.tracker.pending and self._entry is None
 
     def line(self, line_no: int, line: str) -> None:
         """One candidate line (1-based number, no newline)."""
@@ -47,12 +48,8 @@ class LineHandler:
                 self._iteration(head, line, line_no)
                 return
         origin, body = split_origin(line)
-        if self._root is not None:  # torchrun summary: its fields follow the "Root Cause" line
-            self._root[2].append(body)
-            if len(self._root[2]) >= events.ROOT_CAUSE_SPAN or _last_field(body):
-                self._finish_root()
-        elif events.is_summary_field(body):  # an entry of the summary's "Failures:" list (before its root)
-            self._other_entry(line_no, body)
+        if events.is_summary_field(body):
+            self._summary_field(line_no, body)
         key = (origin.task, origin.local_rank, origin.rank)
         if self.tracker.active(key) and TRACEBACK not in body:
             done = self.tracker.feed(key, body)
@@ -71,7 +68,9 @@ class LineHandler:
                 self.tracker.start(key, line_no, find_time(body, lt.year if lt else None) or lt)
             return
         if ROOT_CAUSE in body:
-            self._root = [line_no, origin, []]
+            if self._entry is not None:
+                self._finish_entry()
+            self._entry = [line_no, "child_failed", []]
             return
         lt = self._last_time()
         for ev in events.classify_line(body, lt.year if lt else None):
@@ -79,10 +78,8 @@ class LineHandler:
 
     def finish(self) -> None:
         """End of the file's complete lines: blocks still open become events."""
-        if self._root is not None:
-            self._finish_root()
-        if self._other is not None:
-            self._finish_other()
+        if self._entry is not None:
+            self._finish_entry()
         for ln, ev in self.tracker.flush():
             self._emit(Origin(), ln, ev)
 
@@ -151,25 +148,19 @@ class LineHandler:
             return node * gpn + ev.local_rank, node
         return None, node
 
-    def _other_entry(self, line_no: int, body: str) -> None:
-        if self._other is None:
-            self._other = [line_no, []]
-        self._other[1].append(body)
-        if len(self._other[1]) >= events.ROOT_CAUSE_SPAN or _last_field(body):
-            self._finish_other()
+    def _summary_field(self, line_no: int, body: str) -> None:
+        """A field of torchrun's summary: of the "Root Cause" entry when its line came first, else of an
+        entry of the "Failures:" list (which comes before the root cause)."""
+        if self._entry is None:
+            self._entry = [line_no, "child_failed_other", []]
+        self._entry[2].append(body)
+        if len(self._entry[2]) >= events.ROOT_CAUSE_SPAN or _last_field(body):
+            self._finish_entry()
 
-    def _finish_other(self) -> None:
-        line_no, follow = self._other
-        self._other = None
-        rc = events.parse_root_cause(follow, "child_failed_other")
-        if rc:
-            rank, ev = rc
-            self._event(rank, None, line_no, ev)
-
-    def _finish_root(self) -> None:
-        line_no, _origin, follow = self._root
-        self._root = None
-        rc = events.parse_root_cause(follow)
+    def _finish_entry(self) -> None:
+        line_no, kind, fields = self._entry
+        self._entry = None
+        rc = events.parse_root_cause(fields, kind)
         if rc:
             rank, ev = rc
             self._event(rank, None, line_no, ev)
