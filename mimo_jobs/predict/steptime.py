@@ -46,10 +46,6 @@ class StepTime:
     llm_compute_s: float = 0.0
 
     @property
-    def compute_s(self) -> float:
-        return self.parts.get("compute", 0.0)
-
-    @property
     def network_s(self) -> float:
         """The parts that scale with the network efficiency."""
         return sum(self.parts.get(k, 0.0) for k in ("tp", "ep", "bridge", "dp"))
@@ -138,8 +134,9 @@ def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepT
         # the critical path: the bottleneck module's parts M times, the other's once (fill/drain)
         scale = {"enc": m if e > l_ else 1.0, "llm": m if e <= l_ else 1.0}
     scale["llm"] += lay.llm_pp - 1
+    enc_c, llm_c = enc["compute"] * scale["enc"], llm["compute"] * scale["llm"]
     parts = {
-        "compute": enc["compute"] * scale["enc"] + llm["compute"] * scale["llm"],
+        "compute": enc_c + llm_c,
         "tp": enc["tp"] * scale["enc"] + llm["tp"] * scale["llm"],
         "ep": llm["ep"] * scale["llm"],
         "bridge": enc["bridge"] * scale["enc"],
@@ -147,5 +144,4 @@ def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepT
         "optimizer": opt,
     }
     dominant = max(("compute", "tp", "ep", "dp", "bridge"), key=lambda k: parts[k])
-    enc_c, llm_c = enc["compute"] * scale["enc"], llm["compute"] * scale["llm"]
     return StepTime(pipe + dp + opt, e, l_, parts, bottleneck, idle, dominant, fl, enc_c, llm_c)
