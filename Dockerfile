@@ -1,7 +1,7 @@
 # mimo-jobs: one image for the cluster (pyxis/enroot, Apptainer) and for a one-node local run.
 #
 #   docker build -t mimo-jobs --build-arg MIMO_JOBS_GIT_SHA="$(git rev-parse HEAD)" .
-#   docker run --gpus all --rm -v "$PWD:/work" mimo-jobs mimo-jobs submit studies/cpu_local.yaml --executor local --wait
+#   docker run --rm -v "$PWD:/work" mimo-jobs mimo-jobs submit studies/cpu_local.yaml --executor local --wait
 #
 # The default base is an NGC PyTorch release: CUDA, NCCL, cuDNN and Transformer Engine built against its own
 # torch 2.x (25.12: torch 2.10 pre-release build, TE 2.x within megatron-core 0.16.1's tested range).
@@ -17,8 +17,6 @@ FROM ${BASE_IMAGE} AS wheel
 WORKDIR /src
 # README.md is pyproject's long description only; the wheel builds without it.
 COPY pyproject.toml setup.py ./
-COPY templates ./templates
-COPY studies ./studies
 COPY mimo_jobs ./mimo_jobs
 # One list of dependencies (pyproject.toml): the wheel's metadata names the base + `train` requirements.
 # torch is kept as the base image ships it when present (NGC: CUDA build, Transformer Engine compiled against
@@ -56,8 +54,8 @@ RUN export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_
  && mimo-jobs --version
 
 # Templates and studies next to the package (the package ships its own copy too): users copy and edit these.
-COPY templates /opt/mimo-jobs/templates
-COPY studies /opt/mimo-jobs/studies
+COPY mimo_jobs/_templates /opt/mimo-jobs/templates
+COPY mimo_jobs/_studies /opt/mimo-jobs/studies
 
 # Provenance last, so a new commit only rebuilds this layer. The trainer's first log line and the store read
 # it through mimo_jobs.image.image_provenance() (or $MIMO_JOBS_GIT_SHA directly).

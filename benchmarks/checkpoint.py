@@ -2,7 +2,7 @@
 
 For each preset, a real trainer state is built under torchrun on CPU/gloo (encoder 1 rank + LLM DP 2, so
 world 3; MoE presets use llm.ep=2), one training step fills the optimizer state, then every rank times
-R checkpoint saves and R loads through mimo_jobs.trainer.checkpointer. Baseline in the same process: a plain
+R checkpoint saves and R loads through mimo_jobs.trainer.checkpoint.checkpointer. Baseline in the same process: a plain
 torch.save / torch.load of the same rank's model + optimizer state_dict into one file (no fsync, no
 atomic rename, no world agreement), so the ratio shows what the protocol costs on top of serialisation.
 
@@ -32,11 +32,11 @@ sys.path.insert(0, str(ROOT))
 def render(root: Path, preset: str, distopt: bool) -> Path:
     import yaml
 
-    from mimo_jobs.plan.expand import runs_of
-    from mimo_jobs.plan.load import parse_study
-    from mimo_jobs.plan.presets import get_preset
-    from mimo_jobs.plan.rundir import RunDir
-    from mimo_jobs.plan.runspec import run_yaml_doc
+    from mimo_jobs.contract.rundir import RunDir
+    from mimo_jobs.study.expand import runs_of
+    from mimo_jobs.study.load import parse_study
+    from mimo_jobs.study.presets import get_preset
+    from mimo_jobs.study.runspec import run_yaml_doc
 
     moe = get_preset(preset).llm.num_experts > 0
     study = parse_study(
@@ -77,19 +77,19 @@ def worker(run_yaml: Path, out: Path, repeats: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from mimo_jobs.plan.runspec import load_run_yaml
+    from mimo_jobs.contract.manifest import latest_checkpoint
+    from mimo_jobs.study.runspec import load_run_yaml
     from mimo_jobs.trainer.build import build_state
-    from mimo_jobs.trainer.checkpoint_state import optimizer_state
-    from mimo_jobs.trainer.checkpointer import Checkpointer, checkpoint_dir_of, modules_of
+    from mimo_jobs.trainer.checkpoint.checkpointer import Checkpointer, checkpoint_dir_of, modules_of
+    from mimo_jobs.trainer.checkpoint.state import optimizer_state
     from mimo_jobs.trainer.cuda_shims import install
-    from mimo_jobs.trainer.manifest import latest_checkpoint
     from mimo_jobs.trainer.step import train_step
 
     install()
     run, doc = load_run_yaml(run_yaml)
     timeout = datetime.timedelta(seconds=300)
     dist.init_process_group("gloo", timeout=timeout)
-    st = build_state(run, run.plan(), False, timeout)
+    st = build_state(run, run.rank_layout(), False, timeout)
     train_step(st)
     ck = Checkpointer(run, doc, checkpoint_dir_of(run, doc, run_yaml), dist.get_world_size())
     rank = dist.get_rank()

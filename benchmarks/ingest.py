@@ -338,12 +338,12 @@ def bench_rank_files(n: int, workdir: Path) -> None:
 
     import yaml
 
+    from mimo_jobs.contract.rundir import RunDir
     from mimo_jobs.ingest import pipeline as ingest
-    from mimo_jobs.plan.expand import runs_of
-    from mimo_jobs.plan.load import parse_study
-    from mimo_jobs.plan.rundir import RunDir
-    from mimo_jobs.plan.runspec import run_yaml_doc
     from mimo_jobs.store import connection as store
+    from mimo_jobs.study.expand import runs_of
+    from mimo_jobs.study.load import parse_study
+    from mimo_jobs.study.runspec import run_yaml_doc
 
     doc = {
         "name": "ranks",

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import yaml
 
-from mimo_jobs.plan.diagnose import diagnose_data
 from mimo_jobs.predict.estimate import predict_run, to_json
 from mimo_jobs.predict.hardware import get_gpu
 from mimo_jobs.predict.layouts import best_layouts
 from mimo_jobs.predict.run import shape_of
 from mimo_jobs.predict.steptime import Efficiency
+from mimo_jobs.study.diagnose import diagnose_data
 
 STUDY = Path(__file__).resolve().parents[1] / "studies" / "scale_33n_68n_100n.yaml"
 

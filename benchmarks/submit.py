@@ -78,21 +78,21 @@ def bare_sacct(ids: list[str], k: int = 5) -> float:
 
 
 def run(n: int, executor: str, work: Path) -> None:
-    from mimo_jobs.plan.expand import runs_of
-    from mimo_jobs.plan.load import parse_study
     from mimo_jobs.store import connection as store
-    from mimo_jobs.submit import launch, status
+    from mimo_jobs.study.expand import runs_of
+    from mimo_jobs.study.load import parse_study
+    from mimo_jobs.submit import service, status
 
     name = f"bench_{executor}_{n}"
     spec = parse_study(study_doc(name, n, executor))
     runs = runs_of(spec)
     db = work / f"{name}.duckdb"
     con = store.connect(db)
-    ex = launch.executor(executor)
+    ex = service.executor(executor)
 
     t0 = time.perf_counter()
-    sel = launch.plan_submit(con, runs, force=False)
-    prepared = launch.prepare(sel.submit, work / "runs", executor, FAKE_TEMPLATES)
+    sel = service.plan_submit(con, runs, force=False)
+    prepared = service.prepare(sel.submit, work / "runs", executor, FAKE_TEMPLATES)
     t_render = time.perf_counter() - t0
     sched = []
     orig = ex.submit
@@ -106,7 +106,7 @@ def run(n: int, executor: str, work: Path) -> None:
 
     ex.submit = timed_submit  # type: ignore[method-assign]
     t1 = time.perf_counter()
-    subs = launch.submit_runs(con, spec, None, prepared, sel, ex)
+    subs = service.submit_runs(con, spec, None, prepared, sel, ex)
     t_submit = time.perf_counter() - t1
     ex.submit = orig  # type: ignore[method-assign]
     t_sched = sum(sched)
@@ -126,7 +126,7 @@ def run(n: int, executor: str, work: Path) -> None:
     lat, sac = [], []
     for _ in range(5):
         s0, c0 = getattr(ex, "sacct_s", 0.0), time.perf_counter()
-        launch.refresh(con, name)
+        service.refresh(con, name)
         status.run_statuses(con, name)
         lat.append(time.perf_counter() - c0)
         sac.append(getattr(ex, "sacct_s", 0.0) - s0)
@@ -151,7 +151,7 @@ def run(n: int, executor: str, work: Path) -> None:
         f"`mimo-jobs status` CLI wall time (fresh process, imports included): {time.perf_counter() - c0:5.2f} s"
     )
     con = store.connect(db)
-    launch.cancel(con, name)
+    service.cancel(con, name)
     con.close()
 
 

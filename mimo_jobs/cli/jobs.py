@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from .output import DB_HELP, EXIT_FAILED, RUNS_HELP, console, fail, fail_problems, reports_errors
-from .plan import diagnose_file, study_or_fail
+from .study import diagnose_file, study_or_fail
 
 
 def _runs_dir(d: Path | None) -> Path:
@@ -145,7 +145,7 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mimo_jobs.store.connection import connect
-    from mimo_jobs.submit import launch, status
+    from mimo_jobs.submit import service, status
 
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
@@ -155,7 +155,7 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
         while True:
             con = connect(db)
             try:
-                launch.refresh(con, study)
+                service.refresh(con, study)
                 sts = status.run_statuses(con, study)
             finally:
                 con.close()
@@ -216,10 +216,10 @@ def _executor_name(name: str) -> str:
 
 def _selected_runs(diag, only: list[str] | None, ex_name: str) -> list:
     """The runs --only names (all by default), checked to suit the executor."""
-    from mimo_jobs.submit import launch
+    from mimo_jobs.submit import service
 
-    runs = launch.select_runs(diag.runs, only, diag.source)
-    launch.check_executor(runs, ex_name)
+    runs = service.select_runs(diag.runs, only, diag.source)
+    service.check_executor(runs, ex_name)
     return runs
 
 
@@ -232,11 +232,11 @@ def _print_kept(sel) -> None:
 
 def _prepare(diag, runs: list, root: Path, ex_name: str, templates: Path | None) -> list:
     """Render the runs' directories; a render problem is reported like validate's."""
-    from mimo_jobs.plan.render import RenderError
-    from mimo_jobs.submit import launch
+    from mimo_jobs.study.render import RenderError
+    from mimo_jobs.submit import service
 
     try:
-        return launch.prepare(runs, root, ex_name, templates)
+        return service.prepare(runs, root, ex_name, templates)
     except RenderError as e:
         fail_problems(diag.source, e.problems)
 
@@ -246,17 +246,17 @@ def _dry_run(
 ) -> None:
     """Print each script that would be submitted and the command that would submit it; write no store."""
     from mimo_jobs.store.connection import connect, db_path
-    from mimo_jobs.submit import launch
+    from mimo_jobs.submit import service
 
-    sel = launch.Selection(submit=runs)
+    sel = service.Selection(submit=runs)
     if db_path(db).exists():  # which runs would be skipped: read the store, never write it
         con = connect(db, read_only=True)
         if "action" in {c[0] for c in con.execute("DESCRIBE jobs").fetchall()}:
-            sel = launch.plan_submit(con, runs, force)
+            sel = service.plan_submit(con, runs, force)
         con.close()
     prepared = _prepare(diag, sel.submit, root, ex_name, templates)
     _print_kept(sel)
-    out, ex = console(), launch.executor(ex_name)
+    out, ex = console(), service.executor(ex_name)
     for p in prepared:
         out.rule(f"{p.spec.name} ({p.spec.run_id}): {p.script}", characters="=")
         out.print("$ " + " ".join(ex.submit_command(p.rd)), markup=False, soft_wrap=True)
@@ -273,29 +273,29 @@ def _submit_for_real(
 ) -> None:
     """Settle earlier jobs, then render and submit the runs that need a job, recording each in the store."""
     from mimo_jobs.store.connection import connect
-    from mimo_jobs.submit import launch
+    from mimo_jobs.submit import service
 
     study, out = diag.study, console()
     con = connect(db)
     try:
-        launch.refresh(con, study.name)  # settles earlier jobs so 'keep' sees their final states
-        sel = launch.plan_submit(con, runs, force)
+        service.refresh(con, study.name)  # settles earlier jobs so 'keep' sees their final states
+        sel = service.plan_submit(con, runs, force)
         _print_kept(sel)
         prepared = _prepare(diag, sel.submit, root, ex_name, templates)
 
-        def said(s: launch.Submitted) -> None:
+        def said(s: service.Submitted) -> None:
             out.print(
                 f"submitted {s.spec.name} ({s.spec.run_id}) as {ex_name} job {s.job_id}, attempt {s.attempt}",
                 markup=False,
             )
 
-        launch.submit_runs(
+        service.submit_runs(
             con,
             study,
             str(Path(diag.source).resolve()),
             prepared,
             sel,
-            launch.executor(ex_name),
+            service.executor(ex_name),
             on_submit=said,
         )
         if not prepared:
@@ -324,7 +324,7 @@ def status(
     """State, attempt, elapsed time, last iteration and loss of every run (polls the scheduler, ingests
     finished runs)."""
     from mimo_jobs.store.connection import db_path
-    from mimo_jobs.submit import launch
+    from mimo_jobs.submit import service
     from mimo_jobs.submit import status as run_status
 
     _check_interval(interval)
@@ -336,7 +336,7 @@ def status(
         con.close()
         follow(db, name, title, interval)
         return
-    launch.refresh(con, name)
+    service.refresh(con, name)
     statuses = run_status.run_statuses(con, name)
     out = console()
     out.print(status_table(statuses, title))
@@ -350,13 +350,13 @@ def cancel(
     db: Optional[Path] = typer.Option(None, "--db", help=DB_HELP),  # noqa: UP045
 ) -> None:
     """Cancel the pending/running jobs of a study (or of one run): scancel, or stop the local runner."""
-    from mimo_jobs.submit import launch
+    from mimo_jobs.submit import service
 
     name = _study_name(study)
     con = _open_existing_store(db)
     _check_study(con, name, db)
-    launch.refresh(con, name)
-    done = launch.cancel(con, name, run)
+    service.refresh(con, name)
+    done = service.cancel(con, name, run)
     out = console()
     for run_name, job_id, ex in done:
         out.print(f"cancelled {run_name}: {ex} job {job_id}", markup=False)
@@ -373,15 +373,15 @@ def demo(
 ) -> None:
     """The main job: run the packaged CPU study locally, follow it, ingest it and print the scaling report."""
     from mimo_jobs import report
-    from mimo_jobs.plan.render import packaged_studies
     from mimo_jobs.store.connection import connect, db_path
-    from mimo_jobs.submit import launch
+    from mimo_jobs.study.render import packaged_studies
+    from mimo_jobs.submit import service
 
     path = study_file or packaged_studies() / "cpu_local.yaml"
     _regular_file(path)
     diag = study_or_fail(path)
     root = _runs_dir(runs_dir)
-    launch.check_executor(diag.runs, "local")
+    service.check_executor(diag.runs, "local")
     console().print(
         f"demo: study {diag.study.name} ({len(diag.runs)} runs, {path}) on this machine; store "
         f"{db_path(db)}, runs under {root}",
@@ -391,7 +391,7 @@ def demo(
     sts = follow(db, diag.study.name, f"{diag.study.name} ({db_path(db)})")
     con = connect(db)
     try:
-        launch.ingest_runs(con, [launch.RunDir(Path(s.run_dir)) for s in sts if s.run_dir])
+        service.ingest_runs(con, [service.RunDir(Path(s.run_dir)) for s in sts if s.run_dir])
         try:
             typer.echo(report.render(report.build(con, diag.study.name), "table"))
         except report.ReportError as e:

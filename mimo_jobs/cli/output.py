@@ -18,7 +18,7 @@ import typer
 from mimo_jobs.errors import MimoJobsError
 
 if TYPE_CHECKING:
-    from mimo_jobs.plan.diagnose import Problem
+    from mimo_jobs.study.diagnose import Problem
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2

@@ -1,208 +1,77 @@
-"""`validate` and `render`: study file -> plan table / precise errors -> run directories with scripts.
-
-Exit codes: 0 ok, 2 bad input (every problem is printed, with its YAML path, rule and a value that fits).
-Imports of pydantic/jinja stay inside the commands so `mimo-jobs --help` starts fast.
-"""
+"""`plan`: the best feasible layouts for a node count, as matrix points (mimo_jobs/predict, docs/predict.md).
+No torch is imported."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from .output import EXIT_INVALID, console, fail_problems, reports_errors
-
-if TYPE_CHECKING:
-    from mimo_jobs.plan.diagnose import Diagnosis
+from .output import fail, reports_errors
+from .predict import GPU_HELP, _gpu
 
 
-def _cells(plan) -> dict[str, str]:
-    """Table cells of one plan, in the words of docs/topology.md's worked example."""
-    lay = plan.layout
-
-    def nodes(n: int) -> str:
-        return f"{n} node" + ("s" if n != 1 else "")
-
-    enc = f"TP{lay.enc_tp}" + (f" PP{lay.enc_pp}" if lay.enc_pp > 1 else "") + f" DP{lay.enc_dp}"
-    llm = (
-        f"TP{lay.llm_tp}"
-        + (f" PP{lay.llm_pp}" if lay.llm_pp > 1 else "")
-        + (f" EP{lay.llm_ep}" if lay.llm_ep > 1 else "")
-        + f" DP{lay.llm_dp}"
-    )
-    shared = " (shared)" if plan.shared_nodes else ""
-    if plan.fan == "in":
-        lanes = f"1/{plan.encoders_per_lane}"  # fan-in: several encoder replicas per lane
-    else:
-        lanes = str(plan.lanes_per_encoder)
-    return {
-        "encoder": f"{nodes(len(plan.encoder_nodes))}{shared}, {enc} (ranks {plan.enc_rank_start}-"
-        f"{plan.enc_rank_end - 1})",
-        "llm": f"{nodes(len(plan.llm_nodes))}{shared}, {llm} (ranks {plan.llm_rank_start}-{plan.llm_rank_end - 1})",
-        "expert_dp": str(plan.expert_dp) if plan.expert_dp else "-",
-        "fan": plan.fan,
-        "lanes": lanes,
-        "microbatches": str(plan.num_microbatches),
-    }
-
-
-# Rows the plan table shows before it summarises the rest: drawing a rich table costs ~0.5 ms a row, so a
-# 10,000-run study would take seconds to print a table nobody reads row by row.
-TABLE_ROWS = 50
-
-
-def _plan_table(diag: Diagnosis, runs: list):
-    from rich.table import Table
-
-    name = diag.study.name if diag.study else diag.source
-    t = Table(title=f"{name}: {len(diag.runs)} run(s)", title_justify="left")
-    for col, just in (
-        ("run", "left"),
-        ("run id", "left"),
-        ("nodes", "right"),
-        ("encoder", "left"),
-        ("LLM", "left"),
-        ("expert-DP", "right"),
-        ("fan", "center"),
-        ("lanes/encoder", "right"),
-        ("microbatches", "right"),
-    ):
-        t.add_column(col, justify=just, overflow="fold")
-    for r in runs:
-        c = _cells(r.plan())
-        t.add_row(
-            r.name,
-            r.run_id,
-            str(r.layout.nodes),
-            c["encoder"],
-            c["llm"],
-            c["expert_dp"],
-            c["fan"],
-            c["lanes"],
-            c["microbatches"],
-        )
-    return t
-
-
-def diagnose_file(study_file: Path) -> Diagnosis:
-    """Every problem of a study file, including its setup lines (which only bash can judge)."""
-    from mimo_jobs.plan.diagnose import diagnose
-
-    diag = diagnose(study_file)
-    if diag.study is not None and diag.study.cluster.setup:
-        from mimo_jobs.plan.render import setup_problems  # jinja2 only when there is something to check
-
-        diag.problems += setup_problems(diag.study.cluster)
-    return diag
-
-
-def validate(
-    study_file: Path = typer.Argument(..., help="Study YAML file."),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan (or the problems) as JSON."),
-    show_all: bool = typer.Option(
-        False, "--all", help=f"List every run in the table (default: the first {TABLE_ROWS}, then a summary)."
-    ),
+def plan_cmd(
+    nodes: int = typer.Option(..., "--nodes", help="Node count to plan for."),
+    study_file: Path = typer.Option(..., "--from", help="Study whose model, trainer and batch to plan."),
+    gpu: str | None = typer.Option(None, "--gpu", help=GPU_HELP),
+    top: int = typer.Option(5, "--top", help="How many layouts to show."),
+    as_json: bool = typer.Option(False, "--json", help="Print the layouts as JSON."),
 ) -> None:
-    """Check a study: every point's topology plan, or every problem at once (exit code 2)."""
-    diag = diagnose_file(study_file)
-    if as_json:
-        doc = {
-            "study": diag.study.name if diag.study else None,
-            "source": diag.source,
-            "ok": diag.ok,
-            "runs": [
-                {
-                    "name": r.name,
-                    "run_id": r.run_id,
-                    "index": r.index,
-                    "repeat": r.repeat,
-                    "nodes": r.layout.nodes,
-                    "time_limit": r.time_limit,
-                    "plan": r.plan().to_dict(),
-                }
-                for r in diag.runs
-            ],
-            "problems": [
-                {"path": p.path, "rule": p.rule, "message": p.message, "fit": p.fit} for p in diag.problems
-            ],
-        }
-        typer.echo(json.dumps(doc, indent=2))
-        raise typer.Exit(0 if diag.ok else EXIT_INVALID)
-    if diag.runs:
-        shown = diag.runs if show_all else diag.runs[:TABLE_ROWS]
-        out = console()
-        out.print(_plan_table(diag, shown))
-        if len(shown) < len(diag.runs):
-            out.print(
-                f"... and {len(diag.runs) - len(shown):,} more run(s) (--all lists every run; --json prints "
-                "each with its plan)",
-                markup=False,
-            )
-        if diag.ok:
-            _memory_verdicts(out, diag, shown)
-    if not diag.ok:
-        fail_problems(diag.source, diag.problems)
-    console().print(f"{diag.source}: OK, {len(diag.runs)} run(s) feasible", style="green", markup=False)
+    """The fastest feasible layouts for N nodes that fit in memory, as ready-to-paste matrix points."""
+    from mimo_jobs.predict.layouts import best_layouts, yaml_point
+    from mimo_jobs.predict.run import shape_of
+    from mimo_jobs.predict.steptime import Efficiency
 
+    from .study import study_or_fail
 
-def _memory_verdicts(out, diag: Diagnosis, runs: list) -> None:
-    """One line per run: does it fit in the memory of the study's GPU (cluster.hardware, else H100;
-    `predict` says more)."""
-    from mimo_jobs.predict.estimate import predict_run
-    from mimo_jobs.predict.hardware import study_gpu
-
-    gpu = study_gpu(diag.study.cluster)
-    for r in runs:
-        verdict = predict_run(r, gpu).memory.verdict()
-        nodes = f"{r.layout.nodes} node{'s' if r.layout.nodes != 1 else ''}"
-        out.print(f"run {r.run_id} ({nodes}): memory on {gpu.name}: {verdict}", markup=False)
-
-
-def render(
-    study_file: Path = typer.Argument(..., help="Study YAML file."),
-    output: Path = typer.Option(
-        Path("runs"), "--output", "-o", help="Runs root: writes <root>/<study>/<run>/."
-    ),
-    templates: Optional[Path] = typer.Option(  # noqa: UP045 (typer needs Optional on 3.10)
-        None, "--templates", help="Directory whose sbatch.sh.j2 / launch.sh.j2 override the packaged ones."
-    ),
-    only: Optional[list[str]] = typer.Option(  # noqa: UP045
-        None, "--only", help="Render only this run (name or run id); repeatable."
-    ),
-) -> None:
-    """Write run.yaml, launch.sh and sbatch.sh for every run of a study (nothing is written on any error)."""
-    from rich.table import Table
-
-    from mimo_jobs.plan.render import RenderError, render_study
-
+    if nodes <= 0:
+        fail(f"--nodes must be >= 1, got {nodes}")
+    if top <= 0:
+        fail(f"--top must be >= 1, got {top}")
     diag = study_or_fail(study_file)
-    try:
-        rendered = render_study(
-            diag.study, output, templates_dir=templates, only=only or None, source=diag.source
+    g = _gpu(gpu, diag.study)
+    base = diag.runs[0]
+    best, priced = best_layouts(shape_of(base.layout, base.trainer), g, nodes, Efficiency(), top)
+    if as_json:
+        runs = [
+            {
+                "point": yaml_point(c.layout)[2:],
+                "iteration_s": c.prediction.time.iteration_s,
+                "tokens_per_s_per_gpu": c.prediction.tokens_per_s_per_gpu,
+                "mfu": c.prediction.mfu,
+                "memory": c.prediction.memory.verdict(),
+            }
+            for c in best
+        ]
+        typer.echo(
+            json.dumps(
+                {
+                    "study": diag.study.name,
+                    "gpu": g.name,
+                    "nodes": nodes,
+                    "feasible": priced,
+                    "layouts": runs,
+                },
+                indent=2,
+            )
         )
-    except RenderError as e:
-        fail_problems(diag.source, e.problems)
-
-    t = Table(
-        title=f"{diag.study.name}: rendered {len(rendered)} run(s) under {output}", title_justify="left"
+        return
+    if not best:
+        fail(f"no feasible layout of {diag.study.name} fits on {nodes} node(s) of {g.name} ({priced} priced)")
+    typer.echo(
+        f"# {diag.study.name} on {nodes} x {base.layout.gpus_per_node} {g.name}: {len(best)} fastest of "
+        f"{priced} feasible layouts"
     )
-    for col in ("run", "run id", "status", "run dir", "sbatch sha256"):
-        t.add_column(col, overflow="fold")
-    for r in rendered:
-        t.add_row(r.run.name, r.run.run_id, r.status, str(r.run_dir), r.sbatch_sha256[:12])
-    console().print(t)
-
-
-def study_or_fail(study_file: Path) -> Diagnosis:
-    """The diagnosis of a study file that has no problem; otherwise print them all and exit 2."""
-    diag = diagnose_file(study_file)
-    if not diag.ok or diag.study is None:
-        fail_problems(diag.source, diag.problems)
-    return diag
+    typer.echo("points:")
+    for c in best:
+        p = c.prediction
+        typer.echo(
+            f"  {yaml_point(c.layout)}  # {p.time.iteration_s:.3f} s/iter, MFU {p.mfu:.1%}, "
+            f"{p.time.bottleneck}-bound, {p.memory.verdict()}"
+        )
 
 
 def register(app: typer.Typer) -> None:
-    app.command("validate")(reports_errors(validate))
-    app.command("render")(reports_errors(render))
+    app.command("plan")(reports_errors(plan_cmd))

@@ -1,5 +1,5 @@
-"""`predict` and `plan`: memory per rank class and iteration time of a study's runs before submitting, and
-the best feasible layouts for a node count (mimo_jobs/predict, docs/predict.md). No torch is imported."""
+"""`predict`: memory per rank class and iteration time of a study's runs before submitting
+(mimo_jobs/predict, docs/predict.md). No torch is imported."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def predict(
     from mimo_jobs.predict.estimate import predict_run, to_json
     from mimo_jobs.predict.steptime import Efficiency
 
-    from .plan import study_or_fail
+    from .study import study_or_fail
 
     diag = study_or_fail(study_file)
     g = _gpu(gpu, diag.study)
@@ -221,67 +221,5 @@ def _calibration_json(cal) -> dict:
     }
 
 
-def plan_cmd(
-    nodes: int = typer.Option(..., "--nodes", help="Node count to plan for."),
-    study_file: Path = typer.Option(..., "--from", help="Study whose model, trainer and batch to plan."),
-    gpu: str | None = typer.Option(None, "--gpu", help=GPU_HELP),
-    top: int = typer.Option(5, "--top", help="How many layouts to show."),
-    as_json: bool = typer.Option(False, "--json", help="Print the layouts as JSON."),
-) -> None:
-    """The fastest feasible layouts for N nodes that fit in memory, as ready-to-paste matrix points."""
-    from mimo_jobs.predict.layouts import best_layouts, yaml_point
-    from mimo_jobs.predict.run import shape_of
-    from mimo_jobs.predict.steptime import Efficiency
-
-    from .plan import study_or_fail
-
-    if nodes <= 0:
-        fail(f"--nodes must be >= 1, got {nodes}")
-    if top <= 0:
-        fail(f"--top must be >= 1, got {top}")
-    diag = study_or_fail(study_file)
-    g = _gpu(gpu, diag.study)
-    base = diag.runs[0]
-    best, priced = best_layouts(shape_of(base.layout, base.trainer), g, nodes, Efficiency(), top)
-    if as_json:
-        runs = [
-            {
-                "point": yaml_point(c.layout)[2:],
-                "iteration_s": c.prediction.time.iteration_s,
-                "tokens_per_s_per_gpu": c.prediction.tokens_per_s_per_gpu,
-                "mfu": c.prediction.mfu,
-                "memory": c.prediction.memory.verdict(),
-            }
-            for c in best
-        ]
-        typer.echo(
-            json.dumps(
-                {
-                    "study": diag.study.name,
-                    "gpu": g.name,
-                    "nodes": nodes,
-                    "feasible": priced,
-                    "layouts": runs,
-                },
-                indent=2,
-            )
-        )
-        return
-    if not best:
-        fail(f"no feasible layout of {diag.study.name} fits on {nodes} node(s) of {g.name} ({priced} priced)")
-    typer.echo(
-        f"# {diag.study.name} on {nodes} x {base.layout.gpus_per_node} {g.name}: {len(best)} fastest of "
-        f"{priced} feasible layouts"
-    )
-    typer.echo("points:")
-    for c in best:
-        p = c.prediction
-        typer.echo(
-            f"  {yaml_point(c.layout)}  # {p.time.iteration_s:.3f} s/iter, MFU {p.mfu:.1%}, "
-            f"{p.time.bottleneck}-bound, {p.memory.verdict()}"
-        )
-
-
 def register(app: typer.Typer) -> None:
     app.command("predict")(reports_errors(predict))
-    app.command("plan")(reports_errors(plan_cmd))

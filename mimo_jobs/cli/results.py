@@ -84,7 +84,7 @@ def ingest_cmd(
 def _check_names(**names: str | None) -> None:
     """Names given on the command line follow the rule of names in study files (they reach file names,
     tables and spreadsheets the same way)."""
-    from mimo_jobs.plan.spec import NAME_RE
+    from mimo_jobs.study.spec import NAME_RE
 
     for option, value in names.items():
         if value is not None and not NAME_RE.match(value):

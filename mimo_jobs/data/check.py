@@ -63,7 +63,7 @@ def check_data_path(path: str) -> None:
 
 
 def check_energon_data(run_spec: Any) -> None:
-    from mimo_jobs.plan.presets import get_preset
+    from mimo_jobs.study.presets import get_preset
 
     t = run_spec.trainer
     d = t.data

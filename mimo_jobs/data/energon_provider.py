@@ -19,7 +19,7 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from mimo_jobs.trainer.batch import LaneBatch, Provider
+from mimo_jobs.data.batch import LaneBatch, Provider
 
 from .check import check_data_path
 from .errors import DataError
@@ -37,7 +37,7 @@ LOG_FIRST, LOG_EVERY = (
 
 def image_token_id(vocab_size: int) -> int:
     """The image placeholder: the last vocabulary entry, as in the trainer's mock provider
-    (mimo_jobs.trainer.data.image_token_id); the LLM scatters image embeddings where tokens == this id."""
+    (mimo_jobs.data.mock.image_token_id); the LLM scatters image embeddings where tokens == this id."""
     return vocab_size - 1
 
 
@@ -63,7 +63,7 @@ class LoaderConfig:
 
     @classmethod
     def from_run(cls, run_spec: Any, plan: Any) -> LoaderConfig:
-        from mimo_jobs.plan.presets import get_preset
+        from mimo_jobs.study.presets import get_preset
 
         tr = run_spec.trainer
         d = tr.data
@@ -340,5 +340,5 @@ def make_energon_provider(
     need_text: bool,
     image_slice: tuple[int, int] | None = None,
 ) -> EnergonProvider:
-    """The trainer's entry point (mimo_jobs.trainer.data.make_provider, provider 'energon')."""
+    """The trainer's entry point (mimo_jobs.data.mock.make_provider, provider 'energon')."""
     return EnergonProvider(LoaderConfig.from_run(run_spec, plan), lanes, need_images, need_text, image_slice)

@@ -44,7 +44,7 @@ class ImageGeometry:
 
 
 def geometry_of_preset(preset_name: str) -> ImageGeometry:
-    from mimo_jobs.plan.presets import get_preset
+    from mimo_jobs.study.presets import get_preset
 
     enc = get_preset(preset_name).encoder
     return ImageGeometry(patch_size=enc.patch_size, image_size=enc.image_size, channels=enc.channels)

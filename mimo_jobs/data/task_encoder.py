@@ -29,7 +29,7 @@ from megatron.energon import (
     edataclass,
 )
 
-from mimo_jobs.trainer.batch import IGNORE_INDEX
+from mimo_jobs.data.batch import IGNORE_INDEX
 
 from .errors import DataError, describe
 from .images import ImageGeometry, decode, header_size

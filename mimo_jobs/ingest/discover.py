@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.errors import MimoJobsError
-from mimo_jobs.plan.rundir import RunDir
 
 LOG_SUFFIXES = (".out", ".err", ".log", ".txt")
 

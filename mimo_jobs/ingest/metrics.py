@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from mimo_jobs.contract import PHASES
+from mimo_jobs.contract.iteration import PHASES
 
 from .readers import FileState
 from .runs import RunCtx

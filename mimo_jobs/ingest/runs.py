@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from mimo_jobs.plan.rundir import RunDir
+from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.store import catalog
 
 from .discover import IngestError, Target
@@ -63,7 +63,7 @@ def _known(con, run_id: str) -> bool:
 
 
 def _load_run_yamls(run_dirs: list[Path]) -> dict:
-    from mimo_jobs.plan.runspec import load_run_yaml
+    from mimo_jobs.study.runspec import load_run_yaml
 
     specs = {}
     for rd in run_dirs:

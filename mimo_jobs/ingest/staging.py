@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 
-from mimo_jobs.contract import PHASES
+from mimo_jobs.contract.iteration import PHASES
 
 ITER_TYPES = {
     "run_id": "VARCHAR",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mimo_jobs.plan.presets import EncoderPreset, LLMPreset, ModelPreset
+from mimo_jobs.study.presets import EncoderPreset, LLMPreset, ModelPreset
 
 MLP_MATRICES = 2  # models.py builds megatron-core's default MLP (gated_linear_unit=False): fc1, GELU, fc2
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from mimo_jobs.plan.topology import Layout, check, derive_llm_dp
+from mimo_jobs.study.topology import Layout, check, derive_llm_dp
 
 from .estimate import Prediction, predict_shape
 from .hardware import GPU

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mimo_jobs.plan.presets import ModelPreset
+from mimo_jobs.study.presets import ModelPreset
 
 
 @dataclass(frozen=True)

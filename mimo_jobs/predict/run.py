@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mimo_jobs.plan.presets import ModelPreset, get_preset
-from mimo_jobs.plan.topology import Layout
+from mimo_jobs.study.presets import ModelPreset, get_preset
+from mimo_jobs.study.topology import Layout
 
 
 @dataclass(frozen=True)

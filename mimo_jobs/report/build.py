@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from mimo_jobs.contract import PHASES
+from mimo_jobs.contract.iteration import PHASES
 from mimo_jobs.errors import MimoJobsError
 
 from . import compare, figures, queries
@@ -209,8 +209,8 @@ def _throughput(row: RunRow) -> figures.Throughput:
 def _mfu(r: dict, gpus: int | None, samples_per_s: float, peak: float | None) -> tuple[float | None, str]:
     """MFU and a note on it: only for GPU runs whose GPU model (dense BF16 peak) and model preset are
     known."""
-    from mimo_jobs.plan.presets import PRESETS
     from mimo_jobs.predict.flops import flops_per_sample
+    from mimo_jobs.study.presets import PRESETS
 
     preset = PRESETS.get(r["model"] or "")
     if r["accelerator"] == "cpu":

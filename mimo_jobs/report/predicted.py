@@ -26,8 +26,8 @@ def _gpu(accelerator: str | None, name: str | None):
 
 
 def _prediction(r: dict, gpu):
-    from mimo_jobs.plan.runspec import RunSpec
     from mimo_jobs.predict.estimate import predict_run
+    from mimo_jobs.study.runspec import RunSpec
 
     try:
         return predict_run(RunSpec.from_dict(json.loads(r["spec_json"])), gpu)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
-from mimo_jobs.contract import PHASES
+from mimo_jobs.contract.iteration import PHASES
 
 from . import figures
 from .triage import EventRow

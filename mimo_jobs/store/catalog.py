@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from mimo_jobs.plan.runspec import RunSpec
-from mimo_jobs.plan.spec import StudySpec
+from mimo_jobs.study.runspec import RunSpec
+from mimo_jobs.study.spec import StudySpec
 
 
 def _now() -> datetime:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mimo_jobs.contract import REQUEUE_EXIT_CODE, REQUEUE_LOG_LINE
+from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE, REQUEUE_LOG_LINE
 
 MAX_TIMEOUTS = 3  # like submitit's max_num_timeout
 # Every requeued attempt advances at least one iteration, but a run that keeps stopping is bounded anyway.

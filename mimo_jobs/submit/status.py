@@ -67,7 +67,7 @@ def last_iteration_from_metrics(path: Path, job_id: str | None = None) -> tuple[
 
 def last_checkpoint_iteration(run_dir: Path, spec: dict) -> int | None:
     """The iteration of the run's `latest` complete checkpoint (manifest only; no torch is imported)."""
-    from mimo_jobs.trainer.manifest import latest_checkpoint
+    from mimo_jobs.contract.manifest import latest_checkpoint
 
     d = Path((spec.get("trainer") or {}).get("checkpoint_dir") or run_dir / "checkpoints")
     info = latest_checkpoint(d if d.is_absolute() else run_dir / d)
@@ -120,7 +120,7 @@ def tensorboard_commands(statuses: list[RunStatus]) -> list[str]:
     study's directory holds every run's tensorboard/ folder, so TensorBoard overlays them."""
     import shlex
 
-    from mimo_jobs.plan.rundir import RunDir
+    from mimo_jobs.contract.rundir import RunDir
 
     roots: dict[str, None] = {}
     for st in statuses:

@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mimo_jobs.plan.presets import ModelPreset, get_preset
-from mimo_jobs.plan.runspec import RunSpec
-from mimo_jobs.plan.topology import Plan
-
-from . import grids as G
-from .models import Precision
+import mimo_jobs.trainer.parallel.grids as G
+from mimo_jobs.study.presets import ModelPreset, get_preset
+from mimo_jobs.study.runspec import RunSpec
+from mimo_jobs.study.topology import RankLayout
+from mimo_jobs.trainer.model.models import Precision
 
 
 @dataclass
@@ -34,7 +33,7 @@ class Module:
 @dataclass
 class TrainState:
     run: RunSpec
-    plan: Plan
+    plan: RankLayout
     preset: ModelPreset
     prec: Precision
     device: Any
@@ -62,7 +61,7 @@ class TrainState:
         return t.train_iters if t.train_iters is not None else -(-t.train_samples // self.run.layout.gbs)
 
 
-def rank_lanes(plan: Plan, role: G.RankRole, reference: bool) -> list[int]:
+def rank_lanes(plan: RankLayout, role: G.RankRole, reference: bool) -> list[int]:
     """The LLM DP lanes whose data this rank reads: the reference all of them, an LLM rank its own, an encoder
     replica the lanes it serves."""
     if reference:
@@ -72,11 +71,11 @@ def rank_lanes(plan: Plan, role: G.RankRole, reference: bool) -> list[int]:
     return plan.lanes_of_encoder(role.dp_rank)
 
 
-def build_state(run: RunSpec, plan: Plan, reference: bool, timeout) -> TrainState:
+def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> TrainState:
     """Collective (process groups, optimizers): every rank calls it once, after init_process_group."""
-    from .bridge import Bridge
-    from .data import image_token_id, make_provider
-    from .schedule import from_spec
+    from mimo_jobs.data.mock import image_token_id, make_provider
+    from mimo_jobs.trainer.model.schedule import from_spec
+    from mimo_jobs.trainer.parallel.bridge import Bridge
 
     t = run.trainer
     preset = get_preset(t.model)
@@ -108,7 +107,7 @@ def build_state(run: RunSpec, plan: Plan, reference: bool, timeout) -> TrainStat
             prec.dtype,
             device,
         )
-    from .memory import SavedTensorMeter
+    from mimo_jobs.trainer.observe.memory import SavedTensorMeter
 
     params = [p for m in (encoder, language) if m is not None for p in m.core.parameters()]
     return TrainState(
@@ -139,7 +138,7 @@ def _stage_link(
     """The pipeline neighbours of an LLM rank when the LLM has several stages (None otherwise)."""
     if reference or not role.is_language or llm_s.pp == 1:
         return None
-    from .pipeline import stage_link
+    from mimo_jobs.trainer.parallel.pipeline import stage_link
 
     lay = run.layout
     sp = llm_s.tp if (preset.llm.num_experts and llm_s.tp > 1) else 1  # sequence parallel: see models.py
@@ -198,7 +197,7 @@ def _wrap(name: str, module, cfg, pgc, shape: G.ModuleShape, frozen: bool, spec)
 
 
 def _build_encoder(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Precision) -> Module:
-    from . import models as M
+    import mimo_jobs.trainer.model.models as M
 
     vit_cfg, proj_cfg = M.encoder_configs(preset, shape.tp, prec, t.recompute)
     enc = M.build_encoder(preset, vit_cfg, proj_cfg, pgc, prec)
@@ -211,7 +210,7 @@ def _build_encoder(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Prec
 def _build_language(
     preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Precision, role: G.RankRole
 ) -> Module:
-    from . import models as M
+    import mimo_jobs.trainer.model.models as M
 
     cfg = M.llm_config(preset, shape.tp, shape.ep, shape.etp, prec, t.recompute, shape.pp)
     gpt = M.build_llm(preset, cfg, pgc, prec, t.seq_length, role.is_first_stage, role.is_last_stage)
@@ -245,7 +244,11 @@ def _build_optimizer(
     get_megatron_optimizer is a world collective, so every rank takes part in both slots: the module's own
     ranks build it, all others (and the ranks of a frozen module) contribute no param groups. Keys are thus
     never merged across modules."""
-    from .optimizer import MimoOptimizer, build_megatron_optimizer, skip_megatron_optimizer
+    from mimo_jobs.trainer.model.optimizer import (
+        MimoOptimizer,
+        build_megatron_optimizer,
+        skip_megatron_optimizer,
+    )
 
     opts: dict[str, Any] = {}
     for name, mod in ((G.ENCODER, encoder), (G.LANGUAGE, language)):

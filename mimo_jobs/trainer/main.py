@@ -54,15 +54,14 @@ def _check_trackers(t) -> None:
 
 def preflight(run, doc: dict, reference: bool) -> None:
     """Every check that needs no collective. Raises PreflightError with one specific message."""
-    from mimo_jobs.plan import topology
-
-    from .data import mock_config
+    import mimo_jobs.study.topology as topology
+    from mimo_jobs.data.mock import mock_config
 
     lay = run.layout
     viol = topology.check(lay)
     if viol:
         raise PreflightError("run.yaml: infeasible layout: " + "; ".join(str(v) for v in viol))
-    plan = topology.plan(lay)
+    plan = topology.rank_layout(lay)
     stored = doc.get("plan") or {}
     if stored and stored != plan.to_dict():
         diff = sorted(k for k in set(stored) | set(plan.to_dict()) if stored.get(k) != plan.to_dict().get(k))
@@ -187,16 +186,15 @@ def run_training(
     run_yaml: Path, reference: bool, metrics: Path | None, iters: int | None, quiet: bool
 ) -> int:
     """Train the run of `run_yaml` on this rank; returns the process exit code (0, or REQUEUE_EXIT_CODE)."""
-    from mimo_jobs.contract import REQUEUE_EXIT_CODE
-
-    from .build import build_state
-    from .checkpointer import Checkpointer
+    from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE
+    from mimo_jobs.trainer.build import build_state
+    from mimo_jobs.trainer.checkpoint.checkpointer import Checkpointer
 
     run, doc = _load_run(run_yaml)
     preflight(run, doc, reference)
     _install_cpu_shims()
     backend, timeout = _init_dist(run, reference)
-    plan = run.plan()
+    plan = run.rank_layout()
     st = build_state(run, plan, reference, timeout)
     n_iters = iters or st.train_iters
     log = _iteration_logger(run, plan, doc, metrics, reference, backend, n_iters, quiet)
@@ -220,7 +218,7 @@ def _write_memory_facts(st, doc: dict, reference: bool, prof: RankProfile) -> No
     run_dir = (doc.get("paths") or {}).get("run_dir")
     if reference or not run_dir:
         return
-    from .memory import rank_facts, write_facts
+    from mimo_jobs.trainer.observe.memory import rank_facts, write_facts
 
     st.meter.peak = prof.saved_peak
     write_facts(Path(run_dir), rank_facts(st, st.meter, prof.inflight_peak))
@@ -230,7 +228,7 @@ def _load_run(run_yaml: Path):
     """(RunSpec, run.yaml document); PreflightError if it is not a valid run.yaml."""
     import warnings
 
-    from mimo_jobs.plan.runspec import load_run_yaml
+    from mimo_jobs.study.runspec import load_run_yaml
 
     # megatron-core warns at import that TE/apex are absent (expected on CPU): keep logs readable
     warnings.filterwarnings("ignore", message=r".*(Apex|apex|Transformer Engine|TE) .*")
@@ -254,7 +252,7 @@ def _install_cpu_shims() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        from .cuda_shims import install
+        from mimo_jobs.trainer.cuda_shims import install
 
         install()
 
@@ -272,7 +270,7 @@ def _iteration_logger(
     """The IterLogger (active on the last rank, an LLM rank: LLM ranks come last), started with the layout."""
     import torch.distributed as dist
 
-    from .iterlog import IterLogger, layout_line
+    from mimo_jobs.trainer.observe.iterlog import IterLogger, layout_line
 
     mode = _mode(run, reference)
     last = dist.get_rank() == dist.get_world_size() - 1
@@ -297,7 +295,7 @@ def _iteration_logger(
 
 def _trackers(run, paths: dict, reference: bool, last: bool):
     """TensorBoard / W&B on the rank that writes metrics.jsonl, for real runs (not the reference)."""
-    from .trackers import Trackers, trackers_for
+    from mimo_jobs.trainer.observe.trackers import Trackers, trackers_for
 
     if reference or not last or not paths.get("run_dir"):
         return Trackers()
@@ -309,7 +307,7 @@ def _train_loop(st, n_iters: int, log, ckpt, prof: RankProfile, on_checkpoint=No
     `on_checkpoint()` runs after each periodic checkpoint interval (the memory facts are refreshed then)."""
     import torch.distributed as dist
 
-    from .step import train_step
+    from mimo_jobs.trainer.step import train_step
 
     fail_at = _injected_failure()
     while st.iteration < n_iters:
@@ -367,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(EXIT_BAD_INPUT)
     except Exception as e:  # noqa: BLE001 - any failure ends this rank at once, naming it
-        from mimo_jobs.plan.spec import StudyError
+        from mimo_jobs.study.spec import StudyError
 
         if isinstance(e, (StudyError, KeyError, FileNotFoundError)) and local_rank == 0:
             print(f"mimo-jobs trainer: error: cannot read {a.run_yaml}: {e}", file=sys.stderr, flush=True)

@@ -5,7 +5,7 @@ step every rank contributes its flag (signal seen, deadline near) to one MAX all
 all ranks decide identically even when the signal reached only some of them (SLURM's `--signal` goes to the
 step's tasks; torchrun forwards SIGTERM to its workers). Then the loop saves a checkpoint and exits.
 
-The requeue contract (exit code, marker file, log line) is `mimo_jobs.contract`'s.
+The requeue contract (exit code, marker file, log line) is `mimo_jobs.contract.requeue`'s.
 Time limit: the trainer stops on its own when the deadline is near. The deadline is MIMO_JOB_DEADLINE
     (epoch seconds, exported by the sbatch script, e.g. job start + time limit) or SLURM_JOB_END_TIME.
 """
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mimo_jobs.contract import REQUEUE_MARKER
+from mimo_jobs.contract.requeue import REQUEUE_MARKER
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 DEADLINE_ENV = "MIMO_JOB_DEADLINE"

@@ -22,8 +22,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .bridge import segments_of_encoder
-from .build import TrainState, rank_lanes
+from mimo_jobs.trainer.build import TrainState, rank_lanes
+from mimo_jobs.trainer.parallel.bridge import segments_of_encoder
 
 
 @dataclass
@@ -435,7 +435,7 @@ def _language_microbatches(st: TrainState, batches: list[dict], n_tokens: float,
     the last computes the loss; stages in between pass hidden states and their gradients (pipeline.py)."""
     from collections import deque
 
-    from .pipeline import one_f_one_b
+    from mimo_jobs.trainer.parallel.pipeline import one_f_one_b
 
     tally = _Tally()
     waiting: deque = deque()

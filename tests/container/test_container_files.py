@@ -18,9 +18,9 @@ from dockerfile_parse import DockerfileParser
 
 from helpers.container import BUILD_SCRIPT, DOCKERFILE, PYXIS_SRUN, REPO, srun_argv
 from mimo_jobs import image
-from mimo_jobs.plan.load import load_study, parse_study
-from mimo_jobs.plan.render import render_study
-from mimo_jobs.plan.runspec import load_run_yaml
+from mimo_jobs.study.load import load_study, parse_study
+from mimo_jobs.study.render import render_study
+from mimo_jobs.study.runspec import load_run_yaml
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 

@@ -75,7 +75,7 @@ def test_fan_out_and_fan_in_lanes_align_across_processes(synth_blend):
         "mbs": 2,
         "gbs": 8,
     }  # fan-in, 2 replicas/lane
-    assert run_spec(**out_spec).plan().fan == "out" and run_spec(**in_spec).plan().fan == "in"
+    assert run_spec(**out_spec).rank_layout().fan == "out" and run_spec(**in_spec).rank_layout().fan == "in"
     r = _spawn(
         {
             "out_llm3": {"spec": out_spec, "role": "llm", "rank": 3, "n": N},

@@ -14,7 +14,7 @@ from mimo_jobs.data.errors import DataError
 
 
 def _provider(spec, lanes, need_images=True):
-    return make_energon_provider(spec, spec.plan(), lanes, need_images, True)
+    return make_energon_provider(spec, spec.rank_layout(), lanes, need_images, True)
 
 
 def _draw(p, lanes, n):

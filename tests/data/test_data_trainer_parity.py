@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mimo_jobs.plan.expand import runs_of
-from mimo_jobs.plan.load import parse_study
-from mimo_jobs.plan.rundir import RunDir
-from mimo_jobs.plan.runspec import run_yaml_doc
+from mimo_jobs.contract.rundir import RunDir
+from mimo_jobs.study.expand import runs_of
+from mimo_jobs.study.load import parse_study
+from mimo_jobs.study.runspec import run_yaml_doc
 
 ITERS = 3
 
@@ -80,7 +80,7 @@ def _expected_counts(spec) -> dict[int, tuple[int, int]]:
     """Independent of the trainer: draw the global batches from the lanes and count their tokens."""
     from mimo_jobs.data.energon_provider import make_energon_provider
 
-    plan = spec.plan()
+    plan = spec.rank_layout()
     lanes = list(range(plan.layout.llm_dp))
     p = make_energon_provider(spec, plan, lanes, False, True)
     out = {}
@@ -106,7 +106,7 @@ def _expected_counts(spec) -> dict[int, tuple[int, int]]:
 def test_trainer_on_energon_matches_reference(dataset, enc_dp, llm_dp, mbs, gbs, nw):
     root, blend = dataset
     spec, rd = _run_yaml(root, blend, enc_dp, llm_dp, mbs, gbs, nw)
-    assert spec.plan().fan == ("out" if enc_dp < llm_dp else "in")
+    assert spec.rank_layout().fan == ("out" if enc_dp < llm_dp else "in")
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONUNBUFFERED="1")
     het = subprocess.run(
         [

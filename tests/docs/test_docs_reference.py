@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mimo_jobs.plan import spec
+import mimo_jobs.study.spec as spec
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY_DOC = REPO / "docs" / "study-file.md"

@@ -21,8 +21,8 @@ def run_spec(
     model: str = "tiny",
     **data,
 ):
-    from mimo_jobs.plan.expand import runs_of
-    from mimo_jobs.plan.load import parse_study
+    from mimo_jobs.study.expand import runs_of
+    from mimo_jobs.study.load import parse_study
 
     doc = {
         "name": "datatest",
@@ -71,7 +71,7 @@ def role_main(req: dict) -> dict:
     from mimo_jobs.data.energon_provider import make_energon_provider
 
     spec = run_spec(**req["spec"])
-    plan = spec.plan()
+    plan = spec.rank_layout()
     role, rank = req["role"], req.get("rank", 0)
     image_slice = None
     if role == "llm":

@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from helpers import TESTS
-from mimo_jobs.contract import IterationRecord
-from mimo_jobs.plan.expand import runs_of
-from mimo_jobs.plan.load import parse_study
-from mimo_jobs.plan.rundir import RunDir
-from mimo_jobs.plan.runspec import RunSpec, run_yaml_doc
+from mimo_jobs.contract.iteration import IterationRecord
+from mimo_jobs.contract.rundir import RunDir
+from mimo_jobs.study.expand import runs_of
+from mimo_jobs.study.load import parse_study
+from mimo_jobs.study.runspec import RunSpec, run_yaml_doc
 
 FIXTURES = TESTS / "ingest" / "fixtures"
 

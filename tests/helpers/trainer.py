@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from mimo_jobs.plan.expand import runs_of
-from mimo_jobs.plan.load import parse_study
-from mimo_jobs.plan.runspec import run_yaml_doc
+from mimo_jobs.study.expand import runs_of
+from mimo_jobs.study.load import parse_study
+from mimo_jobs.study.runspec import run_yaml_doc
 
 
 def make_run_yaml(

@@ -27,11 +27,11 @@ def store(job_state: str | None = None, state_file: bytes | None = None):
     `state_file` is written as that job's state file (None: there is none), dated a minute ago."""
 
     def setup(tmp: Path) -> None:
-        from mimo_jobs.plan.expand import runs_of
-        from mimo_jobs.plan.load import load_study
-        from mimo_jobs.plan.rundir import RunDir
+        from mimo_jobs.contract.rundir import RunDir
         from mimo_jobs.store import catalog
         from mimo_jobs.store.connection import connect
+        from mimo_jobs.study.expand import runs_of
+        from mimo_jobs.study.load import load_study
         from mimo_jobs.submit import jobs_table
 
         spec = load_study(study_file(tmp))

@@ -112,7 +112,7 @@ def test_hostile_study(case: Case, tmp_path: Path) -> None:
 
 
 def test_the_times_sbatch_accepts_are_read_exactly() -> None:
-    from mimo_jobs.plan.slurm_time import seconds
+    from mimo_jobs.study.slurm_time import seconds
 
     assert seconds("90") == 90 * 60  # minutes
     assert seconds("10:30") == 10 * 60 + 30  # MM:SS

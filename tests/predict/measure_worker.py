@@ -29,13 +29,13 @@ def main(run_yaml: str, out: str, seq: int, side: int) -> None:
 
     from mimo_jobs.trainer.build import build_state
     from mimo_jobs.trainer.main import _init_dist, _install_cpu_shims, _load_run
-    from mimo_jobs.trainer.memory import SavedTensorMeter
+    from mimo_jobs.trainer.observe.memory import SavedTensorMeter
     from mimo_jobs.trainer.step import _causal_mask
 
     run, _doc = _load_run(Path(run_yaml))
     _install_cpu_shims()
     _, timeout = _init_dist(run, True)
-    st = build_state(run, run.plan(), True, timeout)
+    st = build_state(run, run.rank_layout(), True, timeout)
     enc, llm = st.encoder.core, st.language.core
     meter = SavedTensorMeter(list(enc.parameters()) + list(llm.parameters()))
     g = torch.Generator().manual_seed(0)

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from mimo_jobs.plan.diagnose import diagnose
-from mimo_jobs.plan.topology import check
 from mimo_jobs.predict import comm
 from mimo_jobs.predict.calibrate import Point, fit
 from mimo_jobs.predict.hardware import GIB, UnknownGPU, get_gpu
@@ -17,6 +15,8 @@ from mimo_jobs.predict.layouts import best_layouts, candidate_layouts
 from mimo_jobs.predict.memory import buffer_of, shard_of, verdict_text
 from mimo_jobs.predict.run import shape_of
 from mimo_jobs.predict.steptime import Efficiency
+from mimo_jobs.study.diagnose import diagnose
+from mimo_jobs.study.topology import check
 
 STUDIES = Path(__file__).resolve().parents[2] / "studies"
 

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from helpers.trainer import assert_ok, make_run_yaml, run_torchrun
-from mimo_jobs.plan.presets import PRESETS
-from mimo_jobs.plan.runspec import load_run_yaml
 from mimo_jobs.predict import activations as A
 from mimo_jobs.predict.flops import flops_per_sample
 from mimo_jobs.predict.hardware import get_gpu
 from mimo_jobs.predict.memory import memory_plan
 from mimo_jobs.predict.params import encoder_tensors, llm_tensors
 from mimo_jobs.predict.run import shape_of
+from mimo_jobs.study.presets import PRESETS
+from mimo_jobs.study.runspec import load_run_yaml
 
 WORKER = Path(__file__).with_name("measure_worker.py")
 SEQ, SIDE = 32, 16  # one 16x16 image: (16/4)^2 = 16 tokens

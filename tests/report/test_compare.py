@@ -11,13 +11,13 @@ import pytest
 import yaml
 
 from helpers.ingest_runs import record, write_jsonl
+from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.ingest import pipeline as ingest
-from mimo_jobs.plan.expand import runs_of
-from mimo_jobs.plan.load import parse_study
-from mimo_jobs.plan.rundir import RunDir
-from mimo_jobs.plan.runspec import run_yaml_doc
 from mimo_jobs.report import build, render
 from mimo_jobs.store import connection as store
+from mimo_jobs.study.expand import runs_of
+from mimo_jobs.study.load import parse_study
+from mimo_jobs.study.runspec import run_yaml_doc
 
 SEQ = 64
 # run name -> (steady iteration time ms, loss offset, phases as shares of t)

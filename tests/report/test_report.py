@@ -12,13 +12,13 @@ from typer.testing import CliRunner
 
 from helpers.scaling_store import build_store  # noqa: E402
 from mimo_jobs.cli.app import app  # noqa: E402
-from mimo_jobs.plan.presets import PRESETS  # noqa: E402
 from mimo_jobs.predict.flops import flops_per_sample  # noqa: E402
 from mimo_jobs.report import (
     ReportError,
     build,  # noqa: E402
     render,
 )
+from mimo_jobs.study.presets import PRESETS  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -149,21 +149,21 @@ def test_failure_timeout_cancel_and_crash_recovery(slurm_cluster, tmp_path):
     # Crash window: sbatch went through, the process died before recording it. status adopts the job by
     # its work dir (sacct/squeue WorkDir = the run dir).
     orphan = study("sl_orphan", env={"FAKE_SLEEP": 1})
-    from mimo_jobs.plan.expand import runs_of
-    from mimo_jobs.plan.load import load_study
     from mimo_jobs.store import catalog
     from mimo_jobs.store import connection as store
-    from mimo_jobs.submit import launch
+    from mimo_jobs.study.expand import runs_of
+    from mimo_jobs.study.load import load_study
+    from mimo_jobs.submit import service
 
     s = load_study(orphan)
     spec = runs_of(s)[0]
     con = store.connect(db)
-    p = launch.prepare([spec], runs, "slurm", FAKE_TEMPLATES)[0]
+    p = service.prepare([spec], runs, "slurm", FAKE_TEMPLATES)[0]
     catalog.record_study(con, s, str(orphan))
     catalog.record_run(con, spec, str(p.rd.root), p.sha256)
     con.close()
-    launch._write_intent(p.rd, "slurm", 0, None)
-    job_id = launch.executor("slurm").submit(p.rd, 0, 300, "USR2@60")
+    service._write_intent(p.rd, "slurm", 0, None)
+    job_id = service.executor("slurm").submit(p.rd, 0, 300, "USR2@60")
     rows = wait_until(db, "sl_orphan", all_ended, 60)
     assert [(r["job_id"], r["state"]) for r in rows] == [(job_id, "COMPLETED")]
     assert "nothing to submit" in submit(orphan).stdout

@@ -220,24 +220,24 @@ def test_bad_input_is_refused_before_anything_is_written(ws):
 
 def test_store_write_failure_cancels_the_job(ws, monkeypatch):
     """No scheduler job without a row: when recording fails right after submission, the job is cancelled."""
-    from mimo_jobs.plan.expand import runs_of
-    from mimo_jobs.plan.load import load_study
     from mimo_jobs.store import connection as store
-    from mimo_jobs.submit import jobs_table, launch
+    from mimo_jobs.study.expand import runs_of
+    from mimo_jobs.study.load import load_study
+    from mimo_jobs.submit import jobs_table, service
 
     for k, v in ws["env"].items():
         monkeypatch.setenv(k, v)
     study = write_study(ws["dir"] / "w.yaml", "loc_crash", [{"nodes": 1}], env={"FAKE_SLEEP": 60})
     spec = runs_of(load_study(study))[0]
     con = store.connect(ws["db"])
-    prepared = launch.prepare([spec], ws["runs"], "local", FAKE_TEMPLATES)[0]
+    prepared = service.prepare([spec], ws["runs"], "local", FAKE_TEMPLATES)[0]
 
     def broken_insert(*a, **k):
         raise RuntimeError("disk full (injected)")
 
     monkeypatch.setattr(jobs_table, "insert_job", broken_insert)
     with pytest.raises(RuntimeError, match="injected"):
-        launch.submit_prepared(con, launch.executor("local"), prepared, 0)
+        service.submit_prepared(con, service.executor("local"), prepared, 0)
     assert con.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
     state_files = list(prepared.rd.logs.glob("local-*.json"))
     assert len(state_files) == 1
@@ -245,18 +245,18 @@ def test_store_write_failure_cancels_the_job(ws, monkeypatch):
     while json.loads(state_files[0].read_text())["state"] != "CANCELLED":
         assert time.monotonic() < deadline, state_files[0].read_text()
         time.sleep(0.1)
-    assert not (prepared.rd.root / launch.INTENT).exists()
+    assert not (prepared.rd.root / service.INTENT).exists()
     con.close()
 
 
 def test_crash_between_submission_and_store_write_is_recovered(ws, monkeypatch):
     """The process dies after the scheduler took the job but before the row was written: the intent file
     lets the next `status` find the job and record it (no lost job, no duplicate on resubmit)."""
-    from mimo_jobs.plan.expand import runs_of
-    from mimo_jobs.plan.load import load_study
     from mimo_jobs.store import catalog
     from mimo_jobs.store import connection as store
-    from mimo_jobs.submit import launch
+    from mimo_jobs.study.expand import runs_of
+    from mimo_jobs.study.load import load_study
+    from mimo_jobs.submit import service
 
     for k, v in ws["env"].items():
         monkeypatch.setenv(k, v)
@@ -264,18 +264,18 @@ def test_crash_between_submission_and_store_write_is_recovered(ws, monkeypatch):
     study = load_study(study_path)
     spec = runs_of(study)[0]
     con = store.connect(ws["db"])
-    p = launch.prepare([spec], ws["runs"], "local", FAKE_TEMPLATES)[0]
+    p = service.prepare([spec], ws["runs"], "local", FAKE_TEMPLATES)[0]
     catalog.record_study(con, study, str(study_path))
     catalog.record_run(con, spec, str(p.rd.root), p.sha256)
-    ex = launch.executor("local")
+    ex = service.executor("local")
     job_id = ex.new_job_id()
-    launch._write_intent(p.rd, "local", 0, job_id)  # what submit_prepared does first ...
+    service._write_intent(p.rd, "local", 0, job_id)  # what submit_prepared does first ...
     ex.submit(p.rd, 0, 60, "USR2@0", job_id=job_id)  # ... then the process "dies" here
     con.close()
 
     rows = wait_until(ws["db"], "loc_orphan", all_ended, 60, ws["env"])
     assert [(r["job_id"], r["state"]) for r in rows] == [(job_id, "COMPLETED")]
-    assert not (p.rd.root / launch.INTENT).exists()
+    assert not (p.rd.root / service.INTENT).exists()
     out = submit(ws, study_path).stdout
     assert "nothing to submit" in out
 

@@ -190,8 +190,8 @@ def test_has_checkpoint_needs_a_complete_one(tmp_path):
     (iter_N.tmp, or a `latest` naming nothing complete) is none, so a timeout is not requeued for nothing."""
     import json
 
-    from mimo_jobs.plan.rundir import RunDir
-    from mimo_jobs.submit.launch import has_checkpoint
+    from mimo_jobs.contract.rundir import RunDir
+    from mimo_jobs.submit.service import has_checkpoint
 
     rd = RunDir(tmp_path)
     ck = tmp_path / "checkpoints"

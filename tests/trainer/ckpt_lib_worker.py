@@ -139,7 +139,7 @@ def step(m, prov):
 
 
 def parts(m):
-    from mimo_jobs.trainer.checkpoint import ModuleParts
+    from mimo_jobs.trainer.checkpoint.files import ModuleParts
 
     return [
         ModuleParts("encoder", m["enc"], None, m["pgc"].dp, m["pgc"].expt_dp, frozen=True),
@@ -162,8 +162,8 @@ def main(out: Path) -> dict:
     import torch
     import torch.distributed as dist
 
-    from mimo_jobs.trainer import checkpoint as C
-    from mimo_jobs.trainer import manifest as MF
+    import mimo_jobs.contract.manifest as MF
+    import mimo_jobs.trainer.checkpoint.files as C
     from mimo_jobs.trainer.cuda_shims import install
 
     install()

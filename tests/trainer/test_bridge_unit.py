@@ -2,8 +2,8 @@
 
 import pytest
 
-from mimo_jobs.plan import topology
-from mimo_jobs.trainer.bridge import (
+import mimo_jobs.study.topology as topology
+from mimo_jobs.trainer.parallel.bridge import (
     BridgeError,
     Segment,
     check_header,
@@ -17,7 +17,7 @@ from mimo_jobs.trainer.bridge import (
 
 
 def _plan(enc_dp, llm_dp, mbs, gbs):
-    return topology.plan(
+    return topology.rank_layout(
         topology.Layout(
             nodes=1,
             gpus_per_node=enc_dp + llm_dp,

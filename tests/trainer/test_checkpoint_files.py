@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from mimo_jobs.contract import REQUEUE_EXIT_CODE, REQUEUE_MARKER
-from mimo_jobs.trainer import checkpoint as C
-from mimo_jobs.trainer import manifest as MF
-from mimo_jobs.trainer import signals as S
+import mimo_jobs.contract.manifest as MF
+import mimo_jobs.trainer.checkpoint.files as C
+import mimo_jobs.trainer.signals as S
+from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE, REQUEUE_MARKER
 
 LAYOUT = {
     "nodes": 1,
@@ -208,8 +208,8 @@ def test_toolkit_import_stays_light():
     import sys
 
     code = (
-        "import sys, mimo_jobs.trainer.manifest, mimo_jobs.trainer.checkpoint, "
-        "mimo_jobs.trainer.checkpointer, mimo_jobs.trainer.signals; "
+        "import sys, mimo_jobs.contract.manifest, mimo_jobs.trainer.checkpoint.files, "
+        "mimo_jobs.trainer.checkpoint.checkpointer, mimo_jobs.trainer.signals; "
         "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from helpers import checkpoint as H
-from mimo_jobs.contract import REQUEUE_MARKER
-from mimo_jobs.trainer.manifest import latest_checkpoint
+from mimo_jobs.contract.manifest import latest_checkpoint
+from mimo_jobs.contract.requeue import REQUEUE_MARKER
 from mimo_jobs.trainer.signals import read_requeue_marker
 
 pytestmark = pytest.mark.slow

@@ -2,14 +2,14 @@
 
 import pytest
 
-from mimo_jobs.plan import topology
-from mimo_jobs.trainer.grids import LANGUAGE, ModuleShape, module_shapes, role_of
+import mimo_jobs.study.topology as topology
+from mimo_jobs.trainer.parallel.grids import LANGUAGE, ModuleShape, module_shapes, role_of
 from mimo_jobs.trainer.step import check_alignment
 
 
 def test_roles_follow_the_plan():
     # 8 ranks: encoder TP2 DP1 on [0, 2), LLM TP2 DP3 on [2, 8)
-    plan = topology.plan(
+    plan = topology.rank_layout(
         topology.Layout(
             nodes=1, gpus_per_node=8, enc_tp=2, enc_pp=1, enc_dp=1, llm_tp=2, llm_pp=1, llm_dp=3, gbs=6, mbs=1
         )
@@ -37,7 +37,7 @@ def test_a_rank_in_no_grid_is_refused():
 def test_alignment_invariant_is_checked():
     import torch
 
-    from mimo_jobs.trainer.batch import LaneBatch
+    from mimo_jobs.data.batch import LaneBatch
 
     tok = torch.tensor([[127, 127, 5, 6], [4, 5, 6, 7]])
     b = LaneBatch(

@@ -2,8 +2,8 @@
 
 import torch
 
-from mimo_jobs.trainer.batch import IGNORE_INDEX
-from mimo_jobs.trainer.data import MockConfig, MockProvider, image_token_id
+from mimo_jobs.data.batch import IGNORE_INDEX
+from mimo_jobs.data.mock import MockConfig, MockProvider, image_token_id
 
 CFG = MockConfig(
     seed=7,

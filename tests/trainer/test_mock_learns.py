@@ -13,17 +13,17 @@ import sys
 
 import yaml
 
+import mimo_jobs.data.mock as D
 from helpers import STUDIES
 from helpers.trainer import _env, assert_ok, iterations, make_run_yaml, run_reference
-from mimo_jobs.plan.expand import runs_of
-from mimo_jobs.plan.load import load_study
-from mimo_jobs.plan.runspec import run_yaml_doc
-from mimo_jobs.trainer import data as D
+from mimo_jobs.study.expand import runs_of
+from mimo_jobs.study.load import load_study
+from mimo_jobs.study.runspec import run_yaml_doc
 
 # The trainer with every mock image multiplied by 0: the tokens, counts and masks stay as they are.
 _ZEROED_IMAGES = """
 import sys
-from mimo_jobs.trainer import data
+import mimo_jobs.data.mock as data
 from mimo_jobs.trainer.main import main
 
 sample = data.MockProvider.sample

@@ -11,9 +11,9 @@ import re
 import pytest
 
 from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
-from mimo_jobs.plan.runspec import load_run_yaml
-from mimo_jobs.trainer.bridge import segments_of_encoder
-from mimo_jobs.trainer.data import MockProvider, mock_config
+from mimo_jobs.data.mock import MockProvider, mock_config
+from mimo_jobs.study.runspec import load_run_yaml
+from mimo_jobs.trainer.parallel.bridge import segments_of_encoder
 
 RTOL = 1e-5
 LINE_RE = re.compile(
@@ -71,7 +71,7 @@ def test_fan_in_enc_dp2_to_llm_dp1_with_text_only_and_imageless_microbatches(tmp
     # the data of these 3 iterations really contains text-only samples, an encoder replica microbatch
     # without any image, and different image token counts
     run, _ = load_run_yaml(ry)
-    plan = run.plan()
+    plan = run.rank_layout()
     prov = MockProvider(mock_config(run, plan), [0], need_images=False, need_text=True)
     counts = [prov.next(0).image_token_counts for _ in range(3 * plan.num_microbatches)]
     per_encoder = [

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import checkpoint as H
 from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
-from mimo_jobs.trainer.pipeline import one_f_one_b
+from mimo_jobs.trainer.parallel.pipeline import one_f_one_b
 
 RTOL = 1e-5
 

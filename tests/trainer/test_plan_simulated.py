@@ -2,7 +2,7 @@
 studies/scale_33n_68n_100n.yaml (and a pipelined and a colocated variant), the groups the trainer creates
 (grids.group_enumeration: the rank lists HyperCommGrid hands to torch, in the trainer's creation order),
 the rank's role, the bridge pairs and the data lanes, all from the trainer's own code, checked against the
-planner's independent arithmetic (topology.Plan) and against what torch requires (each rank in exactly one
+planner's independent arithmetic (topology.RankLayout) and against what torch requires (each rank in exactly one
 subgroup of every kind: new_subgroups_by_enumeration deadlocks or fails otherwise)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from helpers import STUDIES
-from mimo_jobs.plan.expand import runs_of
-from mimo_jobs.plan.load import load_study, parse_study
-from mimo_jobs.trainer.bridge import segments_of_encoder, segments_of_lane
+from mimo_jobs.study.expand import runs_of
+from mimo_jobs.study.load import load_study, parse_study
 from mimo_jobs.trainer.build import rank_lanes
-from mimo_jobs.trainer.grids import GROUPS, group_enumeration, module_shapes, role_of
+from mimo_jobs.trainer.parallel.bridge import segments_of_encoder, segments_of_lane
+from mimo_jobs.trainer.parallel.grids import GROUPS, group_enumeration, module_shapes, role_of
 
 
 def _runs():
@@ -39,12 +39,12 @@ RUNS = _runs()
 def test_the_simulated_runs_are_the_production_ones():
     names = [r.name for r in RUNS]
     assert names[:3] == ["33n-e1x8-l2x8x128-g768", "68n-e1x32-l2x8x256-g768", "100n-e1x32-l2x8x384-g768"]
-    assert sum(r.plan().world for r in RUNS[:3]) == (33 + 68 + 100) * 8
+    assert sum(r.rank_layout().world for r in RUNS[:3]) == (33 + 68 + 100) * 8
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[r.name for r in RUNS])
 def test_every_rank_builds_consistent_groups_roles_bridge_and_lanes(run):
-    plan = run.plan()
+    plan = run.rank_layout()
     lay, world, gpn = run.layout, plan.world, run.layout.gpus_per_node
     enc, llm = module_shapes(plan)
     roles = [role_of(r, enc, llm) for r in range(world)]

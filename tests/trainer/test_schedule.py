@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from mimo_jobs.trainer.schedule import LRSchedule
+from mimo_jobs.trainer.model.schedule import LRSchedule
 
 
 def test_warmup_then_constant():

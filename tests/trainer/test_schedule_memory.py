@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
-from mimo_jobs.trainer.memory import SavedTensorMeter
+from mimo_jobs.trainer.observe.memory import SavedTensorMeter
 
 RTOL = 1e-5
 FAN_OUT = {"gpn": 3, "enc": {"dp": 1}, "llm": {"dp": 2}}

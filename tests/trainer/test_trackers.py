@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from helpers.trainer import assert_ok, iterations, make_run_yaml, run_torchrun
-from mimo_jobs.contract import IterationRecord
-from mimo_jobs.trainer.trackers import samples_twins, scalars_of
+from mimo_jobs.contract.iteration import IterationRecord
+from mimo_jobs.trainer.observe.trackers import samples_twins, scalars_of
 
 RECORD = IterationRecord(
     kind="iteration",

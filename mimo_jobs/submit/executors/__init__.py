@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.errors import MimoJobsError
-from mimo_jobs.plan.rundir import RunDir
 from mimo_jobs.submit.jobs_table import JobFacts
 
 

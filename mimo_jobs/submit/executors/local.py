@@ -23,7 +23,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mimo_jobs.plan.rundir import RunDir
+from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.submit.jobs_table import JobFacts
 
 from . import SubmitError

@@ -31,7 +31,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mimo_jobs.contract import REQUEUE_EXIT_CODE
+from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE
 
 KILL_WAIT_S = 5.0  # like SLURM's KillWait
 POLL_S = 0.1

@@ -15,8 +15,8 @@ import subprocess
 import time
 from datetime import datetime
 
+from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.ingest import sacct
-from mimo_jobs.plan.rundir import RunDir
 from mimo_jobs.submit.jobs_table import JobFacts
 
 from . import SubmitError

@@ -1,0 +1,43 @@
+"""The iteration record: the trainer (last LLM rank) appends one JSON line per iteration to
+<run dir>/metrics.jsonl; ingest reads them (and, for upstream Megatron logs, the same figures parsed from
+iteration lines). Keep fields additive: unknown keys are kept as extras.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# pipeline_wait: an LLM stage blocked on its neighbouring stage (llm.pp > 1)
+PHASES = ("enc_fwd", "enc_bwd", "bridge_wait", "llm_fwd", "llm_bwd", "optimizer", "data", "pipeline_wait")
+
+
+@dataclass
+class IterationRecord:
+    kind: str  # "iteration" (also "start" with the layout, "end" with the exit reason)
+    run_id: str
+    job_id: str  # scheduler job id (SLURM_JOB_ID, or the local executor's id)
+    attempt: int  # restart count (SLURM_RESTART_COUNT or local retry)
+    time: str  # ISO-8601 UTC when the iteration finished
+    iteration: int  # 1-based, as in Megatron's log
+    train_iters: int
+    consumed_samples: int
+    elapsed_ms: float  # wall time of this iteration
+    lr: float
+    gbs: int
+    loss: float  # token-weighted mean lm loss over the global batch
+    grad_norm: float | None
+    loss_scale: float = 1.0
+    skipped: int = 0  # 1 if the optimizer step was skipped (inf/nan)
+    nan: int = 0
+    tokens: int = 0  # LLM tokens (loss-bearing) in this global batch
+    samples_per_s: float = 0.0
+    tokens_per_s: float = 0.0  # gbs * seq_length / elapsed
+    tokens_per_s_per_gpu: float = 0.0  # over ALL GPUs of the job (encoder ranks included)
+    tflops_per_gpu: float | None = None
+    moe_aux_loss: float | None = None
+    phases_ms: dict[str, float] = field(default_factory=dict)  # keys from PHASES, per iteration
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,51 @@
+"""The batch contract between data providers (mock, energon) and the trainer's step.
+
+A provider yields, for one LLM DP lane and one microbatch, a LaneBatch of `mbs` samples. The encoder
+replica serving lanes [i*k, (i+1)*k) asks the provider for exactly those lanes' LaneBatches (same seeds,
+same order) and embeds their images; alignment is checked through `sample_keys` and `image_token_counts`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class LaneBatch:
+    lane: int  # LLM DP rank this microbatch belongs to
+    step: int  # global iteration (0-based)
+    microbatch: int  # index within the iteration
+    sample_keys: list[str]  # stable per-sample ids (checked on both sides of the bridge)
+    tokens: Any  # LongTensor [mbs, seq]; image positions hold the image placeholder token id
+    labels: Any  # LongTensor [mbs, seq]
+    loss_mask: Any  # FloatTensor [mbs, seq]; 0 on image positions and padding
+    position_ids: Any  # LongTensor [mbs, seq]
+    image_token_counts: list[int]  # per sample; 0 = text-only. == (tokens[i] == image_token_id).sum()
+    images: list[Any] | None = None  # per sample: FloatTensor [C, H, W] or None (encoder side only)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_image_tokens(self) -> int:
+        return sum(self.image_token_counts)
+
+
+class Provider:
+    """What the trainer needs from a data source (mock or energon). One provider object per rank, built for
+    the lanes that rank consumes: an LLM rank -> [its DP lane]; an encoder replica -> the lanes it serves;
+    the one-process reference -> all lanes. Each lane is an independent deterministic stream, so the
+    encoder replica and the LLM lane draw identical samples in identical order.
+
+    Built by `mimo_jobs.data.mock.make_provider(run_spec, plan, lanes, need_images, need_text)`.
+    """
+
+    def next(self, lane: int) -> LaneBatch:  # the lane's next microbatch (mbs samples)
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:  # enough to resume every lane exactly (checkpoints)
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError

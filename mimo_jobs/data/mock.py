@@ -1,0 +1,219 @@
+"""Data providers for the trainer: the mock provider, and the branch to energon.
+
+Mock samples: an image of a random side from `data.image_sizes` (so a varying number of image tokens,
+(side/patch)^2) or no image at all (share `data.text_only_fraction`), followed by text and padding. The
+text is learnable, and an image's caption can only be predicted by looking at the image:
+
+- an image sample draws a class k in [0, N_CLASSES); its pixels are class k's fixed random patch-sized tile,
+  repeated over the image, plus Gaussian noise (IMAGE_NOISE). Its text is MARK_ID then class k's word
+  (WORD_LEN tokens of its own), repeated: after each MARK_ID the next token names the class, which the text
+  before it cannot tell in the first repeat, so the LLM must read it from the image embeddings.
+- a text-only sample counts up through TEXT_POOL tokens from a random start (wrapping round), which the LLM
+  alone can learn.
+
+Each sample is a pure function of (seed, global sample index), and lane l's microbatch m of iteration t
+holds the global samples t*gbs + m*mbs*llm_dp + l*mbs + [0, mbs): the encoder replica and the LLM lane that
+read the same lane get identical samples, and the global batch of an iteration is the same whatever the
+layout (so losses are comparable across node counts). The class is drawn with the text; the pixel noise
+comes from the image's own generator, so `need_images=False` changes nothing else.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, Provider
+from mimo_jobs.errors import MimoJobsError
+from mimo_jobs.study.presets import get_preset
+
+PAD_ID = 0
+MARK_ID = 1  # opens every repeat of a caption word
+N_CLASSES = 4
+WORD_LEN = 2
+CLASS_BASE = 2  # class k's word is CLASS_BASE + k*WORD_LEN + [0, WORD_LEN)
+TEXT_BASE = CLASS_BASE + N_CLASSES * WORD_LEN  # text-only samples use TEXT_BASE + [0, TEXT_POOL)
+TEXT_POOL = 8
+IMAGE_NOISE = 0.5
+MIN_VOCAB = TEXT_BASE + TEXT_POOL + 1  # and the image placeholder, the last id
+
+
+def image_token_id(vocab_size: int) -> int:
+    """The placeholder token at image positions (the last vocabulary entry)."""
+    return vocab_size - 1
+
+
+def class_tile(k: int, channels: int, patch: int):
+    """Class k's [channels, patch, patch] tile: the same for every seed, so a run's seed picks samples only."""
+    import torch
+
+    g = torch.Generator().manual_seed(_seed_of("mock-class", k))
+    return torch.randn(channels, patch, patch, generator=g)
+
+
+class DataConfigError(MimoJobsError, ValueError):
+    pass
+
+
+def _seed_of(*parts) -> int:
+    return zlib.crc32(":".join(str(p) for p in parts).encode()) & 0x7FFFFFFF
+
+
+@dataclass
+class MockConfig:
+    seed: int
+    seq_length: int
+    mbs: int
+    num_microbatches: int
+    vocab_size: int
+    patch_size: int
+    channels: int
+    image_sizes: tuple[int, ...]
+    text_only_fraction: float
+    lanes: int = 1  # LLM DP lanes sharing one global batch
+
+    @property
+    def gbs(self) -> int:
+        return self.mbs * self.lanes * self.num_microbatches
+
+
+def check_mock_config(c: MockConfig, max_image_size: int) -> None:
+    if c.vocab_size < MIN_VOCAB:
+        raise DataConfigError(
+            f"the mock provider needs a vocabulary of at least {MIN_VOCAB} tokens, the model has {c.vocab_size}"
+        )
+    for s in c.image_sizes:
+        if s % c.patch_size or s > max_image_size or s < c.patch_size:
+            raise DataConfigError(
+                f"trainer.data.image_sizes: {s} must be a multiple of the encoder patch size {c.patch_size} "
+                f"between {c.patch_size} and the preset's image_size {max_image_size}"
+            )
+        n = (s // c.patch_size) ** 2
+        if n + 2 > c.seq_length:  # at least two text tokens: one to read, one to predict
+            raise DataConfigError(
+                f"trainer.data.image_sizes: a {s}x{s} image is {n} tokens, which does not fit seq_length="
+                f"{c.seq_length} with text; use smaller images or seq_length > {n + 1}"
+            )
+    if not c.image_sizes and c.text_only_fraction < 1:
+        raise DataConfigError("trainer.data.image_sizes is empty but text_only_fraction < 1")
+
+
+class MockProvider(Provider):
+    def __init__(self, cfg: MockConfig, lanes: list[int], need_images: bool, need_text: bool):
+        self.cfg = cfg
+        self.lanes = list(lanes)
+        self.need_images = need_images
+        self.need_text = need_text
+        self.position = {lane: 0 for lane in self.lanes}  # microbatches already drawn per lane
+
+    def global_index(self, lane: int, pos: int, j: int) -> int:
+        """Global sample index of sample j of the lane's pos-th microbatch."""
+        c = self.cfg
+        step, mb = divmod(pos, c.num_microbatches)
+        return step * c.gbs + mb * c.mbs * c.lanes + lane * c.mbs + j
+
+    def sample(self, index: int):
+        """Global sample `index`: (key, tokens, n_image_tokens, n_real_tokens, image or None)."""
+        import torch
+
+        c = self.cfg
+        g = torch.Generator().manual_seed(_seed_of(c.seed, "meta", index))
+        u = torch.rand((), generator=g).item()
+        side = 0
+        if u >= c.text_only_fraction and c.image_sizes:
+            side = c.image_sizes[int(torch.randint(len(c.image_sizes), (), generator=g))]
+        n_img = (side // c.patch_size) ** 2 if side else 0
+        room = c.seq_length - n_img
+        n_text = int(torch.randint(max(2, room // 2), room + 1, (), generator=g))
+        i = torch.arange(n_text)
+        if side:
+            k = int(torch.randint(N_CLASSES, (), generator=g))
+            j = i % (WORD_LEN + 1)
+            text = torch.where(j == 0, MARK_ID, CLASS_BASE + k * WORD_LEN + j - 1)
+        else:
+            start = int(torch.randint(TEXT_POOL, (), generator=g))
+            text = TEXT_BASE + (start + i) % TEXT_POOL
+        tokens = torch.full((c.seq_length,), PAD_ID, dtype=torch.long)
+        tokens[:n_img] = image_token_id(c.vocab_size)
+        tokens[n_img : n_img + n_text] = text
+        image = None
+        if side and self.need_images:
+            gi = torch.Generator().manual_seed(_seed_of(c.seed, "image", index))
+            noise = torch.randn(c.channels, side, side, generator=gi)
+            reps = side // c.patch_size
+            image = class_tile(k, c.channels, c.patch_size).repeat(1, reps, reps) + IMAGE_NOISE * noise
+        return f"mock/{c.seed}/{index}", tokens, n_img, n_img + n_text, image
+
+    def next(self, lane: int) -> LaneBatch:
+        import torch
+
+        if lane not in self.position:
+            raise KeyError(f"this provider serves lanes {self.lanes}, not lane {lane}")
+        c = self.cfg
+        pos = self.position[lane]
+        self.position[lane] = pos + 1
+        keys, toks, counts, images, masks, labels = [], [], [], [], [], []
+        for j in range(c.mbs):
+            key, t, n_img, n_real, img = self.sample(self.global_index(lane, pos, j))
+            lab = torch.full_like(t, IGNORE_INDEX)
+            lab[:-1] = t[1:]
+            m = torch.zeros(c.seq_length)
+            # a position carries loss when it holds text and predicts a real (text) token
+            m[n_img : max(n_img, n_real - 1)] = 1.0
+            lab[m == 0] = IGNORE_INDEX
+            keys.append(key)
+            toks.append(t)
+            counts.append(n_img)
+            images.append(img)
+            masks.append(m)
+            labels.append(lab)
+        pos_ids = torch.arange(c.seq_length).unsqueeze(0).expand(c.mbs, -1).contiguous()
+        return LaneBatch(
+            lane=lane,
+            step=pos // c.num_microbatches,
+            microbatch=pos % c.num_microbatches,
+            sample_keys=keys,
+            tokens=torch.stack(toks),
+            labels=torch.stack(labels),
+            loss_mask=torch.stack(masks),
+            position_ids=pos_ids,
+            image_token_counts=counts,
+            images=images if self.need_images else None,
+        )
+
+    def state_dict(self) -> dict:
+        return {"kind": "mock", "position": dict(self.position)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = {int(k): int(v) for k, v in state["position"].items()}
+
+
+def mock_config(run_spec, plan) -> MockConfig:
+    p = get_preset(run_spec.trainer.model)
+    t = run_spec.trainer
+    c = MockConfig(
+        seed=t.seed,
+        seq_length=t.seq_length,
+        mbs=run_spec.layout.mbs,
+        num_microbatches=plan.num_microbatches,
+        vocab_size=p.llm.vocab_size,
+        patch_size=p.encoder.patch_size,
+        channels=p.encoder.channels,
+        image_sizes=tuple(t.data.image_sizes),
+        text_only_fraction=t.data.text_only_fraction,
+        lanes=run_spec.layout.llm_dp,
+    )
+    check_mock_config(c, p.encoder.image_size)
+    return c
+
+
+def make_provider(run_spec, plan, lanes: list[int], need_images: bool, need_text: bool) -> Provider:
+    """The provider for the lanes this rank consumes (see batch.Provider)."""
+    kind = run_spec.trainer.data.provider
+    if kind == "mock":
+        return MockProvider(mock_config(run_spec, plan), lanes, need_images, need_text)
+    if kind == "energon":
+        from mimo_jobs.data.energon_provider import make_energon_provider
+
+        return make_energon_provider(run_spec, plan, lanes, need_images, need_text)
+    raise DataConfigError(f"trainer.data.provider: unknown provider {kind!r} (mock or energon)")

@@ -1,0 +1,213 @@
+"""The matrix of a study expanded into runs: every point merged over the defaults, its LLM DP derived, its
+topology checked, and a readable name and a stable id (hash of the resolved config) given to each run."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import math
+from typing import Any
+
+from pydantic import ValidationError
+
+import mimo_jobs.study.topology as topology
+from mimo_jobs.study.load import pydantic_problems
+from mimo_jobs.study.presets import PRESETS
+from mimo_jobs.study.runspec import PointResult, RunSpec
+from mimo_jobs.study.spec import MatrixSpec, PointSpec, StudyError, StudySpec
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _set_dotted(d: dict, dotted: str, value: Any) -> dict:
+    out = copy.deepcopy(d)
+    cur = out
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+        if not isinstance(cur, dict):
+            raise ValueError(f"axis {dotted!r} goes through a non-mapping at {p!r}")
+    cur[parts[-1]] = value
+    return out
+
+
+def _derived_dp(p: PointSpec, gpn: int) -> int | None:
+    enc = (0, 1, 1) if p.colocated else (p.encoder.tp, p.encoder.pp, p.encoder.dp)
+    return topology.derive_llm_dp(p.nodes, gpn, *enc, p.llm.tp, p.llm.pp, p.llm.cp)
+
+
+def run_name(p: PointSpec, repeat: int, repeats: int) -> str:
+    """Readable name, e.g. 33n-e1x8-l2x8x128-g768 (encoder tp x dp, llm tp x ep x dp, gbs); a colocated
+    point says `colo` where the encoder's sizes would be (33n-colo-l2x8x132-g768)."""
+    e, l_ = p.encoder, p.llm
+    enc = "colo" if p.colocated else f"e{e.tp}x{e.dp}" + (f"p{e.pp}" if e.pp > 1 else "")
+    llm = (
+        f"l{l_.tp}x{l_.ep}x{l_.dp}"
+        + (f"p{l_.pp}" if l_.pp > 1 else "")
+        + (f"t{l_.etp}" if l_.etp > 1 else "")
+    )
+    name = f"{p.nodes}n-{enc}-{llm}-g{p.gbs}" + (f"-m{p.mbs}" if p.mbs > 1 else "")
+    return name + (f"-r{repeat}" if repeats > 1 else "")
+
+
+def run_id_of(study: StudySpec, point: PointSpec, repeat: int) -> str:
+    """Stable id: a hash of the resolved config (study name, cluster, trainer, point, repeat)."""
+    payload = {
+        "study": study.name,
+        "cluster": study.cluster.model_dump(mode="json", exclude={"hardware"}),  # planning only
+        "trainer": study.trainer.model_dump(mode="json"),
+        "point": point.model_dump(mode="json"),
+        "repeat": repeat,
+    }
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+# Runs one study may expand to. A product of axes multiplies: a few long axes would otherwise build
+# billions of points before anything is checked.
+MAX_RUNS = 100_000
+
+
+def _raw_points(m: MatrixSpec, problems: list[tuple[str, str]]) -> list[tuple[str, dict]]:
+    n = len(m.points) + (math.prod(len(v) for v in m.product.values()) if m.product else 0)
+    if n > MAX_RUNS:
+        problems.append(
+            ("matrix", f"expands to {n:,} points; a study holds at most {MAX_RUNS:,} (split it into studies)")
+        )
+        return []
+    pts: list[tuple[str, dict]] = []
+    for i, p in enumerate(m.points):
+        pts.append((f"matrix.points[{i}]", _deep_merge(m.defaults, p)))
+    if m.product:
+        axes = list(m.product)
+        for combo in itertools.product(*(m.product[a] for a in axes)):
+            d = m.defaults
+            label = "matrix.product{" + ", ".join(f"{a}={v}" for a, v in zip(axes, combo)) + "}"
+            try:
+                for a, val in zip(axes, combo):
+                    d = _set_dotted(d, a, val)
+            except ValueError as e:
+                problems.append((f"matrix.product.{a}", str(e)))
+                break
+            pts.append((label, d))
+    if not pts and m.defaults:
+        pts.append(("matrix.defaults", copy.deepcopy(m.defaults)))
+    return pts
+
+
+def expand_matrix(
+    matrix: MatrixSpec, gpus_per_node: int, num_experts: int, study: StudySpec | None, llm_layers: int = 0
+) -> tuple[list[PointResult], list[tuple[str, str]]]:
+    """Expand the matrix; schema problems are returned, not raised, so every problem can be reported at once.
+    Without a valid `study` (diagnosis of a broken file) points are only checked, no RunSpec is built."""
+    problems: list[tuple[str, str]] = []
+    results: list[PointResult] = []
+    raw = _raw_points(matrix, problems)
+    if not raw and not problems:
+        problems.append(("matrix", "no points: give matrix.points and/or matrix.product"))
+    index = 0
+    seen: dict[str, str] = {}
+    for label, d in raw:
+        try:
+            p = PointSpec.model_validate(d)
+        except ValidationError as e:
+            # Explicit points map back to their YAML path; product points to their axis combination.
+            for path, msg in pydantic_problems(e):
+                problems.append((f"{label}.{path}", msg))
+            continue
+        gpn = gpus_per_node
+        dp = p.llm.dp
+        if dp is None:
+            dp = _derived_dp(p, gpn)
+        enc = (p.llm.tp, 1, dp or 0) if p.colocated else (p.encoder.tp, p.encoder.pp, p.encoder.dp)
+        lay = topology.Layout(
+            nodes=p.nodes,
+            gpus_per_node=gpn,
+            enc_tp=enc[0],
+            enc_pp=enc[1],
+            enc_dp=enc[2],
+            colocated=p.colocated,
+            llm_tp=p.llm.tp,
+            llm_pp=p.llm.pp,
+            llm_dp=dp if dp is not None else 0,
+            llm_ep=p.llm.ep,
+            llm_etp=p.llm.etp,
+            llm_cp=p.llm.cp,
+            num_experts=num_experts,
+            llm_layers=llm_layers,
+            gbs=p.gbs,
+            mbs=p.mbs,
+        )
+        if dp is None:
+            enc_gpus = 0 if p.colocated else p.encoder.tp * p.encoder.pp * p.encoder.dp
+            viol = [
+                topology.Violation(
+                    "tiling",
+                    f"llm.dp cannot be derived: {p.nodes}x{gpn} GPUs minus encoder "
+                    f"{enc_gpus} is not a multiple of llm.tp*cp*pp={p.llm.tp * p.llm.cp * p.llm.pp}",
+                    None,
+                )
+            ]
+        else:
+            viol = topology.check(lay)
+        p = p.model_copy(update={"llm": p.llm.model_copy(update={"dp": dp})})
+        if index + p.repeats > MAX_RUNS:
+            problems.append((label, f"with its repeats the study exceeds {MAX_RUNS:,} runs"))
+            break
+        for r in range(p.repeats):
+            if viol:
+                results.append(PointResult(index, label, None, viol))
+                index += 1
+                break
+            name = run_name(p, r, p.repeats)
+            if name in seen:
+                problems.append((label, f"duplicate run {name!r} (also {seen[name]})"))
+                continue
+            seen[name] = label
+            spec = None
+            if study is not None:
+                spec = RunSpec(
+                    study=study.name,
+                    name=name,
+                    run_id=run_id_of(study, p, r),
+                    index=index,
+                    repeat=r,
+                    point=p,
+                    layout=lay,
+                    cluster=study.cluster,
+                    trainer=study.trainer,
+                )
+            results.append(PointResult(index, label, spec, []))
+            index += 1
+    return results, problems
+
+
+def expand(study: StudySpec, source: str = "<study>") -> list[PointResult]:
+    """All points of the matrix, each with its RunSpec or its violations. Raises StudyError for malformed
+    points (unknown keys, wrong types) and duplicate run names; topology violations are returned per point."""
+    llm = PRESETS[study.trainer.model].llm
+    results, problems = expand_matrix(
+        study.matrix, study.cluster.gpus_per_node, llm.num_experts, study, llm.num_layers
+    )
+    if problems:
+        raise StudyError(source, problems)
+    return results
+
+
+def runs_of(study: StudySpec, source: str = "<study>") -> list[RunSpec]:
+    """Expanded runs; raises StudyError naming every infeasible point and every rule it breaks."""
+    results = expand(study, source)
+    bad = [(r.label, str(v)) for r in results if r.violations for v in r.violations]
+    if bad:
+        raise StudyError(source, bad)
+    return [r.run for r in results if r.run is not None]

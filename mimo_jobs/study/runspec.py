@@ -1,0 +1,94 @@
+"""One expanded run of a study (`RunSpec`) and its run.yaml: the trainer's complete, self-contained input."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+import mimo_jobs.study.topology as topology
+from mimo_jobs.contract.rundir import RunDir
+from mimo_jobs.study.spec import ClusterSpec, PointSpec, TrainerSpec
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One expanded point of a study: everything needed to render, launch and train it."""
+
+    study: str
+    name: str
+    run_id: str
+    index: int  # position in the expanded matrix
+    repeat: int
+    point: PointSpec  # resolved (llm.dp filled in)
+    layout: topology.Layout
+    cluster: ClusterSpec
+    trainer: TrainerSpec
+
+    @property
+    def time_limit(self) -> str:
+        return self.point.time_limit or self.cluster.time_limit
+
+    def to_dict(self) -> dict:
+        return {
+            "study": self.study,
+            "name": self.name,
+            "run_id": self.run_id,
+            "index": self.index,
+            "repeat": self.repeat,
+            "point": self.point.model_dump(mode="json"),
+            "layout": asdict(self.layout),
+            "cluster": self.cluster.model_dump(mode="json"),
+            "trainer": self.trainer.model_dump(mode="json"),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunSpec:
+        return cls(
+            study=d["study"],
+            name=d["name"],
+            run_id=d["run_id"],
+            index=int(d["index"]),
+            repeat=int(d["repeat"]),
+            point=PointSpec.model_validate(d["point"]),
+            layout=topology.Layout(**d["layout"]),
+            cluster=ClusterSpec.model_validate(d["cluster"]),
+            trainer=TrainerSpec.model_validate(d["trainer"]),
+        )
+
+    def rank_layout(self) -> topology.RankLayout:
+        return topology.rank_layout(self.layout)
+
+
+@dataclass
+class PointResult:
+    """A point after expansion: a run, or the rules it breaks (reported all together)."""
+
+    index: int
+    label: str  # yaml path of the point's origin, e.g. matrix.points[2]
+    run: RunSpec | None
+    violations: list[topology.Violation]
+
+
+def load_run_yaml(path: str | Path) -> tuple[RunSpec, dict]:
+    """Read a rendered run.yaml: the RunSpec plus the whole document (paths, provenance)."""
+    doc = yaml.safe_load(Path(path).read_text())
+    return RunSpec.from_dict(doc["run"]), doc
+
+
+def run_yaml_doc(spec: RunSpec, run_dir: str | Path, provenance: dict | None = None) -> dict:
+    """The document render writes to <run dir>/run.yaml (the trainer's whole input)."""
+    rd = RunDir(Path(run_dir).resolve())
+    ckpt = spec.trainer.checkpoint_dir or str(rd.checkpoints)
+    return {
+        "run": spec.to_dict(),
+        "plan": spec.rank_layout().to_dict(),
+        "paths": {
+            "run_dir": str(rd.root),
+            "metrics": str(rd.metrics),
+            "logs": str(rd.logs),
+            "checkpoints": ckpt,
+        },
+        "provenance": provenance or {},
+    }

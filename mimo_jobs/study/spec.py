@@ -1,0 +1,390 @@
+"""The study file's schema: typed, validated sections (pydantic), and the naming rules values must obey.
+
+A study is `name`, `description`, `cluster`, `trainer` and a `matrix` of points (explicit `points` and/or a
+`product` of axes over `defaults`). `load` reads a file into a `StudySpec`, `expand` turns its matrix into
+runs (`runspec.RunSpec`), `diagnose` reports every problem of a file at once.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+import mimo_jobs.study.slurm_time as slurm_time
+from mimo_jobs.errors import MimoJobsError
+from mimo_jobs.study.presets import PRESETS
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=+/-]{1,128}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Sizes beyond any real cluster or run: a value past them is a typo (or hostile), and planning it would
+# only spend memory and time. The largest machines have about 10^4 nodes and 10^5 GPUs.
+MAX_NODES = 100_000
+MAX_AXIS = 65_536  # one parallel axis (TP, PP, EP, CP, encoder DP)
+MAX_DP = MAX_NODES * 64
+MAX_BATCH = 100_000_000  # samples in one global batch
+MAX_SEQ = 16_777_216
+MAX_COUNT = 10**12  # iterations, samples
+
+
+class StudyError(MimoJobsError, ValueError):
+    """Bad study input; `problems` are (yaml_path, message) pairs, all of them, not only the first."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: {len(problems)} problem(s)"] + [f"  {p}: {m}" for p, m in problems]
+        super().__init__("\n".join(lines))
+
+
+class _Strict(BaseModel):
+    # inf and nan are never meant (a learning rate of .inf validates nothing and trains nothing)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_as_numbers(cls, v: Any, info) -> Any:
+        # pydantic reads YAML's true/false as 1/0 for a number field: `nodes: true` would be one node
+        if isinstance(v, bool) and _is_number(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"{v} is a YAML boolean (true/false/yes/no), not a number")
+        return v
+
+
+def _is_number(annotation: Any) -> bool:
+    import typing
+
+    args = typing.get_args(annotation)
+    kinds = [a for a in (args or (annotation,)) if a is not type(None)]
+    return bool(kinds) and all(a in (int, float) or a in ("int", "float") for a in kinds)
+
+
+# ---------------------------------------------------------------- cluster
+
+
+# Paths and image references reach srun flags (pyxis splits mounts on ',' and ':'), so they are
+# restricted to characters that need no quoting and carry no separator.
+PATH_WORD_RE = re.compile(r"^[A-Za-z0-9_./@+=~-]+$")
+IMAGE_RE = re.compile(r"^[A-Za-z0-9_./@+=~#:-]+$")
+MOUNT_RE = re.compile(r"^[A-Za-z0-9_./@+=~-]+(?::[A-Za-z0-9_./@+=~-]+(?::[a-z+]+)?)?$")
+ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:=+/@%-]+)?$")
+
+
+class ContainerSpec(_Strict):
+    image: str  # pyxis image reference or .sqsh path; apptainer .sif
+    runtime: Literal["pyxis", "apptainer"] = "pyxis"
+    mounts: list[str] = Field(default_factory=list)  # "src:dst[:flags]"
+    workdir: str | None = None
+    mount_home: bool = False
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not IMAGE_RE.match(v):
+            raise ValueError(
+                f"{v!r} is not an image reference or path (letters, digits, _./@+=~#:- only, "
+                "e.g. nvcr.io#nvidia/pytorch:25.04-py3 or /images/mimo.sqsh)"
+            )
+        return v
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        for m in v:
+            if not MOUNT_RE.match(m):
+                raise ValueError(
+                    f"mount {m!r} must look like /src:/dst or /src:/dst:ro (no spaces, commas, "
+                    "quotes or shell characters)"
+                )
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is not None and not (PATH_WORD_RE.match(v) and v.startswith("/")):
+            raise ValueError(f"workdir {v!r} must be an absolute path of letters, digits and _./@+=~-")
+        return v
+
+
+class HardwareSpec(_Strict):
+    """What the capacity planner (predict, plan, validate's memory line) prices the runs on: a known GPU
+    model, and the figures of this cluster that differ from its datasheet. Planning only: it is not part of
+    a run's id and changes nothing that runs."""
+
+    gpu: Literal["H100", "H200", "GH200", "B200", "A100"] = "H100"
+    memory_gib: float | None = Field(None, gt=0, le=4096)  # usable GPU memory
+    peak_tflops: float | None = Field(None, gt=0, le=100_000)  # dense BF16 per GPU
+    nvlink_gbps: float | None = Field(None, gt=0, le=100_000)  # GB/s per GPU, one direction
+    ib_gbps: float | None = Field(None, gt=0, le=100_000)  # GB/s per GPU across nodes, one direction
+
+
+class ClusterSpec(_Strict):
+    executor: Literal["slurm", "local"] = "slurm"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str = "01:00:00"
+    gpus_per_node: int = Field(8, ge=1, le=64)
+    accelerator: Literal["gpu", "cpu"] = "gpu"  # cpu: gpus_per_node means processes per node, gloo backend
+    exclusive: bool = True
+    container: ContainerSpec | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    setup: list[str] = Field(
+        default_factory=list
+    )  # shell lines run before the launch (trusted, checked by bash -n)
+    sbatch_args: list[str] = Field(default_factory=list)  # extra "--key=value" headers
+    srun_args: list[str] = Field(default_factory=list)
+    signal: str = "USR2@120"  # preemption/time-limit warning signal: the trainer checkpoints and exits
+    requeue: bool = True
+    max_retries: int = Field(2, ge=0, le=20)  # retries for flaky failures (watchdog timeouts, node failure)
+    python: str = "python3"
+    hardware: HardwareSpec | None = None  # the planner's GPU and its overrides
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _slurm_word(cls, v: str | None) -> str | None:
+        if v is not None and not SLURM_WORD_RE.match(v):
+            raise ValueError(f"{v!r} is not a valid SLURM name (letters, digits, _.,:=+/- only)")
+        return v
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time(cls, v: str) -> str:
+        slurm_time.seconds(v)
+        return str(v)
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, v: str) -> str:
+        if not re.match(r"^(B:)?(USR1|USR2|TERM|INT)@\d{1,5}$", v):
+            raise ValueError(f"{v!r} is not a signal spec like USR2@120 or B:USR1@90")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, x in v.items():
+            if not ENV_KEY_RE.match(k):
+                raise ValueError(f"environment variable name {k!r} is not a valid shell identifier")
+            if "\0" in x:
+                raise ValueError(f"environment variable {k}: a value cannot contain a NUL character")
+        return {k: str(x) for k, x in v.items()}
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_scalars(cls, v: Any) -> Any:
+        # YAML turns `X: 1` into an int; numbers are fine as env values, booleans are ambiguous (1/true/True).
+        if isinstance(v, dict):
+            out = {}
+            for k, x in v.items():
+                if isinstance(x, bool):
+                    raise ValueError(
+                        f"environment variable {k}: write the value as a quoted string "
+                        f'("1" or "true"), not the YAML boolean {x}'
+                    )
+                out[k] = str(x) if isinstance(x, (int, float)) else x
+            return out
+        return v
+
+    @field_validator("sbatch_args", "srun_args")
+    @classmethod
+    def _args(cls, v: list[str], info) -> list[str]:
+        what = "sbatch" if info.field_name == "sbatch_args" else "srun"
+        for a in v:
+            if not ARG_RE.match(a):
+                raise ValueError(
+                    f"{what} arg {a!r} must look like --key or --key=value (no spaces or quotes)"
+                )
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        if not PATH_WORD_RE.match(v):
+            raise ValueError(
+                f"python {v!r} must be one command or path (e.g. python3 or /opt/venv/bin/python)"
+            )
+        return v
+
+    def time_limit_seconds(self) -> int:
+        return slurm_time.seconds(self.time_limit)
+
+
+# ---------------------------------------------------------------- trainer
+
+
+class LRSpec(_Strict):
+    schedule: Literal["constant", "cosine", "linear", "wsd"] = "cosine"
+    max: float = Field(3e-4, gt=0)
+    min: float = Field(0.0, ge=0)
+    warmup_samples: int = Field(0, ge=0, le=MAX_COUNT)
+    decay_samples: int | None = Field(None, ge=1, le=MAX_COUNT)  # default: the whole run
+    wsd_decay_samples: int | None = Field(None, ge=1, le=MAX_COUNT)  # length of WSD's final decay phase
+    wsd_decay_style: Literal["minus_sqrt", "linear", "cosine", "exponential"] = "minus_sqrt"
+
+    @model_validator(mode="after")
+    def _check(self) -> LRSpec:
+        if self.min > self.max:
+            raise ValueError(f"lr.min={self.min} exceeds lr.max={self.max}")
+        if self.schedule == "wsd" and self.wsd_decay_samples is None:
+            raise ValueError("schedule 'wsd' needs lr.wsd_decay_samples")
+        return self
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["adam", "sgd"] = "adam"
+    weight_decay: float = Field(0.0, ge=0)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    clip_grad: float = Field(1.0, ge=0)  # 0 disables clipping
+
+
+class DataSpec(_Strict):
+    provider: Literal["mock", "energon"] = "mock"
+    path: str | None = None  # energon dataset dir or blend yaml
+    num_workers: int = Field(0, ge=0, le=64)
+    text_only_fraction: float = Field(0.25, ge=0, le=1)  # mock provider: share of samples with no image
+    image_sizes: list[int] = Field(default_factory=lambda: [8, 12, 16])  # mock: square sides in pixels
+    tokenizer: str | None = (
+        None  # local HuggingFace tokenizer path (energon); built-in byte tokenizer if None
+    )
+    # energon: a corrupt/incomplete/too-long sample stops the run naming shard and key, or is skipped and counted
+    on_bad_sample: Literal["error", "skip"] = "error"
+    truncate_text: bool = False  # energon: cut text that does not fit seq_length (counted); images never cut
+    shuffle_buffer_size: int | None = Field(100, ge=1)  # energon sample shuffle buffer (None: no shuffle)
+    max_samples_per_sequence: int | None = Field(100, ge=1)  # energon: samples read in a row from one shard
+
+    @model_validator(mode="after")
+    def _check(self) -> DataSpec:
+        if self.provider == "energon" and not self.path:
+            raise ValueError("provider 'energon' needs data.path (dataset dir or blend yaml)")
+        return self
+
+
+class FreezeSpec(_Strict):
+    encoder: bool = False
+    llm: bool = False
+
+
+class WandbSpec(_Strict):
+    """Weights & Biases logging of the same scalars as metrics.jsonl (needs `pip install wandb`)."""
+
+    project: str = Field(min_length=1, max_length=128)
+    mode: Literal["online", "offline", "disabled"] = "offline"  # offline: sync later with `wandb sync`
+    entity: str | None = None
+    group: str | None = None  # default: the study name
+
+
+class TrainerSpec(_Strict):
+    model: str = "tiny"
+    seq_length: int = Field(64, ge=8, le=MAX_SEQ)
+    train_iters: int | None = Field(None, ge=1, le=MAX_COUNT)
+    train_samples: int | None = Field(None, ge=1, le=MAX_COUNT)
+    lr: LRSpec = Field(default_factory=LRSpec)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    log_interval: int = Field(1, ge=1, le=MAX_COUNT)
+    save_interval: int | None = Field(None, ge=1, le=MAX_COUNT)
+    checkpoint_dir: str | None = None  # default: <run dir>/checkpoints
+    keep_checkpoints: int = Field(2, ge=1, le=1000)
+    seed: int = Field(1234, ge=0, lt=2**63)
+    precision: Literal["fp32", "bf16"] = "fp32"
+    freeze: FreezeSpec = Field(default_factory=FreezeSpec)
+    use_distributed_optimizer: bool = False
+    timeout_s: int = Field(
+        300, ge=10, le=7 * 24 * 3600
+    )  # collective timeout; a dead peer ends the job instead of hanging
+    tensorboard: bool = True  # event files under <run dir>/tensorboard/ (Megatron's tag names)
+    # microbatches an encoder rank keeps ahead of their backward (1F1B across the bridge): bounds its saved
+    # activations to this many microbatches whatever the iteration's count; 2 lets the encoder compute the
+    # next microbatch while the LLM works on the last one
+    encoder_inflight: int = Field(2, ge=1, le=64)
+    recompute: Literal["none", "selective", "full"] = "none"  # megatron-core's activation recompute
+    wandb: WandbSpec | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if v not in PRESETS:
+            raise ValueError(f"unknown model preset {v!r}; known: {', '.join(sorted(PRESETS))}")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerSpec:
+        if (self.train_iters is None) == (self.train_samples is None):
+            raise ValueError("give exactly one of trainer.train_iters or trainer.train_samples")
+        return self
+
+
+# ---------------------------------------------------------------- matrix
+
+
+class EncoderAxes(_Strict):
+    tp: int = Field(1, ge=1, le=MAX_AXIS)
+    pp: int = Field(1, ge=1, le=MAX_AXIS)
+    dp: int = Field(1, ge=1, le=MAX_AXIS)
+
+
+class LLMAxes(_Strict):
+    tp: int = Field(1, ge=1, le=MAX_AXIS)
+    pp: int = Field(1, ge=1, le=MAX_AXIS)
+    ep: int = Field(1, ge=1, le=MAX_AXIS)
+    etp: int = Field(1, ge=1, le=MAX_AXIS)
+    cp: int = Field(1, ge=1, le=MAX_AXIS)
+    dp: int | None = Field(None, ge=1, le=MAX_DP)  # None: derived so that the world is tiled exactly
+
+
+class PointSpec(_Strict):
+    nodes: int = Field(ge=1, le=MAX_NODES)
+    encoder: EncoderAxes = Field(default_factory=EncoderAxes)
+    llm: LLMAxes = Field(default_factory=LLMAxes)
+    gbs: int = Field(ge=1, le=MAX_BATCH)
+    mbs: int = Field(1, ge=1, le=MAX_BATCH)
+    repeats: int = Field(1, ge=1, le=100)
+    time_limit: str | None = None  # overrides cluster.time_limit for this point
+    colocated: bool = False  # every GPU runs both modules (the baseline): the encoder takes the LLM's TP/DP
+
+    @model_validator(mode="after")
+    def _colocated_has_no_encoder(self) -> PointSpec:
+        if self.colocated and self.encoder != EncoderAxes():
+            raise ValueError(
+                "a colocated point runs the encoder on every rank with the LLM's TP and DP: remove its "
+                f"encoder sizes ({self.encoder.model_dump()}), or set colocated: false"
+            )
+        return self
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time(cls, v: str | None) -> str | None:
+        if v is not None:
+            slurm_time.seconds(v)
+        return v
+
+
+class MatrixSpec(_Strict):
+    defaults: dict[str, Any] = Field(default_factory=dict)  # partial point merged under every point
+    points: list[dict[str, Any]] = Field(default_factory=list)
+    product: dict[str, list[Any]] = Field(
+        default_factory=dict
+    )  # dotted axis -> values, e.g. "llm.tp": [1, 2]
+
+
+class StudySpec(_Strict):
+    name: str
+    description: str = ""
+    scaling: Literal["strong", "weak"] = "strong"
+    baseline_nodes: int | None = Field(None, ge=1, le=MAX_NODES)
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    trainer: TrainerSpec
+    matrix: MatrixSpec
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(
+                f"{v!r}: study names use letters, digits, '.', '_' and '-' (max 64, no leading '-')"
+            )
+        return v

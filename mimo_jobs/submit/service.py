@@ -1,0 +1,434 @@
+"""Submission core: which runs of a study to submit, submitting them crash-safely, following them, applying the
+retry/requeue policy when a job ends, and cancelling.
+
+One script, one truth: `render` writes runs/<study>/<run>/{run.yaml, launch.sh, sbatch.sh}; the slurm
+executor submits that sbatch.sh file itself (`sbatch --parsable --chdir=<run dir> sbatch.sh`) and the local
+executor runs that launch.sh (the script sbatch.sh starts on every node through srun). submitit supplies
+the SLURM job handles (cancel); state is read through sacct (see executors/slurm.py for why).
+
+Store consistency (no job row without a scheduler job, nor the reverse):
+- a submission that the scheduler refuses writes nothing;
+- a job is recorded in its own transaction right after sbatch returns; if that write fails the job is
+  cancelled again before the error is raised;
+- a crash between sbatch returning and the commit (the only window left) is closed by an intent file
+  (<run dir>/.submit-intent.json) written before sbatch: the next submit/status finds the job the scheduler
+  knows for that run dir (sacct/squeue WorkDir, or the local runner's state file) and records it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mimo_jobs import __version__
+from mimo_jobs.contract.rundir import RunDir
+from mimo_jobs.errors import MimoJobsError
+from mimo_jobs.store import catalog
+from mimo_jobs.study.runspec import RunSpec
+from mimo_jobs.study.spec import StudySpec
+
+from . import jobs_table, policy, status
+from .executors import Executor, SubmitError, get_executor
+
+INTENT = ".submit-intent.json"
+INTENT_MAX_AGE_S = 300  # an intent with no scheduler job after this long was a refused submission
+
+
+class LaunchError(MimoJobsError, RuntimeError):
+    """A user-facing problem (unknown run, missing render, scheduler refused); the message says which."""
+
+
+# ------------------------------------------------------------------------------------------- executors
+
+_EXECUTORS: dict[str, Executor] = {}
+
+
+def executor(name: str) -> Executor:
+    """One instance per process (the slurm one counts its sacct time for the benchmark)."""
+    if name not in _EXECUTORS:
+        _EXECUTORS[name] = get_executor(name)
+    return _EXECUTORS[name]
+
+
+# ------------------------------------------------------------------------------------------- provenance
+
+_PROV: dict | None = None
+
+
+def provenance() -> dict:
+    """Package version and git sha (render's provenance, computed once per process) for the runs table."""
+    global _PROV
+    if _PROV is None:
+        from mimo_jobs.study.render import provenance as render_provenance
+
+        p = render_provenance()
+        sha = p.get("git_sha")
+        _PROV = {
+            "version": p.get("mimo_jobs_version", __version__),
+            "git_sha": (sha + "-dirty") if sha and p.get("git_dirty") else sha,
+        }
+    return _PROV
+
+
+# ------------------------------------------------------------------------------------------- selection
+
+
+def select_runs(runs: list[RunSpec], only: list[str] | None, source: str) -> list[RunSpec]:
+    """--only takes run names or run ids; an unknown one is an error that lists what exists."""
+    if not only:
+        return runs
+    by = {r.name: r for r in runs} | {r.run_id: r for r in runs}
+    bad = [o for o in only if o not in by]
+    if bad:
+        names = ", ".join(r.name for r in runs)
+        raise LaunchError(f"{source}: no run named {', '.join(map(repr, bad))} (runs: {names})")
+    seen: dict[str, RunSpec] = {}
+    for o in only:
+        seen[by[o].run_id] = by[o]
+    return list(seen.values())
+
+
+def check_executor(runs: list[RunSpec], executor_name: str) -> None:
+    """The local executor runs one node (launch.sh alone); a multi-node run needs SLURM."""
+    if executor_name == "local":
+        multi = [f"{r.name} ({r.layout.nodes} nodes)" for r in runs if r.layout.nodes > 1]
+        if multi:
+            raise LaunchError(
+                "--executor local runs one node; these runs need more: "
+                + ", ".join(multi)
+                + " (submit them to SLURM, or pick 1-node runs with --only)"
+            )
+
+
+@dataclass
+class Selection:
+    submit: list[RunSpec] = field(default_factory=list)
+    keep: list[tuple[RunSpec, jobs_table.JobRow]] = field(default_factory=list)  # pending/running/completed
+    attempts: dict[str, int] = field(default_factory=dict)  # run id -> attempt number of the new job
+
+
+def plan_submit(con, runs: list[RunSpec], force: bool) -> Selection:
+    """Runs whose newest job is pending, running or completed are kept unless --force; a changed run spec has
+    a new run id and so no jobs yet."""
+    latest = jobs_table.latest_jobs(con, [r.run_id for r in runs])
+    sel = Selection()
+    for r in runs:
+        j = latest.get(r.run_id)
+        if j is not None and j.state in jobs_table.KEEP_STATES and not force:
+            sel.keep.append((r, j))
+            continue
+        sel.submit.append(r)
+        sel.attempts[r.run_id] = 0 if j is None else j.attempt + 1
+    return sel
+
+
+# ------------------------------------------------------------------------------------------- rendering
+
+
+@dataclass
+class Prepared:
+    spec: RunSpec
+    rd: RunDir
+    script: Path  # what the executor runs: sbatch.sh (slurm) or launch.sh (local)
+    sha256: str
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def prepare(
+    specs: list[RunSpec], runs_root: Path, executor_name: str, templates_dir: Path | None = None
+) -> list[Prepared]:
+    """Render the runs (render checks all of them before writing any: run.yaml, launch.sh, sbatch.sh) and
+    name the script each executor runs."""
+    import mimo_jobs.study.render as render
+
+    out = []
+    for rr in render.render_runs(specs, runs_root, templates_dir):
+        rd = RunDir(Path(rr.run_dir).resolve())
+        script = rd.sbatch_sh if executor_name == "slurm" else rd.launch_sh
+        out.append(
+            Prepared(rr.run, rd, script, rr.sbatch_sha256 if executor_name == "slurm" else _sha(script))
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------- submitting
+
+
+def _write_intent(rd: RunDir, ex: str, attempt: int, job_id: str | None) -> Path:
+    p = rd.root / INTENT
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"executor": ex, "attempt": attempt, "time": time.time(), "job_id": job_id}))
+    os.replace(tmp, p)
+    return p
+
+
+def submit_prepared(con, ex: Executor, p: Prepared, attempt: int) -> str:
+    """Submit one rendered run and record its job (see the module doc for the consistency rules)."""
+    pre_id = ex.new_job_id()  # local jobs are named before they start; SLURM names its own
+    intent = _write_intent(p.rd, ex.name, attempt, pre_id)
+    try:
+        job_id = ex.submit(p.rd, attempt, _limit_s(p.spec), p.spec.cluster.signal, job_id=pre_id)
+    except SubmitError:
+        intent.unlink(missing_ok=True)  # refused: nothing to recover
+        raise
+    try:
+        from mimo_jobs.store.connection import transaction
+
+        with transaction(con):
+            jobs_table.insert_job(
+                con, p.spec.run_id, job_id, ex.name, attempt, p.sha256, ex.log_path(p.rd, job_id)
+            )
+    except BaseException:
+        ex.cancel(job_id, p.rd)  # no scheduler job without a row
+        intent.unlink(missing_ok=True)
+        raise
+    intent.unlink(missing_ok=True)
+    return job_id
+
+
+def _limit_s(spec: RunSpec) -> int:
+    """The run's time limit (a point may override the cluster's) in seconds."""
+    return spec.cluster.model_copy(update={"time_limit": spec.time_limit}).time_limit_seconds()
+
+
+@dataclass
+class Submitted:
+    spec: RunSpec
+    job_id: str
+    attempt: int
+    rd: RunDir
+
+
+def submit_runs(
+    con,
+    study: StudySpec,
+    source: str | None,
+    prepared: list[Prepared],
+    sel: Selection,
+    ex: Executor,
+    on_submit=None,
+) -> list[Submitted]:
+    """Record the study and its runs (with provenance), then submit each prepared run. A refusal half way
+    raises SubmitError after the earlier jobs are recorded (they are real); nothing of the refused run's job
+    is recorded."""
+    from mimo_jobs.store.connection import transaction
+
+    with transaction(con):
+        catalog.record_study(con, study, source)
+        for p in prepared:
+            catalog.record_run(con, p.spec, str(p.rd.root), p.sha256, provenance())
+    out = []
+    for p in prepared:
+        attempt = sel.attempts.get(p.spec.run_id, 0)
+        try:
+            job_id = submit_prepared(con, ex, p, attempt)
+        except SubmitError as e:
+            done = ", ".join(f"{s.spec.name}={s.job_id}" for s in out) or "none"
+            raise SubmitError(f"{p.spec.name}: {e} (submitted before it: {done})") from None
+        out.append(Submitted(p.spec, job_id, attempt, p.rd))
+        if on_submit:
+            on_submit(out[-1])
+    return out
+
+
+# ------------------------------------------------------------------------------------------- following
+
+
+def _run_dirs(con, study: str | None = None) -> dict[str, tuple[RunDir, str]]:
+    """run id -> (run dir, spec_json text); the spec is parsed only for jobs that need it (settle)."""
+    q = "SELECT run_id, run_dir, spec_json FROM runs" + (" WHERE study = ?" if study else "")
+    return {
+        rid: (RunDir(Path(d)), s) for rid, d, s in con.execute(q, [study] if study else []).fetchall() if d
+    }
+
+
+def reconcile(con, study: str | None = None, rdirs: dict | None = None) -> list[tuple[str, str]]:
+    """Record jobs whose submission crashed before its store write (intent file left behind)."""
+    from mimo_jobs.store.connection import transaction
+
+    adopted = []
+    for rid, (rd, _) in (rdirs if rdirs is not None else _run_dirs(con, study)).items():
+        ip = rd.root / INTENT
+        if not ip.exists():
+            continue
+        try:
+            it = json.loads(ip.read_text())
+        except (OSError, ValueError):
+            ip.unlink(missing_ok=True)
+            continue
+        ex = executor(it["executor"])
+        known = {r.job_id for r in jobs_table.jobs_of_run(con, rid)}
+        found = [f for f in ex.find(rd, it["time"]) if f.job_id not in known]
+        if found:
+            with transaction(con):
+                for i, f in enumerate(sorted(found, key=lambda f: f.job_id)):
+                    jobs_table.insert_job(
+                        con,
+                        rid,
+                        f.job_id,
+                        ex.name,
+                        it["attempt"] + i,
+                        None,
+                        ex.log_path(rd, f.job_id),
+                        f.submit_time,
+                    )
+                    jobs_table.update_facts(con, rid, f)
+            adopted += [(rid, f.job_id) for f in found]
+            ip.unlink(missing_ok=True)
+        elif time.time() - it["time"] > INTENT_MAX_AGE_S:
+            ip.unlink(missing_ok=True)
+    return adopted
+
+
+def job_log_text(rd: RunDir, row: jobs_table.JobRow) -> str:
+    """The job's main output plus every per-rank stderr of its torchrun log dirs (tails)."""
+    parts = [status.read_tail(row.log_path)]
+    jl = rd.job_logs(row.job_id)
+    if jl.is_dir():
+        for f in sorted(jl.rglob("*.log")):
+            if f.name.startswith("stderr") or f.parent.name.isdigit():
+                parts.append(status.read_tail(f, 64_000))
+    return "\n".join(parts)
+
+
+def has_checkpoint(rd: RunDir, spec: dict) -> bool:
+    """A complete checkpoint the next attempt can resume from (a crashed iter_N.tmp is none). The manifest
+    reader needs no torch (trainer/__init__ imports nothing)."""
+    return status.last_checkpoint_iteration(rd.root, spec) is not None
+
+
+def settle(con, row: jobs_table.JobRow, rd: RunDir, spec: dict) -> policy.Decision | None:
+    """Apply the retry/requeue policy to an ended job; resubmit when it says so. Another attempt never starts
+    while processes of this one still run (two copies would write one run dir): they are stopped first, and
+    if they will not stop the job stays unsettled (None) and the next refresh tries again."""
+    from mimo_jobs.ingest.events import first_error  # its patterns compile at import: only settling pays
+    from mimo_jobs.store.connection import transaction
+
+    text = job_log_text(rd, row)
+    err = first_error(text)
+    all_rows = jobs_table.jobs_of_run(con, row.run_id)
+    earlier = [r for r in all_rows if r.attempt < row.attempt]
+    later = [r for r in all_rows if r.attempt > row.attempt]
+    d = policy.classify(
+        row.state,
+        row.exit_code,
+        text,
+        policy.history_of(earlier),
+        int((spec.get("cluster") or {}).get("max_retries", 0)),
+        has_checkpoint(rd, spec),
+    )
+    why = (
+        f"{row.state}"
+        + (f" exit {row.exit_code}" if row.exit_code is not None else "")
+        + (f" ({row.reason})" if row.reason and row.reason not in ("None", d.reason) else "")
+        + f": {d.reason}"
+    )
+    next_id = None
+    if d.action in ("retry", "requeue"):
+        if later:  # a crash after the resubmission but before this update: do not submit twice
+            next_id = later[0].job_id
+        else:
+            ex = executor(row.executor)
+            if not ex.reap(row.job_id, rd):
+                return None
+            spec_obj = RunSpec.from_dict(spec)
+            script = rd.sbatch_sh if row.executor == "slurm" else rd.launch_sh
+            p = Prepared(spec_obj, rd, script, _sha(script))
+            try:
+                next_id = submit_prepared(con, ex, p, row.attempt + 1)
+            except SubmitError as e:
+                d = policy.Decision("final", f"{d.reason}, but resubmission was refused: {e}")
+                why = f"{row.state}: {d.reason}"
+    with transaction(con):
+        jobs_table.set_outcome(con, row.run_id, row.job_id, d.action, why, err, next_id)
+    return d
+
+
+def refresh(con, study: str | None = None) -> list[str]:
+    """Poll the scheduler for every active job (one batched query per executor), record what changed, settle
+    jobs that ended and ingest their run dirs. Returns the run ids whose job ended in this call.
+    """
+    from mimo_jobs.store.connection import transaction
+
+    rdirs = _run_dirs(con, study)
+    reconcile(con, study, rdirs)
+    active = [r for r in jobs_table.active_jobs(con) if r.run_id in rdirs]
+    by_ex: dict[str, dict[str, tuple[jobs_table.JobRow, RunDir]]] = {}
+    for r in active:
+        by_ex.setdefault(r.executor, {})[r.job_id] = (r, rdirs[r.run_id][0])
+    ended = []
+    for name, rows in by_ex.items():
+        facts = executor(name).poll({jid: rd for jid, (_, rd) in rows.items()})
+        with transaction(con):
+            for jid, f in facts.items():
+                row = rows[jid][0]
+                if f.state == "UNKNOWN" and row.state != "UNKNOWN":
+                    continue  # sacct lag right after sbatch: keep what we knew
+                if (
+                    (f.state, f.start_time, f.end_time, f.node_list)
+                    == (row.state, row.start_time, row.end_time, row.node_list)
+                    and f.active
+                    and f.reason in (None, row.reason)
+                ):
+                    continue  # nothing new: a poll of N unchanged jobs writes nothing
+                jobs_table.update_facts(con, row.run_id, f)
+                if not f.active:
+                    ended.append(row.run_id)
+    for row in jobs_table.unsettled_jobs(con):
+        if row.run_id in rdirs:
+            rd, spec = rdirs[row.run_id]
+            settle(con, row, rd, json.loads(spec) if isinstance(spec, str) else spec)
+    if ended:
+        ingest_runs(con, [rdirs[r][0] for r in dict.fromkeys(ended)])
+    return ended
+
+
+def ingest_runs(con, rds: list[RunDir]) -> None:
+    """Ingest finished runs (mimo_jobs.ingest, idempotent) so status and report read the store. A run dir
+    ingest refuses (e.g. its run.yaml was removed) is reported and skipped: following jobs goes on."""
+    import sys
+
+    from mimo_jobs.ingest.pipeline import IngestError, ingest_paths
+
+    for rd in rds:
+        try:
+            ingest_paths(con, [rd.root])
+        except IngestError as e:
+            print(f"mimo-jobs: not ingested {rd.root}: {e}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------- cancelling
+
+
+def cancel(con, study: str, run: str | None = None) -> list[tuple[str, str, str]]:
+    """scancel (or stop the local runner of) every active job of the study, or of one run (name or id).
+    Returns (run name, job id, executor)."""
+    rows = con.execute("SELECT run_id, name, run_dir FROM runs WHERE study = ?", [study]).fetchall()
+    if not rows:
+        raise LaunchError(f"study {study!r} has no runs in the store (submitted with another --db?)")
+    if run is not None:
+        rows = [r for r in rows if run in (r[0], r[1])]
+        if not rows:
+            names = ", ".join(
+                n
+                for _, n, _ in con.execute(
+                    "SELECT run_id, name, run_dir FROM runs WHERE study = ? ORDER BY idx", [study]
+                ).fetchall()
+            )
+            raise LaunchError(f"study {study!r} has no run {run!r} (runs: {names})")
+    ids = {rid: (name, RunDir(Path(d))) for rid, name, d in rows}
+    out = []
+    for j in jobs_table.active_jobs(con):
+        if j.run_id in ids:
+            name, rd = ids[j.run_id]
+            executor(j.executor).cancel(j.job_id, rd)
+            out.append((name, j.job_id, j.executor))
+    return out
