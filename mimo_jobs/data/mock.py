@@ -23,6 +23,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
+import torch
+
 from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, Provider
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.study.presets import get_preset
@@ -45,8 +47,6 @@ def image_token_id(vocab_size: int) -> int:
 
 def class_tile(k: int, channels: int, patch: int):
     """Class k's [channels, patch, patch] tile: the same for every seed, so a run's seed picks samples only."""
-    import torch
-
     g = torch.Generator().manual_seed(_seed_of("mock-class", k))
     return torch.randn(channels, patch, patch, generator=g)
 
@@ -114,8 +114,6 @@ class MockProvider(Provider):
 
     def sample(self, index: int):
         """Global sample `index`: (key, tokens, n_image_tokens, n_real_tokens, image or None)."""
-        import torch
-
         c = self.cfg
         g = torch.Generator().manual_seed(_seed_of(c.seed, "meta", index))
         u = torch.rand((), generator=g).item()
@@ -145,7 +143,6 @@ class MockProvider(Provider):
         return f"mock/{c.seed}/{index}", tokens, n_img, n_img + n_text, image
 
     def next(self, lane: int) -> LaneBatch:
-        import torch
 
         if lane not in self.position:
             raise KeyError(f"this provider serves lanes {self.lanes}, not lane {lane}")

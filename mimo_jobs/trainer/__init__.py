@@ -1,24 +1,35 @@
 """The heterogeneous MIMO trainer: an encoder and an LLM on disjoint ranks, joined by a bridge.
 
-Importing the package or any of its modules imports no torch: torch/megatron are imported inside the
-functions that use them (manifest.py, which `mimo-jobs status` reads checkpoints with, never imports them).
+Training code: its modules import torch and megatron-core at the top (the toolkit imports none of them).
+`python -m mimo_jobs.trainer` sets the device environment before torch is imported (device.py).
 
 Modules, in the order a run uses them:
-  main              entry point (`python -m mimo_jobs.trainer RUN_YAML`): preflight checks, the training loop
-  cuda_shims        torch.cuda stand-ins megatron-core 0.16.1 needs on a CPU-only torch build
+  __main__          `python -m mimo_jobs.trainer RUN_YAML`: hides CUDA for a CPU run, then main
+  device            CPU or GPU, decided from run.yaml before torch is imported (torch-free)
+  main              entry point: preflight checks, the training loop
+  cuda_shims        torch.cuda stand-ins megatron-core 0.16.1 needs for a CPU run
   build             builds one rank's TrainState: process groups, models, DDP, optimizers, data, bridge
-  grids             process groups of both modules, created in one fixed order on every rank; the rank's role
-  models            the ViT encoder + projector and the GPT LLM (dense or MoE), layout-independent init
-  optimizer         MimoOptimizer: one megatron optimizer per module, world-wide grad norm and skip decision
-  schedule          learning-rate schedules by consumed samples
-  data              the mock data provider, and the switch to the energon provider (mimo_jobs.data)
-  batch             the batch contract between data providers and the step (LaneBatch, Provider)
   step              one training iteration: data, encoder, bridge, LLM, gradient reduction, optimizer
-  bridge            variable-token exchange of image embeddings and their gradients between the modules
-  iterlog           Megatron-format iteration lines and the metrics.jsonl records
-  checkpointer      the loop's checkpoint hooks: resume, periodic saves, stop-save-requeue
   signals           preemption signals and time limits: one world-wide stop decision, the requeue marker
-  checkpoint        the collective, atomic save and load of a sharded checkpoint
-  checkpoint_state  the torch state in a checkpoint: RNG, weights (dense | expert), optimizer state
-  manifest          the checkpoint directory format, read without torch: manifest, latest, compatibility
+  parallel/
+    grids           process groups of both modules, created in one fixed order on every rank; the rank's role
+    bridge          variable-token exchange of image embeddings and their gradients between the modules
+    pipeline        activations and gradients between adjacent LLM pipeline stages, the 1F1B order
+  model/
+    kernels         layer backend (Transformer Engine | local) and fused kernels, by device and packages
+    models          the ViT encoder + projector and the GPT LLM (dense or MoE), layout-independent init
+    optimizer       MimoOptimizer: one megatron optimizer per module, world-wide grad norm and skip decision
+    schedule        learning-rate schedules by consumed samples
+  checkpoint/
+    checkpointer    the loop's checkpoint hooks: resume, periodic saves, stop-save-requeue
+    files           the collective, atomic save and load of a sharded checkpoint
+    state           the torch state in a checkpoint: RNG, weights (dense | expert), optimizer state
+  observe/
+    iterlog         Megatron-format iteration lines and the metrics.jsonl records
+    trackers        TensorBoard / W&B from the same records; a failing dashboard never stops training
+    memory          measured memory per rank (saved activations, parameters, optimizer state)
+    profile         the benchmark hook: per-rank phase times and peaks
+
+Elsewhere: the batch contract and the mock provider are mimo_jobs.data.batch / mimo_jobs.data.mock; the
+checkpoint directory format (read without torch) is mimo_jobs.contract.manifest.
 """

@@ -1,8 +1,17 @@
-"""`python -m mimo_jobs.trainer RUN_YAML [--reference]`; see main.py."""
+"""`python -m mimo_jobs.trainer RUN_YAML [--reference]`; see main.py.
+
+The device environment is set before main (and with it torch) is imported: see device.py."""
 
 import sys
+import warnings
 
-from mimo_jobs.trainer.main import main
+from mimo_jobs.trainer.device import prepare
 
 if __name__ == "__main__":
+    prepare(sys.argv[1:])
+    # megatron-core warns at import that TE/apex are absent (expected on CPU): keep logs readable
+    warnings.filterwarnings("ignore", message=r".*(Apex|apex|Transformer Engine|TE) .*")
+
+    from mimo_jobs.trainer.main import main
+
     sys.exit(main())

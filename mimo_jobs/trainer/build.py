@@ -9,11 +9,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+import mimo_jobs.trainer.model.models as M
 import mimo_jobs.trainer.parallel.grids as G
+from mimo_jobs.data.mock import image_token_id, make_provider
+from mimo_jobs.study.lr_rules import run_samples
 from mimo_jobs.study.presets import ModelPreset, get_preset
 from mimo_jobs.study.runspec import RunSpec
 from mimo_jobs.study.topology import RankLayout
+from mimo_jobs.trainer.device import runs_on_cpu
+from mimo_jobs.trainer.model.kernels import installed, kernels_for
 from mimo_jobs.trainer.model.models import Precision
+from mimo_jobs.trainer.model.optimizer import MimoOptimizer, build_megatron_optimizer, skip_megatron_optimizer
+from mimo_jobs.trainer.model.schedule import from_spec
+from mimo_jobs.trainer.observe.memory import SavedTensorMeter
+from mimo_jobs.trainer.parallel.bridge import Bridge
+from mimo_jobs.trainer.parallel.pipeline import stage_link
 
 
 @dataclass
@@ -73,10 +88,6 @@ def rank_lanes(plan: RankLayout, role: G.RankRole, reference: bool) -> list[int]
 
 def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> TrainState:
     """Collective (process groups, optimizers): every rank calls it once, after init_process_group."""
-    from mimo_jobs.data.mock import image_token_id, make_provider
-    from mimo_jobs.trainer.model.schedule import from_spec
-    from mimo_jobs.trainer.parallel.bridge import Bridge
-
     t = run.trainer
     preset = get_preset(t.model)
     prec, device = _precision_and_device(run)
@@ -89,7 +100,7 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
     encoder = _build_encoder(preset, t, grids.encoder.pgc, enc_s, prec) if role.is_encoder else None
     language = _build_language(preset, t, grids.language.pgc, llm_s, prec, role) if role.is_language else None
     optimizer = _build_optimizer(t, prec, device, encoder, language, reference)
-    total_samples = t.train_samples if t.train_samples is not None else t.train_iters * run.layout.gbs
+    total_samples = run_samples(t.train_iters, t.train_samples, run.layout.gbs)
     schedule = from_spec(t.lr, total_samples)
     provider = make_provider(
         run, plan, rank_lanes(plan, role, reference), need_images=role.is_encoder, need_text=True
@@ -107,8 +118,6 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
             prec.dtype,
             device,
         )
-    from mimo_jobs.trainer.observe.memory import SavedTensorMeter
-
     params = [p for m in (encoder, language) if m is not None for p in m.core.parameters()]
     return TrainState(
         meter=SavedTensorMeter(params),
@@ -138,8 +147,6 @@ def _stage_link(
     """The pipeline neighbours of an LLM rank when the LLM has several stages (None otherwise)."""
     if reference or not role.is_language or llm_s.pp == 1:
         return None
-    from mimo_jobs.trainer.parallel.pipeline import stage_link
-
     lay = run.layout
     sp = llm_s.tp if (preset.llm.num_experts and llm_s.tp > 1) else 1  # sequence parallel: see models.py
     shape = (run.trainer.seq_length // sp, lay.mbs, preset.llm.hidden_size)
@@ -147,11 +154,12 @@ def _stage_link(
 
 
 def _precision_and_device(run: RunSpec):
-    """(Precision, device): the GPU when there is one and the run asks for it, else the CPU (fp32 only)."""
-    import torch
-
-    use_gpu = torch.cuda.is_available() and run.cluster.accelerator == "gpu"
-    prec = Precision(use_gpu=use_gpu, bf16=run.trainer.precision == "bf16")
+    """(Precision, device): the GPU when there is one and the run asks for it, else the CPU (fp32 only);
+    the layer backend and fused kernels by the device and what is installed (model/kernels.py)."""
+    use_gpu = not runs_on_cpu(run.cluster.accelerator, torch.cuda.is_available())
+    prec = Precision(
+        use_gpu=use_gpu, bf16=run.trainer.precision == "bf16", kernels=kernels_for(use_gpu, installed())
+    )
     if prec.bf16 and not use_gpu:
         raise ValueError("trainer.precision=bf16 needs a GPU (accelerator=gpu); use fp32 on CPU")
     device = torch.device("cuda", torch.cuda.current_device()) if use_gpu else "cpu"
@@ -160,9 +168,6 @@ def _precision_and_device(run: RunSpec):
 
 def _seed_megatron(grids: G.Grids, seed: int) -> None:
     """The per-process megatron state the modules need even though they get explicit process groups."""
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
     # DotProductAttention allocates from parallel_state's global memory buffer even with a pg_collection;
     # the buffer is per process, so sharing it between the modules is fine.
     if parallel_state._GLOBAL_MEMORY_BUFFER is None:
@@ -176,8 +181,6 @@ def _seed_megatron(grids: G.Grids, seed: int) -> None:
 
 
 def _ddp(module, cfg, pgc, spec):
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
     dc = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=False,
@@ -197,8 +200,6 @@ def _wrap(name: str, module, cfg, pgc, shape: G.ModuleShape, frozen: bool, spec)
 
 
 def _build_encoder(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Precision) -> Module:
-    import mimo_jobs.trainer.model.models as M
-
     vit_cfg, proj_cfg = M.encoder_configs(preset, shape.tp, prec, t.recompute)
     enc = M.build_encoder(preset, vit_cfg, proj_cfg, pgc, prec)
     M.canonical_init_(enc, t.seed, "encoder", pgc.tp.rank(), pgc.tp.size())
@@ -210,8 +211,6 @@ def _build_encoder(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Prec
 def _build_language(
     preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Precision, role: G.RankRole
 ) -> Module:
-    import mimo_jobs.trainer.model.models as M
-
     cfg = M.llm_config(preset, shape.tp, shape.ep, shape.etp, prec, t.recompute, shape.pp)
     gpt = M.build_llm(preset, cfg, pgc, prec, t.seq_length, role.is_first_stage, role.is_last_stage)
     per_stage = preset.llm.num_layers // shape.pp
@@ -244,11 +243,6 @@ def _build_optimizer(
     get_megatron_optimizer is a world collective, so every rank takes part in both slots: the module's own
     ranks build it, all others (and the ranks of a frozen module) contribute no param groups. Keys are thus
     never merged across modules."""
-    from mimo_jobs.trainer.model.optimizer import (
-        MimoOptimizer,
-        build_megatron_optimizer,
-        skip_megatron_optimizer,
-    )
 
     opts: dict[str, Any] = {}
     for name, mod in ((G.ENCODER, encoder), (G.LANGUAGE, language)):

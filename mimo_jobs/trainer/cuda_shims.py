@@ -1,8 +1,8 @@
 """Every torch.cuda monkeypatch megatron-core 0.16.1 needs to train on a CPU-only torch build.
 
-Loaded by the trainer only when CUDA is absent (`install()` refuses to run in a CUDA process: these are
-process-global patches and would silently move GPU work to the CPU). Each shim names the megatron-core
-call sites that fail without it:
+Installed by the trainer for a CPU run only (trainer.device.runs_on_cpu), whether or not CUDA is visible:
+these are process-global patches that move every megatron-core device placement to the CPU. Each shim
+names the megatron-core call sites that fail without it:
   devices and RNG      torch.cuda.current_device() as a device, "CUDA" RNG states on the CPU generator
   streams              torch.cuda.Stream/Event and synchronize as synchronous no-ops
   MoE without TE       the router and the alltoall token dispatcher on a CPU build
@@ -14,6 +14,12 @@ call sites that fail without it:
 from __future__ import annotations
 
 import types
+
+import megatron.core.tensor_parallel.random as R
+import megatron.core.transformer.moe.moe_utils as mu
+import megatron.core.transformer.moe.token_dispatcher as td
+import torch
+import torch.distributed as dist
 
 _INSTALLED = False
 
@@ -96,10 +102,6 @@ def install() -> None:
     global _INSTALLED
     if _INSTALLED:
         return
-    import torch
-
-    if torch.cuda.is_available():
-        raise RuntimeError("cuda_shims.install() called in a process that has CUDA; the shims are CPU-only")
     _devices_and_rng(torch)
     _streams(torch)
     _moe_without_te(torch)
@@ -116,8 +118,6 @@ def _devices_and_rng(torch) -> None:
     torch.cuda.device_count = lambda: 0
     # The model-parallel RNG tracker (attention dropout fork, model_parallel_cuda_manual_seed) keeps "CUDA"
     # RNG states; redirect them to the CPU generator.
-    import megatron.core.tensor_parallel.random as R
-
     torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
     torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
     torch.cuda.manual_seed = lambda seed: torch.manual_seed(seed)
@@ -141,9 +141,6 @@ def _moe_without_te(torch) -> None:
     # moe_utils references te_general_gemm although TE is absent (NameError in the router); the alltoall
     # dispatcher passes split sizes as CPU tensors to all_to_all_single (TypeError in mappings.py) unless
     # converted to numpy like the GPU path does.
-    import megatron.core.transformer.moe.moe_utils as mu
-    import megatron.core.transformer.moe.token_dispatcher as td
-
     if not hasattr(mu, "te_general_gemm"):
         mu.te_general_gemm = None
     orig_move = td.maybe_move_tensor_to_cpu
@@ -197,8 +194,6 @@ def _tensor_methods(torch) -> None:
 def _process_groups() -> None:
     # BridgeCommunicator and some helpers hard-code backend='nccl' for new subgroups (this trainer does not
     # use mcore's bridge, but keeps any stray nccl request on gloo so it cannot fail on a CPU build).
-    import torch.distributed as dist
-
     orig_nsbe = dist.new_subgroups_by_enumeration
 
     def _nsbe(ranks_per_subgroup_list, timeout=None, backend=None, pg_options=None, group_desc=None):

@@ -10,12 +10,31 @@ teardown collectives); torchrun then stops the sibling workers, and the collecti
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib.util
 import os
 import sys
 import traceback
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
+import mimo_jobs.study.topology as topology
+from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE
+from mimo_jobs.data.mock import mock_config
 from mimo_jobs.errors import MimoJobsError
+from mimo_jobs.study.runspec import load_run_yaml
+from mimo_jobs.study.spec import StudyError
+from mimo_jobs.trainer import cuda_shims
+from mimo_jobs.trainer.build import build_state
+from mimo_jobs.trainer.checkpoint.checkpointer import Checkpointer
+from mimo_jobs.trainer.device import runs_on_cpu
+from mimo_jobs.trainer.observe.iterlog import IterLogger, layout_line
+from mimo_jobs.trainer.observe.memory import rank_facts, write_facts
+from mimo_jobs.trainer.observe.profile import RankProfile
+from mimo_jobs.trainer.observe.trackers import Trackers, trackers_for
+from mimo_jobs.trainer.step import train_step
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -38,8 +57,6 @@ def _env_int(name: str, default: int) -> int:
 
 def _check_trackers(t) -> None:
     """A dashboard asked for must be installable before any rank starts, not fail at the first log."""
-    import importlib.util
-
     if t.wandb is not None and t.wandb.mode != "disabled" and importlib.util.find_spec("wandb") is None:
         raise PreflightError(
             "run.yaml: trainer.wandb is set but the wandb package is not installed in this environment; "
@@ -54,9 +71,6 @@ def _check_trackers(t) -> None:
 
 def preflight(run, doc: dict, reference: bool) -> None:
     """Every check that needs no collective. Raises PreflightError with one specific message."""
-    import mimo_jobs.study.topology as topology
-    from mimo_jobs.data.mock import mock_config
-
     lay = run.layout
     viol = topology.check(lay)
     if viol:
@@ -94,8 +108,6 @@ def preflight(run, doc: dict, reference: bool) -> None:
             f"{lay.gpus_per_node}"
         )
     if run.cluster.accelerator == "gpu":
-        import torch
-
         if not torch.cuda.is_available():
             raise PreflightError(
                 "cluster.accelerator=gpu but CUDA is not available on this node; use "
@@ -104,13 +116,8 @@ def preflight(run, doc: dict, reference: bool) -> None:
 
 
 def _init_dist(run, reference: bool):
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
     timeout = datetime.timedelta(seconds=run.trainer.timeout_s)
-    use_gpu = run.cluster.accelerator == "gpu" and torch.cuda.is_available()
+    use_gpu = not runs_on_cpu(run.cluster.accelerator, torch.cuda.is_available())
     if use_gpu:
         torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
     backend = "nccl" if use_gpu else "gloo"
@@ -124,52 +131,6 @@ def _init_dist(run, reference: bool):
 
 
 FAIL_ENV = "MIMO_JOBS_TRAINER_FAIL"
-PROFILE_ENV = "MIMO_JOBS_TRAINER_PROFILE"
-
-
-class RankProfile:
-    """Benchmark hook: with MIMO_JOBS_TRAINER_PROFILE=<dir>, every rank writes <dir>/rank-<r>.json with its
-    role, per-phase seconds summed over the iterations after the first (warm-up), and its peak RSS."""
-
-    def __init__(self):
-        self.dir = os.environ.get(PROFILE_ENV)
-        self.n = 0
-        self.elapsed = 0.0
-        self.phases: dict[str, float] = {}
-        self.saved_peak = 0  # over every step, always kept (the memory facts)
-        self.inflight_peak = 0
-
-    def add(self, stats) -> None:
-        self.saved_peak = max(self.saved_peak, stats.saved_peak_bytes)
-        self.inflight_peak = max(self.inflight_peak, stats.inflight_peak)
-        if self.dir and stats.iteration > 1:
-            self.n += 1
-            self.elapsed += stats.elapsed_s
-            for k, v in stats.phases_s.items():
-                self.phases[k] = self.phases.get(k, 0.0) + v
-
-    def write(self, st) -> None:
-        if not self.dir:
-            return
-        import json
-        import resource
-
-        import torch.distributed as dist
-
-        rank = dist.get_rank()
-        out = {
-            "rank": rank,
-            "mode": _mode(st.run, st.reference),
-            "modules": list(st.role.modules),
-            "iterations": self.n,
-            "elapsed_s": self.elapsed,
-            "phases_s": self.phases,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "saved_activation_peak_bytes": self.saved_peak,
-            "inflight_peak": self.inflight_peak,
-        }
-        Path(self.dir).mkdir(parents=True, exist_ok=True)
-        (Path(self.dir) / f"{out['mode']}-rank-{rank}.json").write_text(json.dumps(out))
 
 
 def _injected_failure() -> tuple[int, int] | None:
@@ -186,18 +147,16 @@ def run_training(
     run_yaml: Path, reference: bool, metrics: Path | None, iters: int | None, quiet: bool
 ) -> int:
     """Train the run of `run_yaml` on this rank; returns the process exit code (0, or REQUEUE_EXIT_CODE)."""
-    from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE
-    from mimo_jobs.trainer.build import build_state
-    from mimo_jobs.trainer.checkpoint.checkpointer import Checkpointer
-
     run, doc = _load_run(run_yaml)
     preflight(run, doc, reference)
-    _install_cpu_shims()
+    _install_cpu_shims(run)
     backend, timeout = _init_dist(run, reference)
     plan = run.rank_layout()
     st = build_state(run, plan, reference, timeout)
     n_iters = iters or st.train_iters
-    log = _iteration_logger(run, plan, doc, metrics, reference, backend, n_iters, quiet)
+    log = _iteration_logger(
+        run, plan, doc, metrics, reference, backend, st.prec.kernels.describe(), n_iters, quiet
+    )
     ckpt = Checkpointer.for_run(run, doc, run_yaml, reference)
     ckpt.resume(st)
     prof = RankProfile()
@@ -208,7 +167,7 @@ def run_training(
         _shutdown()
         return REQUEUE_EXIT_CODE
     log.end("completed", st.iteration, st.consumed_samples)
-    prof.write(st)
+    prof.write(st, _mode(st.run, st.reference))
     _shutdown()
     return 0
 
@@ -218,20 +177,12 @@ def _write_memory_facts(st, doc: dict, reference: bool, prof: RankProfile) -> No
     run_dir = (doc.get("paths") or {}).get("run_dir")
     if reference or not run_dir:
         return
-    from mimo_jobs.trainer.observe.memory import rank_facts, write_facts
-
     st.meter.peak = prof.saved_peak
     write_facts(Path(run_dir), rank_facts(st, st.meter, prof.inflight_peak))
 
 
 def _load_run(run_yaml: Path):
     """(RunSpec, run.yaml document); PreflightError if it is not a valid run.yaml."""
-    import warnings
-
-    from mimo_jobs.study.runspec import load_run_yaml
-
-    # megatron-core warns at import that TE/apex are absent (expected on CPU): keep logs readable
-    warnings.filterwarnings("ignore", message=r".*(Apex|apex|Transformer Engine|TE) .*")
     try:
         run, doc = load_run_yaml(run_yaml)
     except Exception as e:  # noqa: BLE001 - yaml, missing keys, pydantic: all mean "not a run.yaml"
@@ -240,21 +191,15 @@ def _load_run(run_yaml: Path):
             f"{run_yaml}: not a valid run.yaml ({type(e).__name__}: {msg}); re-render it with "
             "`mimo-jobs render`"
         ) from None
-    # CPU runs: the native fused cross entropy is torch.compile'd, and compiling it costs ~16 s cold
-    if run.cluster.accelerator == "cpu":
-        os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     return run, doc
 
 
-def _install_cpu_shims() -> None:
-    """Without CUDA, megatron-core needs the torch.cuda stand-ins of cuda_shims.py (before any model is
-    built)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        from mimo_jobs.trainer.cuda_shims import install
-
-        install()
+def _install_cpu_shims(run=None) -> None:
+    """A CPU run needs the torch.cuda stand-ins of cuda_shims.py (before any model is built), whether or
+    not CUDA is visible (without a run: whenever CUDA is absent)."""
+    accelerator = run.cluster.accelerator if run is not None else "gpu"
+    if runs_on_cpu(accelerator, torch.cuda.is_available()):
+        cuda_shims.install()
 
 
 def _mode(run, reference: bool) -> str:
@@ -265,13 +210,17 @@ def _mode(run, reference: bool) -> str:
 
 
 def _iteration_logger(
-    run, plan, doc: dict, metrics: Path | None, reference: bool, backend: str, n_iters: int, quiet: bool
+    run,
+    plan,
+    doc: dict,
+    metrics: Path | None,
+    reference: bool,
+    backend: str,
+    kernels: str,
+    n_iters: int,
+    quiet: bool,
 ):
     """The IterLogger (active on the last rank, an LLM rank: LLM ranks come last), started with the layout."""
-    import torch.distributed as dist
-
-    from mimo_jobs.trainer.observe.iterlog import IterLogger, layout_line
-
     mode = _mode(run, reference)
     last = dist.get_rank() == dist.get_world_size() - 1
     paths = doc.get("paths") or {}
@@ -289,14 +238,12 @@ def _iteration_logger(
         provenance=doc.get("provenance"),
         trackers=_trackers(run, paths, reference, last),
     )
-    log.start(layout_line(run, plan, mode, backend), mode, backend)
+    log.start(layout_line(run, plan, mode, backend, kernels), mode, backend)
     return log
 
 
 def _trackers(run, paths: dict, reference: bool, last: bool):
     """TensorBoard / W&B on the rank that writes metrics.jsonl, for real runs (not the reference)."""
-    from mimo_jobs.trainer.observe.trackers import Trackers, trackers_for
-
     if reference or not last or not paths.get("run_dir"):
         return Trackers()
     return trackers_for(run, Path(paths["run_dir"]))
@@ -305,10 +252,6 @@ def _trackers(run, paths: dict, reference: bool, last: bool):
 def _train_loop(st, n_iters: int, log, ckpt, prof: RankProfile, on_checkpoint=None):
     """Iterations until `n_iters`; returns the StopDecision when the world stopped early for a requeue.
     `on_checkpoint()` runs after each periodic checkpoint interval (the memory facts are refreshed then)."""
-    import torch.distributed as dist
-
-    from mimo_jobs.trainer.step import train_step
-
     fail_at = _injected_failure()
     while st.iteration < n_iters:
         if fail_at is not None and fail_at == (dist.get_rank(), st.iteration + 1):
@@ -326,8 +269,6 @@ def _train_loop(st, n_iters: int, log, ckpt, prof: RankProfile, on_checkpoint=No
 
 
 def _shutdown() -> None:
-    import torch.distributed as dist
-
     dist.barrier()
     dist.destroy_process_group()
 
@@ -365,8 +306,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(EXIT_BAD_INPUT)
     except Exception as e:  # noqa: BLE001 - any failure ends this rank at once, naming it
-        from mimo_jobs.study.spec import StudyError
-
         if isinstance(e, (StudyError, KeyError, FileNotFoundError)) and local_rank == 0:
             print(f"mimo-jobs trainer: error: cannot read {a.run_yaml}: {e}", file=sys.stderr, flush=True)
             os._exit(EXIT_BAD_INPUT)

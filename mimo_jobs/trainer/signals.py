@@ -20,6 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
 from mimo_jobs.contract.requeue import REQUEUE_MARKER
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
@@ -144,9 +147,6 @@ class PreemptionWatch:
     def should_stop(self) -> StopDecision | None:
         """Collective (every rank, every step): the same answer on every rank, naming the signal even on
         ranks that did not receive it (MAX of the signal numbers)."""
-        import torch
-        import torch.distributed as dist
-
         sig, near = self.local_state()
         if dist.is_initialized() and dist.get_world_size() > 1:
             dev = "cuda" if dist.get_backend() == "nccl" else "cpu"

@@ -22,8 +22,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+import torch.distributed as dist
+
 from mimo_jobs.trainer.build import TrainState, rank_lanes
 from mimo_jobs.trainer.parallel.bridge import segments_of_encoder
+from mimo_jobs.trainer.parallel.pipeline import first_stage_bridge, interleaved, one_f_one_b
 
 
 @dataclass
@@ -44,21 +48,30 @@ class StepStats:
     inflight_peak: int = 0  # most encoder microbatches awaiting their backward (encoder ranks)
 
 
-class _Timer:
-    def __init__(self):
+class PhaseTimer:
+    """Per-phase seconds. `now()` is every phase boundary, the one sync point: on a GPU, kernels run after
+    their launch, so `sync` (the device's synchronize) closes each span on the work it launched and the
+    waits it caused, not on the launches. On the CPU `sync` is None and nothing changes."""
+
+    def __init__(self, sync=None):
         self.acc: dict[str, float] = {}
+        self.sync = sync
+
+    def now(self) -> float:
+        if self.sync is not None:
+            self.sync()
+        return time.perf_counter()
 
     def add(self, k: str, dt: float) -> None:
         self.acc[k] = self.acc.get(k, 0.0) + dt
 
 
-def _tick() -> float:
-    return time.perf_counter()
+def _device_sync(device):
+    """The synchronize of `device` when it is a GPU, else None."""
+    return torch.cuda.synchronize if getattr(device, "type", device) == "cuda" else None
 
 
 def _causal_mask(s: int, device):
-    import torch
-
     return torch.triu(torch.ones(s, s, dtype=torch.bool, device=device), diagonal=1)[None, None]
 
 
@@ -122,8 +135,6 @@ def _decoder_input(st: TrainState, batch, img_emb):
 
 def encoder_forward(st: TrainState, images: list):
     """Flat embeddings [sum N_i, H] of the images present (None entries are text-only samples)."""
-    import torch
-
     ims = [im.to(st.device) for im in images if im is not None]
     enc = st.encoder
     if not ims:
@@ -162,9 +173,6 @@ def _finalize(st: TrainState) -> None:
 
 
 def _world_sum(st: TrainState, values: list[float]) -> list[float]:
-    import torch
-    import torch.distributed as dist
-
     t = torch.tensor(values, dtype=torch.float64 if st.device == "cpu" else torch.float32, device=st.device)
     dist.all_reduce(t)
     return t.tolist()
@@ -174,7 +182,6 @@ def _moe_aux(st: TrainState) -> float:
     """Mean over layers of the load-balancing loss summed over this iteration's microbatches; cleared."""
     if not st.preset.llm.num_experts or st.language is None:
         return 0.0
-    import torch.distributed as dist
     from megatron.core.transformer.moe.moe_utils import (
         clear_aux_losses_tracker,
         get_moe_layer_wise_logging_tracker,
@@ -202,7 +209,6 @@ def _sp_size(st: TrainState) -> int:
 
 def _set_aux_scale(st: TrainState, n_tokens: float) -> None:
     if st.preset.llm.num_experts and st.language is not None:
-        import torch
         from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
         # Per-token-loss mode: the aux loss gradient is scaled like the main loss (1/N). mcore 0.16.1 weights
@@ -215,8 +221,8 @@ def _set_aux_scale(st: TrainState, n_tokens: float) -> None:
 def train_step(st: TrainState) -> StepStats:
     """One iteration on this rank (see the module doc). Every rank runs the same world collectives in the
     same order: the token all-reduce, the optimizer's agreements, the figures' all-reduce."""
-    t0 = _tick()
-    tm = _Timer()
+    tm = PhaseTimer(_device_sync(st.device))
+    t0 = tm.now()
     lr = st.schedule(st.consumed_samples)
     st.optimizer.set_lr(lr)
     _zero_grads(st)
@@ -243,7 +249,7 @@ def train_step(st: TrainState) -> StepStats:
         lr=lr,
         skipped=res.skipped,
         nan=res.nan,
-        elapsed_s=_tick() - t0,
+        elapsed_s=tm.now() - t0,
         phases_s=dict(tm.acc),
         moe_aux_loss=aux_per_microbatch if st.preset.llm.num_experts else None,
         image_tokens=int(image_tokens),
@@ -253,7 +259,7 @@ def train_step(st: TrainState) -> StepStats:
     )
 
 
-def _microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: _Timer) -> _Tally:
+def _microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: PhaseTimer) -> _Tally:
     if st.reference:
         return _reference_microbatches(st, batches, n_tokens, tm)
     if st.plan.layout.colocated:
@@ -288,19 +294,19 @@ def _grads_come_back(st: TrainState) -> bool:
     return not st.run.trainer.freeze.encoder
 
 
-def _draw_batches(st: TrainState, tm: _Timer) -> list[dict]:
+def _draw_batches(st: TrainState, tm: PhaseTimer) -> list[dict]:
     """This rank's data of the whole iteration: [microbatch] -> {lane: LaneBatch}, alignment-checked."""
     return [_draw_microbatch(st, tm) for _ in range(st.plan.num_microbatches)]
 
 
-def _draw_microbatch(st: TrainState, tm: _Timer) -> dict:
+def _draw_microbatch(st: TrainState, tm: PhaseTimer) -> dict:
     """This rank's next microbatch, {lane: LaneBatch}, alignment-checked (lanes are drawn in order, so
     drawing a microbatch at a time gives the same samples as drawing the iteration at once)."""
-    a = _tick()
+    a = tm.now()
     mb = {lane: st.provider.next(lane) for lane in rank_lanes(st.plan, st.role, st.reference)}
     for b in mb.values():
         check_alignment(b, st.image_token_id)
-    tm.add("data", _tick() - a)
+    tm.add("data", tm.now() - a)
     return mb
 
 
@@ -312,17 +318,15 @@ def _global_tokens(st: TrainState, batches: list[dict]) -> float:
     return local_tokens if st.reference else _world_sum(st, [local_tokens])[0]
 
 
-def _reference_microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: _Timer) -> _Tally:
+def _reference_microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: PhaseTimer) -> _Tally:
     """The one-process reference: per microbatch, every encoder replica's forward, every lane's LLM forward on
     the encoder output (no bridge), one backward of their sum."""
-    import torch
-
     tally = _Tally()
     for mb in batches:
-        a = _tick()
+        a = tm.now()
         per_lane = _reference_encoder_forward(st, mb, tally)
-        tm.add("enc_fwd", _tick() - a)
-        a = _tick()
+        tm.add("enc_fwd", tm.now() - a)
+        a = tm.now()
         total = None
         for lane in range(st.plan.layout.llm_dp):
             x = torch.cat(per_lane[lane]) if per_lane.get(lane) else None
@@ -330,11 +334,11 @@ def _reference_microbatches(st: TrainState, batches: list[dict], n_tokens: float
             ls = llm_forward(st, mb[lane], x)
             tally.loss_sum += float(ls.detach())
             total = ls / max(n_tokens, 1.0) if total is None else total + ls / max(n_tokens, 1.0)
-        tm.add("llm_fwd", _tick() - a)
-        a = _tick()
+        tm.add("llm_fwd", tm.now() - a)
+        a = tm.now()
         if total.requires_grad:
             total.backward()
-        tm.add("llm_bwd", _tick() - a)
+        tm.add("llm_bwd", tm.now() - a)
     return tally
 
 
@@ -355,7 +359,7 @@ def _reference_encoder_forward(st: TrainState, mb: dict, tally: _Tally) -> dict[
     return per_lane
 
 
-def _colocated_microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: _Timer) -> _Tally:
+def _colocated_microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: PhaseTimer) -> _Tally:
     """Colocated ranks, per microbatch of their lane: the encoder forward on the lane's images, the LLM
     forward on its output (no bridge), one backward through both. The encoder's TP peers are the LLM's, and
     every one of them holds the whole embedding and its whole gradient, as over the bridge."""
@@ -363,160 +367,218 @@ def _colocated_microbatches(st: TrainState, batches: list[dict], n_tokens: float
     lane = st.role.dp_rank
     for mb in batches:
         b = mb[lane]
-        a = _tick()
+        a = tm.now()
         flat = encoder_forward(st, b.images or [None] * len(b.sample_keys))
         tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
-        tm.add("enc_fwd", _tick() - a)
+        tm.add("enc_fwd", tm.now() - a)
         tally.image_tokens += flat.shape[0]
-        a = _tick()
+        a = tm.now()
         ls = llm_forward(st, b, flat)
         tally.loss_sum += float(ls.detach())
-        tm.add("llm_fwd", _tick() - a)
-        a = _tick()
+        tm.add("llm_fwd", tm.now() - a)
+        a = tm.now()
         scaled = ls / max(n_tokens, 1.0)
         if scaled.requires_grad:
             scaled.backward()
-        tm.add("llm_bwd", _tick() - a)  # the encoder's backward runs inside it
+        tm.add("llm_bwd", tm.now() - a)  # the encoder's backward runs inside it
     return tally
 
 
-def _encoder_microbatches(st: TrainState, tm: _Timer) -> _Tally:
-    """Encoder ranks, 1F1B across the bridge: draw a microbatch, forward it and send it; once
-    `trainer.encoder_inflight` microbatches await their gradient, take the oldest one's back and run its
-    backward before the next forward; the rest at the end. Saved activations thus stay bounded by the
-    in-flight count, not by the iteration's microbatches. The LLM lanes answer microbatches in order, so
-    the oldest gradient is always the next one to arrive."""
-    from collections import deque
-
+def _encoder_microbatches(st: TrainState, tm: PhaseTimer) -> _Tally:
+    """Encoder ranks: the compute of each microbatch (draw, forward; backward from its gradient) under
+    run_encoder's schedule and exchanges."""
     tally = _Tally()
     segs = segments_of_encoder(st.plan, st.role.dp_rank)
-    br = st.bridge
-    back = _grads_come_back(st)
-    # the first LLM stage runs llm.pp forwards before its first backward: it needs that many ahead
-    keep = max(st.run.trainer.encoder_inflight, st.llm_shape.pp)
-    inflight: deque = deque()
-    for m in range(st.plan.num_microbatches):
+
+    def forward(m: int):
         mb = _draw_microbatch(st, tm)
-        a = _tick()
+        a = tm.now()
         images, keys, counts = _encoder_samples(st, mb, segs)
         flat = encoder_forward(st, images)
         tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
-        tm.add("enc_fwd", _tick() - a)
-        br.send_forward(st.iteration, m, flat, keys, counts)
-        del mb, images  # only the embeddings' graph is kept, for the backward
-        if not back:
-            continue
-        inflight.append((m, flat, keys, counts))
-        tally.inflight_peak = max(tally.inflight_peak, len(inflight))
-        while len(inflight) >= keep:
-            _encoder_backward(st, inflight.popleft(), tm)
-    while inflight:
-        _encoder_backward(st, inflight.popleft(), tm)
-    _finish_bridge(st, tm)
+        tm.add("enc_fwd", tm.now() - a)
+        return flat, keys, counts  # only the embeddings' graph is kept, for the backward
+
+    def backward(flat, g) -> None:
+        a = tm.now()
+        if st.encoder is not None and not st.encoder.frozen and flat.shape[0] > 0:
+            flat.backward(g.to(flat.dtype))
+        tm.add("enc_bwd", tm.now() - a)
+
+    tally.inflight_peak = run_encoder(st, forward, backward, tm)
     return tally
 
 
-def _encoder_backward(st: TrainState, item: tuple, tm: _Timer) -> None:
-    """Receive microbatch m's embedding gradient and run the encoder's backward from it."""
-    m, flat, keys, counts = item
-    br = st.bridge
-    w0 = br.wait_s
-    g = br.recv_backward(st.iteration, m, keys, counts)
-    b0 = _tick()
-    tm.add("bridge_wait", br.wait_s - w0)
-    if st.encoder is not None and not st.encoder.frozen and flat.shape[0] > 0:
-        flat.backward(g.to(flat.dtype))
-    tm.add("enc_bwd", _tick() - b0)
+def run_encoder(st, forward, backward, tm: PhaseTimer) -> int:
+    """An encoder rank's schedule, 1F1B across the bridge: forward a microbatch; once
+    `trainer.encoder_inflight` microbatches await their gradient, take the oldest one's back and run its
+    backward before the next forward; the rest at the end. Saved activations thus stay bounded by the
+    in-flight count, not by the iteration's microbatches. Messages go out in the first LLM stage's order
+    (pipeline.first_stage_bridge): after every action, each exchange whose embeddings are computed is
+    posted, its gradient's receive with it, without waiting; a gradient is waited for when its backward
+    runs. `forward(m)` -> (flat, keys, counts), `backward(flat, grad)`: the compute. Returns the most
+    microbatches that awaited their gradient."""
+    back = _grads_come_back(st)
+    microbatches, pp = st.plan.num_microbatches, st.llm_shape.pp
+    # the first LLM stage runs llm.pp forwards before its first backward: it needs that many ahead
+    keep = max(st.run.trainer.encoder_inflight, pp)
+    sched = interleaved(keep - 1, microbatches) if back else [("F", m) for m in range(microbatches)]
+    order = first_stage_bridge(pp, microbatches, back)
+    unsent: dict[int, tuple] = {}  # forwarded, not yet posted: m -> (flat, keys, counts)
+    saved: dict[int, tuple] = {}  # awaiting the gradient: m -> (flat, keys, counts)
+    incoming: dict[int, object] = {}  # gradient receives posted, not yet collected: m -> bridge.Incoming
+    asked: set[int] = set()  # microbatches whose gradient's receive is posted
+    cursor, peak = 0, 0
 
+    def post_ready() -> None:
+        nonlocal cursor
+        while cursor < len(order):
+            (fwd, bwd), send = order[cursor], None
+            if fwd and fwd[0] in unsent:
+                send = (fwd[0], *unsent.pop(fwd[0]))
+            recv = (bwd[0], *saved[bwd[0]][1:]) if bwd and bwd[0] not in asked else None
+            if send is not None or recv is not None:
+                inc = st.bridge.encoder_post(st.iteration, send, recv)
+                if recv is not None:
+                    incoming[bwd[0]] = inc
+                    asked.add(bwd[0])
+            if fwd and send is None:
+                return  # its embeddings are not computed yet: nothing after it may go first
+            cursor += 1
 
-def _language_microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: _Timer) -> _Tally:
-    """LLM ranks, 1F1B over the pipeline stages (one stage: forward and backward of each microbatch in
-    turn). The first stage receives the lane's image embeddings over the bridge and returns their gradient;
-    the last computes the loss; stages in between pass hidden states and their gradients (pipeline.py)."""
-    from collections import deque
-
-    from mimo_jobs.trainer.parallel.pipeline import one_f_one_b
-
-    tally = _Tally()
-    waiting: deque = deque()
-    for kind, m in one_f_one_b(_stage(st), st.llm_shape.pp, len(batches)):
+    for kind, m in sched:
         if kind == "F":
-            waiting.append(_stage_forward(st, m, batches[m], n_tokens, tm, tally))
+            unsent[m] = forward(m)
+            if back:
+                saved[m] = unsent[m]
+                peak = max(peak, len(saved))
         else:
-            _stage_backward(st, waiting.popleft(), tm)
-    if st.link is not None:
-        a = _tick()
-        st.link.finish()
-        tm.add("pipeline_wait", _tick() - a)
-    _finish_bridge(st, tm)
+            grad = _timed(tm, "bridge_wait", st.bridge.collect, incoming.pop(m))
+            backward(saved.pop(m)[0], grad)
+        _timed(tm, "bridge_wait", post_ready)
+    _timed(tm, "bridge_wait", st.bridge.finish)
+    return peak
+
+
+def _timed(tm: PhaseTimer, phase: str, fn, *args):
+    a = tm.now()
+    out = fn(*args)
+    tm.add(phase, tm.now() - a)
+    return out
+
+
+def _language_microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: PhaseTimer) -> _Tally:
+    """LLM ranks: the compute of each microbatch on this stage under run_stage's schedule and exchanges."""
+    tally = _Tally()
+    run_stage(st, _StageWork(st, batches, n_tokens, tm, tally), len(batches), tm)
     return tally
 
 
-def _stage(st: TrainState) -> int:
+class _StageWork:
+    """The compute of one LLM stage: forward and backward of a microbatch of its lane."""
+
+    def __init__(self, st: TrainState, batches: list[dict], n_tokens: float, tm: PhaseTimer, tally: _Tally):
+        self.st, self.batches, self.n_tokens, self.tm, self.tally = st, batches, n_tokens, tm, tally
+
+    def batch(self, m: int):
+        return self.batches[m][self.st.role.dp_rank]
+
+    def forward(self, m: int, emb, hidden):
+        """Forward of microbatch m from the image embeddings (first stage) or the previous stage's output.
+        Returns (what its backward needs, the output to send to the next stage or None on the last)."""
+        st, b = self.st, self.batch(m)
+        if emb is not None and _grads_come_back(st):
+            emb = emb.detach().requires_grad_(True)
+        a = self.tm.now()
+        out = llm_forward(st, b, emb, hidden)
+        to_next = None
+        if st.role.is_last_stage:
+            self.tally.loss_sum += float(out.detach())
+            self.tally.image_tokens += sum(b.image_token_counts)
+            out = out / max(self.n_tokens, 1.0)
+        else:
+            to_next = out
+        self.tm.add("llm_fwd", self.tm.now() - a)
+        return (out, hidden, emb), to_next
+
+    def backward(self, item: tuple, grad):
+        """Backward of a forward's item, from the loss on the last stage, else from the next stage's
+        gradient. Returns (the input's gradient for the previous stage, the image embeddings' gradient for
+        the bridge), None where there is no such receiver."""
+        out, hidden, emb = item
+        a = self.tm.now()
+        if out.requires_grad:
+            out.backward(grad)
+        self.tm.add("llm_bwd", self.tm.now() - a)
+        to_prev = to_bridge = None
+        if hidden is not None:
+            to_prev = hidden.grad if hidden.grad is not None else torch.zeros_like(hidden)
+        if self.st.role.is_first_stage and _grads_come_back(self.st):
+            to_bridge = emb.grad if emb.grad is not None else torch.zeros_like(emb)
+        return to_prev, to_bridge
+
+
+def run_stage(st, work, microbatches: int, tm: PhaseTimer) -> None:
+    """An LLM stage's schedule, 1F1B over the pipeline stages (one stage: forward and backward of each
+    microbatch in turn). The first stage receives the lane's image embeddings over the bridge and returns
+    their gradient; the last computes the loss; stages in between pass hidden states and their gradients
+    (pipeline.py). Between two actions (and before the first) this rank posts one bridge exchange and one
+    pipeline exchange, each sending what the first action produced and receiving what the second needs.
+    `work` holds the compute (batch, forward, backward: _StageWork)."""
+    sched = one_f_one_b(_stage(st), st.llm_shape.pp, microbatches)
+    waiting: dict[int, tuple] = {}
+    produced: dict = {}
+    got = _stage_exchange(st, work, produced, sched[0], tm)
+    for i, (kind, m) in enumerate(sched):
+        if kind == "F":
+            waiting[m], to_next = work.forward(m, got["emb"], got["hidden"])
+            produced = {"next": to_next}
+        else:
+            to_prev, to_bridge = work.backward(waiting.pop(m), got["grad"])
+            produced = {"prev": to_prev, "bridge": None if to_bridge is None else (m, to_bridge)}
+        got = _stage_exchange(st, work, produced, sched[i + 1] if i + 1 < len(sched) else None, tm)
+    if st.link is not None:
+        _timed(tm, "pipeline_wait", st.link.finish)
+    _timed(tm, "bridge_wait", st.bridge.finish)
+
+
+def _stage_exchange(st, work, produced: dict, nxt, tm: PhaseTimer) -> dict:
+    """Send what the last action produced, receive what the next one (`nxt`, or None at the end) needs:
+    {"emb": image embeddings, "hidden": the previous stage's output, "grad": the next stage's gradient}."""
+    role = st.role
+    wants_f, wants_b = nxt is not None and nxt[0] == "F", nxt is not None and nxt[0] == "B"
+    got = {"emb": None, "hidden": None, "grad": None}
+    if role.is_first_stage:
+        send = recv = None
+        if produced.get("bridge") is not None:
+            m, g = produced["bridge"]
+            b = work.batch(m)
+            send = (m, g, b.sample_keys, b.image_token_counts)
+        if wants_f:
+            b = work.batch(nxt[1])
+            recv = (nxt[1], b.sample_keys, b.image_token_counts)
+        if send is not None or recv is not None:
+            got["emb"] = _timed(tm, "bridge_wait", st.bridge.language_exchange, st.iteration, send, recv)
+    if st.link is not None:
+        to_next, to_prev = produced.get("next"), produced.get("prev")
+        recv_prev, recv_next = wants_f and not role.is_first_stage, wants_b and not role.is_last_stage
+        if to_next is not None or to_prev is not None or recv_prev or recv_next:
+            got["hidden"], got["grad"] = _timed(
+                tm, "pipeline_wait", st.link.exchange, to_next, to_prev, recv_prev, recv_next
+            )
+    return got
+
+
+def _stage(st) -> int:
     return st.llm_shape.coords(st.role.rank)[1]
 
 
-def _stage_forward(st: TrainState, m: int, mb: dict, n_tokens: float, tm: _Timer, tally: _Tally) -> tuple:
-    """Forward of microbatch m on this stage; what its backward needs: (m, batch, input, output, image emb)."""
-    b = mb[st.role.dp_rank]
-    x = hidden = None
-    if st.role.is_first_stage:
-        br = st.bridge
-        w0 = br.wait_s
-        x = br.recv_forward(st.iteration, m, b.sample_keys, b.image_token_counts)
-        tm.add("bridge_wait", br.wait_s - w0)
-        if _grads_come_back(st):
-            x = x.detach().requires_grad_(True)
-    else:
-        w0 = st.link.wait_s
-        hidden = st.link.recv_forward()
-        tm.add("pipeline_wait", st.link.wait_s - w0)
-    a = _tick()
-    out = llm_forward(st, b, x, hidden)
-    if st.role.is_last_stage:
-        tally.loss_sum += float(out.detach())
-        tally.image_tokens += sum(b.image_token_counts)
-        out = out / max(n_tokens, 1.0)
-    else:
-        st.link.send_forward(out)
-    tm.add("llm_fwd", _tick() - a)
-    return m, b, hidden, out, x
-
-
-def _stage_backward(st: TrainState, item: tuple, tm: _Timer) -> None:
-    """Backward of the oldest forward: from the loss on the last stage, else from the next stage's gradient;
-    the input's gradient goes to the previous stage, or over the bridge from the first stage."""
-    import torch
-
-    m, b, hidden, out, x = item
-    grad = None
-    if not st.role.is_last_stage:
-        w0 = st.link.wait_s
-        grad = st.link.recv_backward()
-        tm.add("pipeline_wait", st.link.wait_s - w0)
-    a = _tick()
-    if out.requires_grad:
-        out.backward(grad)
-    tm.add("llm_bwd", _tick() - a)
-    if hidden is not None:
-        st.link.send_backward(hidden.grad if hidden.grad is not None else torch.zeros_like(hidden))
-    if st.role.is_first_stage and _grads_come_back(st):
-        g = x.grad if x.grad is not None else torch.zeros_like(x)
-        st.bridge.send_backward(st.iteration, m, g, b.sample_keys, b.image_token_counts)
-
-
-def _finish_bridge(st: TrainState, tm: _Timer) -> None:
-    a = _tick()
-    st.bridge.finish()
-    tm.add("bridge_wait", _tick() - a)
-
-
-def _optimizer_step(st: TrainState, tm: _Timer):
+def _optimizer_step(st: TrainState, tm: PhaseTimer):
     """Per-module gradient reduction, then the world-wide optimizer step (clipping by the global norm)."""
-    a = _tick()
+    a = tm.now()
     _finalize(st)
     res = st.optimizer.step(st.run.trainer.optimizer.clip_grad)
-    tm.add("optimizer", _tick() - a)
+    tm.add("optimizer", tm.now() - a)
     return res
 
 

@@ -207,9 +207,10 @@ def test_toolkit_import_stays_light():
     import subprocess
     import sys
 
+    # the checkpoint format the toolkit reads (`mimo-jobs status`) and the trainer's device decision, which
+    # runs before torch is imported; the trainer's own modules import torch like any training code
     code = (
-        "import sys, mimo_jobs.contract.manifest, mimo_jobs.trainer.checkpoint.files, "
-        "mimo_jobs.trainer.checkpoint.checkpointer, mimo_jobs.trainer.signals; "
+        "import sys, mimo_jobs.contract.manifest, mimo_jobs.contract.requeue, mimo_jobs.trainer.device; "
         "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

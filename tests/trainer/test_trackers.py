@@ -150,3 +150,96 @@ def test_wandb_offline_history_matches_the_metrics_records(tracked_run) -> None:
         assert h["grad-norm"] == pytest.approx(r["grad_norm"], rel=1e-9)
         assert h["consumed-samples"] == r["consumed_samples"]
         assert math.isclose(h["iteration-time"], r["elapsed_ms"] / 1e3, rel_tol=1e-9)
+
+
+# ---------------------------------------------------------------------------- a dashboard never stops training
+
+
+def _run(tmp: Path, wandb: dict | None = None):
+    from mimo_jobs.study.runspec import load_run_yaml
+
+    trainer = {"tensorboard": True} | ({"wandb": wandb} if wandb else {})
+    ry = make_run_yaml(tmp / "run", gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2}, iters=3, trainer=trainer)
+    run, _ = load_run_yaml(ry)
+    return run, tmp / "run"
+
+
+def _one_warning(out: str, what: str) -> None:
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert len(lines) == 1, out
+    assert lines[0].startswith("mimo-jobs trainer: warning: ") and what in lines[0], out
+
+
+@pytest.mark.parametrize("blocker", ["file", "dangling symlink"])
+def test_a_tensorboard_dir_that_cannot_be_made_leaves_tensorboard_out(tmp_path, capsys, blocker) -> None:
+    from mimo_jobs.trainer.observe.trackers import trackers_for
+
+    run, run_dir = _run(tmp_path)
+    tb = run_dir / "tensorboard"
+    tb.parent.mkdir(parents=True, exist_ok=True)
+    if blocker == "file":
+        tb.write_text("not a directory")
+    else:
+        tb.symlink_to(tmp_path / "gone")
+    trackers = trackers_for(run, run_dir)
+    assert trackers.items == []
+    _one_warning(capsys.readouterr().out, "TensorBoard left out")
+    trackers.log(RECORD)  # logging to no dashboard is fine
+    trackers.close()
+
+
+class _Tracker:
+    """A tracker whose close fails like a dashboard that lost its disk."""
+
+    def __init__(self) -> None:
+        self.logged = 0
+
+    def log(self, rec) -> None:
+        self.logged += 1
+
+    def close(self) -> None:
+        raise OSError("No space left on device")
+
+
+def test_a_tracker_that_cannot_close_is_one_warning(capsys) -> None:
+    from mimo_jobs.trainer.observe.trackers import Trackers
+
+    t = _Tracker()
+    trackers = Trackers([t])
+    trackers.log(RECORD)
+    trackers.close()
+    assert t.logged == 1 and trackers.items == []
+    _one_warning(capsys.readouterr().out, "did not close")
+
+
+def test_wandb_online_needs_an_api_key(tmp_path, monkeypatch) -> None:
+    from mimo_jobs.trainer.observe.trackers import wandb_has_api_key, wandb_mode
+
+    assert wandb_mode("online", has_key=False) == "offline"
+    assert wandb_mode("online", has_key=True) == "online"
+    assert wandb_mode("offline", has_key=False) == "offline"
+    rc = tmp_path / "netrc"
+    rc.write_text("machine example.org login user password secret\n")
+    assert not wandb_has_api_key({"NETRC": str(rc)})
+    rc.write_text("machine api.wandb.ai login user password " + "k" * 40 + "\n")
+    assert wandb_has_api_key({"NETRC": str(rc)})
+    assert wandb_has_api_key({"WANDB_API_KEY": "k" * 40, "NETRC": str(tmp_path / "none")})
+
+
+def test_wandb_online_without_a_key_runs_offline_at_once(tmp_path, monkeypatch, capsys) -> None:
+    import time
+
+    from mimo_jobs.trainer.observe.trackers import WandbTracker, trackers_for
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens: a stray online start fails
+    run, run_dir = _run(tmp_path, wandb={"project": "mimo-jobs-tests", "mode": "online"})
+    t0 = time.monotonic()
+    trackers = trackers_for(run, run_dir)
+    try:
+        (wb,) = [t for t in trackers.items if isinstance(t, WandbTracker)]
+        assert wb.run.settings.mode == "offline"
+        assert time.monotonic() - t0 < 8
+    finally:
+        trackers.close()

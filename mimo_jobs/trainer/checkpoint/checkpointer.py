@@ -9,6 +9,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import torch.distributed as dist
+
 import mimo_jobs.trainer.checkpoint.files as ckpt
 from mimo_jobs.contract.manifest import CheckpointError, Provenance, iter_name
 from mimo_jobs.contract.requeue import REQUEUE_LOG_LINE
@@ -22,14 +24,13 @@ DELAY_ENV = "MIMO_CKPT_TEST_STEP_DELAY_S"
 
 
 def checkpoint_dir_of(run, doc: dict, run_yaml: str | Path | None = None) -> Path:
-    """paths.checkpoints of run.yaml (render resolves trainer.checkpoint_dir into it), else
-    trainer.checkpoint_dir, else <run dir>/checkpoints next to run.yaml."""
-    p = (doc.get("paths") or {}).get("checkpoints") or run.trainer.checkpoint_dir
-    if p:
-        return Path(p)
-    if run_yaml is not None:
-        return Path(run_yaml).resolve().parent / "checkpoints"
-    raise CheckpointError("run.yaml has no paths.checkpoints and trainer.checkpoint_dir is not set")
+    """The run's checkpoint directory, as the run directory's one resolver (contract/rundir.py) says."""
+    from mimo_jobs.contract.rundir import checkpoint_dir_of as resolve
+
+    try:
+        return resolve(doc, run_yaml, run.trainer.checkpoint_dir)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def modules_of(st) -> list[ModuleParts]:
@@ -96,8 +97,6 @@ class Checkpointer:
     @classmethod
     def for_run(cls, run, doc: dict, run_yaml: str | Path | None, reference: bool) -> Checkpointer:
         """The reference mode (one process) neither resumes nor saves: it is a yardstick, not a run."""
-        import torch.distributed as dist
-
         from mimo_jobs.trainer.signals import PreemptionWatch, deadline_from_env, margin_from_env
 
         if reference:

@@ -17,8 +17,6 @@ Why not megatron dist_checkpointing: on CPU/gloo it needs one more CUDA shim (to
 a multiprocessing manager per save (~20 s for a tiny model), and its common.pt is written by rank 0 only, so
 the LLM ranks' non-tensor state (scheduler, RNG, data state) of a non-colocated layout is silently dropped.
 This format is same-layout only: loading under a different TP/DP/EP layout is refused (no resharding).
-
-torch/megatron are imported inside functions only.
 """
 
 from __future__ import annotations
@@ -31,6 +29,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
+import torch.distributed as dist
 
 import mimo_jobs.trainer.checkpoint.state as S
 from mimo_jobs.contract.manifest import (
@@ -83,7 +84,6 @@ class Resumed:
 
 
 def _fsync_write(path: Path, obj) -> int:
-    import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
@@ -115,8 +115,6 @@ def _fsync_dir(d: Path) -> None:
 
 def _load_file(d: Path, rel: str, expected: dict):
     """torch.load of one part, after checking it is listed in the manifest with this size."""
-    import torch
-
     p = d / rel
     if rel not in expected:
         raise CheckpointMismatch(f"{p}: not part of this checkpoint (written by a different layout?)")
@@ -142,7 +140,6 @@ def _maybe_crash(point: str, iteration: int) -> None:
     if not v:
         return
     want, rank, it = (v.split(":") + ["", ""])[:3]
-    import torch.distributed as dist
 
     if want == point and rank in ("", "*", str(dist.get_rank())) and it in ("", "*", str(iteration)):
         os.killpg(os.getpgrp(), signal.SIGKILL)
@@ -150,9 +147,6 @@ def _maybe_crash(point: str, iteration: int) -> None:
 
 def _agree(ok: bool) -> bool:
     """True on every rank iff ok on every rank (MIN all-reduce over the world)."""
-    import torch
-    import torch.distributed as dist
-
     dev = "cuda" if dist.get_backend() == "nccl" else "cpu"
     t = torch.tensor([1 if ok else 0], dtype=torch.int32, device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
@@ -165,8 +159,6 @@ def _group_rank(g) -> int:
 
 def _group_source(g) -> int:
     """Global rank of the group's rank 0 (the one that wrote the replicated weights)."""
-    import torch.distributed as dist
-
     return dist.get_rank() if g is None else dist.get_global_rank(g, 0)
 
 
@@ -187,8 +179,6 @@ def save(
 ) -> Path:
     """Collective over the whole world: every rank calls it at the same iteration. Returns the final path.
     Raises CheckpointError on every rank if any rank failed to write (the previous checkpoint stays)."""
-    import torch.distributed as dist
-
     root = Path(directory)
     rank = dist.get_rank()
     tmp, final = root / f"{iter_name(iteration)}.tmp", root / iter_name(iteration)
@@ -226,8 +216,6 @@ def save(
 
 def _prepare_tmp(root: Path, tmp: Path) -> None:
     """Collective: rank 0 creates an empty `tmp`; raises on every rank if it could not."""
-    import torch.distributed as dist
-
     err = None
     if dist.get_rank() == 0:
         try:
@@ -292,8 +280,6 @@ def _gather_parts(
 ) -> list[dict]:
     """Collective: every rank's {"files", "err", "modules"}, in rank order. If any rank failed, rank 0 removes
     `tmp` and every rank raises."""
-    import torch.distributed as dist
-
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {"files": files, "err": err, "modules": [m.name for m in modules]})
     errs = [g["err"] for g in gathered if g["err"]]
@@ -367,8 +353,6 @@ def load(
 ) -> Resumed | None:
     """Collective: restore this rank's part of `latest` (or `path`). None when there is no checkpoint yet.
     Refuses (CheckpointMismatch on every rank) a checkpoint of another run or layout."""
-    import torch.distributed as dist
-
     info = _agreed_checkpoint(Path(directory), path)
     if info is None:
         return None
@@ -394,8 +378,6 @@ def _agreed_checkpoint(root: Path, path: str | Path | None) -> CheckpointInfo | 
     """Collective: the checkpoint to load (`path`, else `latest` in `root`; None if there is none), checked to
     be the same on every rank (every rank reads the same marker/manifest; agree anyway, so that no rank trains
     from another state)."""
-    import torch.distributed as dist
-
     err: str | None = None
     info = None
     try:

@@ -1,13 +1,14 @@
 """The torch state one rank puts into a checkpoint, and puts back: RNG states, a module's weights (dense |
-expert) and its optimizer state. Pure state conversion, no file I/O (checkpoint.py writes and reads files).
+expert) and its optimizer state. Pure state conversion, no file I/O (files.py writes and reads them).
 
 Optimizer state: per leaf optimizer (dense, expert) its state_dict, plus, for the distributed optimizer, its
 own shard of the parameter state through megatron's "dp_reshardable" format (no gather over DP).
-
-torch/megatron are imported inside the functions.
 """
 
 from __future__ import annotations
+
+import torch
+from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
 from mimo_jobs.contract.manifest import CheckpointMismatch
 from mimo_jobs.trainer.model.optimizer import leaf_optimizers
@@ -20,8 +21,6 @@ def rng_state() -> dict:
     import random
 
     import numpy as np
-    import torch
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     st = {
         "python": random.getstate(),
@@ -38,8 +37,6 @@ def set_rng_state(st: dict) -> None:
     import random
 
     import numpy as np
-    import torch
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     random.setstate(st["python"])
     np.random.set_state(st["numpy"])
@@ -110,8 +107,6 @@ def _mark_no_padding(ps: dict) -> None:
 
 def load_optimizer_state(opt, states: list[dict], where: str) -> None:
     """Inverse of `optimizer_state`; `where` names the file in errors."""
-    import torch
-
     leaves = leaf_optimizers(opt)
     if len(leaves) != len(states):
         raise CheckpointMismatch(

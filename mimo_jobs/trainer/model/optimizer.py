@@ -13,13 +13,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+import torch.distributed as dist
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
 
 def build_megatron_optimizer(ddp, pgc, spec, prec, max_lr: float):
     """get_megatron_optimizer for one module. A WORLD collective in 0.16.1 (it all_gathers the
     param-group keys, see _PARAM_GROUP_GATHERS), so every rank must call either this or `skip_megatron_optimizer` exactly once per
     module it owns, in the same order."""
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
     o = spec.optimizer
     cfg = OptimizerConfig(
         optimizer=o.name,
@@ -46,8 +49,6 @@ _PARAM_GROUP_GATHERS = 2
 def skip_megatron_optimizer() -> None:
     """What a rank that builds no optimizer for a module (another module's rank, or a frozen module's)
     contributes to that module's get_megatron_optimizer: the same world gathers, with no param-group keys."""
-    import torch.distributed as dist
-
     for _ in range(_PARAM_GROUP_GATHERS):
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, [])
@@ -84,8 +85,6 @@ class MimoOptimizer:
                 g["weight_decay"] = self.weight_decay * g.get("wd_mult", 1.0)
 
     def _all_reduce(self, values: list[float], op):
-        import torch
-        import torch.distributed as dist
 
         t = torch.tensor(
             values, dtype=torch.float64 if self.device == "cpu" else torch.float32, device=self.device
@@ -94,7 +93,6 @@ class MimoOptimizer:
         return t.tolist()
 
     def grad_norm(self) -> float:
-        import torch.distributed as dist
 
         sq = [0.0] * len(self.slots)
         for i, name in enumerate(self.slots):
@@ -104,8 +102,6 @@ class MimoOptimizer:
         return math.sqrt(sum(self._all_reduce(sq, dist.ReduceOp.MAX)))
 
     def step(self, clip_grad: float) -> StepResult:
-        import torch.distributed as dist
-        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 
         found = False
         for o in self.optimizers.values():  # every optimizer prepares (no short-circuit)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mimo_jobs.study.lr_rules import decay_end, warmup_problem  # the rules validate checks too
+
 
 @dataclass(frozen=True)
 class LRSchedule:
@@ -36,10 +38,9 @@ class LRSchedule:
             "exponential",
         ):
             raise ValueError(f"unknown wsd decay style {self.wsd_decay_style!r}")
-        if self.warmup_samples > self.decay_samples and self.style != "constant":
-            raise ValueError(
-                f"lr.warmup_samples={self.warmup_samples} exceeds the decay end {self.decay_samples} samples"
-            )
+        bad = warmup_problem(self.style, self.warmup_samples, self.decay_samples)
+        if bad:
+            raise ValueError(f"{bad[0]}; {bad[1]}")
 
     def __call__(self, samples: int) -> float:
         mx, mn, w = self.max_lr, self.min_lr, self.warmup_samples
@@ -79,7 +80,7 @@ def from_spec(lr, total_samples: int) -> LRSchedule:
         max_lr=lr.max,
         min_lr=lr.min,
         warmup_samples=lr.warmup_samples,
-        decay_samples=lr.decay_samples or total_samples,
+        decay_samples=decay_end(lr.decay_samples, total_samples),
         wsd_decay_samples=lr.wsd_decay_samples or 0,
         wsd_decay_style=lr.wsd_decay_style,
     )

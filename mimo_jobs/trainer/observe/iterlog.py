@@ -15,11 +15,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from mimo_jobs.contract.iteration import IterationRecord
 from mimo_jobs.predict.flops import flops_per_sample
 
 
-def layout_line(run, plan, mode: str, backend: str) -> str:
+def layout_line(run, plan, mode: str, backend: str, kernels: str = "") -> str:
+    """The run's first line: the resolved layout, the communication backend and (`kernels`, from
+    model/kernels.py) the layer backend and fused kernels."""
     lay = plan.layout
     fan = {
         "out": f"fan-out 1->{plan.lanes_per_encoder} (each encoder replica serves {plan.lanes_per_encoder} "
@@ -35,7 +39,7 @@ def layout_line(run, plan, mode: str, backend: str) -> str:
     )
     return (
         f"mimo-jobs trainer: run {run.name} ({run.run_id}) study {run.study} | mode {mode} | backend {backend} "
-        f"| world {plan.world} = {lay.nodes} nodes x {lay.gpus_per_node} | encoder ranks "
+        f"{'| ' + kernels + ' ' if kernels else ''}| world {plan.world} = {lay.nodes} nodes x {lay.gpus_per_node} | encoder ranks "
         f"[{plan.enc_rank_start},{plan.enc_rank_end}) tp={lay.enc_tp} pp={lay.enc_pp} dp={lay.enc_dp} | "
         f"llm ranks [{plan.llm_rank_start},{plan.llm_rank_end}) tp={lay.llm_tp} pp={lay.llm_pp} "
         f"dp={lay.llm_dp}{moe} | bridge {fan}, {plan.samples_per_encoder_microbatch} samples per encoder "
@@ -78,8 +82,6 @@ def megatron_line(
 def _environment(run_provenance: dict | None = None) -> dict:
     """What the report needs beyond the layout: the GPU model (for MFU) and where the code came from (the
     image's recorded commit inside the container, else the checkout's, recorded in run.yaml by render)."""
-    import torch
-
     from mimo_jobs.image import image_provenance
 
     try:
@@ -101,8 +103,6 @@ def memory_facts() -> dict[str, int]:
     """This rank's memory now, by Megatron's tag names (bytes): the CUDA allocator's figures on a GPU, the
     process's peak resident set on CPU."""
     import resource
-
-    import torch
 
     if torch.cuda.is_available():
         return {

@@ -15,7 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-MEMORY_DIR = "memory"  # under the run directory
+import torch
+
+from mimo_jobs.contract.memory import MemoryFacts, facts_path
 
 
 class _Saved:
@@ -45,8 +47,6 @@ class SavedTensorMeter:
 
     def hooks(self):
         """The context in which autograd's saved tensors are counted."""
-        import torch
-
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def reset_peak(self) -> None:
@@ -104,8 +104,6 @@ def module_facts(mod) -> dict[str, int]:
 def optimizer_state_bytes(opt) -> int:
     """Bytes of the optimizer's state tensors (Adam moments, fp32 master copies of a distributed optimizer's
     shard) across every optimizer a megatron ChainedOptimizer holds."""
-    import torch
-
     from mimo_jobs.trainer.model.optimizer import leaf_optimizers
 
     total, seen = 0, set()
@@ -123,8 +121,6 @@ def optimizer_state_bytes(opt) -> int:
 
 def rank_facts(st, meter: SavedTensorMeter, inflight_peak: int) -> dict:
     """This rank's memory facts (see the module doc); one dict per module it runs, and the rank's peaks."""
-    import torch
-
     modules = {}
     for mod in (st.encoder, st.language):
         if mod is None:
@@ -152,10 +148,10 @@ def rank_facts(st, meter: SavedTensorMeter, inflight_peak: int) -> dict:
 
 def write_facts(run_dir: Path, facts: dict) -> Path:
     """<run dir>/memory/rank-<r>.json, replaced atomically (a reader never sees half a file)."""
-    d = Path(run_dir) / MEMORY_DIR
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"rank-{facts['rank']:05d}.json"
+    record = MemoryFacts.from_json(facts)  # the one format ingest reads (a missing field fails here)
+    path = facts_path(Path(run_dir), record.rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(facts, sort_keys=True))
+    tmp.write_text(json.dumps(record.to_json(), sort_keys=True))
     tmp.replace(path)
     return path

@@ -8,14 +8,21 @@ heterogeneous step's phases are written as "<phase>-time" (seconds), like Megatr
 
 `tensorboard --logdir runs/<study>` overlays every run of a study: each run writes under
 `<run dir>/tensorboard/`. Only the rank that writes metrics.jsonl writes here.
+
+A dashboard never stops training: one that cannot start, log or close is left out with one warning line.
+W&B online without an API key runs offline (sync later); with a key, its start is bounded by
+WANDB_INIT_TIMEOUT_S and falls back to offline when the server cannot be reached in time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import netrc
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlparse
 
 from mimo_jobs.contract.iteration import IterationRecord
 
@@ -87,6 +94,27 @@ class WandbSettings:
     config: dict
 
 
+WANDB_INIT_TIMEOUT_S = 20.0  # wandb's own default is 90 s, then the job fails
+_WANDB_HOST = "https://api.wandb.ai"
+
+
+def wandb_has_api_key(environ=os.environ, netrc_path: Path | None = None) -> bool:
+    """An API key as wandb looks for one: WANDB_API_KEY, else a ~/.netrc (NETRC) entry for its host."""
+    if environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(environ.get("WANDB_BASE_URL") or _WANDB_HOST).hostname or ""
+    path = netrc_path or Path(environ.get("NETRC") or Path.home() / ".netrc")
+    try:
+        return netrc.netrc(str(path)).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_mode(requested: str, has_key: bool) -> str:
+    """online needs an API key; without one wandb would stop the run, so it runs offline instead."""
+    return "offline" if requested == "online" and not has_key else requested
+
+
 class WandbTracker:
     """The same scalars through wandb (offline runs sync later with `wandb sync <dir>`)."""
 
@@ -104,7 +132,9 @@ class WandbTracker:
             mode=s.mode,
             dir=str(s.dir),
             config=s.config,
-            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+            settings=wandb.Settings(
+                silent=True, console="off", x_disable_stats=True, init_timeout=WANDB_INIT_TIMEOUT_S
+            ),
         )
 
     def log(self, rec: IterationRecord) -> None:
@@ -115,39 +145,68 @@ class WandbTracker:
         self.run.finish()
 
 
-class Trackers:
-    """Every tracker of a run, logged to and closed together; one that fails is closed and dropped with a
-    message, so a dashboard never stops training."""
+def _warn(what: str, e: BaseException) -> None:
+    print(f"mimo-jobs trainer: warning: {what}: {type(e).__name__}: {e}; training goes on", flush=True)
 
-    def __init__(self, trackers: Iterable[Tracker] = ()) -> None:
-        self.items = list(trackers)
+
+def start_tracker(name: str, make: Callable[[], Tracker]) -> Tracker | None:
+    """`make()`, or None with one warning line when the dashboard cannot start."""
+    try:
+        return make()
+    except Exception as e:  # noqa: BLE001 - a bad log directory or an unreachable server must not end the run
+        _warn(f"{name} left out", e)
+        return None
+
+
+def start_wandb(s: WandbSettings, make: Callable[[WandbSettings], Tracker] = WandbTracker) -> Tracker | None:
+    """W&B in the mode it can run in (see wandb_mode); an online start that fails retries offline."""
+    s = replace(s, mode=wandb_mode(s.mode, wandb_has_api_key()))
+    if s.mode != "online":
+        return start_tracker("W&B", lambda: make(s))
+    try:
+        return make(s)
+    except Exception as e:  # noqa: BLE001 - no network, a wrong key, a server timeout
+        _warn("W&B online failed, running offline", e)
+        return start_tracker("W&B", lambda: make(replace(s, mode="offline")))
+
+
+class Trackers:
+    """Every tracker of a run, logged to and closed together; one that fails is dropped with one warning
+    line, so a dashboard never stops training."""
+
+    def __init__(self, trackers: Iterable[Tracker | None] = ()) -> None:
+        self.items = [t for t in trackers if t is not None]
 
     def log(self, rec: IterationRecord) -> None:
         for t in list(self.items):
             try:
                 t.log(rec)
             except Exception as e:  # noqa: BLE001 - a full disk or a network error must not end the run
-                print(f"mimo-jobs trainer: {type(t).__name__} stopped: {type(e).__name__}: {e}", flush=True)
+                _warn(f"{type(t).__name__} stopped", e)
                 self.items.remove(t)
 
     def close(self) -> None:
-        for t in self.items:
-            t.close()
-        self.items = []
+        items, self.items = self.items, []
+        for t in items:
+            try:
+                t.close()
+            except Exception as e:  # noqa: BLE001 - the run has finished; its dashboard must not fail it
+                _warn(f"{type(t).__name__} did not close", e)
 
 
 def trackers_for(run, run_dir: Path | None) -> Trackers:
     """The trackers `run.trainer` asks for (none without a run dir: the reference run writes none)."""
     if run_dir is None:
         return Trackers()
-    out: list[Tracker] = []
+    out: list[Tracker | None] = []
     cfg = run.trainer
     if cfg.tensorboard:
         from mimo_jobs.contract.rundir import RunDir
 
-        out.append(TensorBoardTracker(RunDir(run_dir).tensorboard))
+        logdir = RunDir(run_dir).tensorboard
+        out.append(start_tracker("TensorBoard", lambda: TensorBoardTracker(logdir)))
     if cfg.wandb is not None and cfg.wandb.mode != "disabled":
-        out.append(WandbTracker(wandb_settings(run, run_dir)))
+        out.append(start_wandb(wandb_settings(run, run_dir)))
     return Trackers(out)
 
 

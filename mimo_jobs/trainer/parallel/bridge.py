@@ -11,18 +11,22 @@ one replica -> k lanes, fan-in is k replicas -> one lane. Only replica leaders (
 receiving leader broadcasts to its TP peers. Each message is a header (step, microbatch, sample count,
 hidden size, hash of the sample keys, per-sample token counts) followed by the payload; the receiver
 compares the header with what its own batch says and raises `BridgeError` naming both ranks and sizes on
-any difference, before touching the payload. Zero-token pairs (text-only samples, image-less
+any difference, before it uses the payload. Zero-token pairs (text-only samples, image-less
 microbatches) still exchange headers, so both sides always agree on what crossed.
 """
 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.study.topology import RankLayout
 from mimo_jobs.trainer.parallel.grids import ModuleShape
+from mimo_jobs.trainer.parallel.p2p import Exchanger, Op, wait_all
 
 MAGIC = 0x4D494D4F  # "MIMO"
 HDR = 6  # fixed header fields before the per-sample counts
@@ -116,11 +120,28 @@ def check_header(got: list[int], expected: list[int], src: int, dst: int, what: 
 # ------------------------------------------------------------------------------------------ runtime
 
 
+@dataclass
+class Incoming:
+    """A posted group's receiving side: what `Bridge.collect` waits for, checks and returns."""
+
+    recv: tuple | None  # (microbatch, keys, counts) or None when the group only sends
+    own: ModuleShape  # the receiving module
+    tp_group: Any
+    what: str
+    works: list | None = None
+    headers: list = field(default_factory=list)
+    expected: list = field(default_factory=list)
+    payloads: list = field(default_factory=list)
+
+
 class Bridge:
     """Point-to-point exchange over the world group between replica leaders, TP broadcast on arrival.
 
-    Encoder ranks call send_forward / recv_backward; LLM ranks recv_forward / send_backward. Sends are
-    asynchronous (isend); `finish()` waits for all of this iteration's sends."""
+    A posted group holds both directions, headers and payloads (p2p.py); the receiver sizes each payload
+    from its own batch and checks the headers on arrival. The first LLM stage calls `language_exchange`
+    between two compute actions, with what the first produced (`send`) and what the second needs (`recv`).
+    An encoder rank posts the same messages in the same order with `encoder_post` (step.run_encoder) and
+    collects each gradient when its backward needs it."""
 
     def __init__(
         self,
@@ -133,150 +154,100 @@ class Bridge:
         hidden: int,
         dtype,
         device,
+        p2p: Exchanger | None = None,
     ):
         self.plan, self.enc, self.llm, self.role = plan, enc, llm, role
         self.enc_tp_group, self.llm_tp_group = enc_tp_group, llm_tp_group
         self.hidden, self.dtype, self.device = hidden, dtype, device
-        self.pending: list = []
-        self.wait_s = 0.0  # time spent blocked in receives (the "bridge wait" phase)
+        self.p2p = p2p or Exchanger()
 
-    # -- plumbing
-    def _isend(self, t, dst: int) -> None:
-        import torch.distributed as dist
+    def encoder_post(self, step: int, send=None, recv=None) -> Incoming:
+        """Post one group from an encoder rank without waiting. send: (microbatch, flat [sum counts, H]
+        embeddings of this replica's S samples, keys, counts); recv: (microbatch, keys, counts) of a
+        gradient, which `collect` returns."""
+        segs = segments_of_encoder(self.plan, self.role.dp_rank)
+        parts = [(g.enc_start, g.n) for g in segs]
+        peers = [self.llm.leader_of(g.lane) for g in segs]
+        return self._post(
+            step, send, recv, parts, peers, ("forward", "backward"), self.enc, self.enc_tp_group
+        )
 
-        # sends already delivered release their tensors now, not at finish(): with 1F1B the encoder's sent
-        # embeddings must not pile up over the iteration's microbatches
-        self.pending = [(w, x) for w, x in self.pending if not w.is_completed()]
-        self.pending.append((dist.isend(t, dst), t))
+    def language_exchange(self, step: int, send=None, recv=None):
+        """One exchange of the first LLM stage. send: (microbatch, gradient of the lane's image embeddings,
+        keys, counts); recv: (microbatch, keys, counts) of the embeddings wanted. Returns them
+        [sum counts, H] on every TP rank of the lane (None when nothing is received)."""
+        segs = segments_of_lane(self.plan, self.role.dp_rank)
+        parts = [(g.lane_start, g.n) for g in segs]
+        peers = [self.enc.leader_of(g.enc_dp) for g in segs]
+        inc = self._post(step, send, recv, parts, peers, ("backward", "forward"), self.llm, self.llm_tp_group)
+        return self.collect(inc)
 
-    def _recv(self, t, src: int):
-        import time
+    def _post(self, step, send, recv, parts, peers, what, own: ModuleShape, tp_group) -> Incoming:
+        inc = Incoming(recv, own, tp_group, what[1])
+        if not self.role.is_leader:
+            return inc
+        out_hdr, out_pay = self._outgoing(step, send, parts, peers, what[0]) if send else ([], [])
+        if recv:
+            inc.headers, inc.expected = self._incoming_headers(step, recv, parts, peers)
+            inc.payloads = self._incoming_payloads(recv, parts, peers)
+        # one group, both directions, headers and payloads: waiting for the headers before posting the
+        # payloads would deadlock whenever the other side's reply needs this side's payload first
+        inc.works = self.p2p.post(out_hdr + out_pay + inc.headers + inc.payloads)
+        return inc
 
-        import torch.distributed as dist
+    def collect(self, inc: Incoming):
+        """Wait for a posted group, check its headers, and return what it received on every TP rank."""
+        if inc.recv is None:
+            return None
+        if self.role.is_leader:
+            wait_all(inc.works)
+            for op, exp in zip(inc.headers, inc.expected):
+                # the first host read of what arrived, before the payload is used
+                check_header(op.tensor.tolist(), exp, op.peer, self.role.rank, inc.what)
+            got = self._joined([op.tensor for op in inc.payloads])
+        else:
+            got = torch.empty(sum(inc.recv[2]), self.hidden, dtype=self.dtype, device=self.device)
+        own = inc.own
+        if own.tp > 1 and got.numel() > 0:
+            dp = self.role.dp_rank
+            ranks = tuple(own.rank_of(t, 0, dp) for t in range(own.tp))
+            self.p2p.comm.broadcast(got, own.leader_of(dp), inc.tp_group, ranks)
+        return got
 
-        t0 = time.perf_counter()
-        dist.recv(t, src)
-        self.wait_s += time.perf_counter() - t0
-        return t
-
-    def _bcast(self, t, leader: int, group, size: int):
-        import time
-
-        import torch.distributed as dist
-
-        if size > 1 and t.numel() > 0:
-            t0 = time.perf_counter()
-            dist.broadcast(t, src=leader, group=group)
-            self.wait_s += time.perf_counter() - t0
-        return t
-
-    def _send_parts(self, step, mb, flat, keys, counts, parts, dst_ranks, what):
-        import torch
-
-        sizes = split_sizes(counts, [(a, n) for a, n in parts])
+    def _outgoing(self, step, send, parts, peers, what) -> tuple[list[Op], list[Op]]:
+        mb, flat, keys, counts = send
+        sizes = split_sizes(counts, parts)
         check_split(flat.shape[0], sizes, f"{what} on rank {self.role.rank}")
-        row = 0
-        for (a, n), size, dst in zip(parts, sizes, dst_ranks):
-            hdr = torch.tensor(
-                make_header(step, mb, self.hidden, keys[a : a + n], counts[a : a + n]),
-                dtype=torch.int64,
-                device=self.device,
-            )
-            self._isend(hdr, dst)
+        hdrs, pays, row = [], [], 0
+        for (a, n), size, dst in zip(parts, sizes, peers):
+            hdr = make_header(step, mb, self.hidden, keys[a : a + n], counts[a : a + n])
+            hdrs.append(Op(True, torch.tensor(hdr, dtype=torch.int64, device=self.device), dst))
             if size:
-                self._isend(flat[row : row + size].detach().to(self.dtype).contiguous(), dst)
+                pays.append(Op(True, flat[row : row + size].detach().to(self.dtype).contiguous(), dst))
             row += size
+        return hdrs, pays
 
-    def _recv_parts(self, step, mb, keys, counts, parts, src_ranks, what):
-        import torch
+    def _incoming_headers(self, step, recv, parts, peers) -> tuple[list[Op], list[list[int]]]:
+        mb, keys, counts = recv
+        expected = [make_header(step, mb, self.hidden, keys[a : a + n], counts[a : a + n]) for a, n in parts]
+        ops = [
+            Op(False, torch.empty(len(exp), dtype=torch.int64, device=self.device), src)
+            for exp, src in zip(expected, peers)
+        ]
+        return ops, expected
 
-        chunks = []
-        for (a, n), src in zip(parts, src_ranks):
-            exp = make_header(step, mb, self.hidden, keys[a : a + n], counts[a : a + n])
-            hdr = self._recv(torch.empty(len(exp), dtype=torch.int64, device=self.device), src)
-            check_header(hdr.tolist(), exp, src, self.role.rank, what)
-            size = sum(counts[a : a + n])
-            if size:
-                chunks.append(
-                    self._recv(torch.empty(size, self.hidden, dtype=self.dtype, device=self.device), src)
-                )
+    def _incoming_payloads(self, recv, parts, peers) -> list[Op]:
+        _mb, _keys, counts = recv
+        return [
+            Op(False, torch.empty(size, self.hidden, dtype=self.dtype, device=self.device), src)
+            for size, src in zip(split_sizes(counts, parts), peers)
+            if size
+        ]
+
+    def _joined(self, chunks: list):
         if not chunks:
             return torch.empty(0, self.hidden, dtype=self.dtype, device=self.device)
         return torch.cat(chunks) if len(chunks) > 1 else chunks[0]
 
-    # -- encoder side
-    def send_forward(self, step: int, mb: int, flat, keys: list[str], counts: list[int]) -> None:
-        """flat: [sum counts, H] embeddings of this replica's S samples (keys/counts in sample order)."""
-        if not self.role.is_leader:
-            return
-        segs = segments_of_encoder(self.plan, self.role.dp_rank)
-        self._send_parts(
-            step,
-            mb,
-            flat,
-            keys,
-            counts,
-            [(g.enc_start, g.n) for g in segs],
-            [self.llm.leader_of(g.lane) for g in segs],
-            "forward",
-        )
-
-    def recv_backward(self, step: int, mb: int, keys: list[str], counts: list[int]):
-        import torch
-
-        total = sum(counts)
-        if self.role.is_leader:
-            segs = segments_of_encoder(self.plan, self.role.dp_rank)
-            g = self._recv_parts(
-                step,
-                mb,
-                keys,
-                counts,
-                [(s.enc_start, s.n) for s in segs],
-                [self.llm.leader_of(s.lane) for s in segs],
-                "backward",
-            )
-        else:
-            g = torch.empty(total, self.hidden, dtype=self.dtype, device=self.device)
-        return self._bcast(g, self.enc.leader_of(self.role.dp_rank), self.enc_tp_group, self.enc.tp)
-
-    # -- LLM side
-    def recv_forward(self, step: int, mb: int, keys: list[str], counts: list[int]):
-        """The lane's image embeddings [sum counts, H], on every TP rank of the lane."""
-        import torch
-
-        lane = self.role.dp_rank
-        if self.role.is_leader:
-            segs = segments_of_lane(self.plan, lane)
-            x = self._recv_parts(
-                step,
-                mb,
-                keys,
-                counts,
-                [(s.lane_start, s.n) for s in segs],
-                [self.enc.leader_of(s.enc_dp) for s in segs],
-                "forward",
-            )
-        else:
-            x = torch.empty(sum(counts), self.hidden, dtype=self.dtype, device=self.device)
-        return self._bcast(x, self.llm.leader_of(lane), self.llm_tp_group, self.llm.tp)
-
-    def send_backward(self, step: int, mb: int, grad, keys: list[str], counts: list[int]) -> None:
-        if not self.role.is_leader:
-            return
-        segs = segments_of_lane(self.plan, self.role.dp_rank)
-        self._send_parts(
-            step,
-            mb,
-            grad,
-            keys,
-            counts,
-            [(g.lane_start, g.n) for g in segs],
-            [self.enc.leader_of(g.enc_dp) for g in segs],
-            "backward",
-        )
-
     def finish(self) -> None:
-        for work, _t in self.pending:
-            work.wait()
-        self.pending.clear()
+        self.p2p.finish()

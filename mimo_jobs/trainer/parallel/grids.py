@@ -13,6 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch.distributed as dist
+from megatron.core.hyper_comm_grid import HyperCommGrid
+from megatron.core.process_groups_config import ProcessGroupCollection
+
 from mimo_jobs.study.topology import RankLayout
 
 ENCODER, LANGUAGE = "encoder", "language"
@@ -145,7 +149,6 @@ GROUPS = (
 
 
 def _grids(shape: ModuleShape, backend: str | None) -> dict:
-    from megatron.core.hyper_comm_grid import HyperCommGrid
 
     dense = HyperCommGrid(
         [shape.tp, 1, shape.pp, shape.dp], ["tp", "cp", "pp", "dp"], rank_offset=shape.offset, backend=backend
@@ -175,12 +178,10 @@ def group_enumeration(shape: ModuleShape, world: int) -> list[tuple[str, list[li
 
 
 def _pgc(shape: ModuleShape, backend: str, timeout) -> ModuleGroups:
-    from megatron.core.process_groups_config import ProcessGroupCollection
 
     grids = _grids(shape, backend)
     groups = {name: grids[grid].create_pg(dims, timeout=timeout) for name, grid, dims in GROUPS}
     g, eg = grids["dense"], grids["expert"]
-    import torch.distributed as dist
 
     if not shape.contains(dist.get_rank()):
         return ModuleGroups(shape, None, g, eg)
@@ -202,8 +203,6 @@ class Grids:
 def build_grids(enc: ModuleShape, llm: ModuleShape, backend: str, timeout) -> Grids:
     """Encoder grid first, then the language grid, on every rank. The bridge itself needs no extra group:
     it uses point-to-point messages on the world group between replica leaders (see bridge.py)."""
-    import torch.distributed as dist
-
     role = role_of(dist.get_rank(), enc, llm)
     e = _pgc(enc, backend, timeout)
     lm = _pgc(llm, backend, timeout)

@@ -1,0 +1,99 @@
+"""Which layer implementation and which fused kernels a rank uses: decided once, from "on GPU" and what is
+installed, and stated in the run's first log line.
+
+`layer_backend` and `fusions` are pure; `installed()` is the one place that probes the environment.
+Requirements are megatron-core 0.16.1's (restated from its sources):
+  Transformer Engine layers    megatron.core.extensions.transformer_engine.HAVE_TE; also the RoPE fusion
+                               (rope_utils.fused_apply_rotary_pos_emb comes from TE)
+  gradient accumulation fusion the fused_weight_gradient_mlp_cuda extension (tensor_parallel/layers.py
+                               refuses the flag without it: the LLM's output layer is a local linear)
+  masked softmax fusion        the scaled_masked_softmax_cuda kernels (fusions/fused_softmax.py imports them
+                               at the first forward)
+  bias-activation fusion       jit-fused on any GPU; TransformerConfig refuses it for a plain GELU MLP
+                               without biases (the MoE LLM has add_bias_linear=False)
+  bias-dropout fusion          jit-fused on any GPU
+  cross-entropy fusion         the native implementation on CPU and GPU (it honours pg_collection)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from megatron.core.extensions import transformer_engine as mte
+
+TE = "te"
+LOCAL = "local"
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What the environment offers beyond torch and megatron-core."""
+
+    te: bool = False
+    grad_accum_ext: bool = False  # fused_weight_gradient_mlp_cuda
+    softmax_ext: bool = False  # scaled_masked_softmax_cuda
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The rank's layer backend and fused kernels (TransformerConfig field -> on)."""
+
+    backend: str = LOCAL
+    fusions: tuple[tuple[str, bool], ...] = ()
+
+    @property
+    def on(self) -> dict[str, bool]:
+        return dict(self.fusions)
+
+    @property
+    def grouped_gemm(self) -> bool:
+        """TE's grouped GEMM for the experts (the local backend runs them one by one)."""
+        return self.backend == TE
+
+    def describe(self) -> str:
+        on = [k for k, v in self.fusions if v]
+        return f"layers {self.backend} | fused {','.join(on) if on else 'none'}"
+
+
+def layer_backend(on_gpu: bool, have: Installed) -> str:
+    """Transformer Engine layers on a GPU with TE installed, megatron-core's local layers otherwise."""
+    return TE if on_gpu and have.te else LOCAL
+
+
+def fusions(on_gpu: bool, have: Installed) -> dict[str, bool]:
+    """The fused kernels a run can use (TransformerConfig fields); all off on CPU. The bias-activation
+    fusion is further limited per config by `bias_activation_fusion`."""
+    return {
+        "bias_activation_fusion": on_gpu,
+        "bias_dropout_fusion": on_gpu,
+        "masked_softmax_fusion": on_gpu and have.softmax_ext,
+        "apply_rope_fusion": on_gpu and have.te,
+        "gradient_accumulation_fusion": on_gpu and have.grad_accum_ext,
+        "cross_entropy_loss_fusion": True,
+    }
+
+
+def bias_activation_fusion(on: bool, gated_linear_unit: bool, add_bias_linear: bool) -> bool:
+    """megatron-core fuses GELU with a bias only when the MLP has biases or is gated."""
+    return on and (gated_linear_unit or add_bias_linear)
+
+
+def kernels_for(on_gpu: bool, have: Installed) -> Kernels:
+    return Kernels(layer_backend(on_gpu, have), tuple(fusions(on_gpu, have).items()))
+
+
+CPU_KERNELS = kernels_for(False, Installed())
+
+
+def installed() -> Installed:
+    """Probe the environment (megatron-core's TE extension imports without TE and says so in HAVE_TE)."""
+
+    def has(mod: str) -> bool:
+        return importlib.util.find_spec(mod) is not None
+
+    return Installed(
+        te=bool(mte.HAVE_TE),
+        grad_accum_ext=has("fused_weight_gradient_mlp_cuda"),
+        softmax_ext=has("scaled_masked_softmax_cuda"),
+    )
