@@ -868,7 +868,7 @@ static int iteration_line(Scanner *s, const unsigned char *b, Py_ssize_t ls, Py_
     int main_idx = s->sh_main, aux_idx = s->sh_aux;
     if (main_idx >= 0) row[COL_LOSS] = fl[main_idx].x;
     if (aux_idx >= 0) row[COL_AUX] = fl[aux_idx].x;
-    if (isnan(row[0])) { /* no elapsed time: garbled (e.g. interleaved with another rank's output) */
+    if (!(row[0] > 0)) { /* no elapsed time, or none > 0: garbled (e.g. interleaved with another rank's output) */
         s->bad++;
         return 1;
     }

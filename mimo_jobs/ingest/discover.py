@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mimo_jobs.contract.rundir import RunDir
+from mimo_jobs.contract.rundir import RUN_YAML, RunDir
 from mimo_jobs.errors import MimoJobsError
 
 LOG_SUFFIXES = (".out", ".err", ".log", ".txt")
@@ -40,7 +40,7 @@ def kind_of(path: Path) -> str | None:
 def run_dir_of(path: Path) -> Path | None:
     """The run dir a file lies in (the nearest of its parents with a run.yaml), or None."""
     for d in [path if path.is_dir() else path.parent, *path.resolve().parents][:10]:
-        if (d / "run.yaml").is_file():
+        if RunDir(d).run_yaml.is_file():
             return d
     return None
 
@@ -73,9 +73,9 @@ def _run_dir_targets(rd: Path) -> list[Target]:
 def _targets_of(p: Path) -> list[Target]:
     if not p.is_dir():
         return [Target(p, kind_of(p) or "log", run_dir_of(p))]
-    if (p / "run.yaml").is_file():
+    if RunDir(p).run_yaml.is_file():
         return _run_dir_targets(p)
-    run_dirs = sorted({y.parent for y in p.rglob("run.yaml")})
+    run_dirs = sorted({y.parent for y in p.rglob(RUN_YAML)})
     if not run_dirs:  # a tree of loose logs
         return _files_of(p, None)
     return [t for rd in run_dirs for t in _run_dir_targets(rd)]

@@ -13,19 +13,12 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from .iterline import ITERATION_TRIGGER
+from mimo_jobs.contract import events as K
+from mimo_jobs.contract.events import is_launcher_exception, is_victim_message
+
+from .iterline import ITERATION_TRIGGER, iteration_head
 from .origin import split_origin
 from .timestamps import find_time
-
-# a rank's own failure; cuda_error / gpu_xid / gpu_ecc: the GPU itself failed (illegal memory access, an
-# NVIDIA driver Xid event, an uncorrectable ECC error)
-ROOT_KINDS = ("traceback", "oom", "segfault", "node_fail", "cuda_error", "gpu_xid", "gpu_ecc")
-# launcher summaries of a failure seen elsewhere; child_failed_other: torchrun's "Failures:" entries (ranks
-# that also failed, after the root cause)
-SUMMARY_KINDS = ("child_failed", "child_failed_other", "task_exit")
-VICTIM_KINDS = ("nccl_timeout", "gloo_timeout", "peer_lost")  # waited on a peer that failed or hung
-SCHEDULER_KINDS = ("time_limit", "preemption", "requeue", "cancelled")
-INFO_KINDS = ("checkpoint_saved", "checkpoint_loaded", "end")
 
 # Substrings that make a line worth classifying (ingest searches whole blocks for them, so keep them
 # few and specific). Order does not matter.
@@ -75,12 +68,6 @@ EXCEPTION_TRIGGERS = ("Error", "Exception", "Interrupt", "SystemExit", "StopIter
 # Every substring that makes a line a candidate (iteration lines included): what both scanners search for.
 ALL_TRIGGERS = (ITERATION_TRIGGER, *TRIGGERS, *EXCEPTION_TRIGGERS)
 
-_VICTIM_MSG_RE = re.compile(
-    r"Timed out waiting|Connection closed by peer|Connection reset by peer|Watchdog caught|"
-    r"collective operation timeout|DistNetworkError|NCCL communicator was aborted|"
-    r"remote process exited|Broken pipe|failed to recv|ncclRemoteError",
-    re.I,
-)
 _SLURM_CANCEL_RE = re.compile(
     r"\*\*\* (?:JOB|STEP) ([\w.\[\]+-]+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))?"
     r"(?:,.*)? \*\*\*"
@@ -103,8 +90,9 @@ class Event:
 _MSG_RANK_RE = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
 # "srun: error: nid001234: task 3: Out Of Memory", "srun: error: node1: tasks 0-3: Killed"
 _SRUN_TASK_RE = re.compile(r"srun: error: \S+: tasks? (\d+)")
-# "ng30903:3063028:3066152 [3] include/alloc.h:178 NCCL WARN ..." (host:pid:tid [local rank])
-_NCCL_HEADER_RE = re.compile(r"^\s*\S+:\d+:\d+ \[(\d+)\] .*NCCL (?:WARN|INFO)")
+# "ng30903:3063028:3066152 [3] include/alloc.h:178 NCCL WARN ..." (host:pid:tid [local rank]), with
+# NCCL_DEBUG_TIMESTAMP_FORMAT's "[2025-09-24 16:15:28] " before it (NCCL >= 2.23 prints one by default)
+_NCCL_HEADER_RE = re.compile(r"^\s*(?:\[[^\]]{8,40}\]\s*)?\S+:\d+:\d+ \[(\d+)\] .*NCCL (?:WARN|INFO)")
 
 
 def named_identity(text: str) -> tuple[int | None, int | None, int | None]:
@@ -116,11 +104,6 @@ def named_identity(text: str) -> tuple[int | None, int | None, int | None]:
     m = _NCCL_HEADER_RE.search(text)
     local = int(m.group(1)) if m else None
     return rank, task, local
-
-
-def is_victim_message(msg: str) -> bool:
-    """A failure that only says a peer went away or a collective timed out (a consequence, not a cause)."""
-    return bool(_VICTIM_MSG_RE.search(msg))
 
 
 # ----------------------------------------------------------------------------------------- one line
@@ -147,11 +130,11 @@ def classify_line(text: str, year_hint: int | None = None) -> list[Event]:
 def _peer_and_memory(text: str, low: str) -> list[str]:
     out = []
     if "Watchdog caught collective" in text:
-        out.append("nccl_timeout")
+        out.append(K.NCCL_TIMEOUT)
     if "gloo/transport" in text:
-        out.append("gloo_timeout" if "Timed out" in text else "peer_lost")
+        out.append(K.GLOO_TIMEOUT if "Timed out" in text else K.PEER_LOST)
     if _nccl_peer_lost(text):
-        out.append("peer_lost")
+        out.append(K.PEER_LOST)
     # CUDA's allocator ("CUDA out of memory"), NCCL's ("Cuda failure 'out of memory'"), SLURM's cgroup OOM
     # killer ("oom-kill event(s)", newer "oom_kill event"; srun's "task N: Out Of Memory")
     cuda_oom = ("out of memory" in low or "OutOfMemoryError" in text) and "cuda" in low
@@ -162,7 +145,7 @@ def _peer_and_memory(text: str, low: str) -> list[str]:
         or "Out Of Memory" in text
         or "OutOfMemoryError" in text
     ):
-        out.append("oom")
+        out.append(K.OOM)
     out += _gpu_faults(text)
     return out
 
@@ -179,11 +162,11 @@ _XID_RE = re.compile(r"\bXid \(PCI:")
 
 def _gpu_faults(text: str) -> list[str]:
     if "illegal memory access" in text:
-        return ["cuda_error"]
+        return [K.CUDA_ERROR]
     if "Xid (" in text and _XID_RE.search(text):
-        return ["gpu_xid"]
+        return [K.GPU_XID]
     if "ECC error" in text and ("uncorrectable" in text or "double bit" in text):
-        return ["gpu_ecc"]
+        return [K.GPU_ECC]
     return []
 
 
@@ -195,13 +178,13 @@ def _scheduler(text: str, low: str) -> tuple[list[str], datetime | None]:
         when = find_time(m.group(3)) if m else None
         out.append(_cancel_kind((m.group(4) or "") if m else ""))
     elif "DUE TO TIME LIMIT" in text:
-        out.append("time_limit")
-    if ("Node failure" in text or "NODE_FAIL" in text) and "node_fail" not in out:
-        out.append("node_fail")
-    if ("requeued" in low or "requeuing" in low or "job requeue" in low) and "requeue" not in out:
-        out.append("requeue")
-    if ("preempted" in low or "preemption" in low) and "preemption" not in out:
-        out.append("preemption")
+        out.append(K.TIME_LIMIT)
+    if ("Node failure" in text or "NODE_FAIL" in text) and K.NODE_FAIL not in out:
+        out.append(K.NODE_FAIL)
+    if ("requeued" in low or "requeuing" in low or "job requeue" in low) and K.REQUEUE not in out:
+        out.append(K.REQUEUE)
+    if ("preempted" in low or "preemption" in low) and K.PREEMPTION not in out:
+        out.append(K.PREEMPTION)
     return out, when
 
 
@@ -209,34 +192,34 @@ def _checkpoint(text: str, low: str) -> list[str]:
     if "checkpoint" not in text:
         return []
     if "saved checkpoint" in low or "checkpoint saved" in low:
-        return ["checkpoint_saved"]
+        return [K.CHECKPOINT_SAVED]
     if "loaded checkpoint" in low or "checkpoint loaded" in low or "resumed from checkpoint" in low:
-        return ["checkpoint_loaded"]
+        return [K.CHECKPOINT_LOADED]
     return []
 
 
 def _process_end(text: str) -> list[str]:
     out = [
         k
-        for k, word in (("segfault", "Segmentation fault"), ("task_exit", "Exited with exit code"))
+        for k, word in ((K.SEGFAULT, "Segmentation fault"), (K.TASK_EXIT, "Exited with exit code"))
         if word in text
     ]
     if not out and ": Killed" in text and _SRUN_TASK_RE.search(text):
-        out.append("task_exit")  # srun: "task 3: Killed" (SIGKILL from outside: the OOM killer, a cancel)
+        out.append(K.TASK_EXIT)  # srun: "task 3: Killed" (SIGKILL from outside: the OOM killer, a cancel)
     return out
 
 
 def _cancel_kind(reason: str) -> str:
     """The event of SLURM's `*** JOB n ON node CANCELLED AT time DUE TO <reason> ***`."""
     if "TIME LIMIT" in reason:
-        return "time_limit"
+        return K.TIME_LIMIT
     if "PREEMPT" in reason:
-        return "preemption"
+        return K.PREEMPTION
     if "NODE FAIL" in reason:
-        return "node_fail"
+        return K.NODE_FAIL
     if "REQUEUE" in reason:
-        return "requeue"
-    return "cancelled"
+        return K.REQUEUE
+    return K.CANCELLED
 
 
 # ----------------------------------------------------------------------------------------- tracebacks
@@ -275,10 +258,13 @@ class TracebackTracker:
             return None
         p.seen += 1
         s = text.rstrip("\r\n")
+        # Megatron's iteration lines start with a blank, like a frame: an iteration line is never a frame,
+        # the writer went on without printing the exception
+        if ITERATION_TRIGGER in s and iteration_head(s) is not None:
+            return self.cut(key, "an iteration line came first")
         if not s.strip() or s.startswith((" ", "\t")) or s.startswith("Traceback (most recent call last)"):
             if p.seen > self.MAX_LINES:
-                del self.pending[key]
-                return p.start_line, Event("traceback", "traceback cut off (no exception line)", p.time)
+                return self.cut(key, f"over {self.MAX_LINES} lines")
             return None
         if s.startswith(
             ("During handling of the above exception", "The above exception was the direct cause")
@@ -287,13 +273,34 @@ class TracebackTracker:
         if s.startswith("^") or s.lstrip().startswith("~"):
             return None
         del self.pending[key]
-        return p.start_line, Event("traceback", s.strip()[:500], p.time)
+        return p.start_line, Event(K.TRACEBACK, s.strip()[:500], p.time)
 
-    def flush(self) -> list[tuple[int, Event]]:
-        """Tracebacks still open at end of input (file truncated mid-traceback)."""
+    def cut(self, key: object, why: str) -> tuple[int, Event] | None:
+        """End the writer's open traceback without its exception line (None when none is open)."""
+        p = self.pending.pop(key, None)
+        if p is None:
+            return None
+        return p.start_line, Event(K.TRACEBACK, f"traceback cut off (no exception line: {why})", p.time)
+
+    def state(self) -> list[list]:
+        """The open tracebacks as JSON values ([writer key, start line, time, lines seen]): a growing log's
+        next ingest goes on with them (see restore)."""
+        return [
+            [list(k) if isinstance(k, tuple) else k, p.start_line, p.time and p.time.isoformat(), p.seen]
+            for k, p in self.pending.items()
+        ]
+
+    def restore(self, state: list[list]) -> None:
+        for key, line, time, seen in state:
+            t = datetime.fromisoformat(time) if time else None
+            self.pending[tuple(key) if isinstance(key, list) else key] = _Pending(line, t, seen)
+
+    def flush(self) -> list[tuple[object, int, Event]]:
+        """Tracebacks still open at end of input (file truncated mid-traceback): (writer key, start line,
+        event) each, so that the event keeps who wrote it."""
         out = [
-            (p.start_line, Event("traceback", "traceback truncated (no exception line)", p.time))
-            for p in self.pending.values()
+            (k, p.start_line, Event(K.TRACEBACK, "traceback truncated (no exception line)", p.time))
+            for k, p in self.pending.items()
         ]
         self.pending.clear()
         return out
@@ -331,13 +338,6 @@ def is_summary_field(s: str) -> bool:
 
 
 _ROOT_END_RE = re.compile(r"^\s*(?:={5,}|-{5,}|\[\d+\]:)\s*$")  # the border, or the next failure entry
-_LAUNCHER_EXCEPTION_RE = re.compile(r"\bChildFailedError\b")
-
-
-def is_launcher_exception(msg: str) -> bool:
-    """The launcher's own exception (torchrun's ChildFailedError): it only says that a child failed; the
-    summary after it names the rank and how it ended."""
-    return bool(_LAUNCHER_EXCEPTION_RE.search(msg))
 
 
 def signal_name(signum: int) -> str | None:
@@ -422,13 +422,13 @@ def _read_root_field(s: str, f: dict) -> None:
         f["file"] = None if m.group(1) == "<N/A>" else m.group(1)[:200]
 
 
-def parse_root_cause(lines: list[str], kind: str = "child_failed") -> tuple[int | None, Event] | None:
+def parse_root_cause(lines: list[str], kind: str = K.CHILD_FAILED) -> tuple[int | None, Event] | None:
     """torchrun's ChildFailedError summary: the lines after "Root Cause (first observed failure):" (or,
     kind child_failed_other, one entry of its "Failures:" list: a rank that also failed)."""
     rc = read_root_cause(lines)
     if rc is None:
         return None
-    msg = rc.message if kind == "child_failed" else f"also failed: {rc.message}"
+    msg = rc.message if kind == K.CHILD_FAILED else f"also failed: {rc.message}"
     return rc.rank, Event(kind, msg, rc.time, rc.rank, local_rank=rc.local_rank)
 
 
@@ -438,7 +438,7 @@ _ERROR_LINE = re.compile(
     r"^\s*(?:\[?rank\d+\]?:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)|error|Error|ERROR|FATAL|"
     r"fatal|Killed|Segmentation fault)\b"
 )
-_FIRST_ERROR_KINDS = ("oom", "segfault", "time_limit", "node_fail", "preemption")
+_FIRST_ERROR_KINDS = (K.OOM, K.SEGFAULT, K.TIME_LIMIT, K.NODE_FAIL, K.PREEMPTION)
 
 
 def first_error(text: str) -> str | None:

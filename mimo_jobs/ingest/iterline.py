@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from .staging import ITER_TYPES, storable_int
 from .timestamps import make_time
 
 ITERATION_TRIGGER = "iteration"  # the substring that makes a line a candidate iteration line
@@ -45,8 +46,6 @@ _INT_KEYS = {
 }
 COLUMN_OF = {**_FLOAT_KEYS, **_INT_KEYS}
 INT_COLUMNS = frozenset(_INT_KEYS.values())
-# The store's integer types: a count beyond them (a garbled "global batch size: 1e20") is no value at all.
-_INT_MAX = {"consumed_samples": 2**63 - 1, "gbs": 2**31 - 1, "skipped": 2**31 - 1, "nan": 2**31 - 1}
 # column order of fast_fields' values (and of the compiled scanner's key columns)
 FAST_COLUMNS = (
     "elapsed_ms",
@@ -105,10 +104,11 @@ def iteration_head(text: str) -> tuple[int, int, str | None, int] | None:
 
 
 def _as_int(col: str, x: float | None) -> int | None:
+    """A count as its column stores it: int(x), or None beyond the store's type (a garbled "global batch
+    size: 1e20" is no value at all)."""
     if x is None or not math.isfinite(x):
         return None
-    v = int(x)
-    return v if -_INT_MAX[col] <= v <= _INT_MAX[col] else None
+    return storable_int(int(x), ITER_TYPES[col])
 
 
 def parse_fields(rest: str) -> tuple[dict, dict, dict]:

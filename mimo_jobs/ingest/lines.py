@@ -13,10 +13,12 @@ from .events import Event, TracebackTracker
 from .origin import Origin, PathInfo, split_origin
 from .readers import FileState
 from .runs import RunCtx
+from .staging import measured_time, storable_int
 from .timestamps import find_time, store_text
 
 TRACEBACK = "Traceback (most recent call last)"
 ROOT_CAUSE = "Root Cause (first observed failure)"
+_LAUNCHER_WORDS = ("slurmstepd:", "srun:")
 
 
 class LineHandler:
@@ -34,6 +36,7 @@ class LineHandler:
         # an entry of torchrun's summary being read, [line_no, kind, field lines]: the "Root Cause" entry
         # (child_failed) or one of its "Failures:" list (child_failed_other)
         self._entry: list | None = None
+        self._resume(st.open_blocks)
 
     def fast(self) -> bool:
         """Whether iteration lines may skip the origin/traceback bookkeeping (the C scanner's fast mode)."""
@@ -48,6 +51,8 @@ class LineHandler:
                 self._iteration(head, line, line_no)
                 return
         origin, body = split_origin(line)
+        if body.startswith(_LAUNCHER_WORDS):
+            origin = Origin()  # srun labels what slurmstepd and srun print too: the label is no writer
         if events.is_summary_field(body):
             self._summary_field(line_no, body)
         key = (origin.task, origin.local_rank, origin.rank)
@@ -55,8 +60,8 @@ class LineHandler:
             done = self.tracker.feed(key, body)
             if done:
                 self._emit(origin, done[0], done[1])
-            if body[:1] in (" ", "\t"):
-                return
+            if body[:1] in (" ", "\t") and self.tracker.active(key):
+                return  # a frame of the open traceback
         if iterline.ITERATION_TRIGGER in body:
             head = iterline.iteration_head(body)
             if head is not None:
@@ -77,17 +82,34 @@ class LineHandler:
             self._emit(origin, line_no, ev)
 
     def finish(self) -> None:
-        """End of the file's complete lines: blocks still open become events."""
+        """End of the file's complete lines: blocks still open become events, and are kept in the file's
+        state: if the file grows, the next ingest goes on with them and replaces those events."""
+        tracebacks = self.tracker.state()
+        self.st.open_blocks = (
+            {"tracebacks": tracebacks, "entry": self._entry} if tracebacks or self._entry else None
+        )
         if self._entry is not None:
             self._finish_entry()
-        for ln, ev in self.tracker.flush():
-            self._emit(Origin(), ln, ev)
+        for key, ln, ev in self.tracker.flush():
+            self._emit(Origin(*key), ln, ev)  # the key is (task, local rank, rank) of its lines' prefixes
+
+    def _resume(self, blocks: dict | None) -> None:
+        """Go on with the blocks the last ingest left open; the events it wrote for them are replaced."""
+        if not blocks:
+            return
+        self.tracker.restore(blocks.get("tracebacks") or [])
+        self._entry = blocks.get("entry")
+        starts = [t[1] for t in blocks.get("tracebacks") or []]
+        self.stage.replace_events(starts + ([self._entry[0]] if self._entry else []))
 
     # ------------------------------------------------------------------------------------- iterations
 
     def _iteration(self, head: tuple, text: str, line_no: int) -> None:
         it, total, ts, end = head
         st = self.st
+        if storable_int(it, "INTEGER") is None:
+            st.bad += 1  # an iteration number the store cannot hold: a garbled line
+            return
         if ts:
             try:
                 datetime.fromisoformat(ts)
@@ -106,11 +128,12 @@ class LineHandler:
             st.bad += 1
             return
         (elapsed, lr, gn, cs, gbs, ls, sk, nan, tf), loss, aux, extras = _fields(rest)
-        if elapsed is None:
+        if not measured_time(elapsed):
             st.bad += 1  # garbled (e.g. interleaved with another rank's output)
             return
         row = [it, ts, elapsed, loss, lr, gn, cs, gbs, ls, sk, nan, tf, aux, extras]
-        self.stage.log_iteration(row + [self.base_attempt + st.restarts, total], line_no)
+        if not self.stage.log_iteration(row + [self.base_attempt + st.restarts, total], line_no):
+            st.bad += 1
 
     # ------------------------------------------------------------------------------------- events
 
@@ -119,8 +142,17 @@ class LineHandler:
         p = self.pinfo
         if origin == Origin() and p.local_rank is not None:
             origin = Origin(local_rank=p.local_rank)
+        if origin.task is not None and origin.local_rank is None and origin.rank is None:
+            return self._task(origin.task, p.node)  # srun --label's "N: " alone
         node = origin.task if origin.task is not None else p.node
         return origin.global_rank(self.ctx.gpus_per_node, p.node), node
+
+    def _task(self, task: int, node: int | None) -> tuple[int | None, int | None]:
+        """(rank, node) of an srun task: a node in this toolkit's runs (one torchrun per node), a rank in
+        other logs (`srun --ntasks-per-node=<GPUs>`: one task per GPU), or where a node has one GPU."""
+        if self.ctx.ours:
+            return (task if self.ctx.gpus_per_node == 1 else None), task
+        return task, node
 
     def _last_time(self) -> datetime | None:
         return datetime.fromisoformat(self.st.last_time) if self.st.last_time else None
@@ -143,7 +175,9 @@ class LineHandler:
         if ev.rank is not None:
             return ev.rank, node
         if ev.task is not None:
-            return (None, ev.task) if self.ctx.ours else (ev.task, node)
+            return self._task(ev.task, node)
+        if ev.local_rank is not None and node is None and self.ctx.nodes == 1:
+            return ev.local_rank, 0  # one node, one process per GPU: the device index is the rank
         if ev.local_rank is not None and node is not None and gpn:
             return node * gpn + ev.local_rank, node
         return None, node

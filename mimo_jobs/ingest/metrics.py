@@ -10,6 +10,7 @@ from mimo_jobs.contract.iteration import PHASES
 
 from .readers import FileState
 from .runs import RunCtx
+from .staging import measured_time
 from .timestamps import find_time, store_text
 
 # the record keys staged as they are, in the iterations table's order (between time and phases)
@@ -57,10 +58,17 @@ def _iteration(r: dict, st: FileState, ctx: RunCtx, stage, src: str) -> None:
     extras = r.get("extras") or {}
     t = store_text(_parse_iso(r.get("time")))
     job, attempt = str(r.get("job_id") or "unknown"), int(r.get("attempt") or 0)
-    stage.iteration(
+    # no time at all (zero, negative, NaN, infinite): the line is counted bad, its other figures kept
+    no_time = r.get("elapsed_ms") is not None and not measured_time(r["elapsed_ms"])
+    if no_time:
+        r = {**r, "elapsed_ms": None}
+    staged = stage.iteration(
         [ctx.run_id, job, it, t, *[r.get(k) for k in _VALUE_KEYS], json.dumps(phases), json.dumps(extras)]
         + ["jsonl", attempt, r.get("train_iters"), src, *[_float(phases.get(p)) for p in PHASES]]
     )
+    if not staged:
+        raise ValueError("iteration out of the store's range")  # counted as a bad line
+    st.bad += no_time
     st.last_time = t or st.last_time
 
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mimo_jobs.store.connection import transaction
+from mimo_jobs.submit.executors.sacct import parse_dump
 
 from . import readers, sacct
 from .discover import IngestError, Target, discover
@@ -262,6 +263,7 @@ def _start(
         last_iter=saved.get("last_iter"),
         restarts=saved.get("restarts", 0),
         last_time=saved.get("last_time"),
+        open_blocks=saved.get("open_blocks"),
     )
 
 
@@ -305,7 +307,7 @@ def _read(s: _Session, t: Target, ctx: RunCtx, offset: int, size: int, st: FileS
 def _store_sacct(con, text: str, ctx: RunCtx, src: str, st: FileState, stage: Stage) -> None:
     lines = text.split("\n")[:-1]
     try:
-        records = sacct.parse_dump(lines)
+        records = parse_dump(lines)
     except ValueError as e:
         st.bad += len(lines)
         raise IngestError(f"{src}: {e}") from None

@@ -99,11 +99,16 @@ class FileState:
     last_iter: int | None = None
     restarts: int = 0
     last_time: str | None = None
+    # multi-line blocks still open where the last ingest stopped (a traceback without its exception line
+    # yet, a torchrun summary entry without all its fields): an append goes on with them, so a log ingested
+    # while it grows gives the events of one ingest of the whole file (lines.LineHandler)
+    open_blocks: dict | None = None
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"last_iter": self.last_iter, "restarts": self.restarts, "last_time": self.last_time}
-        )
+        d = {"last_iter": self.last_iter, "restarts": self.restarts, "last_time": self.last_time}
+        if self.open_blocks:
+            d["open_blocks"] = self.open_blocks
+        return json.dumps(d)
 
 
 def line_text(raw: bytes) -> str:

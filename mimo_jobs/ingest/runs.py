@@ -32,6 +32,7 @@ class RunCtx:
     # launched by this toolkit's scripts (a run dir): srun starts one task per node (task N = node N);
     # other logs usually come from `srun --ntasks-per-node=<GPUs>` (task N = global rank N)
     ours: bool = True
+    nodes: int | None = None  # known from run.yaml or --nodes: on one node an NCCL device index is a rank
 
 
 def register_runs(con, targets: list[Target], log_run: LogRunInfo | None) -> tuple[dict, int]:
@@ -44,9 +45,20 @@ def register_runs(con, targets: list[Target], log_run: LogRunInfo | None) -> tup
     for rd, (spec, doc) in specs.items():
         if not _known(con, spec.run_id):
             catalog.ensure_study(con, spec.study, description="(recorded by ingest from run.yaml)")
-            catalog.record_run(con, spec, str(rd.resolve()), provenance=doc.get("provenance") or {})
+            catalog.record_run(
+                con,
+                catalog.RunRecord(**spec.catalog_fields()),
+                str(rd.resolve()),
+                provenance=doc.get("provenance") or {},
+            )
             new += 1
-        ctx[rd] = RunCtx(spec.run_id, spec.layout.gpus_per_node, RunDir(rd).metrics.is_file())
+        lay = spec.layout
+        ctx[rd] = RunCtx(
+            run_id=spec.run_id,
+            gpus_per_node=lay.gpus_per_node,
+            has_metrics=RunDir(rd).metrics.is_file(),
+            nodes=lay.nodes,
+        )
     loose = [t for t in targets if t.run_dir is None]
     if loose:
         new += _register_log_runs(con, loose, log_run or LogRunInfo(), ctx)
@@ -68,7 +80,7 @@ def _load_run_yamls(run_dirs: list[Path]) -> dict:
     specs = {}
     for rd in run_dirs:
         try:
-            specs[rd] = load_run_yaml(rd / "run.yaml")
+            specs[rd] = load_run_yaml(RunDir(rd).run_yaml)
         except Exception as e:  # noqa: BLE001 - any parse/validation failure names the file
             raise IngestError(f"{rd / 'run.yaml'}: cannot read run description: {e}") from None
     return specs
@@ -107,7 +119,7 @@ def _register_log_runs(con, loose: list[Target], info: LogRunInfo, ctx: dict) ->
         if rid not in known:
             known.add(rid)
             new += 1
-        ctx[t.src] = RunCtx(rid, info.gpus_per_node, False, ours=False)
+        ctx[t.src] = RunCtx(rid, info.gpus_per_node, False, ours=False, nodes=info.nodes)
     return new
 
 

@@ -4,11 +4,15 @@ the merge that adds them to `iterations` keeping (run_id, job_id, iteration) uni
 from __future__ import annotations
 
 import csv
+import math
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 
 from mimo_jobs.contract.iteration import PHASES
+
+from .discover import IngestError
 
 ITER_TYPES = {
     "run_id": "VARCHAR",
@@ -45,6 +49,7 @@ ITER_TYPES = (
     | {"seq": "BIGINT"}
 )
 ITER_COLS = [c for c in ITER_TYPES if c != "seq"]  # the iterations table's columns, in staging order
+_ITERATION = ITER_COLS.index("iteration")
 # Megatron log lines stage only what varies per line; run/job/file are constants added by the load query.
 LOG_ITER_TYPES = {
     c: ITER_TYPES[c]
@@ -75,6 +80,47 @@ _LOG_ITER_SELECT = (
     "moe_aux_loss, NULL::VARCHAR AS phases, extras, 'megatron-log' AS source, attempt, train_iters, "
     "? AS source_file, " + ", ".join(f"NULL::DOUBLE AS {c}" for c in PHASE_COLS) + ", seq FROM {src}"
 )
+# The range of the store's integer types. Parsers give Python ints of any size; what does not fit a column is
+# no value at all (the rest of its line is kept), and a row whose key does not fit is not stored. This is the
+# one check between the parsers and the store: a value it lets through always converts.
+INT_RANGE = {"INTEGER": 2**31 - 1, "BIGINT": 2**63 - 1}
+
+
+def storable_int(value, sql_type: str) -> int | None:
+    """`value` as a whole number that fits `sql_type` (INTEGER, BIGINT), else None (a bool is no number)."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    lim = INT_RANGE[sql_type]
+    return value if -lim <= value <= lim else None
+
+
+def _storable(value, sql_type: str):
+    """A value of any parser as what its column takes, or None."""
+    if sql_type in INT_RANGE:
+        return storable_int(value, sql_type)
+    if sql_type == "DOUBLE":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return float(value) if ok else None  # NaN and infinity are values (a diverged loss)
+    return value
+
+
+def measured_time(value) -> bool:
+    """Whether an iteration's elapsed time (a number, or its text) is one: finite and above zero. Anything
+    else is a garbled line (a clock cannot measure zero, a negative or an infinite time)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(x) and x > 0
+
+
+class StagingError(IngestError):
+    """Rows of a file that the store would not take (a value of the wrong type): the file is left out, the
+    store is unchanged. A safety net behind the range check: it names the value, never a damaged store."""
+
+
 EVENT_COLS = ["run_id", "job_id", "rank", "node", "time", "kind", "message", "source_file", "line_no"]
 EVENT_TYPES = {
     "run_id": "VARCHAR",
@@ -192,6 +238,7 @@ class Stage:
         self.log_const: tuple[str, str, str] | None = None  # (run_id, job_id, source_file) of log rows
         self.n_ev = 0
         self._ev_keys: set[tuple[int, str]] = set()
+        self._replaced: list[int] = []  # lines whose stored events this file's rows replace
 
     @property
     def dir(self) -> str:
@@ -206,16 +253,30 @@ class Stage:
             w = self._writers[name] = csv.writer(f)
         return w
 
-    def iteration(self, row: list) -> None:
+    def iteration(self, row: list) -> bool:
+        """A row of ITER_COLS (values from a JSON record: any type). False, and nothing staged, when its
+        iteration does not fit the store; any other value that does not fit its column is staged empty."""
+        row = [_storable(v, ITER_TYPES[c]) for v, c in zip(row, ITER_COLS, strict=True)]
+        if row[_ITERATION] is None:
+            return False
         self.n_it += 1
         self._writer("it.csv").writerow(row + [self.n_it])
+        return True
 
-    def log_iteration(self, row: list, seq: int) -> None:
-        """A Megatron log iteration: LOG_ITER_TYPES columns without seq (the line number: later lines win)."""
+    def log_iteration(self, row: list, seq: int) -> bool:
+        """A Megatron log iteration: LOG_ITER_TYPES columns without seq (the line number: later lines win).
+        Its integer columns come range-checked (iterline) but for the head's iteration and total and the
+        attempt: False, and nothing staged, when the iteration does not fit the store."""
+        it = row[0] = storable_int(row[0], "INTEGER")
+        if it is None:
+            return False
+        row[-1] = storable_int(row[-1], "INTEGER")  # train_iters
+        row[-2] = storable_int(row[-2], "INTEGER")  # attempt
         self.n_it += 1
         self.n_lit += 1
         row.append(seq)
         self._writer("lit.csv").writerow(row)
+        return True
 
     def c_batch(self, con, cols: dict) -> None:
         """Store one batch of C-parsed rows (_logscan.Scanner.take()) in a background thread: DuckDB and the C
@@ -266,9 +327,17 @@ class Stage:
         """Wait for the batch in flight (its error, if any, is raised here)."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            pending.result()
+            with _refused_rows():
+                pending.result()
+
+    def replace_events(self, line_nos: list[int]) -> None:
+        """The events stored at these lines of the file (for blocks then still open) go at load."""
+        self._replaced += line_nos
 
     def event(self, row: list) -> None:
+        """A row of EVENT_COLS; a rank or node the store cannot hold is dropped (the event is kept)."""
+        row[2] = storable_int(row[2], "INTEGER")
+        row[3] = storable_int(row[3], "INTEGER")
         key = (row[-1], row[5])
         if key in self._ev_keys:
             return
@@ -288,6 +357,15 @@ class Stage:
         for f in self._files.values():
             f.close()
         self.wait()
+        with _refused_rows():
+            return self._load(con)
+
+    def _load(self, con) -> tuple[int, int]:
+        if self._replaced:
+            con.execute(
+                "DELETE FROM events WHERE source_file = ? AND line_no IN (SELECT unnest(?::BIGINT[]))",
+                [self.log_const[2], self._replaced],
+            )
         if self.n_it > self.n_lit + self.n_c:
             merge(con, f"SELECT * FROM {self._read('it.csv', ITER_TYPES)}", [], dedupe=True)
         if self.n_lit:  # iteration lines parsed in Python (outside the C scanner's strict syntax)
@@ -308,3 +386,16 @@ class Stage:
                 f.close()
         if self._dir is not None:  # its CSV files
             shutil.rmtree(self._dir, ignore_errors=True)
+
+
+@contextmanager
+def _refused_rows():
+    """DuckDB refusing a staged value (a conversion or CSV error) becomes a StagingError: it is about this
+    file's rows, not the store (whose own failures keep their meaning)."""
+    try:
+        yield
+    except Exception as e:
+        if type(e).__name__ not in ("ConversionException", "InvalidInputException"):
+            raise
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise StagingError(f"rows the store would not take ({first}); this file was left out") from None

@@ -80,6 +80,38 @@ def says_ingested(files: int):
     return check
 
 
+ITER = (
+    " [2024-04-06 03:02:{s:02d}] iteration {i:8d}/     100 | consumed samples: {c:12d} | elapsed time per "
+    "iteration (ms): {ms} | learning rate: 1.4E-05 | global batch size:   128 | lm loss: 1.82E+00 | loss "
+    "scale: 1.0 | grad norm: 1.3 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+)
+
+
+def iters(first: int, last: int, ms: str = "5372.3") -> str:
+    return "".join(ITER.format(s=i % 60, i=i, c=128 * i, ms=ms) + "\n" for i in range(first, last + 1))
+
+
+def with_line(line: str) -> str:
+    """Ten iteration lines with `line` after the fifth."""
+    return iters(1, 5) + line + "\n" + iters(6, 10)
+
+
+def stored(iterations: int, events: int | None = None):
+    def check(tmp: Path, out: str) -> None:
+        import duckdb
+
+        con = duckdb.connect(str(tmp / "s.duckdb"), read_only=True)
+        got = con.execute("SELECT count(*) FROM iterations").fetchone()[0]
+        evs = con.execute("SELECT kind, rank, message FROM events").fetchall()
+        con.close()
+        assert got == iterations, (got, out)
+        assert events is None or len(evs) == events, evs
+
+    return check
+
+
+TRACEBACK = 'Traceback (most recent call last):\n  File "pretrain_gpt.py", line 264, in <module>'
+
 CASES = [
     # files that are not regular files: refused by name (or skipped inside a directory), never read
     Case("fifo", ["ingest", "{tmp}/f.log", "--db", DB], 2, ("f.log: not a log file (a FIFO)",),
@@ -138,6 +170,30 @@ CASES = [
     Case("empty-log", ["ingest", "{tmp}/e.log", "--db", DB], 0, ("ingested 1 file(s)", "0 lines")),
     Case("no-newline-at-all", ["ingest", "{tmp}/n.log", "--db", DB], 0, ("partial line",),
          files={"n.log": "x" * 2_000_000}),
+    # numbers beyond the store's INTEGER columns: the field is dropped or the line tolerated, the rest stored
+    Case("rank-beyond-integer", ["ingest", "{tmp}/t.log", "--db", DB], 0, ("10 iterations", "1 events"),
+         files={"t.log": with_line("[Rank 99999999999] Watchdog caught collective operation timeout: x")},
+         check=stored(10, 1)),
+    Case("srun-task-beyond-integer", ["ingest", "{tmp}/t.log", "--db", DB], 0, ("10 iterations",),
+         files={"t.log": with_line("srun: error: node1: task 99999999999: Killed")}, check=stored(10, 1)),
+    Case("torchrun-rank-beyond-integer", ["ingest", "{tmp}/t.log", "--db", DB], 0, ("10 iterations",),
+         files={"t.log": with_line("Root Cause (first observed failure):\n[0]:\n  rank      : 99999999999 "
+                                   "(local_rank: 0)\n  exitcode  : -9 (pid: 1)\n  traceback : Signal 9 (SIGKILL)")},
+         check=stored(10, 1)),
+    Case("iteration-beyond-integer", ["ingest", "{tmp}/t.log", "--db", DB], 0, ("1 bad line(s)",),
+         files={"t.log": with_line(ITER.format(s=0, i=3_000_000_000, c=1, ms="1.0"))}, check=stored(10)),
+    # an open traceback never swallows the iteration lines after it (they start with a blank, like a frame)
+    Case("traceback-then-iterations", ["ingest", "{tmp}/t.log", "--db", DB], 0, ("10 iterations", "1 events"),
+         files={"t.log": TRACEBACK + "\n" + iters(1, 10)}, check=stored(10, 1)),
+    # an iteration time of zero, below zero, NaN or infinite is no time: the line is garbled
+    Case("zero-time", ["ingest", "{tmp}/t.log", "--db", DB], 0, ("3 bad line(s)",),
+         files={"t.log": iters(1, 3, ms="0.0") + iters(4, 6)}, check=stored(3)),
+    Case("negative-time", ["ingest", "{tmp}/t.log", "--db", DB], 0, ("3 bad line(s)",),
+         files={"t.log": iters(1, 3, ms="-5.0") + iters(4, 6)}, check=stored(3)),
+    Case("nan-time", ["ingest", "{tmp}/t.log", "--db", DB], 0, ("3 bad line(s)",),
+         files={"t.log": iters(1, 3, ms="nan") + iters(4, 6)}, check=stored(3)),
+    Case("infinite-time", ["ingest", "{tmp}/t.log", "--db", DB], 0, ("3 bad line(s)",),
+         files={"t.log": iters(1, 3, ms="inf") + iters(4, 6)}, check=stored(3)),
     # a run named after its log file: the name is shown, its escape sequence and markup are not obeyed
     Case("status-escape-in-file-name", ["status", "--db", DB], 0, ("[b]\\x1b[31mred",),
          files={"[b]\x1b[31mred.log": SHORT}, setup=ingested("{tmp}/[b]\x1b[31mred.log"), check=no_escape),

@@ -20,7 +20,9 @@ SIGNALS = FIXTURES / "signals"
 GPN = 8  # the logs' jobs ran 8 GPUs per node
 
 
-def ingested(tmp: Path, name: str, scanner: str) -> list[EventRow]:
+def ingested(
+    tmp: Path, name: str, scanner: str, nodes: int | None = None, iterations: int = 0
+) -> list[EventRow]:
     if scanner == "c":
         require_ext()
     con = store.connect(tmp / f"{scanner}.duckdb")
@@ -28,10 +30,10 @@ def ingested(tmp: Path, name: str, scanner: str) -> list[EventRow]:
         stats = ingest.ingest_paths(
             con,
             [SIGNALS / name],
-            log_run=ingest.LogRunInfo(gpus_per_node=GPN),
+            log_run=ingest.LogRunInfo(gpus_per_node=GPN, nodes=nodes),
             options=ScanOptions(scanner=scanner),
         )
-        assert stats.problems == []
+        assert stats.problems == [] and stats.iterations == iterations
         rows = con.execute(
             "SELECT rank, node, time, kind, message, source_file, line_no FROM events ORDER BY line_no, kind"
         ).fetchall()
@@ -212,3 +214,31 @@ def test_node_failure(tmp_path, scanner):
     (ev,) = ingested(tmp_path, "node_failure.log", scanner)
     assert ev.kind == "node_fail"
     assert "Node failure on worker-1" in triage([ev], world=8).reason
+
+
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_srun_label_prefixes(tmp_path, scanner):
+    # every line starts with srun's "N: " label: the iteration lines are still iterations, and slurmstepd's
+    # line (labelled too) names no task; srun's own line does: task 2 is rank 2 (one task per GPU)
+    evs = ingested(tmp_path, "srun_label_oom_kill.log", scanner, iterations=2)
+    assert kinds(evs) == [(4, "oom", None, None), (5, "oom", 2, None)]
+    v = triage(evs, world=8)
+    assert (v.kind, v.rank) == ("failed", 2) and v.evidence.endswith(":5")
+
+
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_a_rank_prefixed_traceback_cut_short_keeps_its_rank(tmp_path, scanner):
+    (ev,) = ingested(tmp_path, "rank_traceback_cut.log", scanner)
+    assert (ev.kind, ev.rank, ev.line_no) == ("traceback", 12, 2)
+    assert "no exception line" in ev.message
+    v = triage([ev], world=16)
+    assert (v.kind, v.rank) == ("failed", 12) and v.evidence.endswith(":2")
+
+
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_nccl_lines_behind_a_timestamp_name_their_device(tmp_path, scanner):
+    # one node, one process per GPU: NCCL's [device] is the rank
+    evs = ingested(tmp_path, "nccl_warn_timestamp_oom.log", scanner, nodes=1)
+    assert kinds(evs) == [(2, "peer_lost", 1, 0), (3, "oom", 3, 0)]
+    v = triage(evs, world=8)
+    assert (v.kind, v.rank) == ("failed", 3) and "Cuda failure 2 'out of memory'" in v.reason

@@ -5,7 +5,8 @@ from datetime import datetime
 
 import pytest
 
-from mimo_jobs.ingest import events, iterline, origin, sacct
+from mimo_jobs.ingest import events, iterline, origin
+from mimo_jobs.submit.executors import sacct
 
 REAL = (
     " [2024-04-06 03:02:12] iteration       71/     100 | consumed samples:         9088 | elapsed time per "
@@ -175,7 +176,9 @@ def test_traceback_truncated_is_flushed():
     tr = events.TracebackTracker()
     tr.start("r", 3, None)
     tr.feed("r", '  File "a.py", line 1')
-    assert tr.flush() == [(3, events.Event("traceback", "traceback truncated (no exception line)", None))]
+    assert tr.flush() == [
+        ("r", 3, events.Event("traceback", "traceback truncated (no exception line)", None))
+    ]
 
 
 def test_traceback_keeps_last_exception_of_a_chain():

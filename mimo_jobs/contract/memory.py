@@ -1,0 +1,92 @@
+"""The memory-facts record: what one rank measured it holds, written by the trainer to
+`<run dir>/memory/rank-<r>.json` (trainer/observe/memory.py) and read by ingest into `rank_memory`.
+
+Torch-free. `to_json` and `from_json` are the file's one format; `from_json` names the field that is
+missing or not a number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MEMORY_DIR = "memory"  # under the run directory
+MODULE_FIELDS = ("params", "param_bytes", "grad_buffer_bytes", "optimizer_state_bytes")
+
+
+@dataclass(frozen=True)
+class ModuleMemory:
+    """What one module (encoder, language) holds on the rank after sharding."""
+
+    params: int
+    param_bytes: int
+    grad_buffer_bytes: int
+    optimizer_state_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class MemoryFacts:
+    rank: int
+    modules: dict[str, ModuleMemory] = field(default_factory=dict)  # by module name
+    saved_activation_peak_bytes: int = 0  # autograd's saved tensors at their peak
+    inflight_peak: int = 0  # microbatches awaiting their backward at once, at most
+    iteration: int | None = None  # when the facts were taken
+    tp_rank: int | None = None
+    pp_rank: int | None = None
+    dp_rank: int | None = None
+    cuda_max_allocated_bytes: int | None = None  # the CUDA allocator's peaks (GPU runs only)
+    cuda_max_reserved_bytes: int | None = None
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        for k in ("cuda_max_allocated_bytes", "cuda_max_reserved_bytes"):
+            if out[k] is None:
+                del out[k]  # a CPU run measured none: the file has no such key
+        return out
+
+    @classmethod
+    def from_json(cls, d: object) -> MemoryFacts:
+        """The record of a parsed file; ValueError naming the field that is missing or not a number."""
+        if not isinstance(d, dict) or not isinstance(d.get("modules"), dict):
+            raise ValueError("expected an object with 'rank' and 'modules'")
+        modules = {}
+        for name, m in d["modules"].items():
+            if not isinstance(m, dict):
+                raise ValueError(f"modules.{name}: expected an object")
+            modules[str(name)] = ModuleMemory(
+                *(
+                    _count(m, k, f"modules.{name}.", required=k != "optimizer_state_bytes") or 0
+                    for k in MODULE_FIELDS
+                )
+            )
+        return cls(
+            rank=_count(d, "rank"),
+            modules=modules,
+            saved_activation_peak_bytes=_count(d, "saved_activation_peak_bytes"),
+            inflight_peak=_count(d, "inflight_peak", required=False) or 0,
+            iteration=_count(d, "iteration", required=False),
+            tp_rank=_count(d, "tp_rank", required=False),
+            pp_rank=_count(d, "pp_rank", required=False),
+            dp_rank=_count(d, "dp_rank", required=False),
+            cuda_max_allocated_bytes=_count(d, "cuda_max_allocated_bytes", required=False),
+            cuda_max_reserved_bytes=_count(d, "cuda_max_reserved_bytes", required=False),
+        )
+
+
+def facts_path(run_dir: Path, rank: int) -> Path:
+    """Where a rank's facts live in its run directory."""
+    return Path(run_dir) / MEMORY_DIR / f"rank-{rank:05d}.json"
+
+
+def _count(d: dict, key: str, where: str = "", required: bool = True) -> int | None:
+    """A whole, non-negative number field (bool is not one); None when absent and not required."""
+    v = d.get(key)
+    if v is None:
+        if required:
+            raise ValueError(f"{where}{key}: missing")
+        return None
+    whole = isinstance(v, int) or (isinstance(v, float) and math.isfinite(v) and v.is_integer())
+    if isinstance(v, bool) or not whole or v < 0:
+        raise ValueError(f"{where}{key}: expected a whole number >= 0, got {v!r}")
+    return int(v)
