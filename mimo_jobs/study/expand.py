@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 import mimo_jobs.study.topology as topology
+from mimo_jobs.study import lr_rules
 from mimo_jobs.study.load import pydantic_problems
 from mimo_jobs.study.presets import PRESETS
 from mimo_jobs.study.runspec import PointResult, RunSpec
@@ -159,7 +160,7 @@ def expand_matrix(
                 )
             ]
         else:
-            viol = topology.check(lay)
+            viol = topology.check(lay) + (_lr_violations(study, p.gbs) if study is not None else [])
         p = p.model_copy(update={"llm": p.llm.model_copy(update={"dp": dp})})
         if index + p.repeats > MAX_RUNS:
             problems.append((label, f"with its repeats the study exceeds {MAX_RUNS:,} runs"))
@@ -190,6 +191,15 @@ def expand_matrix(
             results.append(PointResult(index, label, spec, []))
             index += 1
     return results, problems
+
+
+def _lr_violations(study: StudySpec, gbs: int) -> list[topology.Violation]:
+    """The learning-rate schedule's rules for a run of `gbs` samples per step (lr_rules holds them)."""
+    lr = study.trainer.lr
+    t = study.trainer
+    end = lr_rules.decay_end(lr.decay_samples, lr_rules.run_samples(t.train_iters, t.train_samples, gbs))
+    bad = lr_rules.warmup_problem(lr.schedule, lr.warmup_samples, end)
+    return [topology.Violation(lr_rules.RULE, *bad)] if bad else []
 
 
 def expand(study: StudySpec, source: str = "<study>") -> list[PointResult]:

@@ -232,9 +232,9 @@ def context(spec: RunSpec, rd: RunDir) -> dict:
     run_dir = str(rd.root)
     container = None
     if c.container is not None:
-        ck = spec.trainer.checkpoint_dir
+        ck = rd.checkpoint_dir(spec.trainer.checkpoint_dir)
         mounts = [f"{run_dir}:{run_dir}"]
-        if ck and not Path(ck).resolve().is_relative_to(rd.root):
+        if not ck.resolve().is_relative_to(rd.root):
             mounts.append(f"{ck}:{ck}")
         mounts += [m for m in c.container.mounts if m not in mounts]
         container = {
@@ -276,19 +276,24 @@ def context(spec: RunSpec, rd: RunDir) -> dict:
         "port_span": PORT_SPAN,
         # requeue contract (trainer/signals.py; literals so rendering imports no trainer module)
         "time_limit_s": spec.cluster.model_copy(update={"time_limit": spec.time_limit}).time_limit_seconds(),
-        "requeue_marker": str(Path(spec.trainer.checkpoint_dir or rd.checkpoints) / REQUEUE_MARKER),
+        "requeue_marker": str(rd.checkpoint_dir(spec.trainer.checkpoint_dir) / REQUEUE_MARKER),
         "requeue_exit_code": REQUEUE_EXIT_CODE,
     }
 
 
 @dataclass(frozen=True)
-class _Planned:
+class Planned:
+    """A run rendered in memory: its files' texts, nothing written (what --dry-run shows)."""
+
     spec: RunSpec
     rd: RunDir
     files: dict[Path, tuple[str, int]]  # path -> (text, mode)
 
+    def text(self, path: Path) -> str:
+        return self.files[path][0]
 
-def _plan_run(spec: RunSpec, rd: RunDir, env: jinja2.Environment, prov: dict) -> _Planned:
+
+def _plan_run(spec: RunSpec, rd: RunDir, env: jinja2.Environment, prov: dict) -> Planned:
     ctx = context(spec, rd)
     files: dict[Path, tuple[str, int]] = {}
     doc = run_yaml_doc(spec, rd.root, prov)
@@ -305,7 +310,7 @@ def _plan_run(spec: RunSpec, rd: RunDir, env: jinja2.Environment, prov: dict) ->
                 [Problem(spec.name, "template", f"rendered {path.name} is not valid bash: {err}")]
             )
         files[path] = (text, 0o755)
-    return _Planned(spec, rd, files)
+    return Planned(spec, rd, files)
 
 
 def _same_run_yaml(path: Path, text: str) -> bool:
@@ -336,7 +341,7 @@ def _write_atomic(path: Path, text: str, mode: int) -> None:
         raise
 
 
-def _write(p: _Planned) -> RenderedRun:
+def _write(p: Planned) -> RenderedRun:
     """Write a planned run's files; a run directory this call created is removed again if any write fails
     (a full disk, a name the filesystem refuses), so a failed render leaves no half-made run behind."""
     new_dir = not p.rd.root.exists()
@@ -350,7 +355,7 @@ def _write(p: _Planned) -> RenderedRun:
         ) from None
 
 
-def _write_files(p: _Planned) -> RenderedRun:
+def _write_files(p: Planned) -> RenderedRun:
     p.rd.root.mkdir(parents=True, exist_ok=True)
     p.rd.logs.mkdir(exist_ok=True)  # SLURM opens --output before the script runs: the directory must exist
     changed, existed = False, False
@@ -377,11 +382,11 @@ def _write_files(p: _Planned) -> RenderedRun:
     )
 
 
-def render_runs(
+def plan_runs(
     runs: list[RunSpec], runs_root: str | Path, templates_dir: str | Path | None = None
-) -> list[RenderedRun]:
-    """Render and write `runs` under runs_root/<study>/<run>/. Everything is checked before anything is
-    written; raises RenderError (with every problem found) and writes nothing when a check fails."""
+) -> list[Planned]:
+    """Render `runs` in memory and check them (paths, setup lines, templates, `bash -n`); writes nothing.
+    Raises RenderError with every problem found."""
     root = Path(runs_root).resolve()
     problems = path_problems(root)
     for cluster in {r.cluster.model_dump_json(): r.cluster for r in runs}.values():
@@ -390,12 +395,20 @@ def render_runs(
         raise RenderError(problems)
     env = environment(templates_dir)
     prov = provenance()
-    planned = [_plan_run(s, RunDir.of(root, s.study, s.name), env, prov) for s in runs]
-    return [_write(p) for p in planned]
+    return [_plan_run(s, RunDir.of(root, s.study, s.name, s.run_id), env, prov) for s in runs]
+
+
+def render_runs(
+    runs: list[RunSpec], runs_root: str | Path, templates_dir: str | Path | None = None
+) -> list[RenderedRun]:
+    """Render and write `runs` under runs_root/<study>/<run name>-<run id>/. Everything is checked before
+    anything is written; raises RenderError (with every problem found) and writes nothing when a check
+    fails."""
+    return [_write(p) for p in plan_runs(runs, runs_root, templates_dir)]
 
 
 def render_run(spec: RunSpec, runs_root: str | Path, templates_dir: str | Path | None = None) -> RenderedRun:
-    """Render one run (what submit calls): runs_root/<study>/<run>/{run.yaml,launch.sh,sbatch.sh}."""
+    """Render one run: runs_root/<study>/<run name>-<run id>/{run.yaml,launch.sh,sbatch.sh}."""
     return render_runs([spec], runs_root, templates_dir)[0]
 
 

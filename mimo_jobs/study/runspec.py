@@ -60,6 +60,23 @@ class RunSpec:
     def rank_layout(self) -> topology.RankLayout:
         return topology.rank_layout(self.layout)
 
+    def catalog_fields(self) -> dict:
+        """The run as the store's `runs` row keeps it (store.catalog.RunRecord's fields)."""
+        lay = self.layout
+        axes = ("nodes", "gpus_per_node", "world", "enc_tp", "enc_pp", "enc_dp", "llm_tp", "llm_pp", "llm_ep")
+        return {
+            "run_id": self.run_id,
+            "study": self.study,
+            "name": self.name,
+            "index": self.index,
+            "repeat": self.repeat,
+            **{a: getattr(lay, a) for a in (*axes, "llm_etp", "llm_dp", "gbs", "mbs", "colocated")},
+            "seq_length": self.trainer.seq_length,
+            "model": self.trainer.model,
+            "accelerator": self.cluster.accelerator,
+            "spec": self.to_dict(),
+        }
+
 
 @dataclass
 class PointResult:
@@ -80,7 +97,7 @@ def load_run_yaml(path: str | Path) -> tuple[RunSpec, dict]:
 def run_yaml_doc(spec: RunSpec, run_dir: str | Path, provenance: dict | None = None) -> dict:
     """The document render writes to <run dir>/run.yaml (the trainer's whole input)."""
     rd = RunDir(Path(run_dir).resolve())
-    ckpt = spec.trainer.checkpoint_dir or str(rd.checkpoints)
+    ckpt = str(rd.checkpoint_dir(spec.trainer.checkpoint_dir))
     return {
         "run": spec.to_dict(),
         "plan": spec.rank_layout().to_dict(),

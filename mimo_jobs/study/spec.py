@@ -112,11 +112,13 @@ class HardwareSpec(_Strict):
     model, and the figures of this cluster that differ from its datasheet. Planning only: it is not part of
     a run's id and changes nothing that runs."""
 
+    # Lower bounds: a thousandth of the slowest part anyone trains on (a laptop CPU: ~0.1 TFLOP/s, ~1 GB/s);
+    # below them the planner's times overflow to infinity and its ratios to NaN.
     gpu: Literal["H100", "H200", "GH200", "B200", "A100"] = "H100"
-    memory_gib: float | None = Field(None, gt=0, le=4096)  # usable GPU memory
-    peak_tflops: float | None = Field(None, gt=0, le=100_000)  # dense BF16 per GPU
-    nvlink_gbps: float | None = Field(None, gt=0, le=100_000)  # GB/s per GPU, one direction
-    ib_gbps: float | None = Field(None, gt=0, le=100_000)  # GB/s per GPU across nodes, one direction
+    memory_gib: float | None = Field(None, ge=0.001, le=4096)  # usable GPU memory
+    peak_tflops: float | None = Field(None, ge=0.0001, le=100_000)  # dense BF16 per GPU
+    nvlink_gbps: float | None = Field(None, ge=0.001, le=100_000)  # GB/s per GPU, one direction
+    ib_gbps: float | None = Field(None, ge=0.001, le=100_000)  # GB/s per GPU across nodes, one direction
 
 
 class ClusterSpec(_Strict):
@@ -379,6 +381,16 @@ class StudySpec(_Strict):
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     trainer: TrainerSpec
     matrix: MatrixSpec
+
+    def catalog_fields(self) -> dict:
+        """The study as the store's `studies` row keeps it (store.catalog.StudyRecord's fields)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "scaling": self.scaling,
+            "baseline_nodes": self.baseline_nodes,
+            "spec": self.model_dump(mode="json"),
+        }
 
     @field_validator("name")
     @classmethod

@@ -208,6 +208,15 @@ def _colocated_tiling(lay: Layout) -> list[Violation]:
                 fit,
             )
         )
+    if lay.llm_pp > 1:
+        out.append(
+            Violation(
+                "colocated",
+                f"colocated: llm.pp={lay.llm_pp}, but every rank runs the encoder and hands its image "
+                "embeddings to the LLM on the same rank, so there is no later pipeline stage to feed",
+                "llm.pp=1 (pipeline the LLM in a heterogeneous point)",
+            )
+        )
     if (lay.enc_tp, lay.enc_pp, lay.enc_dp) != (lay.llm_tp, 1, lay.llm_dp):
         out.append(
             Violation(

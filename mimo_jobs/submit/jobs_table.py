@@ -7,21 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-ACTIVE_STATES = frozenset(
-    {
-        "SUBMITTED",
-        "PENDING",
-        "CONFIGURING",
-        "RUNNING",
-        "COMPLETING",
-        "REQUEUED",
-        "RESIZING",
-        "SUSPENDED",
-        "UNKNOWN",
-    }
-)
+from mimo_jobs.contract import jobstates
+
+ACTIVE_STATES = jobstates.ACTIVE
 # Runs whose latest job is in one of these are not submitted again (unless --force).
-KEEP_STATES = ACTIVE_STATES | {"COMPLETED"}
+KEEP_STATES = ACTIVE_STATES | jobstates.SUCCESS
 
 
 def utcnow() -> datetime:
@@ -43,7 +33,7 @@ class JobFacts:
 
     @property
     def active(self) -> bool:
-        return self.state in ACTIVE_STATES
+        return jobstates.is_active(self.state)
 
 
 @dataclass
@@ -68,7 +58,7 @@ class JobRow:
 
     @property
     def active(self) -> bool:
-        return self.state in ACTIVE_STATES
+        return jobstates.is_active(self.state)
 
     def elapsed_s(self, now: datetime | None = None) -> float | None:
         if self.start_time is None:

@@ -1,7 +1,7 @@
 """Submission core: which runs of a study to submit, submitting them crash-safely, following them, applying the
 retry/requeue policy when a job ends, and cancelling.
 
-One script, one truth: `render` writes runs/<study>/<run>/{run.yaml, launch.sh, sbatch.sh}; the slurm
+One script, one truth: `render` writes <run dir>/{run.yaml, launch.sh, sbatch.sh}; the slurm
 executor submits that sbatch.sh file itself (`sbatch --parsable --chdir=<run dir> sbatch.sh`) and the local
 executor runs that launch.sh (the script sbatch.sh starts on every node through srun). submitit supplies
 the SLURM job handles (cancel); state is read through sacct (see executors/slurm.py for why).
@@ -11,8 +11,11 @@ Store consistency (no job row without a scheduler job, nor the reverse):
 - a job is recorded in its own transaction right after sbatch returns; if that write fails the job is
   cancelled again before the error is raised;
 - a crash between sbatch returning and the commit (the only window left) is closed by an intent file
-  (<run dir>/.submit-intent.json) written before sbatch: the next submit/status finds the job the scheduler
+  (RunDir.submit_intent) written before sbatch: the next submit/status finds the job the scheduler
   knows for that run dir (sacct/squeue WorkDir, or the local runner's state file) and records it.
+
+Submit does not read logs: when a job ends, the policy decides from the event kinds ingest stored for it
+(the events table), and the caller (the CLI) supplies the ingest step that stores them (`Follow`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +37,6 @@ from mimo_jobs.study.spec import StudySpec
 from . import jobs_table, policy, status
 from .executors import Executor, SubmitError, get_executor
 
-INTENT = ".submit-intent.json"
 INTENT_MAX_AGE_S = 300  # an intent with no scheduler job after this long was a refused submission
 
 
@@ -159,11 +162,34 @@ def prepare(
     return out
 
 
+@dataclass(frozen=True)
+class Preview:
+    """What --dry-run shows of a run: the script an executor would run, rendered in memory only."""
+
+    spec: RunSpec
+    rd: RunDir
+    script: Path
+    text: str
+
+
+def preview(
+    specs: list[RunSpec], runs_root: Path, executor_name: str, templates_dir: Path | None = None
+) -> list[Preview]:
+    """Render the runs in memory (every check `prepare` makes) and write nothing anywhere."""
+    import mimo_jobs.study.render as render
+
+    out = []
+    for p in render.plan_runs(specs, runs_root, templates_dir):
+        script = p.rd.sbatch_sh if executor_name == "slurm" else p.rd.launch_sh
+        out.append(Preview(p.spec, p.rd, script, p.text(script)))
+    return out
+
+
 # ------------------------------------------------------------------------------------------- submitting
 
 
 def _write_intent(rd: RunDir, ex: str, attempt: int, job_id: str | None) -> Path:
-    p = rd.root / INTENT
+    p = rd.submit_intent
     tmp = p.with_suffix(".tmp")
     tmp.write_text(json.dumps({"executor": ex, "attempt": attempt, "time": time.time(), "job_id": job_id}))
     os.replace(tmp, p)
@@ -222,9 +248,11 @@ def submit_runs(
     from mimo_jobs.store.connection import transaction
 
     with transaction(con):
-        catalog.record_study(con, study, source)
+        catalog.record_study(con, catalog.StudyRecord(**study.catalog_fields()), source)
         for p in prepared:
-            catalog.record_run(con, p.spec, str(p.rd.root), p.sha256, provenance())
+            catalog.record_run(
+                con, catalog.RunRecord(**p.spec.catalog_fields()), str(p.rd.root), p.sha256, provenance()
+            )
     out = []
     for p in prepared:
         attempt = sel.attempts.get(p.spec.run_id, 0)
@@ -256,7 +284,7 @@ def reconcile(con, study: str | None = None, rdirs: dict | None = None) -> list[
 
     adopted = []
     for rid, (rd, _) in (rdirs if rdirs is not None else _run_dirs(con, study)).items():
-        ip = rd.root / INTENT
+        ip = rd.submit_intent
         if not ip.exists():
             continue
         try:
@@ -301,26 +329,46 @@ def job_log_text(rd: RunDir, row: jobs_table.JobRow) -> str:
 
 def has_checkpoint(rd: RunDir, spec: dict) -> bool:
     """A complete checkpoint the next attempt can resume from (a crashed iter_N.tmp is none). The manifest
-    reader needs no torch (trainer/__init__ imports nothing)."""
+    reader needs no torch."""
     return status.last_checkpoint_iteration(rd.root, spec) is not None
 
 
-def settle(con, row: jobs_table.JobRow, rd: RunDir, spec: dict) -> policy.Decision | None:
+def event_kinds(con, row: jobs_table.JobRow) -> set[str]:
+    """The kinds of the events ingest stored for the job (empty before its logs are ingested)."""
+    return {
+        k
+        for (k,) in con.execute(
+            "SELECT DISTINCT kind FROM events WHERE run_id = ? AND job_id = ?", [row.run_id, row.job_id]
+        ).fetchall()
+    }
+
+
+@dataclass(frozen=True)
+class Follow:
+    """What following jobs needs from outside submit (the CLI supplies ingest's): `ingest` stores the
+    events of the given run dirs before the policy reads them; `explain` words a job's log as one line
+    (the jobs table's first error)."""
+
+    ingest: Callable[[object, list[RunDir]], None] | None = None
+    explain: Callable[[str], str | None] | None = None
+
+
+def settle(
+    con, row: jobs_table.JobRow, rd: RunDir, spec: dict, follow: Follow = Follow()
+) -> policy.Decision | None:
     """Apply the retry/requeue policy to an ended job; resubmit when it says so. Another attempt never starts
     while processes of this one still run (two copies would write one run dir): they are stopped first, and
     if they will not stop the job stays unsettled (None) and the next refresh tries again."""
-    from mimo_jobs.ingest.events import first_error  # its patterns compile at import: only settling pays
     from mimo_jobs.store.connection import transaction
 
-    text = job_log_text(rd, row)
-    err = first_error(text)
+    err = follow.explain(job_log_text(rd, row)) if follow.explain else None
     all_rows = jobs_table.jobs_of_run(con, row.run_id)
     earlier = [r for r in all_rows if r.attempt < row.attempt]
     later = [r for r in all_rows if r.attempt > row.attempt]
     d = policy.classify(
         row.state,
         row.exit_code,
-        text,
+        event_kinds(con, row),
         policy.history_of(earlier),
         int((spec.get("cluster") or {}).get("max_retries", 0)),
         has_checkpoint(rd, spec),
@@ -352,13 +400,12 @@ def settle(con, row: jobs_table.JobRow, rd: RunDir, spec: dict) -> policy.Decisi
     return d
 
 
-def refresh(con, study: str | None = None) -> list[str]:
-    """Poll the scheduler for every active job (one batched query per executor), record what changed, settle
-    jobs that ended and ingest their run dirs. Returns the run ids whose job ended in this call.
-    """
+def poll(con, study: str | None = None, rdirs: dict | None = None) -> list[str]:
+    """Poll the scheduler for every active job (one batched query per executor) and record what changed.
+    Returns the run ids whose job ended in this call."""
     from mimo_jobs.store.connection import transaction
 
-    rdirs = _run_dirs(con, study)
+    rdirs = _run_dirs(con, study) if rdirs is None else rdirs
     reconcile(con, study, rdirs)
     active = [r for r in jobs_table.active_jobs(con) if r.run_id in rdirs]
     by_ex: dict[str, dict[str, tuple[jobs_table.JobRow, RunDir]]] = {}
@@ -382,27 +429,22 @@ def refresh(con, study: str | None = None) -> list[str]:
                 jobs_table.update_facts(con, row.run_id, f)
                 if not f.active:
                     ended.append(row.run_id)
-    for row in jobs_table.unsettled_jobs(con):
-        if row.run_id in rdirs:
-            rd, spec = rdirs[row.run_id]
-            settle(con, row, rd, json.loads(spec) if isinstance(spec, str) else spec)
-    if ended:
-        ingest_runs(con, [rdirs[r][0] for r in dict.fromkeys(ended)])
     return ended
 
 
-def ingest_runs(con, rds: list[RunDir]) -> None:
-    """Ingest finished runs (mimo_jobs.ingest, idempotent) so status and report read the store. A run dir
-    ingest refuses (e.g. its run.yaml was removed) is reported and skipped: following jobs goes on."""
-    import sys
-
-    from mimo_jobs.ingest.pipeline import IngestError, ingest_paths
-
-    for rd in rds:
-        try:
-            ingest_paths(con, [rd.root])
-        except IngestError as e:
-            print(f"mimo-jobs: not ingested {rd.root}: {e}", file=sys.stderr)
+def refresh(con, study: str | None = None, follow: Follow = Follow()) -> list[str]:
+    """Poll the scheduler, ingest (follow.ingest) the run dirs of jobs that ended or wait to be settled, then
+    settle those jobs from their stored events. Returns the run ids whose job ended in this call."""
+    rdirs = _run_dirs(con, study)
+    ended = poll(con, study, rdirs)
+    unsettled = [r for r in jobs_table.unsettled_jobs(con) if r.run_id in rdirs]
+    todo = list(dict.fromkeys(ended + [r.run_id for r in unsettled]))
+    if todo and follow.ingest is not None:
+        follow.ingest(con, [rdirs[r][0] for r in todo])
+    for row in unsettled:
+        rd, spec = rdirs[row.run_id]
+        settle(con, row, rd, json.loads(spec) if isinstance(spec, str) else spec, follow)
+    return ended
 
 
 # ------------------------------------------------------------------------------------------- cancelling

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from mimo_jobs.contract.rundir import RunDir
+
 from .jobs_table import JobRow, latest_jobs
 
 
@@ -69,8 +71,9 @@ def last_checkpoint_iteration(run_dir: Path, spec: dict) -> int | None:
     """The iteration of the run's `latest` complete checkpoint (manifest only; no torch is imported)."""
     from mimo_jobs.contract.manifest import latest_checkpoint
 
-    d = Path((spec.get("trainer") or {}).get("checkpoint_dir") or run_dir / "checkpoints")
-    info = latest_checkpoint(d if d.is_absolute() else run_dir / d)
+    info = latest_checkpoint(
+        RunDir(run_dir).checkpoint_dir((spec.get("trainer") or {}).get("checkpoint_dir"))
+    )
     return None if info is None else info.iteration
 
 
@@ -92,7 +95,7 @@ def run_statuses(con, study: str | None = None) -> list[RunStatus]:
         if key in last:
             rs.iteration, rs.loss, rs.iter_source = last[key][0], last[key][1], "store"
         elif run_dir:
-            m = last_iteration_from_metrics(Path(run_dir) / "metrics.jsonl", key[1])
+            m = last_iteration_from_metrics(RunDir(Path(run_dir)).metrics, key[1])
             if m:
                 rs.iteration, rs.loss, rs.iter_source = m[0], m[1], "metrics.jsonl"
         out.append(rs)
@@ -119,8 +122,6 @@ def tensorboard_commands(statuses: list[RunStatus]) -> list[str]:
     """One `tensorboard --logdir <runs root>/<study>` per study whose runs have written event files: the
     study's directory holds every run's tensorboard/ folder, so TensorBoard overlays them."""
     import shlex
-
-    from mimo_jobs.contract.rundir import RunDir
 
     roots: dict[str, None] = {}
     for st in statuses:

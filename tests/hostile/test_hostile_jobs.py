@@ -36,12 +36,12 @@ def store(job_state: str | None = None, state_file: bytes | None = None):
 
         spec = load_study(study_file(tmp))
         (run,) = runs_of(spec)
-        rd = RunDir.of(tmp / "runs", STUDY, run.name)
+        rd = RunDir.of(tmp / "runs", STUDY, run.name, run.run_id)
         rd.logs.mkdir(parents=True)
         con = connect(tmp / "s.duckdb")
         try:
-            catalog.record_study(con, spec, str(tmp / "s.yaml"))
-            catalog.record_run(con, run, str(rd.root), None)
+            catalog.record_study(con, catalog.StudyRecord(**spec.catalog_fields()), str(tmp / "s.yaml"))
+            catalog.record_run(con, catalog.RunRecord(**run.catalog_fields()), str(rd.root), None)
             if job_state is not None:
                 jobs_table.insert_job(
                     con,

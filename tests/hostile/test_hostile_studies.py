@@ -101,6 +101,14 @@ CASES = [
          files={"s.yaml": "name: p\ntrainer: {train_iters: 1}\nmatrix:\n  defaults: {nodes: 1, gbs: 6}\n"
                           "  product:\n" + "".join(f"    a{i}: [{', '.join(map(str, range(10)))}]\n"
                                                    for i in range(12))}, timeout_s=20),
+    # accepted by validate once, then refused by every rank: the rules validate now shares with the trainer
+    Case("colocated-pp", V, 2, ("matrix.points[3]: [colocated] colocated: llm.pp=2", "-> llm.pp=1"),
+         files={"s.yaml": edit("{colocated: true, llm: {tp: 2}}", "{colocated: true, llm: {pp: 2}}")}),
+    Case("warmup-beyond-decay", V, 2, ("[lr-warmup] trainer.lr.warmup_samples=200 is beyond the decay end at 120",
+                                       "-> trainer.lr.warmup_samples <= 120"),
+         files={"s.yaml": edit("warmup_samples: 12", "warmup_samples: 200")}),
+    Case("warmup-beyond-decay-samples", V, 2, ("trainer.lr.warmup_samples=50 is beyond the decay end at 40",),
+         files={"s.yaml": edit("warmup_samples: 12", "warmup_samples: 50\n    decay_samples: 40")}),
     Case("unset-variable", V, 2, ("environment variable ${NO_SUCH_VAR_X} is not set",),
          files={"s.yaml": edit('  model: tiny', '  model: "${NO_SUCH_VAR_X}"')}),
 ]  # fmt: skip
@@ -120,3 +128,13 @@ def test_the_times_sbatch_accepts_are_read_exactly() -> None:
     assert seconds("2-12") == (2 * 24 + 12) * 3600
     assert seconds("2-12:30") == ((2 * 24 + 12) * 60 + 30) * 60
     assert seconds("1-00:00:01") == 86401
+
+
+def test_the_trainer_refuses_a_schedule_with_validate_s_words() -> None:
+    """The trainer's schedule asks the same rule validate does (study/lr_rules.py), so both say the same."""
+    from mimo_jobs.study.spec import LRSpec
+    from mimo_jobs.trainer.model.schedule import from_spec
+
+    with pytest.raises(ValueError, match=r"trainer.lr.warmup_samples=200 is beyond the decay end at 120"):
+        from_spec(LRSpec(schedule="cosine", warmup_samples=200), 120)
+    assert from_spec(LRSpec(schedule="constant", warmup_samples=200), 120)(100) > 0  # constant never decays

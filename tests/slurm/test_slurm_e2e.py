@@ -159,8 +159,8 @@ def test_failure_timeout_cancel_and_crash_recovery(slurm_cluster, tmp_path):
     spec = runs_of(s)[0]
     con = store.connect(db)
     p = service.prepare([spec], runs, "slurm", FAKE_TEMPLATES)[0]
-    catalog.record_study(con, s, str(orphan))
-    catalog.record_run(con, spec, str(p.rd.root), p.sha256)
+    catalog.record_study(con, catalog.StudyRecord(**s.catalog_fields()), str(orphan))
+    catalog.record_run(con, catalog.RunRecord(**spec.catalog_fields()), str(p.rd.root), p.sha256)
     con.close()
     service._write_intent(p.rd, "slurm", 0, None)
     job_id = service.executor("slurm").submit(p.rd, 0, 300, "USR2@60")

@@ -6,6 +6,7 @@ srun/scontrol/python are stubs here (no SLURM in this test; the real cluster tes
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -172,7 +173,7 @@ def test_render_writes_run_dirs_with_run_yaml_round_trip(tmp_path):
     specs = runs_of(study)
     assert [r.run.name for r in rendered] == [s.name for s in specs]
     for r, spec in zip(rendered, specs):
-        rd = RunDir.of((tmp_path / "runs").resolve(), "scale_33n_68n_100n", spec.name)
+        rd = RunDir.of((tmp_path / "runs").resolve(), "scale_33n_68n_100n", spec.name, spec.run_id)
         assert r.run_dir == rd.root and r.status == "new"
         assert sorted(p.name for p in rd.root.iterdir()) == ["launch.sh", "logs", "run.yaml", "sbatch.sh"]
         assert os.access(rd.launch_sh, os.X_OK) and os.access(rd.sbatch_sh, os.X_OK)
@@ -207,14 +208,20 @@ def test_rerender_is_idempotent_and_detects_changes(tmp_path):
     assert first.run_yaml.read_text() == text  # provenance (rendered_at) kept: nothing rewritten
     doc["cluster"]["time_limit"] = "00:20:00"
     (changed,) = render_doc(doc, tmp_path)
-    assert changed.status == "updated" and changed.sbatch_sha256 != first.sbatch_sha256
+    # a changed run is another run (new run id): its own directory, the first one left as it was
+    assert changed.run.name == first.run.name and changed.run.run_id != first.run.run_id
+    assert changed.status == "new" and changed.run_dir != first.run_dir
+    assert changed.sbatch_sha256 != first.sbatch_sha256
     assert "#SBATCH --time=00:20:00" in changed.sbatch_sh.read_text()
+    assert first.run_yaml.read_text() == text
+    assert hashlib.sha256(first.sbatch_sh.read_bytes()).hexdigest() == first.sbatch_sha256
 
 
 def test_render_run_api_for_one_spec(tmp_path):
     spec = runs_of(parse_study(local_doc(), env={}))[0]
     r = render_run(spec, tmp_path / "r")
-    assert r.run_dir == (tmp_path / "r" / "loc" / spec.name).resolve() and r.launch_sh.exists()
+    assert r.run_dir == (tmp_path / "r" / "loc" / f"{spec.name}-{spec.run_id}").resolve()
+    assert r.launch_sh.exists()
 
 
 # ---------------------------------------------------------------- #SBATCH headers
@@ -613,7 +620,8 @@ def test_render_command(tmp_path):
         app, ["render", str(study), "-o", str(tmp_path / "runs"), "--only", "3n-e1x2-l1x1x4-g12"]
     )
     assert r.exit_code == 0, r.output
-    assert [p.name for p in (tmp_path / "runs" / "slurm_ci").iterdir()] == ["3n-e1x2-l1x1x4-g12"]
+    (only,) = [p.name for p in (tmp_path / "runs" / "slurm_ci").iterdir()]
+    assert re.fullmatch(r"3n-e1x2-l1x1x4-g12-[0-9a-f]{12}", only)  # <run name>-<run id>
     r = runner.invoke(app, ["render", str(study), "-o", str(tmp_path / "runs")])
     assert r.exit_code == 0 and r.output.count("new") == 2 and "unchanged" in r.output
     r = runner.invoke(app, ["render", str(study), "-o", str(tmp_path / "x"), "--only", "9n-nope"])

@@ -190,15 +190,18 @@ def test_cancel_stops_the_whole_process_group(ws):
     assert "no pending or running job" in again
 
 
-def test_dry_run_prints_the_rendered_script_and_writes_no_store(ws):
+def test_dry_run_prints_the_rendered_script_and_writes_nothing(ws):
     study = write_study(ws["dir"] / "d.yaml", "loc_dry", [{"nodes": 2, "gbs": 6}], executor="slurm")
+    before = sorted(p.name for p in ws["dir"].iterdir())
     p = cli("submit", study, "--dry-run", "--db", ws["db"], "--runs-dir", ws["runs"], check=True)
-    sbatch = ws["runs"] / "loc_dry" / "2n-e1x1-l1x1x3-g6" / "sbatch.sh"
-    assert sbatch.is_file()
-    assert sbatch.read_text().strip() in p.stdout  # exactly the file SLURM would run
-    assert f"$ sbatch --parsable --chdir={sbatch.parent.resolve()} {sbatch.resolve()}" in p.stdout
     assert "nothing submitted" in p.stdout
-    assert not ws["db"].exists()
+    assert not ws["db"].exists() and not ws["runs"].exists()  # no store, no run directory
+    assert sorted(p.name for p in ws["dir"].iterdir()) == before
+    # what it printed is exactly the file a render writes (and SLURM would run)
+    cli("render", study, "-o", ws["runs"], check=True)
+    (sbatch,) = (ws["runs"] / "loc_dry").glob("2n-e1x1-l1x1x3-g6-*/sbatch.sh")
+    assert sbatch.read_text().strip() in p.stdout
+    assert f"$ sbatch --parsable --chdir={sbatch.parent.resolve()} {sbatch.resolve()}" in p.stdout
 
 
 def test_bad_input_is_refused_before_anything_is_written(ws):
@@ -245,7 +248,7 @@ def test_store_write_failure_cancels_the_job(ws, monkeypatch):
     while json.loads(state_files[0].read_text())["state"] != "CANCELLED":
         assert time.monotonic() < deadline, state_files[0].read_text()
         time.sleep(0.1)
-    assert not (prepared.rd.root / service.INTENT).exists()
+    assert not prepared.rd.submit_intent.exists()
     con.close()
 
 
@@ -265,8 +268,8 @@ def test_crash_between_submission_and_store_write_is_recovered(ws, monkeypatch):
     spec = runs_of(study)[0]
     con = store.connect(ws["db"])
     p = service.prepare([spec], ws["runs"], "local", FAKE_TEMPLATES)[0]
-    catalog.record_study(con, study, str(study_path))
-    catalog.record_run(con, spec, str(p.rd.root), p.sha256)
+    catalog.record_study(con, catalog.StudyRecord(**study.catalog_fields()), str(study_path))
+    catalog.record_run(con, catalog.RunRecord(**spec.catalog_fields()), str(p.rd.root), p.sha256)
     ex = service.executor("local")
     job_id = ex.new_job_id()
     service._write_intent(p.rd, "local", 0, job_id)  # what submit_prepared does first ...
@@ -275,7 +278,7 @@ def test_crash_between_submission_and_store_write_is_recovered(ws, monkeypatch):
 
     rows = wait_until(ws["db"], "loc_orphan", all_ended, 60, ws["env"])
     assert [(r["job_id"], r["state"]) for r in rows] == [(job_id, "COMPLETED")]
-    assert not (p.rd.root / service.INTENT).exists()
+    assert not p.rd.submit_intent.exists()
     out = submit(ws, study_path).stdout
     assert "nothing to submit" in out
 

@@ -1,11 +1,14 @@
 """The retry/requeue policy, first-error extraction and scheduler output parsing: pure functions, checked
-against hand-written expectations (the sacct/squeue lines are copied in the format SLURM 22.05 prints)."""
+against hand-written expectations (the sacct/squeue lines are copied in the format SLURM 22.05 prints).
+The policy reads what ingest found in a job's logs as event kinds; the log lines below are the ones ingest
+turns into those kinds (test_ingest_turns_the_flaky_lines_into_the_kinds_the_policy_retries)."""
 
 from datetime import datetime
 
 import pytest
 
-from mimo_jobs.ingest.events import first_error
+from mimo_jobs.contract import events as K
+from mimo_jobs.ingest.events import classify_line, first_error
 from mimo_jobs.submit import jobs_table, policy, status
 from mimo_jobs.submit.executors.slurm import jobs_from_sacct, parse_squeue
 
@@ -28,61 +31,58 @@ def h(retries=0, timeouts=0):
     return policy.History(retries=retries, timeouts=timeouts)
 
 
+NONE: set[str] = set()
+
+
 @pytest.mark.parametrize(
-    "state,text,hist,max_retries,ckpt,action,words",
+    "state,kinds,hist,max_retries,ckpt,action,words",
     [
-        ("COMPLETED", "", h(), 2, False, "done", "completed"),
-        ("PREEMPTED", "", h(), 0, True, "requeue", "preempted"),
-        ("TIMEOUT", "", h(), 2, False, "final", "no checkpoint"),
-        ("TIMEOUT", "", h(), 2, True, "requeue", "resumes from checkpoint"),
-        ("TIMEOUT", "", h(timeouts=3), 2, True, "final", "4 times"),
-        ("FAILED", NCCL, h(), 2, False, "retry", "nccl_timeout"),
-        ("FAILED", GLOO, h(), 1, False, "retry", "gloo_timeout"),
-        ("FAILED", NCCL, h(retries=2), 2, False, "final", "after 2 retries"),
-        ("NODE_FAIL", "", h(), 1, False, "retry", "node_fail"),
-        ("NODE_FAIL", "", h(retries=1), 1, False, "final", "max_retries=1"),
-        ("FAILED", TRACEBACK, h(), 5, True, "final", "deterministic"),
-        ("FAILED", "torch.OutOfMemoryError: CUDA out of memory.", h(), 5, False, "final", "deterministic"),
-        ("CANCELLED", NCCL, h(), 5, False, "final", "cancelled"),
+        ("COMPLETED", NONE, h(), 2, False, "done", "completed"),
+        ("PREEMPTED", NONE, h(), 0, True, "requeue", "preempted"),
+        ("TIMEOUT", NONE, h(), 2, False, "final", "no checkpoint"),
+        ("TIMEOUT", NONE, h(), 2, True, "requeue", "resumes from checkpoint"),
+        ("TIMEOUT", NONE, h(timeouts=3), 2, True, "final", "4 times"),
+        ("FAILED", {K.NCCL_TIMEOUT}, h(), 2, False, "retry", "nccl_timeout"),
+        ("FAILED", {K.GLOO_TIMEOUT, K.TRACEBACK}, h(), 1, False, "retry", "gloo_timeout"),
+        ("FAILED", {K.NCCL_TIMEOUT}, h(retries=2), 2, False, "final", "after 2 retries"),
+        ("NODE_FAIL", NONE, h(), 1, False, "retry", "node_fail"),
+        ("NODE_FAIL", NONE, h(retries=1), 1, False, "final", "max_retries=1"),
+        ("FAILED", {K.TRACEBACK}, h(), 5, True, "final", "deterministic"),
+        ("FAILED", {K.OOM, K.TRACEBACK}, h(), 5, False, "final", "deterministic"),
+        ("CANCELLED", {K.NCCL_TIMEOUT}, h(), 5, False, "final", "cancelled"),
     ],
 )
-def test_classify(state, text, hist, max_retries, ckpt, action, words):
-    d = policy.classify(state, 1, text, hist, max_retries, ckpt)
+def test_classify(state, kinds, hist, max_retries, ckpt, action, words):
+    d = policy.classify(state, 1, kinds, hist, max_retries, ckpt)
     assert d.action == action
     assert words in d.reason
 
 
-STOP_LINE = (
-    "[default0]:mimo-jobs trainer: stopping for requeue at iteration 13 (time_limit); checkpoint "
-    "/runs/s/r/checkpoints/iter_0000013"
-)
-
-
 @pytest.mark.parametrize(
-    "state,code,text,hist,ckpt,action,words",
+    "state,code,kinds,hist,ckpt,action,words",
     [
         # the trainer's requeue request (exit 75 through launch.sh/sbatch.sh) is not a deterministic failure
-        ("FAILED", 75, "", h(), True, "requeue", "asked for a requeue"),
-        # torchrun's exit 1 with the trainer's stop line in the log (marker handled by an older launch.sh)
-        ("FAILED", 1, STOP_LINE, h(), True, "requeue", "asked for a requeue"),
+        ("FAILED", 75, NONE, h(), True, "requeue", "asked for a requeue"),
+        # torchrun's exit 1 with a requeue event in the job's logs (marker handled by an older launch.sh)
+        ("FAILED", 1, {K.REQUEUE}, h(), True, "requeue", "asked for a requeue"),
         # the limit's TERM came while the stopped trainer was exiting: still its request, not a timeout
-        ("TIMEOUT", 75, "", h(timeouts=3), True, "requeue", "asked for a requeue"),
-        ("FAILED", 75, "", h(), False, "final", "no complete checkpoint"),
+        ("TIMEOUT", 75, NONE, h(timeouts=3), True, "requeue", "asked for a requeue"),
+        ("FAILED", 75, NONE, h(), False, "final", "no complete checkpoint"),
         (
             "FAILED",
             75,
-            "",
+            NONE,
             policy.History(preemptions=policy.MAX_REQUEUES),
             True,
             "final",
             "not requeued again",
         ),
-        ("CANCELLED", 75, STOP_LINE, h(), True, "final", "cancelled"),  # a cancel is never undone
-        ("FAILED", 74, "", h(), True, "final", "deterministic"),
+        ("CANCELLED", 75, {K.REQUEUE}, h(), True, "final", "cancelled"),  # a cancel is never undone
+        ("FAILED", 74, NONE, h(), True, "final", "deterministic"),
     ],
 )
-def test_classify_requeue_request(state, code, text, hist, ckpt, action, words):
-    d = policy.classify(state, code, text, hist, 0, ckpt)
+def test_classify_requeue_request(state, code, kinds, hist, ckpt, action, words):
+    d = policy.classify(state, code, kinds, hist, 0, ckpt)
     assert d.action == action
     assert words in d.reason
 
@@ -119,16 +119,22 @@ def test_first_error_plain_error_line_and_nothing():
     assert first_error("all good\niteration 1\n") is None
 
 
-def test_flaky_signature_names():
-    assert policy.flaky_signature(NCCL) == "nccl_timeout"
-    assert policy.flaky_signature(GLOO) == "gloo_timeout"
-    assert (
-        policy.flaky_signature(
-            "slurmstepd: error: *** JOB 7 ON node2 CANCELLED AT 2026-01-01T00:00:00 DUE TO NODE FAILURE ***"
-        )
-        == "node_fail"
-    )
-    assert policy.flaky_signature("ValueError: bad") is None
+NODE_FAILURE = (
+    "slurmstepd: error: *** JOB 7 ON node2 CANCELLED AT 2026-01-01T00:00:00 DUE TO NODE FAILURE ***"
+)
+
+
+def _kinds(line: str) -> set[str]:
+    return {e.kind for e in classify_line(line)}
+
+
+@pytest.mark.parametrize(
+    "line,sig",
+    [(NCCL, "nccl_timeout"), (GLOO, "gloo_timeout"), (NODE_FAILURE, "node_fail"), ("ValueError: bad", None)],
+)
+def test_ingest_turns_the_flaky_lines_into_the_kinds_the_policy_retries(line, sig):
+    """The policy's retry decision follows from what ingest stores for a line, never from its own reading."""
+    assert policy.flaky_signature(_kinds(line)) == sig
 
 
 def test_parse_sacct_states_exit_codes_and_steps():

@@ -23,10 +23,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from mimo_jobs.contract import jobstates
 from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.submit.jobs_table import JobFacts
 
-from . import SubmitError
+from .base import SubmitError
 from .local_runner import KILL_WAIT_S, job_processes, signal_processes
 
 ORPHANED = (
@@ -83,10 +84,10 @@ class LocalExecutor:
     name = "local"
 
     def state_file(self, rd: RunDir, job_id: str) -> Path:
-        return rd.logs / f"local-{job_id}.json"
+        return rd.local_state(job_id)
 
     def runner_err(self, rd: RunDir, job_id: str) -> Path:
-        return rd.logs / f"runner-{job_id}.stderr"  # not *.out/.err/.log/.txt: ingest reads those as job logs
+        return rd.runner_err(job_id)
 
     def new_job_id(self) -> str:
         return f"local-{int(time.time() * 1000)}{secrets.randbelow(100):02d}"
@@ -172,9 +173,9 @@ class LocalExecutor:
         d = self._read(sf)
         if d is None:
             return self._no_state(sf, job_id)
-        if d["state"] in ("PENDING", "RUNNING") and not _alive(d.get("runner_pid"), job_id):
+        if jobstates.is_active(d["state"]) and not _alive(d.get("runner_pid"), job_id):
             d = self._read(sf) or d  # it may have written its end state just now
-            if d["state"] in ("PENDING", "RUNNING") and not _alive(d.get("runner_pid"), job_id):
+            if jobstates.is_active(d["state"]) and not _alive(d.get("runner_pid"), job_id):
                 d = self._runner_gone(sf, d, job_id)
         return JobFacts(
             job_id,
@@ -268,8 +269,8 @@ class LocalExecutor:
         sf = self.state_file(rd, job_id)
         d = self._read(sf)
         if d is None:
-            d = {"state": "RUNNING"}  # no state file: whatever of the job runs is found by its mark
-        if d.get("state") not in ("PENDING", "RUNNING"):
+            d = {"state": jobstates.RUNNING}  # no state file: whatever of the job runs is found by its mark
+        if not jobstates.is_active(str(d.get("state"))):
             return
         pid = d.get("runner_pid")
         if _alive(pid, job_id):

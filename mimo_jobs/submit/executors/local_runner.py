@@ -31,6 +31,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from mimo_jobs.contract import jobstates
 from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE
 
 KILL_WAIT_S = 5.0  # like SLURM's KillWait
@@ -282,7 +283,7 @@ def _record_end(a: argparse.Namespace, state: State, out, rc: int, ended: str | 
     msg = {"CANCELLED": "cancelled", "TIMEOUT": f"time limit {a.time_limit_s:.0f}s reached"}.get(ended or "")
     if ended is None and code == REQUEUE_EXIT_CODE:
         msg = f"the trainer saved a checkpoint and asked for a requeue (exit {REQUEUE_EXIT_CODE})"
-    final = ended or ("COMPLETED" if code == 0 else "FAILED")
+    final = ended or (jobstates.COMPLETED if code == 0 else jobstates.FAILED)
     out.write(f"mimo-jobs: local job {a.job_id} ended {final} exit {code} at {_now()}Z\n".encode())
     if ended == "TIMEOUT":
         # SLURM's wording, so log scanners read a local timeout like a cluster one.

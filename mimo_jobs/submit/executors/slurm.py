@@ -15,18 +15,19 @@ import subprocess
 import time
 from datetime import datetime
 
+from mimo_jobs.contract import jobstates
 from mimo_jobs.contract.rundir import RunDir
-from mimo_jobs.ingest import sacct
 from mimo_jobs.submit.jobs_table import JobFacts
 
-from . import SubmitError
+from . import sacct
+from .base import SubmitError
 
 SACCT_FIELDS = ",".join(sacct.POLL_COLUMNS)
 SQUEUE_FORMAT = "%i|%T|%V|%S|%N|%r|%Z"
 
 
 def jobs_from_sacct(text: str) -> dict[str, tuple[JobFacts, str]]:
-    """`sacct -X -n -P -o SACCT_FIELDS` (parsed by ingest.sacct) -> job id -> (facts, work dir). With
+    """`sacct -X -n -P -o SACCT_FIELDS` (parsed by executors/sacct.py) -> job id -> (facts, work dir). With
     requeues sacct may list a job id twice; the last line is the newest."""
     return {
         r.job_id: (
@@ -108,9 +109,9 @@ class SlurmExecutor:
     def poll(self, rds: dict[str, RunDir]) -> dict[str, JobFacts]:
         found = self._query(sorted(rds))
         out = {i: found[i][0] if i in found else JobFacts(i, "UNKNOWN") for i in rds}
-        # A job sbatch'ed with --requeue that SLURM itself requeued (preemption, node failure) keeps its id and
+        # A job sbatch'ed with --requeue that SLURM itself requeued (a retryable end: preemption, node failure) keeps its id and
         # is queued again: squeue knows it. It is still active; mimo-jobs must not resubmit it.
-        again = [i for i, f in out.items() if f.state in ("PREEMPTED", "NODE_FAIL")]
+        again = [i for i, f in out.items() if jobstates.is_retryable(f.state)]
         if again:
             p = _run(["squeue", "-h", "-o", SQUEUE_FORMAT, "-j", ",".join(again)])
             for i, (f, _) in (parse_squeue(p.stdout) if p.returncode == 0 else {}).items():

@@ -5,16 +5,16 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --time=00:10:00
-#SBATCH --output=/runs/cpu_local/1n-e1x1-l1x1x3-g6/logs/slurm-%j.out
-#SBATCH --error=/runs/cpu_local/1n-e1x1-l1x1x3-g6/logs/slurm-%j.out
+#SBATCH --output=/runs/cpu_local/1n-e1x1-l1x1x3-g6-00fe12c3a2e5/logs/slurm-%j.out
+#SBATCH --error=/runs/cpu_local/1n-e1x1-l1x1x3-g6-00fe12c3a2e5/logs/slurm-%j.out
 #SBATCH --signal=USR2@120
 #SBATCH --no-requeue
 # Values are single-quoted on purpose (literal, never expanded):
 # shellcheck disable=SC2016
 set -euo pipefail
 
-RUN_DIR=/runs/cpu_local/1n-e1x1-l1x1x3-g6
-LAUNCH=/runs/cpu_local/1n-e1x1-l1x1x3-g6/launch.sh
+RUN_DIR=/runs/cpu_local/1n-e1x1-l1x1x3-g6-00fe12c3a2e5
+LAUNCH=/runs/cpu_local/1n-e1x1-l1x1x3-g6-00fe12c3a2e5/launch.sh
 export MIMO_JOBS_RUN_DIR="$RUN_DIR"
 
 # Static torchrun rendezvous: node 0 of the allocation hosts the store; the port comes from the job id so
@@ -29,7 +29,7 @@ export MIMO_JOBS_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
 # The trainer stops, saves and asks for a requeue before the time limit even if no warning signal arrives.
 MIMO_JOB_DEADLINE=$(( $(date +%s) + 600 ))
 export MIMO_JOB_DEADLINE
-REQUEUE_MARKER=/runs/cpu_local/1n-e1x1-l1x1x3-g6/checkpoints/requeue.json
+REQUEUE_MARKER=/runs/cpu_local/1n-e1x1-l1x1x3-g6-00fe12c3a2e5/checkpoints/requeue.json
 rm -f "$REQUEUE_MARKER"  # left by an attempt killed before it was handled
 
 # cluster.env

@@ -11,8 +11,8 @@
 # shellcheck disable=SC2016
 set -euo pipefail
 
-RUN_DIR=/runs/cpu_local/1n-e2x1-l2x1x1-g6
-RUN_YAML=/runs/cpu_local/1n-e2x1-l2x1x1-g6/run.yaml
+RUN_DIR=/runs/cpu_local/1n-e2x1-l2x1x1-g6-879046a911e0
+RUN_YAML=/runs/cpu_local/1n-e2x1-l2x1x1-g6-879046a911e0/run.yaml
 PYTHON=python3
 NNODES=1
 NPROC_PER_NODE=4
@@ -20,6 +20,8 @@ export MIMO_JOBS_RUN_DIR="$RUN_DIR"
 
 # CPU (gloo): every rank is a process sharing the cores; one thread each (cluster.env may override).
 export OMP_NUM_THREADS=1
+# a CPU run never touches CUDA, even where a GPU is visible (mimo_jobs/trainer/device.py)
+export CUDA_VISIBLE_DEVICES=""
 # cluster.env
 export OMP_NUM_THREADS=1
 
@@ -59,7 +61,7 @@ echo "mimo-jobs: run 1n-e2x1-l2x1x1-g6 job $MIMO_JOBS_JOB_ID attempt $MIMO_JOBS_
 
 # Requeue contract (mimo_jobs/trainer/signals.py): a trainer stopped by a signal or its deadline saves a
 # checkpoint, rank 0 writes this marker and every rank exits 75; torchrun turns that into exit 1.
-REQUEUE_MARKER=/runs/cpu_local/1n-e2x1-l2x1x1-g6/checkpoints/requeue.json
+REQUEUE_MARKER=/runs/cpu_local/1n-e2x1-l2x1x1-g6-879046a911e0/checkpoints/requeue.json
 if [[ "$MODE" == local ]]; then
   rm -f "$REQUEUE_MARKER"  # left by an attempt killed before it was handled (sbatch.sh does this on SLURM)
 fi

@@ -11,8 +11,8 @@
 # shellcheck disable=SC2016
 set -euo pipefail
 
-RUN_DIR=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768
-RUN_YAML=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768/run.yaml
+RUN_DIR=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-c32c012005fd
+RUN_YAML=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-c32c012005fd/run.yaml
 PYTHON=python3
 NNODES=33
 NPROC_PER_NODE=8
@@ -59,7 +59,7 @@ echo "mimo-jobs: run 33n-e1x8-l2x8x128-g768 job $MIMO_JOBS_JOB_ID attempt $MIMO_
 
 # Requeue contract (mimo_jobs/trainer/signals.py): a trainer stopped by a signal or its deadline saves a
 # checkpoint, rank 0 writes this marker and every rank exits 75; torchrun turns that into exit 1.
-REQUEUE_MARKER=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768/checkpoints/requeue.json
+REQUEUE_MARKER=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-c32c012005fd/checkpoints/requeue.json
 if [[ "$MODE" == local ]]; then
   rm -f "$REQUEUE_MARKER"  # left by an attempt killed before it was handled (sbatch.sh does this on SLURM)
 fi
