@@ -64,7 +64,9 @@ def render(root: Path, preset: str, distopt: bool) -> Path:
         env={},
     )
     (spec,) = runs_of(study)
-    rd = RunDir.of(root / "runs", spec.study, f"{spec.name}-{preset}-{'distopt' if distopt else 'opt'}")
+    rd = RunDir.of(
+        root / "runs", spec.study, f"{spec.name}-{preset}-{'distopt' if distopt else 'opt'}", spec.run_id
+    )
     rd.root.mkdir(parents=True, exist_ok=True)
     rd.run_yaml.write_text(yaml.safe_dump(run_yaml_doc(spec, rd.root, {"git_sha": None}), sort_keys=False))
     return rd.run_yaml

@@ -358,7 +358,7 @@ def bench_rank_files(n: int, workdir: Path) -> None:
     run = runs_of(parse_study(doc, env={}))[0]
     root = workdir / "rank-runs"
     shutil.rmtree(root, ignore_errors=True)
-    rd = RunDir.of(root, run.study, run.name)
+    rd = RunDir.of(root, run.study, run.name, run.run_id)
     rd.logs.mkdir(parents=True)
     rd.run_yaml.write_text(yaml.safe_dump(run_yaml_doc(run, rd.root, {})))
     rng = random.Random(1)

@@ -28,17 +28,44 @@ def _fmt_elapsed(s: float | None) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-_STYLE = {
-    "COMPLETED": "green",
-    "RUNNING": "cyan",
-    "PENDING": "yellow",
-    "SUBMITTED": "yellow",
-    "FAILED": "red",
-    "TIMEOUT": "red",
-    "CANCELLED": "magenta",
-    "NODE_FAIL": "red",
-    "OUT_OF_MEMORY": "red",
-}
+def _style(state: str | None) -> str:
+    """A state's colour, by what the job-state table (contract/jobstates.py) says it is."""
+    from mimo_jobs.contract import jobstates
+
+    if state is None:
+        return ""
+    if state in (jobstates.RUNNING, jobstates.CANCELLED):
+        return {jobstates.RUNNING: "cyan", jobstates.CANCELLED: "magenta"}[state]
+    if jobstates.is_success(state):
+        return "green"
+    return "yellow" if jobstates.is_active(state) else "red"
+
+
+def _ingest_runs(con, rds: list) -> None:
+    """Ingest run dirs (idempotent) so the policy, status and report read the store. A run dir ingest
+    refuses (e.g. its run.yaml was removed) is reported and skipped: following jobs goes on."""
+    import sys
+
+    from mimo_jobs.ingest.pipeline import IngestError, ingest_paths
+
+    for rd in rds:
+        try:
+            ingest_paths(con, [rd.root])
+        except IngestError as e:
+            print(f"mimo-jobs: not ingested {rd.root}: {e}", file=sys.stderr)
+
+
+def _explain(text: str) -> str | None:
+    from mimo_jobs.ingest.events import first_error  # its patterns compile at import: only settling pays
+
+    return first_error(text)
+
+
+def _refresh(con, study: str | None) -> list[str]:
+    """Poll, ingest what ended, settle it: the submit service with ingest's steps passed in."""
+    from mimo_jobs.submit import service
+
+    return service.refresh(con, study, service.Follow(ingest=_ingest_runs, explain=_explain))
 
 
 def status_table(statuses, title: str):
@@ -65,11 +92,11 @@ def status_table(statuses, title: str):
         it = "-" if s.iteration is None else f"{s.iteration}/{s.train_iters or '?'}"
         loss = "-" if s.loss is None else f"{s.loss:.4f}"
         reason = ""
-        if j is not None and j.state not in ("COMPLETED",) and not j.active:
+        if j is not None and not j.active and not _is_success(j.state):
             reason = (j.reason or "") + (f" | {j.first_error}" if j.first_error else "")
         elif j is not None and j.active and j.executor == "local" and j.reason:
             reason = j.reason  # a local job whose runner disappeared while its processes run on
-        state = Text(j.state if j else "not submitted", style=_STYLE.get(j.state if j else "", ""))
+        state = Text(j.state if j else "not submitted", style=_style(j.state if j else None))
         t.add_row(
             _plain(s.run if len(statuses) < 2 or s.study == statuses[0].study else f"{s.study}/{s.run}"),
             "-" if s.nodes is None else str(s.nodes),
@@ -84,6 +111,12 @@ def status_table(statuses, title: str):
             _plain(reason),
         )
     return t
+
+
+def _is_success(state: str | None) -> bool:
+    from mimo_jobs.contract import jobstates
+
+    return state is not None and jobstates.is_success(state)
 
 
 def _plain(text: str):
@@ -145,7 +178,7 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mimo_jobs.store.connection import connect
-    from mimo_jobs.submit import service, status
+    from mimo_jobs.submit import status
 
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
@@ -155,7 +188,7 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
         while True:
             con = connect(db)
             try:
-                service.refresh(con, study)
+                _refresh(con, study)
                 sts = status.run_statuses(con, study)
             finally:
                 con.close()
@@ -204,7 +237,7 @@ def submit(
     _submit_for_real(diag, runs, root, ex_name, templates, db, force)
     if wait:
         sts = follow(db, diag.study.name, f"{diag.study.name} ({db_path(db)})")
-        if any(s.job is None or s.job.state != "COMPLETED" for s in sts):
+        if any(s.job is None or not _is_success(s.job.state) for s in sts):
             raise typer.Exit(EXIT_FAILED)
 
 
@@ -244,7 +277,8 @@ def _prepare(diag, runs: list, root: Path, ex_name: str, templates: Path | None)
 def _dry_run(
     diag, runs: list, root: Path, ex_name: str, templates: Path | None, db: Path | None, force: bool
 ) -> None:
-    """Print each script that would be submitted and the command that would submit it; write no store."""
+    """Print each script that would be submitted and the command that would submit it; write nothing
+    anywhere (no store, no run directory: the scripts are rendered in memory)."""
     from mimo_jobs.store.connection import connect, db_path
     from mimo_jobs.submit import service
 
@@ -254,13 +288,18 @@ def _dry_run(
         if "action" in {c[0] for c in con.execute("DESCRIBE jobs").fetchall()}:
             sel = service.plan_submit(con, runs, force)
         con.close()
-    prepared = _prepare(diag, sel.submit, root, ex_name, templates)
+    from mimo_jobs.study.render import RenderError
+
+    try:
+        prepared = service.preview(sel.submit, root, ex_name, templates)
+    except RenderError as e:
+        fail_problems(diag.source, e.problems)
     _print_kept(sel)
     out, ex = console(), service.executor(ex_name)
     for p in prepared:
         out.rule(f"{p.spec.name} ({p.spec.run_id}): {p.script}", characters="=")
         out.print("$ " + " ".join(ex.submit_command(p.rd)), markup=False, soft_wrap=True)
-        out.print(p.script.read_text(), markup=False, highlight=False, soft_wrap=True)
+        out.print(p.text, markup=False, highlight=False, soft_wrap=True)
     out.print(
         f"dry run: {len(prepared)} run(s) would be submitted with --executor {ex_name}, "
         f"{len(sel.keep)} skipped; nothing submitted",
@@ -278,7 +317,7 @@ def _submit_for_real(
     study, out = diag.study, console()
     con = connect(db)
     try:
-        service.refresh(con, study.name)  # settles earlier jobs so 'keep' sees their final states
+        _refresh(con, study.name)  # settles earlier jobs so 'keep' sees their final states
         sel = service.plan_submit(con, runs, force)
         _print_kept(sel)
         prepared = _prepare(diag, sel.submit, root, ex_name, templates)
@@ -324,7 +363,6 @@ def status(
     """State, attempt, elapsed time, last iteration and loss of every run (polls the scheduler, ingests
     finished runs)."""
     from mimo_jobs.store.connection import db_path
-    from mimo_jobs.submit import service
     from mimo_jobs.submit import status as run_status
 
     _check_interval(interval)
@@ -336,7 +374,7 @@ def status(
         con.close()
         follow(db, name, title, interval)
         return
-    service.refresh(con, name)
+    _refresh(con, name)
     statuses = run_status.run_statuses(con, name)
     out = console()
     out.print(status_table(statuses, title))
@@ -355,7 +393,7 @@ def cancel(
     name = _study_name(study)
     con = _open_existing_store(db)
     _check_study(con, name, db)
-    service.refresh(con, name)
+    _refresh(con, name)
     done = service.cancel(con, name, run)
     out = console()
     for run_name, job_id, ex in done:
@@ -391,14 +429,14 @@ def demo(
     sts = follow(db, diag.study.name, f"{diag.study.name} ({db_path(db)})")
     con = connect(db)
     try:
-        service.ingest_runs(con, [service.RunDir(Path(s.run_dir)) for s in sts if s.run_dir])
+        _ingest_runs(con, [service.RunDir(Path(s.run_dir)) for s in sts if s.run_dir])
         try:
             typer.echo(report.render(report.build(con, diag.study.name), "table"))
         except report.ReportError as e:
             fail(str(e), "demo: report", EXIT_FAILED)
     finally:
         con.close()
-    bad = [s for s in sts if s.job is None or s.job.state != "COMPLETED"]
+    bad = [s for s in sts if s.job is None or not _is_success(s.job.state)]
     if bad:
         fail(
             ", ".join(f"{s.run} {s.job.state if s.job else 'not submitted'}" for s in bad),

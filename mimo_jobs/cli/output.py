@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 EXIT_FAILED = 1
 EXIT_INVALID = 2
 DB_HELP = "DuckDB store file (default: $MIMO_JOBS_DB or ./mimo-jobs.duckdb)."
-RUNS_HELP = "Runs root: run dirs go to <root>/<study>/<run>/ (default: $MIMO_JOBS_RUNS_DIR or ./runs)."
+RUNS_HELP = (
+    "Runs root: run dirs go to <root>/<study>/<run name>-<run id>/ (default: $MIMO_JOBS_RUNS_DIR or ./runs)."
+)
 
 
 def console(stderr: bool = False):
@@ -34,6 +36,46 @@ def console(stderr: bool = False):
     stream = sys.stderr if stderr else sys.stdout
     # Piped output (CI logs, files) keeps whole rows instead of rich's 80-column default.
     return Console(stderr=stderr, highlight=False, width=console_width(stream))
+
+
+def echo_document(text: str) -> None:
+    """Print a rendered document (a report's csv, md or json). On a terminal every line goes through the
+    visible-text rule (text from logs must not drive the terminal); to a pipe or a file it goes as is, so a
+    CSV keeps every name exactly."""
+    from mimo_jobs.textsafe import visible
+
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        tty = False
+    if tty:
+        text = "\n".join(visible(line) for line in text.split("\n"))
+    typer.echo(text, nl=False)
+
+
+# Runs a command's table shows before it summarises the rest: drawing a rich table costs ~0.5 ms a row and
+# pricing a run ~2 ms, so a 10,000-run study would take many seconds to print rows nobody reads one by one.
+TABLE_ROWS = 50
+
+
+def table_runs(runs: list, show_all: bool) -> tuple[list, str | None]:
+    """The runs a table shows (the first TABLE_ROWS unless --all) and the line that says what was left out."""
+    shown = runs if show_all else runs[:TABLE_ROWS]
+    if len(shown) == len(runs):
+        return shown, None
+    more = (
+        f"... and {len(runs) - len(shown):,} more run(s) (--all lists every run; --json prints each in full)"
+    )
+    return shown, more
+
+
+def print_json(doc) -> None:
+    """A command's JSON: never NaN or Infinity (not JSON; a figure that is not finite is null)."""
+    import json
+
+    from mimo_jobs.report.render_data import finite
+
+    typer.echo(json.dumps(finite(doc), indent=2, allow_nan=False))
 
 
 def _say(text: str) -> None:

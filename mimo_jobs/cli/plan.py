@@ -3,12 +3,11 @@ No torch is imported."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
-from .output import fail, reports_errors
+from .output import fail, print_json, reports_errors
 from .predict import GPU_HELP, _gpu
 
 
@@ -23,11 +22,12 @@ def plan_cmd(
     from mimo_jobs.predict.layouts import best_layouts, yaml_point
     from mimo_jobs.predict.run import shape_of
     from mimo_jobs.predict.steptime import Efficiency
+    from mimo_jobs.study.spec import MAX_NODES
 
     from .study import study_or_fail
 
-    if nodes <= 0:
-        fail(f"--nodes must be >= 1, got {nodes}")
+    if not 1 <= nodes <= MAX_NODES:  # a study's own bound on nodes: beyond it only time is spent
+        fail(f"--nodes must be between 1 and {MAX_NODES:,}, got {nodes:,}")
     if top <= 0:
         fail(f"--top must be >= 1, got {top}")
     diag = study_or_fail(study_file)
@@ -45,17 +45,8 @@ def plan_cmd(
             }
             for c in best
         ]
-        typer.echo(
-            json.dumps(
-                {
-                    "study": diag.study.name,
-                    "gpu": g.name,
-                    "nodes": nodes,
-                    "feasible": priced,
-                    "layouts": runs,
-                },
-                indent=2,
-            )
+        print_json(
+            {"study": diag.study.name, "gpu": g.name, "nodes": nodes, "feasible": priced, "layouts": runs}
         )
         return
     if not best:

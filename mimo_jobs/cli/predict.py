@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
-from .output import DB_HELP, console, fail, reports_errors
+from .output import DB_HELP, TABLE_ROWS, console, fail, print_json, reports_errors, table_runs
 
 GPU_HELP = (
     "GPU to price the runs on: H100, H200, GH200, B200, A100 or cpu (default: the study's cluster.hardware.gpu, "
@@ -162,6 +161,9 @@ def predict(
     gpu: str | None = typer.Option(None, "--gpu", help=GPU_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the predictions as JSON (docs/predict.md)."),
     db: Path | None = typer.Option(None, "--db", help=DB_HELP + " Calibrate against its measured runs."),
+    show_all: bool = typer.Option(
+        False, "--all", help=f"Price and list every run (default: the first {TABLE_ROWS}, then a summary)."
+    ),
 ) -> None:
     """Memory per rank class and iteration time of every run of a study, before submitting."""
     from mimo_jobs.predict.estimate import predict_run, to_json
@@ -176,7 +178,8 @@ def predict(
         if not Path(db).exists():
             fail(f"no store at {db}", where="--db")
         cal = _calibrate(diag.runs, g, _measured(db, diag.study.name))
-    preds = [predict_run(r, g, cal.efficiency if cal else Efficiency()) for r in diag.runs]
+    shown, more = table_runs(diag.runs, show_all or as_json)
+    preds = [predict_run(r, g, cal.efficiency if cal else Efficiency()) for r in shown]
     if as_json:
         doc = {"study": diag.study.name, "gpu": g.name, "runs": [to_json(p) for p in preds]}
         if cal is not None:
@@ -184,11 +187,13 @@ def predict(
             for run in doc["runs"]:
                 run.update(_check_json(checks.get(run["run_id"])))
             doc["calibration"] = _calibration_json(cal)
-        typer.echo(json.dumps(doc, indent=2))
+        print_json(doc)
         return
     out = console()
     out.print(_ranks_table(f"{diag.study.name} on {g.name}: memory per rank class (GiB)", preds))
     out.print(_time_table(preds))
+    if more:
+        out.print(more, markup=False)
     if cal is not None:
         out.print(_check_table(cal))
         out.print(_calibration_line(cal), markup=False)

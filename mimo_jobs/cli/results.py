@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .output import DB_HELP, fail, reports_errors
+from .output import DB_HELP, echo_document, fail, reports_errors
 
 
 def ingest_cmd(
@@ -138,7 +138,7 @@ def report_cmd(
     if isinstance(res, Path):
         typer.echo(f"wrote {res}")
     else:
-        typer.echo(res, nl=False)
+        echo_document(res)
 
 
 def register(app: typer.Typer) -> None:

@@ -163,7 +163,7 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> None:
 def render(
     study_file: Path = typer.Argument(..., help="Study YAML file."),
     output: Path = typer.Option(
-        Path("runs"), "--output", "-o", help="Runs root: writes <root>/<study>/<run>/."
+        Path("runs"), "--output", "-o", help="Runs root: writes <root>/<study>/<run name>-<run id>/."
     ),
     templates: Optional[Path] = typer.Option(  # noqa: UP045 (typer needs Optional on 3.10)
         None, "--templates", help="Directory whose sbatch.sh.j2 / launch.sh.j2 override the packaged ones."

@@ -76,7 +76,25 @@ def study_gpu(cluster, name: str | None = None) -> GPU:
         gpu = GPUS["cpu"]
     else:
         gpu = GPUS[hw.gpu if hw is not None else "H100"]
-    if hw is None or gpu.name == "cpu":
+    return _with_figures(gpu, hw)
+
+
+def measured_gpu(cluster, accelerator: str | None, named: str | None) -> GPU | None:
+    """The GPU a run that has measured times ran on, for the report's MFU and predictions: cpu for a CPU
+    run; else the GPU `named` names (the report's --gpu, or the run's start events), else its study's
+    `cluster.hardware.gpu` when the study sets hardware; None when nothing says. `cluster` (None for a run
+    known only from its logs) brings its `hardware` figures, as for `study_gpu`."""
+    hw = cluster.hardware if cluster is not None else None
+    if accelerator == "cpu":
+        gpu = GPUS["cpu"]
+    else:
+        gpu = gpu_named(named) or (GPUS[hw.gpu] if hw is not None else None)
+    return None if gpu is None else _with_figures(gpu, hw)
+
+
+def _with_figures(gpu: GPU, hw) -> GPU:
+    """`gpu` with a study's cluster.hardware figures in place of the datasheet's (a CPU's too)."""
+    if hw is None:
         return gpu
     over = {
         "memory_bytes": int(hw.memory_gib * GIB) if hw.memory_gib else None,

@@ -14,7 +14,7 @@ from mimo_jobs.study.topology import Layout, check, derive_llm_dp
 
 from .estimate import Prediction, predict_shape
 from .hardware import GPU
-from .run import RunShape
+from .run import RunShape, on_layout
 from .steptime import Efficiency
 
 MAX_PP = 8  # deeper pipelines only add bubble for models of this size
@@ -87,7 +87,7 @@ def best_layouts(
     layouts = candidate_layouts(shape.layout, nodes)
     fits = []
     for lay in layouts:
-        rs = replace(shape, layout=lay, microbatches=lay.gbs // (lay.mbs * lay.llm_dp))
+        rs = on_layout(shape, lay)
         p = predict_shape(rs, gpu, eff, name=point_name(lay))
         if p.memory.fits:
             fits.append(Candidate(lay, p))

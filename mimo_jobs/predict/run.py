@@ -3,10 +3,12 @@ model, the layout, the batch, the precision and the images a sample carries."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mimo_jobs.study.presets import ModelPreset, get_preset
-from mimo_jobs.study.topology import Layout
+from mimo_jobs.study.topology import Layout, rank_layout
+
+from .flops import SampleFlops, flops_per_sample
 
 
 @dataclass(frozen=True)
@@ -14,7 +16,7 @@ class RunShape:
     layout: Layout
     preset: ModelPreset
     seq_length: int
-    microbatches: int
+    microbatches: int  # of the layout: topology's rank_layout (one owner of the layout arithmetic)
     bf16: bool
     distributed_optimizer: bool
     optimizer: str  # adam | sgd
@@ -35,10 +37,7 @@ class RunShape:
         """models.py turns sequence parallelism on for MoE with TP > 1 only."""
         return bool(self.preset.llm.num_experts) and self.layout.llm_tp > 1
 
-    @property
-    def encoder_samples_per_microbatch(self) -> int:
-        lay = self.layout
-        return lay.mbs if lay.colocated else lay.mbs * lay.llm_dp // lay.enc_dp
+    encoder_samples_per_microbatch: int = 0  # samples one encoder replica embeds per LLM microbatch
 
 
 def image_mix(data, patch: int, image_size: int) -> tuple[float, float, int]:
@@ -54,15 +53,22 @@ def image_mix(data, patch: int, image_size: int) -> tuple[float, float, int]:
     return (1 - data.text_only_fraction) * mean_n, per_image, max(ns)
 
 
+def sample_flops(preset: ModelPreset, seq_length: int, data) -> SampleFlops:
+    """Training FLOPs of one sample of a study's data (None: data unknown, one full-size image a sample):
+    the one way image tokens reach the FLOPs formula."""
+    mean, per_image, _ = image_mix(data, preset.encoder.patch_size, preset.encoder.image_size)
+    return flops_per_sample(preset, seq_length, mean, per_image)
+
+
 def shape_of(layout: Layout, trainer) -> RunShape:
     """A RunShape from a layout and a spec.TrainerSpec."""
     preset = get_preset(trainer.model)
     mean, per_image, most = image_mix(trainer.data, preset.encoder.patch_size, preset.encoder.image_size)
-    return RunShape(
+    shape = RunShape(
         layout=layout,
         preset=preset,
         seq_length=trainer.seq_length,
-        microbatches=layout.gbs // (layout.mbs * layout.llm_dp),
+        microbatches=0,
         bf16=trainer.precision == "bf16",
         distributed_optimizer=trainer.use_distributed_optimizer,
         optimizer=trainer.optimizer.name,
@@ -73,4 +79,17 @@ def shape_of(layout: Layout, trainer) -> RunShape:
         image_tokens_max=most,
         frozen_encoder=trainer.freeze.encoder,
         frozen_llm=trainer.freeze.llm,
+    )
+    return on_layout(shape, layout)
+
+
+def on_layout(shape: RunShape, layout: Layout) -> RunShape:
+    """`shape` on another (feasible) layout, with what topology derives from it; raises TopologyError for
+    an infeasible one."""
+    plan = rank_layout(layout)
+    return replace(
+        shape,
+        layout=layout,
+        microbatches=plan.num_microbatches,
+        encoder_samples_per_microbatch=plan.samples_per_encoder_microbatch,
     )

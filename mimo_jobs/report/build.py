@@ -4,8 +4,10 @@ figures.py/triage.py per run and across the node counts of each study."""
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 
+from mimo_jobs.contract import jobstates
 from mimo_jobs.contract.iteration import PHASES
 from mimo_jobs.errors import MimoJobsError
 
@@ -14,10 +16,11 @@ from .memory import memory_rows
 from .model import ParityRow, Report, RunRow, StudyInfo, TriageRow
 from .predicted import predicted_rows
 from .queries import StoreData
+from .spec import run_spec
 from .triage import EventRow, triage
 
 NO_GBS = "no global batch size in the log or the run: throughput and MFU unknown (pass a run.yaml)"
-OK_STATES = {"COMPLETED", "RUNNING", "PENDING", "NO DATA", "REQUEUED", "CONFIGURING", "COMPLETING"}
+OK_STATES = {s.name for s in jobstates.STATES if not s.failed} | {"NO DATA"}  # the job-state table's
 
 
 class ReportError(MimoJobsError, ValueError):
@@ -91,8 +94,9 @@ def _run(r: dict, data: StoreData, gpu: str | None) -> tuple[RunRow, TriageRow |
         _steady_state(row, a)  # the iteration time needs no batch size; throughput does
         if row.gbs:
             tp = _throughput(row)
-            peak = figures.peak_flops(gpu or _gpu_name(data.starts.get(rid, [])))
-            row.mfu, row.mfu_note = _mfu(r, row.gpus, tp.samples_per_s, peak)
+            row.mfu, row.mfu_note = _mfu(
+                r, row.gpus, tp.samples_per_s, gpu or _gpu_name(data.starts.get(rid, []))
+            )
         else:
             row.mfu_note = NO_GBS
             row.flags.append(NO_GBS)
@@ -139,9 +143,9 @@ def _derive_state(
     ):
         if kind in kinds:
             return state
-    from mimo_jobs.ingest.events import ROOT_KINDS, SUMMARY_KINDS, VICTIM_KINDS
+    from mimo_jobs.contract.events import FAILURE_KINDS
 
-    if kinds & {*ROOT_KINDS, *SUMMARY_KINDS, *VICTIM_KINDS}:
+    if kinds & set(FAILURE_KINDS):
         return "FAILED"
     if end_reason:
         r = end_reason.lower()
@@ -192,7 +196,7 @@ def _layout(r: dict) -> str:
 def _steady_state(row: RunRow, a: tuple) -> None:
     """The iteration time over the steady-state window and each phase's mean and share of it."""
     row.t_median_ms, row.t_mean_ms, row.t_std_ms, row.window_n = a[0], a[1], a[2], a[3]
-    ph = {p: v for p, v in zip(PHASES, a[4:]) if v is not None}
+    ph = {p: v for p, v in zip(PHASES, a[4:]) if v is not None and math.isfinite(v)}
     total = sum(ph.values())
     row.phase_ms = ph
     row.phase_share = {p: v / total for p, v in ph.items()} if total > 0 else {}
@@ -206,10 +210,11 @@ def _throughput(row: RunRow) -> figures.Throughput:
     return tp
 
 
-def _mfu(r: dict, gpus: int | None, samples_per_s: float, peak: float | None) -> tuple[float | None, str]:
-    """MFU and a note on it: only for GPU runs whose GPU model (dense BF16 peak) and model preset are
-    known."""
-    from mimo_jobs.predict.flops import flops_per_sample
+def _mfu(r: dict, gpus: int | None, samples_per_s: float, named: str | None) -> tuple[float | None, str]:
+    """MFU and a note on it: only for GPU runs whose GPU (named, or the study's cluster.hardware, with its
+    figures: predict/hardware.py) and model preset are known."""
+    from mimo_jobs.predict.hardware import measured_gpu
+    from mimo_jobs.predict.run import sample_flops
     from mimo_jobs.study.presets import PRESETS
 
     preset = PRESETS.get(r["model"] or "")
@@ -217,13 +222,14 @@ def _mfu(r: dict, gpus: int | None, samples_per_s: float, peak: float | None) ->
         return None, "cpu run"
     if preset is None or not r["seq_length"] or not gpus:
         return None, "model FLOPs unknown"
-    if peak is None:
+    spec = run_spec(r)
+    g = measured_gpu(spec.cluster if spec else None, r["accelerator"], named)
+    if g is None:
         return None, "GPU peak unknown (pass --gpu H100|H200|A100)"
-    spec = json.loads(r["spec_json"]) if r["spec_json"] else {}
-    data = (spec.get("trainer") or {}).get("data") or {}
-    img, how = figures.image_tokens_per_sample(data, preset.encoder.patch_size, preset.encoder.image_size)
-    fps = flops_per_sample(preset, r["seq_length"], int(round(img))).total
-    return figures.mfu(fps, samples_per_s, gpus, peak), f"image tokens/sample from {how}"
+    data = spec.trainer.data if spec else None
+    how = "mock data mix" if getattr(data, "provider", None) == "mock" else "one full-size image per sample"
+    fps = sample_flops(preset, r["seq_length"], data).total
+    return figures.mfu(fps, samples_per_s, gpus, g.peak_flops), f"image tokens/sample from {how}"
 
 
 def _gpu_name(start_msgs: list[str]) -> str | None:

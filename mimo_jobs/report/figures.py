@@ -5,7 +5,8 @@ Conventions:
   the first iteration, which carries start-up cost); median/mean/std of the iteration time over it;
 - samples/s = gbs / t_iter; tokens/s = samples/s * seq_length; per GPU = / ALL GPUs of the job
   (encoder GPUs included);
-- MFU = model FLOPs per sample (mimo_jobs/predict/flops.py) * samples/s / (GPUs * dense BF16 peak);
+- MFU = model FLOPs per sample (mimo_jobs/predict/flops.py) * samples/s / (GPUs * dense BF16 peak), the
+  peak the planner's (mimo_jobs/predict/hardware.py, with the study's cluster.hardware figures);
 - scaling efficiency E(N) = P(N) / P(N0), P = per-GPU throughput (tokens/s/GPU, or samples/s/GPU when the
   sequence length is unknown), N0 = baseline node count (same formula for strong and weak scaling);
 - loss parity: losses interpolated at equal consumed samples.
@@ -20,15 +21,6 @@ EFFICIENCY_FLOOR = 0.80  # below this E(N) is flagged as a slow-down
 SPEEDUP_TOLERANCE = 0.05  # E(N) above 1 + this is an unexpected (super-linear) speed-up
 NOISE_CV = 0.20  # std/mean of the iteration time above this is flagged as noisy
 PARITY_TOLERANCE = 0.05  # relative loss difference at equal samples flagged above this
-
-
-def peak_flops(gpu: str | None) -> float | None:
-    """Dense BF16 peak (not the 2:4-sparse figure) of a GPU named like "NVIDIA H100 80GB HBM3" / "h200";
-    None when unknown. The figures are the planner's (mimo_jobs/predict/hardware.py)."""
-    from mimo_jobs.predict.hardware import gpu_named
-
-    g = gpu_named(gpu)
-    return g.peak_flops if g else None
 
 
 def steady_cutoff(first: int, last: int, frac: float = 0.10, min_skip: int = 1) -> int:
@@ -76,17 +68,6 @@ def throughput(gbs: int, t_iter_ms: float, seq_length: int | None, gpus: int | N
 
 def mfu(flops_per_sample: float, samples_per_s: float, gpus: int, peak: float) -> float:
     return flops_per_sample * samples_per_s / (gpus * peak)
-
-
-def image_tokens_per_sample(data: dict, patch_size: int, image_size: int) -> tuple[float, str]:
-    """Mean ViT patches per sample for the FLOP count, and how it was obtained. The mock provider's image
-    mix is known exactly; for real data we assume one full-size image per sample (an upper bound)."""
-    if data.get("provider", "mock") == "mock":
-        sizes = data.get("image_sizes") or [image_size]
-        text_only = float(data.get("text_only_fraction", 0.0))
-        per_image = sum((s // patch_size) ** 2 for s in sizes) / len(sizes)
-        return (1 - text_only) * per_image, "mock data mix"
-    return float((image_size // patch_size) ** 2), "one full-size image per sample (upper bound)"
 
 
 def efficiency(p: float | None, p0: float | None) -> float | None:

@@ -3,36 +3,28 @@ measured: seconds per iteration and tokens/s/GPU against the steady-state figure
 memory against the trainer's per-rank facts.
 
 A run is predicted when its resolved spec is in the store (runs.spec_json) and its accelerator is known:
-`cpu` for a CPU run, else the report's --gpu (or the GPU its start events name). Predictions use the
+`cpu` for a CPU run, else the report's --gpu (or the GPU its start events name, or its study's
+cluster.hardware), priced with the study's cluster.hardware figures. Predictions use the
 default efficiencies, so the error says how far the uncalibrated planner was (`predict --db` calibrates).
 """
 
 from __future__ import annotations
 
-import json
-
 from mimo_jobs.predict.calibrate import relative_error
 
 from .model import PredictedMemoryRow, PredictedRow, RunRow
+from .spec import run_spec
 
 _MEASURED = ("param_bytes", "grad_buffer_bytes", "optimizer_state_bytes")
 
 
-def _gpu(accelerator: str | None, name: str | None):
-    """The planner's GPU: `cpu` for a CPU run, else the GPU `name` names (None if none)."""
-    from mimo_jobs.predict.hardware import GPUS, gpu_named
-
-    return GPUS["cpu"] if accelerator == "cpu" else gpu_named(name)
-
-
-def _prediction(r: dict, gpu):
+def _prediction(spec, gpu):
     from mimo_jobs.predict.estimate import predict_run
-    from mimo_jobs.study.runspec import RunSpec
 
     try:
-        return predict_run(RunSpec.from_dict(json.loads(r["spec_json"])), gpu)
+        return predict_run(spec, gpu)
     except (ValueError, KeyError, TypeError, ZeroDivisionError):
-        return None  # a spec from an older version, or a layout the planner cannot price
+        return None  # a layout the planner cannot price
 
 
 def _time_row(row: RunRow, p) -> PredictedRow:
@@ -107,17 +99,21 @@ def predicted_rows(
 ) -> tuple[list[PredictedRow], list[PredictedMemoryRow]]:
     """`runs`: the store's runs rows (spec_json, accelerator); `gpu_names`: run_id -> the GPU its start
     events name."""
+    from mimo_jobs.predict.hardware import measured_gpu
+
     by_id = {r.run_id: r for r in rows}
     ranks: dict[str, list[dict]] = {}
     for x in rank_memory:
         ranks.setdefault(x["run_id"], []).append(x)
     times, memory = [], []
     for r in runs:
-        row = by_id.get(r["run_id"])
-        g = _gpu(r.get("accelerator"), gpu or gpu_names.get(r["run_id"]))
-        if row is None or g is None or not r.get("spec_json"):
+        row, spec = by_id.get(r["run_id"]), run_spec(r)
+        if row is None or spec is None:
             continue
-        p = _prediction(r, g)
+        g = measured_gpu(spec.cluster, r.get("accelerator"), gpu or gpu_names.get(r["run_id"]))
+        if g is None:
+            continue
+        p = _prediction(spec, g)
         if p is None:
             continue
         times.append(_time_row(row, p))

@@ -231,7 +231,9 @@ def _steady(con, cut: dict[str, int], span: dict[str, tuple], unfiltered: bool) 
     aggs = "median(i.elapsed_ms), avg(i.elapsed_ms), stddev_samp(i.elapsed_ms), count(*), " + ", ".join(
         f"avg(i.{p}_ms)" for p in PHASES
     )
-    window = "NOT coalesce(i.superseded, false) AND i.elapsed_ms IS NOT NULL"
+    # a time that is not finite and positive measured nothing (a clock that stepped, a bad log line): it is
+    # left out, so a run with no other times has no figures ("-") rather than infinite throughput
+    window = "NOT coalesce(i.superseded, false) AND isfinite(i.elapsed_ms) AND i.elapsed_ms > 0"
     c, major = _majority(cut, {rid: s[2] for rid, s in span.items()})
     scope, params = _scope(major, unfiltered)
     keep = set(major)

@@ -69,20 +69,20 @@ def _default(o):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-def _clean(o):
-    """NaN/inf are not JSON: they become null."""
+def finite(o):
+    """`o` (dicts, lists, scalars) with every NaN/inf float as None: they are not JSON, they become null."""
     if isinstance(o, float) and (o != o or o in (float("inf"), float("-inf"))):
         return None
     if isinstance(o, dict):
-        return {k: _clean(v) for k, v in o.items()}
+        return {k: finite(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
+        return [finite(v) for v in o]
     return o
 
 
 def _num(v) -> str:
     if isinstance(v, float):
-        return float.__repr__(v) if math.isfinite(v) else "null"  # as json.dumps after _clean
+        return float.__repr__(v) if math.isfinite(v) else "null"  # as json.dumps after finite()
     return "null" if v is None else json.dumps(v)
 
 
@@ -109,7 +109,7 @@ def render_json(report: Report) -> str:
     doc = replace(report, curves={}).to_dict()
     marker = "@@curves-" + "x" * 8 + "@@"
     doc["curves"] = marker
-    text = json.dumps(_clean(doc), indent=2, default=_default, allow_nan=False)
+    text = json.dumps(finite(doc), indent=2, default=_default, allow_nan=False)
     return text.replace(json.dumps(marker), _curves_json(report.curves), 1) + "\n"
 
 

@@ -62,8 +62,7 @@ def triage(
     last_time: datetime | None = None,
 ) -> Verdict:
     """The verdict on a failed or hung job: the first level of evidence (module docstring) its events hold."""
-    # the event parser compiles its patterns at import: only a report with a failed run pays for it
-    from mimo_jobs.ingest.events import (
+    from mimo_jobs.contract.events import (
         ROOT_KINDS,
         SCHEDULER_KINDS,
         SUMMARY_KINDS,

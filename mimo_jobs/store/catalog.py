@@ -1,20 +1,57 @@
 """Writers for the `studies` and `runs` tables (shared by submit, render-with-store and ingest of a run
-dir that the store has not seen yet: run dirs are self-describing through run.yaml)."""
+dir that the store has not seen yet: run dirs are self-describing through run.yaml).
+
+The store takes plain records (`StudyRecord`, `RunRecord`), not the study package's spec classes: the study
+package says what a run is (`RunSpec.catalog_fields()`), the store only how it is kept."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from mimo_jobs.study.runspec import RunSpec
-from mimo_jobs.study.spec import StudySpec
+
+@dataclass(frozen=True)
+class StudyRecord:
+    name: str
+    description: str
+    scaling: str | None
+    baseline_nodes: int | None
+    spec: dict  # the whole study file as parsed (JSON-able)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    study: str
+    name: str
+    index: int
+    repeat: int
+    nodes: int
+    gpus_per_node: int
+    world: int
+    enc_tp: int
+    enc_pp: int
+    enc_dp: int
+    llm_tp: int
+    llm_pp: int
+    llm_ep: int
+    llm_etp: int
+    llm_dp: int
+    gbs: int
+    mbs: int
+    seq_length: int
+    model: str
+    accelerator: str
+    colocated: bool
+    spec: dict  # the run's whole spec (JSON-able), what run.yaml holds
 
 
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
-def record_study(con, study: StudySpec, source_path: str | None = None) -> None:
+def record_study(con, study: StudyRecord, source_path: str | None = None) -> None:
     now = _now()
     con.execute(
         """INSERT INTO studies VALUES (?, ?, ?, ?, ?, ?, ?, ?)
@@ -27,7 +64,7 @@ def record_study(con, study: StudySpec, source_path: str | None = None) -> None:
             study.scaling,
             study.baseline_nodes,
             source_path,
-            json.dumps(study.model_dump(mode="json")),
+            json.dumps(study.spec),
             now,
             now,
         ],
@@ -35,43 +72,43 @@ def record_study(con, study: StudySpec, source_path: str | None = None) -> None:
 
 
 def record_run(
-    con, spec: RunSpec, run_dir: str, script_sha256: str | None = None, provenance: dict | None = None
+    con, run: RunRecord, run_dir: str, script_sha256: str | None = None, provenance: dict | None = None
 ) -> None:
     """Insert the run if new (run ids are content hashes: the same id is the same run)."""
-    lay, prov = spec.layout, provenance or {}
+    r, prov = run, provenance or {}
     con.execute(
         """INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
            ON CONFLICT (run_id) DO UPDATE SET run_dir = excluded.run_dir,
              script_sha256 = coalesce(excluded.script_sha256, runs.script_sha256)""",
         [
-            spec.run_id,
-            spec.study,
-            spec.name,
-            spec.index,
-            spec.repeat,
-            lay.nodes,
-            lay.gpus_per_node,
-            lay.world,
-            lay.enc_tp,
-            lay.enc_pp,
-            lay.enc_dp,
-            lay.llm_tp,
-            lay.llm_pp,
-            lay.llm_ep,
-            lay.llm_etp,
-            lay.llm_dp,
-            lay.gbs,
-            lay.mbs,
-            spec.trainer.seq_length,
-            spec.trainer.model,
-            spec.cluster.accelerator,
+            r.run_id,
+            r.study,
+            r.name,
+            r.index,
+            r.repeat,
+            r.nodes,
+            r.gpus_per_node,
+            r.world,
+            r.enc_tp,
+            r.enc_pp,
+            r.enc_dp,
+            r.llm_tp,
+            r.llm_pp,
+            r.llm_ep,
+            r.llm_etp,
+            r.llm_dp,
+            r.gbs,
+            r.mbs,
+            r.seq_length,
+            r.model,
+            r.accelerator,
             str(run_dir),
-            json.dumps(spec.to_dict()),
+            json.dumps(r.spec),
             script_sha256,
             prov.get("version"),
             prov.get("git_sha"),
             _now(),
-            lay.colocated,
+            r.colocated,
         ],
     )
 

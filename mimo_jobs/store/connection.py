@@ -1,8 +1,9 @@
 """The DuckDB store's connection: one embedded file (default ./mimo-jobs.duckdb; --db or MIMO_JOBS_DB).
 
-Opening a file creates or migrates it (`schema`). Writers live with their data: `catalog` writes studies
-and runs, `submit.jobs_table` jobs, `ingest` iterations, events and ingested_files. Every write that touches
-more than one row runs in one transaction, so a failure leaves nothing half-written.
+Opening a file to write creates or migrates it (`schema.ensure`); opening it to read never writes it: a store
+of an older schema is read through `schema.present_older`. Writers live with their data: `catalog` writes
+studies and runs, `submit.jobs_table` jobs, `ingest` iterations, events and ingested_files. Every write that
+touches more than one row runs in one `transaction` (tx.py), so a failure leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from mimo_jobs.errors import MimoJobsError
 
 from . import schema
 from .errors import NoStore, NotAStore, StoreError, StoreLocked, explain, is_lock, lock_holder
+from .tx import transaction
 
 __all__ = ["NoStore", "StoreError", "StoreLocked", "connect", "db_path", "transaction"]
 
@@ -123,39 +123,45 @@ def _say_waiting(path: Path, holder: str | None, wait_s: float) -> None:
 
 
 def _check_schema(con, path: Path, read_only: bool) -> None:
-    """Refuse a store from a newer mimo-jobs; bring a writable older one up to date."""
+    """Refuse another application's database and a store from a newer mimo-jobs; bring a writable older
+    store up to date, and show a read-only one in the current schema without writing it."""
     import duckdb
 
     try:
+        foreign = schema.foreign_tables(con)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise NotAStore(
+                f"this is not a mimo-jobs store (a DuckDB database of other tables: {shown}); it was left "
+                "as it is: pass --db with a store path",
+                str(path),
+            )
         schema.refuse_newer(con, str(path))
         if not read_only:
             schema.ensure(con)
+        elif schema.version_of(con) != schema.SCHEMA_VERSION:
+            con.execute(f"USE {_SCRATCH}")
+            schema.present_older(con, _STORE)
     except duckdb.Error as e:
         raise explain(e, path) from None
 
 
+# The store file is attached under _STORE to an in-memory database (_SCRATCH: DuckDB's name for it), which
+# holds the views of an older store opened to read.
+_STORE = "store"
+_SCRATCH = "memory"
+
+
 def _open(duckdb, path: Path, read_only: bool):
-    """A connection to the store file; a writer's is attached with this toolkit's row-group size."""
-    if read_only:
-        return duckdb.connect(str(path), read_only=True)
+    """A connection to the store file, attached read-only to read, and with this toolkit's row-group size
+    to write."""
     con = duckdb.connect(":memory:")
     try:
         quoted = str(path).replace("'", "''")
-        con.execute(f"ATTACH '{quoted}' AS store (ROW_GROUP_SIZE {ROW_GROUP})")
-        con.execute("USE store")
+        how = "READ_ONLY" if read_only else f"ROW_GROUP_SIZE {ROW_GROUP}"
+        con.execute(f"ATTACH '{quoted}' AS {_STORE} ({how})")
+        con.execute(f"USE {_STORE}")
     except BaseException:
         con.close()
         raise
     return con
-
-
-@contextmanager
-def transaction(con) -> Iterator:
-    con.execute("BEGIN TRANSACTION")
-    try:
-        yield con
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    else:
-        con.execute("COMMIT")

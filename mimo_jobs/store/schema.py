@@ -1,10 +1,14 @@
 """The store's schema: every table's DDL and every migration, in one place.
 
 `ensure(con)` brings a writable store to SCHEMA_VERSION: a new file gets every table; an older one gets what
-its version lacks; a store already at this version gets no DDL at all (connecting stays cheap).
+its version lacks; a store already at this version gets no DDL at all (connecting stays cheap). Migration is
+the write path's only: `present_older` shows a store of an older schema to a reader as the current schema
+(views over the stored tables) without writing a byte, so a read-only copy can always be reported.
 """
 
 from __future__ import annotations
+
+from .tx import transaction
 
 # 2: iterations without a primary key (ingest keeps the key unique itself)
 # 3: jobs.action, next_job_id, first_error, log_path (what the submit policy decided for an ended job)
@@ -177,6 +181,49 @@ def refuse_newer(con, where: str) -> None:
     )
 
 
+def foreign_tables(con) -> list[str]:
+    """The tables of a DuckDB file that is not a mimo-jobs store (no schema version, yet tables): another
+    application's database, which no command may read as a store or write to. Empty for a store or a new,
+    empty file."""
+    if version_of(con) is not None:
+        return []
+    rows = con.execute(
+        """SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()
+           UNION SELECT view_name FROM duckdb_views() WHERE database_name = current_database() AND NOT internal
+           ORDER BY 1"""
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def present_older(con, stored: str) -> None:
+    """In `con`'s own (in-memory) catalog, the current schema over the store attached read-only as
+    `stored`: each stored table as a view, a column its schema lacks read as its default (NULL unless the
+    DDL gives one), a table it lacks empty. Nothing is written to the store."""
+    for stmt in SCHEMA:
+        con.execute(stmt)
+    here = con.execute("SELECT current_database()").fetchone()[0]
+    have = set(
+        con.execute(
+            "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = ?", [stored]
+        ).fetchall()
+    )
+    tables = {t for t, _ in have}
+    cols = con.execute(
+        """SELECT table_name, column_name, data_type, column_default FROM duckdb_columns()
+           WHERE database_name = ? ORDER BY table_name, column_index""",
+        [here],
+    ).fetchall()
+    by_table: dict[str, list[str]] = {}
+    for table, column, typ, default in cols:
+        quoted = f'"{column}"'
+        expr = quoted if (table, column) in have else f"CAST({default or 'NULL'} AS {typ}) AS {quoted}"
+        by_table.setdefault(table, []).append(expr)
+    for table, exprs in by_table.items():
+        if table in tables:
+            con.execute(f"DROP TABLE {table}")
+            con.execute(f'CREATE VIEW {table} AS SELECT {", ".join(exprs)} FROM "{stored}".{table}')
+
+
 def ensure(con) -> None:
     version = version_of(con)
     if version == SCHEMA_VERSION:
@@ -207,8 +254,6 @@ def _drop_iterations_key(con) -> None:
                          WHERE table_name = 'iterations' AND constraint_type = 'PRIMARY KEY'""").fetchone()[0]
     if not pk:
         return
-    from .connection import transaction
-
     ddl = next(s for s in SCHEMA if "TABLE IF NOT EXISTS iterations" in s)
     with transaction(con):
         con.execute("ALTER TABLE iterations RENAME TO iterations_v1")

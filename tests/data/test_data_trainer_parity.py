@@ -64,7 +64,7 @@ def _run_yaml(root: Path, blend: Path, enc_dp: int, llm_dp: int, mbs: int, gbs: 
         env={},
     )
     (spec,) = runs_of(study)
-    rd = RunDir.of(root / "runs", spec.study, spec.name)
+    rd = RunDir.of(root / "runs", spec.study, spec.name, spec.run_id)
     rd.root.mkdir(parents=True, exist_ok=True)
     rd.run_yaml.write_text(yaml.safe_dump(run_yaml_doc(spec, rd.root, provenance={}), sort_keys=False))
     return spec, rd

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from mdblocks import prose_lines
 
 import mimo_jobs.study.spec as spec
 
@@ -37,33 +38,9 @@ MODELS = {
     )
 }
 
-_FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _TICKS = re.compile(r"`([^`]+)`")
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
-
-
-def _prose_lines(text: str) -> list[str]:
-    """The lines outside fenced code blocks (fences and their content become empty lines)."""
-    out, fence = [], None
-    for line in text.splitlines():
-        m = _FENCE.match(line)
-        if fence is None:
-            if m:
-                fence = m.group(1)
-                out.append("")
-            else:
-                out.append(line)
-            continue
-        if (
-            m
-            and m.group(1)[0] == fence[0]
-            and len(m.group(1)) >= len(fence)
-            and not line.strip().strip(fence[0])
-        ):
-            fence = None
-        out.append("")
-    return out
 
 
 def _cells(row: str) -> list[str]:
@@ -74,7 +51,7 @@ def reference_tables(text: str) -> dict[str, list[tuple[list[str], str]]]:
     """model name -> [(key names of a row, default cell)] from the table under the heading naming it."""
     tables: dict[str, list[tuple[list[str], str]]] = {}
     current: str | None = None
-    for line in _prose_lines(text):
+    for line in prose_lines(text):
         h = _HEADING.match(line)
         if h:
             named = [t for t in _TICKS.findall(h.group(2)) if t in MODELS]
@@ -175,7 +152,7 @@ def _slug(heading: str) -> str:
 def _anchors(path: Path) -> set[str]:
     seen: dict[str, int] = {}
     out = set()
-    for line in _prose_lines(path.read_text(encoding="utf-8")):
+    for line in prose_lines(path.read_text(encoding="utf-8")):
         h = _HEADING.match(line)
         if h:
             s = _slug(h.group(2))
@@ -187,7 +164,7 @@ def _anchors(path: Path) -> set[str]:
 
 def relative_links(path: Path) -> list[str]:
     links = []
-    for line in _prose_lines(path.read_text(encoding="utf-8")):
+    for line in prose_lines(path.read_text(encoding="utf-8")):
         for target in _LINK.findall(_INLINE_CODE.sub("", line)):
             if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):
                 continue  # http(s):, mailto: ... (outside the repository by design)

@@ -78,7 +78,7 @@ def make_run(
         env={},
     )
     (spec,) = runs_of(study)
-    rd = RunDir.of(root / "runs", spec.study, spec.name)
+    rd = RunDir.of(root / "runs", spec.study, spec.name, spec.run_id)
     rd.root.mkdir(parents=True, exist_ok=True)
     doc = run_yaml_doc(spec, rd.root, provenance={"git_sha": "0" * 40})
     rd.run_yaml.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -52,7 +52,7 @@ def make_runs(root: Path, **kw) -> list[tuple[RunSpec, RunDir]]:
     spec = parse_study(study_doc(**kw), env={})
     out = []
     for run in runs_of(spec):
-        rd = RunDir.of(root, run.study, run.name)
+        rd = RunDir.of(root, run.study, run.name, run.run_id)
         rd.root.mkdir(parents=True, exist_ok=True)
         rd.logs.mkdir(exist_ok=True)
         rd.run_yaml.write_text(yaml.safe_dump(run_yaml_doc(run, rd.root, {"version": "test"})))

@@ -1,12 +1,15 @@
-"""Hostile stores: --db naming a text file, an empty file, a directory, a store cut short, a store from a
-newer mimo-jobs, a store locked by another process, a read-only filesystem. Every command that opens the
-store must say which of these it met, in one line, at once (only a real lock is waited for, visibly and
-within a bound), and must leave the file as it was. One line per case (see tests/helpers/hostile.py)."""
+"""Hostile stores: --db naming a text file, an empty file, a directory, another application's DuckDB file,
+a store cut short, a store from a newer mimo-jobs, a store locked by another process, a read-only
+filesystem. Every command that opens the store must say which of these it met, in one line, at once (only a
+real lock is waited for, visibly and within a bound), and must leave the file as it was. A store from an
+older mimo-jobs is read as it is (never called damaged, never written by a reader), and measured times
+that are zero, negative or not finite are no measurement. One line per case (see tests/helpers/hostile.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -19,6 +22,7 @@ from helpers import TESTS
 from helpers.hostile import Case, read_only_mount, run_case
 
 FIXTURES = TESTS / "ingest" / "fixtures"
+STUDY = str(TESTS.parent / "studies" / "cpu_local.yaml")
 DB = "{tmp}/s.duckdb"
 LOG = str(FIXTURES / "slurm-4242.out")
 
@@ -78,6 +82,71 @@ def unchanged(setup):
     return prepare, check
 
 
+def foreign_db(tmp: Path) -> None:
+    """Another application's DuckDB database."""
+    import duckdb
+
+    con = duckdb.connect(str(tmp / "s.duckdb"))
+    con.execute("CREATE TABLE invoices (id INTEGER, total DOUBLE)")
+    con.execute("INSERT INTO invoices VALUES (1, 9.5)")
+    con.close()
+
+
+# What each schema version lacks of the next (store/schema.py): 5 added rank_memory and
+# iterations.pipeline_wait_ms, 4 runs.colocated and meta.written_by, 3 the jobs policy columns.
+LATER = {
+    4: ["DROP TABLE rank_memory", "ALTER TABLE iterations DROP COLUMN pipeline_wait_ms"],
+    3: ["ALTER TABLE runs DROP COLUMN colocated", "DELETE FROM meta WHERE key = 'written_by'"],
+    1: [f"ALTER TABLE jobs DROP COLUMN {c}" for c in ("action", "next_job_id", "first_error", "log_path")],
+}
+
+
+def older_store(version: int, study: str | None = None):
+    """A real store taken back to an older schema: what an earlier mimo-jobs wrote (its run filed under
+    `study` when given)."""
+
+    def setup(tmp: Path) -> None:
+        import duckdb
+
+        shutil.copy(real_store(tmp), tmp / "s.duckdb")
+        con = duckdb.connect(str(tmp / "s.duckdb"))
+        if study:
+            con.execute("UPDATE runs SET study = ?", [study])
+            con.execute("UPDATE studies SET name = ?", [study])
+        for v, stmts in LATER.items():
+            if v >= version:
+                for stmt in stmts:
+                    con.execute(stmt)
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
+        con.close()
+
+    return setup
+
+
+def measured(value: str):
+    """A real store whose every iteration time (and phase) is `value`."""
+
+    def setup(tmp: Path) -> None:
+        import duckdb
+
+        shutil.copy(real_store(tmp), tmp / "s.duckdb")
+        con = duckdb.connect(str(tmp / "s.duckdb"))
+        con.execute(
+            "UPDATE iterations SET elapsed_ms = CAST(? AS DOUBLE), enc_fwd_ms = CAST(? AS DOUBLE)",
+            [value, value],
+        )
+        con.close()
+
+    return setup
+
+
+def no_time_figures(tmp: Path, out: str) -> None:
+    assert "NaN" not in out and "Infinity" not in out and "inf" not in out.lower().replace("info", "")
+    if out.lstrip().startswith("{"):
+        (run,) = json.loads(out)["runs"]
+        assert run["t_median_ms"] is None and run["samples_per_s"] is None, run
+
+
 def text_file(tmp: Path) -> None:
     (tmp / "s.duckdb").write_text("name,nodes\nrun,8\n")
 
@@ -99,6 +168,7 @@ def cases() -> list[Case]:
             ("cut-to-a-tenth", cut_store(0.1), 1, "the store file is damaged"),
             ("cut-in-half", cut_store(0.5), 1, "the store file is damaged"),
             ("newer-schema", newer_store, 2, "written by mimo-jobs 9.9.0"),
+            ("another-applications-duckdb", foreign_db, 2, "not a mimo-jobs store"),
         ]:
             prepare, check = unchanged(setup)
             out.append(Case(f"{cmd}-{what}", argv, code, (says,), setup=prepare, check=check, timeout_s=30))
@@ -106,7 +176,37 @@ def cases() -> list[Case]:
     return out
 
 
+def older_cases() -> list[Case]:
+    """report and predict --db read a store of every older schema and leave it as it is."""
+    out = []
+    for version in (1, 3, 4):
+        for fmt in ("table", "json"):
+            prepare, check = unchanged(older_store(version))
+            argv = ["report", "--db", DB, "-f", fmt]
+            out.append(
+                Case(f"report-{fmt}-schema-{version}", argv, 0, ("slurm-4242",), setup=prepare, check=check)
+            )
+        prepare, check = unchanged(older_store(version, study="cpu_local"))
+        argv = ["predict", STUDY, "--db", DB]
+        says = ("no run of the study has a measured iteration time",)
+        out.append(Case(f"predict-db-schema-{version}", argv, 2, says, setup=prepare, check=check))
+    return out
+
+
+def time_cases() -> list[Case]:
+    """Zero, negative and non-finite iteration times: every format says "-" (null), none crashes."""
+    out = []
+    for value in ("0", "-5", "nan", "inf", "-inf"):
+        for fmt in ("table", "md", "json", "csv", "html"):
+            argv = ["report", "--db", DB, "-f", fmt] + (["--out", "{tmp}/html"] if fmt == "html" else [])
+            out.append(
+                Case(f"report-{fmt}-time-{value}", argv, 0, (), setup=measured(value), check=no_time_figures)
+            )
+    return out
+
+
 CASES = cases()
+READ_CASES = older_cases() + time_cases()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -114,6 +214,12 @@ def test_hostile_store(case: Case, tmp_path: Path) -> None:
     out = run_case(case, tmp_path)
     assert out.count("error:") == 1, f"one line per error:\n{out}"
     assert "locked" not in out, "a store that is not locked must not be called locked"
+
+
+@pytest.mark.parametrize("case", READ_CASES, ids=[c.id for c in READ_CASES])
+def test_hostile_read(case: Case, tmp_path: Path) -> None:
+    out = run_case(case, tmp_path)
+    assert "damaged" not in out, out
 
 
 @contextlib.contextmanager
@@ -197,6 +303,12 @@ def test_a_store_on_a_read_only_filesystem_is_named_so(argv: list[str], tmp_path
             "ro", [a.replace(DB, str(mnt / "real.duckdb")) for a in argv], 1, ("read-only filesystem",)
         )
         run_case(case, tmp_path)
+
+
+def test_an_older_store_on_a_read_only_filesystem_is_reported(tmp_path: Path) -> None:
+    older_store(3)(tmp_path)
+    with read_only_mount(tmp_path, tmp_path / "s.duckdb") as mnt:
+        run_case(Case("ro-old", ["report", "--db", str(mnt / "s.duckdb")], 0, ("slurm-4242",)), tmp_path)
 
 
 def test_a_new_store_in_a_read_only_directory_is_named_so(tmp_path: Path) -> None:

@@ -48,7 +48,7 @@ def build_store(tmp: Path):
     plan = PLAN
     assert sorted(r.name for r in runs) == sorted(plan)
     for run in runs:
-        rd = RunDir.of(tmp / "runs", run.study, run.name)
+        rd = RunDir.of(tmp / "runs", run.study, run.name, run.run_id)
         rd.logs.mkdir(parents=True)
         rd.run_yaml.write_text(yaml.safe_dump(run_yaml_doc(run, rd.root, {"version": "test"})))
         t, off, shares = plan[run.name]

@@ -33,24 +33,9 @@ def test_throughput_counts_all_gpus():
     assert f.throughput(8, 400.0, None, None).tokens_per_s is None
 
 
-def test_mfu_and_peak():
-    assert f.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-    assert f.peak_flops("NVIDIA GH200 480GB") == 989e12
-    assert f.peak_flops("h200") == 989e12
-    assert f.peak_flops("Tesla V100") is None and f.peak_flops(None) is None
+def test_mfu():
     # 1e12 FLOPs/sample at 100 samples/s on 8 GPUs of 989 TFLOP/s
     assert f.mfu(1e12, 100.0, 8, 989e12) == pytest.approx(100e12 / (8 * 989e12))
-
-
-def test_image_tokens_mock_mix():
-    n, how = f.image_tokens_per_sample(
-        {"provider": "mock", "image_sizes": [8, 12, 16], "text_only_fraction": 0.25},
-        patch_size=4,
-        image_size=16,
-    )
-    assert n == pytest.approx(0.75 * (4 + 9 + 16) / 3) and "mock" in how
-    n, how = f.image_tokens_per_sample({"provider": "energon"}, 14, 336)
-    assert n == 576 and "upper bound" in how
 
 
 def test_efficiency_and_flags():

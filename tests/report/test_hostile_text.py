@@ -320,3 +320,51 @@ def test_triage_and_parity_rows_are_visible():
         assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
     assert "r\\x1b[2J" in table and "p\\u202e" in table
     assert "r\\\\x1b\\[2J" in md and "p\\\\u202e" in md  # visible, then its backslash escaped
+
+
+def _on_a_terminal(argv: list[str]) -> str:
+    """The bytes `mimo-jobs <argv>` writes to a terminal (a pseudo-terminal as its stdout)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    main, sub = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "mimo_jobs.cli", *argv], stdout=sub, stderr=sub)
+    os.close(sub)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the other end closed: the command has ended
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    assert p.wait(timeout=60) == 0, b"".join(chunks)[-2000:]
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+# OSC 0 (window title), OSC 8 (hyperlink), OSC 52 (clipboard write), and a C1 CSI (U+009B)
+ESCAPES = "\x1b]0;owned\x07\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\\x1b]52;c;ZXZpbA==\x07\u009b31mred"
+
+
+@pytest.mark.parametrize("fmt_", ["csv", "md", "json"])
+def test_a_document_printed_to_a_terminal_carries_no_control_sequence(fmt_, tmp_path):
+    import subprocess
+    import sys
+
+    import duckdb
+
+    from helpers import TESTS
+
+    db = tmp_path / "s.duckdb"
+    log = str(TESTS / "ingest" / "fixtures" / "slurm-4242.out")
+    subprocess.run([sys.executable, "-m", "mimo_jobs.cli", "ingest", log, "--db", str(db)], check=True)
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE events SET message = ? || message", [ESCAPES])
+    con.close()
+    out = _on_a_terminal(["report", "--db", str(db), "-f", fmt_])
+    assert "\x1b]" not in out and "\u009b" not in out and "\x07" not in out, repr(out[:2000])
+    assert "failed" in out  # the flag is there, made visible

@@ -79,10 +79,26 @@ def test_mfu_needs_a_known_gpu(store_):
     r1 = by_nodes(build(con, "scal"))[1]
     assert r1.mfu is None and "GPU peak unknown" in r1.mfu_note
     r1 = by_nodes(build(con, "scal", gpu="H100"))[1]
-    fps = flops_per_sample(
-        PRESETS["tiny"], 64, 7
-    ).total  # mock mix: 0.75 * (4 + 9 + 16) / 3 = 7.25 -> 7 patches
+    # the mock mix of the planner's FLOPs: images of 4, 9, 16 patches, a quarter of samples text only
+    mean, per_image = 0.75 * (4 + 9 + 16) / 3, (4**2 + 9**2 + 16**2) / (4 + 9 + 16)
+    fps = flops_per_sample(PRESETS["tiny"], 64, mean, per_image).total
     assert r1.mfu == pytest.approx(fps * (8 / 0.405) / (2 * 989e12))
+    assert "mock data mix" in r1.mfu_note
+
+
+def test_mfu_is_priced_on_the_studys_hardware(tmp_path):
+    con, _ = build_store(tmp_path)
+    for run_id, doc in con.execute("SELECT run_id, spec_json FROM runs").fetchall():
+        spec = json.loads(doc)
+        spec["cluster"]["hardware"] = {"gpu": "H200", "peak_tflops": 500.0}
+        con.execute("UPDATE runs SET spec_json = ? WHERE run_id = ?", [json.dumps(spec), run_id])
+    named = by_nodes(build(con, "scal", gpu="H100"))[1]  # the GPU named, with the cluster's figures
+    own = by_nodes(build(con, "scal"))[1]  # no GPU named: the study's
+    con.close()
+    mean, per_image = 0.75 * (4 + 9 + 16) / 3, (4**2 + 9**2 + 16**2) / (4 + 9 + 16)
+    fps = flops_per_sample(PRESETS["tiny"], 64, mean, per_image).total
+    assert named.mfu == pytest.approx(fps * (8 / 0.405) / (2 * 500e12))
+    assert own.mfu == named.mfu
 
 
 def test_unknown_study_and_baseline(store_):
