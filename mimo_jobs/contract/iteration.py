@@ -11,6 +11,29 @@ from typing import Any
 # pipeline_wait: an LLM stage blocked on its neighbouring stage (llm.pp > 1)
 PHASES = ("enc_fwd", "enc_bwd", "bridge_wait", "llm_fwd", "llm_bwd", "optimizer", "data", "pipeline_wait")
 
+# The measured values of one iteration as the store keeps them (SQL types), in the iterations table's order
+# between `time` and the phases: the one list ingest stages, the store's table is created with and the
+# record below carries under the same names.
+VALUE_COLUMNS: dict[str, str] = {
+    "elapsed_ms": "DOUBLE",
+    "loss": "DOUBLE",
+    "lr": "DOUBLE",
+    "grad_norm": "DOUBLE",
+    "consumed_samples": "BIGINT",
+    "gbs": "INTEGER",
+    "loss_scale": "DOUBLE",
+    "skipped": "INTEGER",
+    "nan": "INTEGER",
+    "samples_per_s": "DOUBLE",
+    "tokens_per_s": "DOUBLE",
+    "tokens_per_s_per_gpu": "DOUBLE",
+    "tflops_per_gpu": "DOUBLE",
+    "moe_aux_loss": "DOUBLE",
+}
+# each phase also as a number of milliseconds (the report averages millions of rows; numbers aggregate ~50x
+# cheaper than the JSON they come from)
+PHASE_COLUMNS = tuple(f"{p}_ms" for p in PHASES)
+
 
 @dataclass
 class IterationRecord:

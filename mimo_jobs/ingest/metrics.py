@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from mimo_jobs.contract.iteration import PHASES
+from mimo_jobs.contract.iteration import PHASES, VALUE_COLUMNS
 
 from .readers import FileState
 from .runs import RunCtx
@@ -14,22 +14,7 @@ from .staging import measured_time
 from .timestamps import find_time, store_text
 
 # the record keys staged as they are, in the iterations table's order (between time and phases)
-_VALUE_KEYS = (
-    "elapsed_ms",
-    "loss",
-    "lr",
-    "grad_norm",
-    "consumed_samples",
-    "gbs",
-    "loss_scale",
-    "skipped",
-    "nan",
-    "samples_per_s",
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "tflops_per_gpu",
-    "moe_aux_loss",
-)
+_VALUE_KEYS = tuple(VALUE_COLUMNS)
 
 
 def metrics_rows(text: str, first: int, st: FileState, ctx: RunCtx, stage, src: str) -> None:

@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 
-from mimo_jobs.contract.iteration import PHASES
+from mimo_jobs.contract.iteration import PHASE_COLUMNS, VALUE_COLUMNS
 
 from .discover import IngestError
 
@@ -19,20 +19,7 @@ ITER_TYPES = {
     "job_id": "VARCHAR",
     "iteration": "INTEGER",
     "time": "TIMESTAMP",
-    "elapsed_ms": "DOUBLE",
-    "loss": "DOUBLE",
-    "lr": "DOUBLE",
-    "grad_norm": "DOUBLE",
-    "consumed_samples": "BIGINT",
-    "gbs": "INTEGER",
-    "loss_scale": "DOUBLE",
-    "skipped": "INTEGER",
-    "nan": "INTEGER",
-    "samples_per_s": "DOUBLE",
-    "tokens_per_s": "DOUBLE",
-    "tokens_per_s_per_gpu": "DOUBLE",
-    "tflops_per_gpu": "DOUBLE",
-    "moe_aux_loss": "DOUBLE",
+    **VALUE_COLUMNS,
     "phases": "VARCHAR",
     "extras": "VARCHAR",
     "source": "VARCHAR",
@@ -42,7 +29,7 @@ ITER_TYPES = {
     "seq": "BIGINT",
 }
 # phase times as numbers next to the JSON (the report averages them over millions of rows)
-PHASE_COLS = [f"{p}_ms" for p in PHASES]
+PHASE_COLS = list(PHASE_COLUMNS)
 ITER_TYPES = (
     {k: v for k, v in ITER_TYPES.items() if k != "seq"}
     | dict.fromkeys(PHASE_COLS, "DOUBLE")

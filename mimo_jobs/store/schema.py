@@ -8,6 +8,8 @@ the write path's only: `present_older` shows a store of an older schema to a rea
 
 from __future__ import annotations
 
+from mimo_jobs.contract.iteration import PHASE_COLUMNS, VALUE_COLUMNS
+
 from .tx import transaction
 
 # 2: iterations without a primary key (ingest keeps the key unique itself)
@@ -15,6 +17,10 @@ from .tx import transaction
 # 4: runs.colocated (a baseline layout: every rank runs both modules), meta.written_by
 # 5: rank_memory (what each rank measured it holds: trainer/memory.py), iterations.pipeline_wait_ms
 SCHEMA_VERSION = 5
+
+# the iterations table's measured values and phase times: the contract owns their names and types
+_VALUES = ",\n        ".join(f"{c} {sql}" for c, sql in VALUE_COLUMNS.items())
+_PHASES = ", ".join(f"{c} DOUBLE" for c in PHASE_COLUMNS)
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)""",
@@ -66,19 +72,9 @@ SCHEMA = [
         job_id VARCHAR NOT NULL,
         iteration INTEGER NOT NULL,
         time TIMESTAMP,
-        elapsed_ms DOUBLE,
-        loss DOUBLE,
-        lr DOUBLE,
-        grad_norm DOUBLE,
-        consumed_samples BIGINT,
-        gbs INTEGER,
-        loss_scale DOUBLE,
-        skipped INTEGER, nan INTEGER,
-        samples_per_s DOUBLE,
-        tokens_per_s DOUBLE,
-        tokens_per_s_per_gpu DOUBLE,
-        tflops_per_gpu DOUBLE,
-        moe_aux_loss DOUBLE,
+        """
+    + _VALUES
+    + """,
         phases JSON,
         extras JSON,
         source VARCHAR,               -- jsonl | megatron-log
@@ -86,10 +82,10 @@ SCHEMA = [
         train_iters INTEGER,
         superseded BOOLEAN DEFAULT false,  -- a later job of the same run re-ran this iteration
         source_file VARCHAR,
-        -- contract.PHASES as numbers (also in `phases`): the report averages millions of rows, and
-        -- numeric columns are ~50x cheaper to aggregate than JSON
-        enc_fwd_ms DOUBLE, enc_bwd_ms DOUBLE, bridge_wait_ms DOUBLE, llm_fwd_ms DOUBLE, llm_bwd_ms DOUBLE,
-        optimizer_ms DOUBLE, data_ms DOUBLE, pipeline_wait_ms DOUBLE)
+        -- contract.iteration.PHASE_COLUMNS (also in `phases`)
+        """
+    + _PHASES
+    + """)
         -- unique per (run_id, job_id, iteration), kept so by ingest's merge: a primary-key index cost
         -- more than all the rest of a big-log ingest""",
     """CREATE TABLE IF NOT EXISTS events (
