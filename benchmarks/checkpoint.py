@@ -33,9 +33,9 @@ def render(root: Path, preset: str, distopt: bool) -> Path:
     import yaml
 
     from mimo_jobs.contract.rundir import RunDir
+    from mimo_jobs.model.presets import get_preset
     from mimo_jobs.study.expand import runs_of
     from mimo_jobs.study.load import parse_study
-    from mimo_jobs.study.presets import get_preset
     from mimo_jobs.study.runspec import run_yaml_doc
 
     moe = get_preset(preset).llm.num_experts > 0

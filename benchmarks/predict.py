@@ -1,4 +1,5 @@
-"""Time `predict` on a generated 1,000-run study and `plan` for 100 nodes (pure Python, no torch).
+"""Time `predict` on a generated 1,000-run study and `plan` for 100 nodes with the whole search (splits x LLM
+TP/PP/EP/DP x colocated, microbatch sizes, memory savers; target: under 2 s), pure Python, no torch.
 
 python3 benchmarks/predict.py
 """
@@ -14,6 +15,7 @@ import yaml
 from mimo_jobs.predict.estimate import predict_run, to_json
 from mimo_jobs.predict.hardware import get_gpu
 from mimo_jobs.predict.layouts import best_layouts
+from mimo_jobs.predict.planning import plan_many
 from mimo_jobs.predict.run import shape_of
 from mimo_jobs.predict.steptime import Efficiency
 from mimo_jobs.study.diagnose import diagnose_data
@@ -43,9 +45,13 @@ def main() -> None:
     t_plan = time.perf_counter() - t0
     print(f"predict: {len(docs)} runs in {t_predict:.2f} s ({t_predict / len(docs) * 1e3:.2f} ms/run)")
     print(
-        f"plan --nodes 100: {priced} feasible layouts priced in {t_plan:.2f} s, best "
+        f"plan --nodes 100: {priced} feasible layouts priced in {t_plan:.2f} s (target < 2 s), best "
         f"{best[0].prediction.time.iteration_s:.3f} s/iter"
     )
+    t0 = time.perf_counter()
+    many = plan_many(shape_of(run.layout, run.trainer), gpu, [32, 33, 68, 100], [], Efficiency(), 5, 0)
+    t_many = time.perf_counter() - t0
+    print(f"plan --nodes 32,33,68,100: {sum(p.priced for p in many.plans)} layouts in {t_many:.2f} s")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import typer
 
 from mimo_jobs import __version__
 
-from . import data, jobs, plan, predict, results, study
+from . import compare, data, jobs, plan, predict, results, study
 
 app = typer.Typer(
     name="mimo-jobs",
@@ -18,7 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _mod in (study, predict, plan, jobs, results, data):
+for _mod in (study, predict, plan, jobs, results, compare, data):
     _mod.register(app)
 
 

@@ -1,4 +1,5 @@
-"""`mimo-jobs data synth DIR`: synthetic energon-ready image-caption + text-only datasets and a blend YAML.
+"""`mimo-jobs data synth DIR`: synthetic energon-ready datasets (image-caption, text-only, VQA, conversations)
+and a blend YAML.
 
 Exit codes: 0 ok, 2 bad input (nothing written). energon is imported only inside the command body.
 """
@@ -46,8 +47,17 @@ def synth_cmd(
     ),
     samples_per_shard: int = typer.Option(64, "--samples-per-shard", help="Samples per .tar shard."),
     seed: int = typer.Option(0, "--seed", help="Content seed (same arguments -> identical shards)."),
+    vqa: int = typer.Option(
+        0, "--vqa", help="VQA samples (question and answers in a JSON member), on top of --samples."
+    ),
+    conversations: int = typer.Option(
+        0,
+        "--conversations",
+        help="Two-round image conversations (JSON member; train them with a chat-template tokenizer).",
+    ),
 ) -> None:
-    """Write DIR/caps (CaptioningSample), DIR/text (TextSample), DIR/blend.yaml (use it as trainer.data.path)."""
+    """Write DIR/caps (CaptioningSample), DIR/text (TextSample), DIR/vqa (VQASample), DIR/chat
+    (ConversationSample), DIR/blend.yaml (use it as trainer.data.path)."""
     import contextlib
     import io
     import shutil
@@ -67,9 +77,15 @@ def synth_cmd(
             image_sizes=sizes or SynthConfig().image_sizes,
             samples_per_shard=samples_per_shard,
             seed=seed,
+            vqa_samples=vqa,
+            conversation_samples=conversations,
         )
         cfg.check()
-        clash = [p for p in (dir / "caps", dir / "text", dir / "blend.yaml") if p.exists()]
+        clash = [
+            p
+            for p in (dir / "caps", dir / "text", dir / "vqa", dir / "chat", dir / "blend.yaml")
+            if p.exists()
+        ]
         if clash:
             raise DataError(
                 f"{dir}: already holds {', '.join(str(p) for p in clash)}; choose an empty directory"
@@ -91,10 +107,10 @@ def synth_cmd(
             console=err,
             transient=True,
         ) as prog:
-            task = prog.add_task("samples", total=cfg.samples)
+            task = prog.add_task("samples", total=cfg.total)
             with contextlib.redirect_stdout(io.StringIO()):  # energon's prepare prints progress lines
                 res = synth(stage, cfg, progress=lambda n=1: prog.advance(task, n))
-        for name in ("caps", "text", "blend.yaml", "synth.json"):
+        for name in ("caps", "text", "vqa", "chat", "blend.yaml", "synth.json"):
             if (stage / name).exists():
                 (stage / name).rename(dir / name)
         stage.rmdir()
@@ -111,11 +127,102 @@ def synth_cmd(
         f"{dir}/caps: {res.n_caps} image-caption samples in {len(res.caps_shards)} shard(s), sizes {sizes_s}"
     )
     typer.echo(f"{dir}/text: {res.n_text} text-only samples in {len(res.text_shards)} shard(s)")
-    typer.echo(
-        f"{dir}/blend.yaml: text weight {cfg.text_only_fraction:g}, image-caption weight "
-        f"{1 - cfg.text_only_fraction:g}"
-    )
+    if res.vqa_shards:
+        typer.echo(f"{dir}/vqa: {cfg.vqa_samples} VQA samples in {len(res.vqa_shards)} shard(s)")
+    if res.chat_shards:
+        typer.echo(
+            f"{dir}/chat: {cfg.conversation_samples} conversations in {len(res.chat_shards)} shard(s) "
+            "(need trainer.data.tokenizer with a chat template)"
+        )
+    weights = ", ".join(f"{w['subflavors']['kind']} {w['weight']:.3g}" for w in res.blend_parts)
+    typer.echo(f"{dir}/blend.yaml: weights {weights}")
     typer.echo(f"use it:  trainer.data: {{provider: energon, path: {(dir / 'blend.yaml').resolve()}}}")
+
+
+def stats_path(path: Path) -> Path:
+    """Where the statistics go: beside a blend YAML (<stem>.stats.json) or inside a dataset folder."""
+    return path.with_suffix(".stats.json") if path.is_file() else path / "stats.json"
+
+
+@data_app.command("stats")
+def stats_cmd(
+    path: Path = typer.Argument(..., help="A prepared energon dataset folder or a blend YAML."),
+    model: str = typer.Option(
+        "tiny", "--model", "-m", help="Model preset: its encoder decides image tokens."
+    ),
+    seq_length: int = typer.Option(
+        ..., "--seq-length", help="The LLM sequence length packing is measured at."
+    ),
+    tokenizer: Optional[str] = typer.Option(  # noqa: UP045 (typer needs Optional here)
+        None, "--tokenizer", help="Local HuggingFace tokenizer folder (default: the built-in one)."
+    ),
+    out: Optional[Path] = typer.Option(  # noqa: UP045
+        None,
+        "--out",
+        help="JSON file to write (default: beside the blend YAML, or inside the dataset folder).",
+    ),
+) -> None:
+    """Per-sample image and text tokens, images per sample and packing efficiency of a dataset."""
+    import json
+
+    from mimo_jobs.data.errors import DataError
+
+    try:
+        if seq_length < 1:
+            raise DataError(f"--seq-length={seq_length}: must be >= 1")
+        from mimo_jobs.data.images import geometry_of_preset
+        from mimo_jobs.model.arch import ArchError
+        from mimo_jobs.model.resolve import arch_of
+
+        try:
+            preset = arch_of(model)
+        except (ArchError, KeyError, ValueError) as e:
+            raise DataError(f"--model {model!r}: {e}") from None
+        geometry = geometry_of_preset(model)
+        from mimo_jobs.data.scan import scan
+        from mimo_jobs.data.stats import summarize
+
+        samples, skipped = scan(str(path.resolve()), geometry, preset.llm.vocab_size, tokenizer)
+        if not samples:
+            raise DataError(f"{path}: no sample could be read ({skipped} skipped as bad)")
+    except DataError as e:
+        fail(str(e))
+    doc = {
+        "dataset": str(path.resolve()),
+        "model": model,
+        "tokenizer": tokenizer or "builtin-char",
+        **summarize(samples, seq_length, skipped),
+    }
+    dest = out or stats_path(path)
+    dest.write_text(json.dumps(doc, indent=1) + "\n")
+    _print_stats(doc)
+    typer.echo(f"wrote {dest}")
+
+
+def _print_stats(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(highlight=False)
+    t = Table(title=f"{doc['samples']} samples ({doc['skipped']} skipped), seq_length {doc['seq_length']}")
+    for col in ("", "mean", "p50", "p95", "p99", "max"):
+        t.add_column(col, justify="right")
+    for name in ("image_tokens", "text_tokens", "tokens"):
+        d = doc[name]
+        t.add_row(name, f"{d['mean']:.1f}", *(str(d[k]) for k in ("p50", "p95", "p99", "max")))
+    con.print(t)
+    per = ", ".join(f"{k}: {v}" for k, v in doc["images_per_sample"].items())
+    con.print(f"images per sample: {per}")
+    width = max((b["count"] for b in doc["tokens_histogram"]), default=1)
+    for b in doc["tokens_histogram"]:
+        bar = "#" * max(1 if b["count"] else 0, round(40 * b["count"] / width))
+        con.print(f"  tokens {b['lo']:>6}-{b['hi']:<6} {b['count']:>7}  {bar}")
+    p = doc["packing"]
+    con.print(
+        f"packing at {doc['seq_length']}: padded {p['padded_efficiency']:.1%} of token slots used, packed "
+        f"{p['packed_efficiency']:.1%} ({p['packed_sequences']} sequences); "
+        f"{doc['over_seq_length']} sample(s) longer than seq_length"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -177,27 +177,48 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mimo_jobs.store.connection import connect
-    from mimo_jobs.submit import status
-
+    out = console()
+    if not out.is_terminal:
+        # A pipe or a file gets the final table once and a whole progress line: rich's live display
+        # would end its bar without a newline, running it into whatever is printed next.
+        while not _all_ended(sts := _poll(db, study)):
+            time.sleep(interval)
+        out.print(status_table(sts, title))
+        out.print(f"{study or 'all studies'}: runs ended {_ended(sts)}/{len(sts)}", markup=False)
+        return sts
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
     )
     task = progress.add_task(f"{study or 'all studies'}: runs ended", total=None)
-    with Live(console=console(), refresh_per_second=4, transient=False) as live:
+    with Live(console=out, refresh_per_second=4, transient=False) as live:
         while True:
-            con = connect(db)
-            try:
-                _refresh(con, study)
-                sts = status.run_statuses(con, study)
-            finally:
-                con.close()
-            ended = sum(1 for s in sts if s.job is not None and not s.job.active)
-            progress.update(task, total=len(sts), completed=ended)
+            sts = _poll(db, study)
+            progress.update(task, total=len(sts), completed=_ended(sts))
             live.update(Group(status_table(sts, title), progress))
-            if all(s.job is None or not s.job.active for s in sts):
+            if _all_ended(sts):
                 return sts
             time.sleep(interval)
+
+
+def _poll(db: Path | None, study: str | None) -> list:
+    """One refresh of the store from the scheduler, and the runs' statuses."""
+    from mimo_jobs.store.connection import connect
+    from mimo_jobs.submit import status
+
+    con = connect(db)
+    try:
+        _refresh(con, study)
+        return status.run_statuses(con, study)
+    finally:
+        con.close()
+
+
+def _ended(sts: list) -> int:
+    return sum(1 for s in sts if s.job is not None and not s.job.active)
+
+
+def _all_ended(sts: list) -> bool:
+    return all(s.job is None or not s.job.active for s in sts)
 
 
 def submit(
@@ -300,6 +321,12 @@ def _dry_run(
         out.rule(f"{p.spec.name} ({p.spec.run_id}): {p.script}", characters="=")
         out.print("$ " + " ".join(ex.submit_command(p.rd)), markup=False, soft_wrap=True)
         out.print(p.text, markup=False, highlight=False, soft_wrap=True)
+        if p.command is not None:  # launch.sh runs it under torchrun on every node
+            out.print(
+                f"# training command (launch.sh, torchrun --no-python): {p.command}",
+                markup=False,
+                soft_wrap=True,
+            )
     out.print(
         f"dry run: {len(prepared)} run(s) would be submitted with --executor {ex_name}, "
         f"{len(sel.keep)} skipped; nothing submitted",

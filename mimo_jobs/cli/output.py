@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
+# Every command that writes files into a directory takes it under the same spellings.
+OUT_FLAGS = ("--out", "-o", "--output")
 DB_HELP = "DuckDB store file (default: $MIMO_JOBS_DB or ./mimo-jobs.duckdb)."
 RUNS_HELP = (
     "Runs root: run dirs go to <root>/<study>/<run name>-<run id>/ (default: $MIMO_JOBS_RUNS_DIR or ./runs)."

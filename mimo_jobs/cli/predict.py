@@ -55,6 +55,13 @@ def _calibrate(runs: list, g, measured: dict[str, float]):
     return calibrate(got, g)
 
 
+def calibration_for(db: Path, diag, g):
+    """The study's runs in the store `db` calibrated on `g` (exits 2 without a store or measured run)."""
+    if not Path(db).exists():
+        fail(f"no store at {db}", where="--db")
+    return _calibrate(diag.runs, g, _measured(db, diag.study.name))
+
+
 def _ranks_table(title: str, preds: list):
     from rich.table import Table
 
@@ -144,7 +151,8 @@ def _calibration_line(cal) -> str:
     s = cal.scales
     line = (
         f"calibration ({s.unknowns} scale(s) fitted on {len(cal.runs)} run(s)): efficiency encoder "
-        f"{cal.efficiency.encoder:.3g}, llm {cal.efficiency.llm:.3g}, network {cal.efficiency.network:.3g}; "
+        f"{cal.efficiency.encoder:.3g}, llm {cal.efficiency.llm:.3g}, network {cal.efficiency.network:.3g}, "
+        f"latency x{cal.efficiency.latency:.3g}; "
         f"mean |error| {cal.error_before:.1%} uncalibrated, {cal.error_after:.1%} calibrated"
     )
     if cal.holdout_by:
@@ -166,22 +174,25 @@ def predict(
     ),
 ) -> None:
     """Memory per rank class and iteration time of every run of a study, before submitting."""
+    from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.predict.estimate import predict_run, to_json
+    from mimo_jobs.predict.params import model_json, model_summary
     from mimo_jobs.predict.steptime import Efficiency
 
     from .study import study_or_fail
 
     diag = study_or_fail(study_file)
     g = _gpu(gpu, diag.study)
-    cal = None
-    if db is not None:
-        if not Path(db).exists():
-            fail(f"no store at {db}", where="--db")
-        cal = _calibrate(diag.runs, g, _measured(db, diag.study.name))
+    cal = calibration_for(db, diag, g) if db is not None else None
     shown, more = table_runs(diag.runs, show_all or as_json)
     preds = [predict_run(r, g, cal.efficiency if cal else Efficiency()) for r in shown]
     if as_json:
-        doc = {"study": diag.study.name, "gpu": g.name, "runs": [to_json(p) for p in preds]}
+        doc = {
+            "study": diag.study.name,
+            "gpu": g.name,
+            "model": model_json(arch_of(diag.study.trainer.model)),
+        }
+        doc["runs"] = [to_json(p) for p in preds]
         if cal is not None:
             checks = {c.run_id: c for c in cal.runs}
             for run in doc["runs"]:
@@ -190,6 +201,7 @@ def predict(
         print_json(doc)
         return
     out = console()
+    out.print("model: " + "; ".join(model_summary(arch_of(diag.study.trainer.model))), markup=False)
     out.print(_ranks_table(f"{diag.study.name} on {g.name}: memory per rank class (GiB)", preds))
     out.print(_time_table(preds))
     if more:
@@ -216,8 +228,8 @@ def _calibration_json(cal) -> dict:
     s, e = cal.scales, cal.efficiency
     return {
         "unknowns": s.unknowns,
-        "scales": {"encoder": s.encoder, "llm": s.llm, "network": s.network},
-        "efficiency": {"encoder": e.encoder, "llm": e.llm, "network": e.network},
+        "scales": {"encoder": s.encoder, "llm": s.llm, "network": s.network, "latency": s.latency},
+        "efficiency": {"encoder": e.encoder, "llm": e.llm, "network": e.network, "latency": e.latency},
         "error_before": cal.error_before,
         "error_after": cal.error_after,
         "holdout_by": cal.holdout_by or None,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .output import DB_HELP, echo_document, fail, reports_errors
+from .output import DB_HELP, OUT_FLAGS, echo_document, fail, reports_errors
 
 
 def ingest_cmd(
@@ -26,6 +26,15 @@ def ingest_cmd(
     nodes: int | None = typer.Option(None, "--nodes", min=1, help="node count of logs without a run.yaml"),
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node, ditto"),
     seq_length: int | None = typer.Option(None, "--seq-length", min=1, help="sequence length, ditto"),
+    layout: str | None = typer.Option(
+        None,
+        "--layout",
+        help="parallel layout of logs without a run.yaml: 'enc tp1 dp8 | llm tp2 ep8 dp128' (no enc part: "
+        "colocated; gbsN may follow), or STUDY.yaml:RUN to take a study run's layout",
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="model preset of logs without a run.yaml (for MFU and memory predictions)"
+    ),
 ) -> None:
     """Ingest logs and metrics into the store (idempotent: unchanged files are skipped, appends resume)."""
     from rich.console import Console
@@ -37,12 +46,20 @@ def ingest_cmd(
     from mimo_jobs.textsafe import visible
 
     err = Console(stderr=True)
-    info = LogRunInfo(study=study, name=name, nodes=nodes, gpus_per_node=gpus_per_node, seq_length=seq_length)
     from mimo_jobs.ingest.discover import check_paths
     from mimo_jobs.ingest.readers import forced_scanner
+    from mimo_jobs.ingest.told import told
 
     check_paths(paths)  # before opening the store: a typo must not leave an empty store behind
     _check_names(study=study, name=name)
+    info = LogRunInfo(
+        study=study,
+        name=name,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        seq_length=seq_length,
+        told=told(layout, model, nodes, gpus_per_node, seq_length),
+    )
 
     forced_scanner()  # MIMO_JOBS_SCANNER, likewise checked before the store is opened
     con = connect(db, wait_s=LONG_WAIT_S)
@@ -105,23 +122,31 @@ def report_cmd(
     fmt: str = typer.Option("table", "--format", "-f", help="table | md | html | json | csv"),
     out: Path | None = typer.Option(
         None,
-        "--out",
+        *OUT_FLAGS,
         help="write <out>/report.<ext> instead of printing (html defaults to the current directory)",
     ),
     db: Path | None = typer.Option(None, "--db", help=DB_HELP),
     gpu: str | None = typer.Option(
         None, "--gpu", help="GPU model for MFU when the logs do not say (H100, H200, A100)"
     ),
+    tokens: str | None = typer.Option(
+        None, "--tokens", help="a token budget (e.g. 1T, 500B): each run's projected time and GPU-hours to it"
+    ),
 ) -> None:
-    """Scaling report: iteration time, throughput, MFU, E(N), loss parity, failure triage."""
+    """Scaling report: iteration time, throughput, MFU, E(N), loss parity, cost, failure triage."""
     from mimo_jobs.report import FORMATS, build, render
+    from mimo_jobs.report.cost import parse_tokens
     from mimo_jobs.store.connection import LONG_WAIT_S, connect
 
     if fmt not in FORMATS:
         fail(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    try:
+        budget = parse_tokens(tokens) if tokens is not None else None
+    except ValueError as e:
+        fail(str(e), where="--tokens")
     con = connect(db, read_only=True, wait_s=LONG_WAIT_S)
     try:
-        rep = build(con, study, baseline_nodes=baseline_nodes, gpu=gpu)
+        rep = build(con, study, baseline_nodes=baseline_nodes, gpu=gpu, tokens=budget)
     finally:
         con.close()
     if fmt == "html" and out is None:

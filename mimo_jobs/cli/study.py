@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from .output import EXIT_INVALID, console, fail_problems, reports_errors
+from .output import EXIT_INVALID, OUT_FLAGS, console, fail_problems, reports_errors
 
 if TYPE_CHECKING:
     from mimo_jobs.study.diagnose import Diagnosis
@@ -95,7 +95,36 @@ def diagnose_file(study_file: Path) -> Diagnosis:
         from mimo_jobs.study.render import setup_problems  # jinja2 only when there is something to check
 
         diag.problems += setup_problems(diag.study.cluster)
+    if diag.study is not None:
+        diag.problems += _runtime_problems(diag)
+    if diag.runs and any(r.point.command or r.trainer.command for r in diag.runs):
+        from mimo_jobs.contract.rundir import RunDir
+        from mimo_jobs.study.command import command_problems
+
+        diag.problems += command_problems(diag.runs, lambda r: RunDir.of("runs", r.study, r.name, r.run_id))
     return diag
+
+
+def _runtime_problems(diag: Diagnosis) -> list:
+    """What the trainer would refuse at start-up, once per distinct problem (study/runtime_rules.py owns the
+    rules). Tracker packages are judged only without a container: inside one, this environment says
+    nothing about the trainer's. A run with its own command does not start the packaged trainer."""
+    from mimo_jobs.predict.run import shape_of
+    from mimo_jobs.study.diagnose import Problem
+    from mimo_jobs.study.runtime_rules import package_installed, runtime_problems
+
+    cluster = diag.study.cluster
+    installed = package_installed if cluster.container is None else (lambda _name: True)
+    seen, out = set(), []
+    for r in diag.runs or []:
+        if r.point.command or r.trainer.command:
+            continue
+        encoder = shape_of(r.layout, r.trainer).preset.encoder  # the model as the planner resolves it
+        for p in runtime_problems(r.trainer, cluster.accelerator, installed, encoder):
+            if (p.path, p.message) not in seen:
+                seen.add((p.path, p.message))
+                out.append(Problem(p.path, p.rule, p.message, p.fit))
+    return out
 
 
 def validate(
@@ -104,14 +133,20 @@ def validate(
     show_all: bool = typer.Option(
         False, "--all", help=f"List every run in the table (default: the first {TABLE_ROWS}, then a summary)."
     ),
+    allow_oom: bool = typer.Option(
+        False, "--allow-oom", help="Report runs predicted over memory without failing (exit 0)."
+    ),
 ) -> None:
-    """Check a study: every point's topology plan, or every problem at once (exit code 2)."""
+    """Check a study: every point's topology plan, or every problem at once (exit code 2); a run predicted
+    over its GPU's memory is a problem too, unless --allow-oom."""
     diag = diagnose_file(study_file)
     if as_json:
+        ooms = _memory_verdicts(None, diag, []) if diag.ok else []
+        problems = diag.problems + ([] if allow_oom else ooms)
         doc = {
             "study": diag.study.name if diag.study else None,
             "source": diag.source,
-            "ok": diag.ok,
+            "ok": not problems,
             "runs": [
                 {
                     "name": r.name,
@@ -125,11 +160,15 @@ def validate(
                 for r in diag.runs
             ],
             "problems": [
-                {"path": p.path, "rule": p.rule, "message": p.message, "fit": p.fit} for p in diag.problems
+                {"path": p.path, "rule": p.rule, "message": p.message, "fit": p.fit} for p in problems
+            ],
+            "predicted_oom": [
+                {"path": p.path, "rule": p.rule, "message": p.message, "fit": p.fit} for p in ooms
             ],
         }
         typer.echo(json.dumps(doc, indent=2))
-        raise typer.Exit(0 if diag.ok else EXIT_INVALID)
+        raise typer.Exit(0 if not problems else EXIT_INVALID)
+    ooms: list = []
     if diag.runs:
         shown = diag.runs if show_all else diag.runs[:TABLE_ROWS]
         out = console()
@@ -141,29 +180,62 @@ def validate(
                 markup=False,
             )
         if diag.ok:
-            _memory_verdicts(out, diag, shown)
+            ooms = _memory_verdicts(out, diag, shown)
+            if ooms and not allow_oom:
+                fail_problems(diag.source, ooms)
     if not diag.ok:
         fail_problems(diag.source, diag.problems)
-    console().print(f"{diag.source}: OK, {len(diag.runs)} run(s) feasible", style="green", markup=False)
+    note = f" ({len(ooms)} predicted over memory, allowed by --allow-oom)" if diag.runs and ooms else ""
+    from mimo_jobs.model.resolve import arch_of
+    from mimo_jobs.predict.params import model_summary
+
+    console().print("model: " + "; ".join(model_summary(arch_of(diag.study.trainer.model))), markup=False)
+    console().print(f"{diag.source}: OK, {len(diag.runs)} run(s) feasible{note}", style="green", markup=False)
 
 
-def _memory_verdicts(out, diag: Diagnosis, runs: list) -> None:
+def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
     """One line per run: does it fit in the memory of the study's GPU (cluster.hardware, else H100;
-    `predict` says more)."""
-    from mimo_jobs.predict.estimate import predict_run
+    `predict` says more). Returns a problem for every run over memory (all runs are judged, not only the
+    ones shown), naming the rank classes, the bytes over and the cheapest change that fits."""
+    from mimo_jobs.predict.estimate import predict_shape
     from mimo_jobs.predict.hardware import study_gpu
+    from mimo_jobs.predict.planning import cheapest_fix, over_text
+    from mimo_jobs.predict.run import shape_of
+    from mimo_jobs.predict.steptime import Efficiency
+    from mimo_jobs.study.diagnose import Problem
 
     gpu = study_gpu(diag.study.cluster)
-    for r in runs:
-        verdict = predict_run(r, gpu).memory.verdict()
-        nodes = f"{r.layout.nodes} node{'s' if r.layout.nodes != 1 else ''}"
-        out.print(f"run {r.run_id} ({nodes}): memory on {gpu.name}: {verdict}", markup=False)
+    shown = {r.run_id for r in runs}
+    problems, priced = [], {}
+    for r in diag.runs:
+        shape = shape_of(r.layout, r.trainer)
+        if shape not in priced:  # repeats and points that differ only in name are priced once
+            priced[shape] = predict_shape(shape, gpu, Efficiency())
+        pred = priced[shape]
+        if out is not None and r.run_id in shown:
+            nodes = f"{r.layout.nodes} node{'s' if r.layout.nodes != 1 else ''}"
+            out.print(
+                f"run {r.run_id} ({nodes}): memory on {gpu.name}: {pred.memory.verdict()}", markup=False
+            )
+        if not pred.memory.fits and not (r.point.command or r.trainer.command):  # own program: not judged
+            fix = cheapest_fix(pred.shape, gpu, Efficiency())
+            problems.append(
+                Problem(
+                    f"{r.name} ({r.run_id})",
+                    "memory",
+                    f"predicted out of memory on {gpu.name}: {over_text(pred)}",
+                    f"cheapest change that fits: {fix}"
+                    if fix
+                    else f"nothing fits on {r.layout.nodes} node(s)",
+                )
+            )
+    return problems
 
 
 def render(
     study_file: Path = typer.Argument(..., help="Study YAML file."),
     output: Path = typer.Option(
-        Path("runs"), "--output", "-o", help="Runs root: writes <root>/<study>/<run name>-<run id>/."
+        Path("runs"), *OUT_FLAGS, help="Runs root: writes <root>/<study>/<run name>-<run id>/."
     ),
     templates: Optional[Path] = typer.Option(  # noqa: UP045 (typer needs Optional on 3.10)
         None, "--templates", help="Directory whose sbatch.sh.j2 / launch.sh.j2 override the packaged ones."

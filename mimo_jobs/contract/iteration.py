@@ -29,6 +29,10 @@ VALUE_COLUMNS: dict[str, str] = {
     "tokens_per_s_per_gpu": "DOUBLE",
     "tflops_per_gpu": "DOUBLE",
     "moe_aux_loss": "DOUBLE",
+    # token counts of the global batch (NULL where a log does not say): loss-bearing, carried, image
+    "tokens": "BIGINT",
+    "carried_tokens": "BIGINT",
+    "image_tokens": "BIGINT",
 }
 # each phase also as a number of milliseconds (the report averages millions of rows; numbers aggregate ~50x
 # cheaper than the JSON they come from)
@@ -55,10 +59,14 @@ class IterationRecord:
     nan: int = 0
     tokens: int = 0  # LLM tokens (loss-bearing) in this global batch
     samples_per_s: float = 0.0
-    tokens_per_s: float = 0.0  # gbs * seq_length / elapsed
+    tokens_per_s: float = 0.0  # carried tokens / elapsed (gbs * seq_length / elapsed when not counted)
     tokens_per_s_per_gpu: float = 0.0  # over ALL GPUs of the job (encoder ranks included)
     tflops_per_gpu: float | None = None
     moe_aux_loss: float | None = None
+    # the sequence positions the batch carries (content, image placeholders included; not the padding) and
+    # the image tokens among them; None where not counted
+    carried_tokens: int | None = None
+    image_tokens: int | None = None
     phases_ms: dict[str, float] = field(default_factory=dict)  # keys from PHASES, per iteration
     extras: dict[str, Any] = field(default_factory=dict)
 

@@ -1,9 +1,12 @@
 """Real multimodal data for the trainer through megatron-energon.
 
-Modules (none imports energon/torch at import time except task_encoder/energon_provider, which only the
-trainer loads):
-  synth          synthetic image-caption + text-only WebDataset shards, energon-prepared, plus a blend YAML
+Modules (none imports energon/torch at import time except task_encoder, energon_provider and samples, which
+only the trainer and the `data` commands load):
+  synth          synthetic image-caption, text-only, VQA and conversation shards, energon-prepared, + a blend
   tokenizer      built-in character tokenizer (synthetic data) or a local HuggingFace tokenizer
+  chat           plain and chat-template layouts: token ids and which tokens carry loss (pure)
+  samples        JSON-member decoding and the ConversationSample type (energon)
+  scan, stats    `data stats`: one pass through the task encoder (energon), and its summary (pure)
   images         image size -> patch-token count and pixel preprocessing shared with the trainer's encoder
   task_encoder   energon TaskEncoder: placeholders, labels, loss mask, flat variable-length image batches
   energon_provider  the trainer's Provider: one savable energon loader per LLM DP lane, exact resume

@@ -41,6 +41,10 @@ class Provider:
     Built by `mimo_jobs.data.mock.make_provider(run_spec, plan, lanes, need_images, need_text)`.
     """
 
+    #: the placeholder id at image positions in this provider's tokens (the tokenizer's own `<image>` when it
+    #: has one); the trainer scatters image embeddings where tokens == this id
+    image_token_id: int
+
     def next(self, lane: int) -> LaneBatch:  # the lane's next microbatch (mbs samples)
         raise NotImplementedError
 

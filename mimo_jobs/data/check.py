@@ -63,7 +63,7 @@ def check_data_path(path: str) -> None:
 
 
 def check_energon_data(run_spec: Any) -> None:
-    from mimo_jobs.study.presets import get_preset
+    from mimo_jobs.model.resolve import arch_of
 
     t = run_spec.trainer
     d = t.data
@@ -78,7 +78,7 @@ def check_energon_data(run_spec: Any) -> None:
             f"({geom.image_size}x{geom.image_size} px = {geom.max_tokens} tokens) plus BOS/EOS; "
             f"use seq_length >= {need}"
         )
-    vocab = get_preset(t.model).llm.vocab_size
+    vocab = arch_of(t.model).llm.vocab_size
     if not d.tokenizer and vocab < len(PRINTABLE) + 5:
         raise DataError(
             f"the built-in tokenizer needs vocab_size >= {len(PRINTABLE) + 5}; preset {t.model!r} has "

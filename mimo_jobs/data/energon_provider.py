@@ -63,11 +63,11 @@ class LoaderConfig:
 
     @classmethod
     def from_run(cls, run_spec: Any, plan: Any) -> LoaderConfig:
-        from mimo_jobs.study.presets import get_preset
+        from mimo_jobs.model.resolve import arch_of
 
         tr = run_spec.trainer
         d = tr.data
-        preset = get_preset(tr.model)
+        preset = arch_of(tr.model)
         return cls(
             path=str(d.path),
             llm_dp=plan.layout.llm_dp,

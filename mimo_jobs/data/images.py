@@ -4,7 +4,10 @@ The LLM side needs only the token count of an image (read from the header, no de
 needs the pixels. Both must agree exactly, so the geometry is one pure function here:
 
   (h, w) -> scale down so max(h, w) <= image_size (aspect kept, rounded) -> round each side down to a
-  multiple of patch_size (at least one patch) -> tokens = (H/p) * (W/p)      (dynamic resolution)
+  multiple of u = patch_size * downsample (at least one) -> tokens = (H/u) * (W/u)   (dynamic resolution)
+
+The token count of an H x W image is the encoder's (mimo_jobs.model.arch.EncoderArch.tokens_for: patches,
+then s x s pixel shuffle); the tests check the two agree for every preset.
 
 Pixels: RGB (or L when channels == 1), resized to (H, W) when needed, float32 [C, H, W], standardized with
 the CLIP per-channel mean/std (roughly zero mean, unit scale: the range of the trainer's mock images).
@@ -24,9 +27,15 @@ class ImageGeometry:
     patch_size: int
     image_size: int  # max side in pixels
     channels: int = 3
+    downsample: int = 1  # pixel shuffle: s x s patch tokens become one LLM token
+
+    @property
+    def unit(self) -> int:
+        """Pixels per LLM token along a side."""
+        return self.patch_size * self.downsample
 
     def target_hw(self, h: int, w: int) -> tuple[int, int]:
-        p, m = self.patch_size, self.image_size
+        p, m = self.unit, self.image_size
         if h < 1 or w < 1:
             raise ValueError(f"image of {h}x{w} pixels has no area")
         if max(h, w) > m:
@@ -34,20 +43,25 @@ class ImageGeometry:
             h, w = max(1, round(h * scale)), max(1, round(w * scale))
         return max(p, h // p * p), max(p, w // p * p)
 
+    def tokens_of_pixels(self, h_px: int, w_px: int) -> int:
+        """Tokens of an image already at its target size (the decoded pixels)."""
+        return (h_px // self.unit) * (w_px // self.unit)
+
     def tokens(self, h: int, w: int) -> int:
-        th, tw = self.target_hw(h, w)
-        return (th // self.patch_size) * (tw // self.patch_size)
+        return self.tokens_of_pixels(*self.target_hw(h, w))
 
     @property
     def max_tokens(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
+        return (self.image_size // self.unit) ** 2
 
 
 def geometry_of_preset(preset_name: str) -> ImageGeometry:
-    from mimo_jobs.study.presets import get_preset
+    from mimo_jobs.model.resolve import arch_of
 
-    enc = get_preset(preset_name).encoder
-    return ImageGeometry(patch_size=enc.patch_size, image_size=enc.image_size, channels=enc.channels)
+    enc = arch_of(preset_name).encoder
+    return ImageGeometry(
+        patch_size=enc.patch_size, image_size=enc.image_size, channels=enc.channels, downsample=enc.downsample
+    )
 
 
 def header_size(data: bytes) -> tuple[int, int]:

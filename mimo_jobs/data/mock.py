@@ -1,7 +1,7 @@
 """Data providers for the trainer: the mock provider, and the branch to energon.
 
 Mock samples: an image of a random side from `data.image_sizes` (so a varying number of image tokens,
-(side/patch)^2) or no image at all (share `data.text_only_fraction`), followed by text and padding. The
+(side/(patch x downsample))^2) or no image at all (share `data.text_only_fraction`), followed by text and padding. The
 text is learnable, and an image's caption can only be predicted by looking at the image:
 
 - an image sample draws a class k in [0, N_CLASSES); its pixels are class k's fixed random patch-sized tile,
@@ -27,7 +27,8 @@ import torch
 
 from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, Provider
 from mimo_jobs.errors import MimoJobsError
-from mimo_jobs.study.presets import get_preset
+from mimo_jobs.model.resolve import arch_of
+from mimo_jobs.study.runtime_rules import image_size_problems
 
 PAD_ID = 0
 MARK_ID = 1  # opens every repeat of a caption word
@@ -71,6 +72,12 @@ class MockConfig:
     image_sizes: tuple[int, ...]
     text_only_fraction: float
     lanes: int = 1  # LLM DP lanes sharing one global batch
+    downsample: int = 1  # the encoder's pixel shuffle: s x s patches become one LLM token
+
+    @property
+    def unit(self) -> int:
+        """Pixels per LLM token along a side (model.arch.EncoderArch.tokens_for's rule)."""
+        return self.patch_size * self.downsample
 
     @property
     def gbs(self) -> int:
@@ -82,26 +89,18 @@ def check_mock_config(c: MockConfig, max_image_size: int) -> None:
         raise DataConfigError(
             f"the mock provider needs a vocabulary of at least {MIN_VOCAB} tokens, the model has {c.vocab_size}"
         )
-    for s in c.image_sizes:
-        if s % c.patch_size or s > max_image_size or s < c.patch_size:
-            raise DataConfigError(
-                f"trainer.data.image_sizes: {s} must be a multiple of the encoder patch size {c.patch_size} "
-                f"between {c.patch_size} and the preset's image_size {max_image_size}"
-            )
-        n = (s // c.patch_size) ** 2
-        if n + 2 > c.seq_length:  # at least two text tokens: one to read, one to predict
-            raise DataConfigError(
-                f"trainer.data.image_sizes: a {s}x{s} image is {n} tokens, which does not fit seq_length="
-                f"{c.seq_length} with text; use smaller images or seq_length > {n + 1}"
-            )
-    if not c.image_sizes and c.text_only_fraction < 1:
-        raise DataConfigError("trainer.data.image_sizes is empty but text_only_fraction < 1")
+    found = image_size_problems(
+        c.image_sizes, c.unit, max_image_size, c.seq_length, c.text_only_fraction
+    )  # the rules validate applies to a study
+    if found:
+        raise DataConfigError(str(found[0]))
 
 
 class MockProvider(Provider):
     def __init__(self, cfg: MockConfig, lanes: list[int], need_images: bool, need_text: bool):
         self.cfg = cfg
         self.lanes = list(lanes)
+        self.image_token_id = image_token_id(cfg.vocab_size)
         self.need_images = need_images
         self.need_text = need_text
         self.position = {lane: 0 for lane in self.lanes}  # microbatches already drawn per lane
@@ -120,7 +119,7 @@ class MockProvider(Provider):
         side = 0
         if u >= c.text_only_fraction and c.image_sizes:
             side = c.image_sizes[int(torch.randint(len(c.image_sizes), (), generator=g))]
-        n_img = (side // c.patch_size) ** 2 if side else 0
+        n_img = (side // c.unit) ** 2 if side else 0
         room = c.seq_length - n_img
         n_text = int(torch.randint(max(2, room // 2), room + 1, (), generator=g))
         i = torch.arange(n_text)
@@ -186,7 +185,7 @@ class MockProvider(Provider):
 
 
 def mock_config(run_spec, plan) -> MockConfig:
-    p = get_preset(run_spec.trainer.model)
+    p = arch_of(run_spec.trainer.model)
     t = run_spec.trainer
     c = MockConfig(
         seed=t.seed,
@@ -195,6 +194,7 @@ def mock_config(run_spec, plan) -> MockConfig:
         num_microbatches=plan.num_microbatches,
         vocab_size=p.llm.vocab_size,
         patch_size=p.encoder.patch_size,
+        downsample=p.encoder.downsample,
         channels=p.encoder.channels,
         image_sizes=tuple(t.data.image_sizes),
         text_only_fraction=t.data.text_only_fraction,

@@ -1,11 +1,17 @@
 """Synthetic energon datasets: image-caption shards (several image sizes -> different token counts),
-text-only shards and a MetadatasetV2 blend YAML, prepared for energon without prompts.
+text-only shards, instruction data (VQA, conversations) and a MetadatasetV2 blend YAML, prepared for energon
+without prompts.
 
 Layout written under DIR:
   DIR/caps/   caps-000000.tar ...  <key>.png + <key>.txt   (CaptioningSample, field_map image: png, caption: txt)
   DIR/text/   text-000000.tar ...  <key>.txt               (TextSample, field_map text: txt)
-  DIR/blend.yaml                   MetadatasetV2: text weight F, caps weight 1-F (only the non-empty parts)
-  DIR/synth.json                   what was generated (counts, sizes, seed) for humans and tests
+  DIR/vqa/    vqa-000000.tar ...   <key>.png + <key>.json  (VQASample, context: json[context], answers:
+                                                            json[answers]: the layout of a typical VQA set)
+  DIR/chat/   chat-000000.tar ...  <key>.png + <key>.json  (ConversationSample, conversation:
+                                                            json[conversation]; needs a chat template)
+  DIR/blend.yaml                   MetadatasetV2 over the non-empty parts, each weighted by its share of
+                                   the samples (caps 1-F and text F of `samples`, then vqa and chat)
+  DIR/synth.json                   what was generated (counts, sizes, seed, each key's image sizes)
 
 Every key is globally unique (energon's prepare exits the process on duplicates). Content is a pure
 function of (seed, index), so two calls with the same arguments write identical samples.
@@ -70,6 +76,14 @@ TEXT = {
     "sample_type": {"__module__": "megatron.energon", "__class__": "TextSample"},
     "field_map": {"text": "txt"},
 }
+VQA = {
+    "sample_type": {"__module__": "megatron.energon", "__class__": "VQASample"},
+    "field_map": {"image": "png", "context": "json[context]", "answers": "json[answers]"},
+}
+CONVERSATION = {
+    "sample_type": {"__module__": "mimo_jobs.data.samples", "__class__": "ConversationSample"},
+    "field_map": {"image": "png", "conversation": "json[conversation]"},
+}
 
 
 def parse_size(s: str) -> tuple[int, int]:
@@ -92,14 +106,22 @@ class SynthConfig:
     samples_per_shard: int = 64
     seed: int = 0
     max_text_chars: int = 28  # text-only samples fit seq_length 32 (BOS + 28 chars + EOS)
+    vqa_samples: int = 0  # VQA samples (image + question in a JSON member), beyond `samples`
+    conversation_samples: int = 0  # two-turn image conversations (JSON member), beyond `samples`
 
     def check(self) -> None:
-        if self.samples < 1:
-            raise DataError(f"samples={self.samples}: need at least 1")
+        if self.vqa_samples < 0 or self.conversation_samples < 0:
+            raise DataError(
+                f"vqa={self.vqa_samples}, conversations={self.conversation_samples}: counts must be >= 0"
+            )
+        if self.samples < 0 or self.total < 1:
+            raise DataError(f"samples={self.samples}: need at least 1 sample of some kind")
         if not 0.0 <= self.text_only_fraction <= 1.0:
             raise DataError(f"text_only_fraction={self.text_only_fraction}: must be within [0, 1]")
         if not self.image_sizes and self.n_caps:
             raise DataError("image_sizes is empty but image-caption samples were asked for")
+        if not self.image_sizes and (self.vqa_samples or self.conversation_samples):
+            raise DataError("image_sizes is empty but VQA/conversation samples (with images) were asked for")
         if self.samples_per_shard < 1:
             raise DataError(f"samples_per_shard={self.samples_per_shard}: need at least 1")
 
@@ -110,6 +132,10 @@ class SynthConfig:
     @property
     def n_caps(self) -> int:
         return self.samples - self.n_text
+
+    @property
+    def total(self) -> int:
+        return self.samples + self.vqa_samples + self.conversation_samples
 
 
 @dataclass
@@ -122,6 +148,11 @@ class SynthResult:
     n_text: int
     caps_shards: list[str] = field(default_factory=list)
     text_shards: list[str] = field(default_factory=list)
+    vqa: Path | None = None
+    chat: Path | None = None
+    vqa_shards: list[str] = field(default_factory=list)
+    chat_shards: list[str] = field(default_factory=list)
+    blend_parts: list[dict] = field(default_factory=list)  # the blend's entries: weight, path, subflavors
 
 
 # ---------------------------------------------------------------- sample content (pure)
@@ -149,6 +180,36 @@ def text_sample(seed: int, i: int, max_chars: int) -> tuple[str, str]:
             break
         words.append(w)
     return f"txt-{i:07d}", " ".join(words) or WORDS[0]
+
+
+QUESTIONS = ("what color is it?", "what shape is it?")
+
+
+def vqa_sample(
+    seed: int, i: int, sizes: tuple[tuple[int, int], ...]
+) -> tuple[str, tuple[int, int], str, dict]:
+    """(key, (h, w), color, JSON member) of VQA sample i: a question about the image and its one answer."""
+    rng = random.Random(f"vqa:{seed}:{i}")
+    h, w = sizes[rng.randrange(len(sizes))]
+    color, shape = rng.choice(sorted(COLORS)), rng.choice(SHAPES)
+    q = rng.randrange(len(QUESTIONS))
+    return f"vqa-{i:07d}", (h, w), color, {"context": QUESTIONS[q], "answers": [(color, shape)[q]]}
+
+
+def conversation_sample(
+    seed: int, i: int, sizes: tuple[tuple[int, int], ...]
+) -> tuple[str, tuple[int, int], str, dict]:
+    """(key, (h, w), color, JSON member) of conversation i: two user/assistant rounds about the image."""
+    rng = random.Random(f"chat:{seed}:{i}")
+    h, w = sizes[rng.randrange(len(sizes))]
+    color, shape = rng.choice(sorted(COLORS)), rng.choice(SHAPES)
+    turns = [
+        {"role": "user", "content": "<image>\ncolor?"},
+        {"role": "assistant", "content": color},
+        {"role": "user", "content": "shape?"},
+        {"role": "assistant", "content": shape},
+    ]
+    return f"chat-{i:07d}", (h, w), color, {"conversation": turns}
 
 
 def render_png(h: int, w: int, color: str, seed: int, i: int) -> bytes:
@@ -232,7 +293,7 @@ def synth(root: str | Path, cfg: SynthConfig = SynthConfig(), progress=None) -> 
     """Write the synthetic datasets and blend under root. `progress(advance)` is called per sample."""
     cfg.check()
     root = Path(root)
-    for sub in ("caps", "text"):
+    for sub in ("caps", "text", "vqa", "chat"):
         if (root / sub / ".nv-meta").exists():
             raise DataError(f"{root / sub} is already an energon dataset; choose an empty DIR or remove it")
     root.mkdir(parents=True, exist_ok=True)
@@ -241,10 +302,12 @@ def synth(root: str | Path, cfg: SynthConfig = SynthConfig(), progress=None) -> 
         root=root, blend=root / "blend.yaml", caps=None, text=None, n_caps=cfg.n_caps, n_text=cfg.n_text
     )
     parts: list[tuple[float, str, str]] = []
+    images: dict[str, list[list[int]]] = {}  # key -> [[h, w], ...]: what `data stats` must find
     if cfg.n_caps:
         samples = []
         for i in range(cfg.n_caps):
             key, (h, w), color, caption = caption_sample(cfg.seed, i, cfg.image_sizes)
+            images[key] = [[h, w]]
             samples.append((key, {"png": render_png(h, w, color, cfg.seed, i), "txt": caption.encode()}))
             tick(1)
         res.caps = root / "caps"
@@ -255,22 +318,49 @@ def synth(root: str | Path, cfg: SynthConfig = SynthConfig(), progress=None) -> 
         samples = []
         for i in range(cfg.n_text):
             key, text = text_sample(cfg.seed, i, cfg.max_text_chars)
+            images[key] = []
             samples.append((key, {"txt": text.encode()}))
             tick(1)
         res.text = root / "text"
         res.text_shards = write_shards(res.text, "text", samples, cfg.samples_per_shard)
         prepare(res.text, res.text_shards, TEXT)
         parts.append((cfg.text_only_fraction, "./text", "text"))
-    if len(parts) == 2 and min(w for w, _, _ in parts) == 0:
+    for kind, n, make, sub in (
+        ("vqa", cfg.vqa_samples, vqa_sample, VQA),
+        ("chat", cfg.conversation_samples, conversation_sample, CONVERSATION),
+    ):
+        if not n:
+            continue
+        samples = []
+        for i in range(n):
+            key, (h, w), color, member = make(cfg.seed, i, cfg.image_sizes)
+            images[key] = [[h, w]]
+            png = render_png(h, w, color, cfg.seed, i)
+            samples.append((key, {"png": png, "json": json.dumps(member).encode()}))
+            tick(1)
+        setattr(res, kind, root / kind)
+        shards = write_shards(root / kind, kind, samples, cfg.samples_per_shard)
+        setattr(res, f"{kind}_shards", shards)
+        prepare(root / kind, shards, sub)
+        parts.append((n / cfg.total, f"./{kind}", {"vqa": "vqa", "chat": "conversation"}[kind]))
+    # caps and text share `samples` as 1-F : F; the instruction parts come on top
+    scale = cfg.samples / cfg.total
+    parts = [(w * scale if p in ("./caps", "./text") else w, p, k) for w, p, k in parts]
+    if len(parts) > 1:
         parts = [p for p in parts if p[0] > 0]
-    res.blend.write_text(yaml.safe_dump(blend_doc(parts), sort_keys=False))
+    doc = blend_doc(parts)
+    res.blend_parts = doc["splits"]["train"]["blend"]
+    res.blend.write_text(yaml.safe_dump(doc, sort_keys=False))
     manifest = {
         **asdict(cfg),
         "n_caps": cfg.n_caps,
         "n_text": cfg.n_text,
         "caps_shards": res.caps_shards,
         "text_shards": res.text_shards,
+        "vqa_shards": res.vqa_shards,
+        "chat_shards": res.chat_shards,
         "blend": res.blend.name,
+        "image_sizes_by_key": images,
     }
     (root / "synth.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return res

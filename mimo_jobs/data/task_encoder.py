@@ -3,8 +3,10 @@
 Per sample (both sides of the bridge, identically): tokenize the text, read the image size from the
 header (no pixel decode) and insert one placeholder per image token, build labels and the loss mask.
 Per batch: pad to seq_length and stack; on encoder ranks only, decode the images (flat variable-length
-list with per-sample token counts). Samples arrive undecoded (decoder=None) so LLM ranks never pay for
-pixels and every failure passes through code that names the shard and the sample key.
+list with per-sample token counts). Only JSON members are parsed on the way in (samples.MemberDecoder);
+images arrive encoded so LLM ranks never pay for pixels, and every failure passes through code that names
+the shard and the sample key. Labels follow one rule for every layout (chat.py): a position carries loss
+exactly when the next token is a target (answer/assistant/caption text) and the position is not an image.
 
 Bad samples (corrupt image, missing/undecodable field, empty text, too long for seq_length) either raise
 DataError naming dataset, shard and key (on_bad_sample="error") or are skipped and *counted*: the skip is
@@ -31,8 +33,10 @@ from megatron.energon import (
 
 from mimo_jobs.data.batch import IGNORE_INDEX
 
+from .chat import chat_layout, normalize_turns, plain_layout
 from .errors import DataError, describe
 from .images import ImageGeometry, decode, header_size
+from .samples import ConversationSample, MemberDecoder
 from .tokenizer import Tokenizer
 
 MAX_CONSECUTIVE_SKIPS = 1000
@@ -50,8 +54,8 @@ class EncodeConfig:
 
 @edataclass
 class EncodedSample(Sample):
-    tokens: list[int]  # unpadded, starts with BOS
-    loss_from: int  # first position whose *target* counts (prompt tokens before it carry no loss)
+    tokens: list[int]  # unpadded: BOS first (plain layout) or as the chat template renders
+    targets: list[bool]  # per token: the model is trained to produce it (answer/assistant tokens)
     image_token_count: int
     image: bytes | None  # encoded image, decoded later (encoder side only)
     truncated: bool
@@ -66,6 +70,14 @@ class EncodedBatch(Batch):
     image_token_counts: list[int]
     images: list[Any] | None  # [C, H, W] float tensors (None for text-only / not decoded) or None on LLM side
     events: list[dict]  # skipped/truncated samples since the lane's previous batch (counted by the provider)
+
+
+def label_row(tokens: list[int], targets: list[bool], image_token_id: int) -> torch.Tensor:
+    """Next-token labels for positions 0..n-2: tokens[t+1] where it is a target, else IGNORE_INDEX.
+    An image position never carries loss (the contract in batch.py, as the mock provider does)."""
+    ids = torch.tensor(tokens, dtype=torch.long)
+    keep = torch.tensor(targets[1:], dtype=torch.bool) & (ids[:-1] != image_token_id)
+    return torch.where(keep, ids[1:], torch.full_like(ids[1:], IGNORE_INDEX))
 
 
 def _source(sample: Any) -> tuple[str | None, str | None, str | None]:
@@ -99,7 +111,8 @@ def _text(value: Any, what: str) -> str:
 class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, EncodedBatch]):
     """One instance per lane loader: `_events` is that lane's (per worker process) pending skip list."""
 
-    decoder = None  # raw bytes in; we decode images ourselves, only where needed
+    # JSON members parsed (field_map json[...] works); images stay bytes, decoded only where needed
+    decoder = MemberDecoder()
 
     def __init__(self, tokenizer: Tokenizer, cfg: EncodeConfig):
         super().__init__()
@@ -153,83 +166,95 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
 
     # ------------------------------------------------------------ per sample
 
-    def encode_sample(self, sample: Sample) -> EncodedSample:
-        image = None
+    def _fields(self, sample: Sample) -> tuple[list[dict] | None, str, str, Any]:
+        """(turns or None, prompt, response, image) of a supported sample type; ValueError when malformed."""
+        if isinstance(sample, CaptioningSample):
+            return None, "", _text(sample.caption, "caption"), sample.image
+        if isinstance(sample, VQASample):
+            answers = sample.answers if isinstance(sample.answers, list) else [sample.answers]
+            if not answers:
+                raise ValueError("field 'answers' is empty")
+            context, answer = _text(sample.context, "context"), _text(answers[0], "answers")
+            if self.tok.chat_template is None:
+                return None, context, answer, sample.image
+            turns = [{"role": "user", "content": context}, {"role": "assistant", "content": answer}]
+            return turns, "", answer, sample.image
+        if isinstance(sample, ConversationSample):
+            turns = normalize_turns(sample.conversation)
+            text = " ".join(t["content"] for t in turns if t["role"] == "assistant")
+            return turns, "", text, sample.image
+        if isinstance(sample, TextSample):
+            return None, "", _text(sample.text, "text"), None
+        raise ValueError(
+            f"unsupported sample type {type(sample).__name__} "
+            "(use CaptioningSample, VQASample, ConversationSample or TextSample)"
+        )
+
+    def _image_tokens(self, sample: Sample, image: Any) -> int:
+        if not isinstance(image, (bytes, bytearray)):
+            self._bad(sample, "field", f"image field has type {type(image).__name__}, expected encoded bytes")
         try:
-            if isinstance(sample, CaptioningSample):
-                prompt, response, image = "", _text(sample.caption, "caption"), sample.image
-            elif isinstance(sample, VQASample):
-                answers = sample.answers if isinstance(sample.answers, list) else [sample.answers]
-                if not answers:
-                    raise ValueError("field 'answers' is empty")
-                prompt, response, image = (
-                    _text(sample.context, "context"),
-                    _text(answers[0], "answers"),
-                    sample.image,
-                )
-            elif isinstance(sample, TextSample):
-                prompt, response = "", _text(sample.text, "text")
-            else:
-                raise ValueError(
-                    f"unsupported sample type {type(sample).__name__} "  # noqa: TRY004
-                    "(use CaptioningSample, VQASample or TextSample)"
-                )
+            h, w = header_size(bytes(image))
+        except Exception as e:  # noqa: BLE001 -- PIL raises many types for broken files
+            self._bad(sample, "image", f"corrupt image ({type(e).__name__}: {e})")
+        return self.cfg.geometry.tokens(h, w)
+
+    def encode_sample(self, sample: Sample) -> EncodedSample:
+        try:
+            turns, prompt, response, image = self._fields(sample)
         except ValueError as e:
             self._bad(sample, "field", str(e))
         if not response.strip():
             self._bad(sample, "empty", "text is empty")
-        n_img = 0
-        if image is not None:
-            if not isinstance(image, (bytes, bytearray)):
-                self._bad(
-                    sample, "field", f"image field has type {type(image).__name__}, expected encoded bytes"
-                )
-            try:
-                h, w = header_size(bytes(image))
-            except Exception as e:  # noqa: BLE001 -- PIL raises many types for broken files
-                self._bad(sample, "image", f"corrupt image ({type(e).__name__}: {e})")
-            n_img = self.cfg.geometry.tokens(h, w)
+        n_img = self._image_tokens(sample, image) if image is not None else 0
         t = self.tok
-        head = [t.bos_id] + [t.image_token_id] * n_img + t.encode(prompt)
-        body = t.encode(response) + [t.eos_id]
-        seq = self.cfg.seq_length
-        truncated = False
-        if len(head) + len(body) > seq:
-            need = len(head) + len(body)
-            if not self.cfg.truncate_text or len(head) + 1 > seq:
-                self._bad(
-                    sample,
-                    "overlong",
-                    f"{need} tokens ({n_img} image tokens) do not fit "
-                    f"seq_length={seq}"
-                    + (
-                        "" if self.cfg.truncate_text else "; set trainer.data.truncate_text: true to cut text"
-                    ),
-                )
-            body = body[: seq - len(head)]
-            truncated = True
-            key, shard, _ = _source(sample)
-            self._events.append(
-                {
-                    "kind": "truncated",
-                    "reason": "overlong",
-                    "key": key,
-                    "shard": shard,
-                    "detail": f"{need} tokens cut to {seq}",
-                }
-            )
+        try:
+            if turns is None:
+                ids, targets = plain_layout(t, prompt, response, n_img)
+            else:
+                ids, targets = chat_layout(t, turns, [n_img] if image is not None else [])
+        except DataError:
+            raise  # a setting that fits no sample (e.g. no chat template): skipping would only hide it
+        except ValueError as e:
+            self._bad(sample, "field", str(e))
+        ids, targets, truncated = self._fit(sample, ids, targets, n_img)
         self._consecutive_skips = 0
-        # The last head token predicts the first response token, unless it is an image position: the
-        # contract (trainer/batch.py) keeps loss_mask 0 on every image position, as the mock provider does.
-        loss_from = len(head) - 1 if head[-1] != t.image_token_id else len(head)
         return EncodedSample.derive_from(
             sample,
-            tokens=head + body,
-            loss_from=loss_from,
+            tokens=ids,
+            targets=targets,
             image_token_count=n_img,
             image=bytes(image) if n_img else None,
             truncated=truncated,
         )
+
+    def _fit(
+        self, sample: Sample, ids: list[int], targets: list[bool], n_img: int
+    ) -> tuple[list[int], list[bool], bool]:
+        """Cut text past seq_length when allowed; never an image's placeholders, never every target."""
+        seq = self.cfg.seq_length
+        if len(ids) <= seq:
+            return ids, targets, False
+        img = self.tok.image_token_id
+        cut_ok = ids[:seq].count(img) == n_img and any(targets[1:seq])
+        if not self.cfg.truncate_text or not cut_ok:
+            self._bad(
+                sample,
+                "overlong",
+                f"{len(ids)} tokens ({n_img} image tokens) do not fit seq_length={seq}"
+                + ("" if self.cfg.truncate_text else "; set trainer.data.truncate_text: true to cut text"),
+            )
+        key, shard, _ = _source(sample)
+        self._events.append(
+            {
+                "kind": "truncated",
+                "reason": "overlong",
+                "key": key,
+                "shard": shard,
+                "detail": f"{len(ids)} tokens cut to {seq}",
+            }
+        )
+        return ids[:seq], targets[:seq], True
 
     # ------------------------------------------------------------ per batch
 
@@ -240,8 +265,7 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
         for i, s in enumerate(samples):
             ids = torch.tensor(s.tokens, dtype=torch.long)
             tokens[i, : len(ids)] = ids
-            # next-token targets; positions before loss_from predict prompt/image tokens: no loss
-            labels[i, s.loss_from : len(ids) - 1] = ids[s.loss_from + 1 :]
+            labels[i, : len(ids) - 1] = label_row(s.tokens, s.targets, self.tok.image_token_id)
         loss_mask = (labels != IGNORE_INDEX).float()
         position_ids = torch.arange(seq, dtype=torch.long).unsqueeze(0).expand(b, seq).contiguous()
         images = None
@@ -263,7 +287,7 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
                         f"failed to decode ({type(e).__name__}: {e}); remove or fix the sample"
                     ) from e
                 g = self.cfg.geometry
-                n = (img.shape[1] // g.patch_size) * (img.shape[2] // g.patch_size)
+                n = g.tokens_of_pixels(img.shape[1], img.shape[2])
                 if n != s.image_token_count:  # header and pixels disagree (e.g. EXIF/frames): never silent
                     raise DataError(
                         f"{describe(*_source(s))}: header size gives {s.image_token_count} image "

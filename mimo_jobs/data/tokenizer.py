@@ -3,7 +3,9 @@
 Built-in: a character tokenizer for the synthetic data (fits the tiny presets' vocab of 128): specials
 PAD/BOS/EOS/UNK, the image placeholder, then printable ASCII. Otherwise a HuggingFace tokenizer from a
 local directory (optional import of `transformers`); its image placeholder is its own `<image>` token
-when it has one, else the configured id, which must then lie outside the ids the tokenizer emits.
+when it has one, else the configured id, which must then lie outside the ids the tokenizer emits. A
+tokenizer with a chat template renders instruction samples as conversations (see chat.py); the built-in
+one has none, so its samples keep the plain layout BOS, image, prompt, response, EOS.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from .errors import DataError
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 PRINTABLE = [chr(c) for c in range(32, 127)]
+NO_TEMPLATE = (
+    "conversation samples need a tokenizer with a chat template: set trainer.data.tokenizer to a local "
+    "HuggingFace tokenizer directory that has one (tokenizer_config.json or chat_template.jinja)"
+)
 
 
 class Tokenizer(Protocol):
@@ -26,7 +32,13 @@ class Tokenizer(Protocol):
     eos_id: int
     image_token_id: int
 
+    chat_template: str | None
+
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]: ...
+
+    def render_chat(self, turns: list[dict], add_generation_prompt: bool) -> str: ...
 
 
 @dataclass
@@ -40,6 +52,7 @@ class CharTokenizer:
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
     unk_id: int = UNK_ID
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         need = len(PRINTABLE) + 5
@@ -64,6 +77,12 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         t = self._table
         return [t.get(c, self.unk_id) for c in text]
+
+    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        return self.encode(text), [(i, i + 1) for i in range(len(text))]
+
+    def render_chat(self, turns: list[dict], add_generation_prompt: bool) -> str:
+        raise DataError(f"{self.name}: {NO_TEMPLATE}")
 
     def decode(self, ids: list[int]) -> str:
         inv = {v: k for k, v in self._table.items()}
@@ -104,9 +123,26 @@ class HFTokenizer:
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_id
         if self.bos_id is None:
             raise DataError(f"tokenizer {path!r} defines neither a BOS nor an EOS token")
+        self.chat_template = getattr(tok, "chat_template", None) or None
+        if self.chat_template is not None and not getattr(tok, "is_fast", False):
+            raise DataError(
+                f"tokenizer {path!r} is a slow (Python) tokenizer: conversation samples need the token "
+                "offsets only a fast tokenizer (tokenizer.json) gives"
+            )
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))
+
+    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        enc = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+    def render_chat(self, turns: list[dict], add_generation_prompt: bool) -> str:
+        if self.chat_template is None:
+            raise DataError(f"{self.name}: {NO_TEMPLATE}")
+        return self._tok.apply_chat_template(
+            turns, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
 
 def load_tokenizer(path: str | None, vocab_size: int, image_token_id: int) -> Tokenizer:

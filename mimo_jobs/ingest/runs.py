@@ -11,6 +11,7 @@ from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.store import catalog
 
 from .discover import IngestError, Target
+from .layout import Told
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class LogRunInfo:
     nodes: int | None = None
     gpus_per_node: int | None = None
     seq_length: int | None = None
+    told: Told | None = None  # --layout/--model (ingest/layout.py)
 
 
 @dataclass
@@ -60,6 +62,8 @@ def register_runs(con, targets: list[Target], log_run: LogRunInfo | None) -> tup
             nodes=lay.nodes,
         )
     loose = [t for t in targets if t.run_dir is None]
+    if log_run is not None and log_run.told is not None and not loose:
+        raise IngestError("--layout/--model describe logs without a run.yaml; these paths are all run dirs")
     if loose:
         new += _register_log_runs(con, loose, log_run or LogRunInfo(), ctx)
     return ctx, new
@@ -99,7 +103,9 @@ def _register_log_runs(con, loose: list[Target], info: LogRunInfo, ctx: dict) ->
     ids = {t.src: _log_run_id(t, info) for t in loose}
     _refuse_moves(con, ids)
     known = _known_ids(con, set(ids.values()))
-    tells = any(v is not None for v in (info.nodes, info.gpus_per_node, info.seq_length))
+    tells = info.told is not None or any(
+        v is not None for v in (info.nodes, info.gpus_per_node, info.seq_length)
+    )
     if len(known) < len(set(ids.values())):
         catalog.ensure_study(con, info.study, description="(logs ingested without a run.yaml)")
     new = 0
@@ -116,11 +122,27 @@ def _register_log_runs(con, loose: list[Target], info: LogRunInfo, ctx: dict) ->
                 gpus_per_node=info.gpus_per_node,
                 seq_length=info.seq_length,
             )
+            if info.told is not None:
+                catalog.record_log_layout(con, rid, info.told.fields, _own_spec(info.told.spec, rid, info, t))
         if rid not in known:
             known.add(rid)
             new += 1
-        ctx[t.src] = RunCtx(rid, info.gpus_per_node, False, ours=False, nodes=info.nodes)
+        told = info.told.fields if info.told is not None else {}
+        ctx[t.src] = RunCtx(
+            rid,
+            told.get("gpus_per_node", info.gpus_per_node),
+            False,
+            ours=False,
+            nodes=told.get("nodes", info.nodes),
+        )
     return new
+
+
+def _own_spec(spec: dict | None, run_id: str, info: LogRunInfo, t: Target) -> dict | None:
+    """A study run's spec told for a log: the log run's own identity in it."""
+    if spec is None:
+        return None
+    return {**spec, "study": info.study, "name": info.name or t.path.stem, "run_id": run_id}
 
 
 def _known_ids(con, run_ids: set[str]) -> set[str]:

@@ -64,7 +64,8 @@ _LOG_ITER_SELECT = (
     "SELECT ? AS run_id, ? AS job_id, iteration, time, elapsed_ms, loss, lr, grad_norm, consumed_samples, gbs, "
     "loss_scale, skipped, nan, CASE WHEN gbs <> 0 AND elapsed_ms > 0 THEN gbs / (elapsed_ms / 1000.0) END "
     "AS samples_per_s, NULL::DOUBLE AS tokens_per_s, NULL::DOUBLE AS tokens_per_s_per_gpu, tflops_per_gpu, "
-    "moe_aux_loss, NULL::VARCHAR AS phases, extras, 'megatron-log' AS source, attempt, train_iters, "
+    "moe_aux_loss, NULL::BIGINT AS tokens, NULL::BIGINT AS carried_tokens, NULL::BIGINT AS image_tokens, "
+    "NULL::VARCHAR AS phases, extras, 'megatron-log' AS source, attempt, train_iters, "
     "? AS source_file, " + ", ".join(f"NULL::DOUBLE AS {c}" for c in PHASE_COLS) + ", seq FROM {src}"
 )
 # The range of the store's integer types. Parsers give Python ints of any size; what does not fit a column is

@@ -8,24 +8,44 @@ linear inputs by t; sequence parallelism divides those too; selective recompute 
 recompute keeps the layer input only (plus one layer during its recompute). The trainer's models differ from
 the paper's in what is stored, and this module counts what they store (checked byte for byte against the
 trainer's SavedTensorMeter in tests/predict): no dropout (p = 0: no masks), fp32 layer-norm statistics,
-RoPE's cos/sin tables, the fused QKV storage (Q and K are rotated copies, V a view), a plain GELU MLP of
-width f; MoE layers price each routed token (top-k copies of h, 3 tensors of f_e per copy) and the
-router's fp32/int64 bookkeeping; the last stage keeps fp32 logits for the cross entropy. On GPUs the
-fused (flash) attention keeps no s x s scores, only fp32 softmax statistics.
+RoPE's cos/sin tables, the fused QKV storage (Q and K are rotated copies, V a view), the MLP (a plain
+GELU MLP keeps 2 tensors of width f; a gated one keeps fc1's 2f, the activation's f and the product's f);
+QK-norm keeps its per-head inputs and statistics; MoE layers price each routed token (top-k copies of h,
+3 tensors of f_e per copy, 2 more when gated), the shared experts like a dense MLP, and the router's
+fp32/int64 bookkeeping; dense and MoE layers as moe_layer_pattern says; the last stage keeps fp32 logits
+(padded vocabulary) for the cross entropy. The encoder's ViT runs over downsample^2 patches per LLM image
+token plus the class token. On GPUs the fused (flash) attention keeps no s x s scores, only fp32 softmax
+statistics.
 """
 
 from __future__ import annotations
 
+from mimo_jobs.model.arch import LLMArch, padded_vocab
+
 from .run import RunShape
 
 LN_STATS = 16  # two layer norms x (mean, rstd) in fp32, per token
+RMS_STATS = 8  # two RMSNorms x rstd in fp32, per token
 ROUTER_INT64_PER_K = 28  # int64 indices (3 per routed copy) + an fp32 probability, per routed copy
 ROUTER_PER_EXPERT = 9  # fp32 scores + fp32 probabilities + a bool routing map, per token and expert
+# Dropless routing is not balanced: the fullest EP rank receives more routed copies than the mean (the CPU
+# runs of tests/predict/test_predict_vs_trainer.py saw +18% on one rank of two). Memory prices the fullest
+# rank with this allowance whenever EP > 1, so a verdict errs on the safe side (docs/predict.md).
+MOE_IMBALANCE = 1.2
 
 
-def _attention(h: int, kv: int, heads: int, keys: int, tp: int, d: int, recompute: str, fused: bool) -> float:
-    """Per token: Q and K after RoPE, the QKV storage, the projection input, and the scores."""
-    shard = d * (h + kv + (h + 2 * kv) + h)
+def mlp_tensors(gated: bool) -> int:
+    """Width-f tensors one MLP keeps per token: fc1's output and the activation's (gated: fc1's two halves,
+    the activation of the gate and the product)."""
+    return 4 if gated else 2
+
+
+def _attention(q: int, kv: int, heads: int, keys: int, tp: int, d: int, recompute: str, fused: bool) -> float:
+    """Per token: Q and K after RoPE, the QKV storage, the projection input, and the scores (q = heads x
+    head_dim channels, kv = query groups x head_dim)."""
+    shard = d * (q + kv + (q + 2 * kv) + q)
+    if not fused and kv < q:
+        shard += d * 2 * q  # the unfused core expands K and V from the query groups to every head
     if fused:
         shard += 4 * heads  # softmax statistics
     elif recompute == "none":
@@ -33,19 +53,32 @@ def _attention(h: int, kv: int, heads: int, keys: int, tp: int, d: int, recomput
     return shard / tp
 
 
-def llm_layer_bytes_per_token(rs: RunShape, fused: bool) -> float:
+def _stats(p: LLMArch) -> int:
+    return RMS_STATS if p.normalization == "RMSNorm" else LN_STATS
+
+
+def llm_layer_bytes_per_token(rs: RunShape, fused: bool, moe: bool | None = None) -> float:
+    """One layer, per token (`moe`: an MoE layer; None: as the model's first MoE layer, if any)."""
     p, lay, d = rs.preset.llm, rs.layout, rs.dtype_bytes
-    h, tp, heads = p.hidden_size, lay.llm_tp, p.num_attention_heads
-    head = h // heads
-    kv = (p.num_query_groups or heads) * head
-    replicated = d * (4 * h + 4 * head) + LN_STATS  # LN inputs, QKV and MLP inputs, RoPE cos/sin
-    shard = _attention(h, kv, heads, rs.seq_length, tp, d, rs.recompute, fused)
-    if p.num_experts:
-        k, fe = p.moe_router_topk, p.moe_ffn_hidden_size or p.ffn_hidden_size
-        routed = ROUTER_INT64_PER_K * k + ROUTER_PER_EXPERT * p.num_experts + k * (d * h + 3 * d * fe + 4)
-        shard += routed / (tp if rs.sequence_parallel else 1) / lay.llm_etp
+    h, tp, heads, head = p.hidden_size, lay.llm_tp, p.num_attention_heads, p.head_dim
+    q, kv = heads * head, p.query_groups * head
+    # the unfused (local, CPU) RMSNorm is torch's composite one: it also keeps its normalised input
+    rms = not fused and p.normalization == "RMSNorm"
+    replicated = d * ((4 + 2 * rms) * h + 4 * head) + _stats(p)  # norm inputs, QKV/MLP inputs, RoPE cos/sin
+    shard = _attention(q, kv, heads, rs.seq_length, tp, d, rs.recompute, fused)
+    if p.qk_layernorm:  # the per-head q and k inputs (and normalised copies) and their fp32 statistics
+        shard += (d * (q + kv) * (1 + rms) + 4 * (heads + p.query_groups)) / tp
+    m = mlp_tensors(p.gated_linear_unit)
+    if moe if moe is not None else bool(p.num_experts):
+        k, fe = p.moe_router_topk, p.expert_ffn
+        per_copy = d * h + (3 + 2 * p.gated_linear_unit) * d * fe + 4
+        routed = ROUTER_INT64_PER_K * k + ROUTER_PER_EXPERT * p.num_experts + k * per_copy
+        imbalance = MOE_IMBALANCE if lay.llm_ep > 1 else 1.0
+        shard += imbalance * routed / (tp if rs.sequence_parallel else 1) / lay.llm_etp
+        if p.moe_shared_expert_intermediate_size:
+            shard += m * d * p.moe_shared_expert_intermediate_size / tp
     else:
-        shard += 2 * d * p.ffn_hidden_size / tp
+        shard += m * d * p.ffn_hidden_size / tp
     if rs.sequence_parallel:
         replicated /= tp
     return replicated + shard
@@ -57,25 +90,30 @@ def llm_bytes(rs: RunShape, stage: int, fused: bool) -> int:
     s, b, tp = rs.seq_length, lay.mbs, lay.llm_tp
     tokens = s * b
     layers = p.num_layers // lay.llm_pp
-    per_layer = llm_layer_bytes_per_token(rs, fused)
+    mine = range(stage * layers, (stage + 1) * layers)
+    per = [llm_layer_bytes_per_token(rs, fused, p.is_moe_layer(i)) for i in mine]
     sp = tp if rs.sequence_parallel else 1
     if rs.recompute == "full":
-        body = tokens * (layers * d * p.hidden_size / sp + per_layer)
+        body = tokens * (layers * d * p.hidden_size / sp + max(per))
     else:
-        body = tokens * layers * per_layer
+        body = tokens * sum(per)
     extra = s * s  # the boolean causal mask each stage builds
     if stage == 0:
         extra += 8 * tokens  # the token ids the embedding keeps
     if stage == lay.llm_pp - 1:
         # final norm input + stats, output-layer input, fp32 logits, the loss's mask and labels
-        extra += tokens * ((2 * d * p.hidden_size + 8) / sp + 4 * p.vocab_size / tp + 9)
+        vocab = padded_vocab(p.vocab_size, tp)
+        rms = not fused and p.normalization == "RMSNorm"
+        extra += tokens * (((2 + rms) * d * p.hidden_size + _stats(p) // 2) / sp + 4 * vocab / tp + 9)
     return int(body + extra)
 
 
 def encoder_bytes(rs: RunShape, fused: bool) -> int:
     """One encoder microbatch: its samples' images at full size (the upper bound)."""
     e, lay, d = rs.preset.encoder, rs.layout, rs.dtype_bytes
-    n = rs.image_tokens_max
+    out_tokens = rs.image_tokens_max * rs.encoder_samples_per_microbatch  # what the projector sees
+    patches = rs.image_tokens_max * e.downsample**2
+    n = patches + int(e.class_token)  # the ViT's sequence
     tokens = n * rs.encoder_samples_per_microbatch
     tp, h, hl = lay.enc_tp, e.hidden_size, rs.preset.llm.hidden_size
     replicated = d * 4 * h + LN_STATS
@@ -89,7 +127,8 @@ def encoder_bytes(rs: RunShape, fused: bool) -> int:
         body = tokens * (e.num_layers * d * h + per_layer)
     else:
         body = tokens * e.num_layers * per_layer
-    patch_and_projector = tokens * d * (e.channels * e.patch_size**2 + h + 2 * hl / tp)
+    patch_inputs = patches * rs.encoder_samples_per_microbatch * d * e.channels * e.patch_size**2
+    patch_and_projector = patch_inputs + out_tokens * d * (e.projector_input + 2 * hl / tp)
     masks = n * n * rs.encoder_samples_per_microbatch
     return int(body + patch_and_projector + masks)
 

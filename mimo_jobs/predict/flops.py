@@ -3,23 +3,29 @@ log line, and the planner's compute time).
 
 Megatron-LM's `num_floating_point_operations` (megatron/training/training.py; Narayanan et al. 2021,
 "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", appendix): 2 FLOPs per
-multiply-add, forward + backward = 3x forward. Per LLM token and layer, forward:
-  attention projections 2h(h + 2 g d) + 2h^2  (q, k, v with g query groups of d = h/a, and o)
-  causal attention core 2 * 2 s h / 2          (QK^T and AV over the s keys, half of them under the mask)
-  MLP                   2 * m * h f            (m = 2 matrices: the trainer's MLP is plain GELU, not SwiGLU)
-  MoE                   2 h E (router) + k * 2 * 2 h f_e (routed experts) + 2 * 2 h f_s (shared experts)
-plus the logits 2 h V per token. The encoder: per image token, its ViT layers (bidirectional: the core is
-not halved) over the tokens of its image, the patch embedding 2 C p^2 h_e and the projector
-2 (h_e h_l + h_l^2).
+multiply-add, forward + backward = 3x forward; norms, activations and softmax are not counted. Per LLM
+token and layer, forward, with a heads of d channels (kv_channels) and g query groups:
+  attention projections 2h(a d + 2 g d) + 2 a d h   (q, k, v, and o)
+  causal attention core 2 * 2 s a d / 2            (QK^T and AV over the s keys, half of them under the mask)
+  MLP                   2 * m * h f                (m = 3 matrices for a gated MLP (SwiGLU), else 2)
+  MoE                   2 h E (router) + k * 2 * m * h f_e (routed experts) + 2 * m * h f_s (shared experts)
+                        + 2 h (the shared experts' gate)
+dense and MoE layers as moe_layer_pattern says, plus the logits 2 h V per token (V the padded vocabulary
+the output layer computes). The encoder, per image: its ViT layers over the image's patches plus its class
+token (bidirectional: the core is not halved), the patch embedding 2 C p^2 h_e per patch, and the projector
+2 (s^2 h_e h_l + h_l^2) per token it hands the LLM (s x s patches per token after the pixel shuffle).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mimo_jobs.study.presets import EncoderPreset, LLMPreset, ModelPreset
+from mimo_jobs.model.arch import EncoderArch, LLMArch, ModelArch, padded_vocab
 
-MLP_MATRICES = 2  # models.py builds megatron-core's default MLP (gated_linear_unit=False): fc1, GELU, fc2
+
+def mlp_matrices(gated: bool) -> int:
+    """Weight matrices a token passes through in one MLP: fc1 (gate and up when gated) and fc2."""
+    return 3 if gated else 2
 
 
 @dataclass(frozen=True)
@@ -34,43 +40,53 @@ class SampleFlops:
         return self.encoder + self.llm
 
 
-def llm_layer_forward_flops(p: LLMPreset, seq: int, causal_halved: bool = True) -> float:
-    """Forward FLOPs of one LLM transformer layer for one token of a `seq`-token sequence."""
-    h = p.hidden_size
-    g = p.num_query_groups or p.num_attention_heads
-    d = h // p.num_attention_heads
-    proj = 2 * h * (h + 2 * g * d) + 2 * h * h
-    core = 4 * seq * h / (2 if causal_halved else 1)
-    if p.num_experts:
-        fe = p.moe_ffn_hidden_size or p.ffn_hidden_size
-        mlp = 2 * h * p.num_experts + p.moe_router_topk * 2 * MLP_MATRICES * h * fe
+def llm_layer_forward_flops(
+    p: LLMArch, seq: int, causal_halved: bool = True, moe: bool | None = None
+) -> float:
+    """Forward FLOPs of one LLM transformer layer for one token of a `seq`-token sequence (`moe`: whether
+    it is an MoE layer; None: as the model's first MoE layer, if any)."""
+    h, q, kv = p.hidden_size, p.num_attention_heads * p.head_dim, p.query_groups * p.head_dim
+    proj = 2 * h * (q + 2 * kv) + 2 * q * h
+    core = 4 * seq * q / (2 if causal_halved else 1)
+    m = mlp_matrices(p.gated_linear_unit)
+    if moe if moe is not None else bool(p.num_experts):
+        mlp = 2 * h * p.num_experts + p.moe_router_topk * 2 * m * h * p.expert_ffn
+        if p.moe_shared_expert_intermediate_size:
+            mlp += 2 * m * h * p.moe_shared_expert_intermediate_size + (
+                2 * h if p.moe_shared_expert_gate else 0
+            )
     else:
-        mlp = 2 * MLP_MATRICES * h * p.ffn_hidden_size
+        mlp = 2 * m * h * p.ffn_hidden_size
     return proj + core + mlp
 
 
-def llm_flops_per_token(p: LLMPreset, seq: int, causal_halved: bool = True) -> float:
+def llm_flops_per_token(p: LLMArch, seq: int, causal_halved: bool = True) -> float:
     """Training FLOPs per LLM token: 3 x (layers + logits)."""
-    return 3 * (
-        p.num_layers * llm_layer_forward_flops(p, seq, causal_halved) + 2 * p.hidden_size * p.vocab_size
-    )
+    moe = p.moe_layers
+    layers = moe * llm_layer_forward_flops(p, seq, causal_halved, True) if moe else 0.0
+    if moe < p.num_layers:
+        layers += (p.num_layers - moe) * llm_layer_forward_flops(p, seq, causal_halved, False)
+    return 3 * (layers + 2 * p.hidden_size * padded_vocab(p.vocab_size, 1))
 
 
-def encoder_flops_per_token(e: EncoderPreset, llm_hidden: int, tokens_per_image: float) -> float:
-    """Training FLOPs per image token of the ViT + projector, the image having `tokens_per_image` tokens."""
-    h = e.hidden_size
-    layer = 2 * h * 3 * h + 2 * h * h + 4 * tokens_per_image * h + 2 * MLP_MATRICES * h * e.ffn_hidden_size
-    patch = 2 * e.channels * e.patch_size**2 * h
-    projector = 2 * (h * llm_hidden + llm_hidden * llm_hidden)
-    return 3 * (e.num_layers * layer + patch + projector)
+def encoder_flops_per_token(e: EncoderArch, llm_hidden: int, tokens_per_image: float) -> float:
+    """Training FLOPs per image token handed to the LLM, of the ViT + projector, the image giving the LLM
+    `tokens_per_image` tokens (downsample^2 patches each, plus the class token inside the ViT)."""
+    h, s2 = e.hidden_size, e.downsample**2
+    patches = tokens_per_image * s2
+    n = patches + int(e.class_token)
+    layer = n * (2 * h * 3 * h + 2 * h * h + 2 * mlp_matrices(False) * h * e.ffn_hidden_size) + 4 * n * n * h
+    patch = patches * 2 * e.channels * e.patch_size**2 * h
+    projector = tokens_per_image * 2 * (s2 * h * llm_hidden + llm_hidden * llm_hidden)
+    return 3 * (e.num_layers * layer + patch + projector) / tokens_per_image if tokens_per_image else 0.0
 
 
-def full_image_tokens(e: EncoderPreset) -> int:
-    return (e.image_size // e.patch_size) ** 2
+def full_image_tokens(e: EncoderArch) -> int:
+    return e.tokens_per_image
 
 
 def flops_per_sample(
-    preset: ModelPreset,
+    preset: ModelArch,
     seq_length: int,
     image_tokens: float,
     tokens_per_image: float | None = None,

@@ -7,6 +7,12 @@ NVIDIA DGX B200 / HGX B200 datasheet (180 GB HBM3e, 8 TB/s, 2.25 PFLOP/s dense B
 1.8 TB/s); NVIDIA A100 datasheet (SXM 80 GB, 2.0 TB/s, 312 TFLOP/s, NVLink 600 GB/s). NVLink figures are
 bidirectional: one direction is half. InfiniBand: one ConnectX-7 NDR 400 Gb/s port per GPU (DGX H100/H200/
 B200), HDR 200 Gb/s per GPU on DGX A100. `cpu` is a nominal laptop-class figure for the CPU (gloo) runs.
+
+Per-call latencies (the time model's alpha terms, calibrated by `--db` like the efficiencies): `op_s` is one
+kernel launch on a GPU (a few microseconds: NVIDIA's CUDA C++ Best Practices Guide counts kernel launch
+overhead in microseconds) or one eager PyTorch operator on a CPU; `step_s` is one step of a ring
+collective (NVIDIA's nccl-tests report small-message all-reduce times of tens of microseconds over a
+handful of steps; gloo over a loopback TCP socket pays a system call and a wake-up per step).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ class GPU:
     nvlink_bytes_per_s: float  # one direction, per GPU
     ib_bytes_per_s: float  # one direction, per GPU
     framework_bytes: int  # CUDA context, NCCL buffers, allocator slack: not in any formula
+    op_s: float = 5e-6  # one kernel launch / operator dispatch
+    step_s: float = 5e-6  # one step of a ring collective, or one send
 
     @property
     def fused_attention(self) -> bool:
@@ -45,7 +53,7 @@ GPUS: dict[str, GPU] = {
     "GH200": GPU("GH200", 96 * GB, 989e12, 4.0e12, 450 * GB, 50 * GB, 3 * GIB),
     "B200": GPU("B200", 180 * GB, 2.25e15, 8.0e12, 900 * GB, 50 * GB, 3 * GIB),
     "A100": GPU("A100", 80 * GB, 312e12, 2.0e12, 300 * GB, 25 * GB, 3 * GIB),
-    "cpu": GPU("cpu", 16 * GIB, 1e11, 2e10, 1e10, 1e9, 0),
+    "cpu": GPU("cpu", 16 * GIB, 1e11, 2e10, 1e10, 1e9, 0, op_s=2e-5, step_s=5e-5),
 }
 
 

@@ -39,10 +39,11 @@ def candidate_layouts(base: Layout, nodes: int) -> list[Layout]:
     eps = _divisors(experts) if experts else [1]
     enc_dps = _divisors(base.gbs)
     out = []
-    common = {"nodes": nodes, "enc_pp": 1, "llm_cp": 1, "llm_etp": 1}
+    common = {"nodes": nodes, "enc_pp": 1, "llm_cp": 1}
     for ltp in tps:
         for pp in pps:
-            for ep in eps:
+            # expert TP: none, or the dense TP (which MoE with PP requires)
+            for ep, etp_ in ((ep, e) for ep in eps for e in sorted({1, ltp} if experts else {1})):
                 colo_dp = derive_llm_dp(nodes, gpn, 0, 1, 1, ltp, pp)
                 if colo_dp and pp == 1:
                     out.append(
@@ -56,6 +57,7 @@ def candidate_layouts(base: Layout, nodes: int) -> list[Layout]:
                             llm_pp=1,
                             llm_dp=colo_dp,
                             llm_ep=ep,
+                            llm_etp=etp_,
                         )
                     )
                 for etp in tps:
@@ -75,37 +77,182 @@ def candidate_layouts(base: Layout, nodes: int) -> list[Layout]:
                                     llm_pp=pp,
                                     llm_dp=dp,
                                     llm_ep=ep,
+                                    llm_etp=etp_,
                                 )
                             )
     return [lay for lay in out if not check(lay)]
 
 
+# Trainer settings that trade time for memory, cheapest first: tried on a layout only when the study's own
+# settings do not fit (the time model prices full recompute; the others cost no time in it).
+MEMORY_SAVERS: tuple[dict, ...] = (
+    {"encoder_inflight": 1},
+    {"encoder_inflight": 1, "recompute": "selective"},
+    {"encoder_inflight": 1, "recompute": "full"},
+)
+MBS_CHOICES = (1, 2, 4)  # tried on the fastest layouts only (pipeline depth versus kernel size)
+MBS_TRIED_ON = 12
+# Two times within this fraction are a tie, broken by memory headroom (the safer layout wins).
+TIE = 0.005
+
+
+def free_bytes(p: Prediction) -> int:
+    return p.memory.capacity_bytes - p.memory.worst.total_bytes
+
+
+def price_with_savers(shape: RunShape, lay: Layout, gpu: GPU, eff: Efficiency, headroom: int) -> Prediction:
+    """`lay` priced with the study's settings, else with the first memory saver that fits (else the
+    study's settings: the caller sees it does not fit)."""
+    rs = on_layout(shape, lay)
+    first = predict_shape(rs, gpu, eff, name=point_name(lay))
+    if free_bytes(first) >= headroom:
+        return first
+    for saver in MEMORY_SAVERS:
+        changed = {k: v for k, v in saver.items() if getattr(rs, k) != v}
+        if not changed or (changed.get("encoder_inflight") and rs.encoder_inflight < 1):
+            continue
+        p = predict_shape(replace(rs, **changed), gpu, eff, name=point_name(lay))
+        if free_bytes(p) >= headroom:
+            return p
+    return first
+
+
+def ranked(cands: list[Candidate]) -> list[Candidate]:
+    """By time; a run of times within TIE of its fastest is a tie, ordered by memory headroom (most first)."""
+    by_time = sorted(cands, key=lambda c: c.prediction.time.iteration_s)
+    out: list[Candidate] = []
+    i = 0
+    while i < len(by_time):
+        limit = by_time[i].prediction.time.iteration_s * (1 + TIE)
+        j = i
+        while j < len(by_time) and by_time[j].prediction.time.iteration_s <= limit:
+            j += 1
+        out += sorted(by_time[i:j], key=lambda c: -free_bytes(c.prediction))
+        i = j
+    return out
+
+
+def price_layouts(
+    shape: RunShape, gpu: GPU, nodes: int, eff: Efficiency, headroom: int = 0
+) -> tuple[list[Candidate], list[Candidate]]:
+    """(layouts that fit with `headroom` bytes to spare, ranked; those that do not) on `nodes` nodes; the
+    fastest fitting layouts are tried again with every microbatch size that tiles the batch."""
+    fit, over = [], []
+    for lay in candidate_layouts(shape.layout, nodes):
+        c = Candidate(lay, price_with_savers(shape, lay, gpu, eff, headroom))
+        (fit if free_bytes(c.prediction) >= headroom else over).append(c)
+    fit = ranked(fit)
+    seen = {c.layout for c in fit}
+    for c in fit[:MBS_TRIED_ON]:
+        for mbs in MBS_CHOICES:
+            lay = replace(c.layout, mbs=mbs)
+            if lay in seen or check(lay):
+                continue
+            seen.add(lay)
+            alt = Candidate(lay, price_with_savers(shape, lay, gpu, eff, headroom))
+            (fit if free_bytes(alt.prediction) >= headroom else over).append(alt)
+    return ranked(fit), over
+
+
 def best_layouts(
-    shape: RunShape, gpu: GPU, nodes: int, eff: Efficiency, top: int = 5
+    shape: RunShape, gpu: GPU, nodes: int, eff: Efficiency, top: int = 5, headroom: int = 0
 ) -> tuple[list[Candidate], int]:
     """The `top` fastest layouts that fit in memory, and how many feasible layouts were priced."""
-    layouts = candidate_layouts(shape.layout, nodes)
-    fits = []
-    for lay in layouts:
-        rs = on_layout(shape, lay)
-        p = predict_shape(rs, gpu, eff, name=point_name(lay))
-        if p.memory.fits:
-            fits.append(Candidate(lay, p))
-    fits.sort(key=lambda c: c.prediction.time.iteration_s)
-    return fits[:top], len(layouts)
+    fit, over = price_layouts(shape, gpu, nodes, eff, headroom)
+    return fit[:top], len(fit) + len(over)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
+
+
+def split_label(lay: Layout) -> str:
+    """Where the GPUs go: "encoder 2 nodes (16 GPUs) | LLM 31 nodes", in GPUs when not whole nodes."""
+    gpn = lay.gpus_per_node
+    if lay.colocated:
+        return f"colocated: encoder and LLM on all {_count(lay.nodes, 'node')}"
+    enc = lay.enc_tp * lay.enc_pp * lay.enc_dp
+    llm = lay.world - enc
+    if enc % gpn or llm % gpn:
+        return f"encoder {_count(enc, 'GPU')} | LLM {_count(llm, 'GPU')}"
+    return f"encoder {_count(enc // gpn, 'node')} ({_count(enc, 'GPU')}) | LLM {_count(llm // gpn, 'node')}"
+
+
+def colocated_gbs(base: Layout, nodes: int) -> list[int]:
+    """The global batches near base.gbs that some colocated layout on `nodes` nodes tiles (one below, one
+    above when both exist); empty when base.gbs itself is tiled."""
+    gpn = base.gpus_per_node
+    steps = set()
+    for tp in _divisors(gpn):
+        dp = nodes * gpn // tp
+        for ep in _divisors(base.num_experts) if base.num_experts else [1]:
+            probe = replace(
+                base,
+                nodes=nodes,
+                colocated=True,
+                enc_tp=tp,
+                enc_pp=1,
+                enc_dp=dp,
+                llm_tp=tp,
+                llm_pp=1,
+                llm_dp=dp,
+                llm_ep=ep,
+                llm_etp=1,
+                llm_cp=1,
+                gbs=dp * base.mbs,
+            )
+            if not check(probe):
+                steps.add(dp * base.mbs)
+    if not steps or any(base.gbs % s == 0 for s in steps):
+        return []
+    below = max((base.gbs // s * s for s in steps if base.gbs >= s), default=None)
+    above = min(-(-base.gbs // s) * s for s in steps)
+    return sorted({g for g in (below, above) if g})
 
 
 def point_name(lay: Layout) -> str:
     enc = "colo" if lay.colocated else f"e{lay.enc_tp}x{lay.enc_dp}"
-    pp = f"p{lay.llm_pp}" if lay.llm_pp > 1 else ""
+    pp = (f"p{lay.llm_pp}" if lay.llm_pp > 1 else "") + (f"t{lay.llm_etp}" if lay.llm_etp > 1 else "")
     return f"{lay.nodes}n-{enc}-l{lay.llm_tp}x{lay.llm_ep}x{lay.llm_dp}{pp}-g{lay.gbs}"
 
 
-def yaml_point(lay: Layout) -> str:
-    """The layout as a study's matrix point (one flow-style YAML line)."""
-    llm = f"tp: {lay.llm_tp}" + (f", pp: {lay.llm_pp}" if lay.llm_pp > 1 else "")
-    llm += (f", ep: {lay.llm_ep}" if lay.num_experts else "") + f", dp: {lay.llm_dp}"
-    batch = f", gbs: {lay.gbs}" + (f", mbs: {lay.mbs}" if lay.mbs > 1 else "")
+def point_dict(lay: Layout) -> dict:
+    """The layout as a study's matrix point (a mapping: pasteable as YAML)."""
+    llm = {"tp": lay.llm_tp}
+    if lay.llm_pp > 1:
+        llm["pp"] = lay.llm_pp
+    if lay.num_experts:
+        llm["ep"] = lay.llm_ep
+        if lay.llm_etp > 1:
+            llm["etp"] = lay.llm_etp
+    llm["dp"] = lay.llm_dp
+    point: dict = {"nodes": lay.nodes}
     if lay.colocated:
-        return f"- {{nodes: {lay.nodes}, colocated: true, llm: {{{llm}}}{batch}}}"
-    return f"- {{nodes: {lay.nodes}, encoder: {{tp: {lay.enc_tp}, dp: {lay.enc_dp}}}, llm: {{{llm}}}{batch}}}"
+        point["colocated"] = True
+    else:
+        point["encoder"] = {"tp": lay.enc_tp, "dp": lay.enc_dp}
+    point["llm"] = llm
+    point["gbs"] = lay.gbs
+    if lay.mbs > 1:
+        point["mbs"] = lay.mbs
+    return point
+
+
+def _flow(v) -> str:
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_flow(x)}" for k, x in v.items()) + "}"
+    return "true" if v is True else str(v)
+
+
+def yaml_point(lay: Layout) -> str:
+    """point_dict as one flow-style YAML list item."""
+    return f"- {_flow(point_dict(lay))}"
+
+
+def trainer_changes(shape: RunShape, p: Prediction) -> dict:
+    """The trainer settings a candidate needs that differ from the study's (a memory saver)."""
+    return {
+        k: getattr(p.shape, k)
+        for k in ("encoder_inflight", "recompute")
+        if getattr(p.shape, k) != getattr(shape, k)
+    }

@@ -77,8 +77,8 @@ class Calibration:
 
 def point_of(p: Prediction, measured_s: float) -> Point:
     t = p.time
-    fixed = t.iteration_s - t.encoder_compute_s - t.llm_compute_s - t.network_s
-    return Point(p.name, t.encoder_compute_s, t.llm_compute_s, t.network_s, fixed, measured_s)
+    fixed = t.iteration_s - t.encoder_compute_s - t.llm_compute_s - t.network_s - t.latency_s
+    return Point(p.name, t.encoder_compute_s, t.llm_compute_s, t.network_s, fixed, measured_s, t.latency_s)
 
 
 def _folds(runs: list[Measured]) -> tuple[str, list[list[int]]]:

@@ -15,6 +15,7 @@ Plus a fixed framework allowance per GPU (hardware.GPU.framework_bytes).
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass
 
@@ -171,11 +172,34 @@ def buffers_of(tensors: list[Tensor], dp: int, edp: int, distributed: bool) -> l
 # -- per module
 
 
-def _module(rs: RunShape, module: str, stage: int, ranks, tensors, dp, edp, act, bridge, inflight, frozen):
+def _held(tensors: list[Tensor], dp: int, edp: int, state: tuple, frozen: bool) -> tuple[int, int, int]:
+    """(parameters, gradient bytes, optimizer bytes) of one rank's tensors; `state`: _state_key."""
+    distributed, optimizer, bf16 = state
     params = sum(t.numel for t in tensors)
-    bufs = buffers_of(tensors, dp, edp, rs.distributed_optimizer)
+    bufs = buffers_of(tensors, dp, edp, distributed)
     grads = 0 if frozen else sum(b.size for b in bufs) * GRAD_BYTES
-    opt = 0 if frozen else optimizer_bytes(bufs, rs.distributed_optimizer, rs.optimizer, rs.bf16)
+    opt = 0 if frozen else optimizer_bytes(bufs, distributed, optimizer, bf16)
+    return params, grads, opt
+
+
+# What a rank holds depends only on how its module is sharded, not on the rest of the layout: `plan` prices
+# hundreds of layouts that share a handful of shardings, so each is counted once.
+@functools.lru_cache(maxsize=4096)
+def _encoder_held(state: tuple, preset, tp: int, dp: int, frozen: bool) -> tuple[int, int, int]:
+    return _held(encoder_tensors(preset, tp), dp, dp, state, frozen)
+
+
+@functools.lru_cache(maxsize=4096)
+def _llm_held(state: tuple, preset, tp, ep, etp, pp, stage, dp, edp, frozen: bool) -> tuple[int, int, int]:
+    return _held(llm_tensors(preset, tp, ep, etp, pp, stage), dp, edp, state, frozen)
+
+
+def _state_key(rs: RunShape) -> tuple:
+    return (rs.distributed_optimizer, rs.optimizer, rs.bf16)
+
+
+def _module(rs: RunShape, module: str, stage: int, ranks, held, act, bridge, inflight) -> ModuleMemory:
+    params, grads, opt = held
     return ModuleMemory(
         module, stage, ranks, params, params * rs.dtype_bytes, grads, opt, act, bridge, inflight
     )
@@ -183,39 +207,27 @@ def _module(rs: RunShape, module: str, stage: int, ranks, tensors, dp, edp, act,
 
 def encoder_memory(rs: RunShape, gpu: GPU) -> ModuleMemory:
     lay = rs.layout
-    tensors = encoder_tensors(rs.preset, lay.enc_tp)
     keep = 1 if lay.colocated else min(rs.microbatches, max(rs.encoder_inflight, lay.llm_pp))
     per_mb = A.encoder_bytes(rs, gpu.fused_attention)
     bridge = 0 if lay.colocated else 2 * keep * A.embedding_bytes(rs, rs.encoder_samples_per_microbatch)
     last = lay.enc_ranks - 1 if not lay.colocated else lay.world - 1
-    return _module(
-        rs,
-        "encoder",
-        0,
-        (0, last),
-        tensors,
-        lay.enc_dp,
-        lay.enc_dp,
-        keep * per_mb,
-        bridge,
-        keep,
-        rs.frozen_encoder,
-    )
+    held = _encoder_held(_state_key(rs), rs.preset, lay.enc_tp, lay.enc_dp, rs.frozen_encoder)
+    return _module(rs, "encoder", 0, (0, last), held, keep * per_mb, bridge, keep)
 
 
 def llm_memory(rs: RunShape, gpu: GPU, stage: int) -> ModuleMemory:
     lay = rs.layout
     tp, pp, dp = lay.llm_tp, lay.llm_pp, lay.llm_dp
-    tensors = llm_tensors(rs.preset, tp, lay.llm_ep, lay.llm_etp, pp, stage)
     edp = tp * dp // (lay.llm_ep * lay.llm_etp) if rs.preset.llm.num_experts else dp
     keep = min(rs.microbatches, pp - stage)  # 1F1B: stage s of p runs p - s - 1 warm-up forwards
     per_mb = A.llm_bytes(rs, stage, gpu.fused_attention)
     bridge = 2 * keep * A.embedding_bytes(rs, lay.mbs) if stage == 0 and not lay.colocated else 0
     first = lay.llm_offset + tp * stage
     last = first + tp * pp * (dp - 1) + tp - 1
-    return _module(
-        rs, "llm", stage, (first, last), tensors, dp, edp, keep * per_mb, bridge, keep, rs.frozen_llm
+    held = _llm_held(
+        _state_key(rs), rs.preset, tp, lay.llm_ep, lay.llm_etp, pp, stage, dp, edp, rs.frozen_llm
     )
+    return _module(rs, "llm", stage, (first, last), held, keep * per_mb, bridge, keep)
 
 
 def memory_plan(rs: RunShape, gpu: GPU) -> MemoryPlan:

@@ -1,18 +1,23 @@
-"""The parameter tensors one rank holds after TP/EP/PP sharding, in megatron-core's order, as numel counts.
+"""Parameters: the model's totals (unpadded, as HuggingFace transformers counts them) and the tensors one
+rank holds after TP/EP/PP sharding (megatron-core's registration order, as numel counts).
 
-Mirrors what models.py builds (megatron-core 0.16.1, local and Transformer Engine specs hold the same
-tensors): LayerNorm with weight and bias; linear biases unless the LLM is MoE (add_bias_linear=False);
-column-parallel weights and biases split over TP, row-parallel weights split and their biases replicated;
-the router replicated; experts split over EP (whole experts) and ETP; the embedding on the first pipeline
-stage and the final norm + untied output layer on the last. The order matters to the distributed
-optimizer's shards (memory.py).
+The rank lists mirror what the trainer builds (trainer/model/models.py on megatron-core 0.16.1; the local
+and Transformer Engine specs hold the same tensors). A module's own parameters come before its children's
+(torch's named_parameters order), so the ViT lists its class token and position rows before the patch
+embedding, and a gated shared expert its gate before its MLP. Norms hold a weight (RMSNorm) or a weight and
+a bias (LayerNorm); column-parallel weights and biases are split over TP, row-parallel weights are split and
+their biases replicated; a gated MLP's fc1 holds gate and up (2 x width); the router, the final norm and
+the QK-norms (head_dim each) are whole; experts are split over EP (whole experts) and ETP; the embedding
+sits on the first pipeline stage, the final norm and the output layer on the last (a tied output layer is
+the embedding itself with one stage, a copy on the last stage with several). The vocabulary tables hold
+arch.padded_vocab rows. The order matters to the distributed optimizer's shards (memory.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mimo_jobs.study.presets import ModelPreset
+from mimo_jobs.model.arch import EncoderArch, LLMArch, ModelArch, padded_vocab
 
 
 @dataclass(frozen=True)
@@ -21,47 +26,169 @@ class Tensor:
     expert: bool = False  # held in the expert-parallel gradient buffer (EP > 1)
 
 
-def _layer(h: int, qkv_out: int, ffn: int, tp: int, bias: bool) -> list[Tensor]:
-    """A dense transformer layer: norms, attention (o before qkv, as registered), MLP."""
-    out = [Tensor(h), Tensor(h), Tensor(h * h // tp)]
-    out += [Tensor(h)] if bias else []
-    out += [Tensor(qkv_out * h // tp)] + ([Tensor(qkv_out // tp)] if bias else [])
-    out += [Tensor(h), Tensor(h)]
-    return out + _mlp(h, ffn, tp, bias)
+def _norm(h: int, kind: str) -> list[Tensor]:
+    return [Tensor(h)] if kind == "RMSNorm" else [Tensor(h), Tensor(h)]
 
 
-def _mlp(h: int, ffn: int, tp: int, bias: bool) -> list[Tensor]:
-    out = [Tensor(ffn * h // tp)] + ([Tensor(ffn // tp)] if bias else [])
-    return out + [Tensor(h * ffn // tp)] + ([Tensor(h)] if bias else [])
+def _mlp(h: int, ffn: int, tp: int, bias: bool, gated: bool, expert: bool = False) -> list[Tensor]:
+    up = ffn * (2 if gated else 1)
+    out = [Tensor(up * h // tp, expert)] + ([Tensor(up // tp, expert)] if bias else [])
+    return out + [Tensor(h * ffn // tp, expert)] + ([Tensor(h, expert)] if bias else [])
 
 
-def encoder_tensors(preset: ModelPreset, tp: int) -> list[Tensor]:
-    """ViT (position table, patch embedding, layers) + projector on one encoder TP rank."""
-    e, hl = preset.encoder, preset.llm.hidden_size
-    h = e.hidden_size
-    out = [Tensor((e.image_size // e.patch_size) ** 2 * h), Tensor(h // tp * e.channels * e.patch_size**2)]
-    for _ in range(e.num_layers):
-        out += _layer(h, 3 * h, e.ffn_hidden_size, tp, True)
-    out += [Tensor(hl * h // tp), Tensor(hl // tp), Tensor(hl * hl // tp), Tensor(hl)]
+def _attention(
+    h: int, heads: int, groups: int, d: int, tp: int, norm: str, o_bias: bool, qkv_bias: bool, qk_norm: bool
+):
+    """o before qkv (as registered), then the per-head q and k norms."""
+    q, kv = heads * d, groups * d
+    out = [Tensor(q * h // tp)] + ([Tensor(h)] if o_bias else [])
+    out += [Tensor((q + 2 * kv) * h // tp)] + ([Tensor((q + 2 * kv) // tp)] if qkv_bias else [])
+    return out + (_norm(d, norm) * 2 if qk_norm else [])
+
+
+def _llm_attention(p: LLMArch, tp: int) -> list[Tensor]:
+    return _norm(p.hidden_size, p.normalization) + _attention(
+        p.hidden_size,
+        p.num_attention_heads,
+        p.query_groups,
+        p.head_dim,
+        tp,
+        p.normalization,
+        p.add_bias_linear,
+        p.add_qkv_bias,
+        p.qk_layernorm,
+    )
+
+
+def _moe_block(p: LLMArch, tp: int, ep: int, etp: int) -> list[Tensor]:
+    h = p.hidden_size
+    out = [Tensor(p.num_experts * h)] + ([Tensor(p.num_experts)] if p.add_bias_linear else [])
+    # with EP=1 megatron-core leaves experts in the dense gradient buffer (their allreduce flag stays True)
+    for _ in range(p.num_experts // ep):
+        out += _mlp(h, p.expert_ffn, etp, p.add_bias_linear, p.gated_linear_unit, ep > 1)
+    if p.moe_shared_expert_intermediate_size:
+        out += [Tensor(h)] if p.moe_shared_expert_gate else []
+        out += _mlp(h, p.moe_shared_expert_intermediate_size, tp, False, p.gated_linear_unit)
     return out
 
 
-def llm_tensors(preset: ModelPreset, tp: int, ep: int, etp: int, pp: int, stage: int) -> list[Tensor]:
+def llm_layer_tensors(p: LLMArch, i: int, tp: int, ep: int, etp: int) -> list[Tensor]:
+    """Layer `i` (its index in the whole model: dense or MoE by moe_layer_pattern) on one TP/EP rank."""
+    out = _llm_attention(p, tp) + _norm(p.hidden_size, p.normalization)
+    if p.is_moe_layer(i):
+        return out + _moe_block(p, tp, ep, etp)
+    return out + _mlp(p.hidden_size, p.ffn_hidden_size, tp, p.add_bias_linear, p.gated_linear_unit)
+
+
+def llm_tensors(preset: ModelArch, tp: int, ep: int, etp: int, pp: int, stage: int) -> list[Tensor]:
     """One LLM pipeline stage on one TP/EP rank."""
     p = preset.llm
-    h, bias = p.hidden_size, not p.num_experts
-    g = p.num_query_groups or p.num_attention_heads
-    qkv_out = h + 2 * g * (h // p.num_attention_heads)
-    out = [Tensor(p.vocab_size * h // tp)] if stage == 0 else []
-    for _ in range(p.num_layers // pp):
-        if not p.num_experts:
-            out += _layer(h, qkv_out, p.ffn_hidden_size, tp, bias)
-            continue
-        out += _layer(h, qkv_out, 0, tp, bias)[:-2]  # attention and norms; the MoE block follows
-        fe = p.moe_ffn_hidden_size or p.ffn_hidden_size
-        out.append(Tensor(p.num_experts * h))
-        # with EP=1 megatron-core leaves experts in the dense gradient buffer (their allreduce flag stays True)
-        out += [Tensor(fe * h // etp, ep > 1), Tensor(h * fe // etp, ep > 1)] * (p.num_experts // ep)
+    h, vocab = p.hidden_size, padded_vocab(p.vocab_size, tp)
+    out = [Tensor(vocab * h // tp)] if stage == 0 else []
+    per = p.num_layers // pp
+    for i in range(stage * per, (stage + 1) * per):
+        out += llm_layer_tensors(p, i, tp, ep, etp)
     if stage == pp - 1:
-        out += [Tensor(h), Tensor(h), Tensor(p.vocab_size * h // tp)]
+        out += _norm(h, p.normalization)
+        if not (p.tie_word_embeddings and pp == 1):
+            out.append(Tensor(vocab * h // tp))
     return out
+
+
+def vit_tensors(e: EncoderArch, tp: int) -> list[Tensor]:
+    """The ViT on one TP rank: class token, position rows, patch embedding, outer norms, layers."""
+    h = e.hidden_size
+    out = [Tensor(h)] if e.class_token else []
+    out.append(Tensor(e.grid**2 * h))
+    out += [Tensor(h)] if e.class_token else []  # the class token's position row
+    out += [Tensor(h // tp * e.channels * e.patch_size**2)] + ([Tensor(h // tp)] if e.patch_bias else [])
+    out += _norm(h, e.normalization) if e.pre_norm else []
+    out += _norm(h, e.normalization) if e.final_norm else []
+    for _ in range(e.num_layers):
+        out += _norm(h, e.normalization)
+        out += _attention(
+            h,
+            e.num_attention_heads,
+            e.num_attention_heads,
+            h // e.num_attention_heads,
+            tp,
+            e.normalization,
+            True,
+            True,
+            False,
+        )
+        out += _norm(h, e.normalization) + _mlp(h, e.ffn_hidden_size, tp, True, False)
+    return out
+
+
+def projector_tensors(preset: ModelArch, tp: int) -> list[Tensor]:
+    """MLP(encoder width x downsample^2 -> LLM width -> LLM width), column- then row-parallel."""
+    hin, hl = preset.encoder.projector_input, preset.llm.hidden_size
+    return [Tensor(hl * hin // tp), Tensor(hl // tp), Tensor(hl * hl // tp), Tensor(hl)]
+
+
+def encoder_tensors(preset: ModelArch, tp: int) -> list[Tensor]:
+    """ViT + projector on one encoder TP rank."""
+    return vit_tensors(preset.encoder, tp) + projector_tensors(preset, tp)
+
+
+# ------------------------------------------------------------------------------------ model totals
+
+
+def vit_params(e: EncoderArch) -> int:
+    """The vision tower's parameters (HuggingFace's CLIPVisionModel / SiglipVisionModel without SigLIP's
+    attention-pooling head, which a VLM does not use)."""
+    return sum(t.numel for t in vit_tensors(e, 1))
+
+
+def encoder_params(preset: ModelArch) -> int:
+    """What the encoder module trains: the vision tower and the projector."""
+    return vit_params(preset.encoder) + sum(t.numel for t in projector_tensors(preset, 1))
+
+
+def llm_params(p: LLMArch) -> int:
+    """Every LLM parameter, the vocabulary unpadded (as transformers' num_parameters counts it)."""
+    layers = sum(sum(t.numel for t in llm_layer_tensors(p, i, 1, 1, 1)) for i in range(p.num_layers))
+    tables = (1 if p.tie_word_embeddings else 2) * p.vocab_size * p.hidden_size
+    return layers + tables + sum(t.numel for t in _norm(p.hidden_size, p.normalization))
+
+
+def llm_active_params(p: LLMArch) -> int:
+    """Parameters one token passes through: all but the experts it is not routed to."""
+    if not p.num_experts:
+        return llm_params(p)
+    expert = _mlp(p.hidden_size, p.expert_ffn, 1, p.add_bias_linear, p.gated_linear_unit)
+    idle = p.moe_layers * (p.num_experts - p.moe_router_topk) * sum(t.numel for t in expert)
+    return llm_params(p) - idle
+
+
+def _billions(n: int) -> str:
+    if n >= 10e9:
+        return f"{n / 1e9:.1f}B"
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
+def model_summary(preset: ModelArch) -> list[str]:
+    """One line per module naming it with its parameters, e.g. "llm qwen3-30b-a3b: 30.5B total, 3.3B
+    active" (totals unpadded; the encoder's include its projector)."""
+    e, p = preset.encoder, preset.llm
+    llm = f"llm {p.name or preset.name}: {_billions(llm_params(p))} total"
+    if p.num_experts:
+        llm += f", {_billions(llm_active_params(p))} active"
+    return [f"encoder {e.name or preset.name}: {_billions(encoder_params(preset))}", llm]
+
+
+def model_json(preset: ModelArch) -> dict:
+    """`predict --json`'s model section: each module's name and unpadded parameter totals."""
+    e, p = preset.encoder, preset.llm
+    return {
+        "name": preset.name,
+        "encoder": {"name": e.name or preset.name, "params": encoder_params(preset)},
+        "llm": {
+            "name": p.name or preset.name,
+            "params": llm_params(p),
+            "active_params": llm_active_params(p),
+        },
+    }

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from mimo_jobs.study.presets import ModelPreset, get_preset
+from mimo_jobs.model.arch import EncoderArch, ModelArch
+from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.topology import Layout, rank_layout
 
 from .flops import SampleFlops, flops_per_sample
@@ -14,7 +15,7 @@ from .flops import SampleFlops, flops_per_sample
 @dataclass(frozen=True)
 class RunShape:
     layout: Layout
-    preset: ModelPreset
+    preset: ModelArch
     seq_length: int
     microbatches: int  # of the layout: topology's rank_layout (one owner of the layout arithmetic)
     bf16: bool
@@ -40,30 +41,31 @@ class RunShape:
     encoder_samples_per_microbatch: int = 0  # samples one encoder replica embeds per LLM microbatch
 
 
-def image_mix(data, patch: int, image_size: int) -> tuple[float, float, int]:
-    """(mean tokens per sample, E[n^2]/E[n] per image, most tokens per sample) of a study's data: the mock
-    provider's mix exactly, other data one full-size image per sample."""
-    full = (image_size // patch) ** 2
+def image_mix(data, enc: EncoderArch) -> tuple[float, float, int]:
+    """(mean image tokens per sample, E[n^2]/E[n] per image, most tokens per sample) of a study's data, in
+    the tokens the LLM receives (EncoderArch.tokens_for): the mock provider's mix exactly, other data one
+    full-size image per sample."""
+    full = enc.tokens_per_image
     if data is None or getattr(data, "provider", "mock") != "mock":
         return float(full), float(full), full
-    sizes = list(data.image_sizes) or [image_size]
-    ns = [(s // patch) ** 2 for s in sizes]
+    sizes = list(data.image_sizes) or [enc.image_size]
+    ns = [enc.tokens_for(s, s) for s in sizes]
     mean_n = sum(ns) / len(ns)
     per_image = sum(n * n for n in ns) / sum(ns) if sum(ns) else 0.0
     return (1 - data.text_only_fraction) * mean_n, per_image, max(ns)
 
 
-def sample_flops(preset: ModelPreset, seq_length: int, data) -> SampleFlops:
+def sample_flops(preset: ModelArch, seq_length: int, data) -> SampleFlops:
     """Training FLOPs of one sample of a study's data (None: data unknown, one full-size image a sample):
     the one way image tokens reach the FLOPs formula."""
-    mean, per_image, _ = image_mix(data, preset.encoder.patch_size, preset.encoder.image_size)
+    mean, per_image, _ = image_mix(data, preset.encoder)
     return flops_per_sample(preset, seq_length, mean, per_image)
 
 
 def shape_of(layout: Layout, trainer) -> RunShape:
     """A RunShape from a layout and a spec.TrainerSpec."""
-    preset = get_preset(trainer.model)
-    mean, per_image, most = image_mix(trainer.data, preset.encoder.patch_size, preset.encoder.image_size)
+    preset = arch_of(trainer.model)
+    mean, per_image, most = image_mix(trainer.data, preset.encoder)
     shape = RunShape(
         layout=layout,
         preset=preset,

@@ -7,7 +7,14 @@
   bridge     the image embeddings one encoder replica sends per microbatch, and their gradients back;
   dp         after the last microbatch: the gradient reduce-scatter + parameter all-gather (distributed
              optimizer) or all-reduce, dense over DP, experts over expert-DP;
-  optimizer  one pass over weights, gradients and optimizer state at HBM bandwidth.
+  optimizer  one pass over weights, gradients and optimizer state at HBM bandwidth;
+  latency    the per-call costs beside those bandwidth terms: OPS_PER_LAYER kernel launches (operators on
+             CPU) per layer and microbatch plus OPS_PER_MICROBATCH outside the layers, at gpu.op_s each, and
+             every collective's and send's ring steps (comm.py) at gpu.step_s each, all times
+             Efficiency.latency (1 uncalibrated; `--db` fits it). On a GPU these are microseconds against
+             milliseconds of compute; on CPU runs of a tiny model they are most of the time.
+Full activation recompute runs each layer's forward again in the backward: compute x 4/3 (forward 1,
+backward 2, plus one forward); selective recompute redoes only the attention core, left unpriced.
 The two modules run as a pipeline of microbatches: M x max(encoder, LLM stage) + fill and drain (the
 shorter one once, and the LLM's pp - 1 stage bubble); colocated, every rank runs both in turn.
 """
@@ -30,6 +37,14 @@ class Efficiency:
     encoder: float = 0.40
     llm: float = 0.40
     network: float = 0.70
+    latency: float = 1.0  # measured / nominal per-call latency (a scale on time, not a fraction of a peak)
+
+
+# Kernels per transformer layer per microbatch, forward and backward: about 12 forward (two norms, QKV,
+# the attention core's few, the projection, two MLP GEMMs, the activation, two residual adds) and twice
+# that backward; outside the layers, embedding, projector, loss and the bridge's copies.
+OPS_PER_LAYER = 36
+OPS_PER_MICROBATCH = 20
 
 
 @dataclass(frozen=True)
@@ -50,51 +65,71 @@ class StepTime:
         """The parts that scale with the network efficiency."""
         return sum(self.parts.get(k, 0.0) for k in ("tp", "ep", "bridge", "dp"))
 
+    @property
+    def latency_s(self) -> float:
+        """The part that scales with Efficiency.latency."""
+        return self.parts.get("latency", 0.0)
+
 
 def _bw(span_gpus: int, gpn: int, gpu: GPU, eff: Efficiency) -> float:
     """NVLink while a group stays inside a node, InfiniBand once it spans nodes."""
     return (gpu.nvlink_bytes_per_s if span_gpus <= gpn else gpu.ib_bytes_per_s) * eff.network
 
 
+def _recompute_factor(recompute: str) -> float:
+    return 4 / 3 if recompute == "full" else 1.0
+
+
 def _encoder_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
     lay, e = rs.layout, rs.preset.encoder
     samples = rs.encoder_samples_per_microbatch
-    compute = samples * fl.encoder / (lay.enc_tp * gpu.peak_flops * eff.encoder)
+    rc = _recompute_factor(rs.recompute)
+    compute = samples * fl.encoder * rc / (lay.enc_tp * gpu.peak_flops * eff.encoder)
     tokens = samples * rs.image_tokens_mean
     nvl = _bw(lay.enc_tp, lay.gpus_per_node, gpu, eff)
     tp = 4 * e.num_layers * comm.all_reduce_s(tokens * e.hidden_size * rs.dtype_bytes, lay.enc_tp, nvl)
+    steps = 4 * e.num_layers * comm.all_reduce_steps(lay.enc_tp)
     bridge = 0.0
     if not lay.colocated:
         nbytes = tokens * rs.preset.llm.hidden_size * rs.dtype_bytes
         bridge = 2 * comm.p2p_s(nbytes, gpu.ib_bytes_per_s * eff.network)
-    return {"compute": compute, "tp": tp, "bridge": bridge}
+        steps += 2
+    ops = e.num_layers * OPS_PER_LAYER * rc + OPS_PER_MICROBATCH
+    latency = (ops * gpu.op_s + steps * gpu.step_s) * eff.latency
+    return {"compute": compute, "tp": tp, "bridge": bridge, "latency": latency}
 
 
 def _llm_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
     """One microbatch on one stage (the stages run different microbatches at the same time)."""
     lay, p = rs.layout, rs.preset.llm
     layers = p.num_layers // lay.llm_pp
-    compute = lay.mbs * fl.llm / (lay.llm_tp * lay.llm_pp * gpu.peak_flops * eff.llm)
+    rc = _recompute_factor(rs.recompute)
+    compute = lay.mbs * fl.llm * rc / (lay.llm_tp * lay.llm_pp * gpu.peak_flops * eff.llm)
     tokens = lay.mbs * rs.seq_length
     act = tokens * p.hidden_size * rs.dtype_bytes
     nvl = _bw(lay.llm_tp, lay.gpus_per_node, gpu, eff)
     tp = 4 * layers * comm.all_reduce_s(act, lay.llm_tp, nvl)
+    steps = 4 * layers * comm.all_reduce_steps(lay.llm_tp)
     ep = 0.0
     if p.num_experts and lay.llm_ep > 1:
         routed = act * p.moe_router_topk / lay.llm_tp  # each TP rank dispatches its sequence shard
         bw = _bw(lay.llm_ep * lay.llm_tp, lay.gpus_per_node, gpu, eff)
         ep = 4 * layers * comm.all_to_all_s(routed, lay.llm_ep, bw)
+        steps += 4 * layers * comm.ring_steps(lay.llm_ep)
     if lay.llm_pp > 1:
         tp += 2 * comm.p2p_s(act / lay.llm_tp, _bw(2 * lay.gpus_per_node, lay.gpus_per_node, gpu, eff))
-    return {"compute": compute, "tp": tp, "ep": ep}
+        steps += 2
+    ops = layers * OPS_PER_LAYER * rc + OPS_PER_MICROBATCH
+    latency = (ops * gpu.op_s + steps * gpu.step_s) * eff.latency
+    return {"compute": compute, "tp": tp, "ep": ep, "latency": latency}
 
 
-def _dp_s(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> float:
-    """Gradient reduction after the last microbatch, on the slowest module."""
+def _dp_s(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> tuple[float, float]:
+    """Gradient reduction after the last microbatch, on the slowest module: (bandwidth s, latency s)."""
     lay = rs.layout
-    worst = 0.0
+    worst, worst_lat = 0.0, 0.0
     for cls in mem.classes:
-        t = 0.0
+        t, steps = 0.0, 0
         for m in cls.modules:
             dp = lay.enc_dp if m.module == "encoder" else lay.llm_dp
             span = m.ranks[1] - m.ranks[0] + 1
@@ -102,10 +137,13 @@ def _dp_s(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> float:
             if rs.distributed_optimizer:
                 t += comm.reduce_scatter_s(m.grad_bytes, dp, bw)
                 t += comm.reduce_scatter_s(m.weight_bytes, dp, bw)  # the parameter all-gather
+                steps += 2 * comm.ring_steps(dp)
             else:
                 t += comm.all_reduce_s(m.grad_bytes, dp, bw)
+                steps += comm.all_reduce_steps(dp)
         worst = max(worst, t)
-    return worst
+        worst_lat = max(worst_lat, steps * gpu.step_s * eff.latency)
+    return worst, worst_lat
 
 
 def _optimizer_s(mem: MemoryPlan, gpu: GPU) -> float:
@@ -121,7 +159,7 @@ def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepT
     enc, llm = _encoder_mb(rs, gpu, eff, fl), _llm_mb(rs, gpu, eff, fl)
     e, l_ = sum(enc.values()), sum(llm.values())
     m = rs.microbatches
-    dp, opt = _dp_s(rs, mem, gpu, eff), _optimizer_s(mem, gpu)
+    (dp, dp_lat), opt = _dp_s(rs, mem, gpu, eff), _optimizer_s(mem, gpu)
     bubble = (lay.llm_pp - 1) * l_
     if lay.colocated:
         pipe, scale = m * (e + l_) + bubble, {"enc": float(m), "llm": float(m)}
@@ -142,6 +180,7 @@ def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepT
         "bridge": enc["bridge"] * scale["enc"],
         "dp": dp,
         "optimizer": opt,
+        "latency": enc["latency"] * scale["enc"] + llm["latency"] * scale["llm"] + dp_lat,
     }
-    dominant = max(("compute", "tp", "ep", "dp", "bridge"), key=lambda k: parts[k])
-    return StepTime(pipe + dp + opt, e, l_, parts, bottleneck, idle, dominant, fl, enc_c, llm_c)
+    dominant = max(("compute", "tp", "ep", "dp", "bridge", "latency"), key=lambda k: parts[k])
+    return StepTime(pipe + dp + dp_lat + opt, e, l_, parts, bottleneck, idle, dominant, fl, enc_c, llm_c)

@@ -11,11 +11,12 @@ from mimo_jobs.contract import jobstates
 from mimo_jobs.contract.iteration import PHASES
 from mimo_jobs.errors import MimoJobsError
 
-from . import compare, figures, queries
+from . import compare, cost, figures, fmt, queries
 from .memory import memory_rows
 from .model import ParityRow, Report, RunRow, StudyInfo, TriageRow
 from .predicted import predicted_rows
 from .queries import StoreData
+from .repeats import repeat_rows
 from .spec import run_spec
 from .triage import EventRow, triage
 
@@ -34,8 +35,10 @@ def build(
     gpu: str | None = None,
     warmup_frac: float = 0.10,
     warmup_min: int = 1,
+    tokens: float | None = None,
 ) -> Report:
-    """The report for one study (or every study in the store when `study` is None)."""
+    """The report for one study (or every study in the store when `study` is None); `tokens`: a token
+    budget to project each run's time and GPU-hours to."""
     names = _select_studies(con, study)
     data = queries.read(con, names, warmup_frac, warmup_min)
     rows: list[RunRow] = []
@@ -60,6 +63,11 @@ def build(
     rep = _assemble(infos, rows, triage_rows, parity_rows, data.curves, notes, gpu, warmup_frac, warmup_min)
     compare.compare_layouts(rows)
     rep.pairs, rep.unpaired = compare.pair_runs(rows, data.curves)
+    rep.pair_verdicts = compare.group_verdicts(rep.pairs)
+    rep.repeats = repeat_rows(rows)
+    ids = [r.run_id for r in rows]
+    cost.apply(rows, infos, queries.job_seconds(con, ids), queries.carried_totals(con, ids), tokens)
+    rep.params["tokens_budget"] = tokens
     rep.rank_memory = queries.rank_memory(con, [r.run_id for r in rows])
     rep.memory = memory_rows(rep.rank_memory, {r.run_id: r for r in rows})
     names = {rid: _gpu_name(m) for rid, m in data.starts.items()}
@@ -94,9 +102,8 @@ def _run(r: dict, data: StoreData, gpu: str | None) -> tuple[RunRow, TriageRow |
         _steady_state(row, a)  # the iteration time needs no batch size; throughput does
         if row.gbs:
             tp = _throughput(row)
-            row.mfu, row.mfu_note = _mfu(
-                r, row.gpus, tp.samples_per_s, gpu or _gpu_name(data.starts.get(rid, []))
-            )
+            _tokens(row, a[4 + len(PHASES) :])
+            row.mfu, row.mfu_note = _mfu(r, row, tp.samples_per_s, gpu or _gpu_name(data.starts.get(rid, [])))
         else:
             row.mfu_note = NO_GBS
             row.flags.append(NO_GBS)
@@ -180,6 +187,9 @@ def _new_row(r: dict, s: tuple | None, window_from: int | None, state: str, stat
         jobs=s[3] if s else 0,
         window_from=window_from,
         colocated=bool(r.get("colocated")),
+        repeat=r.get("repeat"),
+        pkg_version=r.get("pkg_version"),
+        git_sha=r.get("git_sha"),
     )
 
 
@@ -196,7 +206,7 @@ def _layout(r: dict) -> str:
 def _steady_state(row: RunRow, a: tuple) -> None:
     """The iteration time over the steady-state window and each phase's mean and share of it."""
     row.t_median_ms, row.t_mean_ms, row.t_std_ms, row.window_n = a[0], a[1], a[2], a[3]
-    ph = {p: v for p, v in zip(PHASES, a[4:]) if v is not None and math.isfinite(v)}
+    ph = {p: v for p, v in zip(PHASES, a[4 : 4 + len(PHASES)]) if v is not None and math.isfinite(v)}
     total = sum(ph.values())
     row.phase_ms = ph
     row.phase_share = {p: v / total for p, v in ph.items()} if total > 0 else {}
@@ -210,23 +220,44 @@ def _throughput(row: RunRow) -> figures.Throughput:
     return tp
 
 
-def _mfu(r: dict, gpus: int | None, samples_per_s: float, named: str | None) -> tuple[float | None, str]:
-    """MFU and a note on it: only for GPU runs whose GPU (named, or the study's cluster.hardware, with its
-    figures: predict/hardware.py) and model preset are known."""
-    from mimo_jobs.predict.hardware import measured_gpu
-    from mimo_jobs.predict.run import sample_flops
-    from mimo_jobs.study.presets import PRESETS
+def _tokens(row: RunRow, sums: tuple) -> None:
+    """The carried (headline), loss-bearing and padded token figures from the window's counted tokens."""
+    ms, carried, loss, image, n = (tuple(sums) + (None,) * 5)[:5]
+    t = figures.token_rates(ms, carried, loss, image, n or 0, row.gbs, row.seq_length, row.gpus)
+    if t is None:
+        return
+    row.carried_tokens_per_s, row.carried_tokens_per_s_per_gpu = t.carried_per_s, t.carried_per_s_per_gpu
+    row.loss_tokens_per_s_per_gpu, row.padded_share = t.loss_per_s_per_gpu, t.padded_share
+    row.carried_tokens_per_sample, row.image_tokens_per_sample = t.carried_per_sample, t.image_per_sample
 
-    preset = PRESETS.get(r["model"] or "")
+
+def _mfu(r: dict, row: RunRow, samples_per_s: float, named: str | None) -> tuple[float | None, str]:
+    """MFU and a note on it: only for GPU runs whose GPU (named, or the study's cluster.hardware, with its
+    figures: predict/hardware.py) and model preset are known. The FLOPs are those of what was carried where
+    the trainer counted it (measured image and carried tokens per sample), else of the study's data mix."""
+    from mimo_jobs.model.presets import PRESETS
+    from mimo_jobs.model.resolve import arch_of
+    from mimo_jobs.predict.flops import flops_per_sample
+    from mimo_jobs.predict.hardware import measured_gpu
+    from mimo_jobs.predict.run import image_mix, sample_flops
+
+    gpus = row.gpus
+    spec = run_spec(r)
+    # run.yaml holds the resolved model (a preset name or inline fields); the store's name is the fallback
+    preset = arch_of(spec.trainer.model) if spec else PRESETS.get(r["model"] or "")
     if r["accelerator"] == "cpu":
         return None, "cpu run"
     if preset is None or not r["seq_length"] or not gpus:
         return None, "model FLOPs unknown"
-    spec = run_spec(r)
     g = measured_gpu(spec.cluster if spec else None, r["accelerator"], named)
     if g is None:
         return None, "GPU peak unknown (pass --gpu H100|H200|A100)"
     data = spec.trainer.data if spec else None
+    if row.carried_tokens_per_sample is not None and row.image_tokens_per_sample is not None:
+        per_image = image_mix(data, preset.encoder)[1]
+        llm_tokens = max(1, round(row.carried_tokens_per_sample))
+        fps = flops_per_sample(preset, llm_tokens, row.image_tokens_per_sample, per_image).total
+        return figures.mfu(fps, samples_per_s, gpus, g.peak_flops), "FLOPs of the carried tokens (measured)"
     how = "mock data mix" if getattr(data, "provider", None) == "mock" else "one full-size image per sample"
     fps = sample_flops(preset, r["seq_length"], data).total
     return figures.mfu(fps, samples_per_s, gpus, g.peak_flops), f"image tokens/sample from {how}"
@@ -291,17 +322,16 @@ def _baseline(
 
 def _efficiency(name: str, scaling: str, srows: list[RunRow], n0: int | None) -> StudyInfo:
     """Each run's scaling efficiency E(N) = P(N)/P(N0), speed-up t(N0)/t(N) and flags against the baseline
-    runs (at N0 nodes); P is tokens/s/GPU when every run with data has it, else samples/s/GPU."""
+    runs (at N0 nodes); P is the first of fmt.METRICS every run with data has."""
     with_data = [x for x in srows if x.t_median_ms is not None]
-    use_tokens = bool(with_data) and all(x.tokens_per_s_per_gpu is not None for x in with_data)
+    metric = fmt.metric_of(with_data)
 
     def perf(x: RunRow) -> float | None:
-        return x.tokens_per_s_per_gpu if use_tokens else x.samples_per_s_per_gpu
+        return fmt.per_gpu(x, metric)
 
     base = [x for x in with_data if x.nodes == n0]
     sizes = len({x.nodes for x in with_data})
     if sizes == 1:  # layouts of one size: compared as layouts (compare.py), not as a scaling curve
-        metric = "tokens/s/GPU" if use_tokens else "samples/s/GPU"
         return StudyInfo(name, scaling, n0, [x.run_id for x in base], metric, sizes)
     p0 = _median([perf(x) for x in base])
     t0 = _median([x.t_median_ms for x in base])
@@ -312,7 +342,6 @@ def _efficiency(name: str, scaling: str, srows: list[RunRow], n0: int | None) ->
         cv = x.t_std_ms / x.t_mean_ms if x.t_std_ms is not None and x.t_mean_ms else None
         flags = figures.scaling_flags(x.efficiency, x.nodes, n0, x.t_median_ms, t0, scaling, cv, x.gbs, g0)
         x.flags = flags + x.flags
-    metric = "tokens/s/GPU" if use_tokens else "samples/s/GPU"
     return StudyInfo(name, scaling, n0, [x.run_id for x in base], metric, sizes)
 
 
@@ -372,6 +401,7 @@ def _assemble(
     """The Report: the parts above, the notes on how the figures were computed and the parameters."""
     notes = [
         "per-GPU throughput divides by ALL GPUs of the job (encoder and LLM GPUs)",
+        fmt.TOKENS_NOTE,
         (
             f"steady state: iterations after the first max({warmup_min}, {warmup_frac:.0%}) of each run's "
             "logged span; t = median (mean, std also shown)"

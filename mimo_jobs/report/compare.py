@@ -3,7 +3,7 @@
 Runs with the same study and node count are layouts of one size, not points of a scaling curve: each gets
 its throughput relative to the best layout of that size and, when it trails, the phase that explains most
 of the gap (the phase whose share of the step exceeds the best layout's by the most). A heterogeneous run
-pairs with the colocated run of the same study, node count and global batch: iteration-time and
+pairs with every colocated run of the same study, node count and global batch: iteration-time and
 tokens/s/GPU ratios, loss parity at equal consumed samples, phase shares side by side and a verdict.
 Pure: rows in, figures out.
 """
@@ -20,8 +20,17 @@ from .model import PairRow, RunRow
 LOSS_NOISE = figures.PARITY_TOLERANCE
 
 
-def perf(x: RunRow) -> float | None:
+def perf(x: RunRow, carried: bool = True) -> float | None:
+    """A run's per-GPU throughput: carried tokens/s (when counted and `carried`), else the batch's slots,
+    else samples."""
+    if carried and x.carried_tokens_per_s_per_gpu is not None:
+        return x.carried_tokens_per_s_per_gpu
     return x.tokens_per_s_per_gpu if x.tokens_per_s_per_gpu is not None else x.samples_per_s_per_gpu
+
+
+def all_carried(runs: list[RunRow]) -> bool:
+    """Carried tokens compare runs only when every one of them has them counted."""
+    return all(x.carried_tokens_per_s_per_gpu is not None for x in runs)
 
 
 def compare_layouts(rows: list[RunRow]) -> None:
@@ -34,9 +43,10 @@ def compare_layouts(rows: list[RunRow]) -> None:
     for group in groups.values():
         if len(group) < 2:
             continue
-        best = max(group, key=lambda x: perf(x) or 0.0)
+        c = all_carried(group)
+        best = max(group, key=lambda x: perf(x, c) or 0.0)
         for x in group:
-            x.relative_throughput = perf(x) / perf(best) if perf(best) else None
+            x.relative_throughput = perf(x, c) / perf(best, c) if perf(best, c) else None
             x.layout_note = "best layout of this size" if x is best else _why_behind(x, best)
 
 
@@ -56,31 +66,62 @@ def _ratio(x: RunRow) -> str:
 
 
 def pair_runs(rows: list[RunRow], curves: dict[str, list]) -> tuple[list[PairRow], list[str]]:
-    """Every heterogeneous run with the colocated run of its study, node count and global batch; and the
-    runs of a study holding a colocated run that found no partner, with why."""
-    colo = {(x.study, x.nodes, x.gbs): x for x in rows if x.colocated}
-    studies = {x.study for x in colo.values()}
-    pairs, paired = [], set()
+    """Every heterogeneous run with every colocated run of its study, node count and global batch; and the
+    runs of a study holding both kinds that found no partner, with why. In each group the pairs against
+    the fastest colocated run, and those of the fastest heterogeneous run, carry the group's verdicts."""
+    groups: dict[tuple, tuple[list[RunRow], list[RunRow]]] = defaultdict(lambda: ([], []))
     for x in rows:
-        if x.colocated or x.study not in studies:
+        groups[(x.study, x.nodes, x.gbs)][1 if x.colocated else 0].append(x)
+    kinds: dict[str, set[bool]] = defaultdict(set)
+    for x in rows:
+        kinds[x.study].add(x.colocated)
+    pairs: list[PairRow] = []
+    unpaired: list[str] = []
+    for (study, nodes, gbs), (het, colo) in groups.items():
+        if len(kinds[study]) < 2:
+            continue  # a study of one kind pairs nothing, and nothing in it is missing a partner
+        if not het or not colo or nodes is None or gbs is None:
+            unpaired += [f"{x.study}/{x.name}: {_why_unpaired(x)}" for x in het + colo]
             continue
-        c = colo.get((x.study, x.nodes, x.gbs))
-        if c is None:
-            continue
-        pairs.append(_pair(x, c, curves))
-        paired |= {x.run_id, c.run_id}
-    unpaired = [
-        f"{x.study}/{x.name}: no {'heterogeneous' if x.colocated else 'colocated'} run at {x.nodes} nodes, "
-        f"GBS {x.gbs}"
-        for x in rows
-        if x.study in studies and x.run_id not in paired
-    ]
+        best_c, best_h = _fastest(colo), _fastest(het)
+        for h in het:
+            for c in colo:
+                p = _pair(h, c, curves)
+                p.best_colocated, p.best_hetero = c is best_c, h is best_h
+                pairs.append(p)
     return pairs, unpaired
+
+
+def _fastest(runs: list[RunRow]) -> RunRow | None:
+    """The run with the shortest steady-state iteration time (None when none has one)."""
+    timed = [x for x in runs if x.t_median_ms]
+    return min(timed, key=lambda x: x.t_median_ms) if timed else None
+
+
+def _why_unpaired(x: RunRow) -> str:
+    if x.nodes is None or x.gbs is None:
+        return f"{'node count' if x.nodes is None else 'global batch size'} unknown: cannot be matched"
+    other = "heterogeneous" if x.colocated else "colocated"
+    return f"no {other} run at {x.nodes} nodes, GBS {x.gbs}"
+
+
+def group_verdicts(pairs: list[PairRow]) -> list[str]:
+    """Per study, node count and global batch: each heterogeneous run against the fastest colocated run,
+    then the fastest heterogeneous run against each other colocated run."""
+    out = []
+    for p in pairs:
+        if p.best_colocated:
+            out.append(f"{p.study}, {p.nodes} nodes, GBS {p.gbs}, vs the fastest colocated: {p.verdict}")
+    for p in pairs:
+        if p.best_hetero and not p.best_colocated:
+            out.append(f"{p.study}, {p.nodes} nodes, GBS {p.gbs}, fastest heterogeneous: {p.verdict}")
+    return out
 
 
 def _pair(h: RunRow, c: RunRow, curves: dict[str, list]) -> PairRow:
     time_ratio = c.t_median_ms / h.t_median_ms if h.t_median_ms and c.t_median_ms else None
-    ph, pc = h.tokens_per_s_per_gpu, c.tokens_per_s_per_gpu
+    carried = all_carried([h, c])
+    ph, pc = perf(h, carried), perf(c, carried)
     tokens_ratio = ph / pc if ph is not None and pc else None
     loss = None
     if curves.get(h.run_id) and curves.get(c.run_id):

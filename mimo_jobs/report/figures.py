@@ -23,6 +23,27 @@ NOISE_CV = 0.20  # std/mean of the iteration time above this is flagged as noisy
 PARITY_TOLERANCE = 0.05  # relative loss difference at equal samples flagged above this
 
 
+# A change smaller than this share is never called a regression or a ranking, whatever the window's spread
+# says: a chosen floor (CLI: --noise-floor), because a few percent move between jobs of one layout on a
+# shared machine are not about the code.
+NOISE_FLOOR = 0.03
+Z95 = 1.96  # two-sided 95% quantile of the normal distribution
+
+
+def ci95_rel(std: float | None, mean: float | None, n: int) -> float | None:
+    """Half-width of the 95% confidence interval of a mean, relative to the mean (normal approximation)."""
+    if std is None or not mean or n < 2:
+        return None
+    return Z95 * std / abs(mean) / math.sqrt(n)
+
+
+def noise(rel_cis: list[float | None], floor: float = NOISE_FLOOR) -> float:
+    """The relative change two measurements must differ by to count: their 95% intervals combined in
+    quadrature, never below `floor`."""
+    known = [x for x in rel_cis if x is not None]
+    return max(floor, math.sqrt(sum(x * x for x in known)))
+
+
 def steady_cutoff(first: int, last: int, frac: float = 0.10, min_skip: int = 1) -> int:
     """First iteration of the steady-state window: skip max(min_skip, ceil(frac * span)) iterations of
     the logged span [first, last]; never past `last` (a run with one logged iteration keeps it)."""
@@ -63,6 +84,42 @@ def throughput(gbs: int, t_iter_ms: float, seq_length: int | None, gpus: int | N
     tps = sps * seq_length if seq_length else None
     return Throughput(
         sps, tps, sps / gpus if gpus else None, tps / gpus if tps is not None and gpus else None
+    )
+
+
+@dataclass
+class TokenRates:
+    carried_per_s: float
+    carried_per_s_per_gpu: float | None
+    loss_per_s_per_gpu: float | None
+    padded_share: float | None  # of the gbs * seq_length slots
+    carried_per_sample: float
+    image_per_sample: float | None
+
+
+def token_rates(
+    ms: float | None,
+    carried: float | None,
+    loss: float | None,
+    image: float | None,
+    n: int,
+    gbs: int | None,
+    seq_length: int | None,
+    gpus: int | None,
+) -> TokenRates | None:
+    """Rates over `n` iterations with counted tokens that took `ms` in all: the sums over their time (not a
+    median: a sum of tokens over a sum of times is what a token budget consumes). None when none counted."""
+    if not n or not ms or ms <= 0 or not carried or not gbs:
+        return None
+    secs = ms / 1e3
+    slots = gbs * seq_length * n if seq_length else None
+    return TokenRates(
+        carried / secs,
+        carried / secs / gpus if gpus else None,
+        loss / secs / gpus if gpus and loss is not None else None,
+        1 - carried / slots if slots else None,
+        carried / (gbs * n),
+        image / (gbs * n) if image is not None else None,
     )
 
 

@@ -77,13 +77,24 @@ RUN_HEADERS = [
     "t mean",
     "t std",
     "samples/s",
-    "tokens/s",
+    "tokens/s",  # carried (TOKENS_NOTE): the headline
     "tokens/s/GPU*",
+    "loss tok/s/GPU",
+    "padded",
+    "slots/s/GPU",
     "MFU",
     "E(N)",
     "final loss",
     "flags",
 ]
+
+
+# Under the runs table: what its token columns count (docs/ingest-and-report.md compares them with Megatron's).
+TOKENS_NOTE = (
+    "tokens = carried tokens: the positions each sample fills (text and image placeholders, not padding), "
+    "summed over the steady window and divided by its time; loss tok = the loss-bearing ones; padded = the "
+    "share of the gbs x seq_length slots left as padding; slots/s = gbs x seq_length / median time"
+)
 
 
 def run_cells(r: RunRow) -> list[str]:
@@ -98,7 +109,10 @@ def run_cells(r: RunRow) -> list[str]:
         num(r.t_mean_ms),
         num(r.t_std_ms),
         num(r.samples_per_s, 2),
-        num(r.tokens_per_s, 0),
+        num(r.carried_tokens_per_s, 0),
+        num(r.carried_tokens_per_s_per_gpu, 1),
+        num(r.loss_tokens_per_s_per_gpu, 1),
+        pct(r.padded_share),
         num(r.tokens_per_s_per_gpu, 1),
         pct(r.mfu),
         "-" if r.efficiency is None else f"{r.efficiency:.3f}",
@@ -126,6 +140,35 @@ def phase_names(report: Report) -> list[str]:
             if p not in seen:
                 seen.append(p)
     return seen
+
+
+# What P(N), the throughput a study's runs are compared by, can be: the first every run with data has.
+# "tokens" are the carried tokens (the headline); "slots" count gbs x seq_length, padding included
+METRICS = ("tokens/s/GPU", "slots/s/GPU", "samples/s/GPU")
+_METRIC_FIELD = dict(
+    zip(METRICS, ("carried_tokens_per_s_per_gpu", "tokens_per_s_per_gpu", "samples_per_s_per_gpu"))
+)
+
+
+def metric_of(runs: list[RunRow]) -> str:
+    """The study's P(N): (carried) tokens/s/GPU when every run with data has them counted, else slots, else samples."""
+    for m in METRICS[:-1]:
+        if runs and all(per_gpu(r, m) is not None for r in runs):
+            return m
+    return METRICS[-1]
+
+
+def per_gpu(r: RunRow, metric: str) -> float | None:
+    """The run's value of the metric `metric` (one of METRICS)."""
+    return getattr(r, _METRIC_FIELD[metric])
+
+
+def phase_rows(report: Report, names: list[str]) -> list[list[str]]:
+    """The phase-share table's rows (study, run, a share per phase), shared by every rendering: equal run
+    names of two studies are told apart by the study column."""
+    return [
+        [r.study, r.name, *[pct(r.phase_share.get(p)) for p in names]] for r in report.runs if r.phase_share
+    ]
 
 
 def study_line(s) -> str:

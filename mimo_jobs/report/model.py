@@ -28,9 +28,18 @@ class RunRow:
     t_mean_ms: float | None = None
     t_std_ms: float | None = None
     samples_per_s: float | None = None
-    tokens_per_s: float | None = None
+    tokens_per_s: float | None = None  # gbs * seq_length slots (padding included) at the median time
     samples_per_s_per_gpu: float | None = None
-    tokens_per_s_per_gpu: float | None = None
+    tokens_per_s_per_gpu: float | None = None  # slots, as tokens_per_s
+    # over the window's iterations with counted tokens: sum of carried tokens / sum of their times (the
+    # headline), loss-bearing tokens the same way, the share of the gbs * seq_length slots that was padding,
+    # image tokens per sample (None where the trainer did not count them)
+    carried_tokens_per_s: float | None = None
+    carried_tokens_per_s_per_gpu: float | None = None
+    loss_tokens_per_s_per_gpu: float | None = None
+    padded_share: float | None = None
+    image_tokens_per_sample: float | None = None
+    carried_tokens_per_sample: float | None = None
     mfu: float | None = None
     mfu_note: str | None = None
     final_loss: float | None = None
@@ -42,6 +51,16 @@ class RunRow:
     loss_parity_rel: float | None = None  # max relative loss difference to the baseline at equal samples
     flags: list[str] = field(default_factory=list)
     colocated: bool = False  # every GPU ran both modules (the baseline layout)
+    # cost, from the elapsed times of the run's jobs that started and ended (retries and requeues included)
+    gpu_hours: float | None = None
+    node_hours: float | None = None
+    jobs_uncosted: int = 0  # jobs still running or never started: not in the hours
+    gpu_hours_per_billion_tokens: float | None = None  # over all its carried tokens
+    budget_hours: float | None = None  # wall time to the report's token budget at the carried rate
+    budget_gpu_hours: float | None = None
+    repeat: int | None = None  # the repeat index of a point run several times
+    pkg_version: str | None = None  # provenance: the mimo-jobs version and git commit that rendered the run
+    git_sha: str | None = None
     # among the runs of the same study and node count: P / P(best layout of that size), and why it trails
     relative_throughput: float | None = None
     layout_note: str | None = None
@@ -49,7 +68,7 @@ class RunRow:
 
 @dataclass
 class PairRow:
-    """A heterogeneous run against the colocated run of the same study, node count and global batch."""
+    """A heterogeneous run against a colocated run of the same study, node count and global batch."""
 
     study: str
     nodes: int | None
@@ -64,6 +83,26 @@ class PairRow:
     hetero_phases: dict[str, float] = field(default_factory=dict)  # phase -> share of the step
     colocated_phases: dict[str, float] = field(default_factory=dict)
     verdict: str = ""
+    best_colocated: bool = False  # the colocated run is the fastest of its study, node count and GBS
+    best_hetero: bool = False  # the heterogeneous run is the fastest of its study, node count and GBS
+
+
+@dataclass
+class RepeatRow:
+    """The runs of one layout that differ only in their repeat index (repeats.py)."""
+
+    study: str
+    nodes: int | None
+    name: str  # the run name without its -r<repeat> suffix
+    runs: int
+    t_mean_ms: float  # mean of the runs' steady-state medians
+    t_ci95_ms: float | None  # 95% half-width of that mean (Student's t)
+    t_spread_ms: float  # max - min
+    metric: str
+    perf_mean: float | None
+    perf_ci95: float | None
+    perf_spread: float | None
+    flags: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -155,6 +194,8 @@ class StudyInfo:
     baseline_runs: list[str]
     metric: str  # what P(N) is: tokens/s/GPU or samples/s/GPU
     sizes: int = 0  # node counts with data: with one, runs are layouts of one size and E(N) is not given
+    gpu_hours: float | None = None  # summed over its runs' jobs
+    node_hours: float | None = None
 
 
 @dataclass
@@ -169,6 +210,8 @@ class Report:
     params: dict
     pairs: list[PairRow] = field(default_factory=list)
     unpaired: list[str] = field(default_factory=list)  # "<study>/<run>: why it has no partner"
+    pair_verdicts: list[str] = field(default_factory=list)  # against the fastest of the other kind
+    repeats: list[RepeatRow] = field(default_factory=list)  # layouts run more than once, aggregated
     memory: list[MemoryRow] = field(default_factory=list)
     rank_memory: list[dict] = field(default_factory=list)  # every rank's facts (the JSON report's)
     predicted: list[PredictedRow] = field(default_factory=list)

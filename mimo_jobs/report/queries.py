@@ -20,7 +20,7 @@ CURVE_POINTS = 400
 _PREFILTER_MAX = 8
 
 _RUN_COLUMNS = """run_id, study, name, nodes, gpus_per_node, world, enc_tp, enc_pp, enc_dp, llm_tp, llm_pp,
-    llm_ep, llm_dp, gbs, seq_length, model, accelerator, spec_json, colocated"""
+    llm_ep, llm_dp, gbs, seq_length, model, accelerator, spec_json, colocated, repeat, pkg_version, git_sha"""
 
 
 @dataclass
@@ -32,7 +32,8 @@ class StoreData:
     span: dict[str, tuple]  # see _spans
     activity: dict[str, list[tuple]]  # run -> [(last activity, job_id)] from iterations and events
     cut: dict[str, int]  # run -> first iteration of its steady-state window
-    steady: dict[str, tuple]  # run -> (median, mean, std, count of the iteration time, mean of each phase)
+    steady: dict[str, tuple]  # run -> (median, mean, std, count of the iteration time, mean of each phase,
+    # then the token sums of TOKEN_AGGS)
     curves: dict[str, list[tuple[float, float]]]  # run -> downsampled [(consumed samples, loss)]
     jobs: dict[str, tuple]  # run -> (job_id, state) of its latest scheduler job
     events: dict[tuple[str, str], list[EventRow]]  # (run, job) -> its events, but start/end/checkpoints
@@ -219,9 +220,24 @@ def _scope(ids: list[str], unfiltered: bool) -> tuple[str, list]:
     return ("", []) if unfiltered else (f"i.run_id IN {_in_list(len(ids))} AND ", list(ids))
 
 
+# Over the window's iterations whose carried tokens were counted: their time (ms), the carried, loss-bearing
+# and image tokens, and how many there are (a window counted in part gives rates over that part only).
+_COUNTED = "FILTER (WHERE i.carried_tokens IS NOT NULL)"
+TOKEN_AGGS = ", ".join(
+    f"{agg} {_COUNTED}"
+    for agg in (
+        "sum(i.elapsed_ms)",
+        "sum(i.carried_tokens)",
+        "sum(i.tokens)",
+        "sum(i.image_tokens)",
+        "count(*)",
+    )
+)
+
+
 def _steady(con, cut: dict[str, int], span: dict[str, tuple], unfiltered: bool) -> dict[str, tuple]:
     """Steady-state aggregates per run: median/mean/std/count of the iteration time over the window
-    (iteration >= the run's cutoff) and the mean of each phase (numeric copies of `phases`).
+    (iteration >= the run's cutoff), the mean of each phase (numeric copies of `phases`), then TOKEN_AGGS.
 
     The runs that share the most common cutoff (in a usual study: all of them, or all but the failed ones)
     get a constant filter the scan applies itself; only the others are joined to their cutoffs on the
@@ -231,6 +247,7 @@ def _steady(con, cut: dict[str, int], span: dict[str, tuple], unfiltered: bool) 
     aggs = "median(i.elapsed_ms), avg(i.elapsed_ms), stddev_samp(i.elapsed_ms), count(*), " + ", ".join(
         f"avg(i.{p}_ms)" for p in PHASES
     )
+    aggs += ", " + TOKEN_AGGS
     # a time that is not finite and positive measured nothing (a clock that stepped, a bad log line): it is
     # left out, so a run with no other times has no figures ("-") rather than infinite throughput
     window = "NOT coalesce(i.superseded, false) AND isfinite(i.elapsed_ms) AND i.elapsed_ms > 0"
@@ -305,6 +322,34 @@ def _curves(con, span: dict[str, tuple], unfiltered: bool) -> dict[str, list[tup
         ).fetchall():
             found[rid] = list(zip(xs, ys))
     return {rid: found[rid] for rid in sorted(found)}  # in run_id order, as ORDER BY run_id gave them
+
+
+def job_seconds(con, ids: list[str]) -> dict[str, tuple[float, int, int]]:
+    """Per run, over its jobs that started and ended (first attempts, retries and requeues alike): the summed
+    elapsed seconds, the jobs counted, and the jobs left out (still running or never started)."""
+    out = {}
+    for rid, secs, done, left in con.execute(
+        f"""SELECT run_id,
+                   sum(epoch(end_time) - epoch(start_time)) FILTER (WHERE end_time >= start_time),
+                   count(*) FILTER (WHERE end_time >= start_time),
+                   count(*) FILTER (WHERE end_time IS NULL OR start_time IS NULL OR end_time < start_time)
+            FROM jobs WHERE run_id IN {_in_list(len(ids))} GROUP BY run_id""",
+        ids,
+    ).fetchall():
+        out[rid] = (float(secs or 0.0), int(done), int(left))
+    return out
+
+
+def carried_totals(con, ids: list[str]) -> dict[str, int]:
+    """Per run: the carried tokens of all its iterations (the latest attempt of each), where counted."""
+    return dict(
+        con.execute(
+            f"""SELECT run_id, sum(carried_tokens) FROM iterations
+                WHERE run_id IN {_in_list(len(ids))} AND NOT coalesce(superseded, false)
+                  AND carried_tokens IS NOT NULL GROUP BY run_id""",
+            ids,
+        ).fetchall()
+    )
 
 
 def rank_memory(con, ids: list[str]) -> list[dict]:

@@ -35,6 +35,11 @@ CSV_COLS = [
     "tokens_per_s",
     "samples_per_s_per_gpu",
     "tokens_per_s_per_gpu",
+    "carried_tokens_per_s",
+    "carried_tokens_per_s_per_gpu",
+    "loss_tokens_per_s_per_gpu",
+    "padded_share",
+    "image_tokens_per_sample",
     "mfu",
     "final_loss",
     "final_samples",
@@ -44,9 +49,17 @@ CSV_COLS = [
     "colocated",
     "relative_throughput",
     "layout_note",
+    "gpu_hours",
+    "node_hours",
+    "gpu_hours_per_billion_tokens",
+    "budget_hours",
+    "budget_gpu_hours",
+    "repeat",
+    "pkg_version",
+    "git_sha",
     "flags",
 ]
-# a heterogeneous run's comparison with its colocated baseline (compare.py), empty for other runs
+# a heterogeneous run's comparison with the fastest colocated run of its group (compare.py), empty for others
 PAIR_COLS = [
     "paired_colocated_run",
     "pair_time_ratio",
@@ -140,7 +153,10 @@ def render_csv(report: Report) -> str:
     phases = []
     for r in report.runs:
         phases += [p for p in r.phase_share if p not in phases]
-    pairs = {(p.study, p.hetero_run): p for p in report.pairs}
+    pairs = {}  # a heterogeneous run's pair against the fastest colocated run of its group, else its first
+    for p in report.pairs:
+        if (p.study, p.hetero_run) not in pairs or p.best_colocated:
+            pairs[(p.study, p.hetero_run)] = p
     preds = {p.run_id: p for p in report.predicted}
     lines = [_csv_line(CSV_COLS + [f"share_{p}" for p in phases] + PAIR_COLS + PRED_COLS)]
     for r in report.runs:

@@ -44,7 +44,7 @@ def layout_charts(report: Report) -> dict[str, str]:
             "chart-iteration-time",
         ),
         "throughput": _bars(
-            rows, lambda r: r.tokens_per_s_per_gpu if "tokens" in metric else r.samples_per_s_per_gpu,
+            rows, lambda r: fmt.per_gpu(r, metric),
             f"Per-GPU throughput per layout ({metric}, all GPUs)", metric, "chart-throughput",
         ),
     }  # fmt: skip
@@ -54,15 +54,16 @@ def pair_charts(report: Report) -> list[str]:
     """Side by side, each heterogeneous run and its colocated baseline: iteration time and tokens/s/GPU."""
     if not report.pairs:
         return []
-    names = []
+    keys = []
     for p in report.pairs:
-        names += [n for n in (p.hetero_run, p.colocated_run) if n not in names]
-    rows = [r for n in names for r in report.runs if r.name == n]
+        keys += [k for k in ((p.study, p.hetero_run), (p.study, p.colocated_run)) if k not in keys]
+    rows = [r for k in keys for r in report.runs if (r.study, r.name) == k]
+    metric = fmt.metric_of([r for r in rows if r.t_median_ms is not None])
     return [
         _bars(rows, lambda r: r.t_median_ms, "Heterogeneous vs colocated: iteration time", "ms per iteration",
               "chart-pair-time"),
-        _bars(rows, lambda r: r.tokens_per_s_per_gpu, "Heterogeneous vs colocated: tokens/s/GPU",
-              "tokens/s/GPU", "chart-pair-throughput"),
+        _bars(rows, lambda r: fmt.per_gpu(r, metric), f"Heterogeneous vs colocated: {metric}",
+              metric, "chart-pair-throughput"),
     ]  # fmt: skip
 
 
@@ -111,9 +112,8 @@ def _scaling_series(report: Report) -> tuple[list[svg.Series], list[svg.Series],
     for i, s in enumerate(report.studies):
         rows = [r for r in report.runs if r.study == s.name and r.t_median_ms is not None]
         color = svg.PALETTE[i % len(svg.PALETTE)]
-        per_gpu = "tokens_per_s_per_gpu" if s.metric.startswith("tokens") else "samples_per_s_per_gpu"
         t_pts = _by_nodes(rows, lambda r: r.t_median_ms)
-        p_pts = _by_nodes(rows, lambda r, per_gpu=per_gpu: getattr(r, per_gpu))
+        p_pts = _by_nodes(rows, lambda r, m=s.metric: fmt.per_gpu(r, m))
         node_ticks |= {x for x, _ in t_pts}
         label = s.name if len(report.studies) > 1 else "measured"
         t_series += [svg.Series(label, t_pts, color), *_ideal_time(s, t_pts)]
@@ -214,10 +214,9 @@ def render_html(report: Report) -> str:
 
 def _head(report: Report) -> list[str]:
     """The document's head, the title with the generation time and the list of studies."""
+    # the text report's line: a single-node study is layouts of one size, with no scaling efficiency
     studies = "".join(
-        f"<li><b>{fmt.html_text(s.name)}</b>: {fmt.html_text(s.scaling)} scaling, baseline N0 = "
-        f"{fmt.html_text(str(s.baseline_nodes))} nodes, P(N) = {fmt.html_text(s.metric)}, E(N) = P(N)/P(N0)</li>"
-        for s in report.studies
+        f"<li><b>{fmt.html_text(s.name)}</b>{fmt.html_text(fmt.study_line(s))}</li>" for s in report.studies
     )
     return [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>mimo-jobs scaling report</title>',
@@ -251,10 +250,8 @@ def _phase_section(report: Report) -> list[str]:
     names = fmt.phase_names(report)
     if not names:
         return []
-    rows = [
-        ([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]], "") for r in report.runs if r.phase_share
-    ]
-    return ["<h2>Phase time shares</h2>", _table(["run", *names], rows)]
+    rows = [(row, "") for row in fmt.phase_rows(report, names)]
+    return ["<h2>Phase time shares</h2>", _table(["study", "run", *names], rows)]
 
 
 def _comparison_sections(report: Report) -> list[str]:

@@ -57,11 +57,11 @@ def _phase_table(report: Report) -> list:
         return []
     pt = Table(
         "Phase time shares (steady state)",
-        [Column("run", overflow="fold", key=True)] + [Column(p, "right", no_wrap=True) for p in names],
+        [Column("study", overflow="fold", key=True), Column("run", overflow="fold", key=True)]
+        + [Column(p, "right", no_wrap=True) for p in names],
     )
-    for r in report.runs:
-        if r.phase_share:
-            pt.add_row([r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]])
+    for row in fmt.phase_rows(report, names):
+        pt.add_row(row)
     return [pt]
 
 
@@ -77,7 +77,7 @@ def _section_tables(report: Report) -> list:
                     h,
                     overflow="fold",
                     no_wrap=h not in sections.TEXT_HEADS,
-                    key=h in ("run", "heterogeneous"),
+                    key=h in ("study", "run", "heterogeneous"),
                 )
                 for h in sec.headers
             ],
@@ -187,10 +187,7 @@ def render_md(report: Report) -> str:
     lines += [""] + [f"\\* {md(n)}" if n.startswith("per-GPU") else f"- {md(n)}" for n in report.notes]
     names = fmt.phase_names(report)
     if names:
-        shares = [
-            [r.name, *[fmt.pct(r.phase_share.get(p)) for p in names]] for r in report.runs if r.phase_share
-        ]
-        lines += _md_table("Phase time shares", ["run", *names], shares)
+        lines += _md_table("Phase time shares", ["study", "run", *names], fmt.phase_rows(report, names))
     for sec in sections.all_sections(report):
         lines += _md_table(sec.title, sec.headers, sec.rows)
         lines += [""] + [f"- {md(x)}" for x in sec.lines] if sec.lines else []

@@ -8,9 +8,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import fmt
+from .cost import tokens_text
 from .model import Report
 
-TEXT_HEADS = {"run", "heterogeneous", "colocated", "verdict", "why", "module", "priced on", "bottleneck"}
+TEXT_HEADS = {
+    "study",
+    "run",
+    "heterogeneous",
+    "colocated",
+    "verdict",
+    "why",
+    "module",
+    "priced on",
+    "bottleneck",
+}
 
 
 @dataclass
@@ -31,14 +42,15 @@ def _gib(b: int | None) -> str:
 
 def layouts(report: Report) -> Section | None:
     rows = [
-        [r.name, fmt.num(r.nodes), "colocated" if r.colocated else "heterogeneous", fmt.num(r.tokens_per_s_per_gpu, 1),
+        [r.study, r.name, fmt.num(r.nodes), "colocated" if r.colocated else "heterogeneous",
+         fmt.num(r.carried_tokens_per_s_per_gpu, 1), fmt.num(r.tokens_per_s_per_gpu, 1),
          f"{r.relative_throughput:.2f}", r.layout_note or ""]
         for r in report.runs
         if r.relative_throughput is not None
     ]  # fmt: skip
     if not rows:
         return None
-    heads = ["run", "nodes", "layout", "tokens/s/GPU", "vs best", "why"]
+    heads = ["study", "run", "nodes", "layout", "tokens/s/GPU", "slots/s/GPU", "vs best", "why"]
     return Section(
         "Layouts of one size (throughput relative to the best layout of the same node count)", heads, rows, []
     )
@@ -54,15 +66,73 @@ def pairs(report: Report) -> Section | None:
     if not report.pairs and not report.unpaired:
         return None
     rows = [
-        [p.hetero_run, p.colocated_run, fmt.num(p.nodes), fmt.num(p.hetero_ms), fmt.num(p.colocated_ms),
+        [p.study, p.hetero_run, p.colocated_run + (" (fastest)" if p.best_colocated else ""), fmt.num(p.nodes),
+         fmt.num(p.gbs), fmt.num(p.hetero_ms), fmt.num(p.colocated_ms),
          "-" if p.time_ratio is None else f"{p.time_ratio:.2f}", "-" if p.tokens_ratio is None else f"{p.tokens_ratio:.2f}",
          fmt.pct(p.loss_max_rel_diff), _shares(p.hetero_phases), _shares(p.colocated_phases), p.verdict]
         for p in report.pairs
     ]  # fmt: skip
-    heads = ["heterogeneous", "colocated", "nodes", "t het (ms)", "t colo (ms)", "time colo/het",
+    heads = ["study", "heterogeneous", "colocated", "nodes", "GBS", "t het (ms)", "t colo (ms)", "time colo/het",
              "tokens/s/GPU het/colo", "loss max rel diff", "phases het", "phases colo", "verdict"]  # fmt: skip
-    lines = [f"unpaired: {u}" for u in report.unpaired]
-    return Section("Heterogeneous vs colocated (same study, node count and global batch)", heads, rows, lines)
+    lines = [f"verdict: {v}" for v in report.pair_verdicts] + [f"unpaired: {u}" for u in report.unpaired]
+    return Section(
+        "Heterogeneous vs colocated (every pair of the same study, node count and global batch)",
+        heads,
+        rows,
+        lines,
+    )
+
+
+def _pm(mean: float | None, ci: float | None, digits: int = 1) -> str:
+    return (
+        "-" if mean is None else fmt.num(mean, digits) + ("" if ci is None else f" ± {fmt.num(ci, digits)}")
+    )
+
+
+def repeats(report: Report) -> Section | None:
+    if not report.repeats:
+        return None
+    rows = [
+        [r.study, r.name, fmt.num(r.nodes), str(r.runs), _pm(r.t_mean_ms, r.t_ci95_ms), fmt.num(r.t_spread_ms),
+         _pm(r.perf_mean, r.perf_ci95), fmt.num(r.perf_spread, 1), r.metric, "; ".join(r.flags)]
+        for r in report.repeats
+    ]  # fmt: skip
+    heads = ["study", "run", "nodes", "repeats", "t mean ± 95% (ms)", "t spread", "throughput/GPU ± 95%",
+             "throughput spread", "metric", "flags"]  # fmt: skip
+    return Section(
+        "Repeats (runs differing only in the repeat index; mean ± 95% confidence interval)", heads, rows, []
+    )
+
+
+def _hours(h: float | None) -> str:
+    return "-" if h is None else f"{h:,.3g}" if h < 100 else f"{h:,.0f}"
+
+
+def cost(report: Report) -> Section | None:
+    runs = [r for r in report.runs if r.gpu_hours is not None or r.budget_hours is not None]
+    if not runs:
+        return None
+    budget = report.params.get("tokens_budget")
+    rows = [
+        [r.study, r.name, fmt.num(r.gpus), _hours(r.gpu_hours), _hours(r.node_hours),
+         _hours(r.gpu_hours_per_billion_tokens), str(r.jobs_uncosted)]
+        + ([_hours(r.budget_hours), _hours(r.budget_gpu_hours)] if budget else [])
+        for r in runs
+    ]  # fmt: skip
+    heads = ["study", "run", "GPUs", "GPU-hours", "node-hours", "GPU-h per 1B tokens", "jobs not costed"]
+    if budget:
+        heads += [f"hours to {tokens_text(budget)} tokens", f"GPU-hours to {tokens_text(budget)} tokens"]
+    lines = [
+        f"{s.name}: {_hours(s.gpu_hours)} GPU-hours, {_hours(s.node_hours)} node-hours over its runs' jobs"
+        for s in report.studies
+        if s.gpu_hours is not None
+    ]
+    lines.append(
+        "hours: elapsed time of every job that started and ended (retries and requeues included) x the run's "
+        "GPUs (nodes); tokens: carried tokens"
+        + ("; the budget is projected at each run's steady-state carried tokens/s" if budget else "")
+    )
+    return Section("Cost (GPU-hours from the jobs' elapsed times)", heads, rows, lines)
 
 
 def memory(report: Report) -> Section | None:
@@ -133,5 +203,13 @@ def predicted_memory(report: Report) -> Section | None:
 
 
 def all_sections(report: Report) -> list[Section]:
-    found = (layouts(report), pairs(report), memory(report), predicted(report), predicted_memory(report))
+    found = (
+        layouts(report),
+        pairs(report),
+        repeats(report),
+        cost(report),
+        memory(report),
+        predicted(report),
+        predicted_memory(report),
+    )
     return [s for s in found if s is not None]

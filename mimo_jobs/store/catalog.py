@@ -113,6 +113,24 @@ def record_run(
     )
 
 
+# The runs columns `ingest --layout/--model` may tell about a run known from its logs.
+LOG_LAYOUT_COLUMNS = tuple(
+    "nodes gpus_per_node world enc_tp enc_pp enc_dp llm_tp llm_pp llm_ep llm_etp llm_dp gbs mbs seq_length "
+    "model accelerator colocated".split()
+)
+
+
+def record_log_layout(con, run_id: str, fields: dict, spec: dict | None = None) -> None:
+    """What the user told about a run known from its logs (its layout, model, ...): those columns are
+    replaced, the others kept; `spec`, when given, is the run's whole description."""
+    cols = [c for c in LOG_LAYOUT_COLUMNS if fields.get(c) is not None]
+    sets = [f"{c} = ?" for c in cols] + (["spec_json = ?"] if spec is not None else [])
+    if not sets:
+        return
+    args = [fields[c] for c in cols] + ([json.dumps(spec)] if spec is not None else [])
+    con.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id = ?", [*args, run_id])
+
+
 def ensure_study(
     con,
     name: str,

@@ -16,7 +16,8 @@ from .tx import transaction
 # 3: jobs.action, next_job_id, first_error, log_path (what the submit policy decided for an ended job)
 # 4: runs.colocated (a baseline layout: every rank runs both modules), meta.written_by
 # 5: rank_memory (what each rank measured it holds: trainer/memory.py), iterations.pipeline_wait_ms
-SCHEMA_VERSION = 5
+# 6: iterations.tokens, carried_tokens, image_tokens (the global batch's token counts)
+SCHEMA_VERSION = 6
 
 # the iterations table's measured values and phase times: the contract owns their names and types
 _VALUES = ",\n        ".join(f"{c} {sql}" for c, sql in VALUE_COLUMNS.items())
@@ -135,6 +136,9 @@ ADDED_COLUMNS = [
     ("jobs", "log_path", "VARCHAR"),
     ("runs", "colocated", "BOOLEAN DEFAULT false"),
     ("iterations", "pipeline_wait_ms", "DOUBLE"),
+    ("iterations", "tokens", "BIGINT"),
+    ("iterations", "carried_tokens", "BIGINT"),
+    ("iterations", "image_tokens", "BIGINT"),
 ]
 
 

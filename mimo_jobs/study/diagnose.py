@@ -10,11 +10,19 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from mimo_jobs.model.arch import ArchError, ModelArch
+from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.expand import expand_matrix
 from mimo_jobs.study.load import interpolate, pydantic_problems, read_yaml
-from mimo_jobs.study.presets import PRESETS
 from mimo_jobs.study.runspec import PointResult, RunSpec
-from mimo_jobs.study.spec import ClusterSpec, MatrixSpec, StudyError, StudySpec, TrainerSpec
+from mimo_jobs.study.spec import (
+    ClusterSpec,
+    MatrixSpec,
+    StudyError,
+    StudySpec,
+    TrainerSpec,
+    validation_context,
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,14 @@ def _partial(model: type[BaseModel], data: Any) -> Any:
         return None
 
 
+def _partial_arch(model: Any, source: str) -> ModelArch | None:
+    """The model of a study whose other sections are broken, when its own description resolves."""
+    try:
+        return arch_of(model, validation_context(source)["base_dir"])
+    except (ArchError, TypeError):
+        return None
+
+
 def diagnose_data(data: Any, source: str = "<study>", env: dict[str, str] | None = None) -> Diagnosis:
     """Check a study document and report ALL its problems at once: unset ${ENV}, schema errors with their
     YAML paths, and the topology rules every point breaks. When the top level does not validate, the matrix
@@ -71,18 +87,13 @@ def diagnose_data(data: Any, source: str = "<study>", env: dict[str, str] | None
     problems = [Problem(p, "env", m) for p, m in env_problems]
     study: StudySpec | None = None
     try:
-        study = StudySpec.model_validate(data)
+        study = StudySpec.model_validate(data, context=validation_context(source))
     except ValidationError as e:
         problems += [Problem(p, "schema", m) for p, m in pydantic_problems(e)]
     if problems and study is not None:
         study = None  # an unset variable was replaced by "": the spec is not what the user meant
     if study is not None:
-        matrix, gpn, experts = (
-            study.matrix,
-            study.cluster.gpus_per_node,
-            PRESETS[study.trainer.model].llm.num_experts,
-        )
-        layers = PRESETS[study.trainer.model].llm.num_layers
+        matrix, gpn, arch = study.matrix, study.cluster.gpus_per_node, arch_of(study.trainer.model)
     else:
         # Only the two facts the topology needs are taken from the raw cluster/trainer sections.
         matrix = _partial(MatrixSpec, data.get("matrix"))
@@ -90,12 +101,12 @@ def diagnose_data(data: Any, source: str = "<study>", env: dict[str, str] | None
         trainer = data.get("trainer") if isinstance(data.get("trainer"), dict) else {}
         gpn = cluster.get("gpus_per_node", ClusterSpec.model_fields["gpus_per_node"].default)
         gpn = gpn if isinstance(gpn, int) and not isinstance(gpn, bool) and 1 <= gpn <= 64 else None
-        model = trainer.get("model", TrainerSpec.model_fields["model"].default)
-        experts = PRESETS[model].llm.num_experts if isinstance(model, str) and model in PRESETS else None
-        if matrix is None or gpn is None or experts is None:
+        arch = _partial_arch(trainer.get("model", TrainerSpec.model_fields["model"].default), source)
+        if matrix is None or gpn is None or arch is None:
             return Diagnosis(source, None, [], problems)
-        layers = PRESETS[model].llm.num_layers
-    points, point_problems = expand_matrix(matrix, gpn, experts, study, layers)
+    points, point_problems = expand_matrix(
+        matrix, gpn, arch.llm.num_experts, study, arch.llm.num_layers, arch
+    )
     problems += [Problem(p, "schema", m) for p, m in point_problems]
     for pr in points:
         problems += [Problem(pr.label, v.rule, v.message, v.fit) for v in pr.violations]

@@ -13,9 +13,11 @@ from typing import Any
 from pydantic import ValidationError
 
 import mimo_jobs.study.topology as topology
+from mimo_jobs.model.arch import ModelArch
+from mimo_jobs.model.resolve import arch_of
+from mimo_jobs.model.splits import tp_problems
 from mimo_jobs.study import lr_rules
 from mimo_jobs.study.load import pydantic_problems
-from mimo_jobs.study.presets import PRESETS
 from mimo_jobs.study.runspec import PointResult, RunSpec
 from mimo_jobs.study.spec import MatrixSpec, PointSpec, StudyError, StudySpec
 
@@ -49,7 +51,8 @@ def _derived_dp(p: PointSpec, gpn: int) -> int | None:
 
 def run_name(p: PointSpec, repeat: int, repeats: int) -> str:
     """Readable name, e.g. 33n-e1x8-l2x8x128-g768 (encoder tp x dp, llm tp x ep x dp, gbs); a colocated
-    point says `colo` where the encoder's sizes would be (33n-colo-l2x8x132-g768)."""
+    point says `colo` where the encoder's sizes would be (33n-colo-l2x8x132-g768); a point with its own
+    command ends in `-cmd`."""
     e, l_ = p.encoder, p.llm
     enc = "colo" if p.colocated else f"e{e.tp}x{e.dp}" + (f"p{e.pp}" if e.pp > 1 else "")
     llm = (
@@ -58,6 +61,7 @@ def run_name(p: PointSpec, repeat: int, repeats: int) -> str:
         + (f"t{l_.etp}" if l_.etp > 1 else "")
     )
     name = f"{p.nodes}n-{enc}-{llm}-g{p.gbs}" + (f"-m{p.mbs}" if p.mbs > 1 else "")
+    name += "-cmd" if p.command else ""  # its own command: beside a packaged-trainer point of the same layout
     return name + (f"-r{repeat}" if repeats > 1 else "")
 
 
@@ -66,8 +70,11 @@ def run_id_of(study: StudySpec, point: PointSpec, repeat: int) -> str:
     payload = {
         "study": study.name,
         "cluster": study.cluster.model_dump(mode="json", exclude={"hardware"}),  # planning only
-        "trainer": study.trainer.model_dump(mode="json"),
-        "point": point.model_dump(mode="json"),
+        # an unset command is left out, so runs of the packaged trainer keep the ids they always had
+        "trainer": study.trainer.model_dump(
+            mode="json", exclude={"command"} if not study.trainer.command else None
+        ),
+        "point": point.model_dump(mode="json", exclude={"command"} if not point.command else None),
         "repeat": repeat,
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
@@ -107,10 +114,16 @@ def _raw_points(m: MatrixSpec, problems: list[tuple[str, str]]) -> list[tuple[st
 
 
 def expand_matrix(
-    matrix: MatrixSpec, gpus_per_node: int, num_experts: int, study: StudySpec | None, llm_layers: int = 0
+    matrix: MatrixSpec,
+    gpus_per_node: int,
+    num_experts: int,
+    study: StudySpec | None,
+    llm_layers: int = 0,
+    arch: ModelArch | None = None,
 ) -> tuple[list[PointResult], list[tuple[str, str]]]:
     """Expand the matrix; schema problems are returned, not raised, so every problem can be reported at once.
-    Without a valid `study` (diagnosis of a broken file) points are only checked, no RunSpec is built."""
+    Without a valid `study` (diagnosis of a broken file) points are only checked, no RunSpec is built; with
+    the model's `arch`, its TP splits are checked too."""
     problems: list[tuple[str, str]] = []
     results: list[PointResult] = []
     raw = _raw_points(matrix, problems)
@@ -161,6 +174,10 @@ def expand_matrix(
             ]
         else:
             viol = topology.check(lay) + (_lr_violations(study, p.gbs) if study is not None else [])
+            if arch is not None:
+                viol += [
+                    topology.Violation(*v) for v in tp_problems(arch, enc[0], p.llm.tp, p.llm.etp, p.llm.pp)
+                ]
         p = p.model_copy(update={"llm": p.llm.model_copy(update={"dp": dp})})
         if index + p.repeats > MAX_RUNS:
             problems.append((label, f"with its repeats the study exceeds {MAX_RUNS:,} runs"))
@@ -205,9 +222,9 @@ def _lr_violations(study: StudySpec, gbs: int) -> list[topology.Violation]:
 def expand(study: StudySpec, source: str = "<study>") -> list[PointResult]:
     """All points of the matrix, each with its RunSpec or its violations. Raises StudyError for malformed
     points (unknown keys, wrong types) and duplicate run names; topology violations are returned per point."""
-    llm = PRESETS[study.trainer.model].llm
+    arch = arch_of(study.trainer.model)
     results, problems = expand_matrix(
-        study.matrix, study.cluster.gpus_per_node, llm.num_experts, study, llm.num_layers
+        study.matrix, study.cluster.gpus_per_node, arch.llm.num_experts, study, arch.llm.num_layers, arch
     )
     if problems:
         raise StudyError(source, problems)

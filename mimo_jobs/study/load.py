@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from mimo_jobs.study.spec import StudyError, StudySpec
+from mimo_jobs.study.spec import StudyError, StudySpec, validation_context
 
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
@@ -73,7 +73,7 @@ def parse_study(data: Any, source: str = "<study>", env: dict[str, str] | None =
     if problems:
         raise StudyError(source, problems)
     try:
-        return StudySpec.model_validate(data)
+        return StudySpec.model_validate(data, context=validation_context(source))
     except ValidationError as e:
         raise StudyError(source, pydantic_problems(e)) from None
 

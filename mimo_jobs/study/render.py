@@ -28,6 +28,7 @@ from mimo_jobs import __version__
 from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE, REQUEUE_MARKER
 from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.errors import MimoJobsError
+from mimo_jobs.study.command import command_problems, render_command
 from mimo_jobs.study.diagnose import Problem
 from mimo_jobs.study.expand import runs_of
 from mimo_jobs.study.runspec import RunSpec, run_yaml_doc
@@ -227,9 +228,12 @@ def provenance() -> dict:
 
 
 def context(spec: RunSpec, rd: RunDir) -> dict:
-    """Everything the templates may use (StrictUndefined: anything else is an error)."""
+    """Everything the templates may use (StrictUndefined: anything else is an error). The run's layout and
+    sizes are here raw (templates quote what they put in the shell); `command` is the run's own training
+    command already rendered as shell words (study/command.py), None for the packaged trainer."""
     c = spec.cluster
     run_dir = str(rd.root)
+    lay, t = spec.layout, spec.trainer
     container = None
     if c.container is not None:
         ck = rd.checkpoint_dir(spec.trainer.checkpoint_dir)
@@ -278,6 +282,24 @@ def context(spec: RunSpec, rd: RunDir) -> dict:
         "time_limit_s": spec.cluster.model_copy(update={"time_limit": spec.time_limit}).time_limit_seconds(),
         "requeue_marker": str(rd.checkpoint_dir(spec.trainer.checkpoint_dir) / REQUEUE_MARKER),
         "requeue_exit_code": REQUEUE_EXIT_CODE,
+        "checkpoint_dir": str(rd.checkpoint_dir(t.checkpoint_dir)),
+        "gbs": lay.gbs,
+        "mbs": lay.mbs,
+        "world": lay.nodes * lay.gpus_per_node,
+        "seq_length": t.seq_length,
+        "train_iters": t.train_iters,
+        "train_samples": t.train_samples,
+        "colocated": lay.colocated,
+        "encoder": {"tp": lay.enc_tp, "pp": lay.enc_pp, "dp": lay.enc_dp},
+        "llm": {
+            "tp": lay.llm_tp,
+            "pp": lay.llm_pp,
+            "ep": lay.llm_ep,
+            "etp": lay.llm_etp,
+            "cp": lay.llm_cp,
+            "dp": lay.llm_dp,
+        },
+        "command": render_command(spec, rd),
     }
 
 
@@ -391,6 +413,7 @@ def plan_runs(
     problems = path_problems(root)
     for cluster in {r.cluster.model_dump_json(): r.cluster for r in runs}.values():
         problems += setup_problems(cluster)
+    problems += command_problems(runs, lambda s: RunDir.of(root, s.study, s.name, s.run_id))
     if problems:
         raise RenderError(problems)
     env = environment(templates_dir)

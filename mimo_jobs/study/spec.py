@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 import mimo_jobs.study.slurm_time as slurm_time
 from mimo_jobs.errors import MimoJobsError
-from mimo_jobs.study.presets import PRESETS
+from mimo_jobs.model.arch import ArchError
+from mimo_jobs.model.resolve import resolved_field
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=+/-]{1,128}$")
@@ -279,8 +280,19 @@ class WandbSpec(_Strict):
     group: str | None = None  # default: the study name
 
 
+def validation_context(source: str | None) -> dict:
+    """What validating a study needs beyond its data: the directory its relative paths (a model's
+    hf_config) start from, the study file's own."""
+    from pathlib import Path
+
+    p = Path(source) if source and not source.startswith("<") else None
+    return {"base_dir": p.parent if p is not None else None}
+
+
 class TrainerSpec(_Strict):
-    model: str = "tiny"
+    # a preset's name, or {encoder, llm} described by presets, inline fields or HF configs (model/resolve.py);
+    # validation replaces a description by its resolved inline fields, so the spec never depends on a file
+    model: str | dict[str, Any] = "tiny"
     seq_length: int = Field(64, ge=8, le=MAX_SEQ)
     train_iters: int | None = Field(None, ge=1, le=MAX_COUNT)
     train_samples: int | None = Field(None, ge=1, le=MAX_COUNT)
@@ -305,19 +317,40 @@ class TrainerSpec(_Strict):
     encoder_inflight: int = Field(2, ge=1, le=64)
     recompute: Literal["none", "selective", "full"] = "none"  # megatron-core's activation recompute
     wandb: WandbSpec | None = None
+    # Another training program (study/command.py renders it): a Jinja template of the run's values, run by
+    # torchrun on every node instead of the packaged trainer. None: the packaged trainer.
+    command: str | None = Field(None, min_length=1, max_length=16_384)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str | None) -> str | None:
+        return _command_text(v)
 
     @field_validator("model")
     @classmethod
-    def _model(cls, v: str) -> str:
-        if v not in PRESETS:
-            raise ValueError(f"unknown model preset {v!r}; known: {', '.join(sorted(PRESETS))}")
-        return v
+    def _model(cls, v: str | dict, info: ValidationInfo) -> str | dict:
+        base_dir = (info.context or {}).get("base_dir")
+        try:
+            return resolved_field(v, base_dir)
+        except ArchError as e:
+            raise ValueError(e.describe()) from None
 
     @model_validator(mode="after")
     def _check(self) -> TrainerSpec:
         if (self.train_iters is None) == (self.train_samples is None):
             raise ValueError("give exactly one of trainer.train_iters or trainer.train_samples")
         return self
+
+
+def _command_text(v: str | None) -> str | None:
+    """A command template is text a shell reads: no NUL, and not blank."""
+    if v is None:
+        return v
+    if "\0" in v:
+        raise ValueError("a command cannot contain a NUL character")
+    if not v.strip():
+        raise ValueError("a command cannot be blank (leave it out to run the packaged trainer)")
+    return v
 
 
 # ---------------------------------------------------------------- matrix
@@ -347,6 +380,12 @@ class PointSpec(_Strict):
     repeats: int = Field(1, ge=1, le=100)
     time_limit: str | None = None  # overrides cluster.time_limit for this point
     colocated: bool = False  # every GPU runs both modules (the baseline): the encoder takes the LLM's TP/DP
+    command: str | None = Field(None, min_length=1, max_length=16_384)  # this point's own trainer.command
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str | None) -> str | None:
+        return _command_text(v)
 
     @model_validator(mode="after")
     def _colocated_has_no_encoder(self) -> PointSpec:

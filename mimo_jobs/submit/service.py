@@ -170,6 +170,7 @@ class Preview:
     rd: RunDir
     script: Path
     text: str
+    command: str | None = None  # the run's own training command as launch.sh runs it (None: packaged)
 
 
 def preview(
@@ -177,11 +178,12 @@ def preview(
 ) -> list[Preview]:
     """Render the runs in memory (every check `prepare` makes) and write nothing anywhere."""
     import mimo_jobs.study.render as render
+    from mimo_jobs.study.command import render_command
 
     out = []
     for p in render.plan_runs(specs, runs_root, templates_dir):
         script = p.rd.sbatch_sh if executor_name == "slurm" else p.rd.launch_sh
-        out.append(Preview(p.spec, p.rd, script, p.text(script)))
+        out.append(Preview(p.spec, p.rd, script, p.text(script), render_command(p.spec, p.rd)))
     return out
 
 
@@ -327,10 +329,11 @@ def job_log_text(rd: RunDir, row: jobs_table.JobRow) -> str:
     return "\n".join(parts)
 
 
-def has_checkpoint(rd: RunDir, spec: dict) -> bool:
-    """A complete checkpoint the next attempt can resume from (a crashed iter_N.tmp is none). The manifest
-    reader needs no torch."""
-    return status.last_checkpoint_iteration(rd.root, spec) is not None
+def has_checkpoint(rd: RunDir, spec: dict, con=None, run_id: str | None = None) -> bool:
+    """A complete checkpoint the next attempt can resume from (a crashed iter_N.tmp is none): the packaged
+    trainer's or Megatron's in the checkpoint directory, or for a run of its own command one its log says
+    it saved (with the store). No torch is imported."""
+    return status.last_checkpoint_iteration(rd.root, spec, con, run_id) is not None
 
 
 def event_kinds(con, row: jobs_table.JobRow) -> set[str]:
@@ -371,7 +374,7 @@ def settle(
         event_kinds(con, row),
         policy.history_of(earlier),
         int((spec.get("cluster") or {}).get("max_retries", 0)),
-        has_checkpoint(rd, spec),
+        has_checkpoint(rd, spec, con, row.run_id),
     )
     why = (
         f"{row.state}"

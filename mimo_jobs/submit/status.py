@@ -67,14 +67,12 @@ def last_iteration_from_metrics(path: Path, job_id: str | None = None) -> tuple[
     return None
 
 
-def last_checkpoint_iteration(run_dir: Path, spec: dict) -> int | None:
-    """The iteration of the run's `latest` complete checkpoint (manifest only; no torch is imported)."""
-    from mimo_jobs.contract.manifest import latest_checkpoint
+def last_checkpoint_iteration(run_dir: Path, spec: dict, con=None, run_id: str | None = None) -> int | None:
+    """The iteration of the run's newest complete checkpoint, whichever program saved it (submit/checkpoints.py;
+    no torch is imported)."""
+    from .checkpoints import resumable_iteration
 
-    info = latest_checkpoint(
-        RunDir(run_dir).checkpoint_dir((spec.get("trainer") or {}).get("checkpoint_dir"))
-    )
-    return None if info is None else info.iteration
+    return resumable_iteration(run_dir, spec, con, run_id)
 
 
 def run_statuses(con, study: str | None = None) -> list[RunStatus]:
@@ -90,7 +88,7 @@ def run_statuses(con, study: str | None = None) -> list[RunStatus]:
         job = latest.get(rid)
         rs = RunStatus(st, name, rid, nodes, run_dir, (spec.get("trainer") or {}).get("train_iters"), job)
         if run_dir:
-            rs.checkpoint = last_checkpoint_iteration(Path(run_dir), spec)
+            rs.checkpoint = last_checkpoint_iteration(Path(run_dir), spec, con, rid)
         key = (rid, job.job_id if job is not None else None)  # a run without jobs: whatever was ingested
         if key in last:
             rs.iteration, rs.loss, rs.iter_source = last[key][0], last[key][1], "store"

@@ -16,9 +16,10 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 import mimo_jobs.trainer.model.models as M
 import mimo_jobs.trainer.parallel.grids as G
-from mimo_jobs.data.mock import image_token_id, make_provider
+from mimo_jobs.data.mock import make_provider
+from mimo_jobs.model.arch import ModelArch
+from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.lr_rules import run_samples
-from mimo_jobs.study.presets import ModelPreset, get_preset
 from mimo_jobs.study.runspec import RunSpec
 from mimo_jobs.study.topology import RankLayout
 from mimo_jobs.trainer.device import runs_on_cpu
@@ -49,7 +50,7 @@ class Module:
 class TrainState:
     run: RunSpec
     plan: RankLayout
-    preset: ModelPreset
+    preset: ModelArch  # the resolved model description (trainer.model)
     prec: Precision
     device: Any
     reference: bool
@@ -89,7 +90,7 @@ def rank_lanes(plan: RankLayout, role: G.RankRole, reference: bool) -> list[int]
 def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> TrainState:
     """Collective (process groups, optimizers): every rank calls it once, after init_process_group."""
     t = run.trainer
-    preset = get_preset(t.model)
+    preset = arch_of(t.model)
     prec, device = _precision_and_device(run)
     if t.freeze.encoder and t.freeze.llm:
         raise ValueError("trainer.freeze: both encoder and llm are frozen; nothing to train")
@@ -137,12 +138,12 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
         schedule=schedule,
         provider=provider,
         bridge=bridge,
-        image_token_id=image_token_id(preset.llm.vocab_size),
+        image_token_id=provider.image_token_id,
     )
 
 
 def _stage_link(
-    run: RunSpec, preset: ModelPreset, llm_s: G.ModuleShape, role: G.RankRole, prec, device, reference
+    run: RunSpec, preset: ModelArch, llm_s: G.ModuleShape, role: G.RankRole, prec, device, reference
 ):
     """The pipeline neighbours of an LLM rank when the LLM has several stages (None otherwise)."""
     if reference or not role.is_language or llm_s.pp == 1:
@@ -199,7 +200,7 @@ def _wrap(name: str, module, cfg, pgc, shape: G.ModuleShape, frozen: bool, spec)
     return Module(name, ddp, False, pgc, shape, ddp)
 
 
-def _build_encoder(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Precision) -> Module:
+def _build_encoder(preset: ModelArch, t, pgc, shape: G.ModuleShape, prec: Precision) -> Module:
     vit_cfg, proj_cfg = M.encoder_configs(preset, shape.tp, prec, t.recompute)
     enc = M.build_encoder(preset, vit_cfg, proj_cfg, pgc, prec)
     M.canonical_init_(enc, t.seed, "encoder", pgc.tp.rank(), pgc.tp.size())
@@ -209,10 +210,12 @@ def _build_encoder(preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Prec
 
 
 def _build_language(
-    preset: ModelPreset, t, pgc, shape: G.ModuleShape, prec: Precision, role: G.RankRole
+    preset: ModelArch, t, pgc, shape: G.ModuleShape, prec: Precision, role: G.RankRole
 ) -> Module:
     cfg = M.llm_config(preset, shape.tp, shape.ep, shape.etp, prec, t.recompute, shape.pp)
-    gpt = M.build_llm(preset, cfg, pgc, prec, t.seq_length, role.is_first_stage, role.is_last_stage)
+    gpt = M.build_llm(
+        preset, cfg, pgc, prec, t.seq_length, role.is_first_stage, role.is_last_stage, pgc.pp.rank()
+    )
     per_stage = preset.llm.num_layers // shape.pp
     # we build decoder inputs ourselves (image tokens scattered in) and scatter to SP afterwards
     if role.is_first_stage:  # only the first pipeline stage has the embedding

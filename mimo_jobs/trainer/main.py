@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import os
 import sys
 import traceback
@@ -24,12 +23,15 @@ import mimo_jobs.study.topology as topology
 from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE
 from mimo_jobs.data.mock import mock_config
 from mimo_jobs.errors import MimoJobsError
+from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.runspec import load_run_yaml
+from mimo_jobs.study.runtime_rules import package_installed, runtime_problems
 from mimo_jobs.study.spec import StudyError
 from mimo_jobs.trainer import cuda_shims
 from mimo_jobs.trainer.build import build_state
 from mimo_jobs.trainer.checkpoint.checkpointer import Checkpointer
 from mimo_jobs.trainer.device import runs_on_cpu
+from mimo_jobs.trainer.model.models import unsupported
 from mimo_jobs.trainer.observe.iterlog import IterLogger, layout_line
 from mimo_jobs.trainer.observe.memory import rank_facts, write_facts
 from mimo_jobs.trainer.observe.profile import RankProfile
@@ -55,20 +57,6 @@ def _env_int(name: str, default: int) -> int:
         raise PreflightError(f"environment variable {name}={v!r} is not an integer") from None
 
 
-def _check_trackers(t) -> None:
-    """A dashboard asked for must be installable before any rank starts, not fail at the first log."""
-    if t.wandb is not None and t.wandb.mode != "disabled" and importlib.util.find_spec("wandb") is None:
-        raise PreflightError(
-            "run.yaml: trainer.wandb is set but the wandb package is not installed in this environment; "
-            "install it (pip install wandb) or set trainer.wandb.mode: disabled"
-        )
-    if t.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise PreflightError(
-            "run.yaml: trainer.tensorboard is true but the tensorboard package is not installed; install it "
-            "(pip install tensorboard) or set trainer.tensorboard: false"
-        )
-
-
 def preflight(run, doc: dict, reference: bool) -> None:
     """Every check that needs no collective. Raises PreflightError with one specific message."""
     lay = run.layout
@@ -83,13 +71,15 @@ def preflight(run, doc: dict, reference: bool) -> None:
             f"run.yaml: the stored plan does not match the layout (fields {diff}); re-render it"
         )
     t = run.trainer
-    if t.freeze.encoder and t.freeze.llm:
-        raise PreflightError("run.yaml: trainer.freeze has both encoder and llm frozen; nothing to train")
-    if t.precision == "bf16" and run.cluster.accelerator == "cpu":
-        raise PreflightError("run.yaml: trainer.precision=bf16 needs accelerator=gpu; use fp32 on CPU")
+    # the rules validate applies; the image sizes are the mock provider's (mock_config below)
+    found = runtime_problems(t, run.cluster.accelerator, package_installed)
+    if found:
+        raise PreflightError(f"run.yaml: {found[0]}")
+    why = unsupported(arch_of(t.model), lay)
+    if why:
+        raise PreflightError(f"run.yaml: {why}")
     if t.data.provider == "mock":
         mock_config(run, plan)
-    _check_trackers(t)
     if reference:
         return
     world = _env_int("WORLD_SIZE", 1)

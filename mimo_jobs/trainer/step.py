@@ -43,6 +43,7 @@ class StepStats:
     phases_s: dict = field(default_factory=dict)
     moe_aux_loss: float | None = None
     image_tokens: int = 0
+    carried_tokens: int = 0  # the global batch's positions before padding (carried_positions)
     empty_encoder_microbatches: int = 0  # encoder microbatches with no image at all (this rank)
     saved_peak_bytes: int = 0  # most bytes autograd held for backward during the step (this rank)
     inflight_peak: int = 0  # most encoder microbatches awaiting their backward (encoder ranks)
@@ -178,8 +179,13 @@ def _world_sum(st: TrainState, values: list[float]) -> list[float]:
     return t.tolist()
 
 
+# the losses megatron-core tracks for the router's aux_loss balancing (models.py sets no z-loss)
+MOE_AUX_LOSSES = ("load_balancing_loss",)
+
+
 def _moe_aux(st: TrainState) -> float:
-    """Mean over layers of the load-balancing loss summed over this iteration's microbatches; cleared."""
+    """Mean over the MoE layers of the load-balancing loss summed over this iteration's microbatches (dense
+    layers hold a zero slot in the tracker); cleared."""
     if not st.preset.llm.num_experts or st.language is None:
         return 0.0
     from megatron.core.transformer.moe.moe_utils import (
@@ -189,15 +195,18 @@ def _moe_aux(st: TrainState) -> float:
 
     tr = get_moe_layer_wise_logging_tracker()
     v = 0.0
-    for x in tr.values():
-        vals = x["values"]
+    # a pipeline stage of dense layers only tracks nothing, yet must join the stages' all-reduce: every
+    # rank reduces the same names, zeros where it has none
+    for name in MOE_AUX_LOSSES:
+        x = tr.get(name)
+        vals = x["values"] if x is not None else torch.zeros(st.preset.llm.num_layers, device=st.device)
         if _sp_size(st) > 1:  # with sequence parallelism each TP rank holds its shard's partial loss
             vals = vals.clone()
             dist.all_reduce(vals, group=st.language.pgc.tp)
         if st.llm_shape.pp > 1 and not st.reference:  # each stage filled the slots of its own layers
             vals = vals.clone()
             dist.all_reduce(vals, group=st.language.pgc.pp)
-        v += float(vals.mean())
+        v += float(vals.sum()) / st.preset.llm.moe_layers
     clear_aux_losses_tracker()
     return v
 
@@ -231,7 +240,7 @@ def train_step(st: TrainState) -> StepStats:
     # every backward and must be known before the first.
     lazy = _encoder_only(st)
     batches = [] if lazy else _draw_batches(st, tm)
-    n_tokens = _global_tokens(st, batches)
+    n_tokens, carried = _global_tokens(st, batches)
     _set_aux_scale(st, n_tokens)
     st.meter.reset_peak()
     with st.meter.hooks():
@@ -253,6 +262,7 @@ def train_step(st: TrainState) -> StepStats:
         phases_s=dict(tm.acc),
         moe_aux_loss=aux_per_microbatch if st.preset.llm.num_experts else None,
         image_tokens=int(image_tokens),
+        carried_tokens=int(carried),
         empty_encoder_microbatches=tally.empty_encoder_microbatches,
         saved_peak_bytes=st.meter.peak,
         inflight_peak=tally.inflight_peak,
@@ -310,12 +320,24 @@ def _draw_microbatch(st: TrainState, tm: PhaseTimer) -> dict:
     return mb
 
 
-def _global_tokens(st: TrainState, batches: list[dict]) -> float:
-    """N: the loss-bearing tokens of the whole global batch (a world all-reduce: every rank takes part)."""
-    local_tokens = 0.0
+def _global_tokens(st: TrainState, batches: list[dict]) -> tuple[float, float]:
+    """N, the loss-bearing tokens of the whole global batch, and the positions it carries (one world
+    all-reduce of both: every rank takes part)."""
+    local = [0.0, 0.0]
     if _contributes(st):
-        local_tokens = float(sum(float(b.loss_mask.sum()) for mb in batches for b in mb.values()))
-    return local_tokens if st.reference else _world_sum(st, [local_tokens])[0]
+        for b in (b for mb in batches for b in mb.values()):
+            local[0] += float(b.loss_mask.sum())
+            local[1] += float(carried_positions(b, st.image_token_id))
+    return (local[0], local[1]) if st.reference else tuple(_world_sum(st, local))
+
+
+def carried_positions(b, image_token_id: int) -> int:
+    """The sequence positions a microbatch carries: per sample, up to the last one the loss reads (the
+    target of the last loss-bearing position) or the last image placeholder; the rest is padding."""
+    idx = torch.arange(b.tokens.shape[1], device=b.tokens.device)
+    last_loss = torch.where(b.loss_mask > 0, idx, -2).amax(dim=1) + 2
+    last_image = torch.where(b.tokens == image_token_id, idx, -1).amax(dim=1) + 1
+    return int(torch.clamp(torch.maximum(last_loss, last_image), max=b.tokens.shape[1]).sum())
 
 
 def _reference_microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: PhaseTimer) -> _Tally:

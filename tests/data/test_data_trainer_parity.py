@@ -41,8 +41,20 @@ def dataset(tmp_path_factory):
     return root, res.blend
 
 
-def _run_yaml(root: Path, blend: Path, enc_dp: int, llm_dp: int, mbs: int, gbs: int, nw: int):
+def _run_yaml(
+    root: Path,
+    blend: Path,
+    enc_dp: int,
+    llm_dp: int,
+    mbs: int,
+    gbs: int,
+    nw: int,
+    tokenizer: Path | None = None,
+):
     world = enc_dp + llm_dp
+    data = {"provider": "energon", "path": str(blend), "num_workers": nw}
+    if tokenizer is not None:
+        data["tokenizer"] = str(tokenizer)
     study = parse_study(
         {
             "name": "energon-parity",
@@ -53,7 +65,7 @@ def _run_yaml(root: Path, blend: Path, enc_dp: int, llm_dp: int, mbs: int, gbs: 
                 "train_iters": ITERS,
                 "seed": 1234,
                 "lr": {"schedule": "constant", "max": 1e-3},
-                "data": {"provider": "energon", "path": str(blend), "num_workers": nw},
+                "data": data,
             },
             "matrix": {
                 "points": [
@@ -105,7 +117,23 @@ def _expected_counts(spec) -> dict[int, tuple[int, int]]:
 )
 def test_trainer_on_energon_matches_reference(dataset, enc_dp, llm_dp, mbs, gbs, nw):
     root, blend = dataset
-    spec, rd = _run_yaml(root, blend, enc_dp, llm_dp, mbs, gbs, nw)
+    _check_parity(root, blend, enc_dp, llm_dp, mbs, gbs, nw)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "enc_dp,llm_dp,mbs,gbs,nw", [(1, 3, 1, 6, 0), (2, 1, 2, 4, 1)], ids=["fan-out3", "fan-in-nw1"]
+)
+def test_instruction_data_with_a_hf_chat_tokenizer_matches_reference(
+    instruct_data, hf_tokenizer, tmp_path, enc_dp, llm_dp, mbs, gbs, nw
+):
+    res, _ = instruct_data
+    _check_parity(tmp_path, res.blend, enc_dp, llm_dp, mbs, gbs, nw, hf_tokenizer)
+
+
+def _check_parity(root, blend, enc_dp, llm_dp, mbs, gbs, nw, tokenizer=None):
+    spec, rd = _run_yaml(root, blend, enc_dp, llm_dp, mbs, gbs, nw, tokenizer)
     assert spec.rank_layout().fan == ("out" if enc_dp < llm_dp else "in")
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONUNBUFFERED="1")
     het = subprocess.run(

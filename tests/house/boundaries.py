@@ -26,14 +26,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("textsafe", ()),
     ("image", ()),
     ("contract", ("errors",)),
-    ("study", ("contract", "errors", "image")),
-    ("predict", ("study", "contract", "errors")),
+    ("model", ("errors",)),
+    ("study", ("contract", "model", "errors", "image")),
+    ("predict", ("study", "model", "contract", "errors")),
     ("store", ("contract", "errors")),
-    ("data", ("contract", "errors", "study")),
-    ("trainer", ("data", "study", "predict", "contract", "errors", "image")),
+    ("data", ("contract", "model", "errors", "study")),
+    ("trainer", ("data", "study", "predict", "model", "contract", "errors", "image")),
     ("submit", ("study", "store", "contract", "errors", "image")),
     ("ingest", ("store", "study", "contract", "errors", "submit.executors.sacct")),
-    ("report", ("store", "study", "predict", "contract", "errors", "textsafe")),
+    ("report", ("store", "study", "predict", "model", "contract", "errors", "textsafe")),
 )
 # cli may import every package but the trainer: it starts the trainer as its own process.
 CLI_NEVER = ("trainer",)

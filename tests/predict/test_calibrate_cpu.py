@@ -20,17 +20,44 @@ from mimo_jobs.store.connection import connect
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("calcpu")
-    doc = yaml.safe_load((REPO / "studies/cpu_local.yaml").read_text())
-    doc["name"], doc["trainer"]["train_iters"] = "cal_cpu", 10
-    study, db = tmp / "cal_cpu.yaml", tmp / "cal.duckdb"
+def _demo(tmp, doc: dict):
+    study, db = tmp / f"{doc['name']}.yaml", tmp / "cal.duckdb"
     study.write_text(yaml.safe_dump(doc, sort_keys=False))
     env = {"MIMO_JOBS_LOCAL_SLOTS_DIR": str(tmp / "slots")}
     p = cli("demo", "--study", study, "--db", db, "--runs-dir", tmp / "runs", env=env, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     return study, db
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    doc = yaml.safe_load((REPO / "studies/cpu_local.yaml").read_text())
+    doc["name"], doc["trainer"]["train_iters"] = "cal_cpu", 10
+    return _demo(tmp_path_factory.mktemp("calcpu"), doc)
+
+
+@pytest.fixture(scope="module")
+def second(tmp_path_factory):
+    """Four other layouts of the same model: a larger batch, microbatches of 2, encoder TP2 beside LLM TP1,
+    LLM TP2 beside two encoder replicas, a colocated DP4."""
+    doc = yaml.safe_load((REPO / "studies/cpu_local.yaml").read_text())
+    doc["name"], doc["trainer"]["train_iters"] = "cal_cpu_b", 10
+    doc["matrix"] = {
+        "defaults": {"nodes": 1, "gbs": 12, "mbs": 1},
+        "points": [
+            {"encoder": {"tp": 1, "dp": 1}, "llm": {"tp": 1, "dp": 3}},
+            {"encoder": {"tp": 2, "dp": 1}, "llm": {"tp": 1, "dp": 2}, "mbs": 2},
+            {"encoder": {"tp": 1, "dp": 2}, "llm": {"tp": 2, "dp": 1}, "mbs": 2},
+            {"colocated": True, "llm": {"tp": 1}},
+        ],
+    }
+    return _demo(tmp_path_factory.mktemp("calcpub"), doc)
+
+
+def _calibration(study, db) -> dict:
+    r = CliRunner().invoke(app, ["predict", str(study), "--db", str(db), "--gpu", "cpu", "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
 
 
 def test_predict_db_calibrates_and_holds_out(measured):
@@ -75,3 +102,57 @@ def test_report_compares_with_the_planner(measured):
     assert {m.run_id for m in rep.predicted_memory} == {p.run_id for p in rep.predicted}
     assert all(m.measured_ranks >= 1 and abs(m.error) < 0.5 for m in rep.predicted_memory)
     assert all(abs(m.error) < 0.02 for m in rep.predicted_memory if m.rank_class == "llm")
+
+
+def test_calibration_figures_on_two_studies(measured, second):
+    """Uncalibrated, calibrated and held-out errors on both CPU studies, and each study predicted with the
+    efficiencies fitted on the other only (layouts the fit never saw)."""
+    from mimo_jobs.predict.estimate import predict_run
+    from mimo_jobs.predict.hardware import get_gpu
+    from mimo_jobs.predict.steptime import Efficiency
+    from mimo_jobs.study.diagnose import diagnose
+
+    docs = {name: _calibration(*pair) for name, pair in (("demo", measured), ("second", second))}
+    lines = []
+    for name, doc in docs.items():
+        c = doc["calibration"]
+        lines.append(
+            f"{name}: uncalibrated {c['error_before']:.1%}, calibrated {c['error_after']:.1%}, held out "
+            f"{c['holdout_error_after']:.1%} (uncalibrated {c['holdout_error_before']:.1%}), {c['unknowns']} scales"
+        )
+        assert c["error_after"] < c["error_before"] and c["holdout_error_after"] < c["holdout_error_before"]
+    cpu = get_gpu("cpu")
+    for fit_on, other in (("demo", "second"), ("second", "demo")):
+        e = docs[fit_on]["calibration"]["efficiency"]
+        eff = Efficiency(e["encoder"], e["llm"], e["network"], e["latency"])
+        study = (measured if other == "demo" else second)[0]
+        measured_s = {r["run_id"]: r["measured_s"] for r in docs[other]["runs"]}
+        errs = [
+            abs(predict_run(r, cpu, eff).time.iteration_s / measured_s[r.run_id] - 1)
+            for r in diagnose(study).runs
+        ]
+        lines.append(
+            f"{other} predicted with {fit_on}'s efficiencies: {sum(errs) / len(errs):.1%} mean |error|"
+        )
+    print("\n".join(lines))
+
+
+def test_plan_db_ranks_with_calibrated_efficiencies(measured):
+    study, db = measured
+    doc = _calibration(study, db)
+    r = CliRunner().invoke(
+        app, ["plan", "--nodes", "1", "--from", str(study), "--db", str(db), "--top", "50", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    assert plan["calibrated"] is True
+    # the study's own colocated point, priced by plan, is predict --db's calibrated figure for that run
+    colo = next(x for x in doc["runs"] if "colo" in x["name"])
+    same = [
+        x
+        for x in plan["plans"][0]["layouts"]
+        if x["point"] == {"nodes": 1, "colocated": True, "llm": {"tp": 2, "dp": 2}, "gbs": 6}
+    ]
+    assert same and same[0]["iteration_s"] == pytest.approx(colo["calibrated_s"])
+    plain = CliRunner().invoke(app, ["plan", "--nodes", "1", "--from", str(study), "--json"])
+    assert json.loads(plain.output)["calibrated"] is False

@@ -72,7 +72,9 @@ def test_plan_prints_pasteable_points():
     points = yaml.safe_load(body)["points"]
     assert len(points) == 3 and all(p["nodes"] == 33 and p["gbs"] == 768 for p in points)
     rj = json.loads(runner.invoke(app, ["plan", "--nodes", "33", "--from", str(PROD), "--json"]).output)
-    assert rj["nodes"] == 33 and len(rj["layouts"]) == 5
+    (one,) = rj["plans"]
+    assert one["nodes"] == 33 and len(one["layouts"]) == 5
+    assert one["layouts"][0]["point"] == points[0]  # the JSON point is the text's point, as a mapping
 
 
 def test_validate_prints_a_memory_line_per_run():

@@ -93,3 +93,29 @@ def test_html_report_plots_render_in_chromium(tmp_path):
     bare.write_text(re.sub(r"<svg.*?</svg>", "", html.read_text(), flags=re.S))
     b = analyse(screenshot(bare, tmp_path / "bare.png", tmp_path))
     assert all(b[c]["left"] + b[c]["right"] == 0 for c in ("blue", "red", "green", "ideal")), b
+
+
+def test_single_node_study_html_shows_layout_bars_and_no_scaling_claim(tmp_path):
+    from helpers.pair_store import DP2, HET, TP2, build_report
+
+    rep = build_report(tmp_path / "store", {HET: 100.0, TP2: 282.0, DP2: 86.0})
+    html = render(rep, "html", tmp_path / "report")
+    head = html.read_text().split("<h2>", 1)[0]
+    # one node count: layouts of one size, compared by throughput; no baseline N0 and no E(N)
+    assert "layouts of one size" in head and "E(N)" not in head and "strong scaling" not in head
+    a = analyse(screenshot(html, tmp_path / "shot.png", tmp_path, size=(1200, 1400)))
+    # bars (blue) in both plot columns: time and throughput per layout, then the pair bars below
+    assert a["blue"]["left"] > 80 and a["blue"]["right"] > 80, a
+    assert a["ideal"]["left"] + a["ideal"]["right"] == 0, a  # no ideal scaling line for one node count
+
+
+def test_three_node_count_study_html_announces_its_scaling(tmp_path):
+    con, _ = build_store(tmp_path)
+    rep = build(con, "scal")
+    con.close()
+    assert len({r.nodes for r in rep.runs}) == 3
+    html = render(rep, "html", tmp_path / "report")
+    head = html.read_text().split("<h2>", 1)[0]
+    assert "strong scaling, baseline N0=1 nodes" in head and "E(N) = P(N)/P(N0)" in head
+    a = analyse(screenshot(html, tmp_path / "shot.png", tmp_path))
+    assert a["ideal"]["left"] > 80 and a["ideal"]["right"] > 80, a

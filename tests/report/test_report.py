@@ -12,13 +12,13 @@ from typer.testing import CliRunner
 
 from helpers.scaling_store import build_store  # noqa: E402
 from mimo_jobs.cli.app import app  # noqa: E402
+from mimo_jobs.model.presets import PRESETS  # noqa: E402
 from mimo_jobs.predict.flops import flops_per_sample  # noqa: E402
 from mimo_jobs.report import (
     ReportError,
     build,  # noqa: E402
     render,
 )
-from mimo_jobs.study.presets import PRESETS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,12 @@ def test_scaling_efficiency_and_flags(store_):
     rep = build(con, "scal")
     r1, r2, r4 = (by_nodes(rep)[n] for n in (1, 2, 4))
     (info,) = rep.studies
-    assert (info.baseline_nodes, info.metric, info.scaling) == (1, "tokens/s/GPU", "strong")
-    # E(N) = P(N)/P(1), P = tokens/s/GPU: (8/0.2*64/4) / (8/0.405*64/2) = 0.81/0.8
+    assert (info.baseline_nodes, info.metric, info.scaling) == (
+        1,
+        "slots/s/GPU",
+        "strong",
+    )  # no counted tokens
+    # E(N) = P(N)/P(1), P = slots/s/GPU: (8/0.2*64/4) / (8/0.405*64/2) = 0.81/0.8
     assert r1.efficiency == 1.0
     assert r2.efficiency == pytest.approx(0.81 / 0.8)
     assert r4.efficiency == pytest.approx(0.81 / 0.72)

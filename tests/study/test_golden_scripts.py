@@ -18,7 +18,7 @@ from mimo_jobs.study.load import load_study
 from mimo_jobs.study.render import render_study
 
 GOLDEN = Path(__file__).parent / "golden"
-STUDY_FILES = ("scale_33n_68n_100n.yaml", "cpu_local.yaml")
+STUDY_FILES = ("scale_33n_68n_100n.yaml", "cpu_local.yaml", "megatron_gpt_mock.yaml")
 SCRIPTS = ("sbatch.sh", "launch.sh")
 UPDATE = os.environ.get("MIMO_JOBS_UPDATE_GOLDEN") == "1"
 

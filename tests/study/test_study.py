@@ -74,7 +74,8 @@ def test_production_study_has_the_documented_layouts():
         "gpu",
         True,
     )
-    assert (t.model, t.log_interval, t.save_interval, t.train_iters) == ("moe-8x1b", 100, 1000, None)
+    assert (t.model["encoder"]["name"], t.model["llm"]["name"]) == ("siglip-so400m-14-384", "qwen3-30b-a3b")
+    assert (t.log_interval, t.save_interval, t.train_iters) == (100, 1000, None)
     assert (t.lr.schedule, t.lr.wsd_decay_style) == ("wsd", "minus_sqrt")
     assert t.train_samples == 122070313 and t.lr.warmup_samples + t.lr.decay_samples == t.train_samples
     assert all(r.point.gbs == 768 and r.point.mbs == 1 for r in runs)

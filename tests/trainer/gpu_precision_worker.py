@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import mimo_jobs.trainer.model.models as M
 import mimo_jobs.trainer.parallel.grids as G
-from mimo_jobs.study.presets import get_preset
+from mimo_jobs.model.presets import get_preset
 from mimo_jobs.trainer import cuda_shims
 from mimo_jobs.trainer.model.kernels import installed, kernels_for
 

@@ -31,6 +31,7 @@ def _colocated_parity(tmp_path, nproc: int, **kw) -> list[dict]:
     return c
 
 
+@pytest.mark.slow  # several torchrun processes: CI runs it, the fast local default does not
 def test_colocated_dp2(tmp_path):
     _colocated_parity(tmp_path, 2, gpn=2, gbs=4)
 

@@ -9,7 +9,7 @@ import pytest
 
 from helpers.trainer import make_run_yaml
 from mimo_jobs.ingest.iterline import parse_iteration
-from mimo_jobs.study.presets import get_preset
+from mimo_jobs.model.presets import get_preset
 from mimo_jobs.study.runspec import load_run_yaml
 from mimo_jobs.trainer.observe.iterlog import IterLogger
 from mimo_jobs.trainer.step import StepStats

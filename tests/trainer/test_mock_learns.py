@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 import mimo_jobs.data.mock as D
@@ -88,6 +89,7 @@ def test_demo_study_loss_falls(tmp_path):
     assert loss[-1] < 0.75 * loss[0], loss
 
 
+@pytest.mark.slow  # several torchrun processes: CI runs it, the fast local default does not
 def test_captions_need_the_image(tmp_path):
     kw = dict(
         gpn=2,

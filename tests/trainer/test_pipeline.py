@@ -32,6 +32,7 @@ def _pp_parity(tmp_path, nproc: int, **kw) -> list[dict]:
     return h
 
 
+@pytest.mark.slow  # several torchrun processes: CI runs it, the fast local default does not
 def test_pp2_fan_out(tmp_path):
     # encoder DP1 feeds 2 lanes; each lane is 2 stages of 1 layer: 1 + 2x2 = 5 ranks, 4 microbatches
     _pp_parity(tmp_path, 5, gpn=5, gbs=8, enc={"dp": 1}, llm={"pp": 2, "dp": 2})

@@ -39,6 +39,7 @@ def _facts(run_dir: Path) -> dict[int, dict]:
     }
 
 
+@pytest.mark.slow  # several torchrun processes: CI runs it, the fast local default does not
 @pytest.mark.parametrize("inflight", [1, 2])
 def test_encoder_inflight_keeps_results_exact(tmp_path, inflight):
     _, run_dir = _parity(tmp_path, {"encoder_inflight": inflight})

@@ -74,9 +74,14 @@ def fusions(on_gpu: bool, have: Installed) -> dict[str, bool]:
     }
 
 
-def bias_activation_fusion(on: bool, gated_linear_unit: bool, add_bias_linear: bool) -> bool:
-    """megatron-core fuses GELU with a bias only when the MLP has biases or is gated."""
-    return on and (gated_linear_unit or add_bias_linear)
+def bias_activation_fusion(
+    on: bool, gated_linear_unit: bool, add_bias_linear: bool, activation: str = "gelu"
+) -> bool:
+    """megatron-core's MLP has fused kernels for GELU with a bias or gated (GeGLU), and for gated SiLU
+    (SwiGLU); any other activation (quick-GELU, tanh-GELU, plain SiLU) runs unfused."""
+    if activation == "gelu":
+        return on and (gated_linear_unit or add_bias_linear)
+    return on and activation == "silu" and gated_linear_unit
 
 
 def kernels_for(on_gpu: bool, have: Installed) -> Kernels:

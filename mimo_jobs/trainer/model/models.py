@@ -1,10 +1,11 @@
 """The two modules: a ViT encoder + MLP projector, and a GPT language model (dense or MoE).
 
-Both are megatron-core 0.16.1 modules built with an explicit ProcessGroupCollection. The layer backend
-(Transformer Engine or megatron-core's local layers) and the fused kernels come from kernels.py, decided
-once per rank. Weights come from `canonical_init_`, which derives every parameter from (seed, parameter
-name, full shape) and then takes this rank's TP/EP shard, so every layout (and the one-process reference)
-starts from bit-identical weights, whichever backend built the layers.
+Both are megatron-core 0.16.1 modules built with an explicit ProcessGroupCollection from the model
+description (mimo_jobs/model/arch.py: EncoderArch, LLMArch). The layer backend (Transformer Engine or
+megatron-core's local layers) and the fused kernels come from kernels.py, decided once per rank. Weights
+come from `canonical_init_`, which derives every parameter from (seed, parameter name, full shape) and then
+takes this rank's TP/EP shard, so every layout (and the one-process reference) starts from bit-identical
+weights, whichever backend built the layers.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ import zlib
 from dataclasses import dataclass
 
 import torch
-from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TERowParallelLinear
-from megatron.core.models.gpt.gpt_layer_specs import (
-    get_gpt_layer_local_spec,
-    get_gpt_layer_with_transformer_engine_spec,
-)
+import torch.nn.functional as F
+from megatron.core.activations import quick_gelu
+from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TENorm, TERowParallelLinear
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 from megatron.core.models.vision.radio import RADIOViTModel
@@ -27,15 +27,26 @@ from megatron.core.models.vision.vit_layer_specs import (
     get_vit_layer_with_transformer_engine_spec,
 )
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from mimo_jobs.study.presets import ModelPreset
+from mimo_jobs.model.arch import ModelArch, padded_vocab
+from mimo_jobs.model.splits import tp_problems
 from mimo_jobs.trainer.model.kernels import CPU_KERNELS, TE, Kernels, bias_activation_fusion
 
 INIT_STD = 0.02
+
+
+def gelu_tanh(x):
+    """GELU with the tanh approximation (SigLIP's gelu_pytorch_tanh)."""
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS = {"gelu": F.gelu, "silu": F.silu, "quick_gelu": quick_gelu, "gelu_tanh": gelu_tanh}
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,9 @@ class Precision:
         return self.kernels.backend == TE
 
 
-def _base_kwargs(prec: Precision, add_bias_linear: bool = True) -> dict:
+def _base_kwargs(
+    prec: Precision, add_bias_linear: bool = True, activation: str = "gelu", gated: bool = False
+) -> dict:
     on = prec.kernels.on
     return {
         "params_dtype": prec.dtype,
@@ -69,12 +82,15 @@ def _base_kwargs(prec: Precision, add_bias_linear: bool = True) -> dict:
         "cross_entropy_fusion_impl": "native",
         "gradient_accumulation_fusion": on.get("gradient_accumulation_fusion", False),
         "bias_activation_fusion": bias_activation_fusion(
-            on.get("bias_activation_fusion", False), False, add_bias_linear
+            on.get("bias_activation_fusion", False), gated, add_bias_linear, activation
         ),
         "masked_softmax_fusion": on.get("masked_softmax_fusion", False),
         "bias_dropout_fusion": on.get("bias_dropout_fusion", False),
         "apply_rope_fusion": on.get("apply_rope_fusion", False),
         "persist_layer_norm": False,  # apex's persistent LayerNorm kernel: not used by either backend
+        "add_bias_linear": add_bias_linear,
+        "gated_linear_unit": gated,
+        "activation_func": ACTIVATIONS[activation],
     }
 
 
@@ -89,102 +105,162 @@ def recompute_kwargs(recompute: str) -> dict:
     return {}
 
 
+def unsupported(arch: ModelArch, lay) -> str | None:
+    """Why the trainer cannot build this model at this layout (None: it can): the splits validate refuses
+    (model/splits.py), and top-1 softmax routing renormalised over its one expert, which megatron-core
+    refuses (its gradient is zero). The trainer's own guard for a run.yaml that skipped validate."""
+    enc_tp = lay.llm_tp if lay.colocated else lay.enc_tp  # colocated: the encoder takes the LLM's TP
+    found = tp_problems(arch, enc_tp, lay.llm_tp, lay.llm_etp, lay.llm_pp)
+    if found:
+        _, msg, fit = found[0]
+        return f"trainer.model: {msg} ({fit})"
+    p = arch.llm
+    if p.num_experts and p.moe_router_topk == 1 and p.moe_router_score_function == "softmax":
+        if not p.moe_router_pre_softmax:
+            return (
+                "trainer.model.llm.moe_router_pre_softmax: top-1 softmax routing renormalised over one "
+                "expert has a zero gradient; set moe_router_pre_softmax: true"
+            )
+    return None
+
+
+def _moe_kwargs(p, tp: int, ep: int, etp: int, prec: Precision) -> dict:
+    return {
+        "num_moe_experts": p.num_experts,
+        "moe_router_topk": p.moe_router_topk,
+        "moe_ffn_hidden_size": p.expert_ffn,
+        "moe_shared_expert_intermediate_size": p.moe_shared_expert_intermediate_size,
+        "moe_shared_expert_gate": bool(getattr(p, "moe_shared_expert_gate", False)),
+        # dense first layers: megatron-core reads a list as one 0/1 entry per layer
+        "moe_layer_freq": list(p.moe_layer_pattern) if p.moe_layer_pattern is not None else 1,
+        "moe_router_score_function": p.moe_router_score_function,
+        "moe_router_pre_softmax": p.moe_router_pre_softmax,
+        "expert_model_parallel_size": ep,
+        "expert_tensor_parallel_size": etp,
+        "moe_token_dispatcher_type": "alltoall",
+        "moe_grouped_gemm": prec.kernels.grouped_gemm,
+        "moe_router_load_balancing_type": "aux_loss",
+        "moe_aux_loss_coeff": 1e-2,
+        "moe_permute_fusion": False,
+        "moe_router_fusion": False,
+        "sequence_parallel": tp > 1,
+    }
+
+
 def llm_config(
-    preset: ModelPreset, tp: int, ep: int, etp: int, prec: Precision, recompute: str = "none", pp: int = 1
+    arch: ModelArch, tp: int, ep: int, etp: int, prec: Precision, recompute: str = "none", pp: int = 1
 ):
-    p = preset.llm
-    moe = bool(p.num_experts)
+    p = arch.llm
+    gated = p.gated_linear_unit
     # SequentialMLP with biases modifies a view in place (autograd error): MoE LLMs have no linear biases
-    kw = _base_kwargs(prec, add_bias_linear=not moe) | recompute_kwargs(recompute)
-    if moe:
-        kw.update(
-            num_moe_experts=p.num_experts,
-            moe_router_topk=p.moe_router_topk,
-            moe_ffn_hidden_size=p.moe_ffn_hidden_size or p.ffn_hidden_size,
-            expert_model_parallel_size=ep,
-            expert_tensor_parallel_size=etp,
-            moe_token_dispatcher_type="alltoall",
-            moe_grouped_gemm=prec.kernels.grouped_gemm,
-            moe_router_load_balancing_type="aux_loss",
-            moe_aux_loss_coeff=1e-2,
-            moe_permute_fusion=False,
-            moe_router_fusion=False,
-            add_bias_linear=False,
-            sequence_parallel=tp > 1,
-        )
+    # (the description's default; validate refuses biases on an MoE LLM)
+    kw = _base_kwargs(prec, p.add_bias_linear, p.activation, gated) | recompute_kwargs(recompute)
+    if p.num_experts:
+        kw.update(_moe_kwargs(p, tp, ep, etp, prec))
     return TransformerConfig(
         num_layers=p.num_layers,
         hidden_size=p.hidden_size,
         num_attention_heads=p.num_attention_heads,
         num_query_groups=p.num_query_groups,
+        kv_channels=p.kv_channels,
         ffn_hidden_size=p.ffn_hidden_size,
+        add_qkv_bias=p.add_qkv_bias,
+        normalization=p.normalization,
+        layernorm_epsilon=p.norm_epsilon,
+        qk_layernorm=p.qk_layernorm,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         **kw,
     )
 
 
-def encoder_configs(preset: ModelPreset, tp: int, prec: Precision, recompute: str = "none"):
-    e, llm = preset.encoder, preset.llm
+def encoder_configs(arch: ModelArch, tp: int, prec: Precision, recompute: str = "none"):
+    e, llm = arch.encoder, arch.llm
     vit = TransformerConfig(
         num_layers=e.num_layers,
         hidden_size=e.hidden_size,
         num_attention_heads=e.num_attention_heads,
         ffn_hidden_size=e.ffn_hidden_size,
         tensor_model_parallel_size=tp,
-        **(_base_kwargs(prec) | recompute_kwargs(recompute)),
+        normalization=e.normalization,
+        layernorm_epsilon=e.norm_epsilon,
+        **(_base_kwargs(prec, True, e.activation) | recompute_kwargs(recompute)),
     )
-    # The projector maps encoder width -> LLM width: MLP(enc_h -> llm_h -> llm_h), TP-split like the ViT.
+    # The projector maps encoder width (times downsample^2 after the pixel shuffle) -> LLM width:
+    # MLP(in -> llm_h -> llm_h) with GELU, TP-split like the ViT.
     proj = TransformerConfig(
         num_layers=1,
         hidden_size=llm.hidden_size,
         num_attention_heads=tp,
         ffn_hidden_size=llm.hidden_size,
         tensor_model_parallel_size=tp,
-        gated_linear_unit=False,
         **_base_kwargs(prec),
     )
     return vit, proj
 
 
-class SPLayerNorm(torch.nn.LayerNorm):
-    """A LayerNorm for sequence-parallel MoE with TP>1 on the local backend: the local spec's
-    WrappedTorchNorm refuses sequence_parallel, and SP norms need their params tagged so
-    finalize_model_grads all-reduces their grads over TP (TE's TENorm does both itself)."""
+class SPNorm:
+    """The description's norm (LayerNorm or RMSNorm) for sequence-parallel MoE with TP>1 on the local
+    backend: the local spec's WrappedTorchNorm refuses sequence_parallel, and SP norms need their params
+    tagged so finalize_model_grads all-reduces their grads over TP (TE's TENorm does both itself)."""
 
-    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_):
-        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
-        for p in self.parameters():
-            p.sequence_parallel = config.sequence_parallel
+    tag_sequence_parallel = True
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_):
+        kind = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
+        norm = kind(hidden_size, eps=eps, dtype=config.params_dtype)
+        for p in norm.parameters():
+            p.sequence_parallel = config.sequence_parallel and cls.tag_sequence_parallel
+        return norm
 
 
-def llm_layer_spec(cfg, prec: Precision, num_experts: int | None):
-    """The GPT layer spec of the rank's backend (a block spec with SP norms for local sequence parallel)."""
-    if prec.te:
-        return get_gpt_layer_with_transformer_engine_spec(
-            num_experts=num_experts, moe_grouped_gemm=prec.kernels.grouped_gemm and bool(num_experts)
-        )
-    spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False)
-    if cfg.sequence_parallel:
-        spec.submodules.input_layernorm = SPLayerNorm
-        spec.submodules.pre_mlp_layernorm = SPLayerNorm
-        local = cfg.num_layers // cfg.pipeline_model_parallel_size
-        spec = TransformerBlockSubmodules(layer_specs=[spec] * local, layer_norm=SPLayerNorm)
-    return spec
+class QKNorm(SPNorm):
+    """The per-head query/key norm under sequence parallelism: its input is the rank's own heads, not a
+    sequence shard, so it is not tagged (finalize_model_grads sums q/k-norm grads over TP by name)."""
+
+    tag_sequence_parallel = False
+
+
+def llm_layer_spec(cfg, prec: Precision, stage: int = 0):
+    """The block spec of this pipeline stage's layers: dense or MoE per layer (the description's
+    moe_layer_pattern, as cfg.moe_layer_freq), the rank's backend, SP norms for local sequence parallel."""
+    layers = get_gpt_decoder_layer_specs(cfg, prec.te, normalization=cfg.normalization)
+    local = cfg.num_layers // cfg.pipeline_model_parallel_size
+    layers = layers[stage * local : (stage + 1) * local]
+    final_norm = TENorm if prec.te else WrappedTorchNorm
+    if not prec.te and cfg.sequence_parallel:
+        for spec in {id(s): s for s in layers}.values():  # the dense and MoE specs, each changed once
+            spec.submodules.input_layernorm = SPNorm
+            spec.submodules.pre_mlp_layernorm = SPNorm
+            att = spec.submodules.self_attention.submodules
+            if att.q_layernorm is not IdentityOp:
+                att.q_layernorm = att.k_layernorm = QKNorm
+        final_norm = SPNorm
+    return TransformerBlockSubmodules(layer_specs=layers, layer_norm=final_norm)
 
 
 def build_llm(
-    preset: ModelPreset, cfg, pgc, prec: Precision, seq_length: int, first: bool = True, last: bool = True
+    arch: ModelArch,
+    cfg,
+    pgc,
+    prec: Precision,
+    seq_length: int,
+    first: bool = True,
+    last: bool = True,
+    stage: int = 0,
 ):
-    """The LLM, or its pipeline stage: `first` holds the embedding, `last` the output layer and the loss;
-    each stage builds num_layers / pp layers (megatron-core reads the stage from pgc.pp)."""
+    """The LLM, or its pipeline stage `stage`: `first` holds the embedding, `last` the output layer and the
+    loss; each stage builds num_layers / pp layers."""
+    p = arch.llm
     gpt = GPTModel(
         config=cfg,
-        transformer_layer_spec=llm_layer_spec(cfg, prec, preset.llm.num_experts or None),
-        vocab_size=preset.llm.vocab_size,
+        transformer_layer_spec=llm_layer_spec(cfg, prec, stage),
+        vocab_size=padded_vocab(p.vocab_size, cfg.tensor_model_parallel_size),
         max_sequence_length=seq_length,
         position_embedding_type="rope",
-        share_embeddings_and_output_weights=False,  # untied: nothing to keep in sync across stages
+        rotary_base=int(p.rotary_base) if float(p.rotary_base).is_integer() else p.rotary_base,
+        # tied only with one pipeline stage (unsupported() refuses the rest): nothing to sync across stages
+        share_embeddings_and_output_weights=p.tie_word_embeddings,
         pre_process=first,
         post_process=last,
         pg_collection=pgc,
@@ -192,8 +268,8 @@ def build_llm(
     return in_params_dtype(gpt, prec)
 
 
-def build_encoder(preset: ModelPreset, vit_cfg, proj_cfg, pgc, prec: Precision):
-    return in_params_dtype(Encoder(preset, vit_cfg, proj_cfg, pgc, prec), prec)
+def build_encoder(arch: ModelArch, vit_cfg, proj_cfg, pgc, prec: Precision):
+    return in_params_dtype(Encoder(arch, vit_cfg, proj_cfg, pgc, prec), prec)
 
 
 def in_params_dtype(module, prec: Precision):
@@ -205,84 +281,133 @@ def in_params_dtype(module, prec: Precision):
 
 
 def encoder_layer_specs(prec: Precision):
-    """(ViT layer spec, projector MLP submodules) of the rank's backend."""
+    """(ViT layer spec, projector MLP submodules, norm) of the rank's backend."""
     if prec.te:
         return (
             get_vit_layer_with_transformer_engine_spec(),
             MLPSubmodules(linear_fc1=TEColumnParallelLinear, linear_fc2=TERowParallelLinear),
+            TENorm,
         )
     return (
         get_vit_layer_with_local_spec(),
         MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
+        WrappedTorchNorm,
     )
 
 
 class VarResViT(RADIOViTModel):
-    """RADIO ViT without CPE: its position table is windowed to any image size (multiple of the patch), so
-    images of different sizes give different token counts. RADIO checks a fixed seq_length; it is set per
-    call from the input."""
+    """RADIO's ViT without CPE: its position table is windowed to any image size (a multiple of the patch),
+    so images of different sizes give different token counts. CLIP's and SigLIP's ViTs are the same
+    network: an optional class token with its own position row (CLIP), an optional norm before the first
+    layer (CLIP's pre_layrnorm) and after the last (post_layernorm)."""
 
-    def forward(self, x, attention_mask=None):
-        self.seq_length = (x.shape[-2] // self.patch_dim) * (x.shape[-1] // self.patch_dim)
-        if attention_mask is None:
-            # bidirectional attention; an explicit mask also avoids mcore's device="cuda" default mask
-            attention_mask = torch.zeros(
-                1, 1, self.seq_length, self.seq_length, dtype=torch.bool, device=x.device
-            )
-        return super().forward(x, attention_mask=attention_mask)
-
-
-class Encoder(MegatronModule):
-    """ViT + MLP projector: a list of images -> flat image embeddings [sum N_i, llm_hidden]."""
-
-    def __init__(self, preset: ModelPreset, vit_cfg, proj_cfg, pgc, prec: Precision):
-        super().__init__(config=vit_cfg)
-        e = preset.encoder
-        spec, proj_sub = encoder_layer_specs(prec)
-        self.patch = e.patch_size
-        self.vit = VarResViT(
-            vit_cfg,
+    def __init__(self, cfg, spec, e, norm, pgc):
+        super().__init__(
+            cfg,
             spec,
-            add_class_token=False,
+            ln_pre_impl=norm if e.pre_norm else None,
+            ln_post_impl=norm if e.final_norm else None,
+            add_class_token=e.class_token,
+            class_token_len=1,
             patch_dim=e.patch_size,
             img_h=e.image_size,
             img_w=e.image_size,
             max_img_h=e.image_size,
             max_img_w=e.image_size,
             has_cpe=False,
+            embedder_bias=e.patch_bias,
             pg_collection=pgc,
         )
+        # the class token's position row (RADIO gives the class token none; CLIP's table has one)
+        self.class_position = (
+            torch.nn.Parameter(torch.zeros(1, cfg.hidden_size, dtype=cfg.params_dtype))
+            if e.class_token
+            else None
+        )
+
+    def forward(self, x, attention_mask=None):
+        """[b, C, H, W] -> [b, n, h]: n = (H/p)(W/p) patch tokens, after the class token when there is one."""
+        p = self.patch_dim
+        b, c, hh, ww = x.shape
+        py, px = hh // p, ww // p
+        x = x.reshape(b, c, py, p, px, p).permute(0, 2, 4, 1, 3, 5).reshape(b, py * px, c * p * p)
+        x, _ = self.embedder(x)
+        x = x + self._get_pos_embeddings(b, (py, px))
+        if self.add_class_token:
+            cls = (self.class_token + self.class_position).expand(b, -1, -1)
+            x = torch.cat([cls, x], dim=1)
+        if self.ln_pre is not None:
+            x = self.ln_pre(x)
+        n = x.shape[1]
+        if attention_mask is None:
+            # bidirectional attention; an explicit mask also avoids mcore's device="cuda" default mask
+            attention_mask = torch.zeros(1, 1, n, n, dtype=torch.bool, device=x.device)
+        x = self.decoder(x.transpose(0, 1).contiguous(), attention_mask=attention_mask)
+        x = x.transpose(0, 1).contiguous()
+        return self.ln_post(x) if self.ln_post is not None else x
+
+
+def pixel_shuffle(y, py: int, px: int, s: int):
+    """[b, py*px, h] patch tokens (row-major) -> [b, (py/s)(px/s), s*s*h]: each s x s block of neighbouring
+    patches becomes one token holding their s*s feature vectors (row-major inside the block)."""
+    b, _, h = y.shape
+    y = y.reshape(b, py // s, s, px // s, s, h).permute(0, 1, 3, 2, 4, 5)
+    return y.reshape(b, (py // s) * (px // s), s * s * h)
+
+
+class Encoder(MegatronModule):
+    """ViT + pixel shuffle + MLP projector: a list of images -> flat image embeddings [sum N_i, llm_hidden]."""
+
+    def __init__(self, arch: ModelArch, vit_cfg, proj_cfg, pgc, prec: Precision):
+        super().__init__(config=vit_cfg)
+        e = arch.encoder
+        spec, proj_sub, norm = encoder_layer_specs(prec)
+        self.patch = e.patch_size
+        self.downsample = e.downsample
+        self.class_token = e.class_token
+        self.vit = VarResViT(vit_cfg, spec, e, norm, pgc)
         # RADIO builds its patch embedder without tp_group (radio.py:129): rebuild it on our TP group.
         self.vit.embedder = ColumnParallelLinear(
             input_size=e.channels * e.patch_size**2,
             output_size=e.hidden_size,
-            bias=False,
+            bias=e.patch_bias,
             config=vit_cfg,
             gather_output=True,
             init_method=lambda t: torch.nn.init.normal_(t, 0, 1),
             tp_group=pgc.tp,
         )
         self.projector = MultimodalProjector(
-            proj_cfg, proj_sub, "mlp", input_size=e.hidden_size, tp_group=pgc.tp
+            proj_cfg, proj_sub, "mlp", input_size=e.projector_input, tp_group=pgc.tp
         )
         self.out_hidden = proj_cfg.hidden_size
         self.dtype = prec.dtype
 
     def forward(self, images: list):
-        """images: [C, H, W] tensors (H, W multiples of the patch). Returns [sum_i N_i, H_llm] in image
-        order, N_i = (H/p)*(W/p). Same-size images run as one batch."""
+        """images: [C, H, W] tensors (H, W multiples of patch x downsample). Returns [sum_i N_i, H_llm] in
+        image order, N_i = EncoderArch.tokens_for(H, W). Same-size images run as one batch."""
         if not images:
             return None
         order: dict[tuple, list[int]] = {}
         for i, im in enumerate(images):
             order.setdefault(tuple(im.shape), []).append(i)
         outs: list = [None] * len(images)
-        for idx in order.values():
+        step = self.patch * self.downsample
+        for shape, idx in order.items():
+            if shape[-2] % step or shape[-1] % step:
+                raise ValueError(
+                    f"an image of {shape[-2]}x{shape[-1]} px does not divide into {step}x{step} px blocks "
+                    f"(patch_size {self.patch} x downsample {self.downsample}); the data must give sides "
+                    f"that are multiples of {step}"
+                )
             x = torch.stack([images[i] for i in idx]).to(self.dtype)
-            y = self.vit(x)  # [b, n, h_enc]
+            y = self.vit(x)  # [b, n (+1 class token), h_enc]
+            if self.class_token:  # it attends inside the ViT; the LLM gets the patch tokens only
+                y = y[:, 1:]
+            if self.downsample > 1:
+                y = pixel_shuffle(y, shape[-2] // self.patch, shape[-1] // self.patch, self.downsample)
             for j, i in enumerate(idx):
                 outs[i] = y[j]
-        flat = torch.cat(outs, dim=0).unsqueeze(1)  # [sum N, 1, h_enc]: MLP works on [s, b, h]
+        flat = torch.cat(outs, dim=0).unsqueeze(1)  # [sum N, 1, h_in]: MLP works on [s, b, h]
         return self.projector(flat).squeeze(1)
 
 
@@ -307,6 +432,9 @@ class ParamShard:
     dim: int | None  # the split dimension (None: this rank holds the full tensor)
     rank: int
     size: int
+    # megatron-core's partition_stride: the full tensor is `parts` equal blocks along `dim` and a rank holds
+    # its slice of each (a gated MLP's fc1 is [gate; up], a rank's shard [gate shard; up shard])
+    parts: int = 1
 
 
 def _grouped_partition_dim(module) -> int | None:
@@ -355,7 +483,7 @@ def param_shards(
                 lambda m: f"experts.{ep_rank * num_local_experts + int(m.group(1))}.", cname
             )
         rank, size = (etp_rank, etp_size) if is_expert else (tp_rank, tp_size)
-        dim = None
+        dim, parts = None, 1
         if getattr(p, "tensor_model_parallel", False) and size > 1:
             dim = p.partition_dim
             if grouped:
@@ -364,9 +492,9 @@ def param_shards(
                     raise NotImplementedError(f"canonical init: unknown grouped linear for {name}")
                 if grouped.group(2) == "bias" and dim == 1:
                     dim = None  # a row-parallel bias is whole on every rank
-            if getattr(p, "partition_stride", 1) != 1:
-                raise NotImplementedError(f"canonical init: strided TP partition for {name}")
-        yield name, p, ParamShard(cname, is_expert, dim, rank, size)
+            # a strided split (a gated MLP's fc1, stride 2) hands each rank its slice of every block
+            parts = getattr(p, "partition_stride", 1)
+        yield name, p, ParamShard(cname, is_expert, dim, rank, size, parts)
 
 
 def canonical_tensor(seed: int, tag: str, cname: str, full: list[int]):
@@ -403,7 +531,7 @@ def canonical_init_(
             full[sh.dim] *= sh.size
         t = canonical_tensor(seed, tag, sh.cname, full)
         if sh.dim is not None:
-            n = p.shape[sh.dim]
-            t = t.narrow(sh.dim, sh.rank * n, n)
+            n = p.shape[sh.dim] // sh.parts
+            t = torch.cat([b.narrow(sh.dim, sh.rank * n, n) for b in t.chunk(sh.parts, sh.dim)], sh.dim)
         with torch.no_grad():
             p.copy_(t.to(device=p.device, dtype=p.dtype))

@@ -62,6 +62,7 @@ def megatron_line(
     grad_norm: float | None,
     skipped: int,
     nan: int,
+    rates: TokenRates | None = None,
     now: _dt.datetime | None = None,
 ) -> str:
     ts = (now or _dt.datetime.now()).strftime("%Y-%m-%d %H:%M:%S.%f")
@@ -76,7 +77,33 @@ def megatron_line(
     if grad_norm is not None:
         s += f" grad norm: {grad_norm:.3f} |"
     s += f" number of skipped iterations: {skipped:3d} | number of nan iterations: {nan:3d} |"
+    if rates is not None:
+        s += (
+            f" carried tokens/s/GPU: {rates.carried_per_gpu:.1f} | loss-bearing tokens/s/GPU: "
+            f"{rates.loss_per_gpu:.1f} | padded slots: {rates.padded:.1%} |"
+        )
     return s
+
+
+@dataclass
+class TokenRates:
+    """Per GPU over a log interval: the tokens carried and those bearing loss per second, and the share of
+    the batch's slots (gbs * seq_length) that held padding."""
+
+    carried_per_gpu: float
+    loss_per_gpu: float
+    padded: float
+
+
+def token_rates(recs: list, world: int, slots: int) -> TokenRates | None:
+    """The interval's token rates from its records (None when the carried tokens were not counted)."""
+    secs = sum(r.elapsed_ms for r in recs) / 1e3
+    if secs <= 0 or not slots or any(r.carried_tokens is None for r in recs):
+        return None
+    carried = sum(r.carried_tokens for r in recs)
+    return TokenRates(
+        carried / secs / world, sum(r.tokens for r in recs) / secs / world, 1 - carried / (slots * len(recs))
+    )
 
 
 def _environment(run_provenance: dict | None = None) -> dict:
@@ -190,7 +217,9 @@ class IterLogger:
         img_per_sample = stats.image_tokens / max(lay.gbs, 1)
         flops = flops_per_sample(preset, seq_length, round(img_per_sample)).total * lay.gbs
         tflops = flops / el / world / 1e12
-        tok_s = lay.gbs * seq_length / el
+        # the headline: tokens the batch carries (not its padded slots; padding is counted apart)
+        carried = stats.carried_tokens or lay.gbs * seq_length
+        tok_s = carried / el
         rec = self._rec(
             "iteration",
             iteration=stats.iteration,
@@ -202,6 +231,8 @@ class IterLogger:
             skipped=int(stats.skipped),
             nan=int(stats.nan),
             tokens=stats.tokens,
+            carried_tokens=stats.carried_tokens or None,
+            image_tokens=stats.image_tokens,
             samples_per_s=lay.gbs / el,
             tokens_per_s=tok_s,
             tokens_per_s_per_gpu=tok_s / world,
@@ -236,6 +267,7 @@ class IterLogger:
                 rec.grad_norm,
                 sum(r.skipped for r in acc),
                 sum(r.nan for r in acc),
+                token_rates(acc, world, lay.gbs * seq_length),
             )
             if self.echo:
                 print(line, flush=True)

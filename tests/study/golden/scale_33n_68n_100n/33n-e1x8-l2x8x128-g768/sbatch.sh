@@ -1,5 +1,5 @@
 #!/bin/bash
-# SLURM batch script for run 33n-e1x8-l2x8x128-g768 (c32c012005fd) of study scale_33n_68n_100n.
+# SLURM batch script for run 33n-e1x8-l2x8x128-g768 (667c053aa253) of study scale_33n_68n_100n.
 # Rendered by mimo-jobs 0.1.0 from templates/sbatch.sh.j2; re-render instead of editing.
 #SBATCH --job-name=scale_33n_68n_100n.33n-e1x8-l2x8x128-g768
 #SBATCH --nodes=33
@@ -8,16 +8,16 @@
 #SBATCH --time=04:00:00
 #SBATCH --partition=batch
 #SBATCH --exclusive
-#SBATCH --output=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-c32c012005fd/logs/slurm-%j.out
-#SBATCH --error=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-c32c012005fd/logs/slurm-%j.out
+#SBATCH --output=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-667c053aa253/logs/slurm-%j.out
+#SBATCH --error=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-667c053aa253/logs/slurm-%j.out
 #SBATCH --signal=USR2@120
 #SBATCH --requeue
 # Values are single-quoted on purpose (literal, never expanded):
 # shellcheck disable=SC2016
 set -euo pipefail
 
-RUN_DIR=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-c32c012005fd
-LAUNCH=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-c32c012005fd/launch.sh
+RUN_DIR=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-667c053aa253
+LAUNCH=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-667c053aa253/launch.sh
 export MIMO_JOBS_RUN_DIR="$RUN_DIR"
 
 # Static torchrun rendezvous: node 0 of the allocation hosts the store; the port comes from the job id so
@@ -32,7 +32,7 @@ export MIMO_JOBS_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
 # The trainer stops, saves and asks for a requeue before the time limit even if no warning signal arrives.
 MIMO_JOB_DEADLINE=$(( $(date +%s) + 14400 ))
 export MIMO_JOB_DEADLINE
-REQUEUE_MARKER=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-c32c012005fd/checkpoints/requeue.json
+REQUEUE_MARKER=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-667c053aa253/checkpoints/requeue.json
 rm -f "$REQUEUE_MARKER"  # left by an attempt killed before it was handled
 
 # cluster.env
@@ -52,8 +52,8 @@ srun_cmd=(
   --ntasks-per-node=1
   --kill-on-bad-exit=1
   --container-image=/images/mimo-jobs.sqsh
-  --container-mounts='/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-c32c012005fd:/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-c32c012005fd,/data:/data:ro'
-  --container-workdir=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-c32c012005fd
+  --container-mounts='/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-667c053aa253:/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-667c053aa253,/data:/data:ro'
+  --container-workdir=/runs/scale_33n_68n_100n/33n-e1x8-l2x8x128-g768-667c053aa253
   --no-container-mount-home
   bash "$LAUNCH"
 )

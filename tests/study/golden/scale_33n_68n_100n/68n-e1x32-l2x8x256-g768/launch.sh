@@ -1,5 +1,5 @@
 #!/bin/bash
-# torchrun launch of ONE node for run 68n-e1x32-l2x8x256-g768 (5cb5867df853) of study scale_33n_68n_100n.
+# torchrun launch of ONE node for run 68n-e1x32-l2x8x256-g768 (4688177e3836) of study scale_33n_68n_100n.
 # Rendered by mimo-jobs 0.1.0 from templates/launch.sh.j2; re-render instead of editing.
 #   under srun (sbatch.sh): node rank = $SLURM_NODEID, master = $MASTER_ADDR:$MASTER_PORT from sbatch.sh
 #                           (or the first host of the node list and a port from the job id)
@@ -11,8 +11,8 @@
 # shellcheck disable=SC2016
 set -euo pipefail
 
-RUN_DIR=/runs/scale_33n_68n_100n/68n-e1x32-l2x8x256-g768-5cb5867df853
-RUN_YAML=/runs/scale_33n_68n_100n/68n-e1x32-l2x8x256-g768-5cb5867df853/run.yaml
+RUN_DIR=/runs/scale_33n_68n_100n/68n-e1x32-l2x8x256-g768-4688177e3836
+RUN_YAML=/runs/scale_33n_68n_100n/68n-e1x32-l2x8x256-g768-4688177e3836/run.yaml
 PYTHON=python3
 NNODES=68
 NPROC_PER_NODE=8
@@ -59,7 +59,7 @@ echo "mimo-jobs: run 68n-e1x32-l2x8x256-g768 job $MIMO_JOBS_JOB_ID attempt $MIMO
 
 # Requeue contract (mimo_jobs/trainer/signals.py): a trainer stopped by a signal or its deadline saves a
 # checkpoint, rank 0 writes this marker and every rank exits 75; torchrun turns that into exit 1.
-REQUEUE_MARKER=/runs/scale_33n_68n_100n/68n-e1x32-l2x8x256-g768-5cb5867df853/checkpoints/requeue.json
+REQUEUE_MARKER=/runs/scale_33n_68n_100n/68n-e1x32-l2x8x256-g768-4688177e3836/checkpoints/requeue.json
 if [[ "$MODE" == local ]]; then
   rm -f "$REQUEUE_MARKER"  # left by an attempt killed before it was handled (sbatch.sh does this on SLURM)
 fi

@@ -1,0 +1,99 @@
+"""Instruction samples -> token ids and per-token target flags (pure; no energon, no torch).
+
+Two layouts, one rule for the loss: a token is a *target* when the model is trained to produce it.
+  plain   BOS, image placeholders, prompt, response, EOS          targets: response + EOS
+  chat    the tokenizer's chat template over the turns            targets: what follows each assistant
+          turn's generation prompt (its content and end-of-turn text), nothing else
+
+The chat layout finds each assistant turn as character spans of the rendered text: the rendering of the
+turns before it with the generation prompt, and the rendering up to and including it, must be prefixes of
+the whole (true of ChatML-like templates; a template that rewrites earlier turns is refused). Tokens are
+marked from the fast tokenizer's character offsets, so a token is a target exactly when it starts inside an
+assistant span. `<image>` in a turn's text marks where an image's placeholder tokens go.
+"""
+
+from __future__ import annotations
+
+from .errors import DataError
+from .tokenizer import Tokenizer
+
+IMAGE_MARKER = "<image>"
+ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
+
+
+def normalize_turns(raw: object) -> list[dict]:
+    """[{role, content}] from the OpenAI-style ({role, content}) or LLaVA-style ({from, value}) form."""
+    if not isinstance(raw, list) or not raw:
+        raise ValueError("field 'conversation' must be a non-empty list of turns")
+    turns = []
+    for i, t in enumerate(raw):
+        if not isinstance(t, dict):
+            raise ValueError(f"conversation turn {i} is {type(t).__name__}, expected an object")
+        role, content = t.get("role", t.get("from")), t.get("content", t.get("value"))
+        if role not in ROLES:
+            raise ValueError(f"conversation turn {i} has role {role!r}; expected one of {sorted(ROLES)}")
+        if not isinstance(content, str):
+            raise ValueError(f"conversation turn {i} has no text content")
+        turns.append({"role": ROLES[role], "content": content})
+    if not any(t["role"] == "assistant" for t in turns):
+        raise ValueError("conversation has no assistant turn: nothing to train on")
+    return turns
+
+
+def place_images(turns: list[dict], n_images: int) -> list[dict]:
+    """Put one marker per image: as written in the turns, or (none written) before the first user text."""
+    n = sum(t["content"].count(IMAGE_MARKER) for t in turns)
+    if n == n_images:
+        return turns
+    if n == 0:
+        out = [dict(t) for t in turns]
+        first = next((t for t in out if t["role"] == "user"), out[0])
+        first["content"] = (IMAGE_MARKER + "\n") * n_images + first["content"]
+        return out
+    raise ValueError(f"the text has {n} {IMAGE_MARKER} marker(s) but the sample has {n_images} image(s)")
+
+
+def plain_layout(
+    tok: Tokenizer, prompt: str, response: str, image_tokens: int
+) -> tuple[list[int], list[bool]]:
+    head = [tok.bos_id] + [tok.image_token_id] * image_tokens + tok.encode(prompt)
+    body = tok.encode(response) + [tok.eos_id]
+    return head + body, [False] * len(head) + [True] * len(body)
+
+
+def _assistant_spans(tok: Tokenizer, turns: list[dict], full: str) -> list[tuple[int, int]]:
+    spans = []
+    for k, t in enumerate(turns):
+        if t["role"] != "assistant":
+            continue
+        before = tok.render_chat(turns[:k], add_generation_prompt=True)
+        upto = tok.render_chat(turns[: k + 1], add_generation_prompt=False)
+        if not (upto.startswith(before) and full.startswith(upto)):
+            raise DataError(
+                f"tokenizer {tok.name}: its chat template renders earlier turns differently once later "
+                "turns follow, so the assistant tokens cannot be found; use a prefix-stable template"
+            )
+        spans.append((len(before), len(upto)))
+    return spans
+
+
+def chat_layout(tok: Tokenizer, turns: list[dict], image_tokens: list[int]) -> tuple[list[int], list[bool]]:
+    """Render turns with the chat template; image i's marker becomes image_tokens[i] placeholder ids."""
+    turns = place_images(turns, len(image_tokens))
+    full = tok.render_chat(turns, add_generation_prompt=False)
+    spans = _assistant_spans(tok, turns, full)
+    ids: list[int] = []
+    flags: list[bool] = []
+    base = 0
+    pieces = full.split(IMAGE_MARKER)
+    for i, piece in enumerate(pieces):
+        p_ids, offs = tok.encode_offsets(piece)
+        ids += p_ids
+        flags += [any(a <= base + s < b for a, b in spans) for s, _ in offs]
+        base += len(piece) + len(IMAGE_MARKER)
+        if i < len(pieces) - 1:
+            ids += [tok.image_token_id] * image_tokens[i]
+            flags += [False] * image_tokens[i]
+    if not any(flags):
+        raise ValueError("the assistant turns render to no tokens: nothing to train on")
+    return ids, flags

@@ -1,0 +1,52 @@
+"""One pass over a prepared energon dataset or blend, through the trainer's own task encoder, collecting
+per-sample token counts for `data stats` (imports energon and torch: called inside the command only).
+
+The same encoder as training means the same sample types, field maps, chat template and image geometry;
+nothing is cut (the sequence limit is lifted, so over-long samples show their full length) and bad samples
+are counted as skipped instead of stopping the pass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .check import check_data_path
+from .energon_provider import image_token_id
+from .images import ImageGeometry
+from .stats import SampleStat
+from .tokenizer import load_tokenizer
+
+NO_LIMIT = 1 << 30
+
+
+def scan(
+    path: str, geometry: ImageGeometry, vocab_size: int, tokenizer: str | None
+) -> tuple[list[SampleStat], int]:
+    """(per-sample stats in the dataset's order, samples skipped as bad)."""
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+
+    from .task_encoder import EncodeConfig, MimoTaskEncoder
+
+    class _Counting(MimoTaskEncoder):
+        def batch(self, samples: list[Any]) -> list[SampleStat]:
+            return [
+                SampleStat(
+                    key=s.__key__,
+                    image_tokens=s.image_token_count,
+                    text_tokens=len(s.tokens) - s.image_token_count,
+                    images=1 if s.image_token_count else 0,
+                )
+                for s in samples
+            ]
+
+    check_data_path(path)
+    tok = load_tokenizer(tokenizer, vocab_size, image_token_id(vocab_size))
+    enc = _Counting(
+        tok, EncodeConfig(seq_length=NO_LIMIT, geometry=geometry, need_images=False, on_bad_sample="skip")
+    )
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0, global_error_handler=enc.on_error)
+    ds = get_val_dataset(path, split_part="train", worker_config=wc, batch_size=1, task_encoder=enc)
+    out: list[SampleStat] = []
+    for batch in get_loader(ds):
+        out += batch
+    skipped = sum(1 for e in enc._events if e["kind"] == "skipped")
+    return out, skipped

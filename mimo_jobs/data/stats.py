@@ -1,0 +1,104 @@
+"""Token statistics of a dataset (pure): per-sample counts in, the summary the planner and people read out.
+
+Per sample: image tokens (after the encoder's geometry), text tokens (everything else the LLM reads:
+template, prompt, answer, BOS/EOS), images. Summary: count, mean, percentiles and maximum of each, the
+images-per-sample histogram, a histogram of sequence lengths, and the packing efficiency at a seq_length:
+the share of the LLM's token slots holding real tokens when every sample is padded to seq_length, and when
+samples are packed first-fit-decreasing into sequences of seq_length (an upper bound of what a packing
+loader with a large buffer reaches).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+STATS_FORMAT = 1
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True)
+class SampleStat:
+    key: str
+    image_tokens: int
+    text_tokens: int
+    images: int
+
+    @property
+    def tokens(self) -> int:
+        return self.image_tokens + self.text_tokens
+
+
+def percentile(sorted_values: list[int], q: float) -> int:
+    """Nearest-rank percentile (a value that occurs: token counts stay integers)."""
+    if not sorted_values:
+        return 0
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def describe_values(values: list[int]) -> dict:
+    v = sorted(values)
+    out = {"mean": (sum(v) / len(v)) if v else 0.0, "min": v[0] if v else 0, "max": v[-1] if v else 0}
+    out.update({f"p{q}": percentile(v, q) for q in PERCENTILES})
+    return out
+
+
+def pack_first_fit(lengths: list[int], seq_length: int) -> int:
+    """Sequences of seq_length that hold all samples, packed first-fit-decreasing (samples longer than
+    seq_length take one sequence each: they do not fit either way)."""
+    free: list[int] = []
+    for n in sorted(lengths, reverse=True):
+        n = min(n, seq_length)
+        for i, f in enumerate(free):
+            if f >= n:
+                free[i] = f - n
+                break
+        else:
+            free.append(seq_length - n)
+    return len(free)
+
+
+def histogram(values: list[int], bins: int = 10) -> list[dict]:
+    """Equal-width bins over [min, max]: [{lo, hi, count}], hi inclusive on the last bin."""
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    width = max(1, math.ceil((hi - lo + 1) / bins))
+    counts: dict[int, int] = {}
+    for x in values:
+        b = (x - lo) // width
+        counts[b] = counts.get(b, 0) + 1
+    return [
+        {"lo": lo + b * width, "hi": lo + (b + 1) * width - 1, "count": counts.get(b, 0)}
+        for b in range(max(counts) + 1)
+    ]
+
+
+def summarize(samples: list[SampleStat], seq_length: int, skipped: int = 0) -> dict:
+    if seq_length < 1:
+        raise ValueError(f"seq_length={seq_length}: must be >= 1")
+    lengths = [s.tokens for s in samples]
+    total = sum(min(n, seq_length) for n in lengths)
+    packed = pack_first_fit(lengths, seq_length)
+    per_image: dict[int, int] = {}
+    for s in samples:
+        per_image[s.images] = per_image.get(s.images, 0) + 1
+    return {
+        "format": STATS_FORMAT,
+        "samples": len(samples),
+        "skipped": skipped,
+        "seq_length": seq_length,
+        "over_seq_length": sum(1 for n in lengths if n > seq_length),
+        "image_tokens": describe_values([s.image_tokens for s in samples]),
+        "text_tokens": describe_values([s.text_tokens for s in samples]),
+        "tokens": describe_values(lengths),
+        "images_per_sample": {str(k): v for k, v in sorted(per_image.items())},
+        "packing": {
+            "padded_efficiency": total / (len(samples) * seq_length) if samples else 0.0,
+            "packed_sequences": packed,
+            "packed_efficiency": total / (packed * seq_length) if packed else 0.0,
+        },
+        "tokens_histogram": histogram(lengths),
+        "per_sample": [asdict(s) for s in samples],
+    }

@@ -1,0 +1,1 @@
+"""The model description (pure data, no torch): architectures, packaged presets, HuggingFace configs."""

@@ -1,0 +1,287 @@
+"""The model description: pure data (no torch), one shape for every consumer (validate, predict, plan,
+report's MFU, data and the trainer).
+
+A model is an image encoder (ViT + MLP projector) feeding a GPT language model (dense or MoE). Field names
+follow megatron-core's TransformerConfig where it has one; defaults reproduce the trainer's original
+(GELU, LayerNorm, linear biases on dense LLMs only) so the packaged presets keep their meaning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, fields
+
+from mimo_jobs.errors import MimoJobsError
+
+LLM_ACTIVATIONS = ("gelu", "silu")
+ENC_ACTIVATIONS = ("gelu", "quick_gelu", "gelu_tanh")
+NORMS = ("LayerNorm", "RMSNorm")
+ENC_KINDS = ("clip", "siglip", "radio")
+ROUTER_SCORES = ("softmax", "sigmoid")
+# The vocabulary tables are padded to a multiple of this (Megatron-LM's make_vocab_size_divisible_by
+# default), or of VOCAB_MULTIPLE * tp when tp does not divide that, so every TP size splits them evenly.
+VOCAB_MULTIPLE = 128
+
+
+def padded_vocab(vocab_size: int, tp: int) -> int:
+    """Rows of the embedding and output tables on a TP group of `tp` ranks (the padded rows are never a
+    label; the planner counts them in per-rank memory, never in a model's parameter total)."""
+    for m in (VOCAB_MULTIPLE, VOCAB_MULTIPLE * tp):
+        v = -(-vocab_size // m) * m
+        if v % tp == 0:
+            return v
+    raise AssertionError("unreachable: a multiple of VOCAB_MULTIPLE * tp divides by tp")
+
+
+class ArchError(MimoJobsError, ValueError):
+    """A model description that cannot be built; `field` is its dotted path inside trainer.model (callers
+    prefix it with where the description sits)."""
+
+    def __init__(self, field: str, msg: str):
+        super().__init__(msg, where=field or None)
+        self.field = field
+
+    def under(self, prefix: str) -> ArchError:
+        """The same error with its field placed under `prefix` (e.g. "trainer.model.llm")."""
+        return ArchError(f"{prefix}.{self.field}" if self.field else prefix, str(self))
+
+
+def _check_choice(field: str, value, choices) -> None:
+    if value not in choices:
+        raise ArchError(field, f"{value!r} is not one of {', '.join(map(str, choices))}")
+
+
+def _check_positive(obj, names) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ArchError(n, f"must be a positive integer, got {v!r}")
+
+
+@dataclass(frozen=True)
+class EncoderArch:
+    kind: str  # "clip", "siglip" or "radio" (the trainer builds all three on megatron-core's RADIO ViT)
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    patch_size: int
+    image_size: int  # max side in pixels; images are padded/cropped to multiples of patch_size
+    channels: int = 3
+    # a learned class token attends inside the ViT (one more position); like LLaVA, it is dropped before the
+    # projector, so it never reaches the LLM
+    class_token: bool = True
+    activation: str = "gelu"
+    normalization: str = "LayerNorm"
+    norm_epsilon: float = 1e-5
+    # pixel shuffle: s x s neighbouring patch tokens become one token of s*s*hidden channels before the
+    # projector (the projector's input width is s*s*hidden_size)
+    downsample: int = 1
+    pre_norm: bool = False  # a norm on the patch embeddings before the first layer (CLIP's pre_layrnorm)
+    final_norm: bool = False  # a norm after the last layer (CLIP's and SigLIP's post_layernorm)
+    patch_bias: bool = False  # the patch embedding has a bias (SigLIP's conv)
+    name: str = ""
+    source: str = ""
+
+    def __post_init__(self):
+        _check_choice("kind", self.kind, ENC_KINDS)
+        _check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
+        _check_positive(self, ("patch_size", "image_size", "channels", "downsample"))
+        _check_choice("activation", self.activation, ENC_ACTIVATIONS)
+        _check_choice("normalization", self.normalization, NORMS)
+        if self.hidden_size % self.num_attention_heads:
+            raise ArchError(
+                "num_attention_heads",
+                f"hidden_size {self.hidden_size} is not divisible by {self.num_attention_heads} heads",
+            )
+        if self.image_size < self.patch_size:
+            raise ArchError("image_size", f"{self.image_size} is smaller than one patch ({self.patch_size})")
+        if self.grid % self.downsample:
+            raise ArchError(
+                "downsample",
+                f"{self.downsample} does not divide the {self.grid}-patch side of a {self.image_size}px image "
+                f"(patch {self.patch_size}); choose an image_size whose patch grid it divides",
+            )
+
+    @property
+    def grid(self) -> int:
+        """Patches per side of a full-size image (a stride-p convolution: image_size // p)."""
+        return self.image_size // self.patch_size
+
+    @property
+    def positions(self) -> int:
+        """Rows of the position table: the full-size patch grid, plus the class token's."""
+        return self.grid**2 + int(self.class_token)
+
+    def vit_tokens(self, h_px: int, w_px: int) -> int:
+        """Sequence length inside the ViT for one h x w image (sides multiples of the patch)."""
+        return (h_px // self.patch_size) * (w_px // self.patch_size) + int(self.class_token)
+
+    def tokens_for(self, h_px: int, w_px: int) -> int:
+        """Image tokens one h x w image gives the LLM: patches over downsample^2, class token dropped."""
+        s = self.patch_size * self.downsample
+        return (h_px // s) * (w_px // s)
+
+    @property
+    def tokens_per_image(self) -> int:
+        """Image tokens of a full-size (image_size x image_size) image."""
+        return self.tokens_for(self.image_size, self.image_size)
+
+    @property
+    def projector_input(self) -> int:
+        return self.hidden_size * self.downsample**2
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EncoderArch:
+        return cls(**_known(cls, d, "encoder"))
+
+
+@dataclass(frozen=True)
+class LLMArch:
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    num_query_groups: int | None = None  # None: one KV head per query head (no GQA)
+    kv_channels: int | None = None  # head_dim; None = hidden_size / num_attention_heads
+    activation: str = "gelu"
+    gated_linear_unit: bool = False  # SwiGLU when activation is silu: fc1 holds gate and up (2 x ffn)
+    normalization: str = "LayerNorm"
+    norm_epsilon: float = 1e-5
+    qk_layernorm: bool = False  # a norm over each head's query and key (head_dim weights each)
+    rotary_base: float = 10000.0
+    # None: the trainer's original rule, linear biases on dense LLMs only (MoE experts carry none)
+    add_qkv_bias: bool | None = None
+    add_bias_linear: bool | None = None
+    tie_word_embeddings: bool = False
+    num_experts: int = 0  # 0 = dense
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None  # None = ffn_hidden_size
+    moe_shared_expert_intermediate_size: int | None = None  # total width of the shared experts; None = none
+    moe_shared_expert_gate: bool = False  # a sigmoid gate (1 x hidden) scales the shared experts (Qwen2-MoE)
+    moe_layer_pattern: tuple[int, ...] | None = None  # per layer 1 = MoE, 0 = dense; None = all MoE
+    moe_router_score_function: str = "softmax"
+    # True: softmax over all experts, then top-k without renormalising (Qwen2-MoE's norm_topk_prob=False)
+    moe_router_pre_softmax: bool = False
+    name: str = ""
+    source: str = ""
+
+    def __post_init__(self):
+        _check_positive(
+            self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size")
+        )
+        if self.add_bias_linear is None:
+            object.__setattr__(self, "add_bias_linear", not self.num_experts)
+        if self.add_qkv_bias is None:
+            object.__setattr__(self, "add_qkv_bias", self.add_bias_linear)
+        if self.moe_layer_pattern is not None:
+            object.__setattr__(self, "moe_layer_pattern", tuple(int(x) for x in self.moe_layer_pattern))
+        _check_choice("activation", self.activation, LLM_ACTIVATIONS)
+        _check_choice("normalization", self.normalization, NORMS)
+        _check_choice("moe_router_score_function", self.moe_router_score_function, ROUTER_SCORES)
+        self._check_attention()
+        self._check_moe()
+
+    def _check_attention(self) -> None:
+        g, a = self.num_query_groups, self.num_attention_heads
+        if g is not None and (g <= 0 or a % g):
+            raise ArchError("num_query_groups", f"{g} does not divide num_attention_heads {a}")
+        if self.kv_channels is None and self.hidden_size % a:
+            raise ArchError(
+                "num_attention_heads",
+                f"hidden_size {self.hidden_size} is not divisible by {a} heads (set kv_channels)",
+            )
+        if self.kv_channels is not None and self.kv_channels <= 0:
+            raise ArchError("kv_channels", f"must be a positive integer, got {self.kv_channels!r}")
+
+    def _check_moe(self) -> None:
+        if self.num_experts < 0:
+            raise ArchError("num_experts", f"must be 0 (dense) or positive, got {self.num_experts}")
+        if not self.num_experts:
+            return
+        if not 0 < self.moe_router_topk <= self.num_experts:
+            raise ArchError(
+                "moe_router_topk", f"{self.moe_router_topk} must be between 1 and {self.num_experts} experts"
+            )
+        pat = self.moe_layer_pattern
+        if pat is not None and (len(pat) != self.num_layers or set(pat) - {0, 1}):
+            raise ArchError(
+                "moe_layer_pattern",
+                f"needs {self.num_layers} entries of 0 (dense) or 1 (MoE), got {list(pat)}",
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    def is_moe_layer(self, i: int) -> bool:
+        if not self.num_experts:
+            return False
+        return self.moe_layer_pattern is None or bool(self.moe_layer_pattern[i])
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if d["moe_layer_pattern"] is not None:
+            d["moe_layer_pattern"] = list(d["moe_layer_pattern"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LLMArch:
+        return cls(**_known(cls, d, "llm"))
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    name: str
+    encoder: EncoderArch
+    llm: LLMArch
+    description: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "encoder": self.encoder.to_dict(),
+            "llm": self.llm.to_dict(),
+            "description": self.description,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelArch:
+        return cls(
+            name=d.get("name", ""),
+            encoder=EncoderArch.from_dict(d["encoder"]),
+            llm=LLMArch.from_dict(d["llm"]),
+            description=d.get("description", ""),
+        )
+
+
+def _known(cls, d: dict, where: str) -> dict:
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ArchError(unknown[0], f"unknown {where} field; known: {', '.join(sorted(names))}")
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.name not in d]
+    if required:
+        raise ArchError(required[0], f"missing (a required {where} field)")
+    return d
+
+
+# The names the first version used; kept so the trainer and data modules read either.
+EncoderPreset = EncoderArch
+LLMPreset = LLMArch
+ModelPreset = ModelArch

@@ -1,0 +1,54 @@
+"""What tensor parallelism needs of a model: every dimension a TP (or expert-TP) group splits divides evenly.
+
+megatron-core 0.16.1 splits attention heads and query groups, the MLP width and the projector over TP, and
+the expert MLP width over expert TP; a size that does not divide fails deep inside model construction, so
+validate names it first. The vocabulary is padded instead (params.padded_vocab), never refused.
+"""
+
+from __future__ import annotations
+
+from mimo_jobs.model.arch import ModelArch
+
+RULE = "model-tp"
+
+
+def tp_problems(
+    arch: ModelArch, enc_tp: int, llm_tp: int, llm_etp: int = 1, llm_pp: int = 1
+) -> list[tuple[str, str, str]]:
+    """(rule, message, fit) for every model dimension the point's TP sizes do not divide, and for tied
+    embeddings split over pipeline stages (the trainer ties the tables only when one stage holds both)."""
+    e, m = arch.encoder, arch.llm
+    checks = [
+        ("encoder.tp", enc_tp, "encoder.num_attention_heads", e.num_attention_heads),
+        ("encoder.tp", enc_tp, "encoder.ffn_hidden_size", e.ffn_hidden_size),
+        ("encoder.tp", enc_tp, "llm.hidden_size (the projector's width)", m.hidden_size),
+        ("llm.tp", llm_tp, "llm.num_attention_heads", m.num_attention_heads),
+        ("llm.tp", llm_tp, "llm.num_query_groups", m.query_groups),
+    ]
+    if m.moe_layers < m.num_layers:
+        checks.append(("llm.tp", llm_tp, "llm.ffn_hidden_size", m.ffn_hidden_size))
+    if m.moe_shared_expert_intermediate_size:
+        checks.append(
+            (
+                "llm.tp",
+                llm_tp,
+                "llm.moe_shared_expert_intermediate_size",
+                m.moe_shared_expert_intermediate_size,
+            )
+        )
+    if m.num_experts:
+        checks.append(("llm.etp", llm_etp, "llm.moe_ffn_hidden_size", m.expert_ffn))
+    out = []
+    if m.tie_word_embeddings and llm_pp > 1:
+        out.append(
+            (
+                "model-tied",
+                f"llm.tie_word_embeddings with llm.pp={llm_pp}: the first and last stages would share the table",
+                "llm.pp=1",
+            )
+        )
+    for axis, size, field, n in checks:
+        if size > 0 and n % size:
+            fits = [k for k in range(1, size) if n % k == 0]
+            out.append((RULE, f"{axis}={size} does not divide {field}={n}", f"{axis} in {fits} divides it"))
+    return out

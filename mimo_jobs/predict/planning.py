@@ -1,0 +1,275 @@
+"""What `plan` answers for each node count and global batch: the best heterogeneous split, the best colocated
+layout (or why none tiles the batch, with the nearest batches that would), what each alternative costs
+relative to the best, and flags across node counts (a larger allocation predicted slower than a smaller
+one). Pure: layouts.py prices, this module compares and shapes the answer (docs/predict.md has the JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .estimate import Prediction
+from .hardware import GIB, GPU
+from .layouts import (
+    Candidate,
+    colocated_gbs,
+    free_bytes,
+    point_dict,
+    price_layouts,
+    price_with_savers,
+    split_label,
+    trainer_changes,
+    yaml_point,
+)
+from .run import RunShape
+from .steptime import Efficiency
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    nodes: int
+    gbs: int
+    ranked: list[Candidate]  # the top fitting layouts, fastest first
+    priced: int
+    best_colocated: Candidate | None
+    colocated_note: str | None  # why no colocated layout is shown
+    nearest_colocated_gbs: list[int] = field(default_factory=list)
+
+    best_heterogeneous: Candidate | None = None
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.ranked[0] if self.ranked else None
+
+
+@dataclass(frozen=True)
+class Flag:
+    kind: str  # larger-slower | no-colocated | nothing-fits
+    nodes: int
+    gbs: int
+    message: str
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    shape: RunShape
+    gpu: GPU
+    headroom_bytes: int
+    calibrated: bool
+    plans: list[NodePlan]
+    flags: list[Flag]
+
+
+def plan_one(
+    shape: RunShape, gpu: GPU, nodes: int, gbs: int, eff: Efficiency, top: int, headroom: int
+) -> NodePlan:
+    s = replace(shape, layout=replace(shape.layout, gbs=gbs))
+    fit, over = price_layouts(s, gpu, nodes, eff, headroom)
+    colo = next((c for c in fit if c.layout.colocated), None)
+    ranked = fit[:top]
+    if colo is not None and colo not in ranked:  # the colocated baseline is always shown beside the splits
+        ranked = fit[: top - 1] + [colo] if top > 1 else ranked
+    note, nearest = None, []
+    if colo is None:
+        nearest = colocated_gbs(s.layout, nodes)
+        if nearest:
+            note = (
+                f"no colocated layout tiles gbs {gbs} on {nodes * shape.layout.gpus_per_node} GPUs; "
+                f"nearest gbs that would: {', '.join(map(str, nearest))}"
+            )
+        elif any(c.layout.colocated for c in over):
+            note = "every colocated layout is over memory"
+        else:
+            note = "no colocated layout is feasible on this node count"
+    hetero = next((c for c in fit if not c.layout.colocated), None)
+    return NodePlan(nodes, gbs, ranked, len(fit) + len(over), colo, note, nearest, hetero)
+
+
+def cross_flags(plans: list[NodePlan]) -> list[Flag]:
+    flags = []
+    for p in plans:
+        if p.best is None:
+            flags.append(
+                Flag("nothing-fits", p.nodes, p.gbs, f"{p.nodes} nodes, gbs {p.gbs}: no layout fits")
+            )
+        if p.best_colocated is None and p.nearest_colocated_gbs:
+            flags.append(Flag("no-colocated", p.nodes, p.gbs, f"{p.nodes} nodes: {p.colocated_note}"))
+    by_gbs: dict[int, list[NodePlan]] = {}
+    for p in plans:
+        if p.best is not None:
+            by_gbs.setdefault(p.gbs, []).append(p)
+    for gbs, ps in by_gbs.items():
+        ps.sort(key=lambda p: p.nodes)
+        for i, p in enumerate(ps):
+            faster = [q for q in ps[:i] if _t(q) < _t(p)]
+            if faster:
+                q = min(faster, key=_t)
+                flags.append(
+                    Flag(
+                        "larger-slower",
+                        p.nodes,
+                        gbs,
+                        f"{p.nodes} nodes predicted slower than {q.nodes} nodes at gbs {gbs} "
+                        f"({_t(p):.4g} vs {_t(q):.4g} s/iter): the extra nodes cost time",
+                    )
+                )
+    return flags
+
+
+def _t(p: NodePlan) -> float:
+    return p.best.prediction.time.iteration_s
+
+
+def plan_many(
+    shape: RunShape,
+    gpu: GPU,
+    nodes: list[int],
+    batches: list[int],
+    eff: Efficiency,
+    top: int,
+    headroom: int,
+    calibrated: bool = False,
+) -> PlanResult:
+    plans = [
+        plan_one(shape, gpu, n, g, eff, top, headroom) for g in batches or [shape.layout.gbs] for n in nodes
+    ]
+    return PlanResult(shape, gpu, headroom, calibrated, plans, cross_flags(plans))
+
+
+def candidate_json(shape: RunShape, c: Candidate, best: Candidate | None) -> dict:
+    p: Prediction = c.prediction
+    t = p.time.iteration_s
+    return {
+        "point": point_dict(c.layout),
+        "trainer": trainer_changes(shape, p),
+        "split": split_label(c.layout),
+        "colocated": c.layout.colocated,
+        "iteration_s": t,
+        "relative_to_best": t / best.prediction.time.iteration_s - 1 if best else None,
+        "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
+        "mfu": p.mfu,
+        "bottleneck": p.time.bottleneck,
+        "fits": p.memory.fits,
+        "free_bytes": free_bytes(p),
+        "rank_classes": [
+            {"ranks": list(cls.ranks), "modules": [m.module for m in cls.modules], "bytes": cls.total_bytes}
+            for cls in p.memory.classes
+        ],
+        "parts_s": dict(p.time.parts),
+    }
+
+
+def plan_json(r: PlanResult) -> dict:
+    def one(p: NodePlan) -> dict:
+        return {
+            "nodes": p.nodes,
+            "gbs": p.gbs,
+            "priced": p.priced,
+            "best": candidate_json(r.shape, p.best, p.best) if p.best else None,
+            "best_heterogeneous": candidate_json(r.shape, p.best_heterogeneous, p.best)
+            if p.best_heterogeneous
+            else None,
+            "best_colocated": candidate_json(r.shape, p.best_colocated, p.best) if p.best_colocated else None,
+            "colocated_note": p.colocated_note,
+            "nearest_colocated_gbs": p.nearest_colocated_gbs,
+            "layouts": [candidate_json(r.shape, c, p.best) for c in p.ranked],
+        }
+
+    return {
+        "gpu": r.gpu.name,
+        "capacity_bytes": r.gpu.memory_bytes,
+        "headroom_bytes": r.headroom_bytes,
+        "calibrated": r.calibrated,
+        "plans": [one(p) for p in r.plans],
+        "summary": [
+            {
+                "nodes": p.nodes,
+                "gbs": p.gbs,
+                "best_split": split_label(p.best.layout) if p.best else None,
+                "best_s": _t(p) if p.best else None,
+                "best_heterogeneous_s": p.best_heterogeneous.prediction.time.iteration_s
+                if p.best_heterogeneous
+                else None,
+                "best_colocated_s": p.best_colocated.prediction.time.iteration_s
+                if p.best_colocated
+                else None,
+            }
+            for p in r.plans
+        ],
+        "flags": [{"kind": f.kind, "nodes": f.nodes, "gbs": f.gbs, "message": f.message} for f in r.flags],
+    }
+
+
+FLAG_MEANING = {
+    "larger-slower": "a larger allocation is predicted slower than a smaller one: the smaller one is the better buy",
+    "no-colocated": "no colocated layout divides the global batch over this many GPUs; the nearest batches that "
+    "would are given",
+    "nothing-fits": "no layout fits in memory (with the headroom asked for) on this node count",
+}
+
+
+def plan_text(r: PlanResult, study: str) -> list[str]:
+    """The pasteable text: per node count and batch the ranked points as YAML with comments, then the
+    summary table and what each flag means."""
+    cal = "calibrated" if r.calibrated else "uncalibrated"
+    lines = [f"# {study} on {r.gpu.name} ({cal} efficiencies), headroom {r.headroom_bytes / GIB:.1f} GiB"]
+    for p in r.plans:
+        lines.append(
+            f"# {p.nodes} node(s), gbs {p.gbs}: {len(p.ranked)} shown of {p.priced} feasible layouts"
+        )
+        if not p.ranked:
+            lines.append("#   no layout fits")
+        lines.append("points:")
+        for c in p.ranked:
+            pr = c.prediction
+            rel = pr.time.iteration_s / _t(p) - 1
+            extra = "".join(f", trainer.{k}: {v}" for k, v in trainer_changes(r.shape, pr).items())
+            lines.append(
+                f"  {yaml_point(c.layout)}  # {split_label(c.layout)}; {pr.time.iteration_s:.4g} s/iter "
+                f"({'best' if c is p.best else f'{rel:+.1%}'}), {pr.time.bottleneck}-bound, "
+                f"{pr.memory.verdict()}{extra}"
+            )
+        if p.colocated_note:
+            lines.append(f"# colocated: {p.colocated_note}")
+    lines.append("# summary: nodes   gbs  best s/iter  split s/iter  colocated s/iter  best split")
+
+    def secs(c: Candidate | None, width: int) -> str:
+        return f"{c.prediction.time.iteration_s:{width}.4g}" if c else f"{'-':>{width}}"
+
+    for p in r.plans:
+        split = split_label(p.best_heterogeneous.layout) if p.best_heterogeneous else "no split fits"
+        lines.append(
+            f"#         {p.nodes:5d} {p.gbs:5d}  {secs(p.best, 11)}  {secs(p.best_heterogeneous, 12)}  "
+            f"{secs(p.best_colocated, 16)}  {split}"
+        )
+    for f in r.flags:
+        lines.append(f"# flag {f.kind}: {f.message}")
+    for kind in sorted({f.kind for f in r.flags}):
+        lines.append(f"# {kind}: {FLAG_MEANING[kind]}")
+    return lines
+
+
+def cheapest_fix(shape: RunShape, gpu: GPU, eff: Efficiency) -> str | None:
+    """For a run over memory: the cheapest change that fits, as words a user can apply; None if nothing on
+    its node count fits. A trainer setting on the same layout comes first (the point stays), else the
+    fastest fitting layout of the same node count and batch."""
+    p = price_with_savers(shape, shape.layout, gpu, eff, 0)
+    if p.memory.fits:
+        return ", ".join(f"trainer.{k}: {v}" for k, v in trainer_changes(shape, p).items())
+    fit, _ = price_layouts(shape, gpu, shape.layout.nodes, eff)
+    if not fit:
+        return None
+    c = fit[0]
+    extra = "".join(f", trainer.{k}: {v}" for k, v in trainer_changes(shape, c.prediction).items())
+    return f"the point {yaml_point(c.layout)[2:]}{extra} ({c.prediction.memory.verdict()})"
+
+
+def over_text(pred: Prediction) -> str:
+    """Each rank class over memory: its ranks, its modules and the bytes over."""
+    cap = pred.memory.capacity_bytes
+    parts = [
+        f"ranks {c.ranks[0]}-{c.ranks[1]} ({'+'.join(m.module for m in c.modules)}) over by "
+        f"{(c.total_bytes - cap) / GIB:.1f} GiB ({c.total_bytes - cap:,} bytes)"
+        for c in pred.memory.classes
+        if c.total_bytes > cap
+    ]
+    return "; ".join(parts)

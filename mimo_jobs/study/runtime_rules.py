@@ -1,0 +1,135 @@
+"""Rules the trainer enforces at start-up that a study file already decides: checked by `validate` for every
+run and by the trainer's preflight (and the mock provider) on every rank, so validate never passes what the
+ranks refuse. One owner each; pure: values in, problems out (`installed` is the only question asked of the
+environment, and the caller answers it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RuntimeProblem:
+    path: str  # the YAML path of the offending field
+    rule: str
+    message: str
+    fit: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}; {self.fit}"
+
+
+def image_size_problems(
+    sizes: list[int] | tuple[int, ...], unit: int, max_size: int, seq_length: int, text_only: float
+) -> list[RuntimeProblem]:
+    """Mock image sides: each a multiple of `unit` (pixels per LLM token along a side: the encoder's patch
+    times its downsample) between one unit and the preset's image_size, and small enough to leave two text
+    tokens (one to read, one to predict) in a sequence."""
+    patch = unit
+    out = []
+    for s in sizes:
+        if s % patch or s > max_size or s < patch:
+            out.append(
+                RuntimeProblem(
+                    "trainer.data.image_sizes",
+                    "image-size",
+                    f"{s} must be a multiple of the encoder's patch x downsample ({patch} px) between {patch} and the "
+                    f"preset's image_size {max_size}",
+                    f"use {max(patch, min(max_size, s // patch * patch))}",
+                )
+            )
+            continue
+        n = (s // patch) ** 2
+        if n + 2 > seq_length:
+            out.append(
+                RuntimeProblem(
+                    "trainer.data.image_sizes",
+                    "image-size",
+                    f"a {s}x{s} image is {n} tokens, which does not fit seq_length={seq_length} with text",
+                    f"use smaller images or trainer.seq_length > {n + 1}",
+                )
+            )
+    if not sizes and text_only < 1:
+        out.append(
+            RuntimeProblem(
+                "trainer.data.image_sizes",
+                "image-size",
+                "is empty but text_only_fraction < 1",
+                "give at least one image size, or text_only_fraction: 1",
+            )
+        )
+    return out
+
+
+def freeze_problem(encoder: bool, llm: bool) -> RuntimeProblem | None:
+    if encoder and llm:
+        return RuntimeProblem(
+            "trainer.freeze", "freeze", "has both encoder and llm frozen; nothing to train", "unfreeze one"
+        )
+    return None
+
+
+def precision_problem(precision: str, accelerator: str) -> RuntimeProblem | None:
+    if precision == "bf16" and accelerator == "cpu":
+        return RuntimeProblem(
+            "trainer.precision", "precision", "bf16 needs accelerator=gpu", "use precision: fp32 on CPU"
+        )
+    return None
+
+
+def tracker_problems(trainer, installed: Callable[[str], bool]) -> list[RuntimeProblem]:
+    """A dashboard asked for must be installable before any rank starts, not fail at the first log."""
+    out = []
+    if trainer.wandb is not None and trainer.wandb.mode != "disabled" and not installed("wandb"):
+        out.append(
+            RuntimeProblem(
+                "trainer.wandb",
+                "tracker",
+                "is set but the wandb package is not installed in this environment",
+                "install it (pip install wandb) or set trainer.wandb.mode: disabled",
+            )
+        )
+    if trainer.tensorboard and not installed("tensorboard"):
+        out.append(
+            RuntimeProblem(
+                "trainer.tensorboard",
+                "tracker",
+                "is true but the tensorboard package is not installed",
+                "install it (pip install tensorboard) or set trainer.tensorboard: false",
+            )
+        )
+    return out
+
+
+def runtime_problems(
+    trainer, accelerator: str, installed: Callable[[str], bool], encoder=None
+) -> list[RuntimeProblem]:
+    """Every start-up rule above for one run's trainer section (a spec.TrainerSpec) on its accelerator;
+    the image rules when `encoder` (the resolved model's encoder: patch_size, image_size) is given."""
+    out = [
+        p
+        for p in (
+            freeze_problem(trainer.freeze.encoder, trainer.freeze.llm),
+            precision_problem(trainer.precision, accelerator),
+        )
+        if p is not None
+    ]
+    if encoder is not None and trainer.data.provider == "mock":
+        d = trainer.data
+        out += image_size_problems(
+            d.image_sizes,
+            encoder.patch_size * encoder.downsample,
+            encoder.image_size,
+            trainer.seq_length,
+            d.text_only_fraction,
+        )
+    return out + tracker_problems(trainer, installed)
+
+
+def package_installed(name: str) -> bool:
+    """The environment's answer for `installed` (no import: finding the package is enough)."""
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None

@@ -1,0 +1,105 @@
+#!/bin/bash
+# torchrun launch of ONE node for run 2n-colo-l2x1x8-g256-m2 (3d56a3fb309b) of study megatron_gpt_mock.
+# Rendered by mimo-jobs 0.1.0 from templates/launch.sh.j2; re-render instead of editing.
+#   under srun (sbatch.sh): node rank = $SLURM_NODEID, master = $MASTER_ADDR:$MASTER_PORT from sbatch.sh
+#                           (or the first host of the node list and a port from the job id)
+#   alone (local executor): node rank 0 of 1 node, master 127.0.0.1:$MASTER_PORT (or a free port);
+#                           MIMO_JOBS_LOCAL=1 forces this mode inside a SLURM allocation.
+# Static rendezvous: global rank = node rank * 8 + local rank, so the encoder's ranks land
+# on the first nodes exactly as planned.
+# Values are single-quoted on purpose (literal, never expanded):
+# shellcheck disable=SC2016
+set -euo pipefail
+
+RUN_DIR=/runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b
+RUN_YAML=/runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b/run.yaml
+PYTHON=python3
+NNODES=2
+NPROC_PER_NODE=8
+export MIMO_JOBS_RUN_DIR="$RUN_DIR"
+
+# cluster.env
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+
+# cluster.setup (already done by sbatch.sh under SLURM)
+if [[ "${MIMO_JOBS_SETUP_DONE:-}" != 1 ]]; then
+  set +u  # module/venv scripts often read unset variables
+cd "$HOME/Megatron-LM"
+  set -u
+  export MIMO_JOBS_SETUP_DONE=1
+fi
+
+if [[ -n "${SLURM_JOB_ID:-}" && -n "${SLURM_NODEID:-}" && "${MIMO_JOBS_LOCAL:-}" != 1 ]]; then
+  MODE=slurm
+  NODE_RANK="$SLURM_NODEID"
+  if [[ -n "${SLURM_JOB_NUM_NODES:-}" && "$SLURM_JOB_NUM_NODES" != "$NNODES" ]]; then
+    echo "launch.sh: run 2n-colo-l2x1x8-g256-m2 is planned for $NNODES node(s) but job $SLURM_JOB_ID has $SLURM_JOB_NUM_NODES" >&2
+    exit 2
+  fi
+  if [[ -z "${MASTER_ADDR:-}" ]]; then
+    hosts="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"  # no `| head`: SIGPIPE + pipefail
+    MASTER_ADDR="${hosts%%$'\n'*}"
+  fi
+  MASTER_PORT="${MASTER_PORT:-$(( 20000 + SLURM_JOB_ID % 20000 ))}"
+  MIMO_JOBS_JOB_ID="$SLURM_JOB_ID"
+  MIMO_JOBS_ATTEMPT="${SLURM_RESTART_COUNT:-${MIMO_JOBS_ATTEMPT:-0}}"
+else
+  if [[ "$NNODES" != 1 ]]; then
+    echo "launch.sh: run 2n-colo-l2x1x8-g256-m2 needs $NNODES nodes; submit it to SLURM (sbatch.sh) instead of running it alone" >&2
+    exit 2
+  fi
+  MODE=local
+  NODE_RANK=0
+  MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
+  if [[ -z "${MASTER_PORT:-}" ]]; then
+    MASTER_PORT="$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  fi
+  MIMO_JOBS_JOB_ID="${MIMO_JOBS_JOB_ID:-local}"
+  MIMO_JOBS_ATTEMPT="${MIMO_JOBS_ATTEMPT:-0}"
+fi
+export MASTER_ADDR MASTER_PORT MIMO_JOBS_JOB_ID MIMO_JOBS_ATTEMPT
+
+LOG_DIR="$RUN_DIR/logs/job-$MIMO_JOBS_JOB_ID/node-$NODE_RANK"
+mkdir -p "$LOG_DIR"
+echo "mimo-jobs: run 2n-colo-l2x1x8-g256-m2 job $MIMO_JOBS_JOB_ID attempt $MIMO_JOBS_ATTEMPT node $NODE_RANK/$NNODES on ${SLURMD_NODENAME:-$(hostname)}, $NPROC_PER_NODE ranks, master $MASTER_ADDR:$MASTER_PORT"
+
+# Requeue contract (mimo_jobs/trainer/signals.py): a trainer stopped by a signal or its deadline saves a
+# checkpoint, rank 0 writes this marker and every rank exits 75; torchrun turns that into exit 1.
+REQUEUE_MARKER=/runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b/checkpoints/requeue.json
+# This run's own training command (trainer.command). Its requeue contract (docs/external-trainer.md): on
+# the warning signal or before MIMO_JOB_DEADLINE it saves a checkpoint into MIMO_JOBS_CHECKPOINT_DIR, may
+# write MIMO_JOBS_REQUEUE_MARKER, and exits; a time limit or preemption after a saved checkpoint is requeued.
+export MIMO_JOBS_REQUEUE_MARKER="$REQUEUE_MARKER"
+export MIMO_JOBS_CHECKPOINT_DIR=/runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b/checkpoints
+export MIMO_JOBS_RUN_YAML="$RUN_YAML"  # the whole run description, for a program that wants more
+if [[ "$MODE" == local ]]; then
+  rm -f "$REQUEUE_MARKER"  # left by an attempt killed before it was handled (sbatch.sh does this on SLURM)
+fi
+
+# The warning signals (cluster.signal) reach every process of the SLURM step; torchrun would die of them,
+# so it ignores them (inherited by its workers) and the trainer installs its own handler to checkpoint.
+trap '' USR1 USR2
+# SIGTERM (time limit, preemption): torchrun forwards it to the trainer, which may still save and write the
+# marker; this shell waits for torchrun instead of dying first, so the marker is still read below.
+trap 'echo "launch.sh: SIGTERM: waiting for torchrun to stop" >&2' TERM
+rc=0
+"$PYTHON" -m torch.distributed.run \
+  --nnodes "$NNODES" \
+  --nproc-per-node "$NPROC_PER_NODE" \
+  --node-rank "$NODE_RANK" \
+  --master-addr "$MASTER_ADDR" \
+  --master-port "$MASTER_PORT" \
+  --log-dir "$LOG_DIR" \
+  --redirects 3 \
+  --tee 3 \
+  --no-python \
+  python pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --expert-model-parallel-size 1 --context-parallel-size 1 --global-batch-size 256 --micro-batch-size 2 --seq-length 2048 --max-position-embeddings 2048 --train-iters 200 --seed 1234 --num-layers 12 --hidden-size 768 --num-attention-heads 12 --mock-data --tokenizer-type NullTokenizer --vocab-size 32000 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 20 --bf16 --save /runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b/checkpoints --load /runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b/checkpoints --save-interval 50 --exit-signal-handler --log-interval 1 --log-throughput --tensorboard-dir /runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b/tensorboard || rc=$?
+
+if [[ -f "$REQUEUE_MARKER" ]]; then
+  echo "launch.sh: the trainer saved a checkpoint and asks for a requeue: $(cat "$REQUEUE_MARKER")"
+  if [[ "$MODE" == local ]]; then
+    rm -f "$REQUEUE_MARKER"  # under SLURM sbatch.sh removes it once every node has ended
+  fi
+  exit 75
+fi
+exit "$rc"

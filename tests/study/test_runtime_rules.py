@@ -1,0 +1,94 @@
+"""What the trainer refuses at start-up, `validate` refuses first (mimo_jobs/study/runtime_rules.py owns each
+rule): mock image sizes against the encoder's patch, both modules frozen, bf16 on CPU, a tracker whose package
+is missing. Each rule on a study that passes and on the same study changed to break it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from helpers import REPO
+from mimo_jobs.cli.app import app
+from mimo_jobs.study.diagnose import diagnose_data
+from mimo_jobs.study.runtime_rules import (
+    image_size_problems,
+    package_installed,
+    runtime_problems,
+    tracker_problems,
+)
+
+CPU = REPO / "studies/cpu_local.yaml"
+runner = CliRunner()
+
+BREAKS = {
+    "image-size": lambda d: d["trainer"].setdefault("data", {}).update(image_sizes=[8, 10]),
+    "freeze": lambda d: d["trainer"].update(freeze={"encoder": True, "llm": True}),
+    "precision": lambda d: d["trainer"].update(precision="bf16"),
+}
+
+
+def _validate(tmp_path, doc: dict):
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return runner.invoke(app, ["validate", str(p)], env={"COLUMNS": "250"})
+
+
+def test_the_base_study_passes(tmp_path):
+    r = _validate(tmp_path, yaml.safe_load(CPU.read_text()))
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("rule", sorted(BREAKS))
+def test_validate_refuses_what_the_trainer_would(tmp_path, rule):
+    doc = copy.deepcopy(yaml.safe_load(CPU.read_text()))
+    BREAKS[rule](doc)
+    r = _validate(tmp_path, doc)
+    assert r.exit_code == 2, r.output
+    assert f"[{rule}]" in r.output
+    assert r.output.count(f"[{rule}]") == 1  # one problem, not one per run
+
+
+def test_the_trainer_preflight_refuses_the_same(tmp_path):
+    pytest.importorskip("torch")
+    from mimo_jobs.data.mock import DataConfigError, mock_config
+    from mimo_jobs.trainer.main import PreflightError, preflight
+
+    for rule, brk in BREAKS.items():
+        doc = copy.deepcopy(yaml.safe_load(CPU.read_text()))
+        brk(doc)
+        run = diagnose_data(doc, "s", env={}).runs[0]
+        with pytest.raises((PreflightError, DataConfigError)) as e:
+            preflight(run, {}, reference=True)
+        expected = runtime_problems(run.trainer, "cpu", package_installed, _encoder_of(run))[0]
+        assert expected.message in str(e.value), rule
+    assert mock_config  # the image rule reaches the trainer through the mock provider
+
+
+def _encoder_of(run):
+    from mimo_jobs.predict.run import shape_of
+
+    return shape_of(run.layout, run.trainer).preset.encoder
+
+
+def test_image_sizes_rule():
+    assert image_size_problems([8, 16], 8, 16, 64, 0.25) == []
+    (p,) = image_size_problems([12], 8, 16, 64, 0.25)
+    assert "multiple of the encoder's patch x downsample (8 px)" in p.message and p.fit == "use 8"
+    (p,) = image_size_problems([32], 8, 32, 10, 0.25)  # 16 tokens leave no room for text in 10
+    assert "does not fit seq_length=10" in p.message
+    assert image_size_problems([], 8, 16, 64, 1.0) == [] and image_size_problems([], 8, 16, 64, 0.5)
+
+
+def test_tracker_rule_asks_the_environment():
+    doc = yaml.safe_load(CPU.read_text())
+    doc["trainer"]["wandb"] = {"project": "p"}
+    trainer = diagnose_data(doc, "s", env={}).runs[0].trainer
+    missing = tracker_problems(trainer, lambda name: False)
+    assert [p.path for p in missing] == ["trainer.wandb", "trainer.tensorboard"]
+    assert tracker_problems(trainer, lambda name: True) == []
+    doc["trainer"]["wandb"]["mode"] = "disabled"
+    doc["trainer"]["tensorboard"] = False
+    assert tracker_problems(diagnose_data(doc, "s", env={}).runs[0].trainer, lambda name: False) == []
