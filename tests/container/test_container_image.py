@@ -148,7 +148,7 @@ def test_local_study_end_to_end_in_the_image(image, tmp_path):
     report = json.loads(rep.stdout)
     assert RUN_NAME in json.dumps(report)
 
-    run_dir = tmp_path / "runs" / "container_cpu" / RUN_NAME
+    (run_dir,) = (tmp_path / "runs" / "container_cpu").glob(f"{RUN_NAME}-*")  # <run name>-<run id>
     assert (run_dir / "run.yaml").is_file() and (run_dir / "metrics.jsonl").is_file()
     con = duckdb.connect(str(tmp_path / "mimo-jobs.duckdb"), read_only=True)
     jobs = con.execute("SELECT executor, state FROM jobs").fetchall()
@@ -184,7 +184,7 @@ def test_rendered_pyxis_step_runs_in_the_image(image, tmp_path):
         capture_output=True,
         text=True,
     )
-    run_dir = runs / "container_cpu" / RUN_NAME
+    (run_dir,) = (runs / "container_cpu").glob(f"{RUN_NAME}-*")  # <run name>-<run id>
     bin_dir, out = tmp_path / "bin", tmp_path / "out"
     out.mkdir()
     write_stubs(bin_dir, srun=PYXIS_SRUN)

@@ -66,16 +66,7 @@ def test_time_limited_job_is_requeued_by_slurm_and_resumes_to_one_curve(slurm_cl
     assert out.count("as slurm job") == 1
 
     # The yardstick, meanwhile: the same rendered launch.sh run alone (local mode: no SLURM, no deadline).
-    cli(
-        "submit",
-        study,
-        "--dry-run",
-        "--runs-dir",
-        tmp_path / "straight",
-        "--db",
-        tmp_path / "none.duckdb",
-        check=True,
-    )
+    cli("render", study, "-o", tmp_path / "straight", check=True)
     (srd,) = (tmp_path / "straight" / "sl_requeue").iterdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MIMO_JOB"))}
     p = subprocess.run(
