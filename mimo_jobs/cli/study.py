@@ -6,13 +6,12 @@ Imports of pydantic/jinja stay inside the commands so `mimo-jobs --help` starts 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from .output import EXIT_INVALID, OUT_FLAGS, console, fail_problems, reports_errors
+from .output import EXIT_INVALID, OUT_FLAGS, console, fail_problems, print_json, reports_errors
 
 if TYPE_CHECKING:
     from mimo_jobs.study.diagnose import Diagnosis
@@ -166,7 +165,7 @@ def validate(
                 {"path": p.path, "rule": p.rule, "message": p.message, "fit": p.fit} for p in ooms
             ],
         }
-        typer.echo(json.dumps(doc, indent=2))
+        print_json(doc)  # one JSON rule for every command: finite numbers, never NaN
         raise typer.Exit(0 if not problems else EXIT_INVALID)
     ooms: list = []
     if diag.runs:

@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from helpers import TESTS
 from helpers.data import run_spec
 from mimo_jobs.data.synth import caption_sample
@@ -56,6 +58,7 @@ def _check_self_consistent(rec: dict, cfg, image_token_id: int = 127) -> None:
                 assert m == 0.0
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_fan_out_and_fan_in_lanes_align_across_processes(synth_blend):
     res, cfg = synth_blend
     blend = str(res.blend)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -28,6 +29,7 @@ def _plan(*args: str) -> dict:
     return json.loads(r.output)
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_plan_several_node_counts_best_split_colocated_and_flags():
     doc = _plan("--nodes", "32,33,68,100")
     plans = {p["nodes"]: p for p in doc["plans"]}

@@ -41,6 +41,7 @@ def ws(tmp_path):
 submit = submit_fake
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_submit_complete_resubmit_is_noop_force_and_changed_spec(ws):
     study = write_study(
         ws["dir"] / "s.yaml",

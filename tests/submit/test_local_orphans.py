@@ -102,6 +102,7 @@ def gone(pids: list[int], within: float) -> bool:
     return True
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_killed_runner_job_stays_running_is_not_retried_and_cancel_stops_it(ws):
     study = write_study(ws["dir"] / "o.yaml", "orph", [{"nodes": 1}], max_retries=2, env={"FAKE_SLEEP": 120})
     submit(ws, study)
@@ -127,6 +128,7 @@ def test_killed_runner_job_stays_running_is_not_retried_and_cancel_stops_it(ws):
     )
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_orphaned_job_keeps_its_slot(ws):
     """With one machine slot, a job queued behind an orphaned one waits until the orphan is gone."""
     study = write_study(
@@ -159,6 +161,7 @@ def test_orphaned_job_keeps_its_slot(ws):
     assert sorted(r["state"] for r in rows) == ["CANCELLED", "CANCELLED"]
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_orphaned_job_still_ends_at_its_time_limit_before_any_retry(ws):
     study = write_study(
         ws["dir"] / "t.yaml",
@@ -178,6 +181,7 @@ def test_orphaned_job_still_ends_at_its_time_limit_before_any_retry(ws):
     assert "no checkpoint" in rows[0]["reason"]
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_orphaned_job_that_ends_is_retried_only_after_its_processes_are_gone(ws):
     study = write_study(
         ws["dir"] / "n.yaml", "orph_end", [{"nodes": 1}], max_retries=1, env={"FAKE_SLEEP": 4}

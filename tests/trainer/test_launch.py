@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from helpers.trainer import _env, free_port, make_run_yaml, run_reference, run_torchrun
@@ -47,6 +48,7 @@ def test_wrong_world_size_exits_on_every_rank_with_one_message(tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing half-written
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_unsupported_and_tampered_run_yaml_are_refused(tmp_path):
     # the encoder is one stage: a pipelined encoder is refused by the trainer too, with what fits
     ry = make_run_yaml(tmp_path / "pp", gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2})
@@ -65,6 +67,7 @@ def test_unsupported_and_tampered_run_yaml_are_refused(tmp_path):
     assert not (tmp_path / "m.jsonl").exists()
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_one_failing_rank_ends_the_job_naming_it(tmp_path):
     # a collective timeout of 5 minutes: the job must end long before it through torchrun's teardown
     ry = make_run_yaml(

@@ -77,6 +77,7 @@ def test_caption_names_the_image_class_and_text_only_counts_up():
     assert classes == set(range(D.N_CLASSES)) and 0 < text_only < 60
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_demo_study_loss_falls(tmp_path):
     run = runs_of(load_study(STUDIES / "cpu_local.yaml", env={}))[0]
     ry = tmp_path / "run.yaml"

@@ -50,6 +50,7 @@ def _parity(tmp_path, nproc: int, **kw):
     return ry, r, h, het
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_fan_out_enc_dp1_to_llm_dp2(tmp_path):
     _, _, h, het = _parity(tmp_path, 3, gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2})
     assert "fan-out 1->2" in het.stdout
@@ -137,6 +138,7 @@ def test_one_to_one_dp2_with_distributed_optimizer(tmp_path):
     assert "bridge 1:1" in het.stdout
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_reference_losses_do_not_depend_on_the_layout(tmp_path):
     # the same global batches (gbs 4) split as 2 lanes x 2 microbatches or 1 lane x mbs 2: the trainer's
     # figures are per global batch, so both layouts train identically

@@ -121,6 +121,7 @@ def tracked_run(tmp_path_factory):
     return tmp / "run", iterations(metrics)
 
 
+@pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_tensorboard_events_hold_the_metrics_records(tracked_run) -> None:
     run_dir, records = tracked_run
     tb = _tensorboard_scalars(run_dir / "tensorboard")
