@@ -289,6 +289,37 @@ def validation_context(source: str | None) -> dict:
     return {"base_dir": p.parent if p is not None else None}
 
 
+class MegatronCheckpoint(_Strict):
+    # a Megatron-LM distributed (torch_dist) checkpoint of the LLM: the iter_N directory or its parent
+    megatron: str = Field(min_length=1, max_length=4096)
+
+
+class InitSpec(_Strict):
+    """Where the run's weights start (docs/weights.md). Unset: every parameter from (seed, name, shape)."""
+
+    # a HuggingFace directory (config.json + *.safetensors, with or without an index), or a Megatron checkpoint
+    llm: str | MegatronCheckpoint | None = None
+    # a HuggingFace directory of the vision model, or of a full CLIP/SigLIP model (its vision tower is read)
+    encoder: str | None = None
+    # any mimo-jobs checkpoint (a checkpoints directory or one iter_N in it), of any layout: continue from it
+    checkpoint: str | None = Field(None, min_length=1, max_length=4096)
+    # iteration 0, a fresh optimizer and scheduler (Megatron's --finetune); HF and Megatron sources always are
+    weights_only: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InitSpec:
+        if self.checkpoint is not None and (self.llm is not None or self.encoder is not None):
+            raise ValueError(
+                "give trainer.init.checkpoint (both modules from a mimo-jobs checkpoint) or trainer.init.llm/"
+                "encoder (weights from HuggingFace or Megatron), not both"
+            )
+        if self.checkpoint is None and self.llm is None and self.encoder is None:
+            raise ValueError(
+                "trainer.init names no source: give llm, encoder or checkpoint (or leave init out)"
+            )
+        return self
+
+
 class TrainerSpec(_Strict):
     # a preset's name, or {encoder, llm} described by presets, inline fields or HF configs (model/resolve.py);
     # validation replaces a description by its resolved inline fields, so the spec never depends on a file
@@ -317,6 +348,7 @@ class TrainerSpec(_Strict):
     encoder_inflight: int = Field(2, ge=1, le=64)
     recompute: Literal["none", "selective", "full"] = "none"  # megatron-core's activation recompute
     wandb: WandbSpec | None = None
+    init: InitSpec | None = None  # pretrained or earlier weights to start from (docs/weights.md)
     # Another training program (study/command.py renders it): a Jinja template of the run's values, run by
     # torchrun on every node instead of the packaged trainer. None: the packaged trainer.
     command: str | None = Field(None, min_length=1, max_length=16_384)
