@@ -1,16 +1,20 @@
-"""Data pipeline cost on a synthetic energon dataset (num_workers=0, so all work is in this process and CPU
-time is a fair measure even on a busy machine).
+"""Data pipeline cost on a synthetic energon dataset (cases 1 and 2 with num_workers=0, so all work is in
+this process and CPU time is a fair measure even on a busy machine).
 
     python benchmarks/data.py [--samples 2000] [--mbs 4] [--steps 60] [--image-sizes 8,12,16]
 
 1. Samples/s of one lane: our provider (LLM side: tokenize + header check, no pixels; encoder side: also
    decode + normalize) against a bare energon loader on the same data (default decoder, batches as lists,
    no task work) -- the ratio is our overhead.
-2. The encoder rank's loading cost as lanes_per_encoder grows (1, 4, 16): the encoder replica builds one
-   loader per lane it serves (what the trainer does), against one multiplexed loader of our pipeline that
-   reads the same number of samples per step (k*mbs per batch, world size llm_dp/k; cost-equivalent but NOT
-   lane-aligned: a yardstick for the per-lane design's overhead). Reported: build time, first step, steady CPU ms per step and per
-   sample, resident memory growth.
+2. The encoder rank's loading cost as lanes_per_encoder grows (1, 4, 16), num_workers=0: one loader per
+   lane it serves, against the one multiplexed loader the trainer builds (mimo_jobs/data/mux.py; the same
+   samples per lane). Reported: build time, first step, steady CPU ms per step and per sample, resident
+   memory growth.
+3. Fan-out --fanout (8) with --workers (2) worker processes per loader: samples/s (wall, and per CPU
+   second of this process and its workers), worker processes and open shard files per encoder rank, one
+   loader per lane against one multiplexed loader, and their ratio. Each lane reads its own slices of the
+   dataset, so the shard files open at once follow the lanes served either way. Wall figures share the machine with whatever else
+   runs; the CPU-second figure does not.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ import argparse
 import contextlib
 import gc
 import io
+import json
+import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +57,83 @@ def cfg_for(path: str, llm_dp: int, mbs: int):
         geometry=ImageGeometry(4, 16),
         vocab_size=128,
     )
+
+
+def children() -> list[int]:
+    """Live child processes of this process (the loaders' workers), from /proc."""
+    me, out = os.getpid(), []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:  # field 4 of stat: the parent pid
+                out.append(int(d.name))
+    return out
+
+
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes (utime, stime: fields 14 and 15 of /proc/PID/stat)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / tick
+    return total
+
+
+def open_shards(pids: list[int]) -> int:
+    """Shard files (.tar) these processes hold open, from /proc/PID/fd."""
+    n = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    n += os.readlink(fd).endswith(".tar")
+    return n
+
+
+def fanout_case(blend: str, fanout: int, workers: int, mbs: int, steps: int, multiplex: bool) -> dict:
+    """One encoder rank serving `fanout` lanes: build, first step, then `steps` steady steps (one microbatch
+    per lane each)."""
+    import dataclasses
+
+    import mimo_jobs.data.mux
+    import mimo_jobs.data.task_encoder  # noqa: F401 -- imports (energon, torch) outside the build time
+    from mimo_jobs.data.energon_provider import EnergonProvider
+
+    cfg = dataclasses.replace(cfg_for(blend, fanout, mbs), num_workers=workers)
+    lanes = list(range(fanout))
+    b0 = time.perf_counter()
+    p = EnergonProvider(cfg, lanes, need_images=True, multiplex=multiplex)
+    build = time.perf_counter() - b0
+
+    def step():
+        for lane in lanes:
+            p.next(lane)
+
+    t0 = time.perf_counter()
+    step()
+    first = time.perf_counter() - t0
+    for _ in range(3):
+        step()
+    procs = children()
+    c0, w0 = cpu_s([os.getpid(), *procs]), time.perf_counter()
+    for _ in range(steps):
+        step()
+    wall, cpu = time.perf_counter() - w0, cpu_s([os.getpid(), *procs]) - c0
+    shards = open_shards([os.getpid(), *procs])
+    p.close()
+    n = steps * fanout * mbs
+    return {
+        "build": build,
+        "first": first,
+        "workers": len(procs),
+        "shards": shards,
+        "sps": n / wall,
+        "sps_cpu": n / cpu,
+    }
 
 
 def timed_steps(step, steps: int) -> tuple[float, float, float]:
@@ -91,7 +175,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--image-sizes", default="8,12,16")
     ap.add_argument("--lanes", default="1,4,16")
+    ap.add_argument("--fanout", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--fanout-case", nargs=2, metavar=("BLEND", "MULTIPLEX"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if (
+        a.fanout_case
+    ):  # case 3 runs in a fresh process: forked workers would inherit earlier cases' open files
+        blend, mux = a.fanout_case
+        row = fanout_case(blend, a.fanout, a.workers, a.mbs, max(8, a.steps // 2), mux == "1")
+        print("@@ROW@@" + json.dumps(row))
+        return
 
     from rich.console import Console
     from rich.progress import Progress
@@ -111,13 +205,13 @@ def main() -> None:
         )
     con.print(
         f"dataset: {a.samples} samples (25% text-only, images {a.image_sizes}) in {tmp}, "
-        f"made in {time.perf_counter() - t0:.2f} s; mbs={a.mbs}, {a.steps} steady steps, num_workers=0"
+        f"made in {time.perf_counter() - t0:.2f} s; mbs={a.mbs}, {a.steps} steady steps"
     )
     blend = str(res.blend)
     lanes_list = [int(x) for x in a.lanes.split(",")]
 
     with Progress(console=con, transient=True) as prog:
-        task = prog.add_task("benchmark", total=3 + 2 * len(lanes_list))
+        task = prog.add_task("benchmark", total=5 + 2 * len(lanes_list))
         # ---------------------------------------------------------------- 1. one lane
         rows1 = []
         it = bare_loader(blend, 0, 1, a.mbs)
@@ -152,12 +246,29 @@ def main() -> None:
             prog.advance(task)
             gc.collect()
             m0, b0 = rss_mb(), time.perf_counter()
-            enc_world = max(1, kmax // k)
-            p = EnergonProvider(cfg_for(blend, enc_world, k * a.mbs), [0], need_images=True)
+            p = EnergonProvider(cfg_for(blend, kmax, a.mbs), list(range(k)), need_images=True, multiplex=True)
             build = time.perf_counter() - b0
-            first, cpu, wall = timed_steps(lambda p=p: p.next(0), max(4, a.steps // k))
-            rows2.append((f"one loader, {k}x{a.mbs} per batch", k, build, first, cpu, wall, rss_mb() - m0))
+
+            def step(p=p, k=k):
+                for lane in range(k):
+                    p.next(lane)
+
+            first, cpu, wall = timed_steps(step, max(4, a.steps // k))
+            rows2.append((f"one multiplexed loader, k={k}", k, build, first, cpu, wall, rss_mb() - m0))
             p.close()
+            prog.advance(task)
+
+        # ---------------------------------------------------------------- 3. fan-out with workers
+        rows3 = {}
+        for name, mux in (("one loader per lane", False), ("one multiplexed loader", True)):
+            args = [f"--{k}={getattr(a, k)}" for k in ("fanout", "workers", "mbs", "steps")]
+            out = subprocess.run(
+                [sys.executable, __file__, *args, "--fanout-case", blend, str(int(mux))],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            rows3[name] = json.loads(out.split("@@ROW@@", 1)[1])
             prog.advance(task)
 
     t1 = Table(title="1. one lane: samples/s (CPU) and ratio to the bare energon loader")
@@ -207,6 +318,38 @@ def main() -> None:
         + ", ".join(f"k={k}: {per[k] / per[k1]:.2f}x" for k in sorted(per))
         + "; per-lane / multiplexed: "
         + ", ".join(f"k={k}: {per[k] / mux[k]:.2f}x" for k in sorted(per))
+    )
+
+    t3 = Table(
+        title=f"3. encoder rank serving {a.fanout} lanes, {a.workers} workers per loader "
+        "(one step = one microbatch per lane)"
+    )
+    for c in (
+        "loader",
+        "worker processes",
+        "open shard files",
+        "build s",
+        "first step s",
+        "samples/s (wall)",
+        "samples/CPU s",
+    ):
+        t3.add_column(c, justify="right" if c != "loader" else "left")
+    for name, r in rows3.items():
+        t3.add_row(
+            name,
+            str(r["workers"]),
+            str(r["shards"]),
+            f"{r['build']:.2f}",
+            f"{r['first']:.2f}",
+            f"{r['sps']:,.0f}",
+            f"{r['sps_cpu']:,.0f}",
+        )
+    con.print(t3)
+    per, mux = rows3["one loader per lane"], rows3["one multiplexed loader"]
+    con.print(
+        f"multiplexed / per-lane at fan-out {a.fanout}: worker processes {mux['workers']}/{per['workers']}, "
+        f"samples/s (wall) {mux['sps'] / per['sps']:.2f}x, samples per CPU second "
+        f"{mux['sps_cpu'] / per['sps_cpu']:.2f}x, first step {mux['first'] / per['first']:.2f}x"
     )
 
 

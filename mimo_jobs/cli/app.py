@@ -8,7 +8,7 @@ import typer
 
 from mimo_jobs import __version__
 
-from . import compare, data, jobs, plan, predict, results, study
+from . import compare, data, export, jobs, plan, predict, results, study
 
 app = typer.Typer(
     name="mimo-jobs",
@@ -18,7 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _mod in (study, predict, plan, jobs, results, compare, data):
+for _mod in (study, predict, plan, jobs, results, compare, data, export):
     _mod.register(app)
 
 

@@ -139,11 +139,6 @@ def synth_cmd(
     typer.echo(f"use it:  trainer.data: {{provider: energon, path: {(dir / 'blend.yaml').resolve()}}}")
 
 
-def stats_path(path: Path) -> Path:
-    """Where the statistics go: beside a blend YAML (<stem>.stats.json) or inside a dataset folder."""
-    return path.with_suffix(".stats.json") if path.is_file() else path / "stats.json"
-
-
 @data_app.command("stats")
 def stats_cmd(
     path: Path = typer.Argument(..., help="A prepared energon dataset folder or a blend YAML."),
@@ -156,15 +151,27 @@ def stats_cmd(
     tokenizer: Optional[str] = typer.Option(  # noqa: UP045 (typer needs Optional here)
         None, "--tokenizer", help="Local HuggingFace tokenizer folder (default: the built-in one)."
     ),
+    max_tiles: int = typer.Option(
+        1,
+        "--max-tiles",
+        help="Tiles an image larger than the encoder's image size may become (as trainer.data).",
+    ),
+    thumbnail: bool = typer.Option(
+        False, "--thumbnail", help="A tiled image also gives a thumbnail (as trainer.data.thumbnail)."
+    ),
     out: Optional[Path] = typer.Option(  # noqa: UP045
         None,
         "--out",
+        "-o",
         help="JSON file to write (default: beside the blend YAML, or inside the dataset folder).",
     ),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of the tables."),
 ) -> None:
-    """Per-sample image and text tokens, images per sample and packing efficiency of a dataset."""
+    """Per-sample image tokens (after tiling and downsampling), text tokens, images, tiles and packing
+    efficiency of a dataset; `trainer.data.stats` (or the file's default place) lets predict and plan use it."""
     import json
 
+    from mimo_jobs.contract.datastats import geometry_record, stats_file_for
     from mimo_jobs.data.errors import DataError
 
     try:
@@ -173,12 +180,15 @@ def stats_cmd(
         from mimo_jobs.data.images import geometry_of_preset
         from mimo_jobs.model.arch import ArchError
         from mimo_jobs.model.resolve import arch_of
+        from mimo_jobs.model.tiling import MAX_TILES
 
         try:
             preset = arch_of(model)
         except (ArchError, KeyError, ValueError) as e:
             raise DataError(f"--model {model!r}: {e}") from None
-        geometry = geometry_of_preset(model)
+        if not 1 <= max_tiles <= MAX_TILES:
+            raise DataError(f"--max-tiles={max_tiles}: must be between 1 and {MAX_TILES}")
+        geometry = geometry_of_preset(model, max_tiles, thumbnail)
         from mimo_jobs.data.scan import scan
         from mimo_jobs.data.stats import summarize
 
@@ -191,10 +201,14 @@ def stats_cmd(
         "dataset": str(path.resolve()),
         "model": model,
         "tokenizer": tokenizer or "builtin-char",
+        "geometry": geometry_record(geometry),
         **summarize(samples, seq_length, skipped),
     }
-    dest = out or stats_path(path)
+    dest = out or stats_file_for(path)
     dest.write_text(json.dumps(doc, indent=1) + "\n")
+    if as_json:
+        typer.echo(json.dumps(doc, indent=1))
+        return
     _print_stats(doc)
     typer.echo(f"wrote {dest}")
 
@@ -207,12 +221,18 @@ def _print_stats(doc: dict) -> None:
     t = Table(title=f"{doc['samples']} samples ({doc['skipped']} skipped), seq_length {doc['seq_length']}")
     for col in ("", "mean", "p50", "p95", "p99", "max"):
         t.add_column(col, justify="right")
-    for name in ("image_tokens", "text_tokens", "tokens"):
+    for name in ("image_tokens", "text_tokens", "tokens", "tiles"):
         d = doc[name]
         t.add_row(name, f"{d['mean']:.1f}", *(str(d[k]) for k in ("p50", "p95", "p99", "max")))
     con.print(t)
     per = ", ".join(f"{k}: {v}" for k, v in doc["images_per_sample"].items())
     con.print(f"images per sample: {per}")
+    g = doc["geometry"]
+    tiling = f"up to {g['max_tiles']} tiles" + (" + thumbnail" if g["thumbnail"] else "")
+    con.print(
+        f"image geometry: {g['image_size']} px pieces of {g['patch_size']} px patches, downsample "
+        f"{g['downsample']}, {tiling}; tokens per encoder sample E[n^2]/E[n] {doc['tokens_per_tile']:.1f}"
+    )
     width = max((b["count"] for b in doc["tokens_histogram"]), default=1)
     for b in doc["tokens_histogram"]:
         bar = "#" * max(1 if b["count"] else 0, round(40 * b["count"] / width))

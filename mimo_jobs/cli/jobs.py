@@ -282,6 +282,8 @@ def _print_kept(sel) -> None:
         console().print(
             f"skip {r.name}: job {j.job_id} is {j.state} (--force submits it again)", markup=False
         )
+    for note in sel.notes:  # runs that continue a completed one
+        console().print(note, markup=False, soft_wrap=True)
 
 
 def _prepare(diag, runs: list, root: Path, ex_name: str, templates: Path | None) -> list:

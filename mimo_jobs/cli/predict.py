@@ -44,11 +44,12 @@ def _measured(db: Path, study: str) -> dict[str, float]:
 def _calibrate(runs: list, g, measured: dict[str, float]):
     from mimo_jobs.predict.measured import Measured, calibrate
     from mimo_jobs.predict.run import shape_of
+    from mimo_jobs.study.priced import unpriced
 
     got = [
         Measured(r.name, r.run_id, shape_of(r.layout, r.trainer), measured[r.run_id])
         for r in runs
-        if r.run_id in measured
+        if r.run_id in measured and unpriced(r) is None
     ]
     if not got:
         fail("no run of the study has a measured iteration time in the store (ingest its logs first)")
@@ -178,6 +179,7 @@ def predict(
     from mimo_jobs.predict.estimate import predict_run, to_json
     from mimo_jobs.predict.params import model_json, model_summary
     from mimo_jobs.predict.steptime import Efficiency
+    from mimo_jobs.study.priced import unpriced
 
     from .study import study_or_fail
 
@@ -185,14 +187,20 @@ def predict(
     g = _gpu(gpu, diag.study)
     cal = calibration_for(db, diag, g) if db is not None else None
     shown, more = table_runs(diag.runs, show_all or as_json)
-    preds = [predict_run(r, g, cal.efficiency if cal else Efficiency()) for r in shown]
+    skipped = {r.run_id: unpriced(r) for r in shown if unpriced(r)}  # own commands without a model
+    preds = [
+        predict_run(r, g, cal.efficiency if cal else Efficiency()) for r in shown if r.run_id not in skipped
+    ]
+    priced = len(skipped) < len(shown) or not shown
     if as_json:
         doc = {
             "study": diag.study.name,
             "gpu": g.name,
-            "model": model_json(arch_of(diag.study.trainer.model)),
+            "model": model_json(arch_of(diag.study.trainer.model)) if priced else None,
         }
         doc["runs"] = [to_json(p) for p in preds]
+        doc["unpriced"] = [{"name": r.name, "run_id": r.run_id, "why": skipped[r.run_id]} for r in shown
+                           if r.run_id in skipped]  # fmt: skip
         if cal is not None:
             checks = {c.run_id: c for c in cal.runs}
             for run in doc["runs"]:
@@ -201,7 +209,15 @@ def predict(
         print_json(doc)
         return
     out = console()
-    out.print("model: " + "; ".join(model_summary(arch_of(diag.study.trainer.model))), markup=False)
+    if priced:
+        out.print("model: " + "; ".join(model_summary(arch_of(diag.study.trainer.model))), markup=False)
+    for r in shown:
+        if r.run_id in skipped:
+            out.print(f"run {r.name} ({r.run_id}): not priced: {skipped[r.run_id]}", markup=False)
+    if not preds:
+        if more:
+            out.print(more, markup=False)
+        return
     out.print(_ranks_table(f"{diag.study.name} on {g.name}: memory per rank class (GiB)", preds))
     out.print(_time_table(preds))
     if more:
@@ -209,6 +225,8 @@ def predict(
     if cal is not None:
         out.print(_check_table(cal))
         out.print(_calibration_line(cal), markup=False)
+    sources = dict.fromkeys(p.shape.data_source for p in preds)  # say which data priced the image tokens
+    out.print("image tokens: " + "; ".join(sources), markup=False)
     out.print(
         "MFU: encoder + LLM training FLOPs / (iteration time x all GPUs of the job x dense BF16 peak)",
         markup=False,

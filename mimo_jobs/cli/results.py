@@ -33,7 +33,11 @@ def ingest_cmd(
         "colocated; gbsN may follow), or STUDY.yaml:RUN to take a study run's layout",
     ),
     model: str | None = typer.Option(
-        None, "--model", help="model preset of logs without a run.yaml (for MFU and memory predictions)"
+        None,
+        "--model",
+        help="model of logs without a run.yaml, as trainer.model takes it (for MFU and predictions): a preset "
+        "name, a file holding a model description, or a mapping, e.g. '{encoder: siglip-so400m-14-384, llm: "
+        "{hf_config: qwen3/config.json}}'",
     ),
 ) -> None:
     """Ingest logs and metrics into the store (idempotent: unchanged files are skipped, appends resume)."""

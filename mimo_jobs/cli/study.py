@@ -187,9 +187,15 @@ def validate(
     note = f" ({len(ooms)} predicted over memory, allowed by --allow-oom)" if diag.runs and ooms else ""
     from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.predict.params import model_summary
+    from mimo_jobs.study.priced import unpriced
 
-    console().print("model: " + "; ".join(model_summary(arch_of(diag.study.trainer.model))), markup=False)
+    if not diag.runs or any(unpriced(r) is None for r in diag.runs):
+        console().print("model: " + "; ".join(model_summary(arch_of(diag.study.trainer.model))), markup=False)
     console().print(f"{diag.source}: OK, {len(diag.runs)} run(s) feasible{note}", style="green", markup=False)
+
+
+def _nodes(r) -> str:
+    return f"{r.layout.nodes} node{'s' if r.layout.nodes != 1 else ''}"
 
 
 def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
@@ -202,19 +208,24 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
     from mimo_jobs.predict.run import shape_of
     from mimo_jobs.predict.steptime import Efficiency
     from mimo_jobs.study.diagnose import Problem
+    from mimo_jobs.study.priced import unpriced
 
     gpu = study_gpu(diag.study.cluster)
     shown = {r.run_id for r in runs}
     problems, priced = [], {}
     for r in diag.runs:
+        why = unpriced(r)
+        if why:  # a run of its own command without a model: nothing to price it as
+            if out is not None and r.run_id in shown:
+                out.print(f"run {r.run_id} ({_nodes(r)}): memory not judged: {why}", markup=False)
+            continue
         shape = shape_of(r.layout, r.trainer)
         if shape not in priced:  # repeats and points that differ only in name are priced once
             priced[shape] = predict_shape(shape, gpu, Efficiency())
         pred = priced[shape]
         if out is not None and r.run_id in shown:
-            nodes = f"{r.layout.nodes} node{'s' if r.layout.nodes != 1 else ''}"
             out.print(
-                f"run {r.run_id} ({nodes}): memory on {gpu.name}: {pred.memory.verdict()}", markup=False
+                f"run {r.run_id} ({_nodes(r)}): memory on {gpu.name}: {pred.memory.verdict()}", markup=False
             )
         if not pred.memory.fits and not (r.point.command or r.trainer.command):  # own program: not judged
             fix = cheapest_fix(pred.shape, gpu, Efficiency())

@@ -5,4 +5,5 @@ both sides import these modules, neither imports the other.
   requeue     the requeue contract: exit code, marker file, log line
   rundir      the run directory's layout and the checkpoint directory (one resolver)
   manifest    the checkpoint manifest format and its torch-free readers
+  datastats   the dataset statistics file `data stats` writes and the planner reads
 """

@@ -6,7 +6,8 @@
       manifest.json             provenance + the list of files with their sizes (written last, by rank 0)
       run.yaml                  the resolved run config (run.yaml document) this checkpoint was taken with
       rank/rank-00003.pt        per rank: RNG states, data-provider state, iteration, consumed samples, extras
-      <module>/optim-00003.pt   per rank and module: optimizer + scheduler state
+      <module>/optim-00003.pt   per rank and module: optimizer + scheduler state, how the rank's tensors are
+                                cut from the full ones and its optimizer state in model space (resharding)
       <module>/model-00002.pt   dense weights of one TP/EP shard (DP rank 0 of each DP group only)
       <module>/experts-00002.pt expert weights (expert-DP rank 0 only; MoE)
     iter_0000014.tmp/           a save in progress (or a crashed one): never read
@@ -30,7 +31,8 @@ FORMAT_VERSION = 1
 LATEST = "latest"
 MANIFEST = "manifest.json"
 _ITER_RE = re.compile(r"^iter_(\d{7,})$")
-# Layout fields that must match for a checkpoint to load (same-layout format: no resharding).
+# Layout fields that decide how a checkpoint's files are cut: when they all match, a rank loads its own files
+# (the fast path); otherwise the checkpoint is resharded (trainer/checkpoint/reshard.py).
 LAYOUT_KEYS = (
     "nodes",
     "gpus_per_node",
@@ -84,6 +86,7 @@ class Provenance:
     git_sha: str | None = None
     job_id: str | None = None
     attempt: int = 0
+    started_from: str | None = None  # the run's trainer.init.checkpoint (lineage), if any
 
 
 @dataclass
@@ -104,6 +107,7 @@ class CheckpointInfo:
     attempt: int = 0
     bytes: int = 0
     files: dict = field(default_factory=dict)  # relative path -> size in bytes
+    rank_modules: dict = field(default_factory=dict)  # str(rank) -> the modules that rank held
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -161,6 +165,7 @@ def read_manifest(d: Path) -> CheckpointInfo:
         attempt=int(p.get("attempt", 0)),
         bytes=int(m.get("bytes", 0)),
         files=m.get("files", {}),
+        rank_modules=m.get("rank_modules", {}),
     )
 
 
@@ -192,23 +197,59 @@ def latest_checkpoint(directory: str | Path) -> CheckpointInfo | None:
     return all_[-1] if all_ else None
 
 
+def same_layout(info: CheckpointInfo, prov: Provenance) -> bool:
+    """Whether this launch cuts its tensors as `info` did (every rank can read its own files)."""
+    return info.world == prov.world and all(info.layout.get(k) == prov.layout.get(k) for k in LAYOUT_KEYS)
+
+
 def check_compatible(info: CheckpointInfo, prov: Provenance) -> list[str]:
-    """Why `prov` (this launch) may not load `info` (empty = compatible)."""
+    """Why `prov` (this launch) may not resume its own run from `info` (empty = compatible). A run id hashes
+    the layout, so a checkpoint of this run has this run's layout; another run's checkpoint (any layout) is
+    a start point, given as trainer.init.checkpoint."""
     problems = []
     if info.run_id != prov.run_id:
         problems.append(
             f"it belongs to run {info.run_id} ({info.study}/{info.run_name}), this is run "
             f"{prov.run_id} ({prov.study}/{prov.run_name}); the run id hashes the resolved study "
-            "config, so a changed config is a new run: give it its own trainer.checkpoint_dir (or move "
-            "the old checkpoints away)"
+            "config, so a changed config is a new run: give it its own trainer.checkpoint_dir, or start it "
+            f"from that checkpoint with trainer.init.checkpoint: {info.path}"
         )
-    diff = [k for k in LAYOUT_KEYS if info.layout.get(k) != prov.layout.get(k)]
-    if diff:
+    if not same_layout(info, prov):
+        diff = [k for k in LAYOUT_KEYS if info.layout.get(k) != prov.layout.get(k)]
         problems.append(
             "it was saved with a different layout ("
             + ", ".join(f"{k}={info.layout.get(k)} vs now {prov.layout.get(k)}" for k in diff)
-            + "); resharding is not supported: resume with the checkpoint's layout"
+            + f"; {info.world} ranks vs now {prov.world}): a run resumes with its own layout; to continue "
+            f"under another one, start a run of that layout with trainer.init.checkpoint: {info.path}"
         )
-    if info.world != prov.world and not diff:
-        problems.append(f"it was saved by {info.world} ranks, this launch has {prov.world}")
     return problems
+
+
+def resolve_source(path: str | Path) -> CheckpointInfo:
+    """The complete checkpoint `path` names (a checkpoints directory: its `latest`; or one iter_N directory),
+    checked without torch: every file the manifest lists is there with its size. Raises CheckpointError with
+    one line naming the directory or file (an unfinished save has no manifest, or is an iter_N.tmp)."""
+    p = Path(path)
+    if p.name.endswith(".tmp") and parse_iter_name(p.name[:-4]) is not None:
+        raise CheckpointError(f"{p}: an unfinished save (a .tmp directory is never a checkpoint)")
+    if not p.is_dir():
+        raise CheckpointError(f"{p}: no such checkpoint directory")
+    if parse_iter_name(p.name) is not None:
+        info = read_manifest(p)
+    else:
+        info = latest_checkpoint(p)
+        if info is None:
+            unfinished = sorted(c.name for c in p.iterdir() if c.is_dir() and c.name.startswith("iter_"))
+            raise CheckpointError(
+                f"{p}: no complete checkpoint"
+                + (f" ({', '.join(unfinished)}: unfinished saves, without {MANIFEST})" if unfinished else "")
+            )
+    for rel, size in sorted(info.files.items()):
+        f = info.path / rel
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing (listed in {info.path / MANIFEST})")
+        if f.stat().st_size != size:
+            raise CheckpointError(
+                f"{f}: {f.stat().st_size} bytes, {info.path / MANIFEST} says {size} (truncated?)"
+            )
+    return info

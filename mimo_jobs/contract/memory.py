@@ -1,5 +1,8 @@
 """The memory-facts record: what one rank measured it holds, written by the trainer to
-`<run dir>/memory/rank-<r>.json` (trainer/observe/memory.py) and read by ingest into `rank_memory`.
+`<run dir>/memory/rank-<r>.json` (trainer/observe/memory.py) and read by ingest into `rank_memory`. It also
+carries the rank's own phase timers (trainer/observe/profile.py): what it runs (ROLES), and its per-phase
+seconds and wall time summed over the iterations its job ran after its first (the warm-up), so the report
+can show how busy or idle each module's ranks were.
 
 Torch-free. `to_json` and `from_json` are the file's one format; `from_json` names the field that is
 missing or not a number.
@@ -11,8 +14,29 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .iteration import PHASES
+
 MEMORY_DIR = "memory"  # under the run directory
 MODULE_FIELDS = ("params", "param_bytes", "grad_buffer_bytes", "optimizer_state_bytes")
+# what a rank runs: the encoder only, one LLM pipeline stage only (its pp_rank), or both (colocated layout)
+ROLES = ("encoder", "llm", "colocated")
+# rank_memory's columns of the timing fields (SQL types): the one list the store's table is created with
+# and ingest writes; each phase as `<phase>_s`
+PHASE_SECONDS = {p: f"{p}_s" for p in PHASES}
+TIMING_COLUMNS: dict[str, str] = {
+    "role": "VARCHAR",
+    "timed_iterations": "INTEGER",
+    "elapsed_s": "DOUBLE",
+    **{c: "DOUBLE" for c in PHASE_SECONDS.values()},
+}
+_OPTIONAL = (
+    "cuda_max_allocated_bytes",
+    "cuda_max_reserved_bytes",
+    "role",
+    "timed_iterations",
+    "elapsed_s",
+    "phases_s",
+)
 
 
 @dataclass(frozen=True)
@@ -37,12 +61,16 @@ class MemoryFacts:
     dp_rank: int | None = None
     cuda_max_allocated_bytes: int | None = None  # the CUDA allocator's peaks (GPU runs only)
     cuda_max_reserved_bytes: int | None = None
+    role: str | None = None  # one of ROLES (None: written before the trainer recorded it)
+    timed_iterations: int | None = None  # the iterations the sums below cover (after the job's first)
+    elapsed_s: float | None = None  # their wall time, summed
+    phases_s: dict[str, float] | None = None  # phase (contract.iteration.PHASES) -> seconds, summed
 
     def to_json(self) -> dict:
         out = asdict(self)
-        for k in ("cuda_max_allocated_bytes", "cuda_max_reserved_bytes"):
+        for k in _OPTIONAL:
             if out[k] is None:
-                del out[k]  # a CPU run measured none: the file has no such key
+                del out[k]  # not measured (a CPU run has no CUDA peaks): the file has no such key
         return out
 
     @classmethod
@@ -71,6 +99,10 @@ class MemoryFacts:
             dp_rank=_count(d, "dp_rank", required=False),
             cuda_max_allocated_bytes=_count(d, "cuda_max_allocated_bytes", required=False),
             cuda_max_reserved_bytes=_count(d, "cuda_max_reserved_bytes", required=False),
+            role=_role(d.get("role")),
+            timed_iterations=_count(d, "timed_iterations", required=False),
+            elapsed_s=_seconds(d.get("elapsed_s"), "elapsed_s"),
+            phases_s=_phases(d.get("phases_s")),
         )
 
 
@@ -90,3 +122,28 @@ def _count(d: dict, key: str, where: str = "", required: bool = True) -> int | N
     if isinstance(v, bool) or not whole or v < 0:
         raise ValueError(f"{where}{key}: expected a whole number >= 0, got {v!r}")
     return int(v)
+
+
+def _role(v: object) -> str | None:
+    if v is None or v in ROLES:
+        return v
+    raise ValueError(f"role: expected one of {', '.join(ROLES)}, got {v!r}")
+
+
+def _seconds(v: object, where: str) -> float | None:
+    """A finite number of seconds >= 0 (bool is not one); None when absent."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{where}: expected a number of seconds >= 0, got {v!r}")
+    return float(v)
+
+
+def _phases(v: object) -> dict[str, float] | None:
+    """Phase name -> seconds. Every phase is kept (a newer trainer may time one this version does not know:
+    ingest stores the ones it has columns for)."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise ValueError(f"phases_s: expected an object of phase -> seconds, got {type(v).__name__}")
+    return {str(k): _seconds(x, f"phases_s.{k}") for k, x in v.items()}

@@ -24,8 +24,14 @@ class LaneBatch:
     loss_mask: Any  # FloatTensor [mbs, seq]; 0 on image positions and padding
     position_ids: Any  # LongTensor [mbs, seq]
     image_token_counts: list[int]  # per sample; 0 = text-only. == (tokens[i] == image_token_id).sum()
-    images: list[Any] | None = None  # per sample: FloatTensor [C, H, W] or None (encoder side only)
+    # per sample (encoder side only): None, one image (FloatTensor [C, H, W]; [T, C, H, W] for its tiles), or
+    # a list of them in placeholder order (several images, or packed samples); the encoder embeds them
+    # flattened in that order (images.encoder_inputs), the LLM scatters them back row-major
+    images: list[Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # packed rows (LongTensor [mbs, seq]): which of the row's samples each position belongs to, padding -1;
+    # attention never crosses two values and position_ids restart at each sample. None: one sample per row
+    segment_ids: Any = None
 
     @property
     def num_image_tokens(self) -> int:

@@ -4,6 +4,7 @@ Two layouts, one rule for the loss: a token is a *target* when the model is trai
   plain   BOS, image placeholders, prompt, response, EOS          targets: response + EOS
   chat    the tokenizer's chat template over the turns            targets: what follows each assistant
           turn's generation prompt (its content and end-of-turn text), nothing else
+  interleaved  BOS, text pieces and image placeholders in order, EOS      targets: every text token + EOS
 
 The chat layout finds each assistant turn as character spans of the rendered text: the rendering of the
 turns before it with the generation prompt, and the rendering up to and including it, must be prefixes of
@@ -59,6 +60,27 @@ def plain_layout(
     head = [tok.bos_id] + [tok.image_token_id] * image_tokens + tok.encode(prompt)
     body = tok.encode(response) + [tok.eos_id]
     return head + body, [False] * len(head) + [True] * len(body)
+
+
+def interleaved_layout(
+    tok: Tokenizer, pieces: list[str | None], image_tokens: list[int]
+) -> tuple[list[int], list[bool]]:
+    """Interleaved image-text (a document): BOS, then each piece in order, text (targets) or, where the
+    piece is None, the next image's placeholders (not targets), then EOS (a target)."""
+    if len(image_tokens) != sum(p is None for p in pieces):
+        raise ValueError(f"{sum(p is None for p in pieces)} image slot(s) but {len(image_tokens)} image(s)")
+    ids, flags = [tok.bos_id], [False]
+    images = iter(image_tokens)
+    for p in pieces:
+        if p is None:
+            n = next(images)
+            ids += [tok.image_token_id] * n
+            flags += [False] * n
+        else:
+            t = tok.encode(p)
+            ids += t
+            flags += [True] * len(t)
+    return ids + [tok.eos_id], flags + [True]
 
 
 def _assistant_spans(tok: Tokenizer, turns: list[dict], full: str) -> list[tuple[int, int]]:

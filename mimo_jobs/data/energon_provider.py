@@ -1,13 +1,16 @@
-"""The trainer's Provider on megatron-energon: one savable loader per LLM DP lane.
+"""The trainer's Provider on megatron-energon: each LLM DP lane is one deterministic sample stream.
 
 Placement: lane j's samples come from WorkerConfig(rank=j, world_size=llm_dp,
 seed_offset=trainer.seed). An LLM rank builds the loader of its own lane; the encoder replica serving lanes
-[i*k, (i+1)*k) builds exactly those k lanes' loaders (fan-in: the one lane it helps); the one-process
-reference builds all. Same dataset, same WorkerConfig, same TaskEncoder logic -> identical keys in identical
-order on both sides of the bridge. Only encoder ranks (need_images) decode pixels.
+[i*k, (i+1)*k) reads exactly those k lanes (fan-in: the one lane it helps); the one-process reference reads
+all. A provider with several lanes reads them through ONE multiplexed loader (mux.py: its worker count does
+not grow with the lanes), which yields each lane exactly the samples of that lane's own loader. Same
+dataset, same WorkerConfig, same TaskEncoder logic -> identical keys in identical order on both sides of
+the bridge. Only encoder ranks (need_images) decode pixels.
 
-State: per lane the energon loader state (pickled to bytes so any checkpoint format can hold it), the count
-of microbatches consumed and the counted outcomes (skips/truncations) so totals survive a restart.
+State: the energon loader state (pickled to bytes so any checkpoint format can hold it), per lane or of the
+multiplexed loader, plus per lane the count of microbatches consumed and the counted outcomes
+(skips/truncations) so totals survive a restart.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from mimo_jobs.data.batch import LaneBatch, Provider
 
 from .check import check_data_path
 from .errors import DataError
-from .images import ImageGeometry, geometry_of_preset
+from .images import ImageGeometry, geometry_of_data
 from .tokenizer import load_tokenizer
 
 log = logging.getLogger("mimo_jobs.data")
@@ -60,6 +63,8 @@ class LoaderConfig:
     truncate_text: bool = False
     shuffle_buffer_size: int | None = 100
     max_samples_per_sequence: int | None = 100
+    packing: bool = False  # several samples per row (task_encoder.PackingTaskEncoder)
+    packing_buffer_size: int = 32  # samples the packer chooses among at a time
 
     @classmethod
     def from_run(cls, run_spec: Any, plan: Any) -> LoaderConfig:
@@ -74,7 +79,7 @@ class LoaderConfig:
             mbs=plan.layout.mbs,
             num_microbatches=plan.num_microbatches,
             seq_length=tr.seq_length,
-            geometry=geometry_of_preset(tr.model),
+            geometry=geometry_of_data(tr.model, d),
             vocab_size=preset.llm.vocab_size,
             image_token_id=image_token_id(preset.llm.vocab_size),
             tokenizer=d.tokenizer,
@@ -84,6 +89,8 @@ class LoaderConfig:
             truncate_text=d.truncate_text,
             shuffle_buffer_size=d.shuffle_buffer_size,
             max_samples_per_sequence=d.max_samples_per_sequence,
+            packing=d.packing,
+            packing_buffer_size=d.packing_buffer_size,
         )
 
 
@@ -112,51 +119,74 @@ class LaneTotals:
         )
 
 
-class _Lane:
-    def __init__(self, lane: int, cfg: LoaderConfig, enc_cfg: Any, tokenizer: Any):
-        from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
-        from megatron.energon.flavors.webdataset.empty_dataset_error import EmptyDatasetError
+def _lane_dataset(lane: int, cfg: LoaderConfig, enc_cfg: Any, tokenizer: Any) -> Any:
+    """Lane `lane`'s energon dataset (batched, task-encoded, repeating), with its own WorkerConfig and task
+    encoder: what its own loader iterates and what the multiplexed loader (mux.py) steps for it."""
+    from megatron.energon import WorkerConfig, get_train_dataset
+    from megatron.energon.flavors.webdataset.empty_dataset_error import EmptyDatasetError
 
-        from .task_encoder import MimoTaskEncoder
+    from .task_encoder import make_task_encoder
+
+    encoder = make_task_encoder(tokenizer, enc_cfg)
+
+    def restore_error(e: Exception, sample: Any, sources: Any = None) -> None:
+        raise DataError(
+            f"lane {lane}: could not restore a sample from the checkpointed loader state: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+
+    # energon's default handler logs and skips; ours raises or counts (see MimoTaskEncoder.on_error)
+    worker_config = WorkerConfig(
+        rank=lane,
+        world_size=cfg.llm_dp,
+        num_workers=cfg.num_workers,
+        seed_offset=cfg.seed,
+        global_error_handler=encoder.on_error,
+        restore_error_handler=restore_error,
+    )
+    try:
+        return get_train_dataset(
+            cfg.path,
+            worker_config=worker_config,
+            batch_size=cfg.mbs,
+            shuffle_buffer_size=cfg.shuffle_buffer_size,
+            max_samples_per_sequence=cfg.max_samples_per_sequence,
+            task_encoder=encoder,
+            packing_buffer_size=cfg.packing_buffer_size if cfg.packing else None,
+            repeat=True,
+        )
+    except EmptyDatasetError as e:
+        raise DataError(
+            f"trainer.data.path={cfg.path!r}: the train split is empty for lane {lane} of "
+            f"{cfg.llm_dp} ({e}); add samples/shards or use fewer LLM DP lanes"
+        ) from None
+
+
+def _too_small(lanes: list[int], cfg: LoaderConfig, e: Exception) -> DataError:
+    return DataError(
+        f"lanes {lanes}: no samples ({e}); the dataset is too small for "
+        f"{cfg.llm_dp} lanes x {max(1, cfg.num_workers)} workers"
+    )
+
+
+class _Lane:
+    """One lane's own loader (an LLM rank's single lane, or the reader a provider uses per lane when not
+    multiplexed)."""
+
+    def __init__(self, lane: int, cfg: LoaderConfig, enc_cfg: Any, tokenizer: Any):
+        from megatron.energon import get_savable_loader
 
         self.lane = lane
-        self.encoder = MimoTaskEncoder(tokenizer, enc_cfg)
-
-        def restore_error(e: Exception, sample: Any, sources: Any = None) -> None:
-            raise DataError(
-                f"lane {lane}: could not restore a sample from the checkpointed loader state: "
-                f"{type(e).__name__}: {e}"
-            ) from e
-
-        # energon's default handler logs and skips; ours raises or counts (see MimoTaskEncoder.on_error)
-        self.worker_config = WorkerConfig(
-            rank=lane,
-            world_size=cfg.llm_dp,
-            num_workers=cfg.num_workers,
-            seed_offset=cfg.seed,
-            global_error_handler=self.encoder.on_error,
-            restore_error_handler=restore_error,
-        )
-        try:
-            ds = get_train_dataset(
-                cfg.path,
-                worker_config=self.worker_config,
-                batch_size=cfg.mbs,
-                shuffle_buffer_size=cfg.shuffle_buffer_size,
-                max_samples_per_sequence=cfg.max_samples_per_sequence,
-                task_encoder=self.encoder,
-                repeat=True,
-            )
-        except EmptyDatasetError as e:
-            raise DataError(
-                f"trainer.data.path={cfg.path!r}: the train split is empty for lane {lane} of "
-                f"{cfg.llm_dp} ({e}); add samples/shards or use fewer LLM DP lanes"
-            ) from None
-        self.loader = get_savable_loader(ds)
+        self.lanes = [lane]
+        self.cfg = cfg
+        self.loader = get_savable_loader(_lane_dataset(lane, cfg, enc_cfg, tokenizer))
         self.it = None
-        self.totals = LaneTotals()
 
-    def next(self) -> Any:
+    @property
+    def started(self) -> bool:
+        return self.it is not None
+
+    def next(self, lane: int) -> Any:
         from megatron.energon.flavors.webdataset.empty_dataset_error import EmptyDatasetError
 
         if self.it is None:
@@ -164,11 +194,15 @@ class _Lane:
         try:
             return next(self.it)
         except EmptyDatasetError as e:
-            raise DataError(
-                f"lane {self.lane}: no samples ({e}); the dataset is too small for "
-                f"{self.worker_config.world_size} lanes x {max(1, self.worker_config.num_workers)} "
-                "workers"
-            ) from None
+            raise _too_small(self.lanes, self.cfg, e) from None
+
+    def save(self) -> dict:
+        # Safe with workers: the iterator (if any) has yielded at least once (pitfall: saving between
+        # iter() and the first next() hangs); without an iterator energon returns None = initial state.
+        return {"loader": pickle.dumps(self.loader.save_state_rank())}
+
+    def restore(self, state: dict) -> None:
+        self.loader.restore_state_rank(pickle.loads(state["loader"]))
 
     def close(self) -> None:
         # Closing the iterator ends the workers at once (otherwise ~5 s join timeout per worker on GC).
@@ -183,6 +217,47 @@ class _Lane:
             self.loader._iterator = None
 
 
+class _Mux:
+    """The lanes' batches from one multiplexed loader (mux.MuxReader): its worker count and open shards do
+    not grow with the number of lanes."""
+
+    def __init__(self, lanes: list[int], cfg: LoaderConfig, enc_cfg: Any, tokenizer: Any):
+        from megatron.energon import WorkerConfig
+
+        from .mux import MuxReader
+
+        self.lanes = list(lanes)
+        self.cfg = cfg
+        datasets = [_lane_dataset(x, cfg, enc_cfg, tokenizer) for x in lanes]
+        # the loader's own config: worker count and the worker processes' global seeds (those of the first
+        # lane's own loader); failures outside a lane's pipeline are raised, never skipped
+        carrier = WorkerConfig(
+            rank=lanes[0], world_size=cfg.llm_dp, num_workers=cfg.num_workers, seed_offset=cfg.seed
+        )
+        self.reader = MuxReader(datasets, lanes, carrier)
+
+    @property
+    def started(self) -> bool:
+        return self.reader.started
+
+    def next(self, lane: int) -> Any:
+        from megatron.energon.flavors.webdataset.empty_dataset_error import EmptyDatasetError
+
+        try:
+            return self.reader.next(lane)
+        except EmptyDatasetError as e:
+            raise _too_small(self.lanes, self.cfg, e) from None
+
+    def save(self) -> dict:
+        return self.reader.save()
+
+    def restore(self, state: dict) -> None:
+        self.reader.restore(state)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
 class EnergonProvider(Provider):
     def __init__(
         self,
@@ -191,7 +266,10 @@ class EnergonProvider(Provider):
         need_images: bool,
         need_text: bool = True,
         image_slice: tuple[int, int] | None = None,
+        multiplex: bool | None = None,
     ):
+        """`multiplex`: read all `lanes` from one loader (mux.py) rather than one loader per lane; the
+        default multiplexes whenever there is more than one lane (same samples either way)."""
         from .task_encoder import EncodeConfig
 
         check_data_path(cfg.path)
@@ -212,22 +290,36 @@ class EnergonProvider(Provider):
             on_bad_sample=cfg.on_bad_sample,
             truncate_text=cfg.truncate_text,
             image_slice=image_slice,
+            packing=cfg.packing,
         )
-        self._lanes = {x: _Lane(x, cfg, self.enc_cfg, self.tokenizer) for x in self.lanes}
+        self.multiplex = len(self.lanes) > 1 if multiplex is None else multiplex
+        self._readers: list[_Lane | _Mux] = []
+        self._build_readers()
+        self._totals = {x: LaneTotals() for x in self.lanes}
         # Workers end when the provider is closed, collected, or at interpreter exit (the trainer need not
         # call close(); without this each worker costs a 5 s join timeout at exit).
-        self._finalizer = weakref.finalize(self, _close_lanes, self._lanes)
+        self._finalizer = weakref.finalize(self, _close_readers, self._readers)
+
+    def _build_readers(self) -> None:
+        """(Re)build the loaders in place (the finalizer holds this list): one multiplexed loader, or one
+        loader per lane."""
+        if self.multiplex:
+            new = [_Mux(self.lanes, self.cfg, self.enc_cfg, self.tokenizer)]
+        else:
+            new = [_Lane(x, self.cfg, self.enc_cfg, self.tokenizer) for x in self.lanes]
+        self._readers[:] = new
+        self._reader_of = {x: r for r in new for x in r.lanes}
 
     # ------------------------------------------------------------ Provider
 
     def next(self, lane: int) -> LaneBatch:
         try:
-            ln = self._lanes[lane]
+            reader = self._reader_of[lane]
         except KeyError:
             raise DataError(f"this provider serves lanes {self.lanes}, not lane {lane}") from None
-        b = ln.next()
-        n = ln.totals.microbatches
-        t = ln.totals
+        b = reader.next(lane)
+        t = self._totals[lane]
+        n = t.microbatches
         t.microbatches += 1
         t.samples += len(b.image_token_counts)
         t.image_samples += sum(1 for c in b.image_token_counts if c)
@@ -260,6 +352,7 @@ class EnergonProvider(Provider):
             labels=b.labels,
             loss_mask=b.loss_mask,
             position_ids=b.position_ids,
+            segment_ids=b.segment_ids,
             image_token_counts=list(b.image_token_counts),
             images=list(b.images) if (self.need_images and b.images is not None) else None,
             meta={
@@ -270,12 +363,13 @@ class EnergonProvider(Provider):
         )
 
     def state_dict(self) -> dict:
-        lanes = {}
-        for x, ln in self._lanes.items():
-            # Safe with workers: the iterator (if any) has yielded at least once (pitfall: saving between
-            # iter() and the first next() hangs); without an iterator energon returns None = initial state.
-            st = ln.loader.save_state_rank()
-            lanes[x] = {"loader": pickle.dumps(st), "totals": asdict(ln.totals)}
+        lanes = {x: {"totals": asdict(self._totals[x])} for x in self.lanes}
+        mux = None
+        if self.multiplex:
+            mux = self._readers[0].save()
+        else:
+            for r in self._readers:
+                lanes[r.lane].update(r.save())
         return {
             "format": STATE_FORMAT,
             "kind": "energon",
@@ -284,7 +378,8 @@ class EnergonProvider(Provider):
             "llm_dp": self.cfg.llm_dp,
             "mbs": self.cfg.mbs,
             "seed": self.cfg.seed,
-            "lanes": lanes,
+            "lanes": lanes,  # per lane: counted totals, and its loader state unless multiplexed
+            "mux": mux,  # the multiplexed loader's state (mux.MuxReader.save), or None
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -302,34 +397,42 @@ class EnergonProvider(Provider):
         missing = [x for x in self.lanes if x not in state["lanes"]]
         if missing:
             raise DataError(f"checkpointed data state has lanes {sorted(state['lanes'])}, missing {missing}")
-        for x in self.lanes:
-            ln = self._lanes[x]
-            if ln.it is not None:  # energon restores only before iterating: start this lane afresh
-                ln.close()
-                ln = _Lane(x, self.cfg, self.enc_cfg, self.tokenizer)
-            ln.loader.restore_state_rank(pickle.loads(state["lanes"][x]["loader"]))
-            ln.totals = LaneTotals(**state["lanes"][x]["totals"])
-            self._lanes[x] = ln
+        saved_mux = state.get("mux") is not None
+        if saved_mux != self.multiplex:
+            how = {True: "one multiplexed loader", False: "one loader per lane"}
+            raise DataError(
+                f"checkpointed data state was saved by {how[saved_mux]}, this provider reads lanes "
+                f"{self.lanes} with {how[self.multiplex]}: resume with the same layout"
+            )
+        if any(r.started for r in self._readers):  # energon restores only before iterating: start afresh
+            _close_readers(self._readers)
+            self._build_readers()
+        if self.multiplex:
+            self._readers[0].restore(state["mux"])
+        else:
+            for r in self._readers:
+                r.restore(state["lanes"][r.lane])
+        self._totals = {x: LaneTotals(**state["lanes"][x]["totals"]) for x in self.lanes}
 
     # ------------------------------------------------------------ extras
 
     def totals(self) -> LaneTotals:
         out = LaneTotals()
-        for ln in self._lanes.values():
-            out = out.merge(ln.totals)
+        for t in self._totals.values():
+            out = out.merge(t)
         return out
 
     def lane_totals(self, lane: int) -> LaneTotals:
-        return self._lanes[lane].totals
+        return self._totals[lane]
 
     def close(self) -> None:
         self._finalizer()
 
 
-def _close_lanes(lanes: dict) -> None:
-    for ln in lanes.values():
+def _close_readers(readers: list) -> None:
+    for r in readers:
         with contextlib.suppress(Exception):  # at interpreter exit workers may already be gone
-            ln.close()
+            r.close()
 
 
 def make_energon_provider(

@@ -1,67 +1,39 @@
-"""Image geometry and pixels, shared by both sides of the bridge.
+"""Image pixels and the geometry both sides of the bridge share.
 
 The LLM side needs only the token count of an image (read from the header, no decode); the encoder side
-needs the pixels. Both must agree exactly, so the geometry is one pure function here:
+needs the pixels. Both must agree exactly, so the geometry is one pure rule,
+`mimo_jobs.model.tiling.ImageGeometry` (re-exported here): an image is one piece at dynamic resolution, or,
+with `max_tiles` > 1, larger images are cut into tiles of the encoder's image size plus an optional
+thumbnail; each piece's tokens are the encoder's own count (`mimo_jobs.model.arch.image_tokens`).
 
-  (h, w) -> scale down so max(h, w) <= image_size (aspect kept, rounded) -> round each side down to a
-  multiple of u = patch_size * downsample (at least one) -> tokens = (H/u) * (W/u)   (dynamic resolution)
-
-The token count of an H x W image is the encoder's (mimo_jobs.model.arch.EncoderArch.tokens_for: patches,
-then s x s pixel shuffle); the tests check the two agree for every preset.
-
-Pixels: RGB (or L when channels == 1), resized to (H, W) when needed, float32 [C, H, W], standardized with
-the CLIP per-channel mean/std (roughly zero mean, unit scale: the range of the trainer's mock images).
+Pixels: RGB (or L when channels == 1), resized as the geometry says, float32, standardized with the CLIP
+per-channel mean/std (roughly zero mean, unit scale: the range of the trainer's mock images). A one-piece
+image decodes to [C, H, W]; a tiled one to [T, C, tile, tile], its tiles row-major and then the thumbnail:
+each of the T is one encoder sample, and the LLM sequence holds all their tokens in that order.
 """
 
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+
+from mimo_jobs.model.tiling import ImageGeometry, ImagePlan
+
+__all__ = ["ImageGeometry", "ImagePlan", "decode", "encoder_inputs", "geometry_of_preset", "header_size"]
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
-@dataclass(frozen=True)
-class ImageGeometry:
-    patch_size: int
-    image_size: int  # max side in pixels
-    channels: int = 3
-    downsample: int = 1  # pixel shuffle: s x s patch tokens become one LLM token
-
-    @property
-    def unit(self) -> int:
-        """Pixels per LLM token along a side."""
-        return self.patch_size * self.downsample
-
-    def target_hw(self, h: int, w: int) -> tuple[int, int]:
-        p, m = self.unit, self.image_size
-        if h < 1 or w < 1:
-            raise ValueError(f"image of {h}x{w} pixels has no area")
-        if max(h, w) > m:
-            scale = m / max(h, w)
-            h, w = max(1, round(h * scale)), max(1, round(w * scale))
-        return max(p, h // p * p), max(p, w // p * p)
-
-    def tokens_of_pixels(self, h_px: int, w_px: int) -> int:
-        """Tokens of an image already at its target size (the decoded pixels)."""
-        return (h_px // self.unit) * (w_px // self.unit)
-
-    def tokens(self, h: int, w: int) -> int:
-        return self.tokens_of_pixels(*self.target_hw(h, w))
-
-    @property
-    def max_tokens(self) -> int:
-        return (self.image_size // self.unit) ** 2
-
-
-def geometry_of_preset(preset_name: str) -> ImageGeometry:
+def geometry_of_preset(model, max_tiles: int = 1, thumbnail: bool = False) -> ImageGeometry:
+    """The geometry of a trainer.model value (a preset name or a description), with tiling settings."""
     from mimo_jobs.model.resolve import arch_of
 
-    enc = arch_of(preset_name).encoder
-    return ImageGeometry(
-        patch_size=enc.patch_size, image_size=enc.image_size, channels=enc.channels, downsample=enc.downsample
-    )
+    return ImageGeometry.of(arch_of(model).encoder, max_tiles, thumbnail)
+
+
+def geometry_of_data(model, data) -> ImageGeometry:
+    """The geometry a study's trainer.data (spec.DataSpec) trains with."""
+    return geometry_of_preset(model, getattr(data, "max_tiles", 1), getattr(data, "thumbnail", False))
 
 
 def header_size(data: bytes) -> tuple[int, int]:
@@ -76,21 +48,48 @@ def header_size(data: bytes) -> tuple[int, int]:
 
 
 def decode(data: bytes, geom: ImageGeometry):
-    """Encoded image -> float32 tensor [C, H, W] in [0, 1] at the geometry's target size."""
+    """Encoded image -> standardized float32 tensor: [C, H, W] at its one-piece size, or [T, C, t, t] tiles
+    (row-major, then the thumbnail) when the geometry tiles it."""
     import numpy as np
     import torch
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
         im = im.convert("L" if geom.channels == 1 else "RGB")
-        th, tw = geom.target_hw(im.height, im.width)
-        if (im.height, im.width) != (th, tw):
-            im = im.resize((tw, th), Image.BILINEAR)
-        arr = np.asarray(im, dtype=np.uint8)
-    if arr.ndim == 2:
-        arr = arr[:, :, None]
-    x = torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
-    c = x.shape[0]
-    mean = torch.tensor(CLIP_MEAN[:c] if c == 3 else [sum(CLIP_MEAN) / 3]).view(c, 1, 1)
-    std = torch.tensor(CLIP_STD[:c] if c == 3 else [sum(CLIP_STD) / 3]).view(c, 1, 1)
-    return (x - mean) / std
+        plan = geom.plan(im.height, im.width)
+        rh, rw = plan.resize_hw
+        whole = im if (im.height, im.width) == (rh, rw) else im.resize((rw, rh), Image.BILINEAR)
+        ph, pw = plan.piece_h, plan.piece_w
+        pieces = [
+            whole.crop((c * pw, r * ph, (c + 1) * pw, (r + 1) * ph))
+            for r in range(plan.rows)
+            for c in range(plan.cols)
+        ]
+        if plan.thumbnail:
+            pieces.append(im.resize((pw, ph), Image.BILINEAR))
+        arrs = [np.asarray(p, dtype=np.uint8) for p in pieces]
+    x = torch.from_numpy(np.stack(arrs)).float().div_(255.0)
+    if x.ndim == 3:  # L images: [T, H, W]
+        x = x.unsqueeze(-1)
+    x = x.permute(0, 3, 1, 2)  # [T, C, H, W]
+    c = x.shape[1]
+    mean = torch.tensor(CLIP_MEAN[:c] if c == 3 else [sum(CLIP_MEAN) / 3]).view(1, c, 1, 1)
+    std = torch.tensor(CLIP_STD[:c] if c == 3 else [sum(CLIP_STD) / 3]).view(1, c, 1, 1)
+    x = ((x - mean) / std).contiguous()
+    return x if len(pieces) > 1 else x[0]
+
+
+def encoder_inputs(images) -> list:
+    """Per-sample image entries -> the encoder's samples, in order: None (text-only) gives none, a [C, H, W]
+    tensor one, a [T, C, H, W] tensor its T tiles, a list or tuple its items in turn (several images)."""
+    out: list = []
+    for im in images:
+        if im is None:
+            continue
+        if isinstance(im, (list, tuple)):
+            out += encoder_inputs(im)
+        elif im.dim() == 4:
+            out += list(im.unbind(0))
+        else:
+            out.append(im)
+    return out

@@ -1,7 +1,8 @@
 """Data providers for the trainer: the mock provider, and the branch to energon.
 
 Mock samples: an image of a random side from `data.image_sizes` (so a varying number of image tokens,
-(side/(patch x downsample))^2) or no image at all (share `data.text_only_fraction`), followed by text and padding. The
+(side/(patch x downsample))^2 by model.arch.image_tokens; sides never exceed the encoder's image size, so
+mock images are never tiled) or no image at all (share `data.text_only_fraction`), followed by text and padding. The
 text is learnable, and an image's caption can only be predicted by looking at the image:
 
 - an image sample draws a class k in [0, N_CLASSES); its pixels are class k's fixed random patch-sized tile,
@@ -27,6 +28,7 @@ import torch
 
 from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, Provider
 from mimo_jobs.errors import MimoJobsError
+from mimo_jobs.model.arch import image_tokens
 from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.runtime_rules import image_size_problems
 
@@ -76,7 +78,7 @@ class MockConfig:
 
     @property
     def unit(self) -> int:
-        """Pixels per LLM token along a side (model.arch.EncoderArch.tokens_for's rule)."""
+        """Pixels per LLM token along a side (model.arch.image_tokens's rule)."""
         return self.patch_size * self.downsample
 
     @property
@@ -119,7 +121,7 @@ class MockProvider(Provider):
         side = 0
         if u >= c.text_only_fraction and c.image_sizes:
             side = c.image_sizes[int(torch.randint(len(c.image_sizes), (), generator=g))]
-        n_img = (side // c.unit) ** 2 if side else 0
+        n_img = image_tokens(side, side, c.patch_size, c.downsample) if side else 0
         room = c.seq_length - n_img
         n_text = int(torch.randint(max(2, room // 2), room + 1, (), generator=g))
         i = torch.arange(n_text)

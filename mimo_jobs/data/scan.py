@@ -11,11 +11,25 @@ from typing import Any
 
 from .check import check_data_path
 from .energon_provider import image_token_id
-from .images import ImageGeometry
+from .images import ImageGeometry, header_size
 from .stats import SampleStat
 from .tokenizer import load_tokenizer
 
 NO_LIMIT = 1 << 30
+
+
+def _stat(s: Any, geometry: ImageGeometry) -> SampleStat:
+    """One encoded sample's counts; its images' encoder samples from their headers (the task encoder has
+    already checked them), by the same plan the encoder side cuts."""
+    plans = [geometry.plan(*header_size(bytes(b))) for b in s.images]
+    return SampleStat(
+        key=s.__key__,
+        image_tokens=s.image_token_count,
+        text_tokens=len(s.tokens) - s.image_token_count,
+        images=len(plans),
+        tiles=sum(p.tiles for p in plans),
+        tile_tokens_sq=sum(p.tiles * p.tokens_per_piece**2 for p in plans),
+    )
 
 
 def scan(
@@ -28,15 +42,7 @@ def scan(
 
     class _Counting(MimoTaskEncoder):
         def batch(self, samples: list[Any]) -> list[SampleStat]:
-            return [
-                SampleStat(
-                    key=s.__key__,
-                    image_tokens=s.image_token_count,
-                    text_tokens=len(s.tokens) - s.image_token_count,
-                    images=1 if s.image_token_count else 0,
-                )
-                for s in samples
-            ]
+            return [_stat(s, geometry) for s in samples]
 
     check_data_path(path)
     tok = load_tokenizer(tokenizer, vocab_size, image_token_id(vocab_size))

@@ -1,8 +1,10 @@
 """Token statistics of a dataset (pure): per-sample counts in, the summary the planner and people read out.
 
-Per sample: image tokens (after the encoder's geometry), text tokens (everything else the LLM reads:
-template, prompt, answer, BOS/EOS), images. Summary: count, mean, percentiles and maximum of each, the
-images-per-sample histogram, a histogram of sequence lengths, and the packing efficiency at a seq_length:
+Per sample: image tokens (after tiling and the encoder's pixel shuffle: what the LLM reads), text tokens
+(everything else the LLM reads: template, prompt, answer, BOS/EOS), images, and the encoder samples they
+make (tiles, a thumbnail included; an untiled image is one). Summary: count, mean, percentiles and maximum
+of each, E[n^2]/E[n] over encoder samples (n their tokens: the planner prices the encoder's attention
+with it), the images-per-sample histogram, a histogram of sequence lengths, and the packing efficiency at a seq_length:
 the share of the LLM's token slots holding real tokens when every sample is padded to seq_length, and when
 samples are packed first-fit-decreasing into sequences of seq_length (an upper bound of what a packing
 loader with a large buffer reaches).
@@ -13,7 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-STATS_FORMAT = 1
+from mimo_jobs.contract.datastats import STATS_FORMAT
+
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -23,6 +26,8 @@ class SampleStat:
     image_tokens: int
     text_tokens: int
     images: int
+    tiles: int = 0  # encoder samples of the sample's images
+    tile_tokens_sq: int = 0  # sum over those encoder samples of their tokens squared
 
     @property
     def tokens(self) -> int:
@@ -75,6 +80,12 @@ def histogram(values: list[int], bins: int = 10) -> list[dict]:
     ]
 
 
+def tokens_per_tile(samples: list[SampleStat]) -> float:
+    """E[n^2]/E[n] over all encoder samples of the dataset (n: an encoder sample's tokens)."""
+    n = sum(s.image_tokens for s in samples)
+    return sum(s.tile_tokens_sq for s in samples) / n if n else 0.0
+
+
 def summarize(samples: list[SampleStat], seq_length: int, skipped: int = 0) -> dict:
     if seq_length < 1:
         raise ValueError(f"seq_length={seq_length}: must be >= 1")
@@ -92,6 +103,8 @@ def summarize(samples: list[SampleStat], seq_length: int, skipped: int = 0) -> d
         "over_seq_length": sum(1 for n in lengths if n > seq_length),
         "image_tokens": describe_values([s.image_tokens for s in samples]),
         "text_tokens": describe_values([s.text_tokens for s in samples]),
+        "tiles": describe_values([s.tiles for s in samples]),
+        "tokens_per_tile": tokens_per_tile(samples),
         "tokens": describe_values(lengths),
         "images_per_sample": {str(k): v for k, v in sorted(per_image.items())},
         "packing": {

@@ -24,18 +24,21 @@ from megatron.energon import (
     Batch,
     CaptioningSample,
     DefaultTaskEncoder,
+    InterleavedSample,
     Sample,
     SkipSample,
     TextSample,
     VQASample,
     edataclass,
+    stateless,
 )
 
 from mimo_jobs.data.batch import IGNORE_INDEX
 
-from .chat import chat_layout, normalize_turns, plain_layout
+from .chat import chat_layout, interleaved_layout, normalize_turns, plain_layout
 from .errors import DataError, describe
 from .images import ImageGeometry, decode, header_size
+from .packing import row_layout, select_packs
 from .samples import ConversationSample, MemberDecoder
 from .tokenizer import Tokenizer
 
@@ -50,14 +53,17 @@ class EncodeConfig:
     on_bad_sample: Literal["error", "skip"] = "error"
     truncate_text: bool = False  # True: cut overlong text to fit (counted); images are never cut
     image_slice: tuple[int, int] | None = None  # decode only these batch positions (fan-in encoder replica)
+    packing: bool = False  # rows hold several samples (PackingTaskEncoder); batches carry segment_ids
 
 
 @edataclass
 class EncodedSample(Sample):
     tokens: list[int]  # unpadded: BOS first (plain layout) or as the chat template renders
     targets: list[bool]  # per token: the model is trained to produce it (answer/assistant tokens)
-    image_token_count: int
-    image: bytes | None  # encoded image, decoded later (encoder side only)
+    image_token_count: int  # all its images' tokens
+    images: list  # encoded images (bytes) in placeholder order, decoded later (encoder side only)
+    image_tokens: list  # per image: its placeholder tokens
+    lengths: list  # the samples it holds end to end: [len(tokens)], or several once packed
     truncated: bool
 
 
@@ -66,9 +72,12 @@ class EncodedBatch(Batch):
     tokens: torch.Tensor  # [B, S] long
     labels: torch.Tensor  # [B, S] long, IGNORE_INDEX where no loss
     loss_mask: torch.Tensor  # [B, S] float
-    position_ids: torch.Tensor  # [B, S] long
+    position_ids: torch.Tensor  # [B, S] long; restart at 0 for each packed sample
+    segment_ids: torch.Tensor | None  # [B, S] long when packing: the sample each position belongs to
     image_token_counts: list[int]
-    images: list[Any] | None  # [C, H, W] float tensors (None for text-only / not decoded) or None on LLM side
+    # per sample [C, H, W], or [T, C, h, w] for a tiled image (None for text-only / not decoded); None on
+    # the LLM side
+    images: list[Any] | None
     events: list[dict]  # skipped/truncated samples since the lane's previous batch (counted by the provider)
 
 
@@ -106,6 +115,34 @@ def _text(value: Any, what: str) -> str:
     if isinstance(value, str):
         return value
     raise ValueError(f"field {what!r} has type {type(value).__name__}, expected text")
+
+
+def _image_list(image: Any) -> list:
+    """A sample's image field as a list: none, one, or several (a list of encoded images)."""
+    if image is None:
+        return []
+    return list(image) if isinstance(image, (list, tuple)) else [image]
+
+
+def split_interleaved(sequence: Any) -> tuple[list[str | None], list]:
+    """energon's InterleavedSample.sequence -> (text pieces with None where an image goes, the images in
+    order). Text is str; an image is its encoded bytes (samples.MemberDecoder leaves images encoded)."""
+    if not isinstance(sequence, (list, tuple)) or not sequence:
+        raise ValueError("field 'sequence' must be a non-empty list of text and images")
+    pieces: list[str | None] = []
+    images = []
+    for i, item in enumerate(sequence):
+        if isinstance(item, str):
+            pieces.append(item)
+        elif isinstance(item, (bytes, bytearray)):
+            pieces.append(None)
+            images.append(item)
+        else:
+            raise ValueError(
+                f"sequence item {i} has type {type(item).__name__}; expected text (str) or an encoded "
+                "image (bytes)"
+            )
+    return pieces, images
 
 
 class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, EncodedBatch]):
@@ -166,28 +203,33 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
 
     # ------------------------------------------------------------ per sample
 
-    def _fields(self, sample: Sample) -> tuple[list[dict] | None, str, str, Any]:
-        """(turns or None, prompt, response, image) of a supported sample type; ValueError when malformed."""
+    def _fields(self, sample: Sample) -> tuple[tuple[str, Any], str, list]:
+        """((layout, its input), the text trained on, images in placeholder order) of a supported sample
+        type: layout "plain" (input: the prompt), "chat" (the turns) or "interleaved" (text pieces, None
+        where an image goes). ValueError when malformed."""
         if isinstance(sample, CaptioningSample):
-            return None, "", _text(sample.caption, "caption"), sample.image
+            return ("plain", ""), _text(sample.caption, "caption"), _image_list(sample.image)
         if isinstance(sample, VQASample):
             answers = sample.answers if isinstance(sample.answers, list) else [sample.answers]
             if not answers:
                 raise ValueError("field 'answers' is empty")
             context, answer = _text(sample.context, "context"), _text(answers[0], "answers")
             if self.tok.chat_template is None:
-                return None, context, answer, sample.image
+                return ("plain", context), answer, _image_list(sample.image)
             turns = [{"role": "user", "content": context}, {"role": "assistant", "content": answer}]
-            return turns, "", answer, sample.image
+            return ("chat", turns), answer, _image_list(sample.image)
         if isinstance(sample, ConversationSample):
             turns = normalize_turns(sample.conversation)
             text = " ".join(t["content"] for t in turns if t["role"] == "assistant")
-            return turns, "", text, sample.image
+            return ("chat", turns), text, _image_list(sample.image)
+        if isinstance(sample, InterleavedSample):
+            pieces, images = split_interleaved(sample.sequence)
+            return ("interleaved", pieces), "".join(p for p in pieces if p is not None), images
         if isinstance(sample, TextSample):
-            return None, "", _text(sample.text, "text"), None
+            return ("plain", ""), _text(sample.text, "text"), []
         raise ValueError(
-            f"unsupported sample type {type(sample).__name__} "
-            "(use CaptioningSample, VQASample, ConversationSample or TextSample)"
+            f"unsupported sample type {type(sample).__name__} (use CaptioningSample, VQASample, "
+            "ConversationSample, InterleavedSample or TextSample)"
         )
 
     def _image_tokens(self, sample: Sample, image: Any) -> int:
@@ -201,18 +243,21 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
 
     def encode_sample(self, sample: Sample) -> EncodedSample:
         try:
-            turns, prompt, response, image = self._fields(sample)
+            (layout, given), response, images = self._fields(sample)
         except ValueError as e:
             self._bad(sample, "field", str(e))
         if not response.strip():
             self._bad(sample, "empty", "text is empty")
-        n_img = self._image_tokens(sample, image) if image is not None else 0
+        counts = [self._image_tokens(sample, im) for im in images]
+        n_img = sum(counts)
         t = self.tok
         try:
-            if turns is None:
-                ids, targets = plain_layout(t, prompt, response, n_img)
+            if layout == "plain":  # every image's placeholders lead, in order
+                ids, targets = plain_layout(t, given, response, n_img)
+            elif layout == "chat":
+                ids, targets = chat_layout(t, given, counts)
             else:
-                ids, targets = chat_layout(t, turns, [n_img] if image is not None else [])
+                ids, targets = interleaved_layout(t, given, counts)
         except DataError:
             raise  # a setting that fits no sample (e.g. no chat template): skipping would only hide it
         except ValueError as e:
@@ -224,7 +269,9 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             tokens=ids,
             targets=targets,
             image_token_count=n_img,
-            image=bytes(image) if n_img else None,
+            images=[bytes(im) for im in images],
+            image_tokens=counts,
+            lengths=[len(ids)],
             truncated=truncated,
         )
 
@@ -265,35 +312,31 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
         for i, s in enumerate(samples):
             ids = torch.tensor(s.tokens, dtype=torch.long)
             tokens[i, : len(ids)] = ids
-            labels[i, : len(ids) - 1] = label_row(s.tokens, s.targets, self.tok.image_token_id)
+            a = 0
+            for n in s.lengths:  # packed samples: each one's last position predicts nothing
+                labels[i, a : a + n - 1] = label_row(
+                    s.tokens[a : a + n], s.targets[a : a + n], self.tok.image_token_id
+                )
+                a += n
         loss_mask = (labels != IGNORE_INDEX).float()
-        position_ids = torch.arange(seq, dtype=torch.long).unsqueeze(0).expand(b, seq).contiguous()
+        segment_ids = None
+        if self.cfg.packing:
+            rows = [row_layout(s.lengths, seq) for s in samples]
+            position_ids = torch.tensor([r.positions for r in rows], dtype=torch.long)
+            segment_ids = torch.tensor([r.segments for r in rows], dtype=torch.long)
+        else:
+            position_ids = torch.arange(seq, dtype=torch.long).unsqueeze(0).expand(b, seq).contiguous()
         images = None
         if self.cfg.need_images:
             lo, hi = self.cfg.image_slice or (0, b)
             images = []
             for i, s in enumerate(samples):
-                if s.image is None or not lo <= i < hi:
+                if not s.images or not lo <= i < hi:
                     images.append(None)
                     continue
-                try:
-                    img = decode(s.image, self.cfg.geometry)
-                except Exception as e:
-                    # The LLM side accepted this image from its header; skipping here would misalign the
-                    # lanes, so this is always an error.
-                    key, shard, dataset = _source(s)
-                    raise DataError(
-                        f"{describe(key, shard, dataset)}: image passed the header check but "
-                        f"failed to decode ({type(e).__name__}: {e}); remove or fix the sample"
-                    ) from e
-                g = self.cfg.geometry
-                n = g.tokens_of_pixels(img.shape[1], img.shape[2])
-                if n != s.image_token_count:  # header and pixels disagree (e.g. EXIF/frames): never silent
-                    raise DataError(
-                        f"{describe(*_source(s))}: header size gives {s.image_token_count} image "
-                        f"tokens but the decoded image gives {n}"
-                    )
-                images.append(img)
+                row = [self._decoded(s, im, n) for im, n in zip(s.images, s.image_tokens)]
+                # one image as before (a tensor); several (multi-image or packed) as a list in order
+                images.append(row[0] if len(row) == 1 else row)
         events, self._events = self._events, []
         return EncodedBatch.from_samples(
             samples,
@@ -301,7 +344,71 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             labels=labels,
             loss_mask=loss_mask,
             position_ids=position_ids,
+            segment_ids=segment_ids,
             image_token_counts=[s.image_token_count for s in samples],
             images=images,
             events=events,
         )
+
+    def _decoded(self, s: EncodedSample, image: bytes, tokens: int) -> Any:
+        """One image of sample s, decoded, checked to give the `tokens` its header promised."""
+        try:
+            img = decode(image, self.cfg.geometry)
+        except Exception as e:
+            # The LLM side accepted this image from its header; skipping here would misalign the
+            # lanes, so this is always an error.
+            key, shard, dataset = _source(s)
+            raise DataError(
+                f"{describe(key, shard, dataset)}: image passed the header check but "
+                f"failed to decode ({type(e).__name__}: {e}); remove or fix the sample"
+            ) from e
+        g = self.cfg.geometry
+        n = g.tokens_of_decoded(tuple(img.shape))  # a tiled image: all its tiles
+        if n != tokens:  # header and pixels disagree (e.g. EXIF/frames): never silent
+            raise DataError(
+                f"{describe(*_source(s))}: header size gives {tokens} image "
+                f"tokens but the decoded image gives {n}"
+            )
+        return img
+
+
+def pack_encoded(samples: list[EncodedSample]) -> EncodedSample:
+    """Encoded samples end to end as one: tokens, targets and images in order, `lengths` saying where each
+    sample ends. Its key joins theirs with '+' (checked on both sides of the bridge like any key)."""
+    first = samples[0]
+    return EncodedSample.derive_from(
+        first,
+        __key__="+".join(str(s.__key__) for s in samples),
+        tokens=[t for s in samples for t in s.tokens],
+        targets=[t for s in samples for t in s.targets],
+        image_token_count=sum(s.image_token_count for s in samples),
+        images=[im for s in samples for im in s.images],
+        image_tokens=[n for s in samples for n in s.image_tokens],
+        lengths=[n for s in samples for n in s.lengths],
+        truncated=any(s.truncated for s in samples),
+    )
+
+
+class PackingTaskEncoder(MimoTaskEncoder):
+    """MimoTaskEncoder with energon's packing hooks, active when the dataset is built with
+    `packing_buffer_size`: from each full buffer, packing.select_packs chooses the samples that share a row
+    and pack_encoded lays them end to end. encode_sample and the final packer are stateless (their output
+    is a function of their input), which energon needs to restore the samples a checkpointed packing
+    buffer holds."""
+
+    @stateless
+    def encode_sample(self, sample: Sample) -> EncodedSample:
+        return super().encode_sample(sample)
+
+    def select_samples_to_pack(self, samples: list[EncodedSample]) -> list[list[EncodedSample]]:
+        packs = select_packs([len(s.tokens) for s in samples], self.cfg.seq_length)
+        return [[samples[i] for i in p] for p in packs]
+
+    @stateless
+    def pack_selected_samples(self, samples: list[EncodedSample]) -> EncodedSample:
+        return pack_encoded(samples)
+
+
+def make_task_encoder(tokenizer: Tokenizer, cfg: EncodeConfig) -> MimoTaskEncoder:
+    """The task encoder of a data setting: packing or not (the one place that chooses)."""
+    return (PackingTaskEncoder if cfg.packing else MimoTaskEncoder)(tokenizer, cfg)

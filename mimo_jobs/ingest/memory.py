@@ -1,8 +1,10 @@
 """Per-rank memory facts (`<run dir>/memory/rank-<r>.json`, written by the trainer) into `rank_memory`.
 
-The record is contract.memory.MemoryFacts. One row per run, rank and module the rank runs (a colocated rank runs both). A file whose modification time
-is the one stored is not read again; a file that is not valid JSON of the expected shape is a problem of
-the ingest, named with its path, and leaves the run's other rows as they were.
+The record is contract.memory.MemoryFacts. One row per run, rank and module the rank runs (a colocated rank
+runs both); the rank's own figures (activation peak, role, phase timers) are on each of its rows. A file
+whose modification time is the one stored is not read again; a file that is not valid JSON of the expected
+shape is a problem of the ingest, named with its path, and leaves the run's other rows as they were.
+Phases a newer trainer times that contract.iteration.PHASES does not name are not stored.
 """
 
 from __future__ import annotations
@@ -10,15 +12,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mimo_jobs.contract.memory import MEMORY_DIR, MemoryFacts
+from mimo_jobs.contract.memory import MEMORY_DIR, PHASE_SECONDS, TIMING_COLUMNS, MemoryFacts
 
 from .discover import IngestError
 
 _COLUMNS = (
     "run_id, rank, module, tp_rank, pp_rank, dp_rank, iteration, params, param_bytes, grad_buffer_bytes, "
     "optimizer_state_bytes, saved_activation_peak_bytes, inflight_peak, cuda_max_allocated_bytes, "
-    "cuda_max_reserved_bytes, source_file, mtime"
+    "cuda_max_reserved_bytes, source_file, mtime, " + ", ".join(TIMING_COLUMNS)
 )
+_N_COLUMNS = _COLUMNS.count(",") + 1
 
 
 def memory_files(run_dir: Path) -> list[Path]:
@@ -28,6 +31,13 @@ def memory_files(run_dir: Path) -> list[Path]:
 
 def rows_of(facts: MemoryFacts, run_id: str, source: str, mtime: float) -> list[tuple]:
     """The rank_memory rows of one rank's facts (pure: tested without a store)."""
+    phases = facts.phases_s
+    timing = (
+        facts.role,
+        facts.timed_iterations,
+        facts.elapsed_s,
+        *(None if phases is None else phases.get(p, 0.0) for p in PHASE_SECONDS),
+    )
     return [
         (
             run_id,
@@ -47,6 +57,7 @@ def rows_of(facts: MemoryFacts, run_id: str, source: str, mtime: float) -> list[
             facts.cuda_max_reserved_bytes,
             source,
             mtime,
+            *timing,
         )
         for module, m in sorted(facts.modules.items())
     ]
@@ -71,7 +82,7 @@ def store_memory(con, run_dir: Path, run_id: str) -> tuple[int, list[str]]:
             continue
         con.execute("DELETE FROM rank_memory WHERE run_id = ? AND source_file = ?", [run_id, src])
         con.executemany(
-            f"INSERT OR REPLACE INTO rank_memory ({_COLUMNS}) VALUES ({', '.join('?' * 17)})", rows
+            f"INSERT OR REPLACE INTO rank_memory ({_COLUMNS}) VALUES ({', '.join('?' * _N_COLUMNS)})", rows
         )
         written += len(rows)
     return written, problems

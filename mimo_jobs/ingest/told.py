@@ -1,10 +1,14 @@
 """`ingest --layout/--model` resolved into what the store records for logs without a run.yaml: a layout
 written out (ingest/layout.py) or a run of a study file (`STUDY.yaml:RUN`, its run name or id), and a model
-preset. Reads the study file; the parsing rules live in ingest/layout.py."""
+as trainer.model takes it (a preset's name, a file holding a model description or a HuggingFace config.json,
+or a mapping written inline), resolved by the study schema's own rule (model/resolve.py). Reads the study
+and model files; the parsing rules live in ingest/layout.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from .discover import IngestError
 from .layout import Told, parse_layout, place
@@ -33,9 +37,10 @@ def told(
         else:
             fields = place(parse_layout(layout), nodes, gpus_per_node)
     if model is not None:
-        fields["model"] = _preset(model)
+        resolved = resolve_model(model)
+        fields["model"] = stored_model(resolved)
         if spec is not None:  # the study's run, priced as the model told
-            spec = {**spec, "trainer": {**spec["trainer"], "model": fields["model"]}}
+            spec = {**spec, "trainer": {**spec["trainer"], "model": resolved}}
     if seq_length is not None:
         fields["seq_length"] = seq_length
     fields.setdefault("accelerator", "gpu")  # logs brought here for MFU come from GPUs
@@ -73,14 +78,63 @@ def _from_study(file: Path, run: str) -> tuple[dict, dict]:
     return fields, r.to_dict()
 
 
-def _preset(name: str) -> str:
-    """A model preset's name, checked by the study schema's own rule for trainer.model."""
+def stored_model(resolved: str | dict) -> str:
+    """What the runs row keeps as a log run's model: a preset's name, or the resolved description as JSON
+    (self-contained: the report prices it without the files it was read from)."""
+    return resolved if isinstance(resolved, str) else json.dumps(resolved, sort_keys=True)
+
+
+def resolve_model(text: str) -> str | dict:
+    """--model as trainer.model takes it, resolved: a preset's name stays a name; a description (a file, or a
+    mapping written as YAML/JSON) becomes its inline fields. Raises IngestError saying what is wrong."""
     from pydantic import ValidationError
 
     from mimo_jobs.study.spec import TrainerSpec
 
+    value, base_dir, hf_file = _model_value(text)
     try:
-        TrainerSpec.model_validate({"model": name, "train_iters": 1})
+        t = TrainerSpec.model_validate({"model": value, "train_iters": 1}, context={"base_dir": base_dir})
     except ValidationError as e:
-        raise IngestError(f"--model {name!r}: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    return name
+        msg = e.errors()[0]["msg"].removeprefix("Value error, ")
+        if hf_file is not None and msg.startswith("encoder: missing"):
+            msg = (
+                f"{hf_file} describes the LLM only, and a model names its encoder too: "
+                f"--model '{{encoder: NAME, llm: {{hf_config: {hf_file}}}}}' (NAME: a packaged encoder, or "
+                "{hf_config: PATH} of a CLIP/SigLIP config)"
+            )
+        raise IngestError(f"--model {text!r}: {msg}") from None
+    return t.model
+
+
+def _model_value(text: str) -> tuple[Any, Path | None, Path | None]:
+    """(trainer.model's value, the directory its hf_config paths start from, the HuggingFace config file when
+    the text names one). A path is read (a directory: its config.json); other text is YAML (JSON is YAML):
+    a mapping is a description, a word a preset's name."""
+    import yaml
+
+    p = Path(text).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise IngestError(f"--model {text!r}: a directory holding a config.json, and this one has none")
+        p = p / "config.json"
+    if p.is_file():
+        try:
+            doc = yaml.safe_load(p.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise IngestError(f"--model {text!r}: {p} is not a readable JSON or YAML file: {e}") from None
+        if isinstance(doc, dict) and ("architectures" in doc or "model_type" in doc):
+            return {"llm": {"hf_config": str(p.resolve())}}, None, p  # HuggingFace: an LLM's config
+        if not isinstance(doc, dict):
+            raise IngestError(
+                f"--model {text!r}: {p} holds no model description (a mapping with encoder, llm)"
+            )
+        return doc, p.parent, None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise IngestError(
+            f"--model {text!r}: neither a preset's name, a file nor a YAML/JSON mapping: {e}"
+        ) from None
+    if isinstance(doc, dict):
+        return doc, Path.cwd(), None
+    return text, None, None

@@ -45,6 +45,14 @@ class ArchError(MimoJobsError, ValueError):
         return ArchError(f"{prefix}.{self.field}" if self.field else prefix, str(self))
 
 
+def image_tokens(h_px: int, w_px: int, patch_size: int, downsample: int) -> int:
+    """The one rule of how many tokens an encoder sample (an image or one tile of it) of h x w pixels hands
+    the LLM: its patch grid, s x s patches per token after the pixel shuffle (s = downsample), the class
+    token dropped. The encoder, both sides of the bridge, the mock provider and the planner all call it."""
+    s = patch_size * downsample
+    return (h_px // s) * (w_px // s)
+
+
 def _check_choice(field: str, value, choices) -> None:
     if value not in choices:
         raise ArchError(field, f"{value!r} is not one of {', '.join(map(str, choices))}")
@@ -118,8 +126,7 @@ class EncoderArch:
 
     def tokens_for(self, h_px: int, w_px: int) -> int:
         """Image tokens one h x w image gives the LLM: patches over downsample^2, class token dropped."""
-        s = self.patch_size * self.downsample
-        return (h_px // s) * (w_px // s)
+        return image_tokens(h_px, w_px, self.patch_size, self.downsample)
 
     @property
     def tokens_per_image(self) -> int:

@@ -1,8 +1,10 @@
-"""What tensor parallelism needs of a model: every dimension a TP (or expert-TP) group splits divides evenly.
+"""What the trainer needs of a model at a layout, checked by validate and by the trainer's own guard alike.
 
 megatron-core 0.16.1 splits attention heads and query groups, the MLP width and the projector over TP, and
 the expert MLP width over expert TP; a size that does not divide fails deep inside model construction, so
-validate names it first. The vocabulary is padded instead (params.padded_vocab), never refused.
+validate names it first. The vocabulary is padded instead (params.padded_vocab), never refused. Top-1 softmax
+routing renormalised over its one expert (megatron-core's moe_router_pre_softmax=False with topk=1) weighs every
+token by softmax of one score, 1.0: the router's weights get a zero gradient and never learn, so it is refused.
 """
 
 from __future__ import annotations
@@ -39,6 +41,15 @@ def tp_problems(
     if m.num_experts:
         checks.append(("llm.etp", llm_etp, "llm.moe_ffn_hidden_size", m.expert_ffn))
     out = []
+    if m.num_experts and m.moe_router_topk == 1 and m.moe_router_score_function == "softmax":
+        if not m.moe_router_pre_softmax:
+            out.append(
+                (
+                    "model-router",
+                    "llm: top-1 softmax routing renormalised over one expert has a zero gradient",
+                    "llm.moe_router_pre_softmax: true (HuggingFace: norm_topk_prob false)",
+                )
+            )
     if m.tie_word_embeddings and llm_pp > 1:
         out.append(
             (

@@ -5,8 +5,9 @@ s b h (34 + 5 a s / h) bytes in 16-bit with dropout, i.e. 16 tensors of h per to
 QKV input, Q, K, V, the projection input, the MLP input, the 4h MLP intermediates) + two 1-byte dropout
 masks, and 5 a s per token for the attention scores. Tensor parallelism divides all but the layer-norm and
 linear inputs by t; sequence parallelism divides those too; selective recompute drops the score term; full
-recompute keeps the layer input only (plus one layer during its recompute). The trainer's models differ from
-the paper's in what is stored, and this module counts what they store (checked byte for byte against the
+recompute keeps the layer input only (plus one layer during its recompute); each module is priced with its
+own setting (trainer.recompute per module). The trainer's models differ from the paper's in what is
+stored, and this module counts what they store (checked byte for byte against the
 trainer's SavedTensorMeter in tests/predict): no dropout (p = 0: no masks), fp32 layer-norm statistics,
 RoPE's cos/sin tables, the fused QKV storage (Q and K are rotated copies, V a view), the MLP (a plain
 GELU MLP keeps 2 tensors of width f; a gated one keeps fc1's 2f, the activation's f and the product's f);
@@ -65,7 +66,7 @@ def llm_layer_bytes_per_token(rs: RunShape, fused: bool, moe: bool | None = None
     # the unfused (local, CPU) RMSNorm is torch's composite one: it also keeps its normalised input
     rms = not fused and p.normalization == "RMSNorm"
     replicated = d * ((4 + 2 * rms) * h + 4 * head) + _stats(p)  # norm inputs, QKV/MLP inputs, RoPE cos/sin
-    shard = _attention(q, kv, heads, rs.seq_length, tp, d, rs.recompute, fused)
+    shard = _attention(q, kv, heads, rs.seq_length, tp, d, rs.recompute.llm, fused)
     if p.qk_layernorm:  # the per-head q and k inputs (and normalised copies) and their fp32 statistics
         shard += (d * (q + kv) * (1 + rms) + 4 * (heads + p.query_groups)) / tp
     m = mlp_tensors(p.gated_linear_unit)
@@ -93,7 +94,7 @@ def llm_bytes(rs: RunShape, stage: int, fused: bool) -> int:
     mine = range(stage * layers, (stage + 1) * layers)
     per = [llm_layer_bytes_per_token(rs, fused, p.is_moe_layer(i)) for i in mine]
     sp = tp if rs.sequence_parallel else 1
-    if rs.recompute == "full":
+    if rs.recompute.llm == "full":
         body = tokens * (layers * d * p.hidden_size / sp + max(per))
     else:
         body = tokens * sum(per)
@@ -120,10 +121,10 @@ def encoder_bytes(rs: RunShape, fused: bool) -> int:
     shard = d * (3 * h + h) + d * 2 * e.ffn_hidden_size
     if fused:
         shard += 4 * e.num_attention_heads
-    elif rs.recompute == "none":
+    elif rs.recompute.encoder == "none":
         shard += d * e.num_attention_heads * n
     per_layer = replicated + shard / tp
-    if rs.recompute == "full":
+    if rs.recompute.encoder == "full":
         body = tokens * (e.num_layers * d * h + per_layer)
     else:
         body = tokens * e.num_layers * per_layer

@@ -82,6 +82,11 @@ def to_json(p: Prediction) -> dict:
         "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
         "mfu": p.mfu,
         "bottleneck": p.time.bottleneck,
+        "image_tokens": {
+            "mean": p.shape.image_tokens_mean,
+            "max": p.shape.image_tokens_max,
+            "source": p.shape.data_source,
+        },
         "idle_fraction": p.time.idle_fraction,
         "dominant": p.time.dominant,
         "parts_s": dict(p.time.parts),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from mimo_jobs.study.spec import RecomputeSpec
 from mimo_jobs.study.topology import Layout, check, derive_llm_dp
 
 from .estimate import Prediction, predict_shape
@@ -83,12 +84,23 @@ def candidate_layouts(base: Layout, nodes: int) -> list[Layout]:
     return [lay for lay in out if not check(lay)]
 
 
-# Trainer settings that trade time for memory, cheapest first: tried on a layout only when the study's own
-# settings do not fit (the time model prices full recompute; the others cost no time in it).
-MEMORY_SAVERS: tuple[dict, ...] = (
-    {"encoder_inflight": 1},
-    {"encoder_inflight": 1, "recompute": "selective"},
-    {"encoder_inflight": 1, "recompute": "full"},
+# Trainer settings that trade time for memory, tried on a layout only when the study's own settings do not
+# fit: `encoder_inflight: 1`, then with every per-module recompute pair (the encoder may recompute while the
+# LLM does not, and the reverse), fewest changes first. The fastest that fits is kept, and of settings
+# predicted within TIE of it the earliest (the time model prices full recompute per module; the other
+# settings cost no time in it, so a tie is not a reason to change more).
+_RECOMPUTE_PAIRS = (  # (encoder, LLM), fewest changes first; the encoder first (the smaller module)
+    ("selective", "none"),
+    ("none", "selective"),
+    ("selective", "selective"),
+    ("full", "none"),
+    ("none", "full"),
+    ("full", "selective"),
+    ("selective", "full"),
+    ("full", "full"),
+)
+MEMORY_SAVERS: tuple[dict, ...] = ({"encoder_inflight": 1},) + tuple(
+    {"encoder_inflight": 1, "recompute": RecomputeSpec(encoder=e, llm=l_)} for e, l_ in _RECOMPUTE_PAIRS
 )
 MBS_CHOICES = (1, 2, 4)  # tried on the fastest layouts only (pipeline depth versus kernel size)
 MBS_TRIED_ON = 12
@@ -101,20 +113,25 @@ def free_bytes(p: Prediction) -> int:
 
 
 def price_with_savers(shape: RunShape, lay: Layout, gpu: GPU, eff: Efficiency, headroom: int) -> Prediction:
-    """`lay` priced with the study's settings, else with the first memory saver that fits (else the
+    """`lay` priced with the study's settings, else with the fastest memory saver that fits (else the
     study's settings: the caller sees it does not fit)."""
     rs = on_layout(shape, lay)
     first = predict_shape(rs, gpu, eff, name=point_name(lay))
     if free_bytes(first) >= headroom:
         return first
+    best: Prediction | None = None
+    tried = {(rs.encoder_inflight, rs.recompute)}
     for saver in MEMORY_SAVERS:
-        changed = {k: v for k, v in saver.items() if getattr(rs, k) != v}
-        if not changed or (changed.get("encoder_inflight") and rs.encoder_inflight < 1):
+        alt = replace(rs, **saver)
+        if (alt.encoder_inflight, alt.recompute) in tried:
             continue
-        p = predict_shape(replace(rs, **changed), gpu, eff, name=point_name(lay))
-        if free_bytes(p) >= headroom:
-            return p
-    return first
+        tried.add((alt.encoder_inflight, alt.recompute))
+        p = predict_shape(alt, gpu, eff, name=point_name(lay))
+        if free_bytes(p) >= headroom and (
+            best is None or p.time.iteration_s < best.time.iteration_s / (1 + TIE)
+        ):
+            best = p
+    return best or first
 
 
 def ranked(cands: list[Candidate]) -> list[Candidate]:
@@ -238,21 +255,34 @@ def point_dict(lay: Layout) -> dict:
     return point
 
 
-def _flow(v) -> str:
+def flow(v) -> str:
+    """A value as flow-style YAML (mappings on one line)."""
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {_flow(x)}" for k, x in v.items()) + "}"
+        return "{" + ", ".join(f"{k}: {flow(x)}" for k, x in v.items()) + "}"
     return "true" if v is True else str(v)
 
 
 def yaml_point(lay: Layout) -> str:
     """point_dict as one flow-style YAML list item."""
-    return f"- {_flow(point_dict(lay))}"
+    return f"- {flow(point_dict(lay))}"
 
 
 def trainer_changes(shape: RunShape, p: Prediction) -> dict:
-    """The trainer settings a candidate needs that differ from the study's (a memory saver)."""
-    return {
-        k: getattr(p.shape, k)
-        for k in ("encoder_inflight", "recompute")
-        if getattr(p.shape, k) != getattr(shape, k)
-    }
+    """The trainer settings a candidate needs that differ from the study's (a memory saver), as a study
+    file writes them: recompute as one value, or per module when the modules differ."""
+    out: dict = {}
+    if p.shape.encoder_inflight != shape.encoder_inflight:
+        out["encoder_inflight"] = p.shape.encoder_inflight
+    if p.shape.recompute != shape.recompute:
+        out["recompute"] = p.shape.recompute.compact()
+    return out
+
+
+def trainer_words(shape: RunShape, p: Prediction) -> list[str]:
+    """trainer_changes as the lines a study file takes ("trainer.recompute: {encoder: full, llm: none}")."""
+    return [f"trainer.{k}: {flow(v)}" for k, v in trainer_changes(shape, p).items()]
+
+
+def recompute_dict(p: Prediction) -> dict[str, str]:
+    """The recompute setting a candidate is priced with, per module."""
+    return {"encoder": p.shape.recompute.encoder, "llm": p.shape.recompute.llm}

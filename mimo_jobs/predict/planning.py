@@ -16,8 +16,10 @@ from .layouts import (
     point_dict,
     price_layouts,
     price_with_savers,
+    recompute_dict,
     split_label,
     trainer_changes,
+    trainer_words,
     yaml_point,
 )
 from .run import RunShape
@@ -141,6 +143,7 @@ def candidate_json(shape: RunShape, c: Candidate, best: Candidate | None) -> dic
     return {
         "point": point_dict(c.layout),
         "trainer": trainer_changes(shape, p),
+        "recompute": recompute_dict(p),
         "split": split_label(c.layout),
         "colocated": c.layout.colocated,
         "iteration_s": t,
@@ -179,6 +182,11 @@ def plan_json(r: PlanResult) -> dict:
         "capacity_bytes": r.gpu.memory_bytes,
         "headroom_bytes": r.headroom_bytes,
         "calibrated": r.calibrated,
+        # the study's own settings; a candidate's "trainer" lists what it needs instead
+        "trainer": {
+            "recompute": {"encoder": r.shape.recompute.encoder, "llm": r.shape.recompute.llm},
+            "encoder_inflight": r.shape.encoder_inflight,
+        },
         "plans": [one(p) for p in r.plans],
         "summary": [
             {
@@ -211,7 +219,12 @@ def plan_text(r: PlanResult, study: str) -> list[str]:
     """The pasteable text: per node count and batch the ranked points as YAML with comments, then the
     summary table and what each flag means."""
     cal = "calibrated" if r.calibrated else "uncalibrated"
-    lines = [f"# {study} on {r.gpu.name} ({cal} efficiencies), headroom {r.headroom_bytes / GIB:.1f} GiB"]
+    rc = r.shape.recompute
+    lines = [
+        f"# {study} on {r.gpu.name} ({cal} efficiencies), headroom {r.headroom_bytes / GIB:.1f} GiB",
+        f"# the study's trainer: recompute encoder {rc.encoder}, LLM {rc.llm}; encoder_inflight "
+        f"{r.shape.encoder_inflight} (a point's comment names any setting it needs instead)",
+    ]
     for p in r.plans:
         lines.append(
             f"# {p.nodes} node(s), gbs {p.gbs}: {len(p.ranked)} shown of {p.priced} feasible layouts"
@@ -222,7 +235,7 @@ def plan_text(r: PlanResult, study: str) -> list[str]:
         for c in p.ranked:
             pr = c.prediction
             rel = pr.time.iteration_s / _t(p) - 1
-            extra = "".join(f", trainer.{k}: {v}" for k, v in trainer_changes(r.shape, pr).items())
+            extra = "".join(f", {w}" for w in trainer_words(r.shape, pr))
             lines.append(
                 f"  {yaml_point(c.layout)}  # {split_label(c.layout)}; {pr.time.iteration_s:.4g} s/iter "
                 f"({'best' if c is p.best else f'{rel:+.1%}'}), {pr.time.bottleneck}-bound, "
@@ -254,12 +267,12 @@ def cheapest_fix(shape: RunShape, gpu: GPU, eff: Efficiency) -> str | None:
     fastest fitting layout of the same node count and batch."""
     p = price_with_savers(shape, shape.layout, gpu, eff, 0)
     if p.memory.fits:
-        return ", ".join(f"trainer.{k}: {v}" for k, v in trainer_changes(shape, p).items())
+        return ", ".join(trainer_words(shape, p))
     fit, _ = price_layouts(shape, gpu, shape.layout.nodes, eff)
     if not fit:
         return None
     c = fit[0]
-    extra = "".join(f", trainer.{k}: {v}" for k, v in trainer_changes(shape, c.prediction).items())
+    extra = "".join(f", {w}" for w in trainer_words(shape, c.prediction))
     return f"the point {yaml_point(c.layout)[2:]}{extra} ({c.prediction.memory.verdict()})"
 
 

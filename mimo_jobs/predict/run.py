@@ -7,8 +7,10 @@ from dataclasses import dataclass, replace
 
 from mimo_jobs.model.arch import EncoderArch, ModelArch
 from mimo_jobs.model.resolve import arch_of
+from mimo_jobs.study.spec import RecomputeSpec
 from mimo_jobs.study.topology import Layout, rank_layout
 
+from .datastats import data_mix
 from .flops import SampleFlops, flops_per_sample
 
 
@@ -22,12 +24,13 @@ class RunShape:
     distributed_optimizer: bool
     optimizer: str  # adam | sgd
     encoder_inflight: int
-    recompute: str  # none | selective | full
+    recompute: RecomputeSpec  # per module: none | selective | full
     image_tokens_mean: float  # encoder tokens per sample, on average (FLOPs, time)
     tokens_per_image: float  # E[n^2] / E[n] over images: prices the attention core of the mix exactly
-    image_tokens_max: int  # encoder tokens per sample at most (memory: one full-size image)
+    image_tokens_max: int  # encoder tokens per sample at most (memory)
     frozen_encoder: bool = False
     frozen_llm: bool = False
+    data_source: str = ""  # where the image tokens come from (datastats.DataMix.source)
 
     @property
     def dtype_bytes(self) -> int:
@@ -42,17 +45,11 @@ class RunShape:
 
 
 def image_mix(data, enc: EncoderArch) -> tuple[float, float, int]:
-    """(mean image tokens per sample, E[n^2]/E[n] per image, most tokens per sample) of a study's data, in
-    the tokens the LLM receives (EncoderArch.tokens_for): the mock provider's mix exactly, other data one
-    full-size image per sample."""
-    full = enc.tokens_per_image
-    if data is None or getattr(data, "provider", "mock") != "mock":
-        return float(full), float(full), full
-    sizes = list(data.image_sizes) or [enc.image_size]
-    ns = [enc.tokens_for(s, s) for s in sizes]
-    mean_n = sum(ns) / len(ns)
-    per_image = sum(n * n for n in ns) / sum(ns) if sum(ns) else 0.0
-    return (1 - data.text_only_fraction) * mean_n, per_image, max(ns)
+    """(mean image tokens per sample, E[n^2]/E[n] per encoder sample, most tokens per sample) of a study's
+    data, in the tokens the LLM receives: datastats.data_mix's rule (mock mix, dataset statistics, or one
+    full-size image per sample)."""
+    m = data_mix(data, enc)
+    return m.image_tokens_mean, m.tokens_per_image, m.image_tokens_max
 
 
 def sample_flops(preset: ModelArch, seq_length: int, data) -> SampleFlops:
@@ -65,7 +62,7 @@ def sample_flops(preset: ModelArch, seq_length: int, data) -> SampleFlops:
 def shape_of(layout: Layout, trainer) -> RunShape:
     """A RunShape from a layout and a spec.TrainerSpec."""
     preset = arch_of(trainer.model)
-    mean, per_image, most = image_mix(trainer.data, preset.encoder)
+    mix = data_mix(trainer.data, preset.encoder)
     shape = RunShape(
         layout=layout,
         preset=preset,
@@ -75,12 +72,13 @@ def shape_of(layout: Layout, trainer) -> RunShape:
         distributed_optimizer=trainer.use_distributed_optimizer,
         optimizer=trainer.optimizer.name,
         encoder_inflight=trainer.encoder_inflight,
-        recompute=trainer.recompute,
-        image_tokens_mean=mean,
-        tokens_per_image=per_image,
-        image_tokens_max=most,
+        recompute=RecomputeSpec.of(trainer.recompute),
+        image_tokens_mean=mix.image_tokens_mean,
+        tokens_per_image=mix.tokens_per_image,
+        image_tokens_max=mix.image_tokens_max,
         frozen_encoder=trainer.freeze.encoder,
         frozen_llm=trainer.freeze.llm,
+        data_source=mix.source,
     )
     return on_layout(shape, layout)
 

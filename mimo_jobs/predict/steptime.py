@@ -14,7 +14,8 @@
              Efficiency.latency (1 uncalibrated; `--db` fits it). On a GPU these are microseconds against
              milliseconds of compute; on CPU runs of a tiny model they are most of the time.
 Full activation recompute runs each layer's forward again in the backward: compute x 4/3 (forward 1,
-backward 2, plus one forward); selective recompute redoes only the attention core, left unpriced.
+backward 2, plus one forward), for the module that recomputes only (each module has its own setting);
+selective recompute redoes only the attention core, left unpriced.
 The two modules run as a pipeline of microbatches: M x max(encoder, LLM stage) + fill and drain (the
 shorter one once, and the LLM's pp - 1 stage bubble); colocated, every rank runs both in turn.
 """
@@ -83,7 +84,7 @@ def _recompute_factor(recompute: str) -> float:
 def _encoder_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
     lay, e = rs.layout, rs.preset.encoder
     samples = rs.encoder_samples_per_microbatch
-    rc = _recompute_factor(rs.recompute)
+    rc = _recompute_factor(rs.recompute.encoder)
     compute = samples * fl.encoder * rc / (lay.enc_tp * gpu.peak_flops * eff.encoder)
     tokens = samples * rs.image_tokens_mean
     nvl = _bw(lay.enc_tp, lay.gpus_per_node, gpu, eff)
@@ -103,7 +104,7 @@ def _llm_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
     """One microbatch on one stage (the stages run different microbatches at the same time)."""
     lay, p = rs.layout, rs.preset.llm
     layers = p.num_layers // lay.llm_pp
-    rc = _recompute_factor(rs.recompute)
+    rc = _recompute_factor(rs.recompute.llm)
     compute = lay.mbs * fl.llm * rc / (lay.llm_tp * lay.llm_pp * gpu.peak_flops * eff.llm)
     tokens = lay.mbs * rs.seq_length
     act = tokens * p.hidden_size * rs.dtype_bytes

@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime, timezone
+from functools import partial
 
 from mimo_jobs.contract import jobstates
 from mimo_jobs.contract.iteration import PHASES
 from mimo_jobs.errors import MimoJobsError
 
-from . import compare, cost, figures, fmt, queries
+from . import compare, cost, external, figures, fmt, queries
 from .memory import memory_rows
 from .model import ParityRow, Report, RunRow, StudyInfo, TriageRow
-from .predicted import predicted_rows
+from .modules import bound_rows, module_rows
+from .predicted import model_name, predicted_rows, priced_model
 from .queries import StoreData
 from .repeats import repeat_rows
 from .spec import run_spec
@@ -64,14 +66,22 @@ def build(
     compare.compare_layouts(rows)
     rep.pairs, rep.unpaired = compare.pair_runs(rows, data.curves)
     rep.pair_verdicts = compare.group_verdicts(rep.pairs)
+    gpu_names = {rid: _gpu_name(m) for rid, m in data.starts.items()}
+    external.apply(
+        rows, data.runs, data.steady, gpu, gpu_names, partial(queries.logged_extras, con), data.cut
+    )
+    rep.program_pairs = compare.program_pairs(rows, data.curves)
     rep.repeats = repeat_rows(rows)
     ids = [r.run_id for r in rows]
     cost.apply(rows, infos, queries.job_seconds(con, ids), queries.carried_totals(con, ids), tokens)
     rep.params["tokens_budget"] = tokens
     rep.rank_memory = queries.rank_memory(con, [r.run_id for r in rows])
     rep.memory = memory_rows(rep.rank_memory, {r.run_id: r for r in rows})
-    names = {rid: _gpu_name(m) for rid, m in data.starts.items()}
-    rep.predicted, rep.predicted_memory = predicted_rows(data.runs, rows, rep.rank_memory, gpu, names)
+    rep.predicted, rep.predicted_memory, rep.predicted_notes = predicted_rows(
+        data.runs, rows, rep.rank_memory, gpu, gpu_names
+    )
+    rep.modules = module_rows(rep.rank_memory, rows)
+    rep.bounds = bound_rows(rep.modules, rows, rep.predicted)
     return rep
 
 
@@ -178,7 +188,7 @@ def _new_row(r: dict, s: tuple | None, window_from: int | None, state: str, stat
         gpus=r["world"] or ((r["nodes"] or 0) * (r["gpus_per_node"] or 0)) or None,
         gbs=r["gbs"] or (s[8] if s else None),
         seq_length=r["seq_length"],
-        model=r["model"],
+        model=model_name(r["model"]),
         layout=_layout(r),
         state=state,
         state_source=state_src,
@@ -235,20 +245,19 @@ def _mfu(r: dict, row: RunRow, samples_per_s: float, named: str | None) -> tuple
     """MFU and a note on it: only for GPU runs whose GPU (named, or the study's cluster.hardware, with its
     figures: predict/hardware.py) and model preset are known. The FLOPs are those of what was carried where
     the trainer counted it (measured image and carried tokens per sample), else of the study's data mix."""
-    from mimo_jobs.model.presets import PRESETS
-    from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.predict.flops import flops_per_sample
     from mimo_jobs.predict.hardware import measured_gpu
     from mimo_jobs.predict.run import image_mix, sample_flops
 
     gpus = row.gpus
     spec = run_spec(r)
-    # run.yaml holds the resolved model (a preset name or inline fields); the store's name is the fallback
-    preset = arch_of(spec.trainer.model) if spec else PRESETS.get(r["model"] or "")
+    # run.yaml holds the resolved model; a log's is what ingest was told; a run of its own command has one
+    # only when its study gives it (study/priced.py)
+    preset, why = priced_model(r, spec)
     if r["accelerator"] == "cpu":
         return None, "cpu run"
     if preset is None or not r["seq_length"] or not gpus:
-        return None, "model FLOPs unknown"
+        return None, f"model FLOPs unknown: {why}" if why else "model FLOPs unknown"
     g = measured_gpu(spec.cluster if spec else None, r["accelerator"], named)
     if g is None:
         return None, "GPU peak unknown (pass --gpu H100|H200|A100)"

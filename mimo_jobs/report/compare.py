@@ -4,8 +4,9 @@ Runs with the same study and node count are layouts of one size, not points of a
 its throughput relative to the best layout of that size and, when it trails, the phase that explains most
 of the gap (the phase whose share of the step exceeds the best layout's by the most). A heterogeneous run
 pairs with every colocated run of the same study, node count and global batch: iteration-time and
-tokens/s/GPU ratios, loss parity at equal consumed samples, phase shares side by side and a verdict.
-Pure: rows in, figures out.
+tokens/s/GPU ratios, loss parity at equal consumed samples, phase shares side by side and a verdict. A run
+of its own command pairs with every packaged-trainer run of the same study, layout and global batch the same
+way (program_pairs). Pure: rows in, figures out.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from . import figures
-from .model import PairRow, RunRow
+from .model import PairRow, ProgramPairRow, RunRow
 
 # Loss curves of two layouts that see the same global batches differ only by floating-point reduction
 # order; a larger gap at equal samples is a real difference (the report's parity tolerance).
@@ -163,4 +164,64 @@ def verdict(p: PairRow) -> str:
         loss = (
             f"loss differs by up to {p.loss_max_rel_diff:.1%} at equal samples (more than {LOSS_NOISE:.0%})"
         )
+    return f"{speed}; {loss}"
+
+
+def program_pairs(rows: list[RunRow], curves: dict[str, list]) -> list[ProgramPairRow]:
+    """Every run of its own command with every packaged-trainer run of its study at the same layout (node
+    count, encoder/LLM sizes, colocated or not) and global batch: iteration time, per-GPU throughput (carried
+    tokens when both counted them, else the batch's slots) and loss at equal consumed samples."""
+    groups: dict[tuple, tuple[list[RunRow], list[RunRow]]] = defaultdict(lambda: ([], []))
+    for x in rows:
+        if x.layout != "-" and x.nodes is not None and x.gbs is not None:
+            groups[(x.study, x.nodes, x.layout, x.colocated, x.gbs)][x.program == "own command"].append(x)
+    out = []
+    for kinds in groups.values():
+        packaged = [x for x in kinds[0] if x.program == "packaged trainer"]
+        out += [_program_pair(p, c, curves) for c in kinds[1] for p in packaged]
+    return out
+
+
+def _program_pair(p: RunRow, c: RunRow, curves: dict[str, list]) -> ProgramPairRow:
+    carried = all_carried([p, c])
+    pp, pc = perf(p, carried), perf(c, carried)
+    loss = None
+    if curves.get(p.run_id) and curves.get(c.run_id):
+        pts = figures.parity_points([curves[p.run_id], curves[c.run_id]])
+        loss = figures.loss_parity(curves[c.run_id], curves[p.run_id], pts).max_rel_diff
+    row = ProgramPairRow(
+        study=p.study,
+        nodes=p.nodes,
+        layout=p.layout,
+        gbs=p.gbs,
+        packaged_run=p.name,
+        command_run=c.name,
+        packaged_ms=p.t_median_ms,
+        command_ms=c.t_median_ms,
+        time_ratio=c.t_median_ms / p.t_median_ms if c.t_median_ms and p.t_median_ms else None,
+        metric="tokens/s/GPU" if carried else "slots/s/GPU",
+        packaged_per_gpu=pp,
+        command_per_gpu=pc,
+        throughput_ratio=pc / pp if pc is not None and pp else None,
+        loss_max_rel_diff=loss,
+    )
+    row.verdict = program_verdict(row)
+    return row
+
+
+def program_verdict(p: ProgramPairRow) -> str:
+    """One line: which program is faster at this layout, and whether the loss agrees within the noise."""
+    if p.time_ratio is None:
+        speed = "no steady-state iteration time to compare"
+    elif p.time_ratio >= 1:
+        speed = f"the packaged trainer is {p.time_ratio:.2f}x faster than {p.command_run}"
+    else:
+        speed = f"{p.command_run} is {1 / p.time_ratio:.2f}x faster than the packaged trainer"
+    if p.loss_max_rel_diff is None:
+        loss = "loss not comparable (no common samples)"
+    elif p.loss_max_rel_diff <= LOSS_NOISE:
+        loss = f"loss equal within {LOSS_NOISE:.0%} at equal samples"
+    else:
+        # two programs need not build the same model or data: a gap says so, it is not a parity failure
+        loss = f"loss differs by up to {p.loss_max_rel_diff:.1%} at equal samples (other model or data?)"
     return f"{speed}; {loss}"

@@ -64,6 +64,15 @@ class RunRow:
     # among the runs of the same study and node count: P / P(best layout of that size), and why it trails
     relative_throughput: float | None = None
     layout_note: str | None = None
+    # what ran: "packaged trainer", "own command" (trainer.command) or "log" (ingested without a run.yaml)
+    program: str = "packaged trainer"
+    # what the run's own log says, over the steady-state window (external.py): its TFLOP/s/GPU (median), the
+    # MFU that figure gives against the GPU's peak, the MoE load-balancing loss (mean) and the mean of every
+    # other number its iteration lines carry
+    log_tflops_per_gpu: float | None = None
+    log_mfu: float | None = None
+    moe_aux_loss: float | None = None
+    log_extras: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -85,6 +94,27 @@ class PairRow:
     verdict: str = ""
     best_colocated: bool = False  # the colocated run is the fastest of its study, node count and GBS
     best_hetero: bool = False  # the heterogeneous run is the fastest of its study, node count and GBS
+
+
+@dataclass
+class ProgramPairRow:
+    """A run of its own command against a packaged-trainer run of the same study, layout and global batch."""
+
+    study: str
+    nodes: int | None
+    layout: str
+    gbs: int | None
+    packaged_run: str
+    command_run: str
+    packaged_ms: float | None
+    command_ms: float | None
+    time_ratio: float | None  # command / packaged iteration time (> 1: the packaged trainer is faster)
+    metric: str  # what the throughputs are: tokens/s/GPU when both counted them, else slots
+    packaged_per_gpu: float | None
+    command_per_gpu: float | None
+    throughput_ratio: float | None  # command / packaged
+    loss_max_rel_diff: float | None  # at equal consumed samples
+    verdict: str = ""
 
 
 @dataclass
@@ -140,6 +170,14 @@ class PredictedRow:
     tokens_error: float | None
     bottleneck: str
     memory: str  # the planner's verdict on the fullest rank class
+    idle_fraction: float | None = None  # of the module that waits for the bottleneck (predict/steptime.py)
+    # with enough measured runs in the study (predicted.CALIBRATION_RUNS), the planner with efficiencies fitted
+    # on them all, and with those fitted on the other runs only (held out: predict/measured.py)
+    calibrated: bool = False
+    calibrated_s: float | None = None
+    calibrated_error: float | None = None
+    holdout_s: float | None = None
+    holdout_error: float | None = None
 
 
 @dataclass
@@ -216,6 +254,11 @@ class Report:
     rank_memory: list[dict] = field(default_factory=list)  # every rank's facts (the JSON report's)
     predicted: list[PredictedRow] = field(default_factory=list)
     predicted_memory: list[PredictedMemoryRow] = field(default_factory=list)
+    # whether the predicted times are calibrated (per study and GPU), and the runs not priced, with why
+    predicted_notes: list[str] = field(default_factory=list)
+    program_pairs: list[ProgramPairRow] = field(default_factory=list)  # own command vs packaged trainer
+    modules: list = field(default_factory=list)  # modules.ModuleRow: each module's phases, own timers
+    bounds: list = field(default_factory=list)  # modules.BoundRow: which side bounds each run's step
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -2,20 +2,69 @@
 measured: seconds per iteration and tokens/s/GPU against the steady-state figures, and each rank class's
 memory against the trainer's per-rank facts.
 
-A run is predicted when its resolved spec is in the store (runs.spec_json) and its accelerator is known:
-`cpu` for a CPU run, else the report's --gpu (or the GPU its start events name, or its study's
-cluster.hardware), priced with the study's cluster.hardware figures. Predictions use the
-default efficiencies, so the error says how far the uncalibrated planner was (`predict --db` calibrates).
+A run is predicted when its resolved spec is in the store (runs.spec_json), the planner prices its program
+(study/priced.py: a run of its own command only with a given model) and its accelerator is known: `cpu` for
+a CPU run, else the report's --gpu (or the GPU its start events name, or its study's cluster.hardware),
+priced with the study's cluster.hardware figures.
+
+Predictions use the default efficiencies. Their error against the measured time means something only once
+the efficiencies are fitted to the machine: with CALIBRATION_RUNS measured runs of a study priced on one
+GPU, the section shows the calibrated error (fitted on every run) and the held-out error (fitted on the other
+runs only: predict/measured.py); with fewer it says the times are uncalibrated and prints no error.
 """
 
 from __future__ import annotations
 
-from mimo_jobs.predict.calibrate import relative_error
+import json
+
+from mimo_jobs.predict.calibrate import mean_abs, relative_error
 
 from .model import PredictedMemoryRow, PredictedRow, RunRow
 from .spec import run_spec
 
 _MEASURED = ("param_bytes", "grad_buffer_bytes", "optimizer_state_bytes")
+
+
+# The measured runs a study needs before the report prints prediction errors: a held-out figure then fits
+# each run's prediction on at least two others (with two runs it would rest on one, a single scale).
+CALIBRATION_RUNS = 3
+
+
+def stored_model(text: str | None):
+    """A runs row's `model` (a preset's name, or the JSON of a resolved description that ingest --model
+    wrote for a log) as a ModelArch; None when there is none or it names nothing this version knows."""
+    from mimo_jobs.model.arch import ArchError
+    from mimo_jobs.model.resolve import arch_of
+
+    if not text:
+        return None
+    try:
+        return arch_of(json.loads(text) if text.lstrip().startswith("{") else text)
+    except (ArchError, ValueError, TypeError):
+        return None
+
+
+def model_name(text: str | None) -> str | None:
+    """The name of a runs row's `model` (the description's own name for a resolved one)."""
+    if text and text.lstrip().startswith("{"):
+        try:
+            return json.loads(text).get("name") or text
+        except (ValueError, AttributeError):
+            return text
+    return text
+
+
+def priced_model(r: dict, spec):
+    """(the ModelArch a run is priced as, None) or (None, why not): its spec's model when the planner prices
+    its program (study/priced.py), else for a run known only from its logs the model ingest was told."""
+    from mimo_jobs.model.resolve import arch_of
+    from mimo_jobs.study.priced import unpriced
+
+    if spec is None:
+        m = stored_model(r.get("model"))
+        return (m, None) if m is not None else (None, "model unknown (ingest --model tells it)")
+    why = unpriced(spec)
+    return (None, why) if why else (arch_of(spec.trainer.model), None)
 
 
 def _prediction(spec, gpu):
@@ -43,6 +92,7 @@ def _time_row(row: RunRow, p) -> PredictedRow:
         relative_error(tok, row.tokens_per_s_per_gpu),
         p.time.bottleneck,
         p.memory.verdict(),
+        idle_fraction=p.time.idle_fraction,
     )
 
 
@@ -96,19 +146,26 @@ def _memory_rows(row: RunRow, p, ranks: list[dict]) -> list[PredictedMemoryRow]:
 
 def predicted_rows(
     runs: list[dict], rows: list[RunRow], rank_memory: list[dict], gpu: str | None, gpu_names: dict
-) -> tuple[list[PredictedRow], list[PredictedMemoryRow]]:
+) -> tuple[list[PredictedRow], list[PredictedMemoryRow], list[str]]:
     """`runs`: the store's runs rows (spec_json, accelerator); `gpu_names`: run_id -> the GPU its start
-    events name."""
+    events name. Returns the time rows (calibrated where the study has enough measured runs), the memory
+    rows and the notes: per study and GPU whether the times are calibrated, and each run not priced."""
     from mimo_jobs.predict.hardware import measured_gpu
+    from mimo_jobs.study.priced import unpriced
 
     by_id = {r.run_id: r for r in rows}
     ranks: dict[str, list[dict]] = {}
     for x in rank_memory:
         ranks.setdefault(x["run_id"], []).append(x)
-    times, memory = [], []
+    times, memory, notes = [], [], []
+    groups: dict[tuple[str, str], list] = {}  # (study, GPU) -> [(row index, spec, GPU)]
     for r in runs:
         row, spec = by_id.get(r["run_id"]), run_spec(r)
         if row is None or spec is None:
+            continue
+        why = unpriced(spec)
+        if why:
+            notes.append(f"{row.study}/{row.name}: not priced: {why}")
             continue
         g = measured_gpu(spec.cluster, r.get("accelerator"), gpu or gpu_names.get(r["run_id"]))
         if g is None:
@@ -116,7 +173,51 @@ def predicted_rows(
         p = _prediction(spec, g)
         if p is None:
             continue
+        groups.setdefault((row.study, g.name), []).append((len(times), spec, g))
         times.append(_time_row(row, p))
         if r["run_id"] in ranks:
             memory += _memory_rows(row, p, ranks[r["run_id"]])
-    return times, memory
+    for (study, gpu_name), members in groups.items():
+        notes.insert(0, _calibrate(times, members, f"{study} on {gpu_name}"))
+    return times, memory, notes
+
+
+def _calibrate(times: list[PredictedRow], members: list, label: str) -> str:
+    """Calibrate the time rows of one study and GPU when it has CALIBRATION_RUNS measured runs (the rows
+    get their calibrated and held-out figures); the note says which it was."""
+    from dataclasses import replace
+
+    from mimo_jobs.predict.measured import Measured, calibrate
+    from mimo_jobs.predict.run import shape_of
+
+    got = [(i, s, g) for i, s, g in members if times[i].measured_s]
+    if len(got) < CALIBRATION_RUNS:
+        return (
+            f"{label}: uncalibrated (the planner's default efficiencies), so no error is shown: "
+            f"{len(got)} measured run(s), calibration needs {CALIBRATION_RUNS}; mimo-jobs predict STUDY --db "
+            "FILE fits the efficiencies to the runs there are"
+        )
+    try:
+        cal = calibrate(
+            [Measured(times[i].name, times[i].run_id, shape_of(s.layout, s.trainer), times[i].measured_s)
+             for i, s, _ in got],
+            got[0][2],
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError, ZeroDivisionError):
+        return f"{label}: uncalibrated: the planner could not fit its efficiencies to these runs"
+    for (i, _, _), c in zip(got, cal.runs):
+        times[i] = replace(
+            times[i],
+            calibrated=True,
+            calibrated_s=c.calibrated_s,
+            calibrated_error=c.calibrated_error,
+            holdout_s=c.holdout_s,
+            holdout_error=c.holdout_error,
+        )
+    by = {"nodes": "one node count at a time", "run": "one run at a time"}.get(cal.holdout_by, "")
+    held = mean_abs([c.holdout_error for c in cal.runs if c.holdout_error is not None])
+    return (
+        f"{label}: calibrated on {len(got)} measured runs ({cal.scales.unknowns} scale(s) fitted): mean "
+        f"|error| {cal.error_after:.1%} calibrated"
+        + (f", {held:.1%} held out ({by}, fitted on the others)" if held is not None else "")
+    )

@@ -235,6 +235,12 @@ TOKEN_AGGS = ", ".join(
 )
 
 
+# After TOKEN_AGGS: what the run's own log says over the window (report/external.py): the median of its
+# TFLOP/s/GPU and the mean of its MoE load-balancing loss.
+LOGGED_AGGS = "median(i.tflops_per_gpu), avg(i.moe_aux_loss)"
+LOGGED_AT = 4 + len(PHASES) + 5  # where they start in a `steady` tuple
+
+
 def _steady(con, cut: dict[str, int], span: dict[str, tuple], unfiltered: bool) -> dict[str, tuple]:
     """Steady-state aggregates per run: median/mean/std/count of the iteration time over the window
     (iteration >= the run's cutoff), the mean of each phase (numeric copies of `phases`), then TOKEN_AGGS.
@@ -247,7 +253,7 @@ def _steady(con, cut: dict[str, int], span: dict[str, tuple], unfiltered: bool) 
     aggs = "median(i.elapsed_ms), avg(i.elapsed_ms), stddev_samp(i.elapsed_ms), count(*), " + ", ".join(
         f"avg(i.{p}_ms)" for p in PHASES
     )
-    aggs += ", " + TOKEN_AGGS
+    aggs += ", " + TOKEN_AGGS + ", " + LOGGED_AGGS
     # a time that is not finite and positive measured nothing (a clock that stepped, a bad log line): it is
     # left out, so a run with no other times has no figures ("-") rather than infinite throughput
     window = "NOT coalesce(i.superseded, false) AND isfinite(i.elapsed_ms) AND i.elapsed_ms > 0"
@@ -362,3 +368,31 @@ def rank_memory(con, ids: list[str]) -> list[dict]:
     )
     cols = [d[0] for d in cur.description]
     return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def logged_extras(con, cut: dict[str, int]) -> dict[str, dict[str, float]]:
+    """Per run of `cut` (run -> first iteration of its window): the mean over the window of every number
+    its iteration lines carry beyond the columns (the extras JSON: top-level numbers and the losses without
+    a column of their own). Only the runs given are read: the caller passes the runs of other programs."""
+    if not cut:
+        return {}
+    vals, params = _values(list(cut.items()), "run_id, cutoff")
+    out: dict[str, dict[str, float]] = {}
+    for rid, key, mean in con.execute(
+        f"""WITH x AS (
+                SELECT i.run_id, i.extras::JSON AS e FROM iterations i JOIN {vals} ON i.run_id = w.run_id
+                WHERE i.iteration >= w.cutoff AND i.extras IS NOT NULL AND NOT coalesce(i.superseded, false)),
+            kv AS (
+                SELECT run_id, k, e->>k AS v FROM (SELECT run_id, e, unnest(json_keys(e)) AS k FROM x)
+                WHERE k <> 'losses'
+                UNION ALL
+                SELECT run_id, k, e->'losses'->>k FROM (
+                    SELECT run_id, e, unnest(json_keys(e->'losses')) AS k FROM x
+                    WHERE json_type(e->'losses') = 'OBJECT'))
+            SELECT run_id, k, avg(TRY_CAST(v AS DOUBLE)) FROM kv GROUP BY run_id, k
+            HAVING count(TRY_CAST(v AS DOUBLE)) > 0 ORDER BY run_id, k""",
+        params,
+    ).fetchall():
+        if mean is not None and math.isfinite(mean):
+            out.setdefault(rid, {})[key] = mean
+    return out

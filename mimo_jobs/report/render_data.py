@@ -1,4 +1,5 @@
-"""Machine-readable renderings: JSON (the whole report) and CSV (one row per run)."""
+"""Machine-readable renderings: JSON (the whole report) and CSV (one row per run: its figures, its pair and
+group verdict, its repeats' aggregate, the planner's prediction, and its modules' phases)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from datetime import datetime
 
 from .fmt import csv_cell
 from .model import Report, RunRow
+from .modules import ModuleRow
+from .repeats import base_name
 
 CSV_COLS = [
     "study",
@@ -41,6 +44,12 @@ CSV_COLS = [
     "padded_share",
     "image_tokens_per_sample",
     "mfu",
+    # what the run's own log says (report/external.py): its TFLOP/s/GPU, the MFU that implies, the MoE loss
+    "log_tflops_per_gpu",
+    "log_mfu",
+    "moe_aux_loss",
+    "log_extras",
+    "program",
     "final_loss",
     "final_samples",
     "efficiency",
@@ -73,7 +82,42 @@ PRED_COLS = [
     "predicted_error",
     "predicted_tokens_per_s_per_gpu",
     "predicted_tokens_error",
+    # with enough measured runs in the study (predicted.CALIBRATION_RUNS): fitted on all, and held out
+    "predicted_calibrated_s",
+    "predicted_calibrated_error",
+    "predicted_holdout_s",
+    "predicted_holdout_error",
 ]
+# the verdict of a study, node count and GBS holding both kinds (compare.group_verdicts): the fastest
+# heterogeneous run against the fastest colocated one, on every run of the group
+GROUP_COLS = ["group_fastest_heterogeneous", "group_fastest_colocated", "group_verdict"]
+# the run's layout aggregated over its repeats (repeats.py), empty for a run not repeated
+REPEAT_COLS = [
+    "repeat_group",
+    "repeat_runs",
+    "repeat_t_mean_ms",
+    "repeat_t_ci95_ms",
+    "repeat_t_spread_ms",
+    "repeat_metric",
+    "repeat_perf_mean",
+    "repeat_perf_ci95",
+    "repeat_perf_spread",
+    "repeat_flags",
+]
+# which side bounds the step, measured and predicted (modules.BoundRow); then per module of the report
+# (encoder, llm or llm_stage_<k>, colocated) its busy and wait shares of the step and its idle fraction
+BOUND_COLS = {
+    "bounds_the_step": "bound",
+    "encoder_busy_ms": "encoder_busy_ms",
+    "llm_busy_ms": "llm_busy_ms",
+    "encoder_idle": "encoder_idle",
+    "llm_idle": "llm_idle",
+    "other_idle": "other_idle",
+    "predicted_bottleneck": "predicted_bottleneck",
+    "predicted_idle_of_the_other": "predicted_idle",
+    "bound_agrees": "agrees",
+}
+MODULE_FIGURES = ("busy_share", "wait_share", "idle")
 
 
 def _default(o):
@@ -130,6 +174,8 @@ def _cell(r: RunRow, c: str):
     v = getattr(r, c)
     if c == "flags":
         return "; ".join(v)
+    if c == "log_extras":
+        return "; ".join(f"{k}={x!r}" for k, x in sorted(v.items()))
     return "" if v is None else v
 
 
@@ -158,17 +204,53 @@ def render_csv(report: Report) -> str:
         if (p.study, p.hetero_run) not in pairs or p.best_colocated:
             pairs[(p.study, p.hetero_run)] = p
     preds = {p.run_id: p for p in report.predicted}
-    lines = [_csv_line(CSV_COLS + [f"share_{p}" for p in phases] + PAIR_COLS + PRED_COLS)]
+    groups = _group_verdicts(report)
+    reps = {(x.study, x.name): x for x in report.repeats}
+    bounds = {b.run_id: b for b in report.bounds}
+    mods: dict[str, dict[str, ModuleRow]] = {}  # run_id -> module column key -> its row
+    for m in report.modules:
+        mods.setdefault(m.run_id, {})[m.module.replace(" ", "_")] = m
+    labels = list(dict.fromkeys(k for by in mods.values() for k in by))
+    module_cols = [f"{k}_{f}" for k in labels for f in MODULE_FIGURES]
+    head = CSV_COLS + [f"share_{p}" for p in phases] + PAIR_COLS + PRED_COLS + GROUP_COLS + REPEAT_COLS
+    lines = [_csv_line(head + list(BOUND_COLS) + module_cols)]
     for r in report.runs:
+        rep = reps.get((r.study, base_name(r))) if r.repeat is not None else None
+        b, by = bounds.get(r.run_id), mods.get(r.run_id, {})
         lines.append(
             _csv_line(
                 [_cell(r, c) for c in CSV_COLS]
                 + [r.phase_share.get(p, "") for p in phases]
                 + _pair_cells(pairs.get((r.study, r.name)))
                 + _pred_cells(preds.get(r.run_id))
+                + _blank(groups.get((r.study, r.nodes, r.gbs), [None] * len(GROUP_COLS)))
+                + _repeat_cells(rep)
+                + _blank([getattr(b, f) if b is not None else None for f in BOUND_COLS.values()])
+                + _blank([getattr(by[k], f) if k in by else None for k in labels for f in MODULE_FIGURES])
             )
         )
     return "".join(lines)
+
+
+def _blank(vals: list) -> list:
+    return ["" if v is None else v for v in vals]
+
+
+def _group_verdicts(report: Report) -> dict[tuple, list]:
+    """(study, nodes, GBS) -> [fastest heterogeneous run, fastest colocated run, their verdict]."""
+    return {
+        (p.study, p.nodes, p.gbs): [p.hetero_run, p.colocated_run, p.verdict]
+        for p in report.pairs
+        if p.best_hetero and p.best_colocated
+    }
+
+
+def _repeat_cells(x) -> list:
+    if x is None:
+        return [""] * len(REPEAT_COLS)
+    vals = [x.name, x.runs, x.t_mean_ms, x.t_ci95_ms, x.t_spread_ms, x.metric, x.perf_mean, x.perf_ci95,
+            x.perf_spread, "; ".join(x.flags)]  # fmt: skip
+    return _blank(vals)
 
 
 def _pair_cells(p) -> list:
@@ -182,4 +264,5 @@ def _pred_cells(p) -> list:
     if p is None:
         return [""] * len(PRED_COLS)
     vals = [p.predicted_s, p.error, p.predicted_tokens_per_s_per_gpu, p.tokens_error]
+    vals += [p.calibrated_s, p.calibrated_error, p.holdout_s, p.holdout_error]
     return ["" if v is None else v for v in vals]

@@ -67,6 +67,25 @@ def pair_charts(report: Report) -> list[str]:
     ]  # fmt: skip
 
 
+def module_chart(report: Report) -> str:
+    """Stacked bars of each module's step (modules.py): busy, waiting, optimizer and untimed ms."""
+    mods = report.modules
+    many = len({m.study for m in mods}) > 1
+    labels = [(f"{m.study}/" if many else "") + f"{m.name} {m.module}" for m in mods]
+    return svg.stacked_bars(
+        labels,
+        {
+            "busy": [m.busy_ms for m in mods],
+            "wait": [m.wait_ms for m in mods],
+            "optimizer": [m.optimizer_ms for m in mods],
+            "untimed": [max(0.0, m.untimed_ms) for m in mods],
+        },
+        "Each module's step (mean ms per iteration, own timers)",
+        "ms",
+        chart_id="chart-modules",
+    )
+
+
 def charts(report: Report) -> dict[str, str]:
     """The report's four plots as inline SVG: iteration time, per-GPU throughput, loss and phases."""
     if _one_size(report):
@@ -262,6 +281,8 @@ def _comparison_sections(report: Report) -> list[str]:
         out += [f'<p class="note">{fmt.html_text(x)}</p>' for x in sec.lines]
         if sec.title.startswith("Heterogeneous vs colocated"):
             out += ['<div class="grid">', *pair_charts(report), "</div>"]
+        if sec.title.startswith("Module phases"):
+            out += ['<div class="grid">', module_chart(report), "</div>"]
     return out
 
 

@@ -1,13 +1,13 @@
 """The comparison sections of a report as rows of text cells, shared by the table and markdown renderings:
-layouts of one size, heterogeneous vs colocated, the measured memory per module and stage, and the
-planner's predictions against the measured figures. The figures are computed in compare.py, memory.py and
-predicted.py; this module only formats them."""
+layouts of one size, heterogeneous vs colocated, each module's phases and which side bounds the step, the
+measured memory per module and stage, and the planner's predictions against the measured figures. The
+figures are computed in compare.py, modules.py, memory.py and predicted.py; this module only formats them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import fmt
+from . import external, fmt
 from .cost import tokens_text
 from .model import Report
 
@@ -21,6 +21,12 @@ TEXT_HEADS = {
     "module",
     "priced on",
     "bottleneck",
+    "bounds the step",
+    "program",  # external.py's sections
+    "own command",
+    "packaged trainer",
+    "layout",
+    "other logged",
 }
 
 
@@ -81,6 +87,51 @@ def pairs(report: Report) -> Section | None:
         rows,
         lines,
     )
+
+
+def module_phases(report: Report) -> Section | None:
+    if not report.modules:
+        return None
+    rows = [
+        [m.study, m.name, m.module, str(m.ranks), fmt.num(m.step_ms), fmt.num(m.busy_ms), fmt.num(m.wait_ms),
+         fmt.num(m.optimizer_ms), fmt.num(m.untimed_ms), fmt.pct(m.busy_share), fmt.pct(m.wait_share),
+         fmt.pct(m.rest_share), fmt.pct(m.idle)]
+        for m in report.modules
+    ]  # fmt: skip
+    heads = ["study", "run", "module", "ranks", "step (ms)", "busy (ms)", "wait (ms)", "optimizer (ms)",
+             "untimed (ms)", "busy share", "wait share", "rest share", "idle"]  # fmt: skip
+    lines = [
+        "per iteration, mean over the module's ranks (their own timers, the iterations after each job's "
+        "first): busy = forward, backward and data; wait = bridge and pipeline waits; rest = optimizer + "
+        "untimed; idle = wait / (busy + wait)"
+    ]
+    return Section("Module phases (each module's ranks, from their own timers)", heads, rows, lines)
+
+
+def _side(b) -> str:
+    if b.bound is None:
+        return "- (colocated)" if b.colocated else "-"
+    return b.bound
+
+
+def bounds(report: Report) -> Section | None:
+    if not report.bounds:
+        return None
+    rows = [
+        [b.study, b.name, _side(b), fmt.num(b.encoder_busy_ms), fmt.num(b.llm_busy_ms), fmt.pct(b.encoder_idle),
+         fmt.pct(b.llm_idle), fmt.pct(b.other_idle), b.predicted_bottleneck or "-", fmt.pct(b.predicted_idle),
+         "-" if b.agrees is None else ("yes" if b.agrees else "no")]
+        for b in report.bounds
+    ]  # fmt: skip
+    heads = ["study", "run", "bounds the step", "encoder busy (ms)", "LLM busy (ms)", "encoder idle",
+             "LLM idle", "idle of the other", "predicted bottleneck", "predicted idle of the other",
+             "agrees"]  # fmt: skip
+    lines = [
+        "measured: the side with the most busy time per iteration (the encoder, or the busiest LLM stage) "
+        "bounds the step; the planner's: one microbatch's time on the encoder against an LLM stage's, idle = "
+        "1 - shorter / longer"
+    ]
+    return Section("Which side bounds the step (measured against the planner)", heads, rows, lines)
 
 
 def _pm(mean: float | None, ci: float | None, digits: int = 1) -> str:
@@ -155,22 +206,31 @@ def _err(e: float | None) -> str:
     return "-" if e is None else f"{e:+.1%}"
 
 
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
 def predicted(report: Report) -> Section | None:
-    if not report.predicted:
+    """The planner's times against the measured ones; errors only where calibrated (predicted.py says when:
+    its notes, the section's lines, say it per study and GPU)."""
+    if not report.predicted and not report.predicted_notes:
         return None
+    cal = any(p.calibrated for p in report.predicted)
     rows = [
-        [p.name, p.gpu, f"{p.predicted_s:.4g}", "-" if p.measured_s is None else f"{p.measured_s:.4g}",
-         _err(p.error), fmt.num(p.predicted_tokens_per_s_per_gpu, 1), fmt.num(p.measured_tokens_per_s_per_gpu, 1),
-         _err(p.tokens_error), p.bottleneck]
+        [p.name, p.gpu, f"{p.predicted_s:.4g}", _s(p.measured_s)]
+        + ([_s(p.calibrated_s), _err(p.calibrated_error), _s(p.holdout_s), _err(p.holdout_error)] if cal else [])
+        + [fmt.num(p.predicted_tokens_per_s_per_gpu, 1), fmt.num(p.measured_tokens_per_s_per_gpu, 1), p.bottleneck]
         for p in report.predicted
     ]  # fmt: skip
-    heads = ["run", "priced on", "predicted s/iter", "measured s/iter", "error", "predicted tokens/s/GPU",
-             "measured tokens/s/GPU", "tokens error", "bottleneck"]  # fmt: skip
-    lines = []
-    if any(p.gpu == "cpu" for p in report.predicted):
+    heads = ["run", "priced on", "predicted s/iter", "measured s/iter"]
+    heads += ["calibrated s/iter", "error", "held-out s/iter", "held-out error"] if cal else []
+    heads += ["predicted tokens/s/GPU", "measured tokens/s/GPU", "bottleneck"]
+    lines = list(report.predicted_notes)
+    if any(p.gpu == "cpu" and not p.calibrated for p in report.predicted):
         lines.append(CPU_TIME_NOTE)
     return Section(
-        "Predicted vs measured time (planner, default efficiencies; error = (predicted - measured) / measured)",
+        "Predicted vs measured time (planner with its default efficiencies, and calibrated where the study has "
+        "enough measured runs; error = (predicted - measured) / measured)",
         heads,
         rows,
         lines,
@@ -206,10 +266,12 @@ def all_sections(report: Report) -> list[Section]:
     found = (
         layouts(report),
         pairs(report),
+        module_phases(report),
+        bounds(report),
         repeats(report),
         cost(report),
         memory(report),
         predicted(report),
         predicted_memory(report),
     )
-    return [s for s in found if s is not None]
+    return [s for s in found if s is not None] + [Section(*x) for x in external.sections(report)]

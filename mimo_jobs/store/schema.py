@@ -9,6 +9,7 @@ the write path's only: `present_older` shows a store of an older schema to a rea
 from __future__ import annotations
 
 from mimo_jobs.contract.iteration import PHASE_COLUMNS, VALUE_COLUMNS
+from mimo_jobs.contract.memory import TIMING_COLUMNS
 
 from .tx import transaction
 
@@ -17,11 +18,14 @@ from .tx import transaction
 # 4: runs.colocated (a baseline layout: every rank runs both modules), meta.written_by
 # 5: rank_memory (what each rank measured it holds: trainer/memory.py), iterations.pipeline_wait_ms
 # 6: iterations.tokens, carried_tokens, image_tokens (the global batch's token counts)
-SCHEMA_VERSION = 6
+# 7: rank_memory.role, timed_iterations, elapsed_s, <phase>_s (each rank's own phase timers)
+SCHEMA_VERSION = 7
 
 # the iterations table's measured values and phase times: the contract owns their names and types
 _VALUES = ",\n        ".join(f"{c} {sql}" for c, sql in VALUE_COLUMNS.items())
 _PHASES = ", ".join(f"{c} DOUBLE" for c in PHASE_COLUMNS)
+# rank_memory's timing fields: the contract owns their names and types
+_TIMING = ", ".join(f"{c} {sql}" for c, sql in TIMING_COLUMNS.items())
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)""",
@@ -113,6 +117,11 @@ SCHEMA = [
         inflight_peak INTEGER,
         cuda_max_allocated_bytes BIGINT, cuda_max_reserved_bytes BIGINT,
         source_file VARCHAR, mtime DOUBLE,
+        -- the rank's own (both modules' rows of a colocated rank hold the same): role encoder | llm |
+        -- colocated, seconds summed over the iterations its job ran after its first (contract.memory)
+        """
+    + _TIMING
+    + """,
         PRIMARY KEY (run_id, rank, module))""",
     """CREATE TABLE IF NOT EXISTS ingested_files (
         path VARCHAR PRIMARY KEY,
@@ -139,6 +148,7 @@ ADDED_COLUMNS = [
     ("iterations", "tokens", "BIGINT"),
     ("iterations", "carried_tokens", "BIGINT"),
     ("iterations", "image_tokens", "BIGINT"),
+    *(("rank_memory", c, sql) for c, sql in TIMING_COLUMNS.items()),
 ]
 
 
@@ -235,6 +245,9 @@ def ensure(con) -> None:
     if version is not None and version < 2:  # only stores made by schema 1 need the copy
         _drop_iterations_key(con)
     _add_columns(con)
+    if version is not None and version < 7:
+        # facts files read before the timing columns existed may hold them: the next ingest reads them again
+        con.execute("UPDATE rank_memory SET mtime = NULL")
     from mimo_jobs import __version__
 
     con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])

@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 import mimo_jobs.study.topology as topology
 from mimo_jobs.model.arch import ModelArch
@@ -70,15 +70,30 @@ def run_id_of(study: StudySpec, point: PointSpec, repeat: int) -> str:
     payload = {
         "study": study.name,
         "cluster": study.cluster.model_dump(mode="json", exclude={"hardware"}),  # planning only
-        # an unset command is left out, so runs of the packaged trainer keep the ids they always had
-        "trainer": study.trainer.model_dump(
-            mode="json", exclude={"command"} if not study.trainer.command else None
-        ),
-        "point": point.model_dump(mode="json", exclude={"command"} if not point.command else None),
+        "trainer": id_payload(study.trainer),
+        "point": id_payload(point),
         "repeat": repeat,
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def id_payload(m: BaseModel) -> dict:
+    """A spec's fields as the run id hashes them: without the later fields that are at their default (each
+    model's ID_LATER), so runs of studies that do not use them keep the ids they always had."""
+    d = m.model_dump(mode="json")
+    _drop_later_defaults(m, d)
+    return d
+
+
+def _drop_later_defaults(m: BaseModel, d: dict) -> None:
+    fields = type(m).model_fields
+    for name, info in fields.items():
+        v = getattr(m, name)
+        if name in getattr(m, "ID_LATER", ()) and v == info.get_default(call_default_factory=True):
+            d.pop(name, None)
+        elif isinstance(v, BaseModel) and isinstance(d.get(name), dict):
+            _drop_later_defaults(v, d[name])
 
 
 # Runs one study may expand to. A product of axes multiplies: a few long axes would otherwise build

@@ -9,6 +9,7 @@ import yaml
 
 import mimo_jobs.study.topology as topology
 from mimo_jobs.contract.rundir import RunDir
+from mimo_jobs.study.priced import unpriced
 from mimo_jobs.study.spec import ClusterSpec, PointSpec, TrainerSpec
 
 
@@ -40,7 +41,11 @@ class RunSpec:
             "point": self.point.model_dump(mode="json"),
             "layout": asdict(self.layout),
             "cluster": self.cluster.model_dump(mode="json"),
-            "trainer": self.trainer.model_dump(mode="json"),
+            # a model the study did not write is left out: read back, it is the default again and still
+            # not given (study/priced.py prices a run of its own command only with a given model)
+            "trainer": self.trainer.model_dump(
+                mode="json", exclude=None if self.trainer.model_given else {"model"}
+            ),
         }
 
     @classmethod
@@ -72,7 +77,7 @@ class RunSpec:
             "repeat": self.repeat,
             **{a: getattr(lay, a) for a in (*axes, "llm_etp", "llm_dp", "gbs", "mbs", "colocated")},
             "seq_length": self.trainer.seq_length,
-            "model": self.trainer.model,
+            "model": self.trainer.model if unpriced(self) is None else None,
             "accelerator": self.cluster.accelerator,
             "spec": self.to_dict(),
         }

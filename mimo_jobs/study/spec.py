@@ -8,7 +8,8 @@ runs (`runspec.RunSpec`), `diagnose` reports every problem of a file at once.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+import typing
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -43,6 +44,10 @@ class StudyError(MimoJobsError, ValueError):
 class _Strict(BaseModel):
     # inf and nan are never meant (a learning rate of .inf validates nothing and trains nothing)
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # Fields added after run ids were first computed: left out of the id while at their default, so a run
+    # of an older study keeps its id (and a completed run is not run again) after an upgrade
+    # (study/expand.py id_payload).
+    ID_LATER: ClassVar[frozenset[str]] = frozenset()
 
     @field_validator("*", mode="before")
     @classmethod
@@ -245,6 +250,9 @@ class OptimizerSpec(_Strict):
 
 
 class DataSpec(_Strict):
+    ID_LATER: ClassVar[frozenset[str]] = frozenset(
+        {"packing", "packing_buffer_size", "max_tiles", "thumbnail", "stats"}
+    )
     provider: Literal["mock", "energon"] = "mock"
     path: str | None = None  # energon dataset dir or blend yaml
     num_workers: int = Field(0, ge=0, le=64)
@@ -258,17 +266,67 @@ class DataSpec(_Strict):
     truncate_text: bool = False  # energon: cut text that does not fit seq_length (counted); images never cut
     shuffle_buffer_size: int | None = Field(100, ge=1)  # energon sample shuffle buffer (None: no shuffle)
     max_samples_per_sequence: int | None = Field(100, ge=1)  # energon: samples read in a row from one shard
+    # energon: several samples share one seq_length row (attention and positions stay within each sample);
+    # the packer chooses among packing_buffer_size samples at a time
+    packing: bool = False
+    packing_buffer_size: int = Field(32, ge=1, le=100_000)
+    # an image larger than the encoder's image size becomes up to max_tiles tiles of that size (the grid of
+    # the closest aspect ratio), plus the whole image at tile size when thumbnail (model/tiling.py)
+    max_tiles: int = Field(1, ge=1, le=64)
+    thumbnail: bool = False
+    # `mimo-jobs data stats` JSON (relative: to the study file): predict and plan price its image and text
+    # tokens; unset, they look beside data.path, else price one full-size image per sample
+    stats: str | None = None
+
+    @field_validator("stats")
+    @classmethod
+    def _stats(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # checked where a study is read (its context); run.yaml keeps the resolved path unread: the file is
+        # for planning, and the trainer's nodes need not hold it
+        if v is None or info.context is None:
+            return v
+        from pathlib import Path
+
+        from mimo_jobs.contract.datastats import read_stats
+
+        p = Path(v).expanduser()
+        base_dir = (info.context or {}).get("base_dir")
+        if not p.is_absolute() and base_dir is not None:
+            p = Path(base_dir) / p
+        read_stats(p)  # a missing or malformed file fails here, naming the field it came from
+        return str(p.resolve())
 
     @model_validator(mode="after")
     def _check(self) -> DataSpec:
         if self.provider == "energon" and not self.path:
             raise ValueError("provider 'energon' needs data.path (dataset dir or blend yaml)")
+        if self.packing and self.provider != "energon":
+            raise ValueError("data.packing needs provider 'energon' (the mock provider does not pack)")
         return self
 
 
 class FreezeSpec(_Strict):
     encoder: bool = False
     llm: bool = False
+
+
+Recompute = Literal["none", "selective", "full"]
+
+
+class RecomputeSpec(_Strict):
+    """megatron-core's activation recompute per module: the encoder may recompute while the LLM does not."""
+
+    encoder: Recompute = "none"
+    llm: Recompute = "none"
+
+    @classmethod
+    def of(cls, value: str | RecomputeSpec) -> RecomputeSpec:
+        """trainer.recompute as per-module settings (the one owner): one value holds for both modules."""
+        return value if isinstance(value, RecomputeSpec) else cls(encoder=value, llm=value)
+
+    def compact(self) -> str | dict[str, str]:
+        """As a study file writes it: one value when both modules agree, else the mapping."""
+        return self.encoder if self.encoder == self.llm else {"encoder": self.encoder, "llm": self.llm}
 
 
 class WandbSpec(_Strict):
@@ -306,6 +364,21 @@ class InitSpec(_Strict):
     # iteration 0, a fresh optimizer and scheduler (Megatron's --finetune); HF and Megatron sources always are
     weights_only: bool = False
 
+    @field_validator("llm", "encoder")
+    @classmethod
+    def _hf_dir(cls, v, info: ValidationInfo):
+        # a HuggingFace directory relative to the study file, like a model's hf_config: run.yaml records it
+        # absolute, so the trainer finds it from any working directory
+        if not isinstance(v, str):
+            return v
+        from pathlib import Path
+
+        p = Path(v).expanduser()
+        base_dir = (info.context or {}).get("base_dir")
+        if not p.is_absolute() and base_dir is not None:
+            p = Path(base_dir) / p
+        return str(p.resolve())
+
     @model_validator(mode="after")
     def _one_source(self) -> InitSpec:
         if self.checkpoint is not None and (self.llm is not None or self.encoder is not None):
@@ -321,11 +394,13 @@ class InitSpec(_Strict):
 
 
 class TrainerSpec(_Strict):
+    ID_LATER: ClassVar[frozenset[str]] = frozenset({"command", "init"})
     # a preset's name, or {encoder, llm} described by presets, inline fields or HF configs (model/resolve.py);
     # validation replaces a description by its resolved inline fields, so the spec never depends on a file
     model: str | dict[str, Any] = "tiny"
     seq_length: int = Field(64, ge=8, le=MAX_SEQ)
-    train_iters: int | None = Field(None, ge=1, le=MAX_COUNT)
+    # 0 only with trainer.init: load, save iteration 0 in this run's layout and exit (a conversion)
+    train_iters: int | None = Field(None, ge=0, le=MAX_COUNT)
     train_samples: int | None = Field(None, ge=1, le=MAX_COUNT)
     lr: LRSpec = Field(default_factory=LRSpec)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
@@ -346,7 +421,9 @@ class TrainerSpec(_Strict):
     # activations to this many microbatches whatever the iteration's count; 2 lets the encoder compute the
     # next microbatch while the LLM works on the last one
     encoder_inflight: int = Field(2, ge=1, le=64)
-    recompute: Literal["none", "selective", "full"] = "none"  # megatron-core's activation recompute
+    # megatron-core's activation recompute: one value for both modules, or {encoder: full, llm: none};
+    # RecomputeSpec.of gives the per-module settings
+    recompute: Recompute | RecomputeSpec = "none"
     wandb: WandbSpec | None = None
     init: InitSpec | None = None  # pretrained or earlier weights to start from (docs/weights.md)
     # Another training program (study/command.py renders it): a Jinja template of the run's values, run by
@@ -357,6 +434,42 @@ class TrainerSpec(_Strict):
     @classmethod
     def _command(cls, v: str | None) -> str | None:
         return _command_text(v)
+
+    @field_validator("recompute", mode="before")
+    @classmethod
+    def _recompute(cls, v: Any) -> Any:
+        # one clear message instead of the union's two; a mapping whose modules agree is the one value, so
+        # the same run has the same id however it is written
+        modes = typing.get_args(Recompute)
+        fit = f"use one of {', '.join(modes)}, or a mapping like {{encoder: full, llm: none}}"
+        if isinstance(v, dict):
+            bad = [k for k in v if k not in ("encoder", "llm")]
+            if bad:
+                raise ValueError(f"unknown module {bad[0]!r} (the modules are encoder and llm); {fit}")
+            for k, x in v.items():
+                if x not in modes:
+                    raise ValueError(f"{k}: {x!r} is not a recompute setting; {fit}")
+            spec = RecomputeSpec(**v)
+            return spec.encoder if spec.encoder == spec.llm else spec
+        if not isinstance(v, (str, RecomputeSpec)) or (isinstance(v, str) and v not in modes):
+            raise ValueError(f"{v!r} is not a recompute setting; {fit}")
+        return v
+
+    @field_validator("data")
+    @classmethod
+    def _data_stats(cls, v: DataSpec, info: ValidationInfo) -> DataSpec:
+        model = info.data.get("model")  # absent when the model itself is invalid (reported there)
+        # counts made for another encoder or tiling misprice every run (checked where a study is read)
+        if v.stats and model is not None and info.context is not None:
+            from mimo_jobs.contract.datastats import read_stats
+            from mimo_jobs.model.resolve import arch_of
+            from mimo_jobs.model.tiling import ImageGeometry
+
+            geom = ImageGeometry.of(arch_of(model).encoder, v.max_tiles, v.thumbnail)
+            problem = read_stats(v.stats).geometry_problem(geom)
+            if problem:
+                raise ValueError(f"stats: {problem}")
+        return v
 
     @field_validator("model")
     @classmethod
@@ -371,7 +484,18 @@ class TrainerSpec(_Strict):
     def _check(self) -> TrainerSpec:
         if (self.train_iters is None) == (self.train_samples is None):
             raise ValueError("give exactly one of trainer.train_iters or trainer.train_samples")
+        if self.train_iters == 0 and self.init is None:
+            raise ValueError(
+                "trainer.train_iters: 0 trains nothing; it converts weights, so it needs trainer.init "
+                "(or give train_iters >= 1)"
+            )
         return self
+
+    @property
+    def model_given(self) -> bool:
+        """trainer.model was written (not the default preset): a run of its own command is priced only then
+        (study/priced.py). run.yaml leaves an unwritten model out, so this survives the round trip."""
+        return "model" in self.model_fields_set
 
 
 def _command_text(v: str | None) -> str | None:
@@ -404,6 +528,7 @@ class LLMAxes(_Strict):
 
 
 class PointSpec(_Strict):
+    ID_LATER: ClassVar[frozenset[str]] = frozenset({"command"})
     nodes: int = Field(ge=1, le=MAX_NODES)
     encoder: EncoderAxes = Field(default_factory=EncoderAxes)
     llm: LLMAxes = Field(default_factory=LLMAxes)

@@ -78,3 +78,54 @@ def resumable_iteration(run_dir: str | Path, spec: dict, con=None, run_id: str |
         if logged is not None:
             found = logged if found is None else max(found, logged)
     return found
+
+
+# ------------------------------------------------------------------------------------------- continuation
+
+# The fields a run may lengthen and still continue a completed run (Megatron users raise --train-iters and
+# --load the same directory). Anything else that differs makes a different run.
+LONGER = ("train_iters", "train_samples")
+# Fields that name a run rather than describe its training.
+_IDENTITY = ("run_id", "index")
+
+
+def _comparable(spec: dict) -> dict:
+    d = {k: v for k, v in spec.items() if k not in _IDENTITY}
+    d["trainer"] = {k: v for k, v in (spec.get("trainer") or {}).items() if k not in (*LONGER, "init")}
+    return d
+
+
+def _length(trainer: dict, gbs: int) -> int | None:
+    """The run's length in samples (train_iters x gbs, or train_samples)."""
+    if trainer.get("train_iters") is not None:
+        return int(trainer["train_iters"]) * gbs
+    if trainer.get("train_samples") is not None:
+        return int(trainer["train_samples"])
+    return None
+
+
+def is_longer_version(new: dict, old: dict) -> bool:
+    """Whether run spec `new` (RunSpec.to_dict) differs from the completed run `old` only by a longer
+    train_iters/train_samples (and its run id), and gives no start point of its own."""
+    if new.get("run_id") == old.get("run_id") or (new.get("trainer") or {}).get("init"):
+        return False
+    if _comparable(new) != _comparable(old):
+        return False
+    gbs = int((new.get("layout") or {}).get("gbs") or 1)
+    a, b = _length(new.get("trainer") or {}, gbs), _length(old.get("trainer") or {}, gbs)
+    return a is not None and b is not None and a > b
+
+
+def continuation_source(new: dict, completed: list[tuple[str, dict]]) -> tuple[Path, str] | None:
+    """(latest checkpoint, run id) of the longest completed run (run dir, spec) that `new` is a longer version
+    of (None: none, or none of them saved a complete checkpoint)."""
+    from mimo_jobs.contract.manifest import latest_checkpoint
+
+    best: tuple[int, Path, str] | None = None
+    for run_dir, old in completed:
+        if not is_longer_version(new, old):
+            continue
+        info = latest_checkpoint(checkpoint_dir(run_dir, old))
+        if info is not None and (best is None or info.iteration > best[0]):
+            best = (info.iteration, info.path, str(old.get("run_id")))
+    return None if best is None else (best[1], best[2])

@@ -111,6 +111,7 @@ class Selection:
     submit: list[RunSpec] = field(default_factory=list)
     keep: list[tuple[RunSpec, jobs_table.JobRow]] = field(default_factory=list)  # pending/running/completed
     attempts: dict[str, int] = field(default_factory=dict)  # run id -> attempt number of the new job
+    notes: list[str] = field(default_factory=list)  # what the user should know (continuations)
 
 
 def plan_submit(con, runs: list[RunSpec], force: bool) -> Selection:
@@ -123,9 +124,41 @@ def plan_submit(con, runs: list[RunSpec], force: bool) -> Selection:
         if j is not None and j.state in jobs_table.KEEP_STATES and not force:
             sel.keep.append((r, j))
             continue
+        if j is None:
+            r = _continuation(con, r, sel.notes)
         sel.submit.append(r)
         sel.attempts[r.run_id] = 0 if j is None else j.attempt + 1
     return sel
+
+
+def _continuation(con, r: RunSpec, notes: list[str]) -> RunSpec:
+    """A new run that differs from a completed run of its study only by a longer train_iters/train_samples
+    starts from that run's latest checkpoint (trainer.init.checkpoint), in its own run directory; the
+    completed run's directory is never written."""
+    import dataclasses
+
+    from mimo_jobs.contract import jobstates
+    from mimo_jobs.study.spec import InitSpec
+
+    from .checkpoints import continuation_source
+
+    rows = con.execute("SELECT run_id, run_dir, spec_json FROM runs WHERE study = ?", [r.study]).fetchall()
+    latest = jobs_table.latest_jobs(con, [rid for rid, _, _ in rows])
+    done = [
+        (d, json.loads(s) if isinstance(s, str) else s)
+        for rid, d, s in rows
+        if d and s and rid in latest and latest[rid].state in jobstates.SUCCESS
+    ]
+    found = continuation_source(r.to_dict(), done)
+    if found is None:
+        return r
+    src, old = found
+    notes.append(
+        f"{r.name} ({r.run_id}): continues completed run {old} from {src} (only "
+        "train_iters/train_samples grew: trainer.init.checkpoint set; the completed run is left as it is)"
+    )
+    trainer = r.trainer.model_copy(update={"init": InitSpec(checkpoint=str(src))})
+    return dataclasses.replace(r, trainer=trainer)
 
 
 # ------------------------------------------------------------------------------------------- rendering

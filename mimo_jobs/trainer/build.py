@@ -21,7 +21,9 @@ from mimo_jobs.model.arch import ModelArch
 from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.lr_rules import run_samples
 from mimo_jobs.study.runspec import RunSpec
+from mimo_jobs.study.spec import RecomputeSpec
 from mimo_jobs.study.topology import RankLayout
+from mimo_jobs.trainer.checkpoint import hf_load
 from mimo_jobs.trainer.device import runs_on_cpu
 from mimo_jobs.trainer.model.kernels import installed, kernels_for
 from mimo_jobs.trainer.model.models import Precision
@@ -40,6 +42,9 @@ class Module:
     pgc: Any
     shape: G.ModuleShape
     ddp: Any = None
+    # models.param_shards' arguments for this rank: how its tensors are cut from the full ones (the canonical
+    # init and the checkpoints' resharding read the same)
+    shard_args: dict = field(default_factory=dict)
 
     @property
     def core(self):
@@ -201,18 +206,24 @@ def _wrap(name: str, module, cfg, pgc, shape: G.ModuleShape, frozen: bool, spec)
 
 
 def _build_encoder(preset: ModelArch, t, pgc, shape: G.ModuleShape, prec: Precision) -> Module:
-    vit_cfg, proj_cfg = M.encoder_configs(preset, shape.tp, prec, t.recompute)
+    vit_cfg, proj_cfg = M.encoder_configs(preset, shape.tp, prec, RecomputeSpec.of(t.recompute).encoder)
     enc = M.build_encoder(preset, vit_cfg, proj_cfg, pgc, prec)
-    M.canonical_init_(enc, t.seed, "encoder", pgc.tp.rank(), pgc.tp.size())
+    cut = {"tp_rank": pgc.tp.rank(), "tp_size": pgc.tp.size()}
+    M.canonical_init_(enc, t.seed, "encoder", **cut)
+    hf_load.load_encoder(t.init, preset.encoder, enc, cut)  # trainer.init.encoder, when it names HF weights
     if prec.use_gpu:
         enc.cuda()
-    return _wrap(G.ENCODER, enc, vit_cfg, pgc, shape, t.freeze.encoder, t)
+    mod = _wrap(G.ENCODER, enc, vit_cfg, pgc, shape, t.freeze.encoder, t)
+    mod.shard_args = cut
+    return mod
 
 
 def _build_language(
     preset: ModelArch, t, pgc, shape: G.ModuleShape, prec: Precision, role: G.RankRole
 ) -> Module:
-    cfg = M.llm_config(preset, shape.tp, shape.ep, shape.etp, prec, t.recompute, shape.pp)
+    cfg = M.llm_config(
+        preset, shape.tp, shape.ep, shape.etp, prec, RecomputeSpec.of(t.recompute).llm, shape.pp
+    )
     gpt = M.build_llm(
         preset, cfg, pgc, prec, t.seq_length, role.is_first_stage, role.is_last_stage, pgc.pp.rank()
     )
@@ -221,21 +232,22 @@ def _build_language(
     if role.is_first_stage:  # only the first pipeline stage has the embedding
         gpt.embedding.word_embeddings.reduce_scatter_embeddings = False
     nl = (preset.llm.num_experts // shape.ep) if preset.llm.num_experts else 0
-    M.canonical_init_(
-        gpt,
-        t.seed,
-        "language",
-        pgc.tp.rank(),
-        pgc.tp.size(),
-        pgc.expt_tp.rank(),
-        pgc.expt_tp.size(),
-        pgc.ep.rank(),
-        nl,
-        layer_offset=pgc.pp.rank() * per_stage,
-    )
+    cut = {
+        "tp_rank": pgc.tp.rank(),
+        "tp_size": pgc.tp.size(),
+        "etp_rank": pgc.expt_tp.rank(),
+        "etp_size": pgc.expt_tp.size(),
+        "ep_rank": pgc.ep.rank(),
+        "num_local_experts": nl,
+        "layer_offset": pgc.pp.rank() * per_stage,
+    }
+    M.canonical_init_(gpt, t.seed, "language", **cut)
+    hf_load.load_llm(t.init, preset.llm, gpt, cut)  # trainer.init.llm, when it names HF weights
     if prec.use_gpu:
         gpt.cuda()
-    return _wrap(G.LANGUAGE, gpt, cfg, pgc, shape, t.freeze.llm, t)
+    mod = _wrap(G.LANGUAGE, gpt, cfg, pgc, shape, t.freeze.llm, t)
+    mod.shard_args = cut
+    return mod
 
 
 def _build_optimizer(

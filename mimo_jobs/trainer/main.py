@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import mimo_jobs.study.topology as topology
+from mimo_jobs.contract.manifest import CheckpointError
 from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE
 from mimo_jobs.data.mock import mock_config
 from mimo_jobs.errors import MimoJobsError
@@ -29,7 +30,8 @@ from mimo_jobs.study.runtime_rules import package_installed, runtime_problems
 from mimo_jobs.study.spec import StudyError
 from mimo_jobs.trainer import cuda_shims
 from mimo_jobs.trainer.build import build_state
-from mimo_jobs.trainer.checkpoint.checkpointer import Checkpointer
+from mimo_jobs.trainer.checkpoint.checkpointer import Checkpointer, check_init_source
+from mimo_jobs.trainer.checkpoint.hf_load import HFInitError, check_init
 from mimo_jobs.trainer.device import runs_on_cpu
 from mimo_jobs.trainer.model.models import unsupported
 from mimo_jobs.trainer.observe.iterlog import IterLogger, layout_line
@@ -78,10 +80,18 @@ def preflight(run, doc: dict, reference: bool) -> None:
     why = unsupported(arch_of(t.model), lay)
     if why:
         raise PreflightError(f"run.yaml: {why}")
+    try:  # HF sources of trainer.init: config, files and every tensor's shape, before any collective
+        check_init(t.init, arch_of(t.model), lay.llm_tp)
+    except HFInitError as e:
+        raise PreflightError(e.describe()) from None
     if t.data.provider == "mock":
         mock_config(run, plan)
     if reference:
         return
+    try:  # an unfinished or damaged start checkpoint ends every rank here, before any collective
+        check_init_source(run)
+    except CheckpointError as e:
+        raise PreflightError(f"trainer.init.checkpoint: {e}") from None
     world = _env_int("WORLD_SIZE", 1)
     if world != plan.world:
         raise PreflightError(
@@ -151,6 +161,8 @@ def run_training(
     ckpt.resume(st)
     prof = RankProfile()
     stop = _train_loop(st, n_iters, log, ckpt, prof, lambda: _write_memory_facts(st, doc, reference, prof))
+    if n_iters == 0 and ckpt.enabled and ckpt.last_saved != 0:
+        ckpt.save(st)  # train_iters 0: trainer.init's weights saved as iteration 0 in this run's layout
     _write_memory_facts(st, doc, reference, prof)
     if stop is not None:
         log.end(f"requeue: {stop.reason}", st.iteration, st.consumed_samples)
@@ -163,12 +175,13 @@ def run_training(
 
 
 def _write_memory_facts(st, doc: dict, reference: bool, prof: RankProfile) -> None:
-    """Every rank's measured memory (trainer/memory.py) into <run dir>/memory/ (not for the reference)."""
+    """Every rank's measured memory (trainer/memory.py) and its phase timers (observe/profile.py) into
+    <run dir>/memory/ (not for the reference)."""
     run_dir = (doc.get("paths") or {}).get("run_dir")
     if reference or not run_dir:
         return
     st.meter.peak = prof.saved_peak
-    write_facts(Path(run_dir), rank_facts(st, st.meter, prof.inflight_peak))
+    write_facts(Path(run_dir), {**rank_facts(st, st.meter, prof.inflight_peak), **prof.facts(st)})
 
 
 def _load_run(run_yaml: Path):

@@ -19,6 +19,7 @@ output handed to the LLM directly (no bridge), one backward per microbatch.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -103,16 +104,32 @@ def llm_forward(st: TrainState, batch, img_emb, hidden=None):
     last = role.is_last_stage or st.reference
     # masked positions carry IGNORE_INDEX; loss_mask drops them
     labels = batch.labels.to(dev).clamp(min=0) if last else None
-    out = lm.model(
-        input_ids=None,
-        position_ids=batch.position_ids.to(dev),
-        attention_mask=_causal_mask(batch.tokens.shape[1], dev),
-        decoder_input=dec_in,
-        labels=labels,
-    )
+    mask, positions = _attention(st, batch)
+    with positions:
+        out = lm.model(
+            input_ids=None,
+            position_ids=batch.position_ids.to(dev),
+            attention_mask=mask,
+            decoder_input=dec_in,
+            labels=labels,
+        )
     if not last:
         return out
     return (out.float() * batch.loss_mask.to(dev)).sum()
+
+
+def _attention(st: TrainState, batch):
+    """(attention mask, context for the forward) of a microbatch: causal over the row, or for packed rows
+    (segment_ids) block-diagonal causal with RoPE at each sample's own positions (model/packed.py)."""
+    dev = st.device
+    if batch.segment_ids is None:
+        return _causal_mask(batch.tokens.shape[1], dev), contextlib.nullcontext()
+    from mimo_jobs.trainer.model.packed import packed_mask, packing_problem, rotary_at
+
+    problem = packing_problem(st.prec.kernels)
+    if problem:
+        raise RuntimeError(problem)
+    return packed_mask(batch.segment_ids.to(dev)), rotary_at(st.language.core, batch.position_ids.to(dev))
 
 
 def _decoder_input(st: TrainState, batch, img_emb):
@@ -135,8 +152,11 @@ def _decoder_input(st: TrainState, batch, img_emb):
 
 
 def encoder_forward(st: TrainState, images: list):
-    """Flat embeddings [sum N_i, H] of the images present (None entries are text-only samples)."""
-    ims = [im.to(st.device) for im in images if im is not None]
+    """Flat embeddings [sum N_i, H] of the images present (None entries are text-only samples; a tiled
+    image's tiles are encoder samples of their own, in order: data.images.encoder_inputs)."""
+    from mimo_jobs.data.images import encoder_inputs
+
+    ims = [im.to(st.device) for im in encoder_inputs(images)]
     enc = st.encoder
     if not ims:
         return torch.zeros(0, st.preset.llm.hidden_size, dtype=st.prec.dtype, device=st.device)

@@ -6,6 +6,7 @@ resumes the program from its own --load."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -84,6 +85,13 @@ def test_own_program_beside_the_packaged_trainer_end_to_end(tmp_path):
     rep = cli("report", "byo", "--db", db, "--format", "json", check=True)
     text = rep.stdout
     assert own_name in text and packaged in text
+    doc = json.loads(text)
+    (pair,) = doc["program_pairs"]  # the two programs at one layout, side by side
+    assert (pair["command_run"], pair["packaged_run"]) == (own_name, packaged)
+    own_row = next(r for r in doc["runs"] if r["name"] == own_name)
+    assert pair["time_ratio"] == pytest.approx(own_row["t_median_ms"] / pair["packaged_ms"])
+    assert pair["loss_max_rel_diff"] is not None  # both logged consumed samples
+    assert own_row["program"] == "own command" and own_row["log_tflops_per_gpu"] is not None
 
     # the dry run shows the command each node's torchrun would run
     p = cli("submit", f, "--executor", "local", "--dry-run", "--force", *common, check=True)

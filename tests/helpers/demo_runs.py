@@ -19,3 +19,9 @@ def demo_store(tmp_path_factory) -> tuple[Path, Path]:
         assert p.returncode == 0, p.stdout + p.stderr
         (root / "done").write_text(p.stdout)
     return db, runs
+
+
+def demo_output(tmp_path_factory) -> str:
+    """What the session's `mimo-jobs demo` printed (running it on the first call)."""
+    demo_store(tmp_path_factory)
+    return (tmp_path_factory.getbasetemp() / "demo-once" / "done").read_text()

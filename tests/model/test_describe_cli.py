@@ -165,3 +165,36 @@ def test_a_refused_feature_names_the_config_field(tmp_path):
     (tmp_path / "models" / "llm.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"]}))
     r = runner.invoke(app, ["validate", str(f)], env={"COLUMNS": "300"})
     assert r.exit_code == 2 and "multi-head latent attention" in r.output
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+            ["rope_scaling", "RoPE scaling of type 'yarn'"],
+        ),
+        (
+            {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": True},
+            ["attention_bias"],
+        ),
+        ({"num_experts_per_tok": 1}, ["top-1 softmax routing", "norm_topk_prob false"]),
+    ],
+)
+def test_what_the_trainer_would_refuse_validate_refuses(tmp_path, change, words):
+    """A config the trainer cannot build fails validate with its field and exit 2; the same study passes
+    once the field is set to what the trainer builds."""
+    f = _study(tmp_path, HF_MODEL)
+    llm = tmp_path / "models" / "llm.json"
+    llm.write_text(json.dumps(QWEN3_MOE | change))
+    r = runner.invoke(app, ["validate", str(f)], env={"COLUMNS": "300"})
+    assert r.exit_code == 2, r.output
+    assert all(w in r.output for w in words), r.output
+    fixed = {"rope_scaling": None, "attention_bias": False, "norm_topk_prob": False}
+    llm.write_text(
+        json.dumps(
+            QWEN3_MOE | change | {k: v for k, v in fixed.items() if k in change or k == "norm_topk_prob"}
+        )
+    )
+    r = runner.invoke(app, ["validate", str(f)], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output

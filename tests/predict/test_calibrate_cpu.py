@@ -1,5 +1,6 @@
-"""Calibration against real runs: the packaged CPU study's four layouts, shortened to 10 iterations, run
-by `mimo-jobs demo` (the real trainer on gloo), ingested, then `predict --db` and `report` on that store.
+"""Calibration against real runs: the packaged CPU study's four layouts as the session's `mimo-jobs demo` ran
+them (the real trainer on gloo) and a second study of four other layouts shortened to 10 iterations, each
+ingested, then `predict --db` and `report` on that store.
 The uncalibrated `cpu` figures are far off (a nominal peak, no per-call overheads); what is checked is
 that efficiencies fitted on the other runs predict each held-out run better than the defaults do."""
 
@@ -12,6 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from helpers import REPO
+from helpers.demo_runs import demo_store
 from helpers.submit import cli
 from mimo_jobs.cli.app import app
 from mimo_jobs.report import build
@@ -31,9 +33,9 @@ def _demo(tmp, doc: dict):
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    doc = yaml.safe_load((REPO / "studies/cpu_local.yaml").read_text())
-    doc["name"], doc["trainer"]["train_iters"] = "cal_cpu", 10
-    return _demo(tmp_path_factory.mktemp("calcpu"), doc)
+    """The packaged study as the session's one `mimo-jobs demo` ran it (read only here)."""
+    db, _ = demo_store(tmp_path_factory)
+    return REPO / "studies/cpu_local.yaml", db
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +69,7 @@ def test_predict_db_calibrates_and_holds_out(measured):
     doc = json.loads(r.output)
     con = connect(db, read_only=True)
     try:
-        rep = build(con, "cal_cpu")
+        rep = build(con, "cpu_local")
     finally:
         con.close()
     median_s = {x.run_id: x.t_median_ms / 1000 for x in rep.runs}
@@ -94,7 +96,7 @@ def test_report_compares_with_the_planner(measured):
     _, db = measured
     con = connect(db, read_only=True)
     try:
-        rep = build(con, "cal_cpu")
+        rep = build(con, "cpu_local")
     finally:
         con.close()
     assert len(rep.predicted) == 4 and all(p.gpu == "cpu" and p.measured_s for p in rep.predicted)

@@ -9,19 +9,20 @@ import pytest
 import yaml
 
 from helpers import REPO
+from helpers.demo_runs import demo_output, demo_store
 from helpers.submit import cli, job_rows, query
 
 pytestmark = pytest.mark.slow
 
 
-def test_demo_runs_the_packaged_study_to_a_report(tmp_path):
-    db, runs = tmp_path / "demo.duckdb", tmp_path / "runs"
-    env = {"MIMO_JOBS_LOCAL_SLOTS_DIR": str(tmp_path / "slots")}
+def test_demo_runs_the_packaged_study_to_a_report(tmp_path_factory):
+    # the session's one demo run (shared with the other tests that read real trainer output)
+    db, runs = demo_store(tmp_path_factory)
+    out = demo_output(tmp_path_factory)
+    env = {"MIMO_JOBS_LOCAL_SLOTS_DIR": str(tmp_path_factory.getbasetemp() / "demo-once" / "slots")}
     spec = yaml.safe_load((REPO / "studies/cpu_local.yaml").read_text())
     iters, n = spec["trainer"]["train_iters"], len(spec["matrix"]["points"])
 
-    p = cli("demo", "--db", db, "--runs-dir", runs, env=env, timeout=900)
-    assert p.returncode == 0, p.stdout + p.stderr
     rows = job_rows(db, "cpu_local")
     assert len(rows) == n
     assert all(
@@ -34,10 +35,8 @@ def test_demo_runs_the_packaged_study_to_a_report(tmp_path):
     )
     assert counts == {r["run"]: iters for r in rows}
     for r in rows:
-        assert re.search(rf"{re.escape(r['run'])}\s*│[^\n]*COMPLETED[^\n]*{iters}/{iters}", p.stdout), r[
-            "run"
-        ]
-    assert "E(N)" in p.stdout
+        assert re.search(rf"{re.escape(r['run'])}\s*│[^\n]*COMPLETED[^\n]*{iters}/{iters}", out), r["run"]
+    assert "E(N)" in out
 
     # Running it again submits nothing new: the completed runs are kept.
     p = cli("demo", "--db", db, "--runs-dir", runs, env=env, timeout=300)

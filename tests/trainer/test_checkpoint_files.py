@@ -136,7 +136,7 @@ def test_compatibility_messages():
     (msg,) = MF.check_compatible(info, prov(run_id="r2", run_name="m"))
     assert "belongs to run r1 (s/n)" in msg and "this is run r2 (s/m)" in msg
     (msg,) = MF.check_compatible(info, prov(layout={**LAYOUT, "llm_dp": 4, "enc_dp": 2}))
-    assert "enc_dp=1 vs now 2" in msg and "llm_dp=2 vs now 4" in msg and "resharding is not supported" in msg
+    assert "enc_dp=1 vs now 2" in msg and "llm_dp=2 vs now 4" in msg and "trainer.init.checkpoint" in msg
     assert len(MF.check_compatible(info, prov(run_id="x", layout={**LAYOUT, "llm_tp": 2}))) == 2
 
 

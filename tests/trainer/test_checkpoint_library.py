@@ -72,7 +72,7 @@ def test_refuses_other_run_and_other_layout(worker):
         and "run-b" in res["other_run"]
     )
     assert res["other_layout"] is not None and "llm_tp=1 vs now 2" in res["other_layout"]
-    assert "resharding is not supported" in res["other_layout"]
+    assert "trainer.init.checkpoint" in res["other_layout"]
 
 
 def test_keep_k_and_damaged_file(worker):

@@ -1,4 +1,5 @@
-"""The trainer's use of checkpoints (called from main.py): resume at start, periodic saves, and the
+"""The trainer's use of checkpoints (called from main.py): resume at start (this run's own latest checkpoint,
+else trainer.init.checkpoint, another run's checkpoint of any layout), periodic saves, and the
 stop-save-requeue path on a preemption signal or a near time limit (signals.py decides when)."""
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def modules_of(st) -> list[ModuleParts]:
                 dp_group=mod.pgc.dp,
                 expt_dp_group=getattr(mod.pgc, "expt_dp", None),
                 frozen=mod.frozen,
+                shard_args=mod.shard_args,
             )
         )
     return out
@@ -66,7 +68,26 @@ def provenance_of(run, doc: dict, world: int) -> Provenance:
         # launch.sh exports these for SLURM and local jobs alike
         job_id=os.environ.get("MIMO_JOBS_JOB_ID") or os.environ.get("SLURM_JOB_ID"),
         attempt=int(os.environ.get("MIMO_JOBS_ATTEMPT") or os.environ.get("SLURM_RESTART_COUNT") or 0),
+        started_from=None if init_source(run) is None else str(init_source(run)),
     )
+
+
+def init_source(run) -> Path | None:
+    """trainer.init.checkpoint as a path (relative: to the directory the trainer starts in), or None."""
+    init = run.trainer.init
+    if init is None or init.checkpoint is None:
+        return None
+    return Path(init.checkpoint).expanduser()
+
+
+def check_init_source(run) -> None:
+    """Before any collective: trainer.init.checkpoint names a complete checkpoint whose files are all there
+    (CheckpointError naming the directory or file otherwise)."""
+    from mimo_jobs.contract.manifest import resolve_source
+
+    src = init_source(run)
+    if src is not None:
+        resolve_source(src)
 
 
 def _test_hooks(iteration: int) -> None:
@@ -105,10 +126,13 @@ class Checkpointer:
         return cls(run, doc, checkpoint_dir_of(run, doc, run_yaml), dist.get_world_size(), watch)
 
     def resume(self, st) -> Resumed | None:
-        """Collective: restore `latest`, if there is one, into the TrainState `st`."""
+        """Collective: restore this run's `latest`, if there is one, into the TrainState `st`; else start from
+        trainer.init.checkpoint, if given."""
         if not self.enabled:
             return None
         r = ckpt.load(self.dir, modules=modules_of(st), provider=st.provider, provenance=self.provenance)
+        if r is None and init_source(self.run) is not None:
+            return self._start_from(st, init_source(self.run))
         if r is not None:
             st.iteration, st.consumed_samples = r.iteration, r.consumed_samples
             self.last_saved = r.iteration
@@ -120,6 +144,27 @@ class Checkpointer:
                     f"{r.consumed_samples} samples)",
                     flush=True,
                 )
+        return r
+
+    def _start_from(self, st, source: Path) -> Resumed:
+        """Collective: this run's first start, from another run's checkpoint (any layout)."""
+        weights_only = bool(self.run.trainer.init.weights_only)
+        r = ckpt.load_foreign(
+            source,
+            modules=modules_of(st),
+            provider=st.provider,
+            provenance=self.provenance,
+            gbs=self.run.layout.gbs,
+            weights_only=weights_only,
+        )
+        st.iteration, st.consumed_samples = r.iteration, r.consumed_samples
+        if st.role.rank == 0:
+            what = "weights only: iteration 0, fresh optimizer" if weights_only else "continuing"
+            print(
+                f"mimo-jobs trainer: started from checkpoint {r.path} ({what}; iteration {r.iteration}, "
+                f"{r.consumed_samples} samples)",
+                flush=True,
+            )
         return r
 
     def save(self, st) -> Path:

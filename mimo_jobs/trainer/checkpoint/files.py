@@ -16,7 +16,10 @@ directories are removed by the next save.
 Why not megatron dist_checkpointing: on CPU/gloo it needs one more CUDA shim (torch.cuda.synchronize), spawns
 a multiprocessing manager per save (~20 s for a tiny model), and its common.pt is written by rank 0 only, so
 the LLM ranks' non-tensor state (scheduler, RNG, data state) of a non-colocated layout is silently dropped.
-This format is same-layout only: loading under a different TP/DP/EP layout is refused (no resharding).
+
+Every optimizer part also records how the rank's tensors are cut from the full ones and the optimizer state
+in model space (sharing storage with the optimizer state, so no extra bytes): a launch of the same layout
+reads its own files (`load`), any other layout reassembles what it needs (`load_foreign`, reshard.py).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import mimo_jobs.trainer.checkpoint.reshard as R
 import mimo_jobs.trainer.checkpoint.state as S
 from mimo_jobs.contract.manifest import (
     FORMAT_VERSION,
@@ -50,6 +54,8 @@ from mimo_jobs.contract.manifest import (
     parse_iter_name,
     rank_file,
     read_manifest,
+    resolve_source,
+    same_layout,
 )
 
 # Test hook (fault injection), see _maybe_crash.
@@ -68,6 +74,9 @@ class ModuleParts:
     expt_dp_group: Any = None  # expert params are replicated over this group (MoE)
     scheduler: Any = None  # anything with state_dict/load_state_dict (optional)
     frozen: bool = False
+    # param_shards' arguments for this rank (build.Module.shard_args): how its tensors are cut from the full
+    # ones. None: the checkpoint cannot be resharded (same-layout loads only)
+    shard_args: dict | None = None
 
 
 @dataclass
@@ -250,11 +259,17 @@ def _write_rank_parts(
             if experts and _group_rank(m.expt_dp_group) == 0:
                 rel = f"{m.name}/experts-{rank:05d}.pt"
                 files[rel] = _fsync_write(tmp / rel, experts)
+            space, step = (None, None) if m.optimizer is None else S.optimizer_space(m.model, m.optimizer)
             part = {
                 "module": m.name,
                 "frozen": m.frozen,
                 "optimizer": None if m.optimizer is None else S.optimizer_state(m.optimizer),
                 "scheduler": None if m.scheduler is None else m.scheduler.state_dict(),
+                # for loading under another layout (reshard.py); the tensors are the optimizer's own, so
+                # torch.save stores them once
+                "shards": None if m.shard_args is None else R.shard_table(m.model, m.shard_args),
+                "space": space,
+                "step": step,
             }
             rel = f"{m.name}/optim-{rank:05d}.pt"
             files[rel] = _fsync_write(tmp / rel, part)
@@ -374,14 +389,54 @@ def load(
     return resumed
 
 
-def _agreed_checkpoint(root: Path, path: str | Path | None) -> CheckpointInfo | None:
-    """Collective: the checkpoint to load (`path`, else `latest` in `root`; None if there is none), checked to
-    be the same on every rank (every rank reads the same marker/manifest; agree anyway, so that no rank trains
-    from another state)."""
+def load_foreign(
+    source: str | Path,
+    *,
+    modules: list[ModuleParts],
+    provider: Any,
+    provenance: Provenance,
+    gbs: int,
+    weights_only: bool = False,
+) -> Resumed:
+    """Collective: start this run from `source`, a checkpoint of any run and layout (a checkpoints directory:
+    its latest; or one iter_N). The same layout and world read their own files (RNG included); any other
+    layout is resharded. weights_only: the weights only; iteration 0, fresh optimizer and data position."""
+    info = _agreed_checkpoint(Path(source), None, resolve=True)
+    assert info is not None  # resolve_source raises when there is none
+    rank = dist.get_rank()
+    resumed, err = None, None
+    err_cls: type[CheckpointError] = CheckpointError
+    try:
+        if same_layout(info, provenance) and not weights_only:
+            resumed = _restore_rank(info, rank, modules, provider)
+        else:
+            it, consumed = R.restore_rank(info, modules, provider, gbs, weights_only)
+            resumed = Resumed(path=info.path, iteration=it, consumed_samples=consumed, extra={})
+    except CheckpointError as e:
+        err, err_cls = str(e), type(e)
+    except Exception as e:  # noqa: BLE001
+        err = f"rank {rank}: loading {info.path}: {type(e).__name__}: {e}"
+    errs: list = [None] * dist.get_world_size()
+    dist.all_gather_object(errs, (err, err_cls.__name__))
+    bad = [(e, c) for e, c in errs if e]
+    if bad:
+        # the state of this process is now partly restored: the caller must not train on
+        cls = CheckpointMismatch if bad[0][1] == "CheckpointMismatch" else CheckpointError
+        raise cls(bad[0][0])
+    return resumed
+
+
+def _agreed_checkpoint(root: Path, path: str | Path | None, resolve: bool = False) -> CheckpointInfo | None:
+    """Collective: the checkpoint to load (`path`, else `latest` in `root`; None if there is none; resolve:
+    what resolve_source says `root` names), checked to be the same on every rank (every rank reads the same
+    marker/manifest; agree anyway, so that no rank trains from another state)."""
     err: str | None = None
     info = None
     try:
-        info = read_manifest(Path(path)) if path is not None else latest_checkpoint(root)
+        if resolve:
+            info = resolve_source(root)
+        else:
+            info = read_manifest(Path(path)) if path is not None else latest_checkpoint(root)
     except CheckpointError as e:
         err = str(e)
     seen: list = [None] * dist.get_world_size()

@@ -136,3 +136,74 @@ def _unshare_steps(o) -> None:
     for st in getattr(inner, "state", {}).values():
         if isinstance(st, dict) and "step" in st and hasattr(st["step"], "clone"):
             st["step"] = st["step"].clone()
+
+
+# ---------------------------------------------------------------- optimizer state in model space
+
+# What a parameter's optimizer state is, independent of how the optimizer lays it out: per model parameter
+# (by its name in the module), the flat range [start, end) of the parameter this rank's optimizer holds and,
+# for that range, the optimizer's tensors (Adam: exp_avg, exp_avg_sq) and the fp32 main copy ("param") when
+# it is not the model parameter itself. reshard.py moves this between layouts.
+
+
+def _main_of(o) -> dict:
+    """model parameter -> (start, end, main parameter or None, the torch optimizer state's key) for one leaf
+    optimizer: the distributed optimizer's DP shard, or the whole parameter (Float16 optimizer: its fp32
+    copy; FP32 optimizer: the parameter itself, main None)."""
+    out = {}
+    if _is_distopt(o):
+        for gbuf_range_maps in o.gbuf_ranges:
+            for buckets in gbuf_range_maps.values():
+                for bucket in buckets:
+                    for mp, rmap in bucket["param_map"].items():
+                        gi, go = o.model_param_group_index_map[mp]
+                        main = o.optimizer.param_groups[gi]["params"][go]
+                        out[mp] = (rmap["param"].start, rmap["param"].end, main, main)
+        return out
+    for model_g, main_g in zip(getattr(o, "float16_groups", []), getattr(o, "fp32_from_float16_groups", [])):
+        for mp, main in zip(model_g, main_g):
+            out[mp] = (0, mp.numel(), main, main)
+    for g in getattr(o, "fp32_from_fp32_groups", []):
+        for mp in g:
+            out[mp] = (0, mp.numel(), None, mp)
+    if not hasattr(o, "float16_groups"):  # FP32Optimizer: its param groups hold the model parameters
+        for g in o.optimizer.param_groups:
+            for mp in g["params"]:
+                out[mp] = (0, mp.numel(), None, mp)
+    return out
+
+
+def optimizer_space(model, opt) -> tuple[dict, float | None]:
+    """({param name: {"range": (start, end), "<key>": flat tensor, ...}}, Adam's step count or None), the
+    tensors being the optimizer's own (no copies: saved next to `optimizer_state` they share its storage)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    space, step = {}, None
+    for o in leaf_optimizers(opt):
+        if getattr(o, "optimizer", None) is None or not o.get_parameters():
+            continue
+        for mp, (a, b, main, key) in _main_of(o).items():
+            st = o.optimizer.state.get(key, {})
+            rec: dict = {"range": (a, b)}
+            for k, v in st.items():
+                if k == "step":
+                    step = float(v)
+                elif torch.is_tensor(v) and v.numel() == b - a:
+                    rec[k] = v.view(-1)
+            if main is not None:
+                rec["param"] = main.view(-1)
+            space[names[id(mp)]] = rec
+    return space, step
+
+
+def init_optimizer_space(model, opt, keys: list[str], step: float) -> dict:
+    """Give every parameter of `opt` the state tensors `keys` (zeros) and the step count `step` (what torch's
+    Adam creates on its first step), and return the views `optimizer_space` would (to be filled)."""
+    for o in leaf_optimizers(opt):
+        if getattr(o, "optimizer", None) is None or not o.get_parameters():
+            continue
+        for _mp, (_a, _b, _main, key) in _main_of(o).items():
+            st = o.optimizer.state[key]
+            for k in keys:
+                st[k] = torch.zeros_like(key, memory_format=torch.preserve_format)
+            st["step"] = torch.tensor(float(step), dtype=torch.float32)  # one tensor per parameter
+    return optimizer_space(model, opt)[0]

@@ -95,7 +95,8 @@ def _base_kwargs(
 
 
 def recompute_kwargs(recompute: str) -> dict:
-    """trainer.recompute as megatron-core's TransformerConfig fields: `selective` recomputes the core
+    """One module's trainer.recompute setting (spec.RecomputeSpec.of gives it per module) as megatron-core's
+    TransformerConfig fields, for that module's config only: `selective` recomputes the core
     attention (the activations that grow with the sequence squared), `full` recomputes each transformer
     layer from its input (uniform method, one layer per checkpoint)."""
     if recompute == "selective":
@@ -106,21 +107,13 @@ def recompute_kwargs(recompute: str) -> dict:
 
 
 def unsupported(arch: ModelArch, lay) -> str | None:
-    """Why the trainer cannot build this model at this layout (None: it can): the splits validate refuses
-    (model/splits.py), and top-1 softmax routing renormalised over its one expert, which megatron-core
-    refuses (its gradient is zero). The trainer's own guard for a run.yaml that skipped validate."""
+    """Why the trainer cannot build this model at this layout (None: it can): the rules validate applies
+    (model/splits.py). The trainer's own guard for a run.yaml that skipped validate."""
     enc_tp = lay.llm_tp if lay.colocated else lay.enc_tp  # colocated: the encoder takes the LLM's TP
     found = tp_problems(arch, enc_tp, lay.llm_tp, lay.llm_etp, lay.llm_pp)
     if found:
         _, msg, fit = found[0]
         return f"trainer.model: {msg} ({fit})"
-    p = arch.llm
-    if p.num_experts and p.moe_router_topk == 1 and p.moe_router_score_function == "softmax":
-        if not p.moe_router_pre_softmax:
-            return (
-                "trainer.model.llm.moe_router_pre_softmax: top-1 softmax routing renormalised over one "
-                "expert has a zero gradient; set moe_router_pre_softmax: true"
-            )
     return None
 
 
@@ -265,7 +258,29 @@ def build_llm(
         post_process=last,
         pg_collection=pgc,
     )
+    use_expert_groups_(gpt, cfg)
     return in_params_dtype(gpt, prec)
+
+
+def use_expert_groups_(gpt, cfg) -> None:
+    """Mark every routed-expert parameter allreduce=False, so DDP reduces its gradient over the expert-DP
+    group and the optimizer holds it in its expert part, whenever the expert grid differs from the dense one.
+
+    megatron-core 0.16.1 does so only with EP > 1. With EP = 1 and ETP != TP (the default ETP 1 under TP 2)
+    the experts are replicated over the TP ranks, each of which routes only its own sequence-parallel
+    shard of the tokens: left in the dense buffer, their partial gradients are reduced over DP alone, the
+    TP copies drift apart and the grad norm undercounts. Upstream megatron-core applies this same rule
+    (expert_model_parallel_size > 1 or expert_tensor_parallel_size != tensor_model_parallel_size):
+    https://github.com/NVIDIA/Megatron-LM/pull/5916"""
+    etp, tp = cfg.expert_tensor_parallel_size, cfg.tensor_model_parallel_size
+    if not cfg.num_moe_experts or (cfg.expert_model_parallel_size == 1 and etp == tp):
+        return
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    for m in gpt.modules():
+        if isinstance(m, MoELayer):
+            for p in m.experts.parameters():  # routed experts only: not the router, not a shared expert
+                p.allreduce = False
 
 
 def build_encoder(arch: ModelArch, vit_cfg, proj_cfg, pgc, prec: Precision):

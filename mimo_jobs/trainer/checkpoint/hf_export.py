@@ -1,0 +1,201 @@
+"""A mimo-jobs checkpoint (any layout) -> HuggingFace directories that transformers loads:
+
+    OUT/llm/        config.json + model.safetensors (or model-0000k-of-0000n.safetensors + index)
+    OUT/encoder/    the vision tower as a CLIPVisionModel / SiglipVisionModel directory
+    OUT/projector/  the MLP projector under its megatron-core names (no HF model has it)
+
+The checkpoint is read through its manifest and the per-rank files (the shard table every save records,
+reshard.py assembles full tensors from it, memory-mapped); names, layouts and config.json come from
+model/hf_weights.py. One full parameter is held at a time, and the output is written in shards of at most
+`max_shard_bytes`, so memory stays near one output shard. Everything is written into OUT.tmp-<pid> and
+renamed to OUT at the end: a failure leaves nothing at OUT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from mimo_jobs.contract.manifest import CheckpointError, resolve_source
+from mimo_jobs.model.hf_weights import (
+    HFLayout,
+    encoder_config,
+    encoder_layout,
+    llm_config,
+    llm_family,
+    llm_layout,
+    projector_layout,
+)
+
+DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+MAX_SHARD_BYTES = 5 * 2**30  # HF's own default shard size (5 GB)
+
+
+class ExportError(CheckpointError):
+    """A checkpoint that cannot be written as HuggingFace directories (nothing was written)."""
+
+
+@dataclass
+class Exported:
+    out: Path
+    iteration: int
+    dirs: dict[str, list[str]]  # "llm"/"encoder"/"projector" -> files written
+
+
+def export_hf(
+    checkpoint: str | Path,
+    out: str | Path,
+    dtype: str | None = None,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+) -> Exported:
+    """Write `checkpoint` (a checkpoints directory: its latest; or one iter_N) as HF directories under
+    `out` (which must not exist yet, or be an empty directory)."""
+    from mimo_jobs.model.arch import ArchError
+    from mimo_jobs.model.resolve import arch_of
+    from mimo_jobs.study.runspec import load_run_yaml
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"{out}: already exists and is not empty; choose a new directory")
+    info = resolve_source(checkpoint)
+    run_yaml = info.path / "run.yaml"
+    if not run_yaml.is_file():
+        raise ExportError(f"{run_yaml}: missing (the checkpoint does not say which model it holds)")
+    run, _ = load_run_yaml(run_yaml)
+    arch = arch_of(run.trainer.model)
+    dtype = dtype or ("bfloat16" if run.trainer.precision == "bf16" else "float32")
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    try:
+        llm_cfg = llm_config(arch.llm, dtype)
+        enc_cfg = encoder_config(arch.encoder, dtype)
+    except ArchError as e:
+        raise ExportError(f"{run_yaml}: trainer.model.{e.describe()}") from None
+    tp = int(info.layout.get("llm_tp", 1))
+    sides = {
+        "llm": ("language", llm_layout(arch.llm, llm_family(arch.llm), tp), llm_cfg),
+        "encoder": ("encoder", encoder_layout(arch.encoder), enc_cfg),
+        "projector": ("encoder", projector_layout(arch.encoder, arch.llm.hidden_size), None),
+    }
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    written: dict[str, list[str]] = {}
+    try:
+        for side, (module, layout, cfg) in sides.items():
+            d = tmp / side
+            d.mkdir(parents=True)
+            written[side] = _write_side(info, module, layout, d, dtype, max_shard_bytes)
+            if cfg is not None:
+                (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+                written[side].append("config.json")
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Exported(out, info.iteration, written)
+
+
+def _plan_shards(layout: HFLayout, dtype: str, max_bytes: int) -> list[list[str]]:
+    """HF tensor names grouped into output files of at most max_bytes (one tensor may exceed it alone)."""
+    files: list[list[str]] = [[]]
+    size = 0
+    for name, shape in layout.hf_shapes.items():
+        n = _BYTES[dtype] * _numel(shape)
+        if files[-1] and size + n > max_bytes:
+            files.append([])
+            size = 0
+        files[-1].append(name)
+        size += n
+    return files
+
+
+def _write_side(info, module: str, layout: HFLayout, d: Path, dtype: str, max_bytes: int) -> list[str]:
+    import torch
+    from safetensors.torch import save_file
+
+    from mimo_jobs.trainer.checkpoint.reshard import _Module
+
+    src = _Module(info, module)
+    uses: dict[str, list] = {}  # HF tensor -> (target, piece, first row of the piece in the target)
+    for t in layout.targets.values():
+        at = 0
+        for pc in t.pieces:
+            if pc.hf is not None:
+                uses.setdefault(pc.hf, []).append((t, pc, at))
+            at += pc.rows
+    cache: dict[str, torch.Tensor] = {}
+
+    def full(cname: str, rows_shape) -> torch.Tensor:
+        if cname not in cache:
+            cache.clear()  # q, k and v come from one linear_qkv: keep the last target only
+            cache[cname] = src.full(cname, None).reshape(rows_shape)
+        return cache[cname]
+
+    tdtype = getattr(torch, dtype)
+    groups = _plan_shards(layout, dtype, max_bytes)
+    names = (
+        ["model.safetensors"]
+        if len(groups) == 1
+        else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    )
+    weight_map = {}
+    for fname, group in zip(names, groups):
+        tensors = {}
+        for name in group:
+            shape = layout.hf_shapes[name]
+            x = torch.empty(shape, dtype=tdtype)
+            for t, pc, at in uses[name]:
+                rows = full(t.name, t.rows_shape)[at : at + pc.rows]
+                if pc.whole:
+                    x.copy_(rows.reshape(shape))
+                else:
+                    x[pc.start : pc.start + pc.rows] = rows.reshape(pc.rows, *shape[1:])
+            tensors[name] = x
+            weight_map[name] = fname
+        save_file(tensors, str(d / fname), metadata={"format": "pt"})
+    if len(groups) > 1:
+        total = sum(_BYTES[dtype] * _numel(s) for s in layout.hf_shapes.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (d / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        names.append("model.safetensors.index.json")
+    return names
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mimo_jobs.trainer.checkpoint.hf_export CHECKPOINT OUT`: what `mimo-jobs export` runs (the
+    CLI starts it as its own process: it imports torch). Prints the summary as one JSON line."""
+    import argparse
+    import sys
+
+    from mimo_jobs.errors import MimoJobsError
+
+    ap = argparse.ArgumentParser(prog="python -m mimo_jobs.trainer.checkpoint.hf_export")
+    ap.add_argument("checkpoint", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--dtype", default=None, choices=sorted(DTYPES))
+    ap.add_argument("--max-shard-bytes", type=int, default=MAX_SHARD_BYTES)
+    a = ap.parse_args(argv)
+    try:
+        r = export_hf(a.checkpoint, a.out, a.dtype, a.max_shard_bytes)
+    except MimoJobsError as e:
+        print(f"error: {e.describe()}", file=sys.stderr, flush=True)
+        return e.exit_code
+    print(json.dumps({"out": str(r.out), "iteration": r.iteration, "files": r.dirs}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""Run ids: a hash of what a run is. A field added to the study format later leaves the ids of studies that do
+not use it unchanged (a completed run is never run again after an upgrade), and changes the id once set."""
+
+from __future__ import annotations
+
+from test_study import minimal
+
+from mimo_jobs.study.expand import id_payload, runs_of
+from mimo_jobs.study.load import parse_study
+from mimo_jobs.study.spec import DataSpec, PointSpec, StudySpec, TrainerSpec
+
+
+def _ids(doc: dict) -> list[str]:
+    return [r.run_id for r in runs_of(parse_study(doc))]
+
+
+def test_later_fields_at_their_default_are_not_hashed():
+    t = TrainerSpec(train_iters=3)
+    assert "init" not in id_payload(t) and "command" not in id_payload(t)
+    assert "seed" in id_payload(t)  # an original field is hashed at its default too
+    p = PointSpec(nodes=1, gbs=2)
+    assert "command" not in id_payload(p)
+
+
+def test_setting_a_later_field_changes_the_id():
+    doc = minimal()
+    base = _ids(doc)
+    doc["trainer"]["init"] = {"checkpoint": "runs/x/checkpoints"}
+    assert all(a != b for a, b in zip(base, _ids(doc), strict=True))
+    assert len(set(base)) == len(base)
+
+
+def test_every_later_field_names_a_real_field():
+    for cls in (TrainerSpec, PointSpec, StudySpec, DataSpec):
+        assert cls.ID_LATER <= set(cls.model_fields), cls
