@@ -55,9 +55,16 @@ def synth_cmd(
         "--conversations",
         help="Two-round image conversations (JSON member; train them with a chat-template tokenizer).",
     ),
+    multi_image: int = typer.Option(
+        0, "--multi-image", help="Conversations with several images each (a dataset of its own, DIR/multi)."
+    ),
+    interleaved: int = typer.Option(
+        0, "--interleaved", help="Interleaved image-text samples (a dataset of its own, DIR/interleaved)."
+    ),
 ) -> None:
     """Write DIR/caps (CaptioningSample), DIR/text (TextSample), DIR/vqa (VQASample), DIR/chat
-    (ConversationSample), DIR/blend.yaml (use it as trainer.data.path)."""
+    (ConversationSample), DIR/blend.yaml (use it as trainer.data.path); DIR/multi and DIR/interleaved
+    (several images per sample) are datasets of their own."""
     import contextlib
     import io
     import shutil
@@ -67,6 +74,7 @@ def synth_cmd(
 
     from mimo_jobs.data.errors import DataError
     from mimo_jobs.data.synth import SynthConfig, synth
+    from mimo_jobs.data.synth_multi import write_interleaved, write_multi_image
 
     err = Console(stderr=True, highlight=False)
     try:
@@ -81,11 +89,10 @@ def synth_cmd(
             conversation_samples=conversations,
         )
         cfg.check()
-        clash = [
-            p
-            for p in (dir / "caps", dir / "text", dir / "vqa", dir / "chat", dir / "blend.yaml")
-            if p.exists()
-        ]
+        if multi_image < 0 or interleaved < 0:
+            raise DataError("--multi-image and --interleaved count samples: give 0 or more")
+        parts = ("caps", "text", "vqa", "chat", "multi", "interleaved", "blend.yaml")
+        clash = [dir / p for p in parts if (dir / p).exists()]
         if clash:
             raise DataError(
                 f"{dir}: already holds {', '.join(str(p) for p in clash)}; choose an empty directory"
@@ -110,7 +117,13 @@ def synth_cmd(
             task = prog.add_task("samples", total=cfg.total)
             with contextlib.redirect_stdout(io.StringIO()):  # energon's prepare prints progress lines
                 res = synth(stage, cfg, progress=lambda n=1: prog.advance(task, n))
-        for name in ("caps", "text", "vqa", "chat", "blend.yaml", "synth.json"):
+                if multi_image:
+                    write_multi_image(stage / "multi", multi_image, cfg.image_sizes, seed, samples_per_shard)
+                if interleaved:
+                    write_interleaved(
+                        stage / "interleaved", interleaved, cfg.image_sizes, seed, samples_per_shard
+                    )
+        for name in ("caps", "text", "vqa", "chat", "multi", "interleaved", "blend.yaml", "synth.json"):
             if (stage / name).exists():
                 (stage / name).rename(dir / name)
         stage.rmdir()
@@ -122,6 +135,10 @@ def synth_cmd(
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+    _print_written(dir, cfg, res, multi_image, interleaved)
+
+
+def _print_written(dir: Path, cfg, res, multi_image: int, interleaved: int) -> None:
     sizes_s = ", ".join(f"{h}x{w}" for h, w in cfg.image_sizes)
     typer.echo(
         f"{dir}/caps: {res.n_caps} image-caption samples in {len(res.caps_shards)} shard(s), sizes {sizes_s}"
@@ -134,6 +151,10 @@ def synth_cmd(
             f"{dir}/chat: {cfg.conversation_samples} conversations in {len(res.chat_shards)} shard(s) "
             "(need trainer.data.tokenizer with a chat template)"
         )
+    if multi_image:
+        typer.echo(f"{dir}/multi: {multi_image} conversations with several images (need a chat tokenizer)")
+    if interleaved:
+        typer.echo(f"{dir}/interleaved: {interleaved} interleaved image-text samples")
     weights = ", ".join(f"{w['subflavors']['kind']} {w['weight']:.3g}" for w in res.blend_parts)
     typer.echo(f"{dir}/blend.yaml: weights {weights}")
     typer.echo(f"use it:  trainer.data: {{provider: energon, path: {(dir / 'blend.yaml').resolve()}}}")

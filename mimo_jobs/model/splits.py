@@ -63,3 +63,12 @@ def tp_problems(
             fits = [k for k in range(1, size) if n % k == 0]
             out.append((RULE, f"{axis}={size} does not divide {field}={n}", f"{axis} in {fits} divides it"))
     return out
+
+
+def experts_apart(ep: int, etp: int, tp: int) -> bool:
+    """Whether the routed experts get their own gradient buffer and optimizer part, reduced over the
+    expert-DP group: whenever the expert grid differs from the dense one (EP > 1, or expert TP != TP, where
+    each TP rank routes only its own sequence-parallel share of the tokens through whole experts).
+    megatron-core 0.16.1 does so only with EP > 1; upstream applies this rule
+    (https://github.com/NVIDIA/Megatron-LM/pull/5916), and the trainer does (trainer/model/models.py)."""
+    return ep > 1 or etp != tp

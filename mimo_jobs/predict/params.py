@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mimo_jobs.model.arch import EncoderArch, LLMArch, ModelArch, padded_vocab
+from mimo_jobs.model.splits import experts_apart
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,10 @@ def _llm_attention(p: LLMArch, tp: int) -> list[Tensor]:
 def _moe_block(p: LLMArch, tp: int, ep: int, etp: int) -> list[Tensor]:
     h = p.hidden_size
     out = [Tensor(p.num_experts * h)] + ([Tensor(p.num_experts)] if p.add_bias_linear else [])
-    # with EP=1 megatron-core leaves experts in the dense gradient buffer (their allreduce flag stays True)
+    # experts sit in the dense gradient buffer only while the expert grid equals the dense one
+    apart = experts_apart(ep, etp, tp)
     for _ in range(p.num_experts // ep):
-        out += _mlp(h, p.expert_ffn, etp, p.add_bias_linear, p.gated_linear_unit, ep > 1)
+        out += _mlp(h, p.expert_ffn, etp, p.add_bias_linear, p.gated_linear_unit, apart)
     if p.moe_shared_expert_intermediate_size:
         out += [Tensor(h)] if p.moe_shared_expert_gate else []
         out += _mlp(h, p.moe_shared_expert_intermediate_size, tp, False, p.gated_linear_unit)

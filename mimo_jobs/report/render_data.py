@@ -88,9 +88,10 @@ PRED_COLS = [
     "predicted_holdout_s",
     "predicted_holdout_error",
 ]
-# the verdict of a study, node count and GBS holding both kinds (compare.group_verdicts): the fastest
-# heterogeneous run against the fastest colocated one, on every run of the group
-GROUP_COLS = ["group_fastest_heterogeneous", "group_fastest_colocated", "group_verdict"]
+# in a study, node count and GBS holding both kinds (compare.group_verdicts): whether the run is the fastest
+# of its kind there, and the group's verdict (its fastest heterogeneous run against its fastest colocated
+# one, naming both), on every run of the group
+GROUP_COLS = ["fastest_of_its_kind", "group_verdict"]
 # the run's layout aggregated over its repeats (repeats.py), empty for a run not repeated
 REPEAT_COLS = [
     "repeat_group",
@@ -223,7 +224,7 @@ def render_csv(report: Report) -> str:
                 + [r.phase_share.get(p, "") for p in phases]
                 + _pair_cells(pairs.get((r.study, r.name)))
                 + _pred_cells(preds.get(r.run_id))
-                + _blank(groups.get((r.study, r.nodes, r.gbs), [None] * len(GROUP_COLS)))
+                + _group_cells(r, groups.get((r.study, r.nodes, r.gbs)))
                 + _repeat_cells(rep)
                 + _blank([getattr(b, f) if b is not None else None for f in BOUND_COLS.values()])
                 + _blank([getattr(by[k], f) if k in by else None for k in labels for f in MODULE_FIGURES])
@@ -236,13 +237,19 @@ def _blank(vals: list) -> list:
     return ["" if v is None else v for v in vals]
 
 
-def _group_verdicts(report: Report) -> dict[tuple, list]:
-    """(study, nodes, GBS) -> [fastest heterogeneous run, fastest colocated run, their verdict]."""
+def _group_verdicts(report: Report) -> dict[tuple, tuple[str, str, str]]:
+    """(study, nodes, GBS) -> (fastest heterogeneous run, fastest colocated run, their verdict)."""
     return {
-        (p.study, p.nodes, p.gbs): [p.hetero_run, p.colocated_run, p.verdict]
+        (p.study, p.nodes, p.gbs): (p.hetero_run, p.colocated_run, p.verdict)
         for p in report.pairs
         if p.best_hetero and p.best_colocated
     }
+
+
+def _group_cells(r: RunRow, group: tuple[str, str, str] | None) -> list:
+    if group is None:
+        return [""] * len(GROUP_COLS)
+    return [r.name == group[1 if r.colocated else 0], group[2]]
 
 
 def _repeat_cells(x) -> list:

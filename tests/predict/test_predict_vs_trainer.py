@@ -152,3 +152,20 @@ def test_open_model_features_per_rank(tmp_path, model, nproc, enc, llm):
     )
     ratios = _check_ranks(ry, nproc)
     assert ratios and 0.85 <= sum(ratios.values()) / len(ratios) <= 1.15, ratios
+
+
+@pytest.mark.slow
+def test_moe_tp2_ep1_experts_in_their_own_part(tmp_path):
+    """LLM TP2 with EP1 (expert TP 1): the experts' gradients are reduced over the expert-DP group (the two
+    TP ranks), so they get their own buffer and distributed-optimizer part, sharded over 2 where the dense
+    part is not sharded at all (DP 1): the predictor's buffers and optimizer bytes must follow."""
+    ry = make_run_yaml(
+        tmp_path / "r3",
+        gpn=2,
+        gbs=4,
+        model="tiny-moe",
+        llm={"tp": 2, "ep": 1, "dp": 1},
+        trainer={"use_distributed_optimizer": True},
+        colocated=True,
+    )
+    _check_ranks(ry, 2)

@@ -108,5 +108,6 @@ def test_cpu_priced_times_carry_their_caveat(store_):
     con, _ = store_
     rep = build(con, "scal", gpu="h100")
     assert sections.CPU_TIME_NOTE not in sections.predicted(rep).lines
-    rep.predicted[0] = replace(rep.predicted[0], gpu="cpu", calibrated=False)  # as for an uncalibrated CPU run
+    # as for an uncalibrated CPU run
+    rep.predicted[0] = replace(rep.predicted[0], gpu="cpu", calibrated=False)
     assert sections.predicted(rep).lines[-1] == sections.CPU_TIME_NOTE

@@ -119,9 +119,9 @@ def _write_side(info, module: str, layout: HFLayout, d: Path, dtype: str, max_by
     import torch
     from safetensors.torch import save_file
 
-    from mimo_jobs.trainer.checkpoint.reshard import _Module
+    from mimo_jobs.trainer.checkpoint.reshard import SavedModule
 
-    src = _Module(info, module)
+    src = SavedModule(info, module)
     uses: dict[str, list] = {}  # HF tensor -> (target, piece, first row of the piece in the target)
     for t in layout.targets.values():
         at = 0

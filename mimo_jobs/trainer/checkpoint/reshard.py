@@ -106,7 +106,7 @@ class _Piece:
     cut: Cut
 
 
-class _Module:
+class SavedModule:
     """What the source checkpoint holds of one module: per canonical name, the pieces of every source
     rank."""
 
@@ -247,7 +247,7 @@ def restore_module(info: CheckpointInfo, m, weights_only: bool) -> None:
     where = f"{info.path}/{m.name}"
     if m.shard_args is None:
         raise CheckpointError(f"{where}: this module does not say how its tensors are cut (shard_args)")
-    src = _Module(info, m.name)
+    src = SavedModule(info, m.name)
     mine = list(param_shards(m.model, **m.shard_args))
     by_name = {n: (p, sh) for n, p, sh in mine}
     cuts: dict[str, Cut] = {}

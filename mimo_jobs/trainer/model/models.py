@@ -35,7 +35,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mimo_jobs.model.arch import ModelArch, padded_vocab
-from mimo_jobs.model.splits import tp_problems
+from mimo_jobs.model.splits import experts_apart, tp_problems
 from mimo_jobs.trainer.model.kernels import CPU_KERNELS, TE, Kernels, bias_activation_fusion
 
 INIT_STD = 0.02
@@ -273,7 +273,7 @@ def use_expert_groups_(gpt, cfg) -> None:
     (expert_model_parallel_size > 1 or expert_tensor_parallel_size != tensor_model_parallel_size):
     https://github.com/NVIDIA/Megatron-LM/pull/5916"""
     etp, tp = cfg.expert_tensor_parallel_size, cfg.tensor_model_parallel_size
-    if not cfg.num_moe_experts or (cfg.expert_model_parallel_size == 1 and etp == tp):
+    if not cfg.num_moe_experts or not experts_apart(cfg.expert_model_parallel_size, etp, tp):
         return
     from megatron.core.transformer.moe.moe_layer import MoELayer
 
