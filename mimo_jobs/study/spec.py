@@ -352,6 +352,17 @@ class MegatronCheckpoint(_Strict):
     megatron: str = Field(min_length=1, max_length=4096)
 
 
+def _beside_study(path: str, info: ValidationInfo) -> str:
+    """An absolute path: a relative one is taken from the study file's directory (when validating one)."""
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    base_dir = (info.context or {}).get("base_dir")
+    if not p.is_absolute() and base_dir is not None:
+        p = Path(base_dir) / p
+    return str(p.resolve())
+
+
 class InitSpec(_Strict):
     """Where the run's weights start (docs/weights.md). Unset: every parameter from (seed, name, shape)."""
 
@@ -366,18 +377,20 @@ class InitSpec(_Strict):
 
     @field_validator("llm", "encoder")
     @classmethod
-    def _hf_dir(cls, v, info: ValidationInfo):
-        # a HuggingFace directory relative to the study file, like a model's hf_config: run.yaml records it
-        # absolute, so the trainer finds it from any working directory
-        if not isinstance(v, str):
-            return v
+    def _source_dir(cls, v, info: ValidationInfo):
+        # weights relative to the study file, like a model's hf_config: run.yaml records them absolute, so
+        # the trainer finds them from any working directory
+        if isinstance(v, MegatronCheckpoint):
+            return MegatronCheckpoint(megatron=_beside_study(v.megatron, info))
+        return v if v is None else _beside_study(v, info)
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint_dir(cls, v: str | None) -> str | None:
+        # run directories are relative to where mimo-jobs runs (--runs-dir), not to the study file
         from pathlib import Path
 
-        p = Path(v).expanduser()
-        base_dir = (info.context or {}).get("base_dir")
-        if not p.is_absolute() and base_dir is not None:
-            p = Path(base_dir) / p
-        return str(p.resolve())
+        return v if v is None else str(Path(v).expanduser().resolve())
 
     @model_validator(mode="after")
     def _one_source(self) -> InitSpec:

@@ -23,7 +23,7 @@ from mimo_jobs.study.lr_rules import run_samples
 from mimo_jobs.study.runspec import RunSpec
 from mimo_jobs.study.spec import RecomputeSpec
 from mimo_jobs.study.topology import RankLayout
-from mimo_jobs.trainer.checkpoint import hf_load
+from mimo_jobs.trainer.checkpoint import hf_load, megatron_load
 from mimo_jobs.trainer.device import runs_on_cpu
 from mimo_jobs.trainer.model.kernels import installed, kernels_for
 from mimo_jobs.trainer.model.models import Precision
@@ -243,6 +243,7 @@ def _build_language(
     }
     M.canonical_init_(gpt, t.seed, "language", **cut)
     hf_load.load_llm(t.init, preset.llm, gpt, cut)  # trainer.init.llm, when it names HF weights
+    megatron_load.load_llm(t.init, gpt, pgc)  # trainer.init.llm: {megatron: DIR}
     if prec.use_gpu:
         gpt.cuda()
     mod = _wrap(G.LANGUAGE, gpt, cfg, pgc, shape, t.freeze.llm, t)

@@ -32,6 +32,7 @@ from mimo_jobs.trainer import cuda_shims
 from mimo_jobs.trainer.build import build_state
 from mimo_jobs.trainer.checkpoint.checkpointer import Checkpointer, check_init_source
 from mimo_jobs.trainer.checkpoint.hf_load import HFInitError, check_init
+from mimo_jobs.trainer.checkpoint.megatron_load import MegatronInitError
 from mimo_jobs.trainer.device import runs_on_cpu
 from mimo_jobs.trainer.model.models import unsupported
 from mimo_jobs.trainer.observe.iterlog import IterLogger, layout_line
@@ -82,7 +83,7 @@ def preflight(run, doc: dict, reference: bool) -> None:
         raise PreflightError(f"run.yaml: {why}")
     try:  # HF sources of trainer.init: config, files and every tensor's shape, before any collective
         check_init(t.init, arch_of(t.model), lay.llm_tp)
-    except HFInitError as e:
+    except (HFInitError, MegatronInitError) as e:
         raise PreflightError(e.describe()) from None
     if t.data.provider == "mock":
         mock_config(run, plan)
@@ -306,6 +307,13 @@ def main(argv: list[str] | None = None) -> int:
         # identical on every rank (it depends only on run.yaml and the environment): say it once per node
         if local_rank == 0:
             print(f"mimo-jobs trainer: error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_BAD_INPUT)
+    except MegatronInitError as e:
+        # a Megatron checkpoint of another architecture, found once the LLM is built: every LLM rank
+        # raises the same line (megatron_load gathers the whole LLM's keys), before training
+        if e.report:
+            print(f"mimo-jobs trainer: error: {e.describe()}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_BAD_INPUT)
     except Exception as e:  # noqa: BLE001 - any failure ends this rank at once, naming it

@@ -196,12 +196,10 @@ def check_init(init, arch, llm_tp: int) -> Checked:
         return out
     if isinstance(init.llm, str):
         out.llm = check_llm(init.llm, arch.llm, llm_tp)
-    elif init.llm is not None:
-        raise HFInitError(
-            "loading a Megatron-LM (torch_dist) checkpoint is not built yet; convert it to HuggingFace "
-            "safetensors and name that directory",
-            "trainer.init.llm.megatron",
-        )
+    elif init.llm is not None:  # {megatron: DIR}: its directory, backend and tensor index
+        from mimo_jobs.trainer.checkpoint.megatron_load import check_source
+
+        check_source(init.llm.megatron)
     if init.encoder is not None:
         out.encoder = check_encoder(init.encoder, arch.encoder)
     return out

@@ -1,0 +1,208 @@
+"""trainer.init.llm: {megatron: DIR}: the trainer's LLM loaded from a torch_dist checkpoint that megatron-core
+wrote for a GPT model built outside the trainer (megatron_worker.py, Megatron-LM's directory layout) computes
+the logits of the model that saved it (fp32, relative difference <= 1e-5), with the layers stacked (Megatron-
+LM's older default) or one key per layer, in one process and across TP layouts (torchrun). A checkpoint of
+another shape or a directory that is not one is one line naming the file, the key and both shapes; the
+trainer exits 2 before training."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mimo_jobs.trainer.checkpoint.megatron_load import (
+    MegatronInitError,
+    Source,
+    check_source,
+    first_problem,
+    iteration_dir,
+)
+
+HERE = Path(__file__).parent
+WORKER = HERE / "megatron_worker.py"
+TOL = 1e-5
+ITER = "iter_0000010"
+
+
+def _env() -> dict:
+    env = dict(os.environ, TORCHDYNAMO_DISABLE="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def _results(p: subprocess.CompletedProcess) -> list[dict]:
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    return [json.loads(ln[len("RESULT ") :]) for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+
+
+def _worker(specs: list[dict], tmp_path: Path, nproc: int = 1) -> list[dict]:
+    f = tmp_path / "specs.json"
+    f.write_text(json.dumps(specs))
+    cmd = [sys.executable, str(WORKER), str(f)]
+    if nproc > 1:
+        from helpers.trainer import free_port
+
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(WORKER), str(f)]
+    return _results(subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env()))
+
+
+def _equal(r: dict) -> None:
+    assert "error" not in r, r
+    assert r["rel"] <= TOL and r["std"] > 0.1, r  # the saved model's logits are far from zero
+
+
+def test_logits_equal_the_saving_models_and_another_shape_is_named(tmp_path):
+    stacked, per_layer = str(tmp_path / "stacked"), str(tmp_path / "per_layer")
+    wider = {"preset": "tiny-swiglu", "ffn_hidden_size": 96}
+    deeper = {"preset": "tiny-swiglu", "num_layers": 3}
+    shallower = {"preset": "tiny-swiglu", "num_layers": 1}
+    specs = [
+        {"dir": stacked},  # the parent with latest_checkpointed_iteration.txt
+        {"dir": per_layer, "per_layer": True},
+        {"dir": stacked, "load_dir": f"{stacked}/{ITER}", "phases": ["load"]},  # the iter_N directory
+        {"dir": stacked, "llm": wider, "phases": ["load"]},
+        {"dir": per_layer, "llm": deeper, "phases": ["load"]},
+        {"dir": per_layer, "llm": shallower, "phases": ["load"]},
+    ]
+    r = _worker(specs, tmp_path)
+    assert len(r) == 6, r
+    for ok in r[:3]:
+        _equal(ok)
+    for bad in r[3:]:
+        assert "\n" not in bad["error"] and bad["error"].startswith("trainer.init.llm.megatron: "), bad
+    assert (
+        f"{stacked}/{ITER}: tensor decoder.layers.mlp.linear_fc1.weight has shape [2, 128, 32], "
+        in (r[3]["error"])
+    )
+    assert "this model needs [2, 192, 32]" in r[3]["error"]
+    assert f"{per_layer}/{ITER}: no tensor decoder.layers.2." in r[4]["error"], r[4]
+    assert "tensor decoder.layers.1." in r[5]["error"] and "is not part of this model" in r[5]["error"]
+
+
+@pytest.mark.slow
+def test_tp_layouts_load_each_others_checkpoints(tmp_path):
+    # saved at TP2 and loaded at TP2 and TP1 (two DP replicas); saved at TP1 (DP2) and loaded at TP2
+    a, b = str(tmp_path / "tp2"), str(tmp_path / "tp1")
+    specs = [
+        {"dir": a, "tp": 2},
+        {"dir": a, "tp": 1, "phases": ["load"]},
+        {"dir": b, "tp": 1, "phases": ["save"]},
+        {"dir": b, "tp": 2, "phases": ["load"]},
+    ]
+    r = _worker(specs, tmp_path, nproc=2)
+    assert len(r) == 6, r  # both ranks hold the gathered logits of the three loads
+    for ok in r:
+        _equal(ok)
+
+
+# ------------------------------------------------------------------------------- files, no model
+
+
+def test_the_iteration_directory_comes_from_megatron_lms_tracker_file(tmp_path):
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("10\n")
+    assert iteration_dir(tmp_path) == tmp_path / ITER
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("release")
+    assert iteration_dir(tmp_path) == tmp_path / "release"
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("ten")
+    with pytest.raises(MegatronInitError, match="'ten' is not an iteration number"):
+        iteration_dir(tmp_path)
+
+
+def _err(path) -> str:
+    with pytest.raises(MegatronInitError) as e:
+        check_source(path)
+    msg = e.value.describe()
+    assert "\n" not in msg and msg.startswith("trainer.init.llm.megatron: ")
+    return msg
+
+
+def test_directories_that_are_not_torch_dist_checkpoints(tmp_path):
+    assert f"{tmp_path / 'nope'}: no such directory" in _err(tmp_path / "nope")
+    (tmp_path / "config.json").write_text("{}")  # a HuggingFace directory, say
+    assert "not a Megatron distributed checkpoint (no metadata.json" in _err(tmp_path)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("10")
+    assert f"{tmp_path / ITER}: no such directory" in _err(tmp_path)
+    it = tmp_path / ITER
+    it.mkdir()
+    (it / "metadata.json").write_text(json.dumps({"sharded_backend": "zarr"}))
+    assert "sharded_backend is 'zarr'; only 'torch_dist'" in _err(tmp_path)
+    (it / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
+    assert f"{it}: no .metadata" in _err(tmp_path)
+    (it / ".metadata").write_bytes(b"not a pickle")
+    assert f"{it / '.metadata'}: unreadable" in _err(tmp_path)
+
+
+def test_the_first_mismatch_names_the_key_and_both_shapes():
+    src = Source(
+        Path("/c/iter_0000010"),
+        {
+            "embedding.word_embeddings.weight": (256, 32),
+            "decoder.final_layernorm.weight": (32,),
+            "optimizer.state.exp_avg.decoder.final_layernorm.weight": (32,),
+        },
+    )
+    want = {
+        "embedding.word_embeddings.weight": ((128, 32), True),
+        "decoder.final_layernorm.weight": ((32,), False),
+    }
+    assert first_problem(src, want) is None  # padded vocabulary rows may differ; optimizer keys are ignored
+    want["embedding.word_embeddings.weight"] = ((128, 64), True)
+    assert first_problem(src, want) == (
+        "/c/iter_0000010: tensor embedding.word_embeddings.weight has shape [256, 32], this model needs [128, 64]"
+    )
+    want = {"decoder.final_layernorm.weight": ((32,), False), "output_layer.weight": ((128, 32), True)}
+    assert (
+        first_problem(src, want)
+        == "/c/iter_0000010: no tensor output_layer.weight (this model needs shape [128, 32])"
+    )
+    want = {"decoder.final_layernorm.weight": ((32,), False)}
+    assert (
+        "tensor embedding.word_embeddings.weight (shape [256, 32]) is not part of this model"
+        in first_problem(src, want)
+    )
+
+
+def test_the_trainer_refuses_a_directory_that_is_not_a_checkpoint_with_exit_2(tmp_path):
+    from helpers.trainer import make_run_yaml, run_reference
+
+    run_yaml = make_run_yaml(
+        tmp_path / "run",
+        gpn=2,
+        gbs=2,
+        model="tiny-swiglu",
+        trainer={"init": {"llm": {"megatron": str(tmp_path)}}},
+    )
+    p = run_reference(run_yaml, tmp_path / "m.jsonl")
+    assert p.returncode == 2, p.stderr[-3000:]
+    lines = [ln for ln in p.stderr.splitlines() if "error" in ln]
+    assert lines == [
+        f"mimo-jobs trainer: error: trainer.init.llm.megatron: {tmp_path}: not a Megatron distributed "
+        "checkpoint (no metadata.json, and no latest_checkpointed_iteration.txt naming an iter_N directory)"
+    ], p.stderr[-3000:]
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_the_trainer_refuses_a_checkpoint_of_another_shape_with_exit_2_before_training(tmp_path):
+    from helpers.trainer import make_run_yaml, run_reference
+
+    ckpt = tmp_path / "ckpt"
+    _worker([{"dir": str(ckpt), "phases": ["save"]}], tmp_path)
+    model = {"encoder": "tiny", "llm": {"preset": "tiny-swiglu", "ffn_hidden_size": 96}}
+    run_yaml = make_run_yaml(
+        tmp_path / "run", gpn=2, gbs=2, trainer={"model": model, "init": {"llm": {"megatron": str(ckpt)}}}
+    )
+    p = run_reference(run_yaml, tmp_path / "m.jsonl")
+    assert p.returncode == 2, p.stderr[-3000:]
+    lines = [ln for ln in p.stderr.splitlines() if "error" in ln]
+    assert lines == [
+        f"mimo-jobs trainer: error: trainer.init.llm.megatron: {ckpt / ITER}: tensor "
+        "decoder.layers.mlp.linear_fc1.weight has shape [2, 128, 32], this model needs [2, 192, 32]"
+    ], p.stderr[-3000:]
+    assert not (tmp_path / "m.jsonl").exists()
