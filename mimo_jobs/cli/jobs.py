@@ -393,6 +393,8 @@ def status(
     finished runs)."""
     from mimo_jobs.store.connection import db_path
     from mimo_jobs.submit import status as run_status
+    from mimo_jobs.submit.lineage import study_links
+    from mimo_jobs.textsafe import visible
 
     _check_interval(interval)
     name = _study_name(study)
@@ -407,6 +409,8 @@ def status(
     statuses = run_status.run_statuses(con, name)
     out = console()
     out.print(status_table(statuses, title))
+    for link in study_links(con, name):  # runs that started from another run's checkpoint
+        out.print(visible(f"lineage: {link.line()}"), markup=False, soft_wrap=True)
     for cmd in run_status.tensorboard_commands(statuses):
         out.print(f"live curves: {cmd}", markup=False, soft_wrap=True)
 

@@ -37,7 +37,8 @@ def ingest_cmd(
         "--model",
         help="model of logs without a run.yaml, as trainer.model takes it (for MFU and predictions): a preset "
         "name, a file holding a model description, or a mapping, e.g. '{encoder: siglip-so400m-14-384, llm: "
-        "{hf_config: qwen3/config.json}}'",
+        "{hf_config: qwen3/config.json}}'; without an encoder (or a config.json alone) a text-only model, "
+        "priced without images",
     ),
 ) -> None:
     """Ingest logs and metrics into the store (idempotent: unchanged files are skipped, appends resume)."""

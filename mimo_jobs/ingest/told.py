@@ -91,44 +91,48 @@ def resolve_model(text: str) -> str | dict:
 
     from mimo_jobs.study.spec import TrainerSpec
 
-    value, base_dir, hf_file = _model_value(text)
+    value, base_dir = _model_value(text)
     try:
         t = TrainerSpec.model_validate({"model": value, "train_iters": 1}, context={"base_dir": base_dir})
     except ValidationError as e:
         msg = e.errors()[0]["msg"].removeprefix("Value error, ")
-        if hf_file is not None and msg.startswith("encoder: missing"):
-            msg = (
-                f"{hf_file} describes the LLM only, and a model names its encoder too: "
-                f"--model '{{encoder: NAME, llm: {{hf_config: {hf_file}}}}}' (NAME: a packaged encoder, or "
-                "{hf_config: PATH} of a CLIP/SigLIP config)"
-            )
         raise IngestError(f"--model {text!r}: {msg}") from None
     return t.model
 
 
-def _model_value(text: str) -> tuple[Any, Path | None, Path | None]:
-    """(trainer.model's value, the directory its hf_config paths start from, the HuggingFace config file when
-    the text names one). A path is read (a directory: its config.json); other text is YAML (JSON is YAML):
-    a mapping is a description, a word a preset's name."""
+def _is(p: Path, test) -> bool:
+    """A path test that is False for text no file system takes as a path (an inline description longer than
+    a file name may be)."""
+    try:
+        return test(p)
+    except OSError:
+        return False
+
+
+def _model_value(text: str) -> tuple[Any, Path | None]:
+    """(trainer.model's value, the directory its hf_config paths start from). A path is read (a directory:
+    its config.json; a HuggingFace config alone is a text-only model's LLM); other text is YAML (JSON is
+    YAML): a mapping is a description, a word a preset's name."""
     import yaml
 
     p = Path(text).expanduser()
-    if p.is_dir():
+    if _is(p, Path.is_dir):
         if not (p / "config.json").is_file():
             raise IngestError(f"--model {text!r}: a directory holding a config.json, and this one has none")
         p = p / "config.json"
-    if p.is_file():
+    if _is(p, Path.is_file):
         try:
             doc = yaml.safe_load(p.read_text())
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
             raise IngestError(f"--model {text!r}: {p} is not a readable JSON or YAML file: {e}") from None
         if isinstance(doc, dict) and ("architectures" in doc or "model_type" in doc):
-            return {"llm": {"hf_config": str(p.resolve())}}, None, p  # HuggingFace: an LLM's config
+            return {"llm": {"hf_config": str(p.resolve())}}, None  # HuggingFace: a text-only model
         if not isinstance(doc, dict):
             raise IngestError(
-                f"--model {text!r}: {p} holds no model description (a mapping with encoder, llm)"
+                f"--model {text!r}: {p} holds no model description (a mapping with llm, and encoder "
+                "unless the model is text-only)"
             )
-        return doc, p.parent, None
+        return doc, p.parent
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -136,5 +140,5 @@ def _model_value(text: str) -> tuple[Any, Path | None, Path | None]:
             f"--model {text!r}: neither a preset's name, a file nor a YAML/JSON mapping: {e}"
         ) from None
     if isinstance(doc, dict):
-        return doc, Path.cwd(), None
-    return text, None, None
+        return doc, Path.cwd()
+    return text, None

@@ -1,7 +1,8 @@
 """The model description: pure data (no torch), one shape for every consumer (validate, predict, plan,
 report's MFU, data and the trainer).
 
-A model is an image encoder (ViT + MLP projector) feeding a GPT language model (dense or MoE). Field names
+A model is an image encoder (ViT + MLP projector) feeding a GPT language model (dense or MoE), or a GPT
+alone (text-only: for other programs' runs, which are priced without images). Field names
 follow megatron-core's TransformerConfig where it has one; defaults reproduce the trainer's original
 (GELU, LayerNorm, linear biases on dense LLMs only) so the packaged presets keep their meaning.
 """
@@ -255,23 +256,32 @@ class LLMArch:
 @dataclass(frozen=True)
 class ModelArch:
     name: str
-    encoder: EncoderArch
+    # None: a text-only model (a GPT alone), described for another program's runs (trainer.command, logs
+    # ingested with --model) so they are priced without images; the packaged trainer refuses it
+    # (model/splits.py)
+    encoder: EncoderArch | None
     llm: LLMArch
     description: str = ""
+
+    @property
+    def text_only(self) -> bool:
+        """No image encoder: no encoder FLOPs, parameters or ranks, and no image tokens in a sample."""
+        return self.encoder is None
 
     def to_dict(self) -> dict:
         return {
             "name": self.name,
-            "encoder": self.encoder.to_dict(),
+            "encoder": None if self.encoder is None else self.encoder.to_dict(),
             "llm": self.llm.to_dict(),
             "description": self.description,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelArch:
+        enc = d.get("encoder")
         return cls(
             name=d.get("name", ""),
-            encoder=EncoderArch.from_dict(d["encoder"]),
+            encoder=None if enc is None else EncoderArch.from_dict(enc),
             llm=LLMArch.from_dict(d["llm"]),
             description=d.get("description", ""),
         )

@@ -1,7 +1,9 @@
 """trainer.model -> ModelArch, the one resolver every consumer calls.
 
-trainer.model is a full preset's name (str), or {name?, description?, encoder: SIDE, llm: SIDE} where SIDE is
-a packaged module's name, inline fields, {preset: NAME, ...overrides} or {hf_config: PATH, ...overrides}.
+trainer.model is a full preset's name (str), or {name?, description?, encoder?: SIDE, llm: SIDE} where SIDE
+is a packaged module's name, inline fields, {preset: NAME, ...overrides} or {hf_config: PATH, ...overrides}.
+Without an encoder the model is text-only (a GPT alone): another program's runs are priced as it, without
+images; the packaged trainer refuses it (model/splits.py holds that rule).
 `resolved_field` turns a description into the self-contained form expansion records in run.yaml (inline
 fields only, no paths); a preset name stays a name.
 """
@@ -30,27 +32,29 @@ def arch_of(model, base_dir: str | Path | None = None) -> ModelArch:
     unknown = sorted(set(model) - set(_MODEL_KEYS))
     if unknown:
         raise ArchError(unknown[0], f"unknown key; a model has {', '.join(_MODEL_KEYS)}")
-    for side in ("encoder", "llm"):
-        if model.get(side) is None:
-            raise ArchError(side, "missing (a model names its encoder and its LLM)")
-    enc = _side(model["encoder"], "encoder", EncoderArch, encoder_preset, hf.encoder_fields, base_dir)
+    if model.get("llm") is None:
+        raise ArchError(
+            "llm", "missing (a model names its LLM, and its image encoder unless it is text-only)"
+        )
+    enc = None
+    if model.get("encoder") is not None:
+        enc = _side(model["encoder"], "encoder", EncoderArch, encoder_preset, hf.encoder_fields, base_dir)
     llm = _side(model["llm"], "llm", LLMArch, llm_preset, hf.llm_fields, base_dir)
-    name = model.get("name") or "+".join(n for n in (enc.name, llm.name) if n)
+    name = model.get("name") or "+".join(n for n in (enc and enc.name, llm.name) if n)
     return ModelArch(name=name, encoder=enc, llm=llm, description=model.get("description", ""))
 
 
 def resolved_field(model, base_dir: str | Path | None = None):
-    """What run.yaml records for trainer.model: a preset name as is, anything else fully inline."""
+    """What run.yaml records for trainer.model: a preset name as is, anything else fully inline (a text-only
+    model without an encoder key, so every description with one keeps its run ids)."""
     if isinstance(model, str):
         get_preset(model)  # an unknown name fails here, not in the trainer
         return model
     a = arch_of(model, base_dir)
-    return {
-        "name": a.name,
-        "description": a.description,
-        "encoder": a.encoder.to_dict(),
-        "llm": a.llm.to_dict(),
-    }
+    out = {"name": a.name, "description": a.description}
+    if a.encoder is not None:
+        out["encoder"] = a.encoder.to_dict()
+    return out | {"llm": a.llm.to_dict()}
 
 
 def _side(value, where: str, cls, preset, from_hf, base_dir):

@@ -14,6 +14,7 @@ dense and MoE layers as moe_layer_pattern says, plus the logits 2 h V per token 
 the output layer computes). The encoder, per image: its ViT layers over the image's patches plus its class
 token (bidirectional: the core is not halved), the patch embedding 2 C p^2 h_e per patch, and the projector
 2 (s^2 h_e h_l + h_l^2) per token it hands the LLM (s x s patches per token after the pixel shuffle).
+A text-only model (no encoder) has the LLM's FLOPs alone.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def flops_per_sample(
     """One sample: `seq_length` LLM tokens, `image_tokens` encoder tokens in images of `tokens_per_image`
     tokens each (default: one image holding them all)."""
     per_image = image_tokens if tokens_per_image is None else tokens_per_image
-    enc = image_tokens * encoder_flops_per_token(preset.encoder, preset.llm.hidden_size, per_image)
+    enc = 0.0
+    if preset.encoder is not None:
+        enc = image_tokens * encoder_flops_per_token(preset.encoder, preset.llm.hidden_size, per_image)
     llm = seq_length * llm_flops_per_token(preset.llm, seq_length, causal_halved)
     return SampleFlops(enc, llm)

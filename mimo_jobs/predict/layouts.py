@@ -156,6 +156,8 @@ def price_layouts(
     fastest fitting layouts are tried again with every microbatch size that tiles the batch."""
     fit, over = [], []
     for lay in candidate_layouts(shape.layout, nodes):
+        if shape.preset.text_only and not lay.colocated:
+            continue  # a GPT alone: every GPU is the LLM's, no encoder ranks to split off
         c = Candidate(lay, price_with_savers(shape, lay, gpu, eff, headroom))
         (fit if free_bytes(c.prediction) >= headroom else over).append(c)
     fit = ranked(fit)

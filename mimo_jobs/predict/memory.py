@@ -232,9 +232,12 @@ def llm_memory(rs: RunShape, gpu: GPU, stage: int) -> ModuleMemory:
 
 def memory_plan(rs: RunShape, gpu: GPU) -> MemoryPlan:
     lay = rs.layout
-    enc = encoder_memory(rs, gpu)
     stages = [llm_memory(rs, gpu, s) for s in range(lay.llm_pp)]
     fw = gpu.framework_bytes
+    if rs.preset.encoder is None:
+        # a text-only model: the LLM's ranks only (a layout's encoder ranks hold nothing it describes)
+        return MemoryPlan(tuple(RankClass(s.ranks, (s,), fw) for s in stages), gpu.memory_bytes)
+    enc = encoder_memory(rs, gpu)
     if lay.colocated:
         classes = tuple(RankClass(s.ranks, (enc, s), fw) for s in stages)
     else:

@@ -130,7 +130,9 @@ def projector_tensors(preset: ModelArch, tp: int) -> list[Tensor]:
 
 
 def encoder_tensors(preset: ModelArch, tp: int) -> list[Tensor]:
-    """ViT + projector on one encoder TP rank."""
+    """ViT + projector on one encoder TP rank (none for a text-only model)."""
+    if preset.encoder is None:
+        return []
     return vit_tensors(preset.encoder, tp) + projector_tensors(preset, tp)
 
 
@@ -144,8 +146,8 @@ def vit_params(e: EncoderArch) -> int:
 
 
 def encoder_params(preset: ModelArch) -> int:
-    """What the encoder module trains: the vision tower and the projector."""
-    return vit_params(preset.encoder) + sum(t.numel for t in projector_tensors(preset, 1))
+    """What the encoder module trains: the vision tower and the projector (0 for a text-only model)."""
+    return sum(t.numel for t in encoder_tensors(preset, 1))
 
 
 def llm_params(p: LLMArch) -> int:
@@ -174,20 +176,23 @@ def _billions(n: int) -> str:
 
 def model_summary(preset: ModelArch) -> list[str]:
     """One line per module naming it with its parameters, e.g. "llm qwen3-30b-a3b: 30.5B total, 3.3B
-    active" (totals unpadded; the encoder's include its projector)."""
+    active" (totals unpadded; the encoder's include its projector; a text-only model says it has none)."""
     e, p = preset.encoder, preset.llm
     llm = f"llm {p.name or preset.name}: {_billions(llm_params(p))} total"
     if p.num_experts:
         llm += f", {_billions(llm_active_params(p))} active"
+    if e is None:
+        return ["encoder: none (text-only)", llm]
     return [f"encoder {e.name or preset.name}: {_billions(encoder_params(preset))}", llm]
 
 
 def model_json(preset: ModelArch) -> dict:
-    """`predict --json`'s model section: each module's name and unpadded parameter totals."""
+    """`predict --json`'s model section: each module's name and unpadded parameter totals (encoder null
+    for a text-only model)."""
     e, p = preset.encoder, preset.llm
     return {
         "name": preset.name,
-        "encoder": {"name": e.name or preset.name, "params": encoder_params(preset)},
+        "encoder": None if e is None else {"name": e.name or preset.name, "params": encoder_params(preset)},
         "llm": {
             "name": p.name or preset.name,
             "params": llm_params(p),

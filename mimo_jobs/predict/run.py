@@ -10,7 +10,7 @@ from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.spec import RecomputeSpec
 from mimo_jobs.study.topology import Layout, rank_layout
 
-from .datastats import data_mix
+from .datastats import DataMix, data_mix
 from .flops import SampleFlops, flops_per_sample
 
 
@@ -44,17 +44,26 @@ class RunShape:
     encoder_samples_per_microbatch: int = 0  # samples one encoder replica embeds per LLM microbatch
 
 
-def image_mix(data, enc: EncoderArch) -> tuple[float, float, int]:
+TEXT_ONLY = "no images (a text-only model)"
+
+
+def model_mix(data, enc: EncoderArch | None) -> DataMix:
+    """datastats.data_mix's rule for a model's encoder; a text-only model (no encoder) sees no images,
+    whatever its data says."""
+    return DataMix(0.0, 0.0, 0, TEXT_ONLY) if enc is None else data_mix(data, enc)
+
+
+def image_mix(data, enc: EncoderArch | None) -> tuple[float, float, int]:
     """(mean image tokens per sample, E[n^2]/E[n] per encoder sample, most tokens per sample) of a study's
-    data, in the tokens the LLM receives: datastats.data_mix's rule (mock mix, dataset statistics, or one
-    full-size image per sample)."""
-    m = data_mix(data, enc)
+    data, in the tokens the LLM receives: model_mix's rule (mock mix, dataset statistics, one full-size
+    image per sample, or none for a text-only model)."""
+    m = model_mix(data, enc)
     return m.image_tokens_mean, m.tokens_per_image, m.image_tokens_max
 
 
 def sample_flops(preset: ModelArch, seq_length: int, data) -> SampleFlops:
-    """Training FLOPs of one sample of a study's data (None: data unknown, one full-size image a sample):
-    the one way image tokens reach the FLOPs formula."""
+    """Training FLOPs of one sample of a study's data (None: data unknown, one full-size image a sample;
+    none for a text-only model): the one way image tokens reach the FLOPs formula."""
     mean, per_image, _ = image_mix(data, preset.encoder)
     return flops_per_sample(preset, seq_length, mean, per_image)
 
@@ -62,7 +71,7 @@ def sample_flops(preset: ModelArch, seq_length: int, data) -> SampleFlops:
 def shape_of(layout: Layout, trainer) -> RunShape:
     """A RunShape from a layout and a spec.TrainerSpec."""
     preset = arch_of(trainer.model)
-    mix = data_mix(trainer.data, preset.encoder)
+    mix = model_mix(trainer.data, preset.encoder)
     shape = RunShape(
         layout=layout,
         preset=preset,

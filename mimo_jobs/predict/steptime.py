@@ -83,6 +83,8 @@ def _recompute_factor(recompute: str) -> float:
 
 def _encoder_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
     lay, e = rs.layout, rs.preset.encoder
+    if e is None:  # a text-only model: no encoder work
+        return {"compute": 0.0, "tp": 0.0, "bridge": 0.0, "latency": 0.0}
     samples = rs.encoder_samples_per_microbatch
     rc = _recompute_factor(rs.recompute.encoder)
     compute = samples * fl.encoder * rc / (lay.enc_tp * gpu.peak_flops * eff.encoder)

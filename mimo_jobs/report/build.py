@@ -244,7 +244,8 @@ def _tokens(row: RunRow, sums: tuple) -> None:
 def _mfu(r: dict, row: RunRow, samples_per_s: float, named: str | None) -> tuple[float | None, str]:
     """MFU and a note on it: only for GPU runs whose GPU (named, or the study's cluster.hardware, with its
     figures: predict/hardware.py) and model preset are known. The FLOPs are those of what was carried where
-    the trainer counted it (measured image and carried tokens per sample), else of the study's data mix."""
+    the trainer counted it (measured image and carried tokens per sample), else of the study's data mix (a
+    text-only model: its LLM's FLOPs at seq_length, no images)."""
     from mimo_jobs.predict.flops import flops_per_sample
     from mimo_jobs.predict.hardware import measured_gpu
     from mimo_jobs.predict.run import image_mix, sample_flops
@@ -267,8 +268,10 @@ def _mfu(r: dict, row: RunRow, samples_per_s: float, named: str | None) -> tuple
         llm_tokens = max(1, round(row.carried_tokens_per_sample))
         fps = flops_per_sample(preset, llm_tokens, row.image_tokens_per_sample, per_image).total
         return figures.mfu(fps, samples_per_s, gpus, g.peak_flops), "FLOPs of the carried tokens (measured)"
-    how = "mock data mix" if getattr(data, "provider", None) == "mock" else "one full-size image per sample"
     fps = sample_flops(preset, r["seq_length"], data).total
+    if preset.text_only:
+        return figures.mfu(fps, samples_per_s, gpus, g.peak_flops), "text-only model: the LLM's FLOPs alone"
+    how = "mock data mix" if getattr(data, "provider", None) == "mock" else "one full-size image per sample"
     return figures.mfu(fps, samples_per_s, gpus, g.peak_flops), f"image tokens/sample from {how}"
 
 

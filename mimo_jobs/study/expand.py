@@ -190,9 +190,10 @@ def expand_matrix(
         else:
             viol = topology.check(lay) + (_lr_violations(study, p.gbs) if study is not None else [])
             if arch is not None:
-                viol += [
-                    topology.Violation(*v) for v in tp_problems(arch, enc[0], p.llm.tp, p.llm.etp, p.llm.pp)
-                ]
+                # the packaged trainer's own needs (an encoder) only where it is known to run it
+                packaged = study is not None and not (p.command or study.trainer.command)
+                found = tp_problems(arch, enc[0], p.llm.tp, p.llm.etp, p.llm.pp, packaged)
+                viol += [topology.Violation(*v) for v in found]
         p = p.model_copy(update={"llm": p.llm.model_copy(update={"dp": dp})})
         if index + p.repeats > MAX_RUNS:
             problems.append((label, f"with its repeats the study exceeds {MAX_RUNS:,} runs"))

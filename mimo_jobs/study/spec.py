@@ -478,7 +478,13 @@ class TrainerSpec(_Strict):
             from mimo_jobs.model.resolve import arch_of
             from mimo_jobs.model.tiling import ImageGeometry
 
-            geom = ImageGeometry.of(arch_of(model).encoder, v.max_tiles, v.thumbnail)
+            enc = arch_of(model).encoder
+            if enc is None:
+                raise ValueError(
+                    "stats: dataset statistics count image tokens, and trainer.model is text-only (no "
+                    "encoder); remove trainer.data.stats"
+                )
+            geom = ImageGeometry.of(enc, v.max_tiles, v.thumbnail)
             problem = read_stats(v.stats).geometry_problem(geom)
             if problem:
                 raise ValueError(f"stats: {problem}")

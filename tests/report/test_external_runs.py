@@ -42,7 +42,7 @@ LOG = TESTS / "ingest" / "fixtures" / "megatron_upstream.log"
 WINDOW_MS = [5372.3, 5361.6, 5358.9, 5366.0]
 WINDOW_TFLOPS = [243.1, 243.6, 243.3]
 WINDOW_AUX = [1.013519, 1.013377, 1.012991, 1.012755]
-GBS, SEQ, GPUS = 128, 4096, 16
+GBS, SEQ, GPUS = 128, 2048, 16  # the run's 2048 tokens: tests/report/test_text_only_log.py
 
 
 def _mfu_by_hand(arch) -> float:
@@ -101,7 +101,8 @@ def test_model_takes_what_trainer_model_takes(tmp_path):
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}')
     for text, why in (
-        (str(tmp_path / "hf"), "describes the LLM only, and a model names its encoder too"),
+        # a config.json alone is a text-only model's LLM: read as one, its missing fields named
+        (str(tmp_path / "hf"), "config.json: num_attention_heads: missing from the HuggingFace config"),
         ("nope", "unknown model preset 'nope'"),
         ("{encoder: tiny}", "llm: missing"),
         (str(tmp_path), "a directory holding a config.json"),

@@ -14,6 +14,7 @@ from mimo_jobs.study.expand import runs_of
 from mimo_jobs.study.load import parse_study
 from mimo_jobs.submit import jobs_table, service
 from mimo_jobs.submit.checkpoints import is_longer_version
+from mimo_jobs.submit.lineage import RunRow, links, study_links
 
 
 def study(iters: int, lr: float = 2e-3):
@@ -63,6 +64,60 @@ def test_longer_run_continues_the_completed_one(tmp_path):
     (shorter,) = runs_of(study(1))
     sel = service.plan_submit(con, [other, shorter], force=False)
     assert [r.trainer.init for r in sel.submit] == [None, None] and sel.notes == []
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def test_both_runs_show_the_lineage(tmp_path):
+    from helpers.submit import cli
+
+    db = tmp_path / "store.duckdb"
+    con = connect(db)
+    ck = completed_run(con, tmp_path, iters=2, saved=[1, 2])
+    (old,) = runs_of(study(2))
+    before = _tree(ck.parent)
+    (run,) = service.plan_submit(con, runs_of(study(4)), force=False).submit
+    rd = RunDir.of(tmp_path / "runs", run.study, run.name, run.run_id)  # what submit_runs records
+    catalog.record_run(con, catalog.RunRecord(**run.catalog_fields()), str(rd.root), "0", {})
+
+    (link,) = study_links(con, "grow")
+    assert (link.source, link.target) == (old.run_id, run.run_id) and not link.weights_only
+    assert link.checkpoint == str(ck / "iter_0000002")
+    assert link.line() == (
+        f"{old.name} ({old.run_id}) continued by {run.name} ({run.run_id}) from iter_0000002"
+    )
+    assert _tree(ck.parent) == before  # the completed run's directory: not a byte written
+    con.close()
+
+    out = cli("status", "grow", "--db", db, check=True).stdout
+    assert f"lineage: {link.line()}" in out
+
+
+def test_links_need_the_checkpoint_inside_a_runs_directory(tmp_path):
+    spec = {"trainer": {}}
+    src = RunRow("a", "A", str(tmp_path / "a"), spec)
+    custom = RunRow(
+        "c", "C", str(tmp_path / "c"), {"trainer": {"checkpoint_dir": str(tmp_path / "elsewhere")}}
+    )
+
+    def starting_from(path: Path, weights_only=False) -> RunRow:
+        return RunRow(
+            "b",
+            "B",
+            str(tmp_path / "b"),
+            {"trainer": {"init": {"checkpoint": str(path), "weights_only": weights_only}}},
+        )
+
+    assert [(x.source, x.target) for x in links([src, starting_from(tmp_path / "a" / "checkpoints")])] == [
+        ("a", "b")
+    ]
+    (w,) = links([src, custom, starting_from(tmp_path / "elsewhere" / "iter_0000004", True)])
+    assert w.source == "c" and w.weights_only and "its weights taken by B (b) from iter_0000004" in w.line()
+    # a path beside the run's checkpoints, or in no run's directory: no source
+    assert links([src, starting_from(tmp_path / "a" / "checkpoints2")]) == []
+    assert links([src, starting_from(tmp_path / "x" / "checkpoints")]) == []
 
 
 def test_is_longer_version_compares_everything_but_the_length():

@@ -7,6 +7,8 @@ One source run (heterogeneous, MoE with EP=2, encoder DP=2, distributed optimize
 the number of processes stays small:
   colocated DP=2 EP=1, non-distributed optimizer      (EP2->EP1, heterogeneous->colocated)
   heterogeneous LLM PP=2 EP=1, encoder TP=2 DP=1      (PP1->PP2, TP1->TP2, encoder DP2->DP1, split changed)
+  colocated LLM TP=2 EP=1 (experts whole on each TP rank, reduced over the expert-DP group)  (LLM TP1->TP2)
+A dense LLM with a gated MLP has its own one-process source and moves to TP=2 (2 processes).
 """
 
 from __future__ import annotations
@@ -97,6 +99,47 @@ def test_pp2_encoder_tp2_dp1_continues_the_source(source, tmp_path):
     )
     run_ok(with_init(y, H.ckpt_dir(source) / "iter_0000002"))
     assert_continues(y, source)
+
+
+@pytest.mark.slow
+def test_llm_tp2_continues_the_source(source, tmp_path):
+    # LLM TP=2 with EP=1 and expert TP 1: the dense tensors (QKV, projections, embeddings, output layer)
+    # split over TP, the experts whole on both TP ranks and reduced over the expert-DP group, so the expert
+    # optimizer's DP shards move from the source's EP ranks onto the TP ranks (colocated: 2 processes)
+    y = H.make_run(
+        tmp_path,
+        name="tp",
+        llm_tp=2,
+        llm_dp=1,
+        enc_dp=0,
+        model="tiny-moe",
+        gbs=4,
+        iters=4,
+        distopt=True,
+        colocated=True,
+    )
+    run_ok(with_init(y, H.ckpt_dir(source) / "iter_0000002"))
+    assert_continues(y, source)
+
+
+@pytest.mark.slow
+def test_dense_gated_llm_tp1_to_tp2(tmp_path):
+    # a dense LLM with a gated MLP (its [gate; up] halves cut in strided blocks), GQA and QK-norm: its own
+    # one-process source, then colocated TP=2 from the source's iteration-2 checkpoint
+    common = dict(
+        enc_dp=0,
+        llm_dp=1,
+        model="tiny-swiglu",
+        gbs=2,
+        iters=4,
+        colocated=True,
+        data={"provider": "mock", "image_sizes": [8, 16]},
+    )
+    src = H.make_run(tmp_path / "s", name="dsrc", keep=5, **common)
+    run_ok(src)
+    y = H.make_run(tmp_path / "t", name="dtp", llm_tp=2, **common)
+    run_ok(with_init(y, H.ckpt_dir(src) / "iter_0000002"))
+    assert_continues(y, src)
 
 
 @pytest.mark.slow
