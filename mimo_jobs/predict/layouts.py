@@ -185,10 +185,13 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'s' if n != 1 else ''}"
 
 
-def split_label(lay: Layout) -> str:
-    """Where the GPUs go: "encoder 2 nodes (16 GPUs) | LLM 31 nodes", in GPUs when not whole nodes."""
+def split_label(lay: Layout, text_only: bool = False) -> str:
+    """Where the GPUs go: "encoder 2 nodes (16 GPUs) | LLM 31 nodes", in GPUs when not whole nodes; a
+    text-only model (no encoder, only colocated layouts) runs its LLM on every GPU."""
     gpn = lay.gpus_per_node
     if lay.colocated:
+        if text_only:
+            return f"LLM on all {_count(lay.nodes, 'node')} (text-only)"
         return f"colocated: encoder and LLM on all {_count(lay.nodes, 'node')}"
     enc = lay.enc_tp * lay.enc_pp * lay.enc_dp
     llm = lay.world - enc

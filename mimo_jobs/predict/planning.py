@@ -144,7 +144,7 @@ def candidate_json(shape: RunShape, c: Candidate, best: Candidate | None) -> dic
         "point": point_dict(c.layout),
         "trainer": trainer_changes(shape, p),
         "recompute": recompute_dict(p),
-        "split": split_label(c.layout),
+        "split": split_label(c.layout, shape.preset.text_only),
         "colocated": c.layout.colocated,
         "iteration_s": t,
         "relative_to_best": t / best.prediction.time.iteration_s - 1 if best else None,
@@ -192,7 +192,7 @@ def plan_json(r: PlanResult) -> dict:
             {
                 "nodes": p.nodes,
                 "gbs": p.gbs,
-                "best_split": split_label(p.best.layout) if p.best else None,
+                "best_split": split_label(p.best.layout, r.shape.preset.text_only) if p.best else None,
                 "best_s": _t(p) if p.best else None,
                 "best_heterogeneous_s": p.best_heterogeneous.prediction.time.iteration_s
                 if p.best_heterogeneous
@@ -220,10 +220,16 @@ def plan_text(r: PlanResult, study: str) -> list[str]:
     summary table and what each flag means."""
     cal = "calibrated" if r.calibrated else "uncalibrated"
     rc = r.shape.recompute
+    text_only = r.shape.preset.text_only
+    # a text-only model has no encoder: its recompute and in-flight settings do not apply
+    settings = (
+        f"recompute LLM {rc.llm}"
+        if text_only
+        else f"recompute encoder {rc.encoder}, LLM {rc.llm}; encoder_inflight {r.shape.encoder_inflight}"
+    )
     lines = [
         f"# {study} on {r.gpu.name} ({cal} efficiencies), headroom {r.headroom_bytes / GIB:.1f} GiB",
-        f"# the study's trainer: recompute encoder {rc.encoder}, LLM {rc.llm}; encoder_inflight "
-        f"{r.shape.encoder_inflight} (a point's comment names any setting it needs instead)",
+        f"# the study's trainer: {settings} (a point's comment names any setting it needs instead)",
     ]
     for p in r.plans:
         lines.append(
@@ -236,8 +242,9 @@ def plan_text(r: PlanResult, study: str) -> list[str]:
             pr = c.prediction
             rel = pr.time.iteration_s / _t(p) - 1
             extra = "".join(f", {w}" for w in trainer_words(r.shape, pr))
+            where = split_label(c.layout, text_only)
             lines.append(
-                f"  {yaml_point(c.layout)}  # {split_label(c.layout)}; {pr.time.iteration_s:.4g} s/iter "
+                f"  {yaml_point(c.layout)}  # {where}; {pr.time.iteration_s:.4g} s/iter "
                 f"({'best' if c is p.best else f'{rel:+.1%}'}), {pr.time.bottleneck}-bound, "
                 f"{pr.memory.verdict()}{extra}"
             )
@@ -249,7 +256,10 @@ def plan_text(r: PlanResult, study: str) -> list[str]:
         return f"{c.prediction.time.iteration_s:{width}.4g}" if c else f"{'-':>{width}}"
 
     for p in r.plans:
-        split = split_label(p.best_heterogeneous.layout) if p.best_heterogeneous else "no split fits"
+        if p.best_heterogeneous:
+            split = split_label(p.best_heterogeneous.layout)
+        else:  # a text-only model has no encoder to split off: its best is the LLM alone on every GPU
+            split = "no split (text-only)" if text_only else "no split fits"
         lines.append(
             f"#         {p.nodes:5d} {p.gbs:5d}  {secs(p.best, 11)}  {secs(p.best_heterogeneous, 12)}  "
             f"{secs(p.best_colocated, 16)}  {split}"

@@ -243,7 +243,7 @@ def _build_language(
     }
     M.canonical_init_(gpt, t.seed, "language", **cut)
     hf_load.load_llm(t.init, preset.llm, gpt, cut)  # trainer.init.llm, when it names HF weights
-    megatron_load.load_llm(t.init, gpt, pgc)  # trainer.init.llm: {megatron: DIR}
+    megatron_load.load_llm(t.init, gpt, pgc, preset.llm.vocab_size)  # trainer.init.llm: {megatron: DIR}
     if prec.use_gpu:
         gpt.cuda()
     mod = _wrap(G.LANGUAGE, gpt, cfg, pgc, shape, t.freeze.llm, t)

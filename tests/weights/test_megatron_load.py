@@ -1,9 +1,9 @@
 """trainer.init.llm: {megatron: DIR}: the trainer's LLM loaded from a torch_dist checkpoint that megatron-core
-wrote for a GPT model built outside the trainer (megatron_worker.py, Megatron-LM's directory layout) computes
-the logits of the model that saved it (fp32, relative difference <= 1e-5), with the layers stacked (Megatron-
-LM's older default) or one key per layer, in one process and across TP layouts (torchrun). A checkpoint of
-another shape or a directory that is not one is one line naming the file, the key and both shapes; the
-trainer exits 2 before training."""
+wrote for a GPT model built outside the trainer (megatron_worker.py, Megatron-LM's directory layout and its
+vocabulary padding) computes the logits of the model that saved it (fp32, relative difference <= 1e-5), with
+the layers stacked (Megatron-LM's older default) or one key per layer, dense and MoE, in one process and
+across TP, EP and PP layouts (torchrun). A checkpoint of another shape or a directory that is not one is one
+line naming the file, the key and both shapes; the trainer exits 2 before training."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ ITER = "iter_0000010"
 def _env() -> dict:
     env = dict(os.environ, TORCHDYNAMO_DISABLE="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     env.pop("WORLD_SIZE", None)
+    # the worker (a script in this folder) imports this checkout's mimo_jobs, whichever one is installed
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[1]), env.get("PYTHONPATH")]))
     return env
 
 
@@ -59,30 +61,44 @@ def _equal(r: dict) -> None:
 
 def test_logits_equal_the_saving_models_and_another_shape_is_named(tmp_path):
     stacked, per_layer = str(tmp_path / "stacked"), str(tmp_path / "per_layer")
+    moe = str(tmp_path / "moe")
     wider = {"preset": "tiny-swiglu", "ffn_hidden_size": 96}
     deeper = {"preset": "tiny-swiglu", "num_layers": 3}
     shallower = {"preset": "tiny-swiglu", "num_layers": 1}
+    more_tokens = {"preset": "tiny-swiglu", "vocab_size": 200}  # 256 rows in the trainer, 128 saved
+    more_experts = {"preset": "tiny-moe", "num_experts": 8}
     specs = [
         {"dir": stacked},  # the parent with latest_checkpointed_iteration.txt
         {"dir": per_layer, "per_layer": True},
         {"dir": stacked, "load_dir": f"{stacked}/{ITER}", "phases": ["load"]},  # the iter_N directory
+        {"dir": moe, "model": "tiny-moe"},  # the routed experts' keys, stacked
         {"dir": stacked, "llm": wider, "phases": ["load"]},
         {"dir": per_layer, "llm": deeper, "phases": ["load"]},
         {"dir": per_layer, "llm": shallower, "phases": ["load"]},
+        {"dir": stacked, "llm": more_tokens, "phases": ["load"]},
+        {"dir": moe, "llm": more_experts, "phases": ["load"]},
     ]
     r = _worker(specs, tmp_path)
-    assert len(r) == 6, r
-    for ok in r[:3]:
+    assert len(r) == 9, r
+    for ok in r[:4]:
         _equal(ok)
-    for bad in r[3:]:
+    for bad in r[4:]:
         assert "\n" not in bad["error"] and bad["error"].startswith("trainer.init.llm.megatron: "), bad
     assert (
         f"{stacked}/{ITER}: tensor decoder.layers.mlp.linear_fc1.weight has shape [2, 128, 32], "
-        in (r[3]["error"])
+        in (r[4]["error"])
     )
-    assert "this model needs [2, 192, 32]" in r[3]["error"]
-    assert f"{per_layer}/{ITER}: no tensor decoder.layers.2." in r[4]["error"], r[4]
-    assert "tensor decoder.layers.1." in r[5]["error"] and "is not part of this model" in r[5]["error"]
+    assert "this model needs [2, 192, 32]" in r[4]["error"]
+    assert f"{per_layer}/{ITER}: no tensor decoder.layers.2." in r[5]["error"], r[5]
+    assert "tensor decoder.layers.1." in r[6]["error"] and "is not part of this model" in r[6]["error"]
+    assert r[7]["error"].endswith(
+        f"{stacked}/{ITER}: tensor embedding.word_embeddings.weight has shape [128, 32]: 128 rows, fewer "
+        "than this model's vocabulary of 200 tokens (this model needs [256, 32])"
+    ), r[7]
+    assert r[8]["error"].endswith(
+        f"{moe}/{ITER}: tensor decoder.layers.mlp.experts.experts.linear_fc1.weight has shape "
+        "[2, 4, 64, 32], this model needs [2, 8, 64, 32]"
+    ), r[8]
 
 
 @pytest.mark.slow
@@ -99,6 +115,49 @@ def test_tp_layouts_load_each_others_checkpoints(tmp_path):
     assert len(r) == 6, r  # both ranks hold the gathered logits of the three loads
     for ok in r:
         _equal(ok)
+    # Megatron-LM padded the 128 tokens to 128 x TP rows at TP2; the trainer's tables hold 128 at both
+    assert check_source(a).shapes["embedding.word_embeddings.weight"] == (256, 32)
+    assert check_source(a).shapes["output_layer.weight"] == (256, 32)
+    assert check_source(b).shapes["output_layer.weight"] == (128, 32)
+
+
+@pytest.mark.slow
+def test_ep_layouts_load_each_others_moe_checkpoints(tmp_path):
+    # tiny-moe's 4 experts saved at EP2 (two per rank) and loaded at EP2 and EP1 (all four on each DP
+    # replica); saved at EP1 (DP2) and loaded at EP2
+    a, b = str(tmp_path / "ep2"), str(tmp_path / "ep1")
+    specs = [
+        {"dir": a, "model": "tiny-moe", "ep": 2},
+        {"dir": a, "model": "tiny-moe", "ep": 1, "phases": ["load"]},
+        {"dir": b, "model": "tiny-moe", "ep": 1, "phases": ["save"]},
+        {"dir": b, "model": "tiny-moe", "ep": 2, "phases": ["load"]},
+    ]
+    r = _worker(specs, tmp_path, nproc=2)
+    assert len(r) == 6, r  # every rank holds the logits of its own replica
+    for ok in r:
+        _equal(ok)
+    assert check_source(a).shapes["decoder.layers.mlp.experts.experts.linear_fc1.weight"] == (2, 4, 64, 32)
+
+
+@pytest.mark.slow
+def test_pp_layouts_load_each_others_checkpoints(tmp_path):
+    # saved at PP2 (each stage its own layer, stacked or one key per global layer number) and loaded at
+    # PP2 and PP1 (DP2); saved at PP1 (DP2) and loaded at PP2, whose second stage takes layer 1
+    a, b, c = str(tmp_path / "pp2"), str(tmp_path / "pp2_per_layer"), str(tmp_path / "pp1")
+    specs = [
+        {"dir": a, "pp": 2},
+        {"dir": a, "pp": 1, "phases": ["load"]},
+        {"dir": b, "pp": 2, "per_layer": True},
+        {"dir": b, "pp": 1, "phases": ["load"]},
+        {"dir": c, "pp": 1, "phases": ["save"]},
+        {"dir": c, "pp": 2, "phases": ["load"]},
+    ]
+    r = _worker(specs, tmp_path, nproc=2)
+    # at PP2 only the last stage holds logits: one line per PP2 load, two per PP1 load
+    assert [x["dir"] for x in r] == [a, a, a, b, b, b, c], r
+    for ok in r:
+        _equal(ok)
+    assert "decoder.layers.1.mlp.linear_fc2.weight" in check_source(b).shapes
 
 
 # ------------------------------------------------------------------------------- files, no model
@@ -152,6 +211,14 @@ def test_the_first_mismatch_names_the_key_and_both_shapes():
         "decoder.final_layernorm.weight": ((32,), False),
     }
     assert first_problem(src, want) is None  # padded vocabulary rows may differ; optimizer keys are ignored
+    assert first_problem(src, want, vocab_size=128) is None
+    # a model of 257 tokens (384 rows): the checkpoint's 256 rows would leave its last token at zero
+    more = dict(want, **{"embedding.word_embeddings.weight": ((384, 32), True)})
+    assert first_problem(src, more, vocab_size=256) is None
+    assert first_problem(src, more, vocab_size=257) == (
+        "/c/iter_0000010: tensor embedding.word_embeddings.weight has shape [256, 32]: 256 rows, fewer than "
+        "this model's vocabulary of 257 tokens (this model needs [384, 32])"
+    )
     want["embedding.word_embeddings.weight"] = ((128, 64), True)
     assert first_problem(src, want) == (
         "/c/iter_0000010: tensor embedding.word_embeddings.weight has shape [256, 32], this model needs [128, 64]"

@@ -136,9 +136,16 @@ def wanted(gpt, src: Source, pgc) -> dict[str, tuple[tuple[int, ...], bool]]:
     return out
 
 
-def first_problem(src: Source, want: dict[str, tuple[tuple[int, ...], bool]]) -> str | None:
+def first_problem(
+    src: Source, want: dict[str, tuple[tuple[int, ...], bool]], vocab_size: int = 0
+) -> str | None:
     """The first key (in sorted order) the checkpoint lacks, holds in another shape, or holds and the model
-    does not: one line naming the key and both shapes. `want` is the whole LLM's (every stage's) keys."""
+    does not: one line naming the key and both shapes. `want` is the whole LLM's (every stage's) keys.
+
+    The vocabulary tables' rows may differ: Megatron-LM pads the vocabulary to a multiple of 128 x its TP
+    size, the trainer to its own multiple, and megatron-core reads the rows both hold (zeros beyond the
+    checkpoint's). They must still hold every one of the model's `vocab_size` real tokens: fewer rows would
+    leave real tokens at zero."""
     for key in sorted(want):
         shape, rows_may_differ = want[key]
         have = src.shapes.get(key)
@@ -147,6 +154,11 @@ def first_problem(src: Source, want: dict[str, tuple[tuple[int, ...], bool]]) ->
         same = have[1:] == shape[1:] and len(have) == len(shape) if rows_may_differ else have == shape
         if not same:
             return f"{src.path}: tensor {key} has shape {list(have)}, this model needs {list(shape)}"
+        if rows_may_differ and have[0] < vocab_size:
+            return (
+                f"{src.path}: tensor {key} has shape {list(have)}: {have[0]} rows, fewer than this model's "
+                f"vocabulary of {vocab_size} tokens (this model needs {list(shape)})"
+            )
     for key in sorted(src.shapes):
         if key.startswith(_MODEL_ROOTS) and key not in want:
             return (
@@ -208,10 +220,11 @@ class _NoCommon:
         return getattr(self.inner, name)
 
 
-def load_llm(init, gpt, pgc) -> int:
+def load_llm(init, gpt, pgc, vocab_size: int = 0) -> int:
     """trainer.init.llm's Megatron checkpoint into this rank's LLM stage (after canonical_init_); 0 when the
     LLM does not start from one. `pgc` is the LLM's ProcessGroupCollection: its intra_dist_opt group spans
-    every LLM rank (the mismatch check's gather). Returns the number of tensors loaded."""
+    every LLM rank (the mismatch check's gather); `vocab_size` the description's real (unpadded)
+    vocabulary. Returns the number of tensors loaded."""
     if init is None or init.llm is None or isinstance(init.llm, str):
         return 0
     import torch
@@ -220,7 +233,7 @@ def load_llm(init, gpt, pgc) -> int:
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
 
     src = check_source(init.llm.megatron)
-    problem = first_problem(src, _gathered(wanted(gpt, src, pgc), pgc.intra_dist_opt))
+    problem = first_problem(src, _gathered(wanted(gpt, src, pgc), pgc.intra_dist_opt), vocab_size)
     if problem:
         err = MegatronInitError(problem, WHERE)
         err.report = pgc.intra_dist_opt.rank() == 0

@@ -1,5 +1,5 @@
 #!/bin/bash
-# SLURM batch script for run 2n-colo-l1x1x16-g256-m2 (1b9a41b611a7) of study megatron_gpt_mock.
+# SLURM batch script for run 2n-colo-l1x1x16-g256-m2 (aad3b00a9909) of study megatron_gpt_mock.
 # Rendered by mimo-jobs 0.1.0 from templates/sbatch.sh.j2; re-render instead of editing.
 #SBATCH --job-name=megatron_gpt_mock.2n-colo-l1x1x16-g256-m2
 #SBATCH --nodes=2
@@ -8,16 +8,16 @@
 #SBATCH --time=00:30:00
 #SBATCH --partition=batch
 #SBATCH --exclusive
-#SBATCH --output=/runs/megatron_gpt_mock/2n-colo-l1x1x16-g256-m2-1b9a41b611a7/logs/slurm-%j.out
-#SBATCH --error=/runs/megatron_gpt_mock/2n-colo-l1x1x16-g256-m2-1b9a41b611a7/logs/slurm-%j.out
+#SBATCH --output=/runs/megatron_gpt_mock/2n-colo-l1x1x16-g256-m2-aad3b00a9909/logs/slurm-%j.out
+#SBATCH --error=/runs/megatron_gpt_mock/2n-colo-l1x1x16-g256-m2-aad3b00a9909/logs/slurm-%j.out
 #SBATCH --signal=TERM@120
 #SBATCH --requeue
 # Values are single-quoted on purpose (literal, never expanded):
 # shellcheck disable=SC2016
 set -euo pipefail
 
-RUN_DIR=/runs/megatron_gpt_mock/2n-colo-l1x1x16-g256-m2-1b9a41b611a7
-LAUNCH=/runs/megatron_gpt_mock/2n-colo-l1x1x16-g256-m2-1b9a41b611a7/launch.sh
+RUN_DIR=/runs/megatron_gpt_mock/2n-colo-l1x1x16-g256-m2-aad3b00a9909
+LAUNCH=/runs/megatron_gpt_mock/2n-colo-l1x1x16-g256-m2-aad3b00a9909/launch.sh
 export MIMO_JOBS_RUN_DIR="$RUN_DIR"
 
 # Static torchrun rendezvous: node 0 of the allocation hosts the store; the port comes from the job id so
@@ -32,7 +32,7 @@ export MIMO_JOBS_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
 # The trainer stops, saves and asks for a requeue before the time limit even if no warning signal arrives.
 MIMO_JOB_DEADLINE=$(( $(date +%s) + 1800 ))
 export MIMO_JOB_DEADLINE
-REQUEUE_MARKER=/runs/megatron_gpt_mock/2n-colo-l1x1x16-g256-m2-1b9a41b611a7/checkpoints/requeue.json
+REQUEUE_MARKER=/runs/megatron_gpt_mock/2n-colo-l1x1x16-g256-m2-aad3b00a9909/checkpoints/requeue.json
 rm -f "$REQUEUE_MARKER"  # left by an attempt killed before it was handled
 
 # cluster.env

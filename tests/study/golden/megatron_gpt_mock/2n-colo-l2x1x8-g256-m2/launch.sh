@@ -1,5 +1,5 @@
 #!/bin/bash
-# torchrun launch of ONE node for run 2n-colo-l2x1x8-g256-m2 (3d56a3fb309b) of study megatron_gpt_mock.
+# torchrun launch of ONE node for run 2n-colo-l2x1x8-g256-m2 (9818d1957a6f) of study megatron_gpt_mock.
 # Rendered by mimo-jobs 0.1.0 from templates/launch.sh.j2; re-render instead of editing.
 #   under srun (sbatch.sh): node rank = $SLURM_NODEID, master = $MASTER_ADDR:$MASTER_PORT from sbatch.sh
 #                           (or the first host of the node list and a port from the job id)
@@ -11,8 +11,8 @@
 # shellcheck disable=SC2016
 set -euo pipefail
 
-RUN_DIR=/runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b
-RUN_YAML=/runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b/run.yaml
+RUN_DIR=/runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-9818d1957a6f
+RUN_YAML=/runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-9818d1957a6f/run.yaml
 PYTHON=python3
 NNODES=2
 NPROC_PER_NODE=8
@@ -65,12 +65,12 @@ echo "mimo-jobs: run 2n-colo-l2x1x8-g256-m2 job $MIMO_JOBS_JOB_ID attempt $MIMO_
 
 # Requeue contract (mimo_jobs/trainer/signals.py): a trainer stopped by a signal or its deadline saves a
 # checkpoint, rank 0 writes this marker and every rank exits 75; torchrun turns that into exit 1.
-REQUEUE_MARKER=/runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b/checkpoints/requeue.json
+REQUEUE_MARKER=/runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-9818d1957a6f/checkpoints/requeue.json
 # This run's own training command (trainer.command). Its requeue contract (docs/external-trainer.md): on
 # the warning signal or before MIMO_JOB_DEADLINE it saves a checkpoint into MIMO_JOBS_CHECKPOINT_DIR, may
 # write MIMO_JOBS_REQUEUE_MARKER, and exits; a time limit or preemption after a saved checkpoint is requeued.
 export MIMO_JOBS_REQUEUE_MARKER="$REQUEUE_MARKER"
-export MIMO_JOBS_CHECKPOINT_DIR=/runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b/checkpoints
+export MIMO_JOBS_CHECKPOINT_DIR=/runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-9818d1957a6f/checkpoints
 export MIMO_JOBS_RUN_YAML="$RUN_YAML"  # the whole run description, for a program that wants more
 if [[ "$MODE" == local ]]; then
   rm -f "$REQUEUE_MARKER"  # left by an attempt killed before it was handled (sbatch.sh does this on SLURM)
@@ -93,7 +93,7 @@ rc=0
   --redirects 3 \
   --tee 3 \
   --no-python \
-  python pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --expert-model-parallel-size 1 --context-parallel-size 1 --global-batch-size 256 --micro-batch-size 2 --seq-length 2048 --max-position-embeddings 2048 --train-iters 200 --seed 1234 --num-layers 12 --hidden-size 768 --num-attention-heads 12 --mock-data --tokenizer-type NullTokenizer --vocab-size 32000 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 20 --bf16 --save /runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b/checkpoints --load /runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b/checkpoints --save-interval 50 --exit-signal-handler --log-interval 1 --log-throughput --tensorboard-dir /runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-3d56a3fb309b/tensorboard || rc=$?
+  python pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --expert-model-parallel-size 1 --context-parallel-size 1 --global-batch-size 256 --micro-batch-size 2 --seq-length 2048 --max-position-embeddings 2048 --train-iters 200 --seed 1234 --num-layers 12 --hidden-size 768 --num-attention-heads 12 --ffn-hidden-size 3072 --position-embedding-type rope --untie-embeddings-and-output-weights --mock-data --tokenizer-type NullTokenizer --vocab-size 32000 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 20 --bf16 --save /runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-9818d1957a6f/checkpoints --load /runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-9818d1957a6f/checkpoints --save-interval 50 --exit-signal-handler --log-interval 1 --log-throughput --tensorboard-dir /runs/megatron_gpt_mock/2n-colo-l2x1x8-g256-m2-9818d1957a6f/tensorboard || rc=$?
 
 if [[ -f "$REQUEUE_MARKER" ]]; then
   echo "launch.sh: the trainer saved a checkpoint and asks for a requeue: $(cat "$REQUEUE_MARKER")"
