@@ -47,6 +47,16 @@ def _cells(plan) -> dict[str, str]:
     }
 
 
+def _text_only(run) -> bool:
+    """A model without an encoder (a command run's GPT): its layout has no encoder ranks to show."""
+    from mimo_jobs.model.resolve import arch_of
+
+    try:
+        return arch_of(run.trainer.model).text_only
+    except Exception:  # noqa: BLE001 - an unresolvable model is reported by validate's own rules
+        return False
+
+
 # Rows the plan table shows before it summarises the rest: drawing a rich table costs ~0.5 ms a row, so a
 # 10,000-run study would take seconds to print a table nobody reads row by row.
 TABLE_ROWS = 50
@@ -75,7 +85,7 @@ def _plan_table(diag: Diagnosis, runs: list):
             r.name,
             r.run_id,
             str(r.layout.nodes),
-            c["encoder"],
+            "none (text-only model)" if _text_only(r) else c["encoder"],
             c["llm"],
             c["expert_dp"],
             c["fan"],

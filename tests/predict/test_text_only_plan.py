@@ -83,3 +83,19 @@ def test_the_megatron_example_describes_the_gpt_its_command_trains():
     out = _invoke("validate", str(GPT))
     assert "no model given" not in out and out.count("memory on H100: fits") == len(runs)
     assert "encoder: none (text-only)" in out
+
+
+def test_validate_shows_no_encoder_for_a_text_only_model():
+    """The Megatron GPT example study's model has no encoder: validate's table says so instead of listing
+    encoder ranks that do not exist."""
+    from typer.testing import CliRunner
+
+    from helpers import REPO
+    from mimo_jobs.cli.app import app
+
+    r = CliRunner().invoke(
+        app, ["validate", str(REPO / "studies/megatron_gpt_mock.yaml")], env={"COLUMNS": "300"}
+    )
+    assert r.exit_code == 0, r.output
+    rows = [x for x in r.output.splitlines() if "-colo-" in x]
+    assert rows and all("none (text-only model)" in x for x in rows), r.output
