@@ -205,16 +205,10 @@ class _Lane:
         self.loader.restore_state_rank(pickle.loads(state["loader"]))
 
     def close(self) -> None:
-        # Closing the iterator ends the workers at once (otherwise ~5 s join timeout per worker on GC).
-        if self.it is not None:
-            self.it.close()
-            self.it = None
-        # torch keeps the persistent worker iterator on the loader; shut its workers down now rather than at
-        # garbage collection (where each worker costs a 5 s join timeout)
-        tit = getattr(self.loader, "_iterator", None)
-        if tit is not None and hasattr(tit, "_shutdown_workers"):
-            tit._shutdown_workers()
-            self.loader._iterator = None
+        from .mux import stop_loader
+
+        stop_loader(self.it, self.loader)
+        self.it = None
 
 
 class _Mux:

@@ -29,6 +29,17 @@ from megatron.energon.wrappers.base import BaseWrapperDataset
 from .errors import DataError
 
 
+def stop_loader(it, loader) -> None:
+    """End a loader's workers now: closing the iterator, and shutting down the persistent worker iterator
+    torch keeps on the loader (left to garbage collection, each worker costs a 5 s join timeout)."""
+    if it is not None:
+        it.close()
+    tit = getattr(loader, "_iterator", None)
+    if tit is not None and hasattr(tit, "_shutdown_workers"):
+        tit._shutdown_workers()
+        loader._iterator = None
+
+
 @dataclass
 class LaneGroup(PinMemoryMixin):
     """One step of the multiplexed loader: the next batch of each lane, in the loader's lane order."""
@@ -162,11 +173,5 @@ class MuxReader:
         return self.it is not None
 
     def close(self) -> None:
-        # Closing the iterator ends the workers at once (otherwise ~5 s join timeout per worker on GC).
-        if self.it is not None:
-            self.it.close()
-            self.it = None
-        tit = getattr(self.loader, "_iterator", None)
-        if tit is not None and hasattr(tit, "_shutdown_workers"):
-            tit._shutdown_workers()
-            self.loader._iterator = None
+        stop_loader(self.it, self.loader)
+        self.it = None
