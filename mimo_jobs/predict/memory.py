@@ -158,9 +158,24 @@ def optimizer_bytes(
         if not distributed:
             total += _state_bytes(b.numel, len(b.starts), optimizer, bf16)
             continue
-        ranks = range(b.dp) if dp_rank is None else [dp_rank % b.dp]
-        total += max(_state_bytes(*shard_of(b, r), optimizer, bf16) for r in ranks)
+        shards = all_shards(b) if dp_rank is None else [shard_of(b, dp_rank % b.dp)]
+        total += max(_state_bytes(n, pieces, optimizer, bf16) for n, pieces in shards)
     return total
+
+
+def all_shards(buf: Buffer) -> list[tuple[int, int]]:
+    """shard_of for every DP rank in one pass over the tensors (plan prices DP up to hundreds)."""
+    width = buf.size // buf.dp
+    n, pieces = [0] * buf.dp, [0] * buf.dp
+    for s, e in zip(buf.starts, buf.ends):
+        r = s // width if width else buf.dp
+        while r < buf.dp and r * width < e:
+            overlap = min((r + 1) * width, e) - max(r * width, s)
+            if overlap > 0:
+                n[r] += overlap
+                pieces[r] += 1
+            r += 1
+    return list(zip(n, pieces))
 
 
 def buffers_of(tensors: list[Tensor], dp: int, edp: int, distributed: bool) -> list[Buffer]:
@@ -191,7 +206,13 @@ def _encoder_held(state: tuple, preset, tp: int, dp: int, frozen: bool) -> tuple
 
 @functools.lru_cache(maxsize=4096)
 def _llm_held(state: tuple, preset, tp, ep, etp, pp, stage, dp, edp, frozen: bool) -> tuple[int, int, int]:
-    return _held(llm_tensors(preset, tp, ep, etp, pp, stage), dp, edp, state, frozen)
+    return _held(list(_llm_stage_tensors(preset, tp, ep, etp, pp, stage)), dp, edp, state, frozen)
+
+
+@functools.lru_cache(maxsize=1024)
+def _llm_stage_tensors(preset, tp, ep, etp, pp, stage) -> tuple:
+    # one stage's tensors do not depend on DP: layouts that differ only in DP share them
+    return tuple(llm_tensors(preset, tp, ep, etp, pp, stage))
 
 
 def _state_key(rs: RunShape) -> tuple:

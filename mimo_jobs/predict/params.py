@@ -24,7 +24,7 @@ from mimo_jobs.model.splits import experts_apart
 @dataclass(frozen=True)
 class Tensor:
     numel: int
-    expert: bool = False  # held in the expert-parallel gradient buffer (EP > 1)
+    expert: bool = False  # held in the expert gradient buffer (model/splits.experts_apart)
 
 
 def _norm(h: int, kind: str) -> list[Tensor]:
@@ -66,8 +66,7 @@ def _moe_block(p: LLMArch, tp: int, ep: int, etp: int) -> list[Tensor]:
     out = [Tensor(p.num_experts * h)] + ([Tensor(p.num_experts)] if p.add_bias_linear else [])
     # experts sit in the dense gradient buffer only while the expert grid equals the dense one
     apart = experts_apart(ep, etp, tp)
-    for _ in range(p.num_experts // ep):
-        out += _mlp(h, p.expert_ffn, etp, p.add_bias_linear, p.gated_linear_unit, apart)
+    out += _mlp(h, p.expert_ffn, etp, p.add_bias_linear, p.gated_linear_unit, apart) * (p.num_experts // ep)
     if p.moe_shared_expert_intermediate_size:
         out += [Tensor(h)] if p.moe_shared_expert_gate else []
         out += _mlp(h, p.moe_shared_expert_intermediate_size, tp, False, p.gated_linear_unit)
