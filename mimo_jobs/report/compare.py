@@ -148,23 +148,35 @@ def _pair(h: RunRow, c: RunRow, curves: dict[str, list]) -> PairRow:
 
 def verdict(p: PairRow) -> str:
     """One line: which layout is faster by how much, and whether the loss is the same within the noise."""
-    if p.time_ratio is None:
-        speed = "no steady-state iteration time to compare"
-    elif p.time_ratio >= 1:
-        speed = f"heterogeneous {p.hetero_run} is {p.time_ratio:.2f}x faster than colocated {p.colocated_run}"
-    else:
-        speed = (
-            f"colocated {p.colocated_run} is {1 / p.time_ratio:.2f}x faster than heterogeneous {p.hetero_run}"
-        )
-    if p.loss_max_rel_diff is None:
-        loss = "loss not comparable (no common samples)"
-    elif p.loss_max_rel_diff <= LOSS_NOISE:
-        loss = f"loss equal within {LOSS_NOISE:.0%} at equal samples (max {p.loss_max_rel_diff:.2%})"
-    else:
+    speed = _speed(
+        p.time_ratio,
+        f"heterogeneous {p.hetero_run}",
+        f"colocated {p.colocated_run}",
+    )
+    if p.loss_max_rel_diff is not None and p.loss_max_rel_diff > LOSS_NOISE:
         loss = (
             f"loss differs by up to {p.loss_max_rel_diff:.1%} at equal samples (more than {LOSS_NOISE:.0%})"
         )
+    else:
+        loss = _loss_agrees(p.loss_max_rel_diff) + (
+            f" (max {p.loss_max_rel_diff:.2%})" if p.loss_max_rel_diff is not None else ""
+        )
     return f"{speed}; {loss}"
+
+
+def _speed(ratio: float | None, first: str, second: str) -> str:
+    """`ratio` = second's time / first's: which of the two is faster, by how much."""
+    if ratio is None:
+        return "no steady-state iteration time to compare"
+    if ratio >= 1:
+        return f"{first} is {ratio:.2f}x faster than {second}"
+    return f"{second} is {1 / ratio:.2f}x faster than {first}"
+
+
+def _loss_agrees(diff: float | None) -> str:
+    if diff is None:
+        return "loss not comparable (no common samples)"
+    return f"loss equal within {LOSS_NOISE:.0%} at equal samples"
 
 
 def program_pairs(rows: list[RunRow], curves: dict[str, list]) -> list[ProgramPairRow]:
@@ -211,17 +223,10 @@ def _program_pair(p: RunRow, c: RunRow, curves: dict[str, list]) -> ProgramPairR
 
 def program_verdict(p: ProgramPairRow) -> str:
     """One line: which program is faster at this layout, and whether the loss agrees within the noise."""
-    if p.time_ratio is None:
-        speed = "no steady-state iteration time to compare"
-    elif p.time_ratio >= 1:
-        speed = f"the packaged trainer is {p.time_ratio:.2f}x faster than {p.command_run}"
-    else:
-        speed = f"{p.command_run} is {1 / p.time_ratio:.2f}x faster than the packaged trainer"
-    if p.loss_max_rel_diff is None:
-        loss = "loss not comparable (no common samples)"
-    elif p.loss_max_rel_diff <= LOSS_NOISE:
-        loss = f"loss equal within {LOSS_NOISE:.0%} at equal samples"
-    else:
+    speed = _speed(p.time_ratio, "the packaged trainer", p.command_run)
+    if p.loss_max_rel_diff is not None and p.loss_max_rel_diff > LOSS_NOISE:
         # two programs need not build the same model or data: a gap says so, it is not a parity failure
         loss = f"loss differs by up to {p.loss_max_rel_diff:.1%} at equal samples (other model or data?)"
+    else:
+        loss = _loss_agrees(p.loss_max_rel_diff)
     return f"{speed}; {loss}"
