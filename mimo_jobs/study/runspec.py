@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -77,10 +78,16 @@ class RunSpec:
             "repeat": self.repeat,
             **{a: getattr(lay, a) for a in (*axes, "llm_etp", "llm_dp", "gbs", "mbs", "colocated")},
             "seq_length": self.trainer.seq_length,
-            "model": self.trainer.model if unpriced(self) is None else None,
+            "model": _model_text(self.trainer.model) if unpriced(self) is None else None,
             "accelerator": self.cluster.accelerator,
             "spec": self.to_dict(),
         }
+
+
+def _model_text(model: str | dict) -> str:
+    """The store's `model` text: a preset's name, or a resolved description as JSON (what ingest --model
+    stores too; report/predicted.model_name reads its name back)."""
+    return model if isinstance(model, str) else json.dumps(model, sort_keys=True)
 
 
 @dataclass

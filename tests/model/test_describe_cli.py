@@ -198,3 +198,21 @@ def test_what_the_trainer_would_refuse_validate_refuses(tmp_path, change, words)
     )
     r = runner.invoke(app, ["validate", str(f)], env={"COLUMNS": "300"})
     assert r.exit_code == 0, r.output
+
+
+def test_the_store_names_a_described_model(tmp_path):
+    """A run of a model described by HF configs is recorded with its description as JSON, so the report's
+    model column shows the description's name (not a dump of its fields)."""
+    import duckdb
+
+    from mimo_jobs.report.predicted import model_name
+    from mimo_jobs.study.expand import runs_of
+
+    (run,) = runs_of(load_study(_study(tmp_path, HF_MODEL), env={}))
+    rec = run.catalog_fields()
+    assert json.loads(rec["model"]) == run.trainer.model
+    db = duckdb.connect(str(tmp_path / "s.duckdb"))
+    db.execute("CREATE TABLE runs (model VARCHAR)")
+    db.execute("INSERT INTO runs VALUES (?)", [rec["model"]])
+    (text,) = db.execute("SELECT model FROM runs").fetchone()
+    assert model_name(text) == run.trainer.model["name"] and "{" not in model_name(text)
