@@ -3,8 +3,8 @@
 #   docker build -t mimo-jobs --build-arg MIMO_JOBS_GIT_SHA="$(git rev-parse HEAD)" .
 #   docker run --rm -v "$PWD:/work" mimo-jobs mimo-jobs submit studies/cpu_local.yaml --executor local --wait
 #
-# The default base is an NGC PyTorch release: CUDA, NCCL, cuDNN and Transformer Engine built against its own
-# torch 2.x (25.12: torch 2.10 pre-release build, TE 2.x within megatron-core 0.16.1's tested range).
+# The default base is an NGC PyTorch release: Python 3.12 (what megatron-core 0.19 needs), CUDA, NCCL, cuDNN and
+# Transformer Engine built against its own torch 2.x (25.12: torch 2.10 pre-release build, TE 2.x).
 # CI swaps BASE_IMAGE for a locally bootstrapped Debian+Python image (tests/container/build_image.sh).
 ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.12-py3
 
@@ -20,7 +20,7 @@ COPY pyproject.toml setup.py ./
 COPY mimo_jobs ./mimo_jobs
 # One list of dependencies (pyproject.toml): the wheel's metadata names the base + `train` requirements.
 # torch is kept as the base image ships it when present (NGC: CUDA build, Transformer Engine compiled against
-# it: `torch==<that version>`); only a base without torch gets train's pinned torch==2.13.0.
+# it: `torch==<that version>`); only a base without torch gets a torch in train's range from the registry.
 # NGC images export PIP_CONSTRAINT (pins of the base's own packages); the build backend must not be held to it.
 # PIP_BREAK_SYSTEM_PACKAGES (here and for the installs below, not in the final environment): Debian bases mark
 # the system Python externally managed; the image is the environment, so installing into it is the point.
@@ -35,7 +35,7 @@ FROM ${BASE_IMAGE}
 ARG BASE_IMAGE
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Extra wheel locations for the build only (CI bind-mounts its torch CPU wheel and sets this to that dir).
+# Extra wheel locations for the build only (a site with a local wheelhouse bind-mounts it and names it here).
 ARG PIP_FIND_LINKS
 
 # Dependencies first, in their own layer: COPY keys the build cache on the requirement list's content, so a

@@ -25,8 +25,10 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-echo "== pip install -e .[train,dev]"
-python3 -m pip install -q --disable-pip-version-check -e '.[train,dev]' 2>&1 | grep -v "Running pip as the 'root'" || true
+# .venv on Python >= 3.12 (install.sh finds one), first on PATH: every `python3` the tests start (torchrun,
+# launch.sh, SLURM jobs) is that environment
+bash install.sh train,dev
+export VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH"
 
 echo "== ruff format --check, ruff check"
 python3 -m ruff format --check . || { echo "ruff format would change the files above: run 'ruff format'"; exit 1; }

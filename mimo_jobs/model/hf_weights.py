@@ -3,7 +3,7 @@ torch, no I/O; trainer/checkpoint/hf_load.py reads with it, hf_export.py writes 
 
 Every trainer parameter is a `Target`: its canonical name (the name `models.param_shards` gives it: global
 layer index, global expert index), its full shape, and the HF tensors it is made of as `Piece`s stacked
-along its first dimension. The layouts, as megatron-core 0.16.1 builds them (megatron/core/transformer/
+along its first dimension. The layouts, as megatron-core 0.19 builds them (megatron/core/transformer/
 attention.py splits linear_qkv per query group; mlp.py chunks a gated fc1 into two halves):
 
   linear_qkv    per query group g: [q heads of g; k of g; v of g] rows (the ViT: one group per head)

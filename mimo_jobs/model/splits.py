@@ -1,6 +1,6 @@
 """What the trainer needs of a model at a layout, checked by validate and by the trainer's own guard alike.
 
-megatron-core 0.16.1 splits attention heads and query groups, the MLP width and the projector over TP, and
+megatron-core 0.19 splits attention heads and query groups, the MLP width and the projector over TP, and
 the expert MLP width over expert TP; a size that does not divide fails deep inside model construction, so
 validate names it first. The vocabulary is padded instead (params.padded_vocab), never refused. Top-1 softmax
 routing renormalised over its one expert (megatron-core's moe_router_pre_softmax=False with topk=1) weighs every
@@ -96,6 +96,7 @@ def experts_apart(ep: int, etp: int, tp: int) -> bool:
     """Whether the routed experts get their own gradient buffer and optimizer part, reduced over the
     expert-DP group: whenever the expert grid differs from the dense one (EP > 1, or expert TP != TP, where
     each TP rank routes only its own sequence-parallel share of the tokens through whole experts).
-    megatron-core 0.16.1 does so only with EP > 1; upstream applies this rule
-    (https://github.com/NVIDIA/Megatron-LM/pull/5916), and the trainer does (trainer/model/models.py)."""
+    megatron-core 0.19 applies the same rule to its own layers (tensor_parallel/layers.py `use_expert_pgs`,
+    https://github.com/NVIDIA/Megatron-LM/pull/5916; 0.16.1 did so only with EP > 1), and so does the trainer
+    (trainer/model/models.py)."""
     return ep > 1 or etp != tp

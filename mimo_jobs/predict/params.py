@@ -1,7 +1,7 @@
 """Parameters: the model's totals (unpadded, as HuggingFace transformers counts them) and the tensors one
 rank holds after TP/EP/PP sharding (megatron-core's registration order, as numel counts).
 
-The rank lists mirror what the trainer builds (trainer/model/models.py on megatron-core 0.16.1; the local
+The rank lists mirror what the trainer builds (trainer/model/models.py on megatron-core 0.19; the local
 and Transformer Engine specs hold the same tensors). A module's own parameters come before its children's
 (torch's named_parameters order), so the ViT lists its class token and position rows before the patch
 embedding, and a gated shared expert its gate before its MLP. Norms hold a weight (RMSNorm) or a weight and

@@ -7,7 +7,7 @@ Modules, in the order a run uses them:
   __main__          `python -m mimo_jobs.trainer RUN_YAML`: hides CUDA for a CPU run, then main
   device            CPU or GPU, decided from run.yaml before torch is imported (torch-free)
   main              entry point: preflight checks, the training loop
-  cuda_shims        torch.cuda stand-ins megatron-core 0.16.1 needs for a CPU run
+  cuda_shims        torch.cuda stand-ins megatron-core 0.19 needs for a CPU run
   build             builds one rank's TrainState: process groups, models, DDP, optimizers, data, bridge
   step              one training iteration: data, encoder, bridge, LLM, gradient reduction, optimizer
   signals           preemption signals and time limits: one world-wide stop decision, the requeue marker

@@ -1,4 +1,4 @@
-"""Every torch.cuda monkeypatch megatron-core 0.16.1 needs to train on a CPU-only torch build.
+"""Every torch.cuda monkeypatch megatron-core 0.19 needs to train on the CPU (a CPU or a CUDA torch build).
 
 Installed by the trainer for a CPU run only (trainer.device.runs_on_cpu), whether or not CUDA is visible:
 these are process-global patches that move every megatron-core device placement to the CPU. Each shim
@@ -8,7 +8,7 @@ names the megatron-core call sites that fail without it:
   MoE without TE       the router and the alltoall token dispatcher on a CPU build
   tensor factories     device='cuda' literals in megatron modules become 'cpu'
   tensor methods       Tensor.cuda() is the identity, Tensor.type() names CPU tensors as CUDA ones
-  process groups       new subgroups asked for with backend='nccl' use gloo
+  process groups       groups and subgroups asked for with backend='nccl' use gloo
 """
 
 from __future__ import annotations
@@ -167,6 +167,7 @@ def _tensor_factories(torch) -> None:
         "megatron.core.distributed.param_and_grad_buffer",
         "megatron.core.utils",
         "megatron.core.pipeline_parallel.schedules",
+        "megatron.core.models.mimo.optimizer",  # MimoOptimizer's norm/found-inf/success buffers
     ):
         try:
             m = importlib.import_module(modname)
@@ -192,9 +193,11 @@ def _tensor_methods(torch) -> None:
 
 
 def _process_groups() -> None:
-    # BridgeCommunicator and some helpers hard-code backend='nccl' for new subgroups (this trainer does not
-    # use mcore's bridge, but keeps any stray nccl request on gloo so it cannot fail on a CPU build).
+    # megatron-core's BridgeCommunicator asks for its broadcast subgroups and its leaders' bridge group with
+    # backend='nccl' (this trainer does not use it, tests/trainer/test_core_mimo.py does): keep any nccl
+    # request on gloo so it cannot fail without a GPU.
     orig_nsbe = dist.new_subgroups_by_enumeration
+    orig_new_group = dist.new_group
 
     def _nsbe(ranks_per_subgroup_list, timeout=None, backend=None, pg_options=None, group_desc=None):
         return orig_nsbe(
@@ -205,4 +208,8 @@ def _process_groups() -> None:
             group_desc=group_desc,
         )
 
+    def _new_group(ranks=None, timeout=None, backend=None, *a, **k):
+        return orig_new_group(ranks, timeout, "gloo" if backend == "nccl" else backend, *a, **k)
+
     dist.new_subgroups_by_enumeration = _nsbe
+    dist.new_group = _new_group

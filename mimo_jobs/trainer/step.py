@@ -240,7 +240,7 @@ def _set_aux_scale(st: TrainState, n_tokens: float) -> None:
     if st.preset.llm.num_experts and st.language is not None:
         from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
-        # Per-token-loss mode: the aux loss gradient is scaled like the main loss (1/N). mcore 0.16.1 weights
+        # Per-token-loss mode: the aux loss gradient is scaled like the main loss (1/N). mcore 0.19 weights
         # each rank's (partial, under sequence parallelism) aux loss by its LOCAL token count, which SP
         # divides by the TP size; multiplying back keeps the gradient independent of the LLM's TP size.
         scale = _sp_size(st) / max(n_tokens, 1.0)

@@ -6,7 +6,7 @@
 #
 # Environment:
 #   MIMO_IMAGE            image to build (default localhost/mimo-jobs:ci)
-#   MIMO_CONTAINER_CACHE  cache dir for the base tar and the torch wheel (default ~/.cache/mimo-jobs-container)
+#   MIMO_CONTAINER_CACHE  cache dir for the base tar (default ~/.cache/mimo-jobs-container)
 #   MIMO_JOBS_GIT_SHA     commit recorded in the image (default: the checkout's HEAD, "-dirty" if modified)
 #   CONTAINERS_CONF       podman settings; default: this dir's containers.conf (runc, cgroupfs, ulimits)
 # Installs its Debian packages when missing.
@@ -15,7 +15,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 image="${MIMO_IMAGE:-localhost/mimo-jobs:ci}"
 cache="${MIMO_CONTAINER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mimo-jobs-container}"
-suite=bookworm
+suite=trixie  # Python 3.13: megatron-core 0.19 needs >= 3.12 (bookworm has 3.11)
 base="localhost/mimo-jobs-ci-base:${suite}-py3"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/containers.conf}"
 mkdir -p "$cache"
@@ -54,23 +54,8 @@ if ! podman image exists "$base"; then
   podman import --quiet "$base_tar" "$base" >/dev/null
 fi
 
-# 3. torch for a base without it: train's pinned torch==2.13.0 as the CPU wheel, fetched through the host's
-#    pip configuration (its find-links hold the CPU build; PyPI's default build is the multi-GB CUDA one).
-#    The build sees only this directory, read-only.
-wheels="$cache/wheels"
-mkdir -p "$wheels"
-torch_pin="$(python3 - "$repo/pyproject.toml" <<'EOF'
-import sys, tomllib
-train = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["train"]
-print(next(r for r in train if r.replace(" ", "").startswith("torch==")))
-EOF
-)"
-pyver="$(podman run --rm --network none "$base" python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
-if ! compgen -G "$wheels/torch-${torch_pin#torch==}*cp${pyver/./}*.whl" >/dev/null; then
-  say "pip download $torch_pin (python $pyver) -> $wheels"
-  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "$pyver" \
-    --platform manylinux_2_28_x86_64 --dest "$wheels" "$torch_pin"
-fi
+# 3. torch for a base without it comes from the registry inside the build, in train's range (on PyPI the
+#    CUDA build, which runs on the CPU); pip's cache is the Dockerfile's build-time cache mount.
 
 # 4. The build. The host's CA bundle is bind-mounted for pip's HTTPS (not baked into the image).
 sha="${MIMO_JOBS_GIT_SHA:-}"
@@ -84,8 +69,6 @@ podman build --quiet --format docker \
   --build-arg "BASE_IMAGE=$base" \
   --build-arg "MIMO_JOBS_GIT_SHA=$sha" \
   --build-arg "IMAGE_NAME=$image" \
-  --build-arg "PIP_FIND_LINKS=/wheels" \
-  --volume "$wheels:/wheels:ro" \
   --volume "$ca:$ca:ro" \
   --tag "$image" --file "$repo/Dockerfile" "$repo" >/dev/null
 say "built $image"

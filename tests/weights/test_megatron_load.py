@@ -2,13 +2,15 @@
 wrote for a GPT model built outside the trainer (megatron_worker.py, Megatron-LM's directory layout and its
 vocabulary padding) computes the logits of the model that saved it (fp32, relative difference <= 1e-5), with
 the layers stacked (Megatron-LM's older default) or one key per layer, dense and MoE, in one process and
-across TP, EP and PP layouts (torchrun). A checkpoint of another shape or a directory that is not one is one
+across TP, EP and PP layouts (torchrun), and from a checkpoint that megatron-core 0.16.1 wrote (a fixture of
+the stack before 0.19). A checkpoint of another shape or a directory that is not one is one
 line naming the file, the key and both shapes; the trainer exits 2 before training."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +69,8 @@ def test_logits_equal_the_saving_models_and_another_shape_is_named(tmp_path):
     shallower = {"preset": "tiny-swiglu", "num_layers": 1}
     more_tokens = {"preset": "tiny-swiglu", "vocab_size": 200}  # 256 rows in the trainer, 128 saved
     more_experts = {"preset": "tiny-moe", "num_experts": 8}
+    old_stack = str(tmp_path / "old_stack")
+    shutil.copytree(HERE / "fixtures" / "megatron_core_0.16.1_torch_dist", old_stack)
     specs = [
         {"dir": stacked},  # the parent with latest_checkpointed_iteration.txt
         {"dir": per_layer, "per_layer": True},
@@ -77,12 +81,14 @@ def test_logits_equal_the_saving_models_and_another_shape_is_named(tmp_path):
         {"dir": per_layer, "llm": shallower, "phases": ["load"]},
         {"dir": stacked, "llm": more_tokens, "phases": ["load"]},
         {"dir": moe, "llm": more_experts, "phases": ["load"]},
+        {"dir": old_stack, "model": "tiny-swiglu", "phases": ["load"]},  # saved by megatron-core 0.16.1
     ]
     r = _worker(specs, tmp_path)
-    assert len(r) == 9, r
+    assert len(r) == 10, r
+    _equal(r[9])
     for ok in r[:4]:
         _equal(ok)
-    for bad in r[4:]:
+    for bad in r[4:9]:
         assert "\n" not in bad["error"] and bad["error"].startswith("trainer.init.llm.megatron: "), bad
     assert (
         f"{stacked}/{ITER}: tensor decoder.layers.mlp.linear_fc1.weight has shape [2, 128, 32], "

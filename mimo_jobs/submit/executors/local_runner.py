@@ -208,6 +208,8 @@ def _job_environment(a: argparse.Namespace) -> dict[str, str]:
         MIMO_JOB_DEADLINE=str(int(time.time() + a.time_limit_s)),
     )
     env[JOB_MARK] = a.job_id  # what finds the job's processes when this runner is gone (job_processes)
+    # launch.sh's `python3` is the environment mimo-jobs runs in (a venv called by path, not activated)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     return env
 
 

@@ -183,41 +183,19 @@ def _gathered(want: dict, group) -> dict:
 
 
 @contextmanager
-def _rank_local_reads():
-    """dist_checkpointing's torch_dist strategy calls torch.distributed.checkpoint.load_state_dict on the
-    default (world) group, which the encoder's ranks of a heterogeneous layout never join. Each rank here
-    knows which slices it reads, so it plans and reads alone (`no_dist=True`): no collective at all."""
-    import megatron.core.dist_checkpointing.strategies.torch as mt
+def _weights_only():
+    """dist_checkpointing.load (megatron-core 0.19) first reads the checkpoint's common state: Megatron-LM's
+    arguments, iteration and RNG, in a legacy common.pt or a "common_state" object. A weights-only load needs
+    none of it, and a legacy common.pt is a pickle of arbitrary objects: it is not read. (The tensors are read
+    rank-locally, `no_dist=True` in the torch_dist strategy: the encoder's ranks never join this load.)"""
+    from megatron.core.dist_checkpointing import serialization
 
-    dcp = mt.checkpoint
-
-    class _Local:
-        def __getattr__(self, name):
-            return getattr(dcp, name)
-
-        @staticmethod
-        def load_state_dict(state_dict, storage_reader, **kw):
-            return dcp.load_state_dict(state_dict, storage_reader, **(kw | {"no_dist": True}))
-
-    mt.checkpoint = _Local()
+    saved = serialization.load_common_state_dict
+    serialization.load_common_state_dict = lambda checkpoint_dir: {}
     try:
         yield
     finally:
-        mt.checkpoint = dcp
-
-
-class _NoCommon:
-    """The common-state strategy of a weights-only load: Megatron-LM's common.pt (its arguments, iteration,
-    RNG) is not needed, and reading it would unpickle arbitrary objects."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def load_common(self, checkpoint_dir):
-        return {}
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+        serialization.load_common_state_dict = saved
 
 
 def load_llm(init, gpt, pgc, vocab_size: int = 0) -> int:
@@ -229,7 +207,6 @@ def load_llm(init, gpt, pgc, vocab_size: int = 0) -> int:
         return 0
     import torch
     from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
 
     src = check_source(init.llm.megatron)
@@ -239,12 +216,11 @@ def load_llm(init, gpt, pgc, vocab_size: int = 0) -> int:
         err.report = pgc.intra_dist_opt.rank() == 0
         raise err
     sd = _weights(gpt.sharded_state_dict(metadata=sharded_metadata(src, pgc)))
-    with _rank_local_reads():
+    with _weights_only():
         loaded = dist_checkpointing.load(
             sd,
             str(src.path),
             sharded_strategy=TorchDistLoadShardedStrategy(),
-            common_strategy=_NoCommon(TorchCommonLoadStrategy()),
             validate_access_integrity=False,  # a world all_gather; the check above covers the keys
         )
     with torch.no_grad():

@@ -128,10 +128,10 @@ def load_optimizer_state(opt, states: list[dict], where: str) -> None:
 
 
 def _unshare_steps(o) -> None:
-    """megatron 0.16.1's DistributedOptimizer.load_state_dict (torch-Adam path, no TE/Apex) puts ONE `step`
-    tensor into every parameter's state; torch Adam increments it in place per parameter, so after one step
-    the bias correction is wrong (seen as a bitwise mismatch from the 2nd resumed step on). Give each
-    parameter its own copy."""
+    """megatron-core's DistributedOptimizer.load_state_dict (torch-Adam path, no TE/Apex; seen on 0.16.1) puts
+    ONE `step` tensor into every parameter's state; torch Adam increments it in place per parameter, so after
+    one step the bias correction is wrong (seen as a bitwise mismatch from the 2nd resumed step on). Give each
+    parameter its own copy (a copy costs nothing where a later release no longer shares it)."""
     inner = getattr(o, "optimizer", None)
     for st in getattr(inner, "state", {}).values():
         if isinstance(st, dict) and "step" in st and hasattr(st["step"], "clone"):

@@ -2,7 +2,7 @@
 installed, and stated in the run's first log line.
 
 `layer_backend` and `fusions` are pure; `installed()` is the one place that probes the environment.
-Requirements are megatron-core 0.16.1's (restated from its sources):
+Requirements are megatron-core 0.19's (restated from its sources):
   Transformer Engine layers    megatron.core.extensions.transformer_engine.HAVE_TE; also the RoPE fusion
                                (rope_utils.fused_apply_rotary_pos_emb comes from TE)
   gradient accumulation fusion the fused_weight_gradient_mlp_cuda extension (tensor_parallel/layers.py

@@ -1,6 +1,6 @@
 """The two modules: a ViT encoder + MLP projector, and a GPT language model (dense or MoE).
 
-Both are megatron-core 0.16.1 modules built with an explicit ProcessGroupCollection from the model
+Both are megatron-core 0.19 modules built with an explicit ProcessGroupCollection from the model
 description (mimo_jobs/model/arch.py: EncoderArch, LLMArch). The layer backend (Transformer Engine or
 megatron-core's local layers) and the fused kernels come from kernels.py, decided once per rank. Weights
 come from `canonical_init_`, which derives every parameter from (seed, parameter name, full shape) and then
@@ -266,11 +266,12 @@ def use_expert_groups_(gpt, cfg) -> None:
     """Mark every routed-expert parameter allreduce=False, so DDP reduces its gradient over the expert-DP
     group and the optimizer holds it in its expert part, whenever the expert grid differs from the dense one.
 
-    megatron-core 0.16.1 does so only with EP > 1. With EP = 1 and ETP != TP (the default ETP 1 under TP 2)
+    megatron-core 0.16.1 did so only with EP > 1. With EP = 1 and ETP != TP (the default ETP 1 under TP 2)
     the experts are replicated over the TP ranks, each of which routes only its own sequence-parallel
     shard of the tokens: left in the dense buffer, their partial gradients are reduced over DP alone, the
-    TP copies drift apart and the grad norm undercounts. Upstream megatron-core applies this same rule
-    (expert_model_parallel_size > 1 or expert_tensor_parallel_size != tensor_model_parallel_size):
+    TP copies drift apart and the grad norm undercounts. megatron-core 0.19 applies this same rule to its own
+    layers (expert_model_parallel_size > 1 or expert_tensor_parallel_size != tensor_model_parallel_size), and
+    marking them here keeps the rule in one place with the predictor's (model/splits.experts_apart):
     https://github.com/NVIDIA/Megatron-LM/pull/5916"""
     etp, tp = cfg.expert_tensor_parallel_size, cfg.tensor_model_parallel_size
     if not cfg.num_moe_experts or not experts_apart(cfg.expert_model_parallel_size, etp, tp):

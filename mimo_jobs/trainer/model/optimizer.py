@@ -20,7 +20,7 @@ from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 
 
 def build_megatron_optimizer(ddp, pgc, spec, prec, max_lr: float):
-    """get_megatron_optimizer for one module. A WORLD collective in 0.16.1 (it all_gathers the
+    """get_megatron_optimizer for one module. A WORLD collective in megatron-core 0.19 (it all_gathers the
     param-group keys, see _PARAM_GROUP_GATHERS), so every rank must call either this or `skip_megatron_optimizer` exactly once per
     module it owns, in the same order."""
     o = spec.optimizer

@@ -7,7 +7,7 @@ position belongs to. Two things make the row compute what each sample would alon
              row's; megatron-core's GPTModel takes RoPE from the row index, so `rotary_at` makes it read the
              position ids for that forward.
 
-Which attention honours the mask (megatron-core 0.16.1, restated from its sources): the local layers'
+Which attention honours the mask (megatron-core 0.19, restated from its sources): the local layers'
 DotProductAttention with the unfused softmax applies an explicit boolean mask (True = masked) to the
 scores; the fused causal softmax (fusions/fused_softmax.py, fp16/bf16 with scaled_masked_softmax_cuda)
 and Transformer Engine's causal attention build their own causal mask and ignore an explicit one. There a

@@ -1,8 +1,10 @@
 """Our variable-token bridge between the encoder grid and the LLM grid (fan-out, fan-in and 1:1).
 
-Why not mcore's BridgeCommunicator (0.16.1): it splits the batch dimension equally, so a batch that does
-not divide, or per-sample token counts that vary, are corrupted silently; it cannot split a
-flat [sum N_i, H] tensor by samples at all.
+Why not megatron-core 0.19's BridgeCommunicator: its fan-out splits a flat [sum N_i, H] tensor by per-sample
+token counts, but its fan-in sends the gradient back in equal parts whatever each encoder replica sent, so
+with image-token counts that differ between replicas every replica gets the wrong rows
+(tests/trainer/test_core_mimo.py measures both; its MimoModel refuses that case). It also sends no
+description of what crossed, where ours checks every message against the receiver's own batch.
 
 Model: one LLM microbatch step covers mbs*llm_dp samples in lane order (lane l owns [l*mbs, (l+1)*mbs)).
 Encoder replica e embeds the contiguous range [e*S, (e+1)*S), S = mbs*llm_dp/enc_dp. Every (encoder

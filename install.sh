@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Creates ./.venv on Python >= 3.12 and installs this checkout into it (editable), with the given extras.
+# The trainer's megatron-core 0.19 needs Python >= 3.12; the toolkit alone (no extras) runs on >= 3.10.
+#   bash install.sh               toolkit + trainer (extra `train`)
+#   bash install.sh train,dev     ... and the test tools (what tests/run.sh asks for)
+# Which Python: $MIMO_JOBS_PYTHON if set, else the first of python3.12, python3.13, python3 that is >= 3.12,
+# else a pyenv-installed 3.12 (`pyenv install 3.12` where none is; conda, uv and Debian's python3.12 work too).
+# A .venv on an older Python is replaced.
+set -euo pipefail
+cd "$(dirname "$0")"
+extras="${1:-train}"
+
+new_enough() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; }
+
+find_python() {
+  local c
+  for c in ${MIMO_JOBS_PYTHON:-} python3.12 python3.13 python3; do
+    if command -v "$c" >/dev/null 2>&1 && new_enough "$c"; then command -v "$c"; return; fi
+  done
+  if command -v pyenv >/dev/null 2>&1; then
+    for c in "$(pyenv root)"/versions/3.12*/bin/python3.12; do
+      if [[ -x "$c" ]] && new_enough "$c"; then echo "$c"; return; fi
+    done
+  fi
+  echo "install.sh: no Python >= 3.12 found (tried \$MIMO_JOBS_PYTHON, python3.12, python3.13, python3, pyenv);" \
+    "install one (pyenv install 3.12, conda, uv python install 3.12) or set MIMO_JOBS_PYTHON" >&2
+  return 1
+}
+
+if [[ -x .venv/bin/python ]] && ! new_enough .venv/bin/python; then
+  echo "== .venv is on $(.venv/bin/python -V 2>&1): replacing it"
+  rm -rf .venv
+fi
+if [[ ! -x .venv/bin/python ]]; then
+  py="$(find_python)"
+  echo "== python -m venv .venv ($("$py" -V 2>&1))"
+  "$py" -m venv .venv
+fi
+echo "== pip install -e .[$extras] into .venv"
+set +e
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]" 2>&1 |
+  grep -v "Running pip as the 'root'\|is ignored: it is neither a file nor a directory"
+rc=${PIPESTATUS[0]}
+set -e
+if ((rc)); then echo "install.sh: pip install -e .[$extras] failed (exit $rc)" >&2; exit "$rc"; fi
