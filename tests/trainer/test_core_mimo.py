@@ -1,6 +1,7 @@
 """megatron-core 0.19's own MIMO pieces on the inputs our trainer handles, measured against the exact answer
 and against our own pieces (one torchrun launch of core_mimo_worker.py, 3 gloo ranks; docs/design.md's table
-of core's pieces cites each test here).
+of core's pieces cites each test here), and core's MimoModel trained side by side with the packaged trainer
+(core_yardstick_worker.py).
 
 Each assertion on core's behaviour is what keeps our piece in the trainer: when a later megatron-core fixes
 it, the test fails and says which piece of ours can go."""
@@ -15,11 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from helpers.trainer import _env, free_port
+from helpers.trainer import _env, assert_ok, free_port, iterations, make_run_yaml, run_torchrun
 
 pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("core_mimo_worker.py")
+YARDSTICK = Path(__file__).with_name("core_yardstick_worker.py")
+
+
+def _torchrun(script: Path, nproc: int, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(), check=False)
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +92,33 @@ def test_core_mimo_optimizer_steps_on_a_nan_gradient_where_ours_skips_everywhere
         assert not ours["ok"] and ours["params_finite"], f"rank {rank}: ours skips the step on every rank"
     # core's clip coefficient is NaN, so nothing is clipped and the encoder's weights become NaN
     assert not found[0]["optimizer"]["nan"]["core"]["params_finite"]
+
+
+def test_core_mimo_model_trains_the_packaged_trainers_losses_at_a_fan_out(tmp_path):
+    """One encoder replica feeding two LLM replicas (the mock data's images of 8, 12 and 16 px and its
+    text-only samples: per-sample token counts differ), Adam at a constant LR, three iterations: core's
+    MimoModel in its documented non-colocated set-up and the packaged trainer, on the same modules, data and
+    loss normalisation, give the same loss at every iteration (bitwise on this CPU)."""
+    run_yaml = make_run_yaml(
+        tmp_path,
+        gpn=3,
+        gbs=4,
+        mbs=1,
+        enc={"dp": 1},
+        llm={"dp": 2},
+        iters=3,
+        trainer={
+            "lr": {"schedule": "constant", "max": 1e-3},
+            "optimizer": {"name": "adam", "clip_grad": 0.0},
+        },
+    )
+    core = _torchrun(YARDSTICK, 3, str(run_yaml), str(tmp_path / "core.json"))
+    assert core.returncode == 0, (
+        f"core_yardstick_worker failed (rc={core.returncode}):\n{core.stderr[-6000:]}"
+    )
+    ours = run_torchrun(run_yaml, 3, tmp_path / "metrics.jsonl")
+    assert_ok(ours, "the packaged trainer")
+    want = [r["loss"] for r in iterations(tmp_path / "metrics.jsonl")]
+    got = json.loads((tmp_path / "core.json").read_text())["losses"]
+    assert len(want) == 3 and want[1] < want[0], want  # it trains
+    assert got == pytest.approx(want, rel=1e-9, abs=0)
