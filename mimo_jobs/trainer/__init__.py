@@ -6,6 +6,7 @@ Training code: its modules import torch and megatron-core at the top (the toolki
 Modules, in the order a run uses them:
   __main__          `python -m mimo_jobs.trainer RUN_YAML`: hides CUDA for a CPU run, then main
   device            CPU or GPU, decided from run.yaml before torch is imported (torch-free)
+  stack             the Python and megatron-core release the trainer needs, checked before megatron is imported
   main              entry point: preflight checks, the training loop
   cuda_shims        torch.cuda stand-ins megatron-core 0.19 needs for a CPU run
   build             builds one rank's TrainState: process groups, models, DDP, optimizers, data, bridge

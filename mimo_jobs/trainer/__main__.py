@@ -6,8 +6,13 @@ import sys
 import warnings
 
 from mimo_jobs.trainer.device import prepare
+from mimo_jobs.trainer.stack import stack_problem
 
 if __name__ == "__main__":
+    problem = stack_problem()
+    if problem:
+        print(f"mimo-jobs trainer: error: {problem}", file=sys.stderr, flush=True)
+        sys.exit(2)
     prepare(sys.argv[1:])
     # megatron-core warns at import that TE/apex are absent (expected on CPU): keep logs readable
     warnings.filterwarnings("ignore", message=r".*(Apex|apex|Transformer Engine|TE) .*")

@@ -122,7 +122,9 @@ def wait_until(
     seen: dict | None = None,
 ) -> list[dict]:
     """Run `mimo-jobs status` (which polls the scheduler and applies the policy) until done(rows) holds.
-    `seen` collects every (run, job) -> states observed along the way."""
+    `seen` collects every (run, job) -> states observed along the way. `timeout` only catches a hang: it is
+    never less than 5 minutes, whatever a caller expects, so a loaded machine cannot fail a test."""
+    timeout = max(timeout, 300)
     deadline = time.monotonic() + timeout
     while True:
         cli("status", study, "--db", db, env=env, check=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -168,10 +167,8 @@ def test_failure_timeout_cancel_and_crash_recovery(slurm_cluster, tmp_path):
     assert [(r["job_id"], r["state"]) for r in rows] == [(job_id, "COMPLETED")]
     assert "nothing to submit" in submit(orphan).stdout
 
-    t0 = time.monotonic()
-    rows = wait_until(db, "sl_timeout", all_ended, 180, every=3)
+    rows = wait_until(db, "sl_timeout", all_ended, 600, every=3)  # a hang guard: the job's limit ends it
     r = rows[0]
     assert (r["state"], r["action"]) == ("TIMEOUT", "final"), r
     assert sacct_state(r["job_id"]) == "TIMEOUT"
     assert "time limit" in r["reason"]
-    assert time.monotonic() - t0 < 180

@@ -450,7 +450,7 @@ def test_batch_shell_signal_is_forwarded_to_srun(tmp_path, stubs):
         ["bash", str(r.sbatch_sh)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a hang guard
         while not (out / "srun.started").exists():
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
             time.sleep(0.05)

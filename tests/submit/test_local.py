@@ -130,12 +130,11 @@ def test_timeout_without_checkpoint_is_final(ws):
         [{"nodes": 1}],
         time_limit="00:00:02",
         signal="USR2@0",
-        env={"FAKE_SLEEP": 60},
+        env={"FAKE_SLEEP": 3600},
     )
     submit(ws, study)
-    t0 = time.monotonic()
-    rows = wait_until(ws["db"], "loc_timeout", all_ended, 50, ws["env"], every=0.5)
-    assert time.monotonic() - t0 < 40, "the runner must stop the job at its limit, not after the sleep"
+    # the job would sleep an hour: only the runner stopping it at its 2 s limit ends it (a hang guard)
+    rows = wait_until(ws["db"], "loc_timeout", all_ended, 600, ws["env"], every=0.5)
     r = rows[0]
     assert (r["state"], r["action"]) == ("TIMEOUT", "final")
     assert "no checkpoint" in r["reason"]
@@ -175,7 +174,7 @@ def test_cancel_stops_the_whole_process_group(ws):
     rows = wait_until(ws["db"], "loc_cancel", all_ended, 30, ws["env"], every=0.3)
     assert (rows[0]["state"], rows[0]["action"]) == ("CANCELLED", "final")
     # launch.sh's process group (bash + sleep) is gone, not orphaned.
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 120  # a hang guard
     while time.monotonic() < deadline:
         try:
             stat = Path(f"/proc/{child}/stat").read_text()
@@ -244,7 +243,7 @@ def test_store_write_failure_cancels_the_job(ws, monkeypatch):
     assert con.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
     state_files = list(prepared.rd.logs.glob("local-*.json"))
     assert len(state_files) == 1
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 120  # a hang guard
     while json.loads(state_files[0].read_text())["state"] != "CANCELLED":
         assert time.monotonic() < deadline, state_files[0].read_text()
         time.sleep(0.1)

@@ -81,7 +81,7 @@ def kill_runner(ws, row: dict) -> list[int]:
     job = tree(state["child_pid"])
     ws["procs"].extend(job)
     os.kill(state["runner_pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # a hang guard
     while running(state["runner_pid"]):
         assert time.monotonic() < deadline, "the runner did not die"
         time.sleep(0.05)
@@ -119,7 +119,7 @@ def test_killed_runner_job_stays_running_is_not_retried_and_cancel_stops_it(ws):
 
     out = cli("cancel", "orph", "--db", ws["db"], env=ws["env"], check=True).stdout
     assert f"cancelled {RUN}: local job {row['job_id']}" in out
-    assert gone(job, 10), f"orphaned processes {[p for p in job if running(p)]} survived cancel"
+    assert gone(job, 120), f"orphaned processes {[p for p in job if running(p)]} survived cancel"
     rows = wait_until(ws["db"], "orph", all_ended, 30, ws["env"], every=0.3)
     assert [(r["state"], r["action"]) for r in rows] == [("CANCELLED", "final")]
     assert (
@@ -147,7 +147,7 @@ def test_orphaned_job_keeps_its_slot(ws):
     assert states == {RUN: "RUNNING", "1n-e1x1-l1x1x1-g12": "PENDING"}, states
 
     cli("cancel", "orph_slot", "--run", RUN, "--db", ws["db"], env=ws["env"], check=True)
-    assert gone(job, 10)
+    assert gone(job, 120)
     rows = wait_until(
         ws["db"],
         "orph_slot",

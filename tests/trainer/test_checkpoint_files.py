@@ -187,11 +187,10 @@ def test_sigterm_without_a_world_stop_exits_after_the_grace():
         "w = PreemptionWatch(term_grace_s=0.5).install(); os.kill(os.getpid(), signal.SIGTERM); "
         "time.sleep(30); print('still alive')"
     )
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
+    # exited by the grace, not after the 30 s sleep (which would print and exit 0)
     assert r.returncode == 128 + signal.SIGTERM and "still alive" not in r.stdout
     assert "no world-wide stop within" in r.stderr and "of SIGTERM (a peer is gone?): exiting" in r.stderr
-    assert time.monotonic() - t0 < 25
 
 
 def test_requeue_marker_roundtrip(tmp_path):

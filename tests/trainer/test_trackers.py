@@ -228,19 +228,18 @@ def test_wandb_online_needs_an_api_key(tmp_path, monkeypatch) -> None:
 
 
 def test_wandb_online_without_a_key_runs_offline_at_once(tmp_path, monkeypatch, capsys) -> None:
-    import time
-
     from mimo_jobs.trainer.observe.trackers import WandbTracker, trackers_for
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens: a stray online start fails
     run, run_dir = _run(tmp_path, wandb={"project": "mimo-jobs-tests", "mode": "online"})
-    t0 = time.monotonic()
     trackers = trackers_for(run, run_dir)
     try:
         (wb,) = [t for t in trackers.items if isinstance(t, WandbTracker)]
         assert wb.run.settings.mode == "offline"
-        assert time.monotonic() - t0 < 8
+        # at once: offline was chosen before any online start (one against the dead server would have
+        # failed, waited for its timeout and said so before falling back)
+        assert "W&B online failed" not in capsys.readouterr().err
     finally:
         trackers.close()
