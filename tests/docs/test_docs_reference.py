@@ -217,3 +217,10 @@ def test_reference_parser_sees_a_missing_row():
     documented = {k for keys, _ in rows for k in keys}
     fields = set(MODELS["FreezeSpec"].model_fields)
     assert fields - documented == {"llm"} and documented - fields == {"llm_head"}
+
+
+def test_design_states_the_stores_schema_version():
+    from mimo_jobs.store.schema import SCHEMA_VERSION
+
+    text = (REPO / "docs" / "design.md").read_text()
+    assert re.findall(r"schema version (\d+)", text) == [str(SCHEMA_VERSION)]
