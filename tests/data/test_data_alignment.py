@@ -4,22 +4,21 @@ and both agree with the one-process reference that reads every lane."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from helpers import TESTS
 from helpers.data import run_spec
+from helpers.launch import worker_env
 from mimo_jobs.data.synth import caption_sample
 
 N = 6  # microbatches per lane
 
 
 def _spawn(reqs: dict[str, dict]) -> dict[str, dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHDYNAMO_DISABLE": "1", "PYTHONPATH": str(TESTS)}
+    env = worker_env()
     procs = {
         name: subprocess.Popen(
             [sys.executable, "-m", "helpers.data", json.dumps(r)],

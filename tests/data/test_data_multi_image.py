@@ -6,7 +6,6 @@ the j-th placeholder of image i's run, checked position by position against the 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from helpers.launch import trainer, worker_env
 from mimo_jobs.data.batch import IGNORE_INDEX
 from mimo_jobs.data.energon_provider import EnergonProvider, LoaderConfig
 from mimo_jobs.data.images import ImageGeometry, encoder_inputs
@@ -192,9 +192,9 @@ def test_the_trainer_takes_a_step_on_interleaved_samples(datasets, tmp_path):
     rd = RunDir.of(tmp_path / "runs", spec.study, spec.name, spec.run_id)
     rd.root.mkdir(parents=True, exist_ok=True)
     rd.run_yaml.write_text(yaml.safe_dump(run_yaml_doc(spec, rd.root, provenance={}), sort_keys=False))
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1")
+    env = worker_env()
     proc = subprocess.run(
-        [sys.executable, "-m", "mimo_jobs.trainer", str(rd.run_yaml), "--reference", "--quiet"],
+        trainer(rd.run_yaml, "--reference", "--quiet"),
         env=env,
         capture_output=True,
         text=True,

@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from helpers.launch import worker_env
 from mimo_jobs.data.batch import IGNORE_INDEX
 from mimo_jobs.data.energon_provider import EnergonProvider, LoaderConfig
 from mimo_jobs.data.images import ImageGeometry
@@ -178,7 +178,7 @@ LOSS_TOL, GRAD_TOL = 1e-6, 1e-5
 def test_packed_and_unpacked_give_the_same_loss_and_gradients(dataset, tmp_path):
     root, blend = dataset
     out = tmp_path / "packing.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1")
+    env = worker_env()
     worker = Path(__file__).with_name("packing_worker.py")
     proc = subprocess.run(
         [sys.executable, str(worker), str(_run_yaml(tmp_path, blend)), str(out), "12"],

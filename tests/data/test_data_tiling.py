@@ -6,14 +6,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from helpers.launch import trainer, worker_env
 from mimo_jobs.data.images import ImageGeometry, decode, encoder_inputs
 from mimo_jobs.model.presets import PRESETS
 from mimo_jobs.model.tiling import closest_grid
@@ -265,9 +264,8 @@ def _run(root: Path, blend: Path, enc_dp: int, llm_dp: int):
 
 
 def _trainer(args: list[str], nproc: int = 0) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONUNBUFFERED="1")
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    cmd = (launch if nproc else [sys.executable]) + ["-m", "mimo_jobs.trainer", *args, "--quiet"]
+    env = worker_env()
+    cmd = trainer(args[0], *args[1:], "--quiet", nproc=nproc)
     r = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=500)
     assert r.returncode == 0, r.stderr[-4000:]
 

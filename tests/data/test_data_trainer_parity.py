@@ -7,14 +7,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from helpers.launch import trainer, worker_env
 from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.study.expand import runs_of
 from mimo_jobs.study.load import parse_study
@@ -135,19 +134,9 @@ def test_instruction_data_with_a_hf_chat_tokenizer_matches_reference(
 def _check_parity(root, blend, enc_dp, llm_dp, mbs, gbs, nw, tokenizer=None):
     spec, rd = _run_yaml(root, blend, enc_dp, llm_dp, mbs, gbs, nw, tokenizer)
     assert spec.rank_layout().fan == ("out" if enc_dp < llm_dp else "in")
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONUNBUFFERED="1")
+    env = worker_env()
     het = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={enc_dp + llm_dp}",
-            "-m",
-            "mimo_jobs.trainer",
-            str(rd.run_yaml),
-            "--quiet",
-        ],
+        trainer(rd.run_yaml, "--quiet", nproc=enc_dp + llm_dp),
         check=False,
         env=env,
         capture_output=True,
@@ -156,7 +145,7 @@ def _check_parity(root, blend, enc_dp, llm_dp, mbs, gbs, nw, tokenizer=None):
     )
     assert het.returncode == 0, het.stderr[-4000:]
     ref = subprocess.run(
-        [sys.executable, "-m", "mimo_jobs.trainer", str(rd.run_yaml), "--reference", "--quiet"],
+        trainer(rd.run_yaml, "--reference", "--quiet"),
         check=False,
         env=env,
         capture_output=True,

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
+from helpers.launch import trainer, worker_env
 from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.study.expand import runs_of
 from mimo_jobs.study.load import parse_study
@@ -91,7 +90,7 @@ def world_of(run_yaml: Path) -> int:
 
 
 def trainer_env(extra: dict | None = None) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONUNBUFFERED="1")
+    env = worker_env()
     for k in (
         "MIMO_CKPT_CRASH",
         "MIMO_CKPT_KILL_AFTER_ITER",
@@ -109,18 +108,7 @@ def trainer_env(extra: dict | None = None) -> dict:
 
 
 def torchrun_cmd(run_yaml: Path, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={world_of(run_yaml)}",
-        "-m",
-        "mimo_jobs.trainer",
-        str(run_yaml),
-        "--quiet",
-        *args,
-    ]
+    return trainer(run_yaml, "--quiet", *args, nproc=world_of(run_yaml))
 
 
 def launch(

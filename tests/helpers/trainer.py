@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
+from helpers.launch import trainer, worker_env
 from mimo_jobs.study.expand import runs_of
 from mimo_jobs.study.load import parse_study
 from mimo_jobs.study.runspec import run_yaml_doc
@@ -67,26 +65,14 @@ def make_run_yaml(
     return p
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env() -> dict:
-    env = dict(os.environ, TORCHDYNAMO_DISABLE="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    env.pop("WORLD_SIZE", None)
-    return env
-
-
 def run_reference(run_yaml: Path, metrics: Path, timeout: int = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "mimo_jobs.trainer", str(run_yaml), "--reference", "--metrics", str(metrics)],
+        trainer(run_yaml, "--reference", "--metrics", str(metrics)),
         check=False,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_env(),
+        env=worker_env(),
     )
 
 
@@ -94,27 +80,12 @@ def run_torchrun(
     run_yaml: Path, nproc: int, metrics: Path, timeout: int = 300
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(nproc),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            "-m",
-            "mimo_jobs.trainer",
-            str(run_yaml),
-            "--metrics",
-            str(metrics),
-        ],
+        trainer(run_yaml, "--metrics", str(metrics), nproc=nproc),
         check=False,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_env(),
+        env=worker_env(),
     )
 
 

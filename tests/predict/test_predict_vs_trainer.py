@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.launch import worker_env
 from helpers.trainer import assert_ok, make_run_yaml, run_torchrun
 from mimo_jobs.model.presets import PRESETS
 from mimo_jobs.predict import activations as A
@@ -42,7 +43,7 @@ def _measure(tmp_path: Path, model: str) -> dict:
         capture_output=True,
         text=True,
         timeout=240,
-        env={**__import__("os").environ, "TORCHDYNAMO_DISABLE": "1", "OMP_NUM_THREADS": "1"},
+        env=worker_env(),
     )
     assert_ok(p, f"measure {model}")
     return json.loads(out.read_text()), ry

@@ -15,6 +15,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from helpers.launch import worker_env
 from mimo_jobs.model.arch import EncoderArch, LLMArch, ModelArch
 from mimo_jobs.model.presets import ENCODERS, LLMS, PRESETS
 
@@ -59,7 +60,7 @@ def _run_worker(archs: list[ModelArch], tmp_path: Path) -> list[dict]:
         capture_output=True,
         text=True,
         timeout=300,
-        env=dict(os.environ, TORCHDYNAMO_DISABLE="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+        env=worker_env(),
     )
     assert p.returncode == 0, p.stderr[-6000:]
     return json.loads(p.stdout.strip().splitlines()[-1])

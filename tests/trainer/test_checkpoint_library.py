@@ -5,12 +5,13 @@ continuation after a restore into a differently initialised model with scrambled
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers.launch import worker_env
 
 HERE = Path(__file__).parent
 
@@ -18,7 +19,7 @@ HERE = Path(__file__).parent
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     out = tmp_path_factory.mktemp("libckpt")
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1")
+    env = worker_env()
     r = subprocess.run(
         [sys.executable, str(HERE / "ckpt_lib_worker.py"), str(out)],
         capture_output=True,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import torch
 import yaml
 
 from helpers import checkpoint as H
+from helpers.launch import trainer
 from mimo_jobs.contract.manifest import CheckpointError, resolve_source
 from mimo_jobs.trainer.checkpoint.reshard import Cut
 
@@ -163,7 +163,7 @@ def test_unfinished_save_is_refused_before_any_collective(tmp_path):
     with_init(y, unfinished)
     env = H.trainer_env({"WORLD_SIZE": "1"})
     r = subprocess.run(
-        [sys.executable, "-m", "mimo_jobs.trainer", str(y), "--quiet"],
+        trainer(y, "--quiet"),
         env=env,
         capture_output=True,
         text=True,

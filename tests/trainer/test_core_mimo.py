@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers.trainer import _env, assert_ok, free_port, iterations, make_run_yaml, run_torchrun
+from helpers.launch import torchrun, worker_env
+from helpers.trainer import assert_ok, iterations, make_run_yaml, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -25,25 +25,14 @@ YARDSTICK = Path(__file__).with_name("core_yardstick_worker.py")
 
 
 def _torchrun(script: Path, nproc: int, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(), check=False)
+    cmd = torchrun(nproc, script, *args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=worker_env(), check=False)
 
 
 @pytest.fixture(scope="module")
 def found(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("core_mimo")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "3",
-        "--master-addr",
-        "127.0.0.1",
-    ]
-    cmd += ["--master-port", str(free_port()), str(WORKER), str(out)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(), check=False)
+    p = _torchrun(WORKER, 3, str(out))
     assert p.returncode == 0, f"core_mimo_worker failed (rc={p.returncode}):\n{p.stderr[-6000:]}"
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(3)]
 

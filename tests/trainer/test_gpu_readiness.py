@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.launch import trainer, worker_env
 from mimo_jobs.trainer.device import cpu_environ, prepare, runs_on_cpu
 from mimo_jobs.trainer.model.kernels import (
     LOCAL,
@@ -125,7 +126,7 @@ def test_python_m_trainer_hides_cuda_before_torch_is_imported(tmp_path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(probe), os.environ.get("PYTHONPATH", "")]))
     env.update(PROBE_OUT=str(out), CUDA_VISIBLE_DEVICES="0", WORLD_SIZE="7")  # a launch preflight refuses
     p = subprocess.run(
-        [sys.executable, "-m", "mimo_jobs.trainer", str(ry)],
+        trainer(ry),
         env=env,
         capture_output=True,
         text=True,
@@ -145,7 +146,7 @@ def test_the_local_backend_builds_with_a_gpu_runs_precision(model) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env=dict(os.environ, TORCHDYNAMO_DISABLE="1"),
+        env=worker_env(),
     )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])

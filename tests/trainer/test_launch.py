@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 import yaml
 
-from helpers.trainer import _env, free_port, make_run_yaml, run_reference, run_torchrun
+from helpers.launch import free_port, trainer, worker_env
+from helpers.trainer import make_run_yaml, run_reference, run_torchrun
 
 
 def _spawn_ranks(run_yaml, world: int):
@@ -18,7 +18,7 @@ def _spawn_ranks(run_yaml, world: int):
     procs = []
     for r in range(world):
         env = dict(
-            _env(),
+            worker_env(),
             WORLD_SIZE=str(world),
             RANK=str(r),
             LOCAL_RANK=str(r),
@@ -28,7 +28,7 @@ def _spawn_ranks(run_yaml, world: int):
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "mimo_jobs.trainer", str(run_yaml)],
+                trainer(run_yaml),
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -16,7 +16,8 @@ import yaml
 
 import mimo_jobs.data.mock as D
 from helpers import STUDIES
-from helpers.trainer import _env, assert_ok, iterations, make_run_yaml, run_reference
+from helpers.launch import worker_env
+from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference
 from mimo_jobs.study.expand import runs_of
 from mimo_jobs.study.load import load_study
 from mimo_jobs.study.runspec import run_yaml_doc
@@ -116,7 +117,7 @@ def test_captions_need_the_image(tmp_path):
         capture_output=True,
         text=True,
         timeout=240,
-        env=_env(),
+        env=worker_env(),
     )
     assert_ok(zeroed, "reference (zeroed images)")
     t, f, z = _losses(mt), _losses(mf), _losses(mz)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -108,18 +107,19 @@ def test_train_iters_0_is_a_conversion_and_needs_init():
 
 @pytest.mark.slow
 def test_the_trainer_exits_2_with_one_line_before_any_collective(tmp_path, llama):
-    from helpers.trainer import _env, make_run_yaml
+    from helpers.launch import trainer, worker_env
+    from helpers.trainer import make_run_yaml
 
     bad = tmp_path / "no-config"
     bad.mkdir()
     model = {"encoder": "tiny", "llm": {"hf_config": str(llama / "config.json")}}
     y = make_run_yaml(tmp_path / "run", gpn=2, gbs=2, trainer={"model": model, "init": {"llm": str(bad)}})
     p = subprocess.run(
-        [sys.executable, "-m", "mimo_jobs.trainer", str(y), "--reference"],
+        trainer(y, "--reference"),
         capture_output=True,
         text=True,
         timeout=300,
-        env=_env(),
+        env=worker_env(),
     )
     assert p.returncode == 2, p.stderr[-3000:]
     lines = [ln for ln in p.stderr.splitlines() if "error" in ln]

@@ -7,12 +7,13 @@ trainer does (build._build_language / _build_encoder with trainer.init naming th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers.launch import worker_env
 
 pytest.importorskip("transformers")
 
@@ -21,12 +22,6 @@ import hf_models  # noqa: E402
 HERE = Path(__file__).parent
 WORKER = HERE / "hf_worker.py"
 TOL = 1e-5
-
-
-def _env() -> dict:
-    env = dict(os.environ, TORCHDYNAMO_DISABLE="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    env.pop("WORLD_SIZE", None)
-    return env
 
 
 def _results(p: subprocess.CompletedProcess) -> list[dict]:
@@ -38,19 +33,18 @@ def _one_process(specs: list[dict], tmp_path: Path) -> list[dict]:
     f = tmp_path / "specs.json"
     f.write_text(json.dumps(specs))
     p = subprocess.run(
-        [sys.executable, str(WORKER), str(f)], capture_output=True, text=True, timeout=600, env=_env()
+        [sys.executable, str(WORKER), str(f)], capture_output=True, text=True, timeout=600, env=worker_env()
     )
     return _results(p)
 
 
 def _torchrun(spec: dict, nproc: int, tmp_path: Path) -> list[dict]:
-    from helpers.trainer import free_port
+    from helpers.launch import torchrun
 
     f = tmp_path / "spec.json"
     f.write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(WORKER), str(f)]
-    return _results(subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env()))
+    cmd = torchrun(nproc, WORKER, f)
+    return _results(subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=worker_env()))
 
 
 def _check(results: list[dict], n: int) -> None:

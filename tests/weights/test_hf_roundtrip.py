@@ -34,7 +34,8 @@ def _tensors(d):
 
 def _train_and_export(tmp_path, family, kind, layout, nproc, iters=0, extra=None):
     """(HF LLM dir, HF vision dir, export dir) of a run that starts from both and trains `iters`."""
-    from helpers.trainer import _env, assert_ok, make_run_yaml, run_torchrun
+    from helpers.launch import worker_env
+    from helpers.trainer import assert_ok, make_run_yaml, run_torchrun
 
     llm = hf_models.save_llm(family, tmp_path / "hf-llm")
     enc = hf_models.save_encoder(kind, tmp_path / "hf-enc")
@@ -54,7 +55,7 @@ def _train_and_export(tmp_path, family, kind, layout, nproc, iters=0, extra=None
 
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "mimo_jobs.cli", "export", str(tmp_path / "run" / "checkpoints"), str(out)]
-    e = subprocess.run([*cmd, "--to", "hf"], capture_output=True, text=True, timeout=300, env=_env())
+    e = subprocess.run([*cmd, "--to", "hf"], capture_output=True, text=True, timeout=300, env=worker_env())
     assert e.returncode == 0, e.stderr[-3000:]
     return llm, enc, out
 

@@ -9,7 +9,6 @@ line naming the file, the key and both shapes; the trainer exits 2 before traini
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.launch import worker_env
 from mimo_jobs.trainer.checkpoint.megatron_load import (
     MegatronInitError,
     Source,
@@ -31,14 +31,6 @@ TOL = 1e-5
 ITER = "iter_0000010"
 
 
-def _env() -> dict:
-    env = dict(os.environ, TORCHDYNAMO_DISABLE="1", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    env.pop("WORLD_SIZE", None)
-    # the worker (a script in this folder) imports this checkout's mimo_jobs, whichever one is installed
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[1]), env.get("PYTHONPATH")]))
-    return env
-
-
 def _results(p: subprocess.CompletedProcess) -> list[dict]:
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
     return [json.loads(ln[len("RESULT ") :]) for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -49,11 +41,10 @@ def _worker(specs: list[dict], tmp_path: Path, nproc: int = 1) -> list[dict]:
     f.write_text(json.dumps(specs))
     cmd = [sys.executable, str(WORKER), str(f)]
     if nproc > 1:
-        from helpers.trainer import free_port
+        from helpers.launch import torchrun
 
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-        cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(WORKER), str(f)]
-    return _results(subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env()))
+        cmd = torchrun(nproc, WORKER, f)
+    return _results(subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=worker_env()))
 
 
 def _equal(r: dict) -> None:
