@@ -240,10 +240,12 @@ def _set_aux_scale(st: TrainState, n_tokens: float) -> None:
     if st.preset.llm.num_experts and st.language is not None:
         from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
-        # Per-token-loss mode: the aux loss gradient is scaled like the main loss (1/N). mcore 0.19 weights
-        # each rank's (partial, under sequence parallelism) aux loss by its LOCAL token count, which SP
-        # divides by the TP size; multiplying back keeps the gradient independent of the LLM's TP size.
-        scale = _sp_size(st) / max(n_tokens, 1.0)
+        # Per-token-loss mode: the aux loss gradient is scaled like the main loss (1/N). megatron-core 0.19
+        # weights each rank's aux loss by its local token count times the tp_cp group's size (router.py,
+        # calculate_per_token_loss): under sequence parallelism that is the whole sequence's count, so the
+        # gradient is already independent of the LLM's TP size (0.16.1 weighted by the local count alone,
+        # and the trainer multiplied the SP size back).
+        scale = 1.0 / max(n_tokens, 1.0)
         MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale, device=st.device))
 
 
