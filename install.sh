@@ -4,7 +4,7 @@
 #   bash install.sh               toolkit + trainer (extra `train`)
 #   bash install.sh train,dev     ... and the test tools (what tests/run.sh asks for)
 # Which Python: $MIMO_JOBS_PYTHON if set, else the first of python3.12, python3.13, python3 that is >= 3.12,
-# else a pyenv-installed 3.12 (`pyenv install 3.12` where none is; conda, uv and Debian's python3.12 work too).
+# else a pyenv-installed 3.12 or 3.13 (`pyenv install 3.12` where none is; conda, uv and Debian's python3.12 work too).
 # A .venv on an older Python is replaced.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -17,11 +17,12 @@ find_python() {
   for c in ${MIMO_JOBS_PYTHON:-} python3.12 python3.13 python3; do
     if command -v "$c" >/dev/null 2>&1 && new_enough "$c"; then command -v "$c"; return; fi
   done
-  if command -v pyenv >/dev/null 2>&1; then
-    for c in "$(pyenv root)"/versions/3.12*/bin/python3.12; do
-      if [[ -x "$c" ]] && new_enough "$c"; then echo "$c"; return; fi
-    done
-  fi
+  # pyenv's interpreters by path (its shims name only the selected versions; `pyenv` may not be on PATH)
+  local root="${PYENV_ROOT:-$HOME/.pyenv}"
+  if command -v pyenv >/dev/null 2>&1; then root="$(pyenv root)"; fi
+  for c in "$root"/versions/3.12*/bin/python3.12 "$root"/versions/3.13*/bin/python3.13; do
+    if [[ -x "$c" ]] && new_enough "$c"; then echo "$c"; return; fi
+  done
   echo "install.sh: no Python >= 3.12 found (tried \$MIMO_JOBS_PYTHON, python3.12, python3.13, python3, pyenv);" \
     "install one (pyenv install 3.12, conda, uv python install 3.12) or set MIMO_JOBS_PYTHON" >&2
   return 1
