@@ -5,5 +5,8 @@ both sides import these modules, neither imports the other.
   requeue     the requeue contract: exit code, marker file, log line
   rundir      the run directory's layout and the checkpoint directory (one resolver)
   manifest    the checkpoint manifest format and its torch-free readers
+  memory      the memory-facts record each rank writes
+  events      the event kinds ingest stores, with each kind's family and retry worth
+  jobstates   what each scheduler state means
   datastats   the dataset statistics file `data stats` writes and the planner reads
 """

@@ -2,7 +2,10 @@
 
 Modules (none imports energon/torch at import time except task_encoder, energon_provider and samples, which
 only the trainer and the `data` commands load):
+  batch          the batch contract between providers and the trainer's step
+  mock           the mock provider, and the branch to energon (make_provider)
   synth          synthetic image-caption, text-only, VQA and conversation shards, energon-prepared, + a blend
+  synth_multi    synthetic datasets whose samples hold several images
   tokenizer      built-in character tokenizer (synthetic data) or a local HuggingFace tokenizer
   chat           plain and chat-template layouts: token ids and which tokens carry loss (pure)
   samples        JSON-member decoding and the ConversationSample type (energon)
@@ -10,6 +13,8 @@ only the trainer and the `data` commands load):
   images         image size -> patch-token count and pixel preprocessing shared with the trainer's encoder
   task_encoder   energon TaskEncoder: placeholders, labels, loss mask, flat variable-length image batches
   energon_provider  the trainer's Provider: one savable energon loader per LLM DP lane, exact resume
+  mux            one energon loader for the several lanes an encoder replica serves
+  packing        sequence packing (pure): which samples share a row, and where each sits
   check          cheap checks of an energon data setting before any loader exists (no energon import)
   errors         DataError: names the dataset, shard and sample a problem is in
 """

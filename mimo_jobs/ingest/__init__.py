@@ -11,6 +11,9 @@
 - `origin`      who wrote a line (srun/torchrun prefixes) and what a log file's path says
 - `timestamps`  timestamps in log text
 - `metrics`     metrics.jsonl records into rows
+- `memory`      per-rank memory facts into `rank_memory`
+- `layout`      what `ingest --layout/--model` says about logs produced elsewhere
+- `told`        `ingest --layout/--model` resolved into what the store records for them
 - `sacct`       sacct output (polled by the SLURM executor, or dumps given to ingest) and its jobs rows
 - `staging`     parsed rows staged and merged into the store
 """

@@ -1,5 +1,8 @@
 """Store: one DuckDB file holding studies, runs, jobs, iterations and events.
 
-- `connection`  opening the file (locks, read-only) and transactions
+- `connection`  opening the file (locks, read-only)
+- `schema`      every table's DDL and every migration
+- `tx`          transactions: a write of several rows is all or nothing
 - `catalog`     writers of the studies and runs tables
+- `errors`      what can be wrong with a store file, each in one line
 """
