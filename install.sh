@@ -14,7 +14,17 @@ new_enough() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/
 
 find_python() {
   local c
-  for c in ${MIMO_JOBS_PYTHON:-} python3.12 python3.13 python3; do
+  if [[ -n "${MIMO_JOBS_PYTHON:-}" ]]; then  # named by the user: that one or a clear refusal, never another
+    if command -v "$MIMO_JOBS_PYTHON" >/dev/null 2>&1 && new_enough "$MIMO_JOBS_PYTHON"; then
+      command -v "$MIMO_JOBS_PYTHON"
+      return
+    fi
+    local what="not found"
+    if command -v "$MIMO_JOBS_PYTHON" >/dev/null 2>&1; then what="$("$MIMO_JOBS_PYTHON" -V 2>&1)"; fi
+    echo "install.sh: MIMO_JOBS_PYTHON=$MIMO_JOBS_PYTHON is not a Python >= 3.12 ($what)" >&2
+    return 1
+  fi
+  for c in python3.12 python3.13 python3; do
     if command -v "$c" >/dev/null 2>&1 && new_enough "$c"; then command -v "$c"; return; fi
   done
   # pyenv's interpreters by path (its shims name only the selected versions; `pyenv` may not be on PATH)
@@ -23,7 +33,7 @@ find_python() {
   for c in "$root"/versions/3.12*/bin/python3.12 "$root"/versions/3.13*/bin/python3.13; do
     if [[ -x "$c" ]] && new_enough "$c"; then echo "$c"; return; fi
   done
-  echo "install.sh: no Python >= 3.12 found (tried \$MIMO_JOBS_PYTHON, python3.12, python3.13, python3, pyenv);" \
+  echo "install.sh: no Python >= 3.12 found (tried python3.12, python3.13, python3, pyenv's versions);" \
     "install one (pyenv install 3.12, conda, uv python install 3.12) or set MIMO_JOBS_PYTHON" >&2
   return 1
 }
@@ -33,7 +43,7 @@ if [[ -x .venv/bin/python ]] && ! new_enough .venv/bin/python; then
   rm -rf .venv
 fi
 if [[ ! -x .venv/bin/python ]]; then
-  py="$(find_python)"
+  py="$(find_python)" || exit 2
   echo "== python -m venv .venv ($("$py" -V 2>&1))"
   "$py" -m venv .venv
 fi

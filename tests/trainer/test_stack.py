@@ -6,22 +6,32 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from mimo_jobs.trainer.stack import stack_problem
+import tomllib
+
+from helpers import REPO
+from mimo_jobs.trainer.stack import required_megatron_core, stack_problem
 
 
 def test_this_environment_is_the_trainers_stack():
     assert stack_problem() is None
+    # the release comes from the package's own pin, read independently here from pyproject.toml
+    pins = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["train"]
+    (pin,) = [p for p in pins if p.startswith("megatron-core==")]
+    assert required_megatron_core() == ".".join(pin.split("==")[1].split(".")[:2])
 
 
 def test_an_old_python_or_another_megatron_core_is_refused_with_what_to_install():
-    old_python = stack_problem(python=(3, 11), megatron="0.19.2")
+    old_python = stack_problem(python=(3, 11), megatron="0.19.2", required="0.19")
     assert old_python.startswith("the trainer needs Python >= 3.12 (megatron-core 0.19), this is 3.11: ")
     assert "bash install.sh" in old_python
-    assert stack_problem(python=(3, 12), megatron="0.16.1").startswith(
+    assert stack_problem(python=(3, 12), megatron="0.16.1", required="0.19").startswith(
         "megatron-core 0.16.1 is installed, the trainer needs 0.19.x: "
     )
     assert stack_problem(python=(3, 12), megatron=None).startswith("megatron-core is not installed: ")
-    assert stack_problem(python=(3, 13), megatron="0.19.0") is None
+    assert stack_problem(python=(3, 13), megatron="0.19.0", required="0.19") is None
+    assert stack_problem(python=(3, 12), megatron="0.20.1", required="0.19").startswith(
+        "megatron-core 0.20.1 is"
+    )
 
 
 def test_python_m_trainer_says_so_and_exits_2_without_importing_megatron(tmp_path):
