@@ -54,9 +54,8 @@ def cli(
     *args: str, env: dict | None = None, timeout: float = 300, check: bool = False
 ) -> subprocess.CompletedProcess:
     """The real command line in a fresh process (as a user runs it)."""
-    e = dict(os.environ)
+    e = dict(os.environ, COLUMNS="250")  # wide tables, whatever width the runner's own COLUMNS says
     e.update(env or {})
-    e.setdefault("COLUMNS", "250")
     p = subprocess.run(
         [sys.executable, "-m", "mimo_jobs.cli", *map(str, args)],
         check=False,
