@@ -96,7 +96,10 @@ def _overridden(cls, base: dict, overrides: dict, name: str):
 
 
 def _read_hf(path, base_dir, from_hf) -> dict:
-    p = Path(str(path)).expanduser()
+    try:
+        p = Path(str(path)).expanduser()
+    except RuntimeError as e:  # ~user with no home directory
+        raise ArchError("hf_config", f"{path}: {str(e).rstrip('.')}") from None
     if not p.is_absolute() and base_dir is not None:
         p = Path(base_dir) / p
     if not p.is_file():

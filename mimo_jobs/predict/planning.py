@@ -13,6 +13,7 @@ from .layouts import (
     Candidate,
     colocated_gbs,
     free_bytes,
+    nearest_tiled_gbs,
     point_dict,
     price_layouts,
     price_with_savers,
@@ -37,6 +38,7 @@ class NodePlan:
     nearest_colocated_gbs: list[int] = field(default_factory=list)
 
     best_heterogeneous: Candidate | None = None
+    tiling_note: str | None = None  # why no layout was priced at all (none tiles the batch)
 
     @property
     def best(self) -> Candidate | None:
@@ -45,7 +47,7 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class Flag:
-    kind: str  # larger-slower | no-colocated | nothing-fits
+    kind: str  # larger-slower | no-colocated | nothing-fits | nothing-tiles
     nodes: int
     gbs: int
     message: str
@@ -83,13 +85,21 @@ def plan_one(
         else:
             note = "no colocated layout is feasible on this node count"
     hetero = next((c for c in fit if not c.layout.colocated), None)
-    return NodePlan(nodes, gbs, ranked, len(fit) + len(over), colo, note, nearest, hetero)
+    tiling = None
+    if not fit and not over:  # nothing was priced: no layout tiles the batch, memory was never the question
+        up = nearest_tiled_gbs(s.layout, nodes, colocated_only=shape.preset.text_only)
+        tiling = f"no layout tiles gbs {gbs} on {nodes * shape.layout.gpus_per_node} GPUs" + (
+            f"; the smallest gbs above it that one does: {up}" if up else ""
+        )
+    return NodePlan(nodes, gbs, ranked, len(fit) + len(over), colo, note, nearest, hetero, tiling)
 
 
 def cross_flags(plans: list[NodePlan]) -> list[Flag]:
     flags = []
     for p in plans:
-        if p.best is None:
+        if p.best is None and p.tiling_note:
+            flags.append(Flag("nothing-tiles", p.nodes, p.gbs, f"{p.nodes} nodes: {p.tiling_note}"))
+        elif p.best is None:
             flags.append(
                 Flag("nothing-fits", p.nodes, p.gbs, f"{p.nodes} nodes, gbs {p.gbs}: no layout fits")
             )
@@ -212,6 +222,8 @@ FLAG_MEANING = {
     "no-colocated": "no colocated layout divides the global batch over this many GPUs; the nearest batches that "
     "would are given",
     "nothing-fits": "no layout fits in memory (with the headroom asked for) on this node count",
+    "nothing-tiles": "no layout divides the global batch over this many GPUs, so none was priced; the nearest "
+    "batch that one does is given",
 }
 
 
@@ -236,7 +248,7 @@ def plan_text(r: PlanResult, study: str) -> list[str]:
             f"# {p.nodes} node(s), gbs {p.gbs}: {len(p.ranked)} shown of {p.priced} feasible layouts"
         )
         if not p.ranked:
-            lines.append("#   no layout fits")
+            lines.append(f"#   {p.tiling_note}" if p.tiling_note else "#   no layout fits")
         lines.append("points:")
         for c in p.ranked:
             pr = c.prediction
@@ -259,7 +271,13 @@ def plan_text(r: PlanResult, study: str) -> list[str]:
         if p.best_heterogeneous:
             split = split_label(p.best_heterogeneous.layout)
         else:  # a text-only model has no encoder to split off: its best is the LLM alone on every GPU
-            split = "no split (text-only)" if text_only else "no split fits"
+            split = (
+                "no split (text-only)"
+                if text_only
+                else "none tiles the batch"
+                if p.tiling_note
+                else "no split fits"
+            )
         lines.append(
             f"#         {p.nodes:5d} {p.gbs:5d}  {secs(p.best, 11)}  {secs(p.best_heterogeneous, 12)}  "
             f"{secs(p.best_colocated, 16)}  {split}"

@@ -17,7 +17,7 @@ from pathlib import Path
 from mimo_jobs.errors import MimoJobsError
 
 from . import schema
-from .errors import NoStore, NotAStore, StoreError, StoreLocked, explain, is_lock, lock_holder
+from .errors import NoStore, NotAStore, StoreCorrupt, StoreError, StoreLocked, explain, is_lock, lock_holder
 from .tx import transaction
 
 __all__ = ["NoStore", "StoreError", "StoreLocked", "connect", "db_path", "transaction"]
@@ -144,6 +144,8 @@ def _check_schema(con, path: Path, read_only: bool) -> None:
             schema.present_older(con, _STORE)
     except duckdb.Error as e:
         raise explain(e, path) from None
+    except schema.BadVersion as e:
+        raise StoreCorrupt(str(e), str(path)) from None
 
 
 # The store file is attached under _STORE to an in-memory database (_SCRATCH: DuckDB's name for it), which

@@ -152,15 +152,27 @@ ADDED_COLUMNS = [
 ]
 
 
+class BadVersion(ValueError):
+    """The store's meta table holds a schema_version that is not a number."""
+
+
 def version_of(con) -> int | None:
-    """The schema version a store says it has (None: a new, empty file)."""
+    """The schema version a store says it has (None: a new, empty file); BadVersion when it is not a number."""
     import duckdb
 
     try:
         v = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
     except duckdb.CatalogException:
         return None
-    return int(v[0][0]) if v else None
+    if not v:
+        return None
+    try:
+        return int(v[0][0])
+    except (TypeError, ValueError):
+        raise BadVersion(
+            f"its meta table's schema_version is {v[0][0]!r}, not a number (the file was edited by hand or by "
+            "another program); it was left as it is"
+        ) from None
 
 
 def written_by(con) -> str | None:

@@ -289,12 +289,9 @@ class DataSpec(_Strict):
 
         from mimo_jobs.contract.datastats import read_stats
 
-        p = Path(v).expanduser()
-        base_dir = (info.context or {}).get("base_dir")
-        if not p.is_absolute() and base_dir is not None:
-            p = Path(base_dir) / p
+        p = Path(absolute_path(v, (info.context or {}).get("base_dir")))
         read_stats(p)  # a missing or malformed file fails here, naming the field it came from
-        return str(p.resolve())
+        return str(p)
 
     @model_validator(mode="after")
     def _check(self) -> DataSpec:
@@ -352,15 +349,25 @@ class MegatronCheckpoint(_Strict):
     megatron: str = Field(min_length=1, max_length=4096)
 
 
-def _beside_study(path: str, info: ValidationInfo) -> str:
-    """An absolute path: a relative one is taken from the study file's directory (when validating one)."""
+def absolute_path(path: str, base_dir=None) -> str:
+    """`path` made absolute: `~` expanded, a relative one taken from `base_dir` (when given), links resolved.
+    ValueError (which pydantic reports against the field) for a `~user` with no home or a symlink loop."""
     from pathlib import Path
 
-    p = Path(path).expanduser()
-    base_dir = (info.context or {}).get("base_dir")
-    if not p.is_absolute() and base_dir is not None:
-        p = Path(base_dir) / p
-    return str(p.resolve())
+    try:
+        p = Path(path).expanduser()
+        if not p.is_absolute() and base_dir is not None:
+            p = Path(base_dir) / p
+        return str(p.resolve())
+    except RuntimeError as e:  # pathlib: "Could not determine home directory.", "Symlink loop from ..."
+        raise ValueError(f"{path!r}: {str(e).rstrip('.')}") from None
+    except OSError as e:
+        raise ValueError(f"{path!r}: {e.strerror or e}") from None
+
+
+def _beside_study(path: str, info: ValidationInfo) -> str:
+    """An absolute path: a relative one is taken from the study file's directory (when validating one)."""
+    return absolute_path(path, (info.context or {}).get("base_dir"))
 
 
 class InitSpec(_Strict):
@@ -388,9 +395,8 @@ class InitSpec(_Strict):
     @classmethod
     def _checkpoint_dir(cls, v: str | None) -> str | None:
         # run directories are relative to where mimo-jobs runs (--runs-dir), not to the study file
-        from pathlib import Path
 
-        return v if v is None else str(Path(v).expanduser().resolve())
+        return v if v is None else absolute_path(v)
 
     @model_validator(mode="after")
     def _one_source(self) -> InitSpec:

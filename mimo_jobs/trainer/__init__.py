@@ -25,6 +25,7 @@ Modules, in the order a run uses them:
     checkpointer    the loop's checkpoint hooks: resume, periodic saves, stop-save-requeue
     files           the collective, atomic save and load of a sharded checkpoint
     state           the torch state in a checkpoint: RNG, weights (dense | expert), optimizer state
+    as_data         handed-over pickles (checkpoint parts, a torch_dist index) read as data, never as code
   observe/
     iterlog         Megatron-format iteration lines and the metrics.jsonl records
     trackers        TensorBoard / W&B from the same records; a failing dashboard never stops training

@@ -75,6 +75,22 @@ def test_the_command_gets_every_layout_value_quoted(tmp_path):
         ("python x.py --a 'open", "No closing quotation"),
         ("{% if false %}x{% endif %}", "renders to nothing"),
         ("python x.py {{ ''.__class__.__mro__ }}", "unsafe"),
+        # a value the shell would read again, a comment that eats the exit-code capture, a second line
+        ("python x.py `echo {{ run_dir }}`", "placeholder inside backquotes"),
+        ("python x.py $'{{ run_dir }}'", "placeholder inside $'...'"),
+        ("python x.py #{{ gbs }}", "unquoted word starting with '#'"),
+        ('python x.py {% filter replace(" ", "\\n") %}a b{% endfilter %}', "more than one line"),
+        # the template's own failures: one line each, never a traceback
+        ('python x.py {% include "other" %}', "have nothing to read"),
+        ("python x.py {{ gbs / 0 }}", "ZeroDivisionError"),
+        ("python x.py {{ run_dir + 1 }}", "TypeError"),
+        ("python x.py {% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recurses without end"),
+        # bounded: no exec takes a 200 KB argument, and a command line is not worth minutes of looping
+        ("python x.py {{ 'a' * 200000 }}", "over 128 KiB"),
+        (
+            "python x.py {% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
+            "took more",
+        ),
     ],
 )
 def test_bad_commands_are_refused_before_anything_is_written(tmp_path, command, expect):
@@ -107,11 +123,23 @@ def test_a_point_may_carry_its_own_command_beside_packaged_trainer_points(tmp_pa
     assert "--no-python" in text and "python b.py --gbs 4" in text and "mimo_jobs.trainer" not in text
 
 
-def test_hostile_values_stay_inert_in_the_rendered_script(tmp_path):
+# however the template surrounds a placeholder (bare, in its own quotes, glued to a flag), the value is one word
+SAVE_FORMS = {
+    "bare": ("--save {{ checkpoint_dir }}", ["--save", "{}"]),
+    "single-quoted": ("--save '{{ checkpoint_dir }}'", ["--save", "{}"]),
+    "double-quoted": ('--save "{{ checkpoint_dir }}"', ["--save", "{}"]),
+    "glued": ("--save={{ checkpoint_dir }}", ["--save={}"]),
+    "inside a quoted word": ('--save "at:{{ checkpoint_dir }}:end"', ["--save", "at:{}:end"]),
+}
+
+
+@pytest.mark.parametrize("form", list(SAVE_FORMS))
+def test_hostile_values_stay_inert_in_the_rendered_script(tmp_path, form):
     canary = tmp_path / "canary"
     hostile_dir = str(tmp_path / f"ck'x\" $(touch {canary}) `touch {canary}`\nline2 ; | &")
     hostile_env = f"a'b\"c $(touch {canary})\n`touch {canary}` ; end"
-    doc = study_doc("python3 train.py --save {{ checkpoint_dir }} --tb {{ run_dir }}/tb --note {{ study }}")
+    save, save_words = SAVE_FORMS[form]
+    doc = study_doc(f"python3 train.py {save} --tb {{{{ run_dir }}}}/tb --note {{{{ study }}}}")
     doc["trainer"]["checkpoint_dir"] = hostile_dir
     doc["cluster"]["env"] = {"EVIL": hostile_env}
     bin_dir = tmp_path / "bin"
@@ -145,7 +173,8 @@ def test_hostile_values_stay_inert_in_the_rendered_script(tmp_path):
     rec = json.loads((out / "python.json").read_text())
     argv = rec["argv"]
     tail = argv[argv.index("--no-python") + 1 :]
-    assert tail == ["python3", "train.py", "--save", hostile_dir, "--tb", f"{r.run_dir}/tb", "--note", "ext"]
+    saved = [w.replace("{}", hostile_dir) for w in save_words]
+    assert tail == ["python3", "train.py", *saved, "--tb", f"{r.run_dir}/tb", "--note", "ext"]
     assert rec["env"]["EVIL"] == hostile_env
     assert rec["env"]["MIMO_JOBS_CHECKPOINT_DIR"] == hostile_dir
     assert rec["env"]["MIMO_JOBS_REQUEUE_MARKER"].startswith(hostile_dir + "/")

@@ -1,27 +1,30 @@
-"""The packaged CPU study run once per test session by `mimo-jobs demo` (the real trainer under the local
-executor, ~45 s): its store and run directories, shared by the slow tests that read real trainer output."""
+"""The packaged CPU study run once per pytest run by `mimo-jobs demo` (the real trainer under the local
+executor, ~45 s): its store and run directories, shared by the slow tests that read real trainer output, on
+whichever worker they run."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from helpers.runs import exclusive, shared_root
 from helpers.submit import cli
 
 
 def demo_store(tmp_path_factory) -> tuple[Path, Path]:
-    """(store, runs root) of a completed demo; run on the first call of the session, reused after."""
-    root = tmp_path_factory.getbasetemp() / "demo-once"
+    """(store, runs root) of a completed demo; run on the first call of the pytest run, reused after."""
+    root = shared_root(tmp_path_factory) / "demo-once"
     db, runs = root / "demo.duckdb", root / "runs"
-    if not (root / "done").exists():
-        root.mkdir(exist_ok=True)
-        env = {"MIMO_JOBS_LOCAL_SLOTS_DIR": str(root / "slots")}
-        p = cli("demo", "--db", db, "--runs-dir", runs, env=env, timeout=900)
-        assert p.returncode == 0, p.stdout + p.stderr
-        (root / "done").write_text(p.stdout)
+    with exclusive(root.with_suffix(".lock")):
+        if not (root / "done").exists():
+            root.mkdir(exist_ok=True)
+            env = {"MIMO_JOBS_LOCAL_SLOTS_DIR": str(root / "slots")}
+            p = cli("demo", "--db", db, "--runs-dir", runs, env=env, timeout=900)
+            assert p.returncode == 0, p.stdout + p.stderr
+            (root / "done").write_text(p.stdout)
     return db, runs
 
 
 def demo_output(tmp_path_factory) -> str:
     """What the session's `mimo-jobs demo` printed (running it on the first call)."""
     demo_store(tmp_path_factory)
-    return (tmp_path_factory.getbasetemp() / "demo-once" / "done").read_text()
+    return (shared_root(tmp_path_factory) / "demo-once" / "done").read_text()

@@ -95,3 +95,8 @@ def iterations(metrics: Path) -> list[dict]:
 
 def assert_ok(p: subprocess.CompletedProcess, what: str) -> None:
     assert p.returncode == 0, f"{what} failed (rc={p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
+
+
+def launch_run(run_yaml: Path, metrics: Path, reference: bool, nproc: int) -> subprocess.CompletedProcess:
+    """The launcher of the test-run-wide cache (helpers.runs): the reference or a torchrun world."""
+    return run_reference(run_yaml, metrics) if reference else run_torchrun(run_yaml, nproc, metrics)

@@ -64,6 +64,15 @@ def newer_store(tmp: Path) -> None:
     con.close()
 
 
+def unnumbered_store(tmp: Path) -> None:
+    import duckdb
+
+    shutil.copy(real_store(tmp), tmp / "s.duckdb")
+    con = duckdb.connect(str(tmp / "s.duckdb"))
+    con.execute("UPDATE meta SET value = 'five' WHERE key = 'schema_version'")
+    con.close()
+
+
 def digest(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
@@ -168,6 +177,7 @@ def cases() -> list[Case]:
             ("cut-to-a-tenth", cut_store(0.1), 1, "the store file is damaged"),
             ("cut-in-half", cut_store(0.5), 1, "the store file is damaged"),
             ("newer-schema", newer_store, 2, "written by mimo-jobs 9.9.0"),
+            ("schema-version-not-a-number", unnumbered_store, 1, "schema_version is 'five', not a number"),
             ("another-applications-duckdb", foreign_db, 2, "not a mimo-jobs store"),
         ]:
             prepare, check = unchanged(setup)

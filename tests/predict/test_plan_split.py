@@ -83,6 +83,19 @@ def test_plan_gbs_list_and_headroom():
     assert r.exit_code == 2 and "no layout fits" in r.output
 
 
+def test_a_batch_no_layout_tiles_is_not_called_over_memory():
+    # gbs 1 on 264 GPUs: no layout divides it, so nothing was priced and memory was never the question
+    r = runner.invoke(app, ["plan", "--nodes", "33", "--gbs", "1", "--from", str(PROD)])
+    assert r.exit_code == 2, r.output
+    assert "no layout fits" not in r.output and "nothing-fits" not in r.output
+    assert "flag nothing-tiles: 33 nodes: no layout tiles gbs 1 on 264 GPUs" in r.output
+    up = int(r.output.split("the smallest gbs above it that one does: ")[1].split()[0])
+    tiled = runner.invoke(app, ["plan", "--nodes", "33", "--gbs", str(up), "--from", str(PROD), "--json"])
+    assert tiled.exit_code in (0, 2) and '"nothing-tiles"' not in tiled.output, tiled.output
+    between = runner.invoke(app, ["plan", "--nodes", "33", "--gbs", str(up - 1), "--from", str(PROD)])
+    assert up - 1 == 1 or "flag nothing-tiles" in between.output  # the smallest one above, not any one
+
+
 def test_plan_bad_counts_are_refused():
     for bad in ("x", "5-3", "0", "1-5000", "3,,"):
         r = runner.invoke(app, ["plan", "--nodes", bad, "--from", str(PROD)])

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from helpers.launch import worker_env
-from helpers.trainer import assert_ok, make_run_yaml, run_torchrun
+from helpers.trainer import assert_ok, make_run_yaml
 from mimo_jobs.model.presets import PRESETS
 from mimo_jobs.predict import activations as A
 from mimo_jobs.predict.flops import flops_per_sample
@@ -77,13 +77,13 @@ def _facts(run_dir: Path) -> dict[int, dict]:
     }
 
 
-def _check_ranks(ry: Path, nproc: int) -> dict:
+def _check_ranks(shared_runs, ry: Path, nproc: int) -> dict:
     """Run the layout and compare every rank's facts with the prediction; returns the activation ratios."""
-    assert_ok(run_torchrun(ry, nproc, ry.parent / "m.jsonl"), "torchrun")
+    launched = shared_runs.world(ry, nproc).ok("torchrun")
     run, _ = load_run_yaml(ry)
     rs = shape_of(run.layout, run.trainer)
     mem = memory_plan(rs, CPU)
-    facts = _facts(ry.parent)
+    facts = _facts(launched.run_dir)
     assert sorted(facts) == list(range(nproc))
     ratios = {}
     for rank, f in facts.items():
@@ -115,7 +115,7 @@ def _check_ranks(ry: Path, nproc: int) -> dict:
 
 
 @pytest.mark.slow
-def test_moe_ep2_encoder_tp2_distributed_optimizer(tmp_path):
+def test_moe_ep2_encoder_tp2_distributed_optimizer(shared_runs, tmp_path):
     ry = make_run_yaml(
         tmp_path / "r1",
         gpn=4,
@@ -125,16 +125,16 @@ def test_moe_ep2_encoder_tp2_distributed_optimizer(tmp_path):
         llm={"tp": 1, "ep": 2, "dp": 2},
         trainer={"use_distributed_optimizer": True},
     )
-    ratios = _check_ranks(ry, 4)
+    ratios = _check_ranks(shared_runs, ry, 4)
     # dropless routing moves tokens between the EP ranks from one batch to the next; the prediction prices
     # balanced routing, which is what the EP group holds on average
     assert len(ratios) == 2 and 0.85 <= sum(ratios.values()) / 2 <= 1.15, ratios
 
 
 @pytest.mark.slow
-def test_dense_pp2_tp2(tmp_path):
+def test_dense_pp2_tp2(shared_runs, tmp_path):
     ry = make_run_yaml(tmp_path / "r2", gpn=6, gbs=4, enc={"tp": 2, "dp": 1}, llm={"tp": 2, "pp": 2, "dp": 1})
-    ratios = _check_ranks(ry, 6)
+    ratios = _check_ranks(shared_runs, ry, 6)
     assert ratios and all(0.85 <= r <= 1.15 for r in ratios.values()), ratios
 
 
@@ -146,17 +146,17 @@ def test_dense_pp2_tp2(tmp_path):
         ("tiny-moe-shared", 4, {"tp": 2, "dp": 1}, {"tp": 1, "ep": 2, "dp": 2}),
     ],
 )
-def test_open_model_features_per_rank(tmp_path, model, nproc, enc, llm):
+def test_open_model_features_per_rank(shared_runs, tmp_path, model, nproc, enc, llm):
     # image sides that are multiples of patch 4 x downsample 2 (tiny-swiglu's pixel shuffle)
     ry = make_run_yaml(
         tmp_path / model, gpn=nproc, gbs=4, model=model, enc=enc, llm=llm, data={"image_sizes": [8, 16]}
     )
-    ratios = _check_ranks(ry, nproc)
+    ratios = _check_ranks(shared_runs, ry, nproc)
     assert ratios and 0.85 <= sum(ratios.values()) / len(ratios) <= 1.15, ratios
 
 
 @pytest.mark.slow
-def test_moe_tp2_ep1_experts_in_their_own_part(tmp_path):
+def test_moe_tp2_ep1_experts_in_their_own_part(shared_runs, tmp_path):
     """LLM TP2 with EP1 (expert TP 1): the experts' gradients are reduced over the expert-DP group (the two
     TP ranks), so they get their own buffer and distributed-optimizer part, sharded over 2 where the dense
     part is not sharded at all (DP 1): the predictor's buffers and optimizer bytes must follow."""
@@ -169,4 +169,4 @@ def test_moe_tp2_ep1_experts_in_their_own_part(tmp_path):
         trainer={"use_distributed_optimizer": True},
         colocated=True,
     )
-    _check_ranks(ry, 2)
+    _check_ranks(shared_runs, ry, 2)

@@ -18,11 +18,17 @@ from mimo_jobs.study.spec import InitSpec, StudyError
         ({"weights_only": True}, "names no source"),
         ({"llm": {"megatron": ""}}, "megatron"),
         ({"llm": "models/llm", "optimizer": True}, "optimizer"),
+        # a path that cannot be made absolute: one line naming it, never a traceback
+        ({"llm": "~nosuchuser-mimo/llm"}, "Could not determine home directory"),
+        ({"encoder": "loop"}, "Symlink loop"),
+        ({"llm": {"megatron": "loop/iter_0000001"}}, "loop"),
+        ({"checkpoint": "~nosuchuser-mimo/ckpt"}, "Could not determine home directory"),
     ],
 )
 def test_bad_sources_are_refused_with_their_field(tmp_path, init, words):
     doc = minimal()
     doc["trainer"]["init"] = init
+    (tmp_path / "loop").symlink_to("loop")
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump(doc))
     with pytest.raises(StudyError) as e:

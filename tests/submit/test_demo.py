@@ -4,6 +4,7 @@ executor (the real trainer: torchrun, megatron-core on gloo), follows it, ingest
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 import yaml
@@ -15,11 +16,11 @@ from helpers.submit import cli, job_rows, query
 pytestmark = pytest.mark.slow
 
 
-def test_demo_runs_the_packaged_study_to_a_report(tmp_path_factory):
-    # the session's one demo run (shared with the other tests that read real trainer output)
+def test_demo_runs_the_packaged_study_to_a_report(tmp_path_factory, tmp_path):
+    # the pytest run's one demo (shared with the other tests that read real trainer output)
     db, runs = demo_store(tmp_path_factory)
     out = demo_output(tmp_path_factory)
-    env = {"MIMO_JOBS_LOCAL_SLOTS_DIR": str(tmp_path_factory.getbasetemp() / "demo-once" / "slots")}
+    env = {"MIMO_JOBS_LOCAL_SLOTS_DIR": str(tmp_path / "slots")}
     spec = yaml.safe_load((REPO / "studies/cpu_local.yaml").read_text())
     iters, n = spec["trainer"]["train_iters"], len(spec["matrix"]["points"])
 
@@ -38,7 +39,9 @@ def test_demo_runs_the_packaged_study_to_a_report(tmp_path_factory):
         assert re.search(rf"{re.escape(r['run'])}\s*│[^\n]*COMPLETED[^\n]*{iters}/{iters}", out), r["run"]
     assert "E(N)" in out
 
-    # Running it again submits nothing new: the completed runs are kept.
-    p = cli("demo", "--db", db, "--runs-dir", runs, env=env, timeout=300)
+    # Running it again submits nothing new: the completed runs are kept (on a copy of the store: other tests
+    # read the shared one meanwhile)
+    again = shutil.copy(db, tmp_path / "again.duckdb")
+    p = cli("demo", "--db", again, "--runs-dir", runs, env=env, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert len(job_rows(db, "cpu_local")) == n
+    assert len(job_rows(again, "cpu_local")) == n

@@ -9,19 +9,17 @@ from __future__ import annotations
 import pytest
 
 from helpers import checkpoint as H
-from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
+from helpers.trainer import iterations, make_run_yaml
 
 RTOL = 1e-5
 
 
-def _colocated_parity(tmp_path, nproc: int, **kw) -> list[dict]:
+def _colocated_parity(shared_runs, tmp_path, nproc: int, **kw) -> list[dict]:
     ry = make_run_yaml(tmp_path / "run", colocated=True, **kw)
-    ref_m, col_m = tmp_path / "ref.jsonl", tmp_path / "col.jsonl"
-    assert_ok(run_reference(ry, ref_m), "reference")
-    p = run_torchrun(ry, nproc, col_m)
-    assert_ok(p, "colocated torchrun")
+    r = shared_runs.reference(ry).ok("reference").iterations()
+    p = shared_runs.world(ry, nproc).ok("colocated torchrun")
     assert "bridge none (colocated" in p.stdout and "| mode colocated |" in p.stdout
-    r, c = iterations(ref_m), iterations(col_m)
+    c = p.iterations()
     assert [x["iteration"] for x in c] == [1, 2, 3] == [x["iteration"] for x in r]
     for a, b in zip(r, c):
         assert b["loss"] == pytest.approx(a["loss"], rel=RTOL), (a, b)
@@ -32,29 +30,27 @@ def _colocated_parity(tmp_path, nproc: int, **kw) -> list[dict]:
 
 
 @pytest.mark.slow  # several torchrun processes: CI runs it, the fast local default does not
-def test_colocated_dp2(tmp_path):
-    _colocated_parity(tmp_path, 2, gpn=2, gbs=4)
+def test_colocated_dp2(shared_runs, tmp_path):
+    _colocated_parity(shared_runs, tmp_path, 2, gpn=2, gbs=4)
 
 
 @pytest.mark.slow
-def test_colocated_tp2(tmp_path):
-    _colocated_parity(tmp_path, 2, gpn=2, gbs=4, llm={"tp": 2})
+def test_colocated_tp2(shared_runs, tmp_path):
+    _colocated_parity(shared_runs, tmp_path, 2, gpn=2, gbs=4, llm={"tp": 2})
 
 
 @pytest.mark.slow
-def test_colocated_moe_ep2(tmp_path):
-    c = _colocated_parity(tmp_path, 2, gpn=2, gbs=4, model="tiny-moe", llm={"ep": 2})
+def test_colocated_moe_ep2(shared_runs, tmp_path):
+    c = _colocated_parity(shared_runs, tmp_path, 2, gpn=2, gbs=4, model="tiny-moe", llm={"ep": 2})
     assert all(x["moe_aux_loss"] is not None for x in c)
 
 
 @pytest.mark.slow
-def test_heterogeneous_and_colocated_train_alike_on_the_same_batches(tmp_path):
+def test_heterogeneous_and_colocated_train_alike_on_the_same_batches(shared_runs, tmp_path):
     het_y = make_run_yaml(tmp_path / "het", gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2})
     col_y = make_run_yaml(tmp_path / "col", gpn=2, gbs=4, colocated=True)
-    het_m, col_m = tmp_path / "het.jsonl", tmp_path / "col.jsonl"
-    assert_ok(run_torchrun(het_y, 3, het_m), "heterogeneous")
-    assert_ok(run_torchrun(col_y, 2, col_m), "colocated")
-    h, c = iterations(het_m), iterations(col_m)
+    h = shared_runs.world(het_y, 3).ok("heterogeneous").iterations()
+    c = shared_runs.world(col_y, 2).ok("colocated").iterations()
     assert len(h) == len(c) == 3
     for a, b in zip(h, c):
         assert b["loss"] == pytest.approx(a["loss"], rel=RTOL), (a, b)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import checkpoint as H
-from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
+from helpers.trainer import iterations, make_run_yaml
 
 RTOL = 1e-5
 
@@ -25,10 +25,16 @@ RTOL = 1e-5
 @pytest.mark.parametrize(
     ("nproc", "kw", "shows"),
     [
-        # colocated LLM TP2, EP1, ETP1: expert-DP 2 over the two TP ranks (sequence parallel on)
+        # colocated LLM TP2, EP1, ETP1: expert-DP 2 over the two TP ranks (sequence parallel on), with the
+        # distributed optimizer: the run whose memory tests/predict/test_predict_vs_trainer.py predicts
         (
             2,
-            {"gpn": 2, "colocated": True, "llm": {"tp": 2}},
+            {
+                "gpn": 2,
+                "colocated": True,
+                "llm": {"tp": 2, "ep": 1, "dp": 1},
+                "trainer": {"use_distributed_optimizer": True},
+            },
             "tp=2 pp=1 dp=1 ep=1 etp=1 experts=4 expert-dp=2",
         ),
         # the heterogeneous layout of the same LLM grid, fed by two encoder replicas
@@ -46,14 +52,12 @@ RTOL = 1e-5
     ],
     ids=["colocated-tp2-ep1", "heterogeneous-tp2-ep1", "colocated-dp2-etp2"],
 )
-def test_moe_with_ep1_and_etp_unlike_tp_matches_the_reference(tmp_path, nproc, kw, shows):
+def test_moe_with_ep1_and_etp_unlike_tp_matches_the_reference(shared_runs, tmp_path, nproc, kw, shows):
     ry = make_run_yaml(tmp_path / "run", gbs=4, model="tiny-moe", **kw)
-    ref_m, run_m = tmp_path / "ref.jsonl", tmp_path / "run.jsonl"
-    assert_ok(run_reference(ry, ref_m), "reference")
-    p = run_torchrun(ry, nproc, run_m)
-    assert_ok(p, "torchrun")
+    r = shared_runs.reference(ry).ok("reference").iterations()
+    p = shared_runs.world(ry, nproc).ok("torchrun")
     assert shows in p.stdout, p.stdout[:2000]
-    r, h = iterations(ref_m), iterations(run_m)
+    h = p.iterations()
     assert [x["iteration"] for x in h] == [1, 2, 3] == [x["iteration"] for x in r]
     for a, b in zip(r, h):
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=RTOL), (a, b)

@@ -9,8 +9,10 @@ import math
 import re
 
 import pytest
+import yaml
 
-from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
+from helpers.runs import reference_key
+from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference
 from mimo_jobs.data.mock import MockProvider, mock_config
 from mimo_jobs.study.runspec import load_run_yaml
 from mimo_jobs.trainer.parallel.bridge import segments_of_encoder
@@ -27,14 +29,11 @@ LINE_RE = re.compile(
 )
 
 
-def _parity(tmp_path, nproc: int, **kw):
+def _parity(shared_runs, tmp_path, nproc: int, **kw):
     ry = make_run_yaml(tmp_path / "run", **kw)
-    ref_m, het_m = tmp_path / "ref.jsonl", tmp_path / "het.jsonl"
-    ref = run_reference(ry, ref_m)
-    assert_ok(ref, "reference")
-    het = run_torchrun(ry, nproc, het_m)
-    assert_ok(het, "torchrun")
-    r, h = iterations(ref_m), iterations(het_m)
+    r = shared_runs.reference(ry).ok("reference").iterations()
+    het = shared_runs.world(ry, nproc).ok("torchrun")
+    h = het.iterations()
     assert [x["iteration"] for x in h] == [1, 2, 3] == [x["iteration"] for x in r]
     for a, b in zip(r, h):
         assert b["loss"] == pytest.approx(a["loss"], rel=RTOL), (a, b)
@@ -51,15 +50,16 @@ def _parity(tmp_path, nproc: int, **kw):
 
 
 @pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
-def test_fan_out_enc_dp1_to_llm_dp2(tmp_path):
-    _, _, h, het = _parity(tmp_path, 3, gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2})
+def test_fan_out_enc_dp1_to_llm_dp2(shared_runs, tmp_path):
+    _, _, h, het = _parity(shared_runs, tmp_path, 3, gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2})
     assert "fan-out 1->2" in het.stdout
     assert all(x["phases_ms"]["llm_fwd"] > 0 and "bridge_wait" in x["phases_ms"] for x in h)
 
 
 @pytest.mark.slow
-def test_fan_in_enc_dp2_to_llm_dp1_with_text_only_and_imageless_microbatches(tmp_path):
+def test_fan_in_enc_dp2_to_llm_dp1_with_text_only_and_imageless_microbatches(shared_runs, tmp_path):
     ry, _, h, het = _parity(
+        shared_runs,
         tmp_path,
         3,
         gpn=3,
@@ -89,71 +89,103 @@ def test_fan_in_enc_dp2_to_llm_dp1_with_text_only_and_imageless_microbatches(tmp
 
 
 @pytest.mark.slow
-def test_tp2_on_both_modules(tmp_path):
-    _, _, _, het = _parity(tmp_path, 4, gpn=4, gbs=4, enc={"tp": 2}, llm={"tp": 2, "dp": 1})
+def test_tp2_on_both_modules(shared_runs, tmp_path):
+    _, _, _, het = _parity(shared_runs, tmp_path, 4, gpn=4, gbs=4, enc={"tp": 2}, llm={"tp": 2, "dp": 1})
     assert "llm ranks [2,4) tp=2" in het.stdout
 
 
 @pytest.mark.slow
-def test_moe_ep2(tmp_path):
-    _, r, h, het = _parity(tmp_path, 3, gpn=3, gbs=4, model="tiny-moe", enc={"dp": 1}, llm={"dp": 2, "ep": 2})
+def test_moe_ep2(shared_runs, tmp_path):
+    _, r, h, het = _parity(
+        shared_runs, tmp_path, 3, gpn=3, gbs=4, model="tiny-moe", enc={"dp": 1}, llm={"dp": 2, "ep": 2}
+    )
     assert "ep=2" in het.stdout and "load_balancing_loss" in het.stdout
     for a, b in zip(r, h):
         assert b["moe_aux_loss"] == pytest.approx(a["moe_aux_loss"], rel=RTOL)
 
 
 @pytest.mark.slow
-def test_frozen_encoder(tmp_path):
+def test_frozen_encoder(shared_runs, tmp_path):
     _, _, h_frozen, het = _parity(
-        tmp_path / "f", 3, gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2}, trainer={"freeze": {"encoder": True}}
+        shared_runs,
+        tmp_path / "f",
+        3,
+        gpn=3,
+        gbs=4,
+        enc={"dp": 1},
+        llm={"dp": 2},
+        trainer={"freeze": {"encoder": True}},
     )
     assert "freeze(encoder=True" in het.stdout
     # same weights and data as the trained-encoder run: same first loss, but the encoder contributes no
     # gradient, so the global grad norm is strictly smaller
     ry = make_run_yaml(tmp_path / "t", gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2})
-    m = tmp_path / "t.jsonl"
-    assert_ok(run_reference(ry, m), "reference (trained encoder)")
-    t = iterations(m)
+    t = shared_runs.reference(ry).ok("reference (trained encoder)").iterations()
     assert h_frozen[0]["loss"] == pytest.approx(t[0]["loss"], rel=1e-9)
     assert h_frozen[0]["grad_norm"] < t[0]["grad_norm"] * (1 - 1e-3)
 
 
 @pytest.mark.slow
-def test_moe_tp2_sequence_parallel_ep2_fan_in(tmp_path):
+def test_moe_tp2_sequence_parallel_ep2_fan_in(shared_runs, tmp_path):
     # MoE with TP>1 needs sequence parallelism; the EP group spans the two TP ranks of the single lane
     _, r, _, het = _parity(
-        tmp_path, 4, gpn=4, gbs=4, mbs=2, model="tiny-moe", enc={"dp": 2}, llm={"tp": 2, "dp": 1, "ep": 2}
+        shared_runs,
+        tmp_path,
+        4,
+        gpn=4,
+        gbs=4,
+        mbs=2,
+        model="tiny-moe",
+        enc={"dp": 2},
+        llm={"tp": 2, "dp": 1, "ep": 2},
     )
     assert "tp=2 pp=1 dp=1 ep=2" in het.stdout
-    h = iterations(tmp_path / "het.jsonl")
+    h = iterations(het.metrics)
     for a, b in zip(r, h):
         assert b["moe_aux_loss"] == pytest.approx(a["moe_aux_loss"], rel=RTOL)
 
 
 @pytest.mark.slow
-def test_one_to_one_dp2_with_distributed_optimizer(tmp_path):
+def test_one_to_one_dp2_with_distributed_optimizer(shared_runs, tmp_path):
     _, _, _, het = _parity(
-        tmp_path, 4, gpn=4, gbs=4, enc={"dp": 2}, llm={"dp": 2}, trainer={"use_distributed_optimizer": True}
+        shared_runs,
+        tmp_path,
+        4,
+        gpn=4,
+        gbs=4,
+        enc={"dp": 2},
+        llm={"dp": 2},
+        trainer={"use_distributed_optimizer": True},
     )
     assert "bridge 1:1" in het.stdout
 
 
 @pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
-def test_reference_losses_do_not_depend_on_the_layout(tmp_path):
-    # the same global batches (gbs 4) split as 2 lanes x 2 microbatches or 1 lane x mbs 2: the trainer's
-    # figures are per global batch, so both layouts train identically
-    out = []
+@pytest.mark.parametrize(("model", "ep"), [("tiny", 1), ("tiny-moe", 2)])
+def test_reference_losses_do_not_depend_on_the_layout(tmp_path, model, ep):
+    # the same global batches (gbs 4) split as 2 lanes x 2 microbatches, 1 lane x mbs 2, or colocated TP2
+    # with every scheduling and memory setting changed: the trainer's figures are per global batch, so all
+    # train identically. The test-run-wide cache (helpers.runs) relies on it and shares one reference among
+    # such runs: these references are launched here, apart from it.
+    knobs = {"recompute": "full", "encoder_inflight": 1, "use_distributed_optimizer": True}
+    out, keys = [], set()
     for name, kw in (
-        ("fo", {"enc": {"dp": 1}, "llm": {"dp": 2}}),
-        ("fi", {"mbs": 2, "enc": {"dp": 2}, "llm": {"dp": 1}}),
+        ("fo", {"gpn": 3, "enc": {"dp": 1}, "llm": {"dp": 2, "ep": ep}}),
+        ("fi", {"gpn": 3, "mbs": 2, "enc": {"dp": 2}, "llm": {"dp": 1}}),
+        ("co", {"gpn": 2, "colocated": True, "llm": {"tp": 2, "ep": ep}, "trainer": knobs}),
     ):
-        ry = make_run_yaml(tmp_path / name, gpn=3, gbs=4, **kw)
+        ry = make_run_yaml(tmp_path / name, gbs=4, model=model, **kw)
+        keys.add(reference_key(yaml.safe_load(ry.read_text())))
         assert_ok(run_reference(ry, tmp_path / f"{name}.jsonl"), name)
         out.append(iterations(tmp_path / f"{name}.jsonl"))
-    for a, b in zip(*out):
-        assert b["loss"] == pytest.approx(a["loss"], rel=RTOL)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=RTOL)
-        assert b["tokens"] == a["tokens"]
+    assert len(keys) == 1  # what the cache shares is what was just shown to be shared
+    for other in out[1:]:
+        for a, b in zip(out[0], other):
+            assert b["loss"] == pytest.approx(a["loss"], rel=RTOL)
+            assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=RTOL)
+            assert b["tokens"] == a["tokens"]
+            if ep > 1:
+                assert b["moe_aux_loss"] == pytest.approx(a["moe_aux_loss"], rel=RTOL)
 
 
 # Today's open-model features at CPU size (model/presets.py): tiny-swiglu has SwiGLU, RMSNorm, QK-norm, GQA,
@@ -191,8 +223,8 @@ ARCH_DATA = {"image_sizes": [8, 16]}
         "swiglu-colocated",
     ],
 )
-def test_architecture_features_match_the_reference(tmp_path, model, nproc, kw, shows):
-    _, r, h, het = _parity(tmp_path, nproc, gbs=4, model=model, data=ARCH_DATA, **kw)
+def test_architecture_features_match_the_reference(shared_runs, tmp_path, model, nproc, kw, shows):
+    _, r, h, het = _parity(shared_runs, tmp_path, nproc, gbs=4, model=model, data=ARCH_DATA, **kw)
     assert shows in het.stdout
     assert sum(x["extras"]["image_tokens"] for x in h) == sum(x["extras"]["image_tokens"] for x in r) > 0
     if "moe" in model:

@@ -8,19 +8,16 @@ from __future__ import annotations
 import pytest
 
 from helpers import checkpoint as H
-from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
+from helpers.trainer import iterations, make_run_yaml
 from mimo_jobs.trainer.parallel.pipeline import one_f_one_b
 
 RTOL = 1e-5
 
 
-def _pp_parity(tmp_path, nproc: int, **kw) -> list[dict]:
+def _pp_parity(shared_runs, tmp_path, nproc: int, **kw) -> list[dict]:
     ry = make_run_yaml(tmp_path / "run", **kw)
-    ref_m, pp_m = tmp_path / "ref.jsonl", tmp_path / "pp.jsonl"
-    assert_ok(run_reference(ry, ref_m), "reference")
-    p = run_torchrun(ry, nproc, pp_m)
-    assert_ok(p, "pipelined torchrun")
-    r, h = iterations(ref_m), iterations(pp_m)
+    r = shared_runs.reference(ry).ok("reference").iterations()
+    h = shared_runs.world(ry, nproc).ok("pipelined torchrun").iterations()
     assert [x["iteration"] for x in h] == [1, 2, 3] == [x["iteration"] for x in r]
     for a, b in zip(r, h):
         assert b["loss"] == pytest.approx(a["loss"], rel=RTOL), (a, b)
@@ -33,26 +30,35 @@ def _pp_parity(tmp_path, nproc: int, **kw) -> list[dict]:
 
 
 @pytest.mark.slow  # several torchrun processes: CI runs it, the fast local default does not
-def test_pp2_fan_out(tmp_path):
+def test_pp2_fan_out(shared_runs, tmp_path):
     # encoder DP1 feeds 2 lanes; each lane is 2 stages of 1 layer: 1 + 2x2 = 5 ranks, 4 microbatches
-    _pp_parity(tmp_path, 5, gpn=5, gbs=8, enc={"dp": 1}, llm={"pp": 2, "dp": 2})
+    _pp_parity(shared_runs, tmp_path, 5, gpn=5, gbs=8, enc={"dp": 1}, llm={"pp": 2, "dp": 2})
 
 
 @pytest.mark.slow
-def test_pp2_fan_in(tmp_path):
-    _pp_parity(tmp_path, 4, gpn=4, gbs=4, mbs=2, enc={"dp": 2}, llm={"pp": 2, "dp": 1})
+def test_pp2_fan_in(shared_runs, tmp_path):
+    _pp_parity(shared_runs, tmp_path, 4, gpn=4, gbs=4, mbs=2, enc={"dp": 2}, llm={"pp": 2, "dp": 1})
 
 
 @pytest.mark.slow
-def test_pp2_tp2(tmp_path):
+def test_pp2_tp2(shared_runs, tmp_path):
     # encoder TP2 (ranks 0-1), then one lane of 2 stages x TP2 (ranks 2-5): TP groups stay node-aligned
-    _pp_parity(tmp_path, 6, gpn=6, gbs=4, enc={"tp": 2, "dp": 1}, llm={"tp": 2, "pp": 2, "dp": 1})
+    _pp_parity(
+        shared_runs, tmp_path, 6, gpn=6, gbs=4, enc={"tp": 2, "dp": 1}, llm={"tp": 2, "pp": 2, "dp": 1}
+    )
 
 
 @pytest.mark.slow
-def test_pp2_moe_ep2(tmp_path):
+def test_pp2_moe_ep2(shared_runs, tmp_path):
     h = _pp_parity(
-        tmp_path, 5, gpn=5, gbs=8, model="tiny-moe", enc={"dp": 1}, llm={"pp": 2, "dp": 2, "ep": 2}
+        shared_runs,
+        tmp_path,
+        5,
+        gpn=5,
+        gbs=8,
+        model="tiny-moe",
+        enc={"dp": 1},
+        llm={"pp": 2, "dp": 2, "ep": 2},
     )
     assert all(x["moe_aux_loss"] is not None and x["moe_aux_loss"] > 0 for x in h)
 

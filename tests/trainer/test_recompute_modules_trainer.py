@@ -10,27 +10,28 @@ from pathlib import Path
 
 import pytest
 
-from helpers.trainer import assert_ok, iterations, make_run_yaml, run_torchrun
+from helpers.trainer import make_run_yaml
 
 RTOL = 1e-5  # the parity tolerance of the trainer's other exactness tests (fp32 on CPU)
 FAN_OUT = {"gpn": 3, "enc": {"dp": 1}, "llm": {"dp": 2}}  # rank 0: encoder; ranks 1, 2: LLM
 
 
-def _run(tmp_path: Path, name: str, trainer: dict) -> tuple[list[dict], dict[int, dict]]:
+def _run(shared_runs, tmp_path: Path, name: str, trainer: dict) -> tuple[list[dict], dict[int, dict]]:
     ry = make_run_yaml(tmp_path / name, gbs=8, trainer=trainer, **FAN_OUT)
-    metrics = ry.parent / "m.jsonl"
-    assert_ok(run_torchrun(ry, 3, metrics), name)
+    run = shared_runs.world(ry, 3).ok(name)
     facts = {
         f["rank"]: f
-        for f in (json.loads(p.read_text()) for p in sorted((ry.parent / "memory").glob("rank-*.json")))
+        for f in (json.loads(p.read_text()) for p in sorted((run.run_dir / "memory").glob("rank-*.json")))
     }
-    return iterations(metrics), facts
+    return run.iterations(), facts
 
 
 @pytest.mark.slow  # two 3-process torchrun jobs: CI runs it, the fast local default does not
-def test_encoder_recomputes_llm_does_not(tmp_path):
-    plain, plain_facts = _run(tmp_path, "plain", {})
-    mixed, mixed_facts = _run(tmp_path, "mixed", {"recompute": {"encoder": "full", "llm": "none"}})
+def test_encoder_recomputes_llm_does_not(shared_runs, tmp_path):
+    plain, plain_facts = _run(shared_runs, tmp_path, "plain", {})
+    mixed, mixed_facts = _run(
+        shared_runs, tmp_path, "mixed", {"recompute": {"encoder": "full", "llm": "none"}}
+    )
     assert len(plain) == len(mixed) == 3
     for a, b in zip(plain, mixed):
         assert b["loss"] == pytest.approx(a["loss"], rel=RTOL), (a, b)

@@ -12,24 +12,23 @@ from pathlib import Path
 
 import pytest
 
-from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference, run_torchrun
+from helpers.trainer import make_run_yaml
 from mimo_jobs.trainer.observe.memory import SavedTensorMeter
 
 RTOL = 1e-5
 FAN_OUT = {"gpn": 3, "enc": {"dp": 1}, "llm": {"dp": 2}}
 
 
-def _parity(tmp_path: Path, trainer: dict, gbs: int = 8) -> tuple[list[dict], Path]:
+def _parity(shared_runs, tmp_path: Path, trainer: dict, gbs: int = 8) -> tuple[list[dict], Path]:
     ry = make_run_yaml(tmp_path / "run", gbs=gbs, trainer=trainer, **FAN_OUT)
-    ref_m, het_m = tmp_path / "ref.jsonl", tmp_path / "het.jsonl"
-    assert_ok(run_reference(ry, ref_m), "reference")
-    assert_ok(run_torchrun(ry, 3, het_m), "torchrun")
-    r, h = iterations(ref_m), iterations(het_m)
+    r = shared_runs.reference(ry).ok("reference").iterations()
+    het = shared_runs.world(ry, 3).ok("torchrun")
+    h = het.iterations()
     assert len(h) == len(r) == 3
     for a, b in zip(r, h):
         assert b["loss"] == pytest.approx(a["loss"], rel=RTOL), (a, b)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=RTOL), (a, b)
-    return h, ry.parent
+    return h, het.run_dir
 
 
 def _facts(run_dir: Path) -> dict[int, dict]:
@@ -41,8 +40,8 @@ def _facts(run_dir: Path) -> dict[int, dict]:
 
 @pytest.mark.slow  # several torchrun processes: CI runs it, the fast local default does not
 @pytest.mark.parametrize("inflight", [1, 2])
-def test_encoder_inflight_keeps_results_exact(tmp_path, inflight):
-    _, run_dir = _parity(tmp_path, {"encoder_inflight": inflight})
+def test_encoder_inflight_keeps_results_exact(shared_runs, tmp_path, inflight):
+    _, run_dir = _parity(shared_runs, tmp_path, {"encoder_inflight": inflight})
     facts = _facts(run_dir)
     assert sorted(facts) == [0, 1, 2]
     assert facts[0]["inflight_peak"] == inflight  # 4 microbatches, never more than `inflight` awaiting
@@ -80,10 +79,9 @@ def _check_ingested(tmp_path: Path, run_dir: Path, facts: dict[int, dict]) -> No
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["selective", "full"])
-def test_recompute_keeps_results_exact(tmp_path, recompute):
-    _, run_dir = _parity(tmp_path, {"recompute": recompute})
-    plain = tmp_path / "plain"
-    _, plain_dir = _parity(plain, {})
+def test_recompute_keeps_results_exact(shared_runs, tmp_path, recompute):
+    _, run_dir = _parity(shared_runs, tmp_path, {"recompute": recompute})
+    _, plain_dir = _parity(shared_runs, tmp_path / "plain", {})
     # recompute trades activations kept for compute: the LLM ranks keep fewer bytes for backward
     assert (
         _facts(run_dir)[1]["saved_activation_peak_bytes"]
@@ -91,22 +89,26 @@ def test_recompute_keeps_results_exact(tmp_path, recompute):
     )
 
 
-def _peaks(tmp_path: Path, gbs: int, inflight: int = 2) -> dict[int, int]:
-    d = tmp_path / f"g{gbs}-i{inflight}"
-    ry = make_run_yaml(d, gbs=gbs, iters=2, trainer={"encoder_inflight": inflight}, **FAN_OUT)
-    assert_ok(run_torchrun(ry, 3, d / "m.jsonl"), f"gbs {gbs}")
-    return {r: f["saved_activation_peak_bytes"] for r, f in _facts(ry.parent).items()}
+def _peaks(shared_runs, tmp_path: Path, gbs: int, inflight: int = 2) -> dict[int, int]:
+    ry = make_run_yaml(
+        tmp_path / f"g{gbs}-i{inflight}", gbs=gbs, iters=2, trainer={"encoder_inflight": inflight}, **FAN_OUT
+    )
+    run = shared_runs.world(ry, 3).ok(f"gbs {gbs}")
+    return {r: f["saved_activation_peak_bytes"] for r, f in _facts(run.run_dir).items()}
 
 
 @pytest.mark.slow
-def test_saved_activations_do_not_grow_with_the_microbatch_count(tmp_path):
-    m2, m8 = _peaks(tmp_path, 4), _peaks(tmp_path, 16)  # 2 and 8 microbatches over 2 LLM lanes
+def test_saved_activations_do_not_grow_with_the_microbatch_count(shared_runs, tmp_path):
+    m2, m8 = (
+        _peaks(shared_runs, tmp_path, 4),
+        _peaks(shared_runs, tmp_path, 16),
+    )  # 2 and 8 microbatches over 2 LLM lanes
     assert m2[0] > 0 and m2[1] > 0
     assert m8[0] <= 1.5 * m2[0], (m2, m8)  # encoder rank
     assert m8[1] <= 1.5 * m2[1] and m8[2] <= 1.5 * m2[2], (m2, m8)  # LLM ranks
     # the control: letting all 8 microbatches stay in flight (the schedule without 1F1B) the same meter
     # sees the encoder's saved activations grow with them
-    all_in_flight = _peaks(tmp_path, 16, inflight=8)
+    all_in_flight = _peaks(shared_runs, tmp_path, 16, inflight=8)
     assert all_in_flight[0] >= 2.5 * m2[0], (m2, all_in_flight)
 
 

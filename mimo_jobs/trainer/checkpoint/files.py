@@ -57,6 +57,7 @@ from mimo_jobs.contract.manifest import (
     resolve_source,
     same_layout,
 )
+from mimo_jobs.trainer.checkpoint.as_data import NotData, load_part
 
 # Test hook (fault injection), see _maybe_crash.
 CRASH_ENV = "MIMO_CKPT_CRASH"
@@ -131,7 +132,10 @@ def _load_file(d: Path, rel: str, expected: dict):
         raise CheckpointError(f"{p}: missing (the checkpoint directory is damaged)")
     if p.stat().st_size != expected[rel]:
         raise CheckpointError(f"{p}: {p.stat().st_size} bytes, the manifest says {expected[rel]} (damaged)")
-    return torch.load(p, map_location="cpu", weights_only=False)
+    try:
+        return load_part(p)  # as data only: a part may come from someone else's run
+    except NotData as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _remove_dir(d: Path) -> None:

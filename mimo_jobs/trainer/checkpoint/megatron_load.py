@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mimo_jobs.errors import MimoJobsError
+from mimo_jobs.trainer.checkpoint.as_data import NotData, dcp_index_as_data
 
 WHERE = "trainer.init.llm.megatron"
 LATEST = "latest_checkpointed_iteration.txt"  # Megatron-LM's tracker file next to its iter_N directories
@@ -97,7 +98,10 @@ def check_source(path: str | Path) -> Source:
     if not (d / INDEX).is_file():
         raise MegatronInitError(f"{d}: no {INDEX} (the tensor index of a torch_dist checkpoint)", WHERE)
     try:
-        meta = load_tensors_metadata(str(d))
+        with dcp_index_as_data():
+            meta = load_tensors_metadata(str(d))
+    except NotData as e:
+        raise MegatronInitError(str(e), WHERE) from None
     except Exception as e:  # noqa: BLE001 - any unreadable index is the same bad input
         raise MegatronInitError(f"{d / INDEX}: unreadable ({type(e).__name__}: {e})", WHERE) from None
     return Source(d, {k: tuple(v.global_shape) for k, v in meta.items()})
@@ -216,7 +220,7 @@ def load_llm(init, gpt, pgc, vocab_size: int = 0) -> int:
         err.report = pgc.intra_dist_opt.rank() == 0
         raise err
     sd = _weights(gpt.sharded_state_dict(metadata=sharded_metadata(src, pgc)))
-    with _weights_only():
+    with _weights_only(), dcp_index_as_data():
         loaded = dist_checkpointing.load(
             sd,
             str(src.path),

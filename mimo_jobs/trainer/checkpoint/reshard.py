@@ -28,6 +28,7 @@ import torch
 
 import mimo_jobs.trainer.checkpoint.state as S
 from mimo_jobs.contract.manifest import CheckpointError, CheckpointInfo, CheckpointMismatch, rank_file
+from mimo_jobs.trainer.checkpoint.as_data import NotData, load_part
 from mimo_jobs.trainer.model.models import param_shards
 from mimo_jobs.trainer.model.optimizer import leaf_optimizers
 
@@ -95,8 +96,12 @@ def _cut(row: tuple) -> Cut:
 
 
 def _load(p: Path):
-    # mmap: the tensors stay on disk until touched, so a rank reads only the storages it needs
-    return torch.load(p, map_location="cpu", weights_only=False, mmap=True)
+    # mmap: the tensors stay on disk until touched, so a rank reads only the storages it needs; as data only,
+    # since the source may be someone else's run
+    try:
+        return load_part(p, mmap=True)
+    except NotData as e:
+        raise CheckpointError(str(e)) from None
 
 
 @dataclass
