@@ -278,10 +278,11 @@ def _selected_runs(diag, only: list[str] | None, ex_name: str) -> list:
 
 
 def _print_kept(sel) -> None:
+    from mimo_jobs.contract import jobstates
+
     for r, j in sel.keep:
-        console().print(
-            f"skip {r.name}: job {j.job_id} is {j.state} (--force submits it again)", markup=False
-        )
+        again = "" if j.state in jobstates.ACTIVE else " (--force submits it again)"
+        console().print(f"skip {r.name}: job {j.job_id} is {j.state}{again}", markup=False)
     for note in sel.notes:  # runs that continue a completed one
         console().print(note, markup=False, soft_wrap=True)
 

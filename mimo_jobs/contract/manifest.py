@@ -145,28 +145,53 @@ def read_manifest(d: Path) -> CheckpointInfo:
         raise CheckpointError(f"{d}: no {MANIFEST} (not a complete checkpoint)") from None
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{d}/{MANIFEST}: unreadable: {e}") from None
+    if not isinstance(m, dict):
+        raise CheckpointError(
+            f"{d}/{MANIFEST}: a JSON {type(m).__name__}, not a checkpoint manifest (an object)"
+        )
     if m.get("format") != FORMAT_VERSION:
         raise CheckpointError(
             f"{d}/{MANIFEST}: format {m.get('format')!r}, this mimo-jobs reads format {FORMAT_VERSION}"
         )
-    p = m["provenance"]
+    try:
+        return _info(d, m)
+    except KeyError as e:
+        why = f"no field {e.args[0]!r}"
+    except (TypeError, ValueError, AttributeError) as e:
+        why = str(e)
+    raise CheckpointError(f"{d}/{MANIFEST}: not the manifest mimo-jobs writes ({why})")
+
+
+def _info(d: Path, m: dict) -> CheckpointInfo:
+    """The manifest's fields, each of the type the writer gives it (TypeError/ValueError/KeyError else)."""
+    p = _typed(m, "provenance", dict)
+    files = _typed(m, "files", dict, {})
+    if not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in files.items()):
+        raise TypeError("files must map each part's name to its size in bytes")
     return CheckpointInfo(
         path=d,
         iteration=int(m["iteration"]),
         consumed_samples=int(m["consumed_samples"]),
-        run_id=p["run_id"],
-        study=p["study"],
-        run_name=p["run_name"],
+        run_id=str(p["run_id"]),
+        study=str(p["study"]),
+        run_name=str(p["run_name"]),
         git_sha=p.get("git_sha"),
-        layout=p["layout"],
+        layout=_typed(p, "layout", dict),
         world=int(p["world"]),
-        time=m.get("time", ""),
+        time=str(m.get("time", "")),
         job_id=p.get("job_id"),
         attempt=int(p.get("attempt", 0)),
         bytes=int(m.get("bytes", 0)),
-        files=m.get("files", {}),
-        rank_modules=m.get("rank_modules", {}),
+        files=files,
+        rank_modules=_typed(m, "rank_modules", dict, {}),
     )
+
+
+def _typed(m: dict, key: str, kind: type, default=None):
+    v = m[key] if default is None else m.get(key, default)
+    if not isinstance(v, kind):
+        raise TypeError(f"{key} is a {type(v).__name__}, not a {kind.__name__}")
+    return v
 
 
 def list_checkpoints(directory: str | Path) -> list[CheckpointInfo]:

@@ -35,9 +35,15 @@ def megatron_iteration(directory: str | Path) -> int | None:
 
 def saved_iteration(directory: str | Path) -> int | None:
     """The newest complete checkpoint in `directory`, in the packaged trainer's format or Megatron's."""
-    from mimo_jobs.contract.manifest import latest_checkpoint
+    from mimo_jobs.contract.manifest import CheckpointError, latest_checkpoint, list_checkpoints
 
-    info = latest_checkpoint(directory)
+    try:
+        info = latest_checkpoint(directory)
+    except (
+        CheckpointError
+    ):  # `latest` names a damaged manifest: the newest readable one (the trainer says why)
+        complete = list_checkpoints(directory)
+        info = complete[-1] if complete else None
     found = [
         i for i in (None if info is None else info.iteration, megatron_iteration(directory)) if i is not None
     ]

@@ -116,11 +116,21 @@ class Selection:
 
 def plan_submit(con, runs: list[RunSpec], force: bool) -> Selection:
     """Runs whose newest job is pending, running or completed are kept unless --force; a changed run spec has
-    a new run id and so no jobs yet."""
+    a new run id and so no jobs yet. A pending or running job is kept even with --force: a second job of the
+    run would write the same run and checkpoint directories beside it."""
+    from mimo_jobs.contract import jobstates
+
     latest = jobs_table.latest_jobs(con, [r.run_id for r in runs])
     sel = Selection()
     for r in runs:
         j = latest.get(r.run_id)
+        if j is not None and j.state in jobstates.ACTIVE and force:
+            sel.keep.append((r, j))
+            sel.notes.append(
+                f"not resubmitted {r.name}: job {j.job_id} is {j.state} and writes its run directory; "
+                f"--force resubmits ended runs only (cancel it first: mimo-jobs cancel {r.study} --run {r.name})"
+            )
+            continue
         if j is not None and j.state in jobs_table.KEEP_STATES and not force:
             sel.keep.append((r, j))
             continue

@@ -169,6 +169,13 @@ def test_cancel_stops_the_whole_process_group(ws):
     )
     state_file = Path(rows[0]["run_dir"]) / "logs" / f"local-{rows[0]['job_id']}.json"
     child = json.loads(state_file.read_text())["child_pid"]
+    # --force never starts a second job beside a running one (both would write one run directory)
+    forced = submit(ws, study, "--force").stdout
+    assert "not resubmitted 1n-e1x1-l1x1x1-g6: job" in forced and "is RUNNING" in forced, forced
+    assert (
+        "submitted " not in forced.replace("not resubmitted", "")
+        and len(job_rows(ws["db"], "loc_cancel")) == 1
+    )
     out = cli("cancel", "loc_cancel", "--db", ws["db"], env=ws["env"], check=True).stdout
     assert f"cancelled 1n-e1x1-l1x1x1-g6: local job {rows[0]['job_id']}" in out
     rows = wait_until(ws["db"], "loc_cancel", all_ended, 30, ws["env"], every=0.3)
