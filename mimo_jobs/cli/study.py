@@ -128,8 +128,8 @@ def _runtime_problems(diag: Diagnosis) -> list:
     for r in diag.runs or []:
         if r.point.command or r.trainer.command:
             continue
-        encoder = shape_of(r.layout, r.trainer).preset.encoder  # the model as the planner resolves it
-        for p in runtime_problems(r.trainer, cluster.accelerator, installed, encoder):
+        model = shape_of(r.layout, r.trainer).preset  # the model as the planner resolves it
+        for p in runtime_problems(r.trainer, cluster.accelerator, installed, model.encoder, model.llm):
             if (p.path, p.message) not in seen:
                 seen.add((p.path, p.message))
                 out.append(Problem(p.path, p.rule, p.message, p.fit))

@@ -9,4 +9,5 @@ both sides import these modules, neither imports the other.
   events      the event kinds ingest stores, with each kind's family and retry worth
   jobstates   what each scheduler state means
   datastats   the dataset statistics file `data stats` writes and the planner reads
+  mocktokens  the mock data's token ids and the vocabulary they need
 """

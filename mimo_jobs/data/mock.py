@@ -26,21 +26,24 @@ from dataclasses import dataclass
 
 import torch
 
+from mimo_jobs.contract.mocktokens import (  # noqa: F401 - the ids are part of this module's interface
+    CLASS_BASE,
+    MARK_ID,
+    MIN_VOCAB,
+    N_CLASSES,
+    PAD_ID,
+    TEXT_BASE,
+    TEXT_POOL,
+    WORD_LEN,
+    vocab_problem,
+)
 from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, Provider
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model.arch import image_tokens
 from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.runtime_rules import image_size_problems
 
-PAD_ID = 0
-MARK_ID = 1  # opens every repeat of a caption word
-N_CLASSES = 4
-WORD_LEN = 2
-CLASS_BASE = 2  # class k's word is CLASS_BASE + k*WORD_LEN + [0, WORD_LEN)
-TEXT_BASE = CLASS_BASE + N_CLASSES * WORD_LEN  # text-only samples use TEXT_BASE + [0, TEXT_POOL)
-TEXT_POOL = 8
 IMAGE_NOISE = 0.5
-MIN_VOCAB = TEXT_BASE + TEXT_POOL + 1  # and the image placeholder, the last id
 
 
 def image_token_id(vocab_size: int) -> int:
@@ -87,10 +90,8 @@ class MockConfig:
 
 
 def check_mock_config(c: MockConfig, max_image_size: int) -> None:
-    if c.vocab_size < MIN_VOCAB:
-        raise DataConfigError(
-            f"the mock provider needs a vocabulary of at least {MIN_VOCAB} tokens, the model has {c.vocab_size}"
-        )
+    if vocab_problem(c.vocab_size):
+        raise DataConfigError(vocab_problem(c.vocab_size))
     found = image_size_problems(
         c.image_sizes, c.unit, max_image_size, c.seq_length, c.text_only_fraction
     )  # the rules validate applies to a study

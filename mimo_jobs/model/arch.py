@@ -66,6 +66,17 @@ def _check_positive(obj, names) -> None:
             raise ArchError(n, f"must be a positive integer, got {v!r}")
 
 
+def _check_finite_positive(obj, names) -> None:
+    """Float fields a model cannot run without: finite and above 0 (a NaN epsilon or a negative rotary base
+    would make every iteration NaN, found only after the job ran)."""
+    import math
+
+    for n in names:
+        v = getattr(obj, n)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ArchError(n, f"must be a finite number above 0, got {v!r}")
+
+
 @dataclass(frozen=True)
 class EncoderArch:
     kind: str  # "clip", "siglip" or "radio" (the trainer builds all three on megatron-core's RADIO ViT)
@@ -95,6 +106,7 @@ class EncoderArch:
         _check_choice("kind", self.kind, ENC_KINDS)
         _check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
         _check_positive(self, ("patch_size", "image_size", "channels", "downsample"))
+        _check_finite_positive(self, ("norm_epsilon",))
         _check_choice("activation", self.activation, ENC_ACTIVATIONS)
         _check_choice("normalization", self.normalization, NORMS)
         if self.hidden_size % self.num_attention_heads:
@@ -181,6 +193,7 @@ class LLMArch:
         _check_positive(
             self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size")
         )
+        _check_finite_positive(self, ("norm_epsilon", "rotary_base"))
         if self.add_bias_linear is None:
             object.__setattr__(self, "add_bias_linear", not self.num_experts)
         if self.add_qkv_bias is None:

@@ -117,6 +117,11 @@ def _run(r: dict, data: StoreData, gpu: str | None) -> tuple[RunRow, TriageRow |
         else:
             row.mfu_note = NO_GBS
             row.flags.append(NO_GBS)
+    bad = data.nonfinite.get(rid)
+    if bad:
+        row.flags.append(
+            f"{bad} iteration(s) with a NaN/Inf loss or gradient: skipped, nothing learned from them"
+        )
     c = data.curves.get(rid)  # a run has a curve only when it has a span
     if c:  # the curve ends at the last iteration with a finite loss
         row.final_samples, row.final_loss = int(c[-1][0]), c[-1][1]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from mimo_jobs.contract.iteration import PHASES
@@ -39,6 +39,7 @@ class StoreData:
     events: dict[tuple[str, str], list[EventRow]]  # (run, job) -> its events, but start/end/checkpoints
     starts: dict[str, list[str]]  # run -> messages of its start events
     ends: dict[tuple[str, str], str]  # (run, job) -> the reason its end event gives
+    nonfinite: dict[str, int] = field(default_factory=dict)  # run -> iterations with a NaN/Inf loss or grad
 
 
 def study_names(con) -> list[str]:
@@ -54,7 +55,7 @@ def read(con, names: list[str], warmup_frac: float, warmup_min: int) -> StoreDat
     # The three scans of the big table below (spans, steady state, curves) are most of the report's time;
     # see _spans/_steady/_curves for how each avoids per-row work it does not need.
     whole = _covers_store(con, ids)
-    span, activity = _spans(con, ids, whole)
+    span, activity, nonfinite = _spans(con, ids, whole)
     # The later scans go without a run filter also when the report's runs hold most of the rows: grouping
     # the few rows of other runs (then dropped) costs less than a string test on every row.
     unfiltered = whole or _mostly_ours(con, span)
@@ -64,7 +65,9 @@ def read(con, names: list[str], warmup_frac: float, warmup_min: int) -> StoreDat
     jobs = _latest_jobs(con, ids)
     _add_event_activity(con, ids, activity)
     events, starts, ends = _events(con, ids)
-    return StoreData(runs, studies, span, activity, cut, steady, curves, jobs, events, starts, ends)
+    return StoreData(
+        runs, studies, span, activity, cut, steady, curves, jobs, events, starts, ends, nonfinite
+    )
 
 
 def _in_list(n: int) -> str:
@@ -160,24 +163,30 @@ def _covers_store(con, ids: list[str]) -> bool:
     return con.execute("SELECT count(*) FROM runs").fetchone()[0] == len(set(ids))
 
 
-def _spans(con, ids: list[str], whole: bool) -> tuple[dict[str, tuple], dict[str, list[tuple]]]:
+def _spans(
+    con, ids: list[str], whole: bool
+) -> tuple[dict[str, tuple], dict[str, list[tuple]], dict[str, int]]:
     """Per run: the span of the stitched curve (superseded rows are older attempts of re-run iterations),
-    and each job's last activity (which job is the run's latest). One scan, grouped per (run, job)."""
+    each job's last activity (which job is the run's latest), and how many of its iterations had a NaN/Inf
+    loss or gradient (Megatron's "number of nan iterations"). One scan, grouped per (run, job)."""
     keep = set(ids)
     where = "" if whole else f"run_id IN {_in_list(len(ids))} AND "
     span: dict[str, tuple] = {}
     activity: dict[str, list[tuple]] = {}
     groups: dict[str, list[tuple]] = {}
+    nonfinite: dict[str, int] = {}
     # (A job whose rows are all superseded is an older attempt: it can never be the latest job.)
     for row in con.execute(
         f"""SELECT run_id, job_id, max(time), min(iteration), max(iteration), count(*), max(train_iters),
-                   max(gbs)
+                   max(gbs), sum(coalesce(nan, 0))
             FROM iterations WHERE {where}NOT coalesce(superseded, false)
             GROUP BY run_id, job_id""",
         [] if whole else ids,
     ).fetchall():
         if row[0] not in keep:
             continue
+        if row[8]:
+            nonfinite[row[0]] = nonfinite.get(row[0], 0) + int(row[8])
         activity.setdefault(row[0], []).append((row[2] or datetime.min, str(row[1])))
         if row[5]:
             groups.setdefault(row[0], []).append(row[3:])
@@ -195,7 +204,7 @@ def _spans(con, ids: list[str], whole: bool) -> tuple[dict[str, tuple], dict[str
             None,
             max((g[4] for g in gs if g[4] is not None), default=None),
         )
-    return span, activity
+    return span, activity, nonfinite
 
 
 def _majority(key: dict[str, object], rows: dict[str, int]) -> tuple[object, list[str]]:

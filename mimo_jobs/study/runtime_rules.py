@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mimo_jobs.contract.mocktokens import MIN_VOCAB, vocab_problem
+
 
 @dataclass(frozen=True)
 class RuntimeProblem:
@@ -104,10 +106,11 @@ def tracker_problems(trainer, installed: Callable[[str], bool]) -> list[RuntimeP
 
 
 def runtime_problems(
-    trainer, accelerator: str, installed: Callable[[str], bool], encoder=None
+    trainer, accelerator: str, installed: Callable[[str], bool], encoder=None, llm=None
 ) -> list[RuntimeProblem]:
     """Every start-up rule above for one run's trainer section (a spec.TrainerSpec) on its accelerator;
-    the image rules when `encoder` (the resolved model's encoder: patch_size, image_size) is given."""
+    the image rules when `encoder` (the resolved model's encoder: patch_size, image_size) is given, the mock
+    data's vocabulary rule when `llm` (its LLM: vocab_size) is."""
     out = [
         p
         for p in (
@@ -116,6 +119,17 @@ def runtime_problems(
         )
         if p is not None
     ]
+    if llm is not None and trainer.data.provider == "mock":
+        why = vocab_problem(llm.vocab_size)
+        if why:
+            out.append(
+                RuntimeProblem(
+                    "trainer.model.llm.vocab_size",
+                    "data",
+                    why,
+                    f"use a vocabulary of at least {MIN_VOCAB} tokens, or real data (trainer.data.provider)",
+                )
+            )
     if encoder is not None and trainer.data.provider == "mock":
         d = trainer.data
         out += image_size_problems(

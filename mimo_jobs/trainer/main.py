@@ -43,6 +43,14 @@ from mimo_jobs.trainer.step import train_step
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
+# consecutive iterations with a NaN/Inf loss or gradient (each one skipped) after which the run stops: the
+# model is not training (Megatron-LM's --check-for-nan-in-loss-and-grad stops at the first one)
+NAN_STOP = 3
+
+
+class NotTraining(MimoJobsError, RuntimeError):
+    """Every recent iteration was skipped for a non-finite loss or gradient; decided alike on every rank (the
+    optimizer's skip decision is world-wide)."""
 
 
 class PreflightError(MimoJobsError, ValueError):
@@ -257,12 +265,20 @@ def _train_loop(st, n_iters: int, log, ckpt, prof: RankProfile, on_checkpoint=No
     """Iterations until `n_iters`; returns the StopDecision when the world stopped early for a requeue.
     `on_checkpoint()` runs after each periodic checkpoint interval (the memory facts are refreshed then)."""
     fail_at = _injected_failure()
+    nan_run = 0
     while st.iteration < n_iters:
         if fail_at is not None and fail_at == (dist.get_rank(), st.iteration + 1):
             raise RuntimeError(f"injected failure ({FAIL_ENV}) at iteration {st.iteration + 1}")
         stats = train_step(st)
         prof.add(stats)
         log.iteration(stats, st.consumed_samples, st.preset, st.run.trainer.seq_length)
+        nan_run = nan_run + 1 if stats.nan else 0
+        if nan_run >= NAN_STOP:
+            raise NotTraining(
+                f"iterations {st.iteration - nan_run + 1}-{st.iteration} all had a NaN/Inf loss or gradient and "
+                "were skipped: the model is not training (check the starting weights, trainer.init, the "
+                "learning rate and the data)"
+            )
         stop = ckpt.after_step(st, n_iters, stats.elapsed_s)
         if stop is not None:
             return stop
@@ -309,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mimo-jobs trainer: error: {e}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_BAD_INPUT)
+    except NotTraining as e:
+        if local_rank == 0:
+            print(f"mimo-jobs trainer: error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_FAILED)
     except MegatronInitError as e:
         # a Megatron checkpoint of another architecture, found once the LLM is built: every LLM rank
         # raises the same line (megatron_load gathers the whole LLM's keys), before training

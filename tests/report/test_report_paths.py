@@ -110,3 +110,18 @@ def test_curve_downsampling(tmp_path, spans):
         want = _expected_curve(first, last, nan_at)
         assert rep.curves[f"id{k}"] == want
         assert len(want) <= CURVE_POINTS + 1
+
+
+def test_a_run_with_nan_iterations_is_flagged(tmp_path):
+    # the trainer's records (and Megatron's "number of nan iterations") count the iterations skipped for a
+    # NaN/Inf loss or gradient: the run trained on none of them, and the report says so in its row
+    con, runs = build_store(tmp_path)
+    bad = runs[1][0].run_id
+    con.execute("UPDATE iterations SET nan = 1 WHERE run_id = ? AND iteration BETWEEN 4 AND 6", [bad])
+    rep = build(con, "scal")
+    con.close()
+    flags = {r.run_id: r.flags for r in rep.runs}
+    assert [f for f in flags[bad] if "NaN/Inf" in f] == [
+        "3 iteration(s) with a NaN/Inf loss or gradient: skipped, nothing learned from them"
+    ]
+    assert not any("NaN/Inf" in f for rid, fs in flags.items() if rid != bad for f in fs)

@@ -27,6 +27,10 @@ BREAKS = {
     "image-size": lambda d: d["trainer"].setdefault("data", {}).update(image_sizes=[8, 10]),
     "freeze": lambda d: d["trainer"].update(freeze={"encoder": True, "llm": True}),
     "precision": lambda d: d["trainer"].update(precision="bf16"),
+    # a vocabulary smaller than the mock data's token ids
+    "data": lambda d: d["trainer"].update(
+        model={"encoder": "tiny", "llm": {"preset": "tiny", "vocab_size": 12}}
+    ),
 }
 
 
@@ -62,15 +66,28 @@ def test_the_trainer_preflight_refuses_the_same(tmp_path):
         run = diagnose_data(doc, "s", env={}).runs[0]
         with pytest.raises((PreflightError, DataConfigError)) as e:
             preflight(run, {}, reference=True)
-        expected = runtime_problems(run.trainer, "cpu", package_installed, _encoder_of(run))[0]
+        expected = runtime_problems(run.trainer, "cpu", package_installed, *_modules_of(run))[0]
         assert expected.message in str(e.value), rule
     assert mock_config  # the image rule reaches the trainer through the mock provider
 
 
-def _encoder_of(run):
+def _modules_of(run):
     from mimo_jobs.predict.run import shape_of
 
-    return shape_of(run.layout, run.trainer).preset.encoder
+    preset = shape_of(run.layout, run.trainer).preset
+    return preset.encoder, preset.llm
+
+
+@pytest.mark.parametrize(
+    "field, value", [("norm_epsilon", float("nan")), ("norm_epsilon", 0.0), ("rotary_base", -1.0)]
+)
+def test_model_numbers_the_trainer_cannot_run_are_refused(tmp_path, field, value):
+    # each would make every iteration NaN, found only after the job ran
+    doc = copy.deepcopy(yaml.safe_load(CPU.read_text()))
+    doc["trainer"]["model"] = {"encoder": "tiny", "llm": {"preset": "tiny", field: value}}
+    r = _validate(tmp_path, doc)
+    assert r.exit_code == 2, r.output
+    assert f"llm.{field}: must be a finite number above 0" in r.output
 
 
 def test_image_sizes_rule():

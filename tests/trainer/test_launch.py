@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from helpers.launch import free_port, trainer, worker_env
-from helpers.trainer import make_run_yaml, run_reference, run_torchrun
+from helpers.trainer import iterations, make_run_yaml, run_reference, run_torchrun
 
 
 def _spawn_ranks(run_yaml, world: int):
@@ -93,3 +93,25 @@ def test_garbage_run_yaml_is_one_clear_error(tmp_path):
     assert p.returncode == 2
     assert f"{bad}: not a valid run.yaml (KeyError: 'name')" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.slow  # a one-process trainer run: CI runs it, the fast local default does not
+def test_a_run_that_only_makes_nan_stops_with_one_line(tmp_path):
+    # a learning rate of 1e30 blows the weights up after the first step: every later iteration is NaN and
+    # skipped, so the run is not training; it stops after 3 of them instead of reporting success
+    trainer = {"lr": {"schedule": "constant", "max": 1e30}, "optimizer": {"name": "sgd"}}
+    ry = make_run_yaml(tmp_path / "run", gpn=2, gbs=2, iters=8, colocated=True, trainer=trainer)
+    p = run_reference(ry, tmp_path / "m.jsonl")
+    assert p.returncode == 1, p.stderr[-2000:]
+    errors = [ln for ln in p.stderr.splitlines() if "error" in ln.lower()]
+    assert errors == [
+        "mimo-jobs trainer: error: iterations 2-4 all had a NaN/Inf loss or gradient and were skipped: the model "
+        "is not training (check the starting weights, trainer.init, the learning rate and the data)"
+    ], p.stderr[-2000:]
+    recs = iterations(tmp_path / "m.jsonl")
+    assert [(r["iteration"], r["nan"], r["skipped"]) for r in recs] == [
+        (1, 0, 0),
+        (2, 1, 1),
+        (3, 1, 1),
+        (4, 1, 1),
+    ]
