@@ -90,6 +90,66 @@ def test_a_tensor_of_another_shape_names_the_file_tensor_and_both_shapes(llama, 
     assert "model.layers.1.self_attn.k_proj.weight has shape [8, 64], this model needs [32, 64]" in msg
 
 
+def _copy_with(llama, d, change_tensors=None, change_config=None):
+    from safetensors.torch import load_file, save_file
+
+    d.mkdir()
+    cfg = json.loads((llama / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(change_config(cfg) if change_config else cfg))
+    t = load_file(llama / "model.safetensors")
+    save_file(change_tensors(t) if change_tensors else t, d / "model.safetensors")
+    return d
+
+
+K = "model.layers.1.self_attn.k_proj.weight"
+
+
+@pytest.mark.parametrize(
+    "dtype, shown", [("int32", "I32"), ("bool", "BOOL"), ("float8_e4m3fn", "F8_E4M3"), ("uint8", "U8")]
+)
+def test_a_tensor_of_the_right_shape_but_not_floating_point_is_refused(llama, tmp_path, dtype, shown):
+    import torch
+
+    def retype(t):
+        t[K] = torch.ones(32, 64).to(getattr(torch, dtype))
+        return t
+
+    d = _copy_with(llama, tmp_path / dtype, retype)
+    msg = _err(check_llm, d, _llm(), 1)
+    assert f"tensor {K} is {shown}, not floating-point weights" in msg, msg
+
+
+def test_an_fp8_checkpoint_is_refused_from_its_config(llama, tmp_path):
+    import torch
+
+    # the public FP8 layout (e.g. Qwen3-30B-A3B-FP8): quantization_config, FP8 codes and their *_scale_inv
+    def fp8(t):
+        t[K] = t[K].to(torch.float8_e4m3fn)
+        t[K + "_scale_inv"] = torch.ones(1, 1)
+        return t
+
+    def quantized(cfg):
+        return cfg | {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+
+    d = _copy_with(llama, tmp_path / "fp8", fp8, quantized)
+    msg = _err(check_llm, d, _llm(), 1)
+    assert "quantized weights (quantization_config, quant_method 'fp8')" in msg, msg
+
+
+@pytest.mark.parametrize("weight_map", [["model.safetensors"], {"a": 3}, "model.safetensors"])
+def test_a_wrongly_typed_weight_map_is_one_line(llama, tmp_path, weight_map):
+    d = _copy_with(llama, tmp_path / "idx")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    msg = _err(check_llm, d, _llm(), 1)
+    assert "model.safetensors.index.json: weight_map is not an object" in msg, msg
+
+
+def test_a_config_that_is_not_an_object_is_one_line(llama, tmp_path):
+    d = _copy_with(llama, tmp_path / "cfg")
+    (d / "config.json").write_text("[1, 2]")
+    assert "config.json: a JSON list, not a model config" in _err(check_llm, d, _llm(), 1)
+
+
 def test_a_vision_config_of_another_size(tmp_path):
     d = hf_models.save_encoder("siglip", tmp_path / "siglip")
     fields = hf.encoder_fields(hf_models.encoder_config("siglip").to_dict())
@@ -126,3 +186,29 @@ def test_the_trainer_exits_2_with_one_line_before_any_collective(tmp_path, llama
     assert len(lines) == 1, p.stderr[-3000:]
     assert lines[0].startswith(f"mimo-jobs trainer: error: trainer.init.llm: {bad}: no config.json")
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_nan_weights_are_named_and_the_run_stops_instead_of_completing(tmp_path, llama):
+    from helpers.launch import trainer, worker_env
+    from helpers.trainer import make_run_yaml
+
+    def poison(t):
+        t[K] = t[K].clone()
+        t[K][3, 5] = float("nan")
+        return t
+
+    d = _copy_with(llama, tmp_path / "nan", poison)
+    model = {"encoder": "tiny", "llm": {"hf_config": str(llama / "config.json")}}
+    y = make_run_yaml(
+        tmp_path / "run", gpn=2, gbs=2, iters=6, trainer={"model": model, "init": {"llm": str(d)}}
+    )
+    p = subprocess.run(
+        trainer(y, "--reference"), capture_output=True, text=True, timeout=300, env=worker_env()
+    )
+    assert p.returncode == 1, p.stderr[-3000:]
+    warned = [ln for ln in p.stderr.splitlines() if "warning:" in ln]
+    assert warned == [
+        f"mimo-jobs trainer: warning: {d / 'model.safetensors'}: tensor {K} holds NaN or Inf values"
+    ]
+    assert "error: iterations 1-3 all had a NaN/Inf loss or gradient and were skipped" in p.stderr

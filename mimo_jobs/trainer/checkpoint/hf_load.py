@@ -14,6 +14,7 @@ needs beyond its model is about its largest shard of one parameter. Names and la
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,9 @@ from mimo_jobs.model.hf_weights import (
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
+# safetensors' dtype names of floating-point weights; integers, booleans and FP8 codes (which need their
+# *_scale_inv tensors and a quantization_config) are not weights this trainer can start from
+FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 # Fields that describe a model's name or origin, not its shape
 _NOT_ARCH = {"name", "source"}
 
@@ -47,6 +51,8 @@ class HFSource:
     config: dict
     files: dict[str, Path]  # tensor name -> the .safetensors file holding it
     shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, str] = field(default_factory=dict)  # tensor name -> safetensors dtype ("BF16", ...)
+    nonfinite: set[str] = field(default_factory=set)  # tensors read that hold NaN/Inf (warned once each)
     _open: dict = field(default_factory=dict)
 
     def slice(self, name: str):
@@ -64,12 +70,16 @@ class HFSource:
 
 def open_source(path: str | Path, where: str) -> HFSource:
     """The directory's config and tensor index, every file's header read (a missing or truncated file, an
-    index naming a missing file, no config.json: HFInitError naming it)."""
-    from safetensors import SafetensorError, safe_open
-
+    index naming a missing file, no config.json, quantized weights: HFInitError naming it)."""
     d = Path(path)
     if not d.is_dir():
         raise HFInitError(f"{d}: no such directory", where)
+    config = _read_config(d, where)
+    files, shapes, dtypes = _read_headers(_tensor_files(d, where), where)
+    return HFSource(d, config, files, shapes, dtypes)
+
+
+def _read_config(d: Path, where: str) -> dict:
     cfg_path = d / CONFIG
     if not cfg_path.is_file():
         raise HFInitError(
@@ -79,35 +89,63 @@ def open_source(path: str | Path, where: str) -> HFSource:
         config = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as e:
         raise HFInitError(f"{cfg_path}: not a readable JSON file: {e}", where) from None
+    if not isinstance(config, dict):
+        raise HFInitError(
+            f"{cfg_path}: a JSON {type(config).__name__}, not a model config (an object)", where
+        )
+    quant = config.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+        raise HFInitError(
+            f"{cfg_path}: quantized weights (quantization_config, quant_method {method!r}); trainer.init "
+            "starts from floating-point weights only: use the model's unquantized (BF16/FP16/FP32) release",
+            where,
+        )
+    return config
+
+
+def _tensor_files(d: Path, where: str) -> list[Path]:
+    """The .safetensors files: those the index names (each checked to exist), else every one in `d`."""
     index = d / INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise HFInitError(f"{index}: not a safetensors index (a weight_map): {e}", where) from None
-        by_file: dict[str, list[str]] = {}
-        for name, f in weight_map.items():
-            by_file.setdefault(f, []).append(name)
-        for f, names in sorted(by_file.items()):
-            if not (d / f).is_file():
-                raise HFInitError(f"{index}: names {f} (for {names[0]}), which is missing", where)
-        paths = [d / f for f in sorted(by_file)]
-    else:
+    if not index.is_file():
         paths = sorted(d.glob("*.safetensors"))
         if not paths:
             raise HFInitError(f"{d}: no *.safetensors files (and no {INDEX})", where)
-    files, shapes = {}, {}
+        return paths
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise HFInitError(f"{index}: not a safetensors index (a weight_map): {e}", where) from None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise HFInitError(f"{index}: weight_map is not an object of tensor names to file names", where)
+    by_file: dict[str, list[str]] = {}
+    for name, f in weight_map.items():
+        by_file.setdefault(f, []).append(name)
+    for f, names in sorted(by_file.items()):
+        if not (d / f).is_file():
+            raise HFInitError(f"{index}: names {f} (for {names[0]}), which is missing", where)
+    return [d / f for f in sorted(by_file)]
+
+
+def _read_headers(paths: list[Path], where: str) -> tuple[dict, dict, dict]:
+    """Each tensor's file, shape and dtype, from the files' headers alone."""
+    from safetensors import SafetensorError, safe_open
+
+    files, shapes, dtypes = {}, {}, {}
     for p in paths:
         try:
             with safe_open(str(p), framework="pt") as f:
                 for name in f.keys():
                     files[name] = p
-                    shapes[name] = tuple(f.get_slice(name).get_shape())
+                    sl = f.get_slice(name)
+                    shapes[name], dtypes[name] = tuple(sl.get_shape()), sl.get_dtype()
         except (SafetensorError, OSError) as e:
             raise HFInitError(
                 f"{p}: unreadable safetensors file (truncated or damaged?): {e}", where
             ) from None
-    return HFSource(d, config, files, shapes)
+    return files, shapes, dtypes
 
 
 def _first_difference(got: dict, want: dict) -> tuple[str, object, object] | None:
@@ -139,6 +177,13 @@ def _check_tensors(src: HFSource, layout: HFLayout, where: str) -> None:
             raise HFInitError(
                 f"{src.files[name]}: tensor {name} has shape {list(src.shapes[name])}, this model needs "
                 f"{list(shape)}",
+                where,
+            )
+        dtype = src.dtypes.get(name)
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            raise HFInitError(
+                f"{src.files[name]}: tensor {name} is {dtype}, not floating-point weights "
+                f"({', '.join(sorted(FLOAT_DTYPES))}); quantized or integer tensors cannot start a run",
                 where,
             )
 
@@ -231,8 +276,21 @@ def read_shard(src: HFSource, t, dim, rank: int, size: int, parts: int):
                 x = sl[pc.start + a : pc.start + b]
             else:
                 x = sl[pc.start + a : pc.start + b, cols[0] : cols[1]]
+            if pc.hf not in src.nonfinite and not bool(torch.isfinite(x).all()):
+                _warn_nonfinite(src, pc.hf)
             out.append(x.reshape(b - a, *rest))
     return out[0] if len(out) == 1 else torch.cat(out)
+
+
+def _warn_nonfinite(src: HFSource, name: str) -> None:
+    """Named by the ranks that read it (once each); the run then stops world-wide when its iterations are all
+    NaN (main.NAN_STOP), which every rank decides alike."""
+    src.nonfinite.add(name)
+    print(
+        f"mimo-jobs trainer: warning: {src.files[name]}: tensor {name} holds NaN or Inf values",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def load_into(module, layout: HFLayout, src: HFSource, shards, skip=("projector.",)) -> int:
