@@ -90,7 +90,8 @@ def world_of(run_yaml: Path) -> int:
 
 
 def trainer_env(extra: dict | None = None) -> dict:
-    env = worker_env()
+    # the crash hook kills its process group: the real torchrun layout, not the tests' zygote
+    env = worker_env(zygote="MIMO_CKPT_CRASH" not in (extra or {}))
     for k in (
         "MIMO_CKPT_CRASH",
         "MIMO_CKPT_KILL_AFTER_ITER",

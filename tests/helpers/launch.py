@@ -4,7 +4,8 @@ Every process a test starts runs this checkout's code (the checkout and tests/ f
 second installed copy of mimo_jobs is never what is tested), on one thread per process (OMP_NUM_THREADS=1:
 2 cores are shared by several ranks), without torch.compile (TORCHDYNAMO_DISABLE=1: megatron-core's compiled
 paths are slow and flaky on the CPU), unbuffered, with warnings left out of the output the tests read, and
-without a WORLD_SIZE inherited from an outer launcher.
+without a WORLD_SIZE inherited from an outer launcher. A trainer process runs in the tests' preloaded
+interpreter when one is up (helpers/zygote.py): the same trainer, without importing torch again.
 """
 
 from __future__ import annotations
@@ -15,9 +16,15 @@ import sys
 from pathlib import Path
 
 from helpers import REPO, TESTS
+from helpers.zygote import ENV as ZYGOTE_ENV
+
+# the socket of this pytest worker's zygote (helpers/zygote.py; set by tests/conftest.py), "" for none
+ZYGOTE = {"socket": ""}
 
 
-def worker_env(extra: dict | None = None) -> dict[str, str]:
+def worker_env(extra: dict | None = None, zygote: bool = True) -> dict[str, str]:
+    """The environment of a process a test starts. With `zygote`, a `python -m mimo_jobs.trainer` started in
+    it runs in the tests' preloaded interpreter (helpers/zygote.py; tests/sitecustomize.py hands it over)."""
     env = dict(
         os.environ,
         TORCHDYNAMO_DISABLE="1",
@@ -26,6 +33,9 @@ def worker_env(extra: dict | None = None) -> dict[str, str]:
         PYTHONWARNINGS="ignore",
     )
     env.pop("WORLD_SIZE", None)
+    env.pop(ZYGOTE_ENV, None)
+    if zygote and ZYGOTE["socket"]:
+        env[ZYGOTE_ENV] = ZYGOTE["socket"]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(TESTS), os.environ.get("PYTHONPATH")]))
     env.update({k: str(v) for k, v in (extra or {}).items()})
     return env

@@ -5,8 +5,8 @@ Two kinds of run, two keys:
 - a world (the trainer under torchrun) is keyed by the project's own run id (mimo_jobs.study.expand.run_id_of:
   study, cluster, trainer settings and point) and its rank count;
 - a one-process `--reference` run is keyed by the layout-free part of the run (`reference_key`): the model, the
-  data, the global batch and every trainer setting that changes the numbers, without the grids, the microbatch
-  size, colocation, or the settings that only schedule work or trade memory for compute. That the reference's
+  data, the global and micro batch and every trainer setting that changes the numbers, without the grids,
+  colocation, or the settings that only schedule work or trade memory for compute. That the reference's
   figures do not depend on those is itself tested, by references launched apart from this cache
   (tests/trainer/test_parity.py::test_reference_losses_do_not_depend_on_the_layout).
 
@@ -29,9 +29,11 @@ from pathlib import Path
 
 import yaml
 
-# what a one-process reference does not depend on: where the ranks are, how a global batch is cut into
-# microbatches, and how work is scheduled or memory traded (the run's figures are per global batch)
-LAYOUT_POINT = ("nodes", "encoder", "llm", "colocated", "mbs", "repeats", "time_limit")
+# what a one-process reference does not depend on: where the ranks are and how work is scheduled or memory
+# traded (the run's figures are per global batch). Which samples share a microbatch does matter (a MoE
+# router's load-balancing loss is taken per microbatch): the key keeps the microbatch size and, when a
+# microbatch holds more than one sample, the LLM's lanes, which decide how samples are grouped.
+LAYOUT_POINT = ("nodes", "encoder", "llm", "colocated", "repeats", "time_limit")
 LAYOUT_TRAINER = ("encoder_inflight", "recompute", "use_distributed_optimizer")
 LAYOUT_CLUSTER = ("gpus_per_node",)
 
@@ -84,6 +86,7 @@ def reference_key(doc: dict) -> str:
         "cluster": {k: v for k, v in run["cluster"].items() if k not in LAYOUT_CLUSTER},
         "trainer": {k: v for k, v in run["trainer"].items() if k not in LAYOUT_TRAINER},
         "point": {k: v for k, v in run["point"].items() if k not in LAYOUT_POINT},
+        "lanes": run["layout"]["llm_dp"] if run["layout"]["mbs"] > 1 else None,
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:12]

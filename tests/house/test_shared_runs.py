@@ -55,9 +55,16 @@ def test_a_reference_is_shared_by_layouts_but_not_by_what_changes_the_numbers(tm
     log = tmp_path / "launches"
     runs = SharedRuns(tmp_path / "cache", _counting_launch(log))
     runs.reference(make_run_yaml(tmp_path / "fo", **FO))
-    runs.reference(make_run_yaml(tmp_path / "fi", **FI))
+    runs.reference(make_run_yaml(tmp_path / "co", gpn=2, gbs=4, colocated=True, llm={"tp": 2}))
     runs.reference(make_run_yaml(tmp_path / "r", **FO, trainer={"recompute": "full", "encoder_inflight": 1}))
     assert len(_launches(log)) == 1
+    # microbatches of 2 samples: which samples share one matters (MoE's per-microbatch balancing loss)
+    runs.reference(make_run_yaml(tmp_path / "fi", **FI))
+    runs.reference(
+        make_run_yaml(tmp_path / "fi2", **dict(FI, gpn=4, llm={"dp": 1, "tp": 2}))
+    )  # 1 lane: shared
+    runs.reference(make_run_yaml(tmp_path / "fi3", **dict(FI, gpn=4, llm={"dp": 2})))  # 2 lanes: not
+    assert len(_launches(log)) == 3
     for i, kw in enumerate(
         [
             {"gbs": 8},
@@ -70,7 +77,7 @@ def test_a_reference_is_shared_by_layouts_but_not_by_what_changes_the_numbers(tm
     ):
         base = dict(FO, **kw)
         runs.reference(make_run_yaml(tmp_path / f"x{i}", **base))
-    assert len(_launches(log)) == 7
+    assert len(_launches(log)) == 9
 
 
 def test_the_layout_free_key_ignores_paths_and_grids_only(tmp_path):
