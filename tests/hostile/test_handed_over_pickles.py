@@ -78,3 +78,20 @@ def test_a_crafted_megatron_index_is_refused_before_megatron_reads_it(tmp_path):
     with open(index, "rb") as f:
         pickle.load(f)  # live: an unrestricted load runs it
     assert mark.exists()
+
+
+def test_weights_of_another_model_at_the_same_layout_are_one_line():
+    from mimo_jobs.trainer.checkpoint.state import load_model_state
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    theirs = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 2)).state_dict()
+    before = [p.clone() for p in model.parameters()]
+    with pytest.raises(files.CheckpointError) as e:
+        load_model_state(model, theirs, "ckpt/encoder/model-00000.pt")
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg == (
+        "ckpt/encoder/model-00000.pt: 0.weight is [5, 4] in the checkpoint, [3, 4] in this run's model "
+        "(and 2 more): a checkpoint of another model"
+    )
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing half-loaded

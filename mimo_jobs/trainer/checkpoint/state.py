@@ -60,7 +60,21 @@ def split_model_state(model) -> tuple[dict, dict]:
 
 
 def load_model_state(model, state: dict, where: str) -> None:
-    """Load all of `state` into `model`; any key missing on either side is a mismatch."""
+    """Load all of `state` into `model`; any key missing on either side, or of another shape, is a mismatch
+    (one line: a checkpoint of another model at the same layout, found before torch's own multi-line dump)."""
+    own = model.state_dict()
+    shaped = [
+        (k, list(v.shape), list(own[k].shape))
+        for k, v in state.items()
+        if k in own and hasattr(v, "shape") and tuple(v.shape) != tuple(own[k].shape)
+    ]
+    if shaped:
+        k, theirs, ours = shaped[0]
+        more = f" (and {len(shaped) - 1} more)" if len(shaped) > 1 else ""
+        raise CheckpointMismatch(
+            f"{where}: {k} is {theirs} in the checkpoint, {ours} in this run's model{more}: a checkpoint of "
+            "another model"
+        )
     missing, unexpected = model.load_state_dict(state, strict=False)
     # TE/megatron `_extra_state` entries may legitimately be absent on either side
     missing = [k for k in missing if not k.endswith("_extra_state")]
