@@ -3,8 +3,10 @@ through a real checkpoint is test_hf_roundtrip.py)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 
 def _export(*args: str) -> subprocess.CompletedProcess:
@@ -39,3 +41,39 @@ def test_an_unknown_format_and_a_non_empty_output_are_refused(tmp_path):
     line = _error_line(_export(str(tmp_path), str(tmp_path / "full"), "--to", "hf"))
     assert "already exists and is not empty" in line
     assert (tmp_path / "full" / "x").read_text() == "keep me"
+
+
+def _checkpoint(root: Path) -> Path:
+    """A complete checkpoint's directory as far as the manifest goes (what export resolves first)."""
+    from mimo_jobs.contract.manifest import LATEST, MANIFEST, Provenance, manifest_doc
+
+    d = root / "checkpoints" / "iter_0000002"
+    d.mkdir(parents=True)
+    prov = Provenance(run_id="r1", study="s", run_name="n", layout={"gbs": 4}, world=2)
+    doc = manifest_doc(
+        iteration=2, consumed_samples=8, provenance=prov, files={}, rank_modules={}, save_s=0.1
+    )
+    (d / MANIFEST).write_text(json.dumps(doc))
+    (d.parent / LATEST).write_text(d.name)
+    return d.parent
+
+
+def test_a_dtype_it_does_not_write_is_one_line(tmp_path):
+    line = _error_line(_export(str(tmp_path), str(tmp_path / "o"), "--to", "hf", "--dtype", "int8"))
+    assert "--dtype 'int8': the dtypes are float32, bfloat16, float16" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_dangling_symlink_as_the_output_is_refused(tmp_path):
+    (tmp_path / "o").symlink_to(tmp_path / "gone")
+    line = _error_line(_export(str(tmp_path), str(tmp_path / "o"), "--to", "hf"))
+    assert f"{tmp_path / 'o'}: a symbolic link to {tmp_path / 'gone'}, which does not exist" in line
+    assert not (tmp_path / "gone").exists()
+
+
+def test_an_output_inside_the_checkpoint_directory_is_refused(tmp_path):
+    # pruning (keep_checkpoints) and the next save manage that directory: an export there would be deleted
+    ckpts = _checkpoint(tmp_path)
+    for inside in (ckpts / "iter_0000002" / "hf", ckpts / "iter_0000004.tmp", ckpts / "export"):
+        line = _error_line(_export(str(ckpts), str(inside), "--to", "hf"))
+        assert "inside the checkpoint directory" in line and not inside.exists(), line

@@ -36,7 +36,9 @@ MAX_SHARD_BYTES = 5 * 2**30  # HF's own default shard size (5 GB)
 
 
 class ExportError(CheckpointError):
-    """A checkpoint that cannot be written as HuggingFace directories (nothing was written)."""
+    """A checkpoint that cannot be written as HuggingFace directories (nothing was written): bad input."""
+
+    exit_code = 2
 
 
 @dataclass
@@ -59,9 +61,21 @@ def export_hf(
     from mimo_jobs.study.runspec import load_run_yaml
 
     out = Path(out)
+    if dtype is not None and dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype!r}: the dtypes are {', '.join(DTYPES)}")
+    if out.is_symlink() and not out.exists():
+        raise ExportError(
+            f"{out}: a symbolic link to {os.readlink(out)}, which does not exist; choose a directory"
+        )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out}: already exists and is not empty; choose a new directory")
     info = resolve_source(checkpoint)
+    ckpts = info.path.resolve().parent
+    if out.resolve().is_relative_to(ckpts):
+        raise ExportError(
+            f"{out}: inside the checkpoint directory {ckpts}, where saving and pruning (keep_checkpoints) "
+            "manage what is kept; choose a directory outside it"
+        )
     run_yaml = info.path / "run.yaml"
     if not run_yaml.is_file():
         raise ExportError(f"{run_yaml}: missing (the checkpoint does not say which model it holds)")
@@ -185,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mimo_jobs.trainer.checkpoint.hf_export")
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--dtype", default=None, choices=sorted(DTYPES))
+    ap.add_argument("--dtype", default=None)  # export_hf names the ones it writes
     ap.add_argument("--max-shard-bytes", type=int, default=MAX_SHARD_BYTES)
     a = ap.parse_args(argv)
     try:
@@ -193,6 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     except MimoJobsError as e:
         print(f"error: {e.describe()}", file=sys.stderr, flush=True)
         return e.exit_code
+    except OSError as e:  # a full or read-only target, a file that cannot be read: nothing was left at OUT
+        where = e.filename or a.out
+        print(
+            f"error: {where}: {e.strerror or e} (nothing was written at {a.out})", file=sys.stderr, flush=True
+        )
+        return 1
+    except Exception as e:  # noqa: BLE001 - a damaged part torch cannot read, ...: one line, not a traceback
+        print(f"error: {a.checkpoint}: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr, flush=True)
+        return 1
     print(json.dumps({"out": str(r.out), "iteration": r.iteration, "files": r.dirs}), flush=True)
     return 0
 
