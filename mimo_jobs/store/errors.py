@@ -44,6 +44,10 @@ class StoreReadOnly(StoreError):
     """A writer cannot write the file or its directory (read-only filesystem, permissions)."""
 
 
+class StoreFull(StoreError):
+    """The store's filesystem ran out of space while a command wrote to it."""
+
+
 class StoreTooNew(StoreError):
     """The store was written by a newer mimo-jobs (a newer schema this version does not know)."""
 
@@ -76,6 +80,12 @@ def explain(exc: BaseException, path: Path | str) -> StoreError:
     if "not a valid DuckDB database" in msg or "Is a directory" in msg:
         return NotAStore(
             "this is not a mimo-jobs store (not a DuckDB database file); pass --db with a store path",
+            where,
+        )
+    if any(s in msg for s in ("No space left on device", "Disk quota exceeded", "not enough space")):
+        return StoreFull(
+            f"no space left where the store is ({_first_line(msg)}); what this command was writing was not "
+            "kept: free space, or pass --db with a store on another filesystem",
             where,
         )
     if "Read-only file system" in msg or "Permission denied" in msg or "read-only" in msg.lower():

@@ -335,3 +335,49 @@ def test_a_store_records_the_version_that_wrote_it(tmp_path: Path) -> None:
     con = duckdb.connect(str(real_store(tmp_path)), read_only=True)
     meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
     assert meta["written_by"] == __version__
+
+
+def test_a_full_disk_under_the_store_is_named_so_and_keeps_the_store(tmp_path: Path) -> None:
+    # a small tmpfs holding a real store, then filled: ingesting a larger log cannot grow the store
+    import duckdb
+
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)]).returncode != 0:
+        pytest.skip("needs mount(8) (root with CAP_SYS_ADMIN) to make a small filesystem")
+    try:
+        db = mnt / "s.duckdb"
+        shutil.copy(real_store(tmp_path), db)
+        con = duckdb.connect(str(db), read_only=True)
+        before = (
+            con.execute("SELECT count(*) FROM runs").fetchone()[0],
+            con.execute("SELECT count(*) FROM iterations").fetchone()[0],
+        )
+        con.close()
+        with open(mnt / "filler", "wb") as f:  # every byte left
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+        big = tmp_path / "big.log"
+        line = (FIXTURES / "slurm-4242.out").read_text()
+        big.write_text(line * 200)
+        p = subprocess.run(
+            [sys.executable, "-m", "mimo_jobs.cli", "ingest", str(big), "--db", str(db)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        out = p.stdout + p.stderr
+        assert p.returncode == 1 and out.count("error:") == 1, out
+        assert "no space left where the store is" in out and "damaged" not in out, out
+        (mnt / "filler").unlink()
+        con = duckdb.connect(str(db), read_only=True)  # still a readable store, holding what it held
+        after = (
+            con.execute("SELECT count(*) FROM runs").fetchone()[0],
+            con.execute("SELECT count(*) FROM iterations").fetchone()[0],
+        )
+        con.close()
+        assert after == before
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
