@@ -89,8 +89,12 @@ def synth_cmd(
             conversation_samples=conversations,
         )
         cfg.check()
-        if multi_image < 0 or interleaved < 0:
-            raise DataError("--multi-image and --interleaved count samples: give 0 or more")
+        from mimo_jobs.data.synth import MAX_SAMPLES
+
+        if not (0 <= multi_image <= MAX_SAMPLES and 0 <= interleaved <= MAX_SAMPLES):
+            raise DataError(f"--multi-image and --interleaved count samples: give 0 to {MAX_SAMPLES:,}")
+        if dir.exists() and not dir.is_dir():
+            raise DataError(f"{dir}: a file, not a directory")
         parts = ("caps", "text", "vqa", "chat", "multi", "interleaved", "blend.yaml")
         clash = [dir / p for p in parts if (dir / p).exists()]
         if clash:
@@ -100,11 +104,12 @@ def synth_cmd(
     except DataError as e:
         fail(str(e))
 
-    # Write into a staging folder and move the finished parts into place: a failure leaves nothing behind.
-    stage = dir / f".synth-staging-{seed}"
-    if stage.exists():
-        shutil.rmtree(stage)
+    # Write into a staging folder and move the finished parts into place: a failure leaves nothing behind,
+    # and a staging folder a killed run left (any seed) goes first.
     dir_existed = dir.exists()
+    for old in dir.glob(".synth-staging-*") if dir_existed else ():
+        shutil.rmtree(old, ignore_errors=True)
+    stage = dir / f".synth-staging-{seed}"
     try:
         with Progress(
             TextColumn("synth"),
@@ -127,11 +132,11 @@ def synth_cmd(
             if (stage / name).exists():
                 (stage / name).rename(dir / name)
         stage.rmdir()
-    except DataError as e:
+    except (DataError, OSError) as e:
         shutil.rmtree(stage, ignore_errors=True)
         if not dir_existed:
             shutil.rmtree(dir, ignore_errors=True)
-        fail(str(e))
+        fail(str(e) if isinstance(e, DataError) else f"{e.filename or dir}: {e.strerror or e}", code=1)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -213,11 +218,19 @@ def stats_cmd(
         from mimo_jobs.data.scan import scan
         from mimo_jobs.data.stats import summarize
 
+        if tokenizer is not None and not Path(tokenizer).is_dir():
+            raise DataError(
+                f"--tokenizer {tokenizer}: not a directory (a local HuggingFace tokenizer folder)"
+            )
+        if out is not None and out.is_dir():
+            raise DataError(f"--out {out}: a directory; give the JSON file to write")
         samples, skipped = scan(str(path.resolve()), geometry, preset.llm.vocab_size, tokenizer)
         if not samples:
             raise DataError(f"{path}: no sample could be read ({skipped} skipped as bad)")
     except DataError as e:
         fail(str(e))
+    except OSError as e:  # the dataset cannot be read
+        fail(f"{e.filename or path}: {e.strerror or e}", code=1)
     doc = {
         "dataset": str(path.resolve()),
         "model": model,
@@ -226,7 +239,13 @@ def stats_cmd(
         **summarize(samples, seq_length, skipped),
     }
     dest = out or stats_file_for(path)
-    dest.write_text(json.dumps(doc, indent=1) + "\n")
+    try:
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        tmp.replace(dest)  # a full disk leaves the previous file, never half of a new one
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        fail(f"{dest}: cannot write ({e.strerror or e})", code=1)
     if as_json:
         typer.echo(json.dumps(doc, indent=1))
         return

@@ -98,6 +98,9 @@ def parse_size(s: str) -> tuple[int, int]:
     return h, w
 
 
+MAX_SAMPLES = 1_000_000  # of every kind together: a smoke-test dataset, not a benchmark corpus
+
+
 @dataclass(frozen=True)
 class SynthConfig:
     samples: int = 512  # total samples (text-only + image-caption)
@@ -124,6 +127,10 @@ class SynthConfig:
             raise DataError("image_sizes is empty but VQA/conversation samples (with images) were asked for")
         if self.samples_per_shard < 1:
             raise DataError(f"samples_per_shard={self.samples_per_shard}: need at least 1")
+        if self.total > MAX_SAMPLES:
+            raise DataError(
+                f"{self.total:,} samples: synthetic data is for tests and smoke runs, at most {MAX_SAMPLES:,}"
+            )
 
     @property
     def n_text(self) -> int:

@@ -160,3 +160,41 @@ def test_check_energon_data_before_any_loader(synth_blend, tmp_path):
     broken.write_text(res.blend.read_text().replace("./text", "./nowhere"))
     with pytest.raises(DataError, match=r"splits\.train path './nowhere'.*does not exist"):
         check_energon_data(run_spec(broken, gpus_per_node=2, enc_dp=1, llm_dp=1, mbs=1, gbs=1))
+
+
+def _data(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.cli", "data", *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _one_error(p: subprocess.CompletedProcess, code: int) -> str:
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == code and len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    return lines[0]
+
+
+def test_synth_and_stats_refuse_hostile_arguments_in_one_line(tmp_path, synth_blend):
+    # counts without a bound, a file as the target, a staging folder a killed run left behind
+    assert "at most 1,000,000" in _one_error(_data("synth", tmp_path / "a", "--samples", "5000000"), 2)
+    assert "give 0 to 1,000,000" in _one_error(
+        _data("synth", tmp_path / "a", "--vqa", "0", "--interleaved", "-1"), 2
+    )
+    (tmp_path / "file").write_text("x")
+    assert "a file, not a directory" in _one_error(_data("synth", tmp_path / "file"), 2)
+    left = tmp_path / "b" / ".synth-staging-7" / "caps"
+    left.mkdir(parents=True)
+    ok = _data("synth", tmp_path / "b", "--samples", "4", "--seed", "3")
+    assert ok.returncode == 0, ok.stderr
+    assert not list((tmp_path / "b").glob(".synth-staging*"))
+    # stats: a tokenizer that is a file, an output that is a directory
+    res, _ = synth_blend
+    common = ("stats", res.blend, "--seq-length", "64")
+    line = _one_error(_data(*common, "--tokenizer", tmp_path / "file"), 2)
+    assert "--tokenizer" in line and "not a directory" in line
+    line = _one_error(_data(*common, "--out", tmp_path), 2)
+    assert "--out" in line and "a directory" in line
