@@ -200,17 +200,6 @@ def split_label(lay: Layout, text_only: bool = False) -> str:
     return f"encoder {_count(enc // gpn, 'node')} ({_count(enc, 'GPU')}) | LLM {_count(llm // gpn, 'node')}"
 
 
-def nearest_tiled_gbs(base: Layout, nodes: int, colocated_only: bool = False) -> int | None:
-    """The smallest global batch above base.gbs that some layout on `nodes` nodes tiles (only colocated ones
-    for a model without an encoder), searched up to 8 batches per GPU; None when none does."""
-    gpus = nodes * base.gpus_per_node
-    for gbs in range(base.gbs + 1, base.gbs + 8 * gpus + 1):
-        lays = candidate_layouts(replace(base, gbs=gbs), nodes)
-        if any(lay.colocated or not colocated_only for lay in lays):
-            return gbs
-    return None
-
-
 def colocated_gbs(base: Layout, nodes: int) -> list[int]:
     """The global batches near base.gbs that some colocated layout on `nodes` nodes tiles (one below, one
     above when both exist); empty when base.gbs itself is tiled."""

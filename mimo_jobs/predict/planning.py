@@ -13,7 +13,6 @@ from .layouts import (
     Candidate,
     colocated_gbs,
     free_bytes,
-    nearest_tiled_gbs,
     point_dict,
     price_layouts,
     price_with_savers,
@@ -87,9 +86,9 @@ def plan_one(
     hetero = next((c for c in fit if not c.layout.colocated), None)
     tiling = None
     if not fit and not over:  # nothing was priced: no layout tiles the batch, memory was never the question
-        up = nearest_tiled_gbs(s.layout, nodes, colocated_only=shape.preset.text_only)
+        near = nearest or colocated_gbs(s.layout, nodes)
         tiling = f"no layout tiles gbs {gbs} on {nodes * shape.layout.gpus_per_node} GPUs" + (
-            f"; the smallest gbs above it that one does: {up}" if up else ""
+            f"; a colocated layout tiles gbs {' or '.join(map(str, near))}" if near else ""
         )
     return NodePlan(nodes, gbs, ranked, len(fit) + len(over), colo, note, nearest, hetero, tiling)
 
@@ -222,8 +221,8 @@ FLAG_MEANING = {
     "no-colocated": "no colocated layout divides the global batch over this many GPUs; the nearest batches that "
     "would are given",
     "nothing-fits": "no layout fits in memory (with the headroom asked for) on this node count",
-    "nothing-tiles": "no layout divides the global batch over this many GPUs, so none was priced; the nearest "
-    "batch that one does is given",
+    "nothing-tiles": "no layout divides the global batch over this many GPUs, so none was priced; batches a "
+    "colocated layout tiles are given",
 }
 
 

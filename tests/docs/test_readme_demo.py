@@ -61,7 +61,9 @@ def test_each_runs_last_iteration_and_loss_are_the_demos(demo, starting):
 
 def test_the_prose_quotes_the_demos_loss(demo):
     _, last = demo
-    m = re.search(r"same loss \((\d+\.\d+) after (\d+)\s+iterations, from (\d+\.\d+)\)", README.read_text())
+    m = re.search(
+        r"same loss \((\d+\.\d+)\s+after\s+(\d+)\s+iterations,\s+from\s+(\d+\.\d+)\)", README.read_text()
+    )
     assert m, "README.md no longer says what loss the demo's layouts reach"
     final, iters, first = m.group(1), int(m.group(2)), m.group(3)
     for name, (it, last_loss, first_loss) in last.items():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,11 +54,9 @@ def test_exit_codes_and_signals_pass_through(tmp_path):
 
 
 def test_only_the_trainer_module_is_handed_over():
-    py = sys.executable
-    assert trainer_args([py, "-u", "-m", "mimo_jobs.trainer", "r.yaml", "--reference"]) == [
-        "r.yaml",
-        "--reference",
-    ]
-    assert trainer_args([py, "-m", "torch.distributed.run", "-m", "mimo_jobs.trainer"]) is None
-    assert trainer_args([py, "script.py", "-m", "mimo_jobs.trainer"]) is None
-    assert trainer_args([py, "-c", "print(1)"]) is None
+    alone = trainer(Path("r.yaml"), "--reference")  # [python, -m, the trainer, r.yaml, --reference]
+    assert trainer_args(alone) == ["r.yaml", "--reference"]
+    assert trainer_args([alone[0], "-u", *alone[1:]]) == ["r.yaml", "--reference"]  # as torchrun starts it
+    assert trainer_args(trainer(Path("r.yaml"), nproc=2)) is None  # torchrun itself
+    assert trainer_args([alone[0], "script.py", *alone[1:]]) is None
+    assert trainer_args([alone[0], "-c", "print(1)"]) is None

@@ -192,6 +192,11 @@ def test_directories_that_are_not_torch_dist_checkpoints(tmp_path):
     assert f"{it}: no .metadata" in _err(tmp_path)
     (it / ".metadata").write_bytes(b"not a pickle")
     assert f"{it / '.metadata'}: unreadable" in _err(tmp_path)
+    # a metadata.json of another shape: one line naming it, never a traceback on every rank
+    for wrong in (["torch_dist"], {"sharded_backend": "torch_dist", "sharded_backend_version": [1]}, "x"):
+        (it / "metadata.json").write_text(json.dumps(wrong))
+        msg = _err(tmp_path)
+        assert f"{it / 'metadata.json'}: " in msg and "\n" not in msg, msg
 
 
 def test_the_first_mismatch_names_the_key_and_both_shapes():

@@ -65,6 +65,10 @@ def _why(e: Exception) -> str:
     return "is not a pickle of tensors and plain data"
 
 
+class _Forbidden(pickle.UnpicklingError):
+    """A global the index may not name (other unpickling errors are a damaged file, not a crafted one)."""
+
+
 class _IndexUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         import torch
@@ -80,14 +84,14 @@ class _IndexUnpickler(pickle.Unpickler):
             return torch.serialization._get_layout  # a layout from its name: torch.strided, ...
         elif (module, name) in PLAIN:
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"the global {module}.{name}")
+        raise _Forbidden(f"the global {module}.{name}")
 
 
 def load_index(stream) -> Any:
     """A torch.distributed.checkpoint `.metadata` from an open binary stream, as data only."""
     try:
         return _IndexUnpickler(stream).load()
-    except pickle.UnpicklingError as e:
+    except _Forbidden as e:
         name = getattr(stream, "name", ".metadata")
         raise NotData(
             f"{name}: holds {e}, not only torch.distributed.checkpoint's metadata (refused: unpickling it "

@@ -82,16 +82,20 @@ def check_source(path: str | Path) -> Source:
     d = iteration_dir(path)
     if not d.is_dir():
         raise MegatronInitError(f"{d}: no such directory (named by {Path(path) / LATEST})", WHERE)
-    cfg = maybe_load_config(str(d)) if (d / CONFIG).is_file() else None
+    problem = _config_problem(d)
+    if problem:
+        raise MegatronInitError(f"{d / CONFIG}: not the metadata.json Megatron writes ({problem})", WHERE)
+    cfg = maybe_load_config(str(d))
+    backend = None if cfg is None else cfg.sharded_backend
     if cfg is None:
         raise MegatronInitError(
             f"{d}: not a Megatron distributed checkpoint (no {CONFIG}, and no {LATEST} naming an iter_N "
             "directory)",
             WHERE,
         )
-    if cfg.sharded_backend != "torch_dist":
+    if backend != "torch_dist":
         raise MegatronInitError(
-            f"{d / CONFIG}: sharded_backend is {cfg.sharded_backend!r}; only 'torch_dist' checkpoints load "
+            f"{d / CONFIG}: sharded_backend is {backend!r}; only 'torch_dist' checkpoints load "
             "(Megatron-LM's --ckpt-format torch_dist, its default)",
             WHERE,
         )
@@ -105,6 +109,27 @@ def check_source(path: str | Path) -> Source:
     except Exception as e:  # noqa: BLE001 - any unreadable index is the same bad input
         raise MegatronInitError(f"{d / INDEX}: unreadable ({type(e).__name__}: {e})", WHERE) from None
     return Source(d, {k: tuple(v.global_shape) for k, v in meta.items()})
+
+
+def _config_problem(d: Path) -> str | None:
+    """What is wrong with the directory's metadata.json as data (None: absent, or the shape Megatron writes:
+    an object whose sharded_backend is a name and whose versions are integers)."""
+    import json
+
+    if not (d / CONFIG).is_file():
+        return None
+    try:
+        raw = json.loads((d / CONFIG).read_text())
+    except (OSError, ValueError) as e:
+        return f"{type(e).__name__}: {e}".splitlines()[0]
+    if not isinstance(raw, dict):
+        return f"a JSON {type(raw).__name__}, not an object"
+    if not isinstance(raw.get("sharded_backend"), str):
+        return f"sharded_backend is {raw.get('sharded_backend')!r}, not a name"
+    for k in ("sharded_backend_version", "common_backend_version"):
+        if k in raw and (isinstance(raw[k], bool) or not isinstance(raw[k], int)):
+            return f"{k} is {raw[k]!r}, not an integer"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- check
