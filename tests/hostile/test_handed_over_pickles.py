@@ -95,3 +95,15 @@ def test_weights_of_another_model_at_the_same_layout_are_one_line():
         "(and 2 more): a checkpoint of another model"
     )
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing half-loaded
+
+
+def test_a_damaged_part_is_called_damaged_not_crafted(tmp_path):
+    part = tmp_path / "model-00000.pt"
+    torch.save({"w": torch.ones(64)}, part)
+    data = part.read_bytes()
+    for name, content in (("cut", data[: len(data) // 2]), ("garbage", b"not a checkpoint at all")):
+        bad = tmp_path / f"{name}.pt"
+        bad.write_bytes(content)
+        with pytest.raises(files.CheckpointError) as e:
+            files._load_file(tmp_path, bad.name, {bad.name: bad.stat().st_size})
+        assert f"{bad}: damaged (" in str(e.value) and "refused" not in str(e.value), str(e.value)

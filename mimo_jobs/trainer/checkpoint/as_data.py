@@ -36,7 +36,7 @@ PLAIN = {
 
 
 class NotData(ValueError):
-    """A handed-over pickle that holds something other than the data its format allows."""
+    """A handed-over pickle that holds something other than the data its format allows, or that is damaged."""
 
 
 def _numpy_globals() -> list:
@@ -55,7 +55,11 @@ def load_part(path: Path, mmap: bool = False) -> Any:
         with torch.serialization.safe_globals(_numpy_globals()):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        raise NotData(f"{path}: {_why(e)} (refused: loading it could run code)") from None
+        if "Unsupported global" in str(e):
+            raise NotData(f"{path}: {_why(e)} (refused: loading it could run code)") from None
+        raise NotData(f"{path}: damaged ({str(e).splitlines()[0][:200]})") from None
+    except (RuntimeError, EOFError, OSError) as e:  # a cut or overwritten file: torch cannot read its archive
+        raise NotData(f"{path}: damaged ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
 
 def _why(e: Exception) -> str:
