@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,14 +36,22 @@ COMMANDS = {
 }
 
 
+_MADE: dict[str, Path] = {}  # the one store this process made, copied for each test
+
+
 def real_store(tmp: Path) -> Path:
-    """A store holding one ingested log, made by the real CLI."""
+    """A store holding one ingested log, made by the real CLI (once per test process; each test gets its own
+    copy at tmp/real.duckdb)."""
+    if "store" not in _MADE:
+        made = Path(tempfile.mkdtemp(prefix="mimo-real-store-")) / "real.duckdb"
+        subprocess.run(
+            [sys.executable, "-m", "mimo_jobs.cli", "ingest", LOG, "--db", str(made)],
+            check=True,
+            capture_output=True,
+        )
+        _MADE["store"] = made
     db = tmp / "real.duckdb"
-    subprocess.run(
-        [sys.executable, "-m", "mimo_jobs.cli", "ingest", LOG, "--db", str(db)],
-        check=True,
-        capture_output=True,
-    )
+    shutil.copy(_MADE["store"], db)
     return db
 
 
