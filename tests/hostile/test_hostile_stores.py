@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -296,8 +297,18 @@ def test_a_lock_released_while_waiting_lets_the_command_run(tmp_path: Path) -> N
             stderr=subprocess.STDOUT,
             text=True,
         )
-        time.sleep(3)
-    out, _ = p.communicate(timeout=120)
+        # release the lock once the command says it waits for it (read as it prints; a hang guard only)
+        seen: list[str] = []
+        reader = threading.Thread(target=lambda: seen.extend(iter(lambda: p.stdout.read(1), "")), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 300
+        while (
+            "waiting for the store" not in "".join(seen) and p.poll() is None and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+    p.wait(timeout=300)
+    reader.join(timeout=60)
+    out = "".join(seen)
     assert p.returncode == 0, out
     assert "waiting for the store" in out and "ingested 1 file(s)" in out
 
