@@ -87,6 +87,9 @@ class Provenance:
     job_id: str | None = None
     attempt: int = 0
     started_from: str | None = None  # the run's trainer.init.checkpoint (lineage), if any
+    # how the layers name their parameters ("te": Transformer Engine's fused norms and grouped experts;
+    # "local": megatron-core's local layers); None: not recorded (written before the field existed)
+    layers: str | None = None
 
 
 @dataclass
@@ -108,6 +111,7 @@ class CheckpointInfo:
     bytes: int = 0
     files: dict = field(default_factory=dict)  # relative path -> size in bytes
     rank_modules: dict = field(default_factory=dict)  # str(rank) -> the modules that rank held
+    layers: str | None = None  # Provenance.layers of the launch that wrote it
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -184,6 +188,7 @@ def _info(d: Path, m: dict) -> CheckpointInfo:
         bytes=int(m.get("bytes", 0)),
         files=files,
         rank_modules=_typed(m, "rank_modules", dict, {}),
+        layers=p.get("layers") if isinstance(p.get("layers"), str) else None,
     )
 
 
@@ -225,6 +230,14 @@ def latest_checkpoint(directory: str | Path) -> CheckpointInfo | None:
 def same_layout(info: CheckpointInfo, prov: Provenance) -> bool:
     """Whether this launch cuts its tensors as `info` did (every rank can read its own files)."""
     return info.world == prov.world and all(info.layout.get(k) == prov.layout.get(k) for k in LAYOUT_KEYS)
+
+
+def same_names(info: CheckpointInfo, prov: Provenance) -> bool:
+    """Whether this launch's layers name their parameters as `info`'s did (a same-layout load then reads
+    state_dict keys and the optimizer's parameter order as saved); otherwise the tensors move by canonical
+    name (reshard). Not recorded on either side: assumed equal (a different naming then fails loudly on the
+    first key)."""
+    return info.layers is None or prov.layers is None or info.layers == prov.layers
 
 
 def check_compatible(info: CheckpointInfo, prov: Provenance) -> list[str]:

@@ -8,6 +8,7 @@ from any fresh init, so only a real restore brings them back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -37,7 +38,106 @@ class CountingProvider:
         self.pos = int(s["pos"])
 
 
-def build(seed: int):
+class FusedNormOf:
+    """Stand-in for Transformer Engine's TELayerNormColumnParallelLinear naming: the norm before a linear
+    computed with parameters the linear holds (`layer_norm_weight`, `layer_norm_bias`), so the layer's own
+    norm slot holds none; the function is the local layer's."""
+
+    def __new__(cls, norm, linear):
+        import torch
+        import torch.nn.functional as F
+
+        class _Norm(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.shape, self.eps = norm.normalized_shape, norm.eps
+                self._linear = [linear]  # not a child: its parameters are the linear's
+
+            def forward(self, x):
+                lin = self._linear[0]
+                return F.layer_norm(x, self.shape, lin.layer_norm_weight, lin.layer_norm_bias, self.eps)
+
+        linear.layer_norm_weight, linear.layer_norm_bias = norm.weight, norm.bias
+        return _Norm()
+
+
+def te_named(gpt) -> None:
+    """Rename `gpt`'s norms as Transformer Engine's layers hold them (same function, other parameter names
+    and optimizer order)."""
+    for layer in gpt.decoder.layers:
+        layer.input_layernorm = FusedNormOf(layer.input_layernorm, layer.self_attention.linear_qkv)
+        layer.pre_mlp_layernorm = FusedNormOf(layer.pre_mlp_layernorm, layer.mlp.linear_fc1)
+
+
+def fused_adam_class():
+    """Stand-in for Transformer Engine's FusedAdam as megatron-core sees it: not a torch Adam, its step count
+    kept in each param group (group["step"]), the update torch's Adam math."""
+    import torch
+    from torch.optim.adam import adam
+
+    class FusedAdam(torch.optim.Optimizer):
+        def __init__(self, params, lr, weight_decay, betas, eps, capturable=False, adam_w_mode=True):
+            super().__init__(params, dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps))
+            self.adam_w_mode = adam_w_mode
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for g in self.param_groups:
+                ps = [p for p in g["params"] if p.grad is not None]
+                if not ps:
+                    continue
+                st = [self.state[p] for p in ps]
+                for p, s in zip(ps, st):
+                    s.setdefault("exp_avg", torch.zeros_like(p))
+                    s.setdefault("exp_avg_sq", torch.zeros_like(p))
+                steps = [torch.tensor(float(g.get("step", 0))) for _ in ps]
+                adam(
+                    ps,
+                    [p.grad for p in ps],
+                    [s["exp_avg"] for s in st],
+                    [s["exp_avg_sq"] for s in st],
+                    [],
+                    steps,
+                    decoupled_weight_decay=self.adam_w_mode,
+                    amsgrad=False,
+                    beta1=g["betas"][0],
+                    beta2=g["betas"][1],
+                    lr=g["lr"],
+                    weight_decay=g["weight_decay"],
+                    eps=g["eps"],
+                    maximize=False,
+                )
+                g["step"] = g.get("step", 0) + 1
+
+    return FusedAdam
+
+
+@contextlib.contextmanager
+def optimizer_as_with_te():
+    """megatron-core picks its Adam, and reads and writes the step, by module flags set at import from what
+    is installed: set them as with Transformer Engine installed (the FusedAdam stand-in), then put them
+    back."""
+    import megatron.core.optimizer as mopt
+    import megatron.core.optimizer.distrib_optimizer as mdist
+
+    cls = fused_adam_class()
+    want = {
+        mopt: {"USING_PYTORCH_OPTIMIZER": False, "Adam": cls},
+        mdist: {"HAVE_APEX_OR_TE": True, "USING_TE_OPTIMIZER": True, "Adam": cls},
+    }
+    saved = {m: {k: getattr(m, k) for k in kv} for m, kv in want.items()}
+    for m, kv in want.items():
+        for k, v in kv.items():
+            setattr(m, k, v)
+    try:
+        yield cls
+    finally:
+        for m, kv in saved.items():
+            for k, v in kv.items():
+                setattr(m, k, v)
+
+
+def build(seed: int, te_names: bool = False):
     import torch
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.hyper_comm_grid import HyperCommGrid
@@ -101,6 +201,8 @@ def build(seed: int):
         )
 
     lm = gpt()
+    if te_names:
+        te_named(lm)
     ddp = DistributedDataParallel(
         cfg,
         DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True),
@@ -114,6 +216,8 @@ def build(seed: int):
         pg_collection=pgc,
     )
     enc = gpt()
+    if te_names:
+        te_named(enc)
     for p in enc.parameters():
         p.requires_grad_(False)
     return {"pgc": pgc, "ddp": ddp, "lm": lm, "opt": opt, "enc": enc}
@@ -138,12 +242,15 @@ def step(m, prov):
     return [loss.item(), float(gn), h.item()]
 
 
+ONE = {"tp_rank": 0, "tp_size": 1}  # how a tensor of this one-rank world is cut: whole
+
+
 def parts(m):
     from mimo_jobs.trainer.checkpoint.files import ModuleParts
 
     return [
-        ModuleParts("encoder", m["enc"], None, m["pgc"].dp, m["pgc"].expt_dp, frozen=True),
-        ModuleParts("language", m["lm"], m["opt"], m["pgc"].dp, m["pgc"].expt_dp),
+        ModuleParts("encoder", m["enc"], None, m["pgc"].dp, m["pgc"].expt_dp, frozen=True, shard_args=ONE),
+        ModuleParts("language", m["lm"], m["opt"], m["pgc"].dp, m["pgc"].expt_dp, shard_args=ONE),
     ]
 
 
@@ -225,6 +332,39 @@ def main(out: Path) -> dict:
     res["resumed"] = [r.iteration, r.consumed_samples, r.extra, prov2.pos]
     res["python_rng_restored"] = random.random() == py_after_save
     res["cont"] = [step(m2, prov2) for _ in range(3)]
+
+    # 2b. the same checkpoint into layers named as Transformer Engine names them (fused norms) with its
+    # FusedAdam (the step in the param groups): a same-layout resume that must take every tensor by its
+    # canonical name, and continue exactly; then the way back, a checkpoint of those layers into local ones
+    with optimizer_as_with_te():
+        mt = build(seed=3, te_names=True)
+        res["te_names"] = [n for n, _ in mt["lm"].named_parameters() if "norm" in n][:2]
+        scramble_rng()
+        provt = CountingProvider(seed=5)
+        r = C.load(ck, modules=parts(mt), provider=provt, provenance=prov0)
+        res["te_resumed"] = [r.iteration, r.consumed_samples, provt.pos]
+        res["te_group_steps"] = sorted(
+            {g.get("step") for g in mt["opt"].optimizer.param_groups if g["params"]}
+        )
+        res["te_cont"] = [step(mt, provt) for _ in range(3)]
+        ck_te = out / "ckpt_te"
+        C.save(
+            ck_te,
+            iteration=6,
+            consumed_samples=12,
+            modules=parts(mt),
+            provider=provt,
+            provenance=prov0,
+            keep=1,
+        )
+        res["te_more"] = [step(mt, provt) for _ in range(2)]
+    res["te_manifest_layers"] = MF.latest_checkpoint(ck_te).layers
+    res["local_manifest_layers"] = MF.latest_checkpoint(ck).layers
+    m4 = build(seed=4)
+    scramble_rng()
+    prov4 = CountingProvider(seed=5)
+    C.load(ck_te, modules=parts(m4), provider=prov4, provenance=prov0)
+    res["local_from_te"] = [step(m4, prov4) for _ in range(2)]
 
     # 3. negative control: weights and data restored, optimizer/RNG NOT restored -> must differ
     m3 = build(seed=2)

@@ -28,6 +28,11 @@ class _Linear(torch.nn.Module):
         self.weight = _param(shape, True, dim, True)
 
 
+class _Config:
+    def __init__(self, gated: bool):
+        self.gated_linear_unit = gated
+
+
 class TEColumnParallelGroupedLinear(torch.nn.Module):
     """Stand-in named as megatron-core names its TE grouped linear: parameters weight0..weight<n-1> with the
     attributes TE sets. With megatron handling the expert comms (EP > 1 or ETP > 1) TE is built with
@@ -35,8 +40,9 @@ class TEColumnParallelGroupedLinear(torch.nn.Module):
 
     split_dim = 0
 
-    def __init__(self, n: int, shape, ep: int, etp: int):
+    def __init__(self, n: int, shape, ep: int, etp: int, gated: bool = False):
         super().__init__()
+        self.config = _Config(gated)  # megatron-core's TEGroupedLinear keeps its TransformerConfig
         explicit_comm = ep > 1 or etp > 1
         dim = 0 if explicit_comm else self.split_dim
         for i in range(n):
@@ -57,13 +63,16 @@ def _model(experts: torch.nn.Module) -> torch.nn.Module:
     return root
 
 
-def _sequential() -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """The full expert set of a one-rank SequentialMLP: expert -> (fc1 [FFN, H], fc2 [H, FFN])."""
+def _sequential(gated: bool = False) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """The full expert set of a one-rank SequentialMLP: expert -> (fc1 [FFN, H] ([gate; up] [2 FFN, H] when
+    gated), fc2 [H, FFN])."""
     experts = torch.nn.Module()
     experts.local_experts = torch.nn.ModuleList()
     for _ in range(EXPERTS):
         e = torch.nn.Module()
-        e.linear_fc1, e.linear_fc2 = _Linear((FFN, HIDDEN), 0), _Linear((HIDDEN, FFN), 1)
+        e.linear_fc1 = _Linear((2 * FFN if gated else FFN, HIDDEN), 0)
+        e.linear_fc1.weight.partition_stride = 2 if gated else 1  # megatron-core's MLP: stride 2 when gated
+        e.linear_fc2 = _Linear((HIDDEN, FFN), 1)
         experts.local_experts.append(e)
     m = _model(experts)
     canonical_init_(m, SEED, "language", 0, 1, 0, 1, 0, EXPERTS)
@@ -73,15 +82,19 @@ def _sequential() -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     }
 
 
-def _grouped(ep: int, etp: int, tp: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """Every (EP rank, ETP rank) of a grouped-GEMM layout initialised alone, then put back together."""
+def _grouped(ep: int, etp: int, tp: int, gated: bool = False) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Every (EP rank, ETP rank) of a grouped-GEMM layout initialised alone, then put back together (a gated
+    fc1's ETP rank holds [its gate rows; its up rows], as TEGroupedMLP chunks it)."""
     local = EXPERTS // ep
+    fc1_rows = 2 * FFN if gated else FFN
     shards: dict[int, tuple[list, list]] = {}
     for ep_rank in range(ep):
         for etp_rank in range(etp):
             experts = torch.nn.Module()
-            experts.linear_fc1 = TEColumnParallelGroupedLinear(local, (FFN // etp, HIDDEN), ep, etp)
-            experts.linear_fc2 = TERowParallelGroupedLinear(local, (HIDDEN, FFN // etp), ep, etp)
+            experts.linear_fc1 = TEColumnParallelGroupedLinear(
+                local, (fc1_rows // etp, HIDDEN), ep, etp, gated
+            )
+            experts.linear_fc2 = TERowParallelGroupedLinear(local, (HIDDEN, FFN // etp), ep, etp, gated)
             m = _model(experts)
             # a dense TP rank of 1 of `tp`: expert weights must not follow it
             canonical_init_(m, SEED, "language", tp - 1, tp, etp_rank, etp, ep_rank, local)
@@ -89,6 +102,11 @@ def _grouped(ep: int, etp: int, tp: int) -> dict[int, tuple[torch.Tensor, torch.
                 fc1, fc2 = shards.setdefault(ep_rank * local + i, ([], []))
                 fc1.append(getattr(experts.linear_fc1, f"weight{i}").detach())
                 fc2.append(getattr(experts.linear_fc2, f"weight{i}").detach())
+    if gated:  # [gate_0; up_0], [gate_1; up_1] -> [gate_0; gate_1; up_0; up_1]
+        return {
+            g: (torch.cat([x.chunk(2)[0] for x in a] + [x.chunk(2)[1] for x in a]), torch.cat(b, dim=1))
+            for g, (a, b) in shards.items()
+        }
     return {g: (torch.cat(a, dim=0), torch.cat(b, dim=1)) for g, (a, b) in shards.items()}
 
 
@@ -102,6 +120,59 @@ def test_grouped_gemm_experts_equal_the_sequential_init(ep: int, etp: int) -> No
         assert torch.equal(got[g][0], want[g][0]), f"expert {g} fc1 (EP {ep}, ETP {etp})"
         assert torch.equal(got[g][1], want[g][1]), f"expert {g} fc2 (EP {ep}, ETP {etp})"
     assert not torch.equal(want[0][0], want[1][0])  # experts differ from each other
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_gated_grouped_experts_cut_gate_and_up_per_expert_tp_rank(ep: int) -> None:
+    """TE's GroupedLinear records partition_stride 1; a gated fc1 still holds [gate shard; up shard] on each
+    expert-TP rank, so rank 0 must not get all the gate rows and rank 1 all the up rows."""
+    want = _sequential(gated=True)
+    got = _grouped(ep, etp=2, tp=2, gated=True)
+    for g in range(EXPERTS):
+        assert torch.equal(got[g][0], want[g][0]), f"expert {g} gated fc1 (EP {ep}, ETP 2)"
+        assert torch.equal(got[g][1], want[g][1]), f"expert {g} fc2 (EP {ep}, ETP 2)"
+
+
+def test_te_fused_norms_take_the_local_layers_names() -> None:
+    """Transformer Engine keeps a layer's norms inside the next linear (linear_qkv.layer_norm_weight,
+    linear_fc1.layer_norm_bias): their canonical names are the local layers' norms, the one name checkpoints,
+    resharding, HF load and export use."""
+    from mimo_jobs.trainer.model.models import LOCAL_NAMES, TE_NAMES, layer_naming, param_shards
+
+    def layer(te: bool) -> torch.nn.Module:
+        lay, attn, mlp = torch.nn.Module(), torch.nn.Module(), torch.nn.Module()
+        attn.linear_qkv, mlp.linear_fc1 = torch.nn.Module(), torch.nn.Module()
+        attn.linear_qkv.weight = _param((3 * HIDDEN, HIDDEN), False, 0, True)
+        mlp.linear_fc1.weight = _param((FFN, HIDDEN), False, 0, True)
+        for owner, local, te_name in (
+            (attn.linear_qkv, "input_layernorm", "layer_norm_"),
+            (mlp.linear_fc1, "pre_mlp_layernorm", "layer_norm_"),
+        ):
+            for what in ("weight", "bias"):
+                p = _param((HIDDEN,), False, 0, True)
+                if te:
+                    owner.register_parameter(te_name + what, p)
+                else:
+                    norm = getattr(lay, local, None) or torch.nn.Module()
+                    norm.register_parameter(what, p)
+                    setattr(lay, local, norm)
+        lay.self_attention, lay.mlp = attn, mlp
+        root, dec = torch.nn.Module(), torch.nn.Module()
+        dec.layers = torch.nn.ModuleList([lay])
+        root.decoder = dec
+        return root
+
+    te, local = layer(True), layer(False)
+    names = lambda m: sorted(sh.cname for _, _, sh in param_shards(m, 0, 1))  # noqa: E731
+    assert names(te) == names(local)
+    assert "decoder.layers.0.input_layernorm.weight" in names(te)
+    assert (layer_naming(te), layer_naming(local)) == (TE_NAMES, LOCAL_NAMES)
+    canonical_init_(te, SEED, "language", 0, 1)
+    canonical_init_(local, SEED, "language", 0, 1)
+    assert torch.equal(
+        te.state_dict()["decoder.layers.0.self_attention.linear_qkv.weight"],
+        local.state_dict()["decoder.layers.0.self_attention.linear_qkv.weight"],
+    )
 
 
 def test_an_unknown_grouped_linear_is_refused() -> None:

@@ -82,3 +82,21 @@ def test_keep_k_and_damaged_file(worker):
     assert (out / "ckpt" / "latest").read_text().strip() == "iter_0000006"
     assert res["damaged"] is not None
     assert "language/optim-00000.pt: 100 bytes" in res["damaged"] and "damaged" in res["damaged"]
+
+
+def test_a_checkpoint_moves_between_layer_backends_and_optimizers(worker):
+    """Layers that name their norms as Transformer Engine does (linear_qkv.layer_norm_weight) and an Adam that
+    keeps its step in its param groups (TE's FusedAdam) resume the local layers' checkpoint of the same layout
+    and continue exactly; their own checkpoint resumes under local layers and torch's Adam (its first step
+    exact; the next ones within float rounding, as a resharded continuation; a step count that restarted
+    would double the first updates)."""
+    res, _ = worker
+    assert res["te_names"][0].endswith("self_attention.linear_qkv.layer_norm_weight")
+    assert res["te_resumed"] == [3, 6, 3]
+    assert res["te_group_steps"] == [3]
+    assert res["te_cont"] == res["ref"]
+    assert res["te_manifest_layers"] == "te" and res["local_manifest_layers"] == "local"
+    first, then = res["local_from_te"], res["te_more"]
+    assert first[0] == then[0]
+    for got, want in zip(first[1], then[1]):
+        assert got == pytest.approx(want, rel=1e-6)

@@ -109,12 +109,11 @@ def run_llm(spec: dict) -> dict | None:
 
 def _split_disagreements(module, layout, cut: dict) -> list[str]:
     """Parameters whose sharding (megatron-core's attributes) differs from what hf_weights restates."""
-    from mimo_jobs.model.hf_weights import canonical_alias
     from mimo_jobs.trainer.model.models import param_shards
 
     bad = []
     for name, p, sh in param_shards(module, **cut):
-        t = layout.targets.get(canonical_alias(sh.cname))
+        t = layout.targets.get(sh.cname)
         if t is None:
             continue
         split = p.partition_dim if getattr(p, "tensor_model_parallel", False) else None

@@ -29,7 +29,7 @@ import os
 import shutil
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from mimo_jobs.contract.manifest import (
     read_manifest,
     resolve_source,
     same_layout,
+    same_names,
 )
 from mimo_jobs.trainer.checkpoint.as_data import NotData, load_part
 
@@ -194,6 +195,7 @@ def save(
     Raises CheckpointError on every rank if any rank failed to write (the previous checkpoint stays)."""
     root = Path(directory)
     rank = dist.get_rank()
+    provenance = _named(provenance, modules)
     tmp, final = root / f"{iter_name(iteration)}.tmp", root / iter_name(iteration)
     t0 = time.perf_counter()
     _prepare_tmp(root, tmp)
@@ -362,6 +364,14 @@ def prune(directory: str | Path, keep: int) -> list[Path]:
 # ---------------------------------------------------------------- load
 
 
+def _named(provenance: Provenance, modules: list[ModuleParts]) -> Provenance:
+    """`provenance` with the naming of this rank's layers (models.layer_naming)."""
+    from mimo_jobs.trainer.model.models import LOCAL_NAMES, TE_NAMES, layer_naming
+
+    names = {layer_naming(m.model) for m in modules}
+    return replace(provenance, layers=TE_NAMES if TE_NAMES in names else LOCAL_NAMES)
+
+
 def load(
     directory: str | Path,
     *,
@@ -382,7 +392,7 @@ def load(
     resumed, err = None, None
     err_cls: type[CheckpointError] = CheckpointError
     try:
-        resumed = _restore_rank(info, rank, modules, provider)
+        resumed = _restore_rank(info, rank, modules, provider, same_names(info, _named(provenance, modules)))
     except CheckpointError as e:
         err, err_cls = str(e), type(e)
     except Exception as e:  # noqa: BLE001
@@ -412,7 +422,8 @@ def load_foreign(
     err_cls: type[CheckpointError] = CheckpointError
     try:
         if same_layout(info, provenance) and not weights_only:
-            resumed = _restore_rank(info, rank, modules, provider)
+            named = same_names(info, _named(provenance, modules))
+            resumed = _restore_rank(info, rank, modules, provider, named)
         else:
             it, consumed = R.restore_rank(info, modules, provider, gbs, weights_only)
             resumed = Resumed(path=info.path, iteration=it, consumed_samples=consumed, extra={})
@@ -457,8 +468,13 @@ def _agreed_checkpoint(root: Path, path: str | Path | None, resolve: bool = Fals
     return info
 
 
-def _restore_rank(info: CheckpointInfo, rank: int, modules: list[ModuleParts], provider: Any) -> Resumed:
-    """This rank's part of `info`: module weights, optimizer and scheduler state, data provider, RNG."""
+def _restore_rank(
+    info: CheckpointInfo, rank: int, modules: list[ModuleParts], provider: Any, same_names: bool = True
+) -> Resumed:
+    """This rank's part of `info` (same layout): module weights, optimizer and scheduler state, data provider,
+    RNG. Layers named otherwise than the writer's (Transformer Engine against local) take their weights and
+    optimizer state by canonical name, as a resharded load does (state_dict keys and the optimizer's
+    parameter order differ between the two)."""
     d, expected = info.path, info.files
     own = _load_file(d, rank_file(rank), expected)
     if own["modules"] != [m.name for m in modules]:
@@ -467,7 +483,13 @@ def _restore_rank(info: CheckpointInfo, rank: int, modules: list[ModuleParts], p
             f"now {[m.name for m in modules]}"
         )
     for m in modules:
-        _restore_module(d, rank, m, expected)
+        if same_names:
+            _restore_module(d, rank, m, expected)
+        else:
+            R.restore_module(info, m, weights_only=False)
+            part = _load_file(d, f"{m.name}/optim-{rank:05d}.pt", expected) if m.scheduler else None
+            if part is not None and part["scheduler"] is not None:
+                m.scheduler.load_state_dict(part["scheduler"])
     if provider is not None:
         if own["provider"] is None:
             raise CheckpointMismatch(f"{d / rank_file(rank)}: no data-provider state saved")

@@ -23,7 +23,6 @@ from mimo_jobs.model import hf
 from mimo_jobs.model.arch import ArchError, EncoderArch, LLMArch
 from mimo_jobs.model.hf_weights import (
     HFLayout,
-    canonical_alias,
     encoder_layout,
     llm_layout,
     piece_reads,
@@ -301,7 +300,7 @@ def load_into(module, layout: HFLayout, src: HFSource, shards, skip=("projector.
 
     n = 0
     for name, p, sh in shards:
-        cname = canonical_alias(sh.cname)
+        cname = sh.cname  # canonical: TE's fused norms already carry the local name
         if cname.startswith(skip):
             continue
         t = layout.targets.get(cname)

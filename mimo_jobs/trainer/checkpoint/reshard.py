@@ -28,6 +28,7 @@ import torch
 
 import mimo_jobs.trainer.checkpoint.state as S
 from mimo_jobs.contract.manifest import CheckpointError, CheckpointInfo, CheckpointMismatch, rank_file
+from mimo_jobs.model.hf_weights import canonical_alias
 from mimo_jobs.trainer.checkpoint.as_data import NotData, load_part
 from mimo_jobs.trainer.model.models import param_shards
 from mimo_jobs.trainer.model.optimizer import leaf_optimizers
@@ -131,7 +132,8 @@ class SavedModule:
                 )
             self.parts[r] = part
             for name, row in part["shards"].items():
-                self.pieces.setdefault(row[0], []).append(_Piece(r, name, _cut(row)))
+                # canonical again: a table written before TE's fused norms had their local name
+                self.pieces.setdefault(canonical_alias(row[0]), []).append(_Piece(r, name, _cut(row)))
         self._weights: dict[int, dict] = {}
 
     def _file(self, rel: str):

@@ -187,6 +187,25 @@ def _main_of(o) -> dict:
     return out
 
 
+def _step_in_group(inner) -> bool:
+    """Where Adam keeps its step count: torch's Adam/AdamW per parameter (state[p]["step"]); Transformer
+    Engine's and apex's FusedAdam (megatron-core's Adam when either is installed) one per param group
+    (group["step"]), as megatron-core's DistributedOptimizer.state_dict reads it."""
+    return not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW))
+
+
+def _groups_of(inner) -> dict[int, dict]:
+    return {id(p): g for g in inner.param_groups for p in g["params"]}
+
+
+def _set_group_step(group: dict, step: float) -> None:
+    old = group.get("step")
+    if torch.is_tensor(old):  # FusedAdam(capturable=True) keeps it on the device
+        old.fill_(int(step))
+    else:
+        group["step"] = int(step)
+
+
 def optimizer_space(model, opt) -> tuple[dict, float | None]:
     """({param name: {"range": (start, end), "<key>": flat tensor, ...}}, Adam's step count or None), the
     tensors being the optimizer's own (no copies: saved next to `optimizer_state` they share its storage)."""
@@ -195,9 +214,12 @@ def optimizer_space(model, opt) -> tuple[dict, float | None]:
     for o in leaf_optimizers(opt):
         if getattr(o, "optimizer", None) is None or not o.get_parameters():
             continue
+        groups = _groups_of(o.optimizer) if _step_in_group(o.optimizer) else {}
         for mp, (a, b, main, key) in _main_of(o).items():
             st = o.optimizer.state.get(key, {})
             rec: dict = {"range": (a, b)}
+            if groups.get(id(key), {}).get("step") is not None:
+                step = float(groups[id(key)]["step"])
             for k, v in st.items():
                 if k == "step":
                     step = float(v)
@@ -210,14 +232,20 @@ def optimizer_space(model, opt) -> tuple[dict, float | None]:
 
 
 def init_optimizer_space(model, opt, keys: list[str], step: float) -> dict:
-    """Give every parameter of `opt` the state tensors `keys` (zeros) and the step count `step` (what torch's
-    Adam creates on its first step), and return the views `optimizer_space` would (to be filled)."""
+    """Give every parameter of `opt` the state tensors `keys` (zeros) and the step count `step` where the
+    optimizer keeps it (torch's Adam: a tensor per parameter, as it creates on its first step; FusedAdam: its
+    param group), and return the views `optimizer_space` would (to be filled)."""
     for o in leaf_optimizers(opt):
         if getattr(o, "optimizer", None) is None or not o.get_parameters():
             continue
+        in_group = _step_in_group(o.optimizer)
+        groups = _groups_of(o.optimizer)
         for _mp, (_a, _b, _main, key) in _main_of(o).items():
             st = o.optimizer.state[key]
             for k in keys:
                 st[k] = torch.zeros_like(key, memory_format=torch.preserve_format)
-            st["step"] = torch.tensor(float(step), dtype=torch.float32)  # one tensor per parameter
+            if in_group:
+                _set_group_step(groups[id(key)], step)
+            else:
+                st["step"] = torch.tensor(float(step), dtype=torch.float32)  # one tensor per parameter
     return optimizer_space(model, opt)[0]

@@ -35,6 +35,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mimo_jobs.model.arch import ModelArch, padded_vocab
+from mimo_jobs.model.hf_weights import canonical_alias
 from mimo_jobs.model.splits import experts_apart, tp_problems
 from mimo_jobs.trainer.model.kernels import CPU_KERNELS, TE, Kernels, bias_activation_fusion
 
@@ -437,6 +438,9 @@ _GROUPED_RE = re.compile(r"experts\.(linear_fc[12])\.(weight|bias)(\d+)$")
 # partition_dim 0 on all of them when megatron handles expert comms itself (parallel_mode None), so the
 # layer type, not the attribute, says which dimension is split.
 _GROUPED_PARTITION_DIM = {"TEColumnParallelGroupedLinear": 0, "TERowParallelGroupedLinear": 1}
+# TE layers that hold the next norm inside a linear (TELayerNormColumnParallelLinear's layer_norm_weight)
+_FUSED_NORM_RE = re.compile(r"\.layer_norm_(weight|bias)$")
+TE_NAMES, LOCAL_NAMES = "te", "local"
 
 
 @dataclass(frozen=True)
@@ -460,6 +464,25 @@ def _grouped_partition_dim(module) -> int | None:
     return None
 
 
+def _grouped_parts(module, dim: int) -> int:
+    """The strided blocks of a grouped linear, from the layer: TE's GroupedLinear records partition_stride
+    1 on every weight, yet a gated expert's fc1 (column-parallel) holds [its gate rows; its up rows] on each
+    expert-TP rank, as megatron-core's TEGroupedMLP chunks it in two and its checkpoint applies the SwiGLU
+    factory to it (megatron/core/transformer/moe/experts.py)."""
+    gated = bool(getattr(getattr(module, "config", None), "gated_linear_unit", False))
+    return 2 if gated and dim == 0 else 1
+
+
+def layer_naming(module) -> str:
+    """How `module`'s parameters are named: TE_NAMES when a layer holds a fused norm (layer_norm_weight) or
+    grouped experts (weight<i>), LOCAL_NAMES otherwise. Two builds with the same naming and layout have the
+    same state_dict keys and optimizer order; any other pair meets only through canonical names."""
+    for name, _ in module.named_parameters():
+        if _FUSED_NORM_RE.search(name) or _GROUPED_RE.search(name):
+            return TE_NAMES
+    return LOCAL_NAMES
+
+
 def param_shards(
     module,
     tp_rank: int,
@@ -474,8 +497,10 @@ def param_shards(
 
     The canonical name replaces a local expert index by its global one (ep_rank * local + i), names a
     grouped-GEMM expert parameter (linear_fc1.weight3) like its sequential twin
-    (experts.<global>.linear_fc1.weight), and replaces a pipeline stage's local layer index by the global
-    one (+ layer_offset)."""
+    (experts.<global>.linear_fc1.weight), names a norm TE fuses into the next linear like the local layer's
+    norm (hf_weights.canonical_alias), and replaces a pipeline stage's local layer index by the global one
+    (+ layer_offset). It is the one name every checkpoint path (save, reshard, HF load, export) uses, so a
+    checkpoint moves between layer backends."""
     owners = {
         f"{n}.{pn}" if n else pn: m
         for n, m in module.named_modules()
@@ -483,7 +508,7 @@ def param_shards(
     }
     for name, p in module.named_parameters():
         # a pipeline stage numbers its layers from 0: the canonical name has the global layer index
-        cname = (
+        cname = canonical_alias(
             _LAYER_RE.sub(lambda m: f"layers.{int(m.group(1)) + layer_offset}.", name)
             if layer_offset
             else name
@@ -508,8 +533,10 @@ def param_shards(
                     raise NotImplementedError(f"canonical init: unknown grouped linear for {name}")
                 if grouped.group(2) == "bias" and dim == 1:
                     dim = None  # a row-parallel bias is whole on every rank
-            # a strided split (a gated MLP's fc1, stride 2) hands each rank its slice of every block
-            parts = getattr(p, "partition_stride", 1)
+                parts = 1 if dim is None else _grouped_parts(owners[name], dim)
+            else:
+                # a strided split (a gated MLP's fc1, stride 2) hands each rank its slice of every block
+                parts = getattr(p, "partition_stride", 1)
         yield name, p, ParamShard(cname, is_expert, dim, rank, size, parts)
 
 
