@@ -34,7 +34,9 @@ from mimo_jobs.trainer.checkpoint.checkpointer import Checkpointer, check_init_s
 from mimo_jobs.trainer.checkpoint.hf_load import HFInitError, check_init
 from mimo_jobs.trainer.checkpoint.megatron_load import MegatronInitError
 from mimo_jobs.trainer.device import runs_on_cpu
+from mimo_jobs.trainer.model.kernels import installed, kernels_for
 from mimo_jobs.trainer.model.models import unsupported
+from mimo_jobs.trainer.model.packed import packing_problem
 from mimo_jobs.trainer.observe.iterlog import IterLogger, layout_line
 from mimo_jobs.trainer.observe.memory import rank_facts, write_facts
 from mimo_jobs.trainer.observe.profile import RankProfile
@@ -68,6 +70,13 @@ def _env_int(name: str, default: int) -> int:
         raise PreflightError(f"environment variable {name}={v!r} is not an integer") from None
 
 
+def kernel_problem(run, kernels) -> str | None:
+    """Why this run cannot train on the rank's layer backend and fused kernels (None: it can)."""
+    if run.trainer.data.packing:
+        return packing_problem(kernels)
+    return None
+
+
 def preflight(run, doc: dict, reference: bool) -> None:
     """Every check that needs no collective. Raises PreflightError with one specific message."""
     lay = run.layout
@@ -95,6 +104,10 @@ def preflight(run, doc: dict, reference: bool) -> None:
         raise PreflightError(e.describe()) from None
     if t.data.provider == "mock":
         mock_config(run, plan)
+    on_gpu = not runs_on_cpu(run.cluster.accelerator, torch.cuda.is_available())
+    why = kernel_problem(run, kernels_for(on_gpu, installed()))
+    if why:
+        raise PreflightError(f"run.yaml: {why}")
     if reference:
         return
     try:  # an unfinished or damaged start checkpoint ends every rank here, before any collective

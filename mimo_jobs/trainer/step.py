@@ -51,26 +51,48 @@ class StepStats:
 
 
 class PhaseTimer:
-    """Per-phase seconds. `now()` is every phase boundary, the one sync point: on a GPU, kernels run after
-    their launch, so `sync` (the device's synchronize) closes each span on the work it launched and the
-    waits it caused, not on the launches. On the CPU `sync` is None and nothing changes."""
+    """Per-phase seconds between marks: `a = tm.mark()` ... `tm.add("phase", a)`. On a GPU kernels run after
+    their launch, so a phase is timed by CUDA events recorded on the current stream at its two ends (what
+    the stream ran and waited for in between, not the launches), read when `acc` is asked for, once per
+    iteration: one device sync per iteration rather than one per phase boundary. On the CPU a mark is a
+    clock reading. `now()` is the synchronised wall clock (the iteration's own ends). `on_mark` is called
+    at every mark (tests place the boundaries among the messages with it)."""
 
-    def __init__(self, sync=None):
-        self.acc: dict[str, float] = {}
-        self.sync = sync
+    def __init__(self, device=None, on_mark=None):
+        self.gpu = getattr(device, "type", device) == "cuda"
+        self.on_mark = on_mark
+        self._acc: dict[str, float] = {}
+        self._spans: list[tuple[str, object, object]] = []
 
     def now(self) -> float:
-        if self.sync is not None:
-            self.sync()
+        if self.gpu:
+            torch.cuda.synchronize()
         return time.perf_counter()
 
-    def add(self, k: str, dt: float) -> None:
-        self.acc[k] = self.acc.get(k, 0.0) + dt
+    def mark(self):
+        if self.on_mark is not None:
+            self.on_mark()
+        if not self.gpu:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
 
+    def add(self, k: str, start) -> None:
+        end = self.mark()
+        if self.gpu:
+            self._spans.append((k, start, end))
+        else:
+            self._acc[k] = self._acc.get(k, 0.0) + (end - start)
 
-def _device_sync(device):
-    """The synchronize of `device` when it is a GPU, else None."""
-    return torch.cuda.synchronize if getattr(device, "type", device) == "cuda" else None
+    @property
+    def acc(self) -> dict[str, float]:
+        if self._spans:
+            self._spans[-1][2].synchronize()
+            for k, a, b in self._spans:
+                self._acc[k] = self._acc.get(k, 0.0) + a.elapsed_time(b) / 1000.0
+            self._spans.clear()
+        return self._acc
 
 
 def _causal_mask(s: int, device):
@@ -124,11 +146,9 @@ def _attention(st: TrainState, batch):
     dev = st.device
     if batch.segment_ids is None:
         return _causal_mask(batch.tokens.shape[1], dev), contextlib.nullcontext()
-    from mimo_jobs.trainer.model.packed import packed_mask, packing_problem, rotary_at
+    from mimo_jobs.trainer.model.packed import packed_mask, rotary_at
 
-    problem = packing_problem(st.prec.kernels)
-    if problem:
-        raise RuntimeError(problem)
+    # kernels that ignore this mask were refused before the job started (main.kernel_problem)
     return packed_mask(batch.segment_ids.to(dev)), rotary_at(st.language.core, batch.position_ids.to(dev))
 
 
@@ -252,7 +272,7 @@ def _set_aux_scale(st: TrainState, n_tokens: float) -> None:
 def train_step(st: TrainState) -> StepStats:
     """One iteration on this rank (see the module doc). Every rank runs the same world collectives in the
     same order: the token all-reduce, the optimizer's agreements, the figures' all-reduce."""
-    tm = PhaseTimer(_device_sync(st.device))
+    tm = PhaseTimer(st.device)
     t0 = tm.now()
     lr = st.schedule(st.consumed_samples)
     st.optimizer.set_lr(lr)
@@ -334,11 +354,11 @@ def _draw_batches(st: TrainState, tm: PhaseTimer) -> list[dict]:
 def _draw_microbatch(st: TrainState, tm: PhaseTimer) -> dict:
     """This rank's next microbatch, {lane: LaneBatch}, alignment-checked (lanes are drawn in order, so
     drawing a microbatch at a time gives the same samples as drawing the iteration at once)."""
-    a = tm.now()
+    a = tm.mark()
     mb = {lane: st.provider.next(lane) for lane in rank_lanes(st.plan, st.role, st.reference)}
     for b in mb.values():
         check_alignment(b, st.image_token_id)
-    tm.add("data", tm.now() - a)
+    tm.add("data", a)
     return mb
 
 
@@ -367,10 +387,10 @@ def _reference_microbatches(st: TrainState, batches: list[dict], n_tokens: float
     the encoder output (no bridge), one backward of their sum."""
     tally = _Tally()
     for mb in batches:
-        a = tm.now()
+        a = tm.mark()
         per_lane = _reference_encoder_forward(st, mb, tally)
-        tm.add("enc_fwd", tm.now() - a)
-        a = tm.now()
+        tm.add("enc_fwd", a)
+        a = tm.mark()
         total = None
         for lane in range(st.plan.layout.llm_dp):
             x = torch.cat(per_lane[lane]) if per_lane.get(lane) else None
@@ -378,11 +398,11 @@ def _reference_microbatches(st: TrainState, batches: list[dict], n_tokens: float
             ls = llm_forward(st, mb[lane], x)
             tally.loss_sum += float(ls.detach())
             total = ls / max(n_tokens, 1.0) if total is None else total + ls / max(n_tokens, 1.0)
-        tm.add("llm_fwd", tm.now() - a)
-        a = tm.now()
+        tm.add("llm_fwd", a)
+        a = tm.mark()
         if total.requires_grad:
             total.backward()
-        tm.add("llm_bwd", tm.now() - a)
+        tm.add("llm_bwd", a)
     return tally
 
 
@@ -411,20 +431,20 @@ def _colocated_microbatches(st: TrainState, batches: list[dict], n_tokens: float
     lane = st.role.dp_rank
     for mb in batches:
         b = mb[lane]
-        a = tm.now()
+        a = tm.mark()
         flat = encoder_forward(st, b.images or [None] * len(b.sample_keys))
         tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
-        tm.add("enc_fwd", tm.now() - a)
+        tm.add("enc_fwd", a)
         tally.image_tokens += flat.shape[0]
-        a = tm.now()
+        a = tm.mark()
         ls = llm_forward(st, b, flat)
         tally.loss_sum += float(ls.detach())
-        tm.add("llm_fwd", tm.now() - a)
-        a = tm.now()
+        tm.add("llm_fwd", a)
+        a = tm.mark()
         scaled = ls / max(n_tokens, 1.0)
         if scaled.requires_grad:
             scaled.backward()
-        tm.add("llm_bwd", tm.now() - a)  # the encoder's backward runs inside it
+        tm.add("llm_bwd", a)  # the encoder's backward runs inside it
     return tally
 
 
@@ -436,18 +456,18 @@ def _encoder_microbatches(st: TrainState, tm: PhaseTimer) -> _Tally:
 
     def forward(m: int):
         mb = _draw_microbatch(st, tm)
-        a = tm.now()
+        a = tm.mark()
         images, keys, counts = _encoder_samples(st, mb, segs)
         flat = encoder_forward(st, images)
         tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
-        tm.add("enc_fwd", tm.now() - a)
+        tm.add("enc_fwd", a)
         return flat, keys, counts  # only the embeddings' graph is kept, for the backward
 
     def backward(flat, g) -> None:
-        a = tm.now()
+        a = tm.mark()
         if st.encoder is not None and not st.encoder.frozen and flat.shape[0] > 0:
             flat.backward(g.to(flat.dtype))
-        tm.add("enc_bwd", tm.now() - a)
+        tm.add("enc_bwd", a)
 
     tally.inflight_peak = run_encoder(st, forward, backward, tm)
     return tally
@@ -505,9 +525,9 @@ def run_encoder(st, forward, backward, tm: PhaseTimer) -> int:
 
 
 def _timed(tm: PhaseTimer, phase: str, fn, *args):
-    a = tm.now()
+    a = tm.mark()
     out = fn(*args)
-    tm.add(phase, tm.now() - a)
+    tm.add(phase, a)
     return out
 
 
@@ -533,7 +553,7 @@ class _StageWork:
         st, b = self.st, self.batch(m)
         if emb is not None and _grads_come_back(st):
             emb = emb.detach().requires_grad_(True)
-        a = self.tm.now()
+        a = self.tm.mark()
         out = llm_forward(st, b, emb, hidden)
         to_next = None
         if st.role.is_last_stage:
@@ -542,7 +562,7 @@ class _StageWork:
             out = out / max(self.n_tokens, 1.0)
         else:
             to_next = out
-        self.tm.add("llm_fwd", self.tm.now() - a)
+        self.tm.add("llm_fwd", a)
         return (out, hidden, emb), to_next
 
     def backward(self, item: tuple, grad):
@@ -550,10 +570,10 @@ class _StageWork:
         gradient. Returns (the input's gradient for the previous stage, the image embeddings' gradient for
         the bridge), None where there is no such receiver."""
         out, hidden, emb = item
-        a = self.tm.now()
+        a = self.tm.mark()
         if out.requires_grad:
             out.backward(grad)
-        self.tm.add("llm_bwd", self.tm.now() - a)
+        self.tm.add("llm_bwd", a)
         to_prev = to_bridge = None
         if hidden is not None:
             to_prev = hidden.grad if hidden.grad is not None else torch.zeros_like(hidden)
@@ -619,10 +639,10 @@ def _stage(st) -> int:
 
 def _optimizer_step(st: TrainState, tm: PhaseTimer):
     """Per-module gradient reduction, then the world-wide optimizer step (clipping by the global norm)."""
-    a = tm.now()
+    a = tm.mark()
     _finalize(st)
     res = st.optimizer.step(st.run.trainer.optimizer.clip_grad)
-    tm.add("optimizer", tm.now() - a)
+    tm.add("optimizer", a)
     return res
 
 

@@ -215,6 +215,22 @@ def test_packing_is_refused_where_the_attention_ignores_the_mask():
     assert packing_problem(kernels_for(True, Installed())) is None  # local layers, unfused softmax
 
 
+def test_packing_is_refused_before_the_job_trains():
+    """The trainer's preflight (no collective yet) names the kernels that would ignore the mask."""
+    from types import SimpleNamespace
+
+    from mimo_jobs.trainer.main import kernel_problem
+    from mimo_jobs.trainer.model.kernels import Installed, kernels_for
+
+    def run(packing: bool):
+        return SimpleNamespace(trainer=SimpleNamespace(data=SimpleNamespace(packing=packing)))
+
+    te = kernels_for(True, Installed(te=True))
+    assert "PackedSeqParams" in kernel_problem(run(True), te)
+    assert kernel_problem(run(False), te) is None
+    assert kernel_problem(run(True), kernels_for(False, Installed())) is None
+
+
 def test_packing_needs_energon():
     from mimo_jobs.study.spec import DataSpec
 

@@ -16,6 +16,7 @@ from helpers.launch import trainer, worker_env
 from mimo_jobs.trainer.device import cpu_environ, prepare, runs_on_cpu
 from mimo_jobs.trainer.model.kernels import (
     LOCAL,
+    SOFTMAX_KERNELS,
     TE,
     Installed,
     bias_activation_fusion,
@@ -62,6 +63,44 @@ def test_bias_activation_fusion_only_where_megatron_accepts_it() -> None:
     assert not bias_activation_fusion(True, gated_linear_unit=False, add_bias_linear=False)  # MoE LLM
     assert bias_activation_fusion(True, gated_linear_unit=True, add_bias_linear=False)
     assert not bias_activation_fusion(False, gated_linear_unit=True, add_bias_linear=True)
+
+
+def test_grouped_experts_fuse_only_the_activations_te_fuses() -> None:
+    # TEGroupedMLP fuses SwiGLU and gated quick-GELU and raises on any other fused activation
+    assert bias_activation_fusion(True, True, False, "silu", grouped_experts=True)
+    assert bias_activation_fusion(True, True, False, "quick_gelu", grouped_experts=True)
+    assert not bias_activation_fusion(True, True, False, "gelu", grouped_experts=True)
+    assert bias_activation_fusion(True, True, False, "gelu")  # the same MLP as sequential experts: fused
+
+
+def test_the_softmax_fusion_needs_every_kernel_megatron_imports(monkeypatch) -> None:
+    """FusedScaleMaskSoftmax imports the causal, masked or unmasked kernel by the mask type and shape: one of
+    the three missing would fail at the first forward."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    for missing in SOFTMAX_KERNELS:
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *a, m=missing: object() if name in SOFTMAX_KERNELS and name != m else real(name, *a),
+        )
+        assert installed().softmax_ext is False, missing
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name in SOFTMAX_KERNELS else real(name, *a)
+    )
+    assert installed().softmax_ext is True
+
+
+def test_the_vit_attends_both_ways_whatever_the_softmax() -> None:
+    """The ViT's attention is built unmasked (no_mask): a causal type would let megatron-core's fused softmax
+    take its upper-triangular kernel, which never reads the all-False mask the encoder passes."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from mimo_jobs.trainer.model.models import Precision, encoder_layer_specs
+
+    spec, _, _ = encoder_layer_specs(Precision(use_gpu=False, bf16=False))
+    assert spec.submodules.self_attention.params["attn_mask_type"] == AttnMaskType.no_mask
 
 
 def test_the_kernels_line_names_backend_and_fusions() -> None:

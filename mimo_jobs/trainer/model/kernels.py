@@ -7,8 +7,9 @@ Requirements are megatron-core 0.19's (restated from its sources):
                                (rope_utils.fused_apply_rotary_pos_emb comes from TE)
   gradient accumulation fusion the fused_weight_gradient_mlp_cuda extension (tensor_parallel/layers.py
                                refuses the flag without it: the LLM's output layer is a local linear)
-  masked softmax fusion        the scaled_masked_softmax_cuda kernels (fusions/fused_softmax.py imports them
-                               at the first forward)
+  masked softmax fusion        the scaled_masked_softmax_cuda, scaled_upper_triang_masked_softmax_cuda and
+                               scaled_softmax_cuda kernels (fusions/fused_softmax.py imports the one its
+                               mask type and shape take at the first forward: all three must be there)
   bias-activation fusion       jit-fused on any GPU; TransformerConfig refuses it for a plain GELU MLP
                                without biases (the MoE LLM has add_bias_linear=False)
   bias-dropout fusion          jit-fused on any GPU
@@ -24,6 +25,12 @@ from megatron.core.extensions import transformer_engine as mte
 
 TE = "te"
 LOCAL = "local"
+# the fused softmax kernels megatron-core's FusedScaleMaskSoftmax imports: causal, masked, unmasked
+SOFTMAX_KERNELS = (
+    "scaled_upper_triang_masked_softmax_cuda",
+    "scaled_masked_softmax_cuda",
+    "scaled_softmax_cuda",
+)
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,7 @@ class Installed:
 
     te: bool = False
     grad_accum_ext: bool = False  # fused_weight_gradient_mlp_cuda
-    softmax_ext: bool = False  # scaled_masked_softmax_cuda
+    softmax_ext: bool = False  # the three fused softmax kernels (SOFTMAX_KERNELS)
 
 
 @dataclass(frozen=True)
@@ -75,10 +82,18 @@ def fusions(on_gpu: bool, have: Installed) -> dict[str, bool]:
 
 
 def bias_activation_fusion(
-    on: bool, gated_linear_unit: bool, add_bias_linear: bool, activation: str = "gelu"
+    on: bool,
+    gated_linear_unit: bool,
+    add_bias_linear: bool,
+    activation: str = "gelu",
+    grouped_experts: bool = False,
 ) -> bool:
     """megatron-core's MLP has fused kernels for GELU with a bias or gated (GeGLU), and for gated SiLU
-    (SwiGLU); any other activation (quick-GELU, tanh-GELU, plain SiLU) runs unfused."""
+    (SwiGLU); any other activation (quick-GELU, tanh-GELU, plain SiLU) runs unfused. Transformer Engine's
+    grouped experts (TEGroupedMLP, megatron/core/transformer/moe/experts.py) fuse only SwiGLU and gated
+    quick-GELU and raise on any other fused activation, gated GELU included."""
+    if grouped_experts:
+        return on and gated_linear_unit and activation in ("silu", "quick_gelu")
     if activation == "gelu":
         return on and (gated_linear_unit or add_bias_linear)
     return on and activation == "silu" and gated_linear_unit
@@ -100,5 +115,5 @@ def installed() -> Installed:
     return Installed(
         te=bool(mte.HAVE_TE),
         grad_accum_ext=has("fused_weight_gradient_mlp_cuda"),
-        softmax_ext=has("scaled_masked_softmax_cuda"),
+        softmax_ext=all(has(k) for k in SOFTMAX_KERNELS),
     )

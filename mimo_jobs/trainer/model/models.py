@@ -66,7 +66,11 @@ class Precision:
 
 
 def _base_kwargs(
-    prec: Precision, add_bias_linear: bool = True, activation: str = "gelu", gated: bool = False
+    prec: Precision,
+    add_bias_linear: bool = True,
+    activation: str = "gelu",
+    gated: bool = False,
+    grouped_experts: bool = False,
 ) -> dict:
     on = prec.kernels.on
     return {
@@ -83,7 +87,7 @@ def _base_kwargs(
         "cross_entropy_fusion_impl": "native",
         "gradient_accumulation_fusion": on.get("gradient_accumulation_fusion", False),
         "bias_activation_fusion": bias_activation_fusion(
-            on.get("bias_activation_fusion", False), gated, add_bias_linear, activation
+            on.get("bias_activation_fusion", False), gated, add_bias_linear, activation, grouped_experts
         ),
         "masked_softmax_fusion": on.get("masked_softmax_fusion", False),
         "bias_dropout_fusion": on.get("bias_dropout_fusion", False),
@@ -148,7 +152,8 @@ def llm_config(
     gated = p.gated_linear_unit
     # SequentialMLP with biases modifies a view in place (autograd error): MoE LLMs have no linear biases
     # (the description's default; validate refuses biases on an MoE LLM)
-    kw = _base_kwargs(prec, p.add_bias_linear, p.activation, gated) | recompute_kwargs(recompute)
+    grouped = bool(p.num_experts) and prec.kernels.grouped_gemm
+    kw = _base_kwargs(prec, p.add_bias_linear, p.activation, gated, grouped) | recompute_kwargs(recompute)
     if p.num_experts:
         kw.update(_moe_kwargs(p, tp, ep, etp, prec))
     return TransformerConfig(
