@@ -493,6 +493,7 @@ def run_encoder(st, forward, backward, tm: PhaseTimer) -> int:
     incoming: dict[int, object] = {}  # gradient receives posted, not yet collected: m -> bridge.Incoming
     asked: set[int] = set()  # microbatches whose gradient's receive is posted
     cursor, peak = 0, 0
+    _timed(tm, "bridge_wait", st.bridge.encoder_expect, st.iteration)
 
     def post_ready() -> None:
         nonlocal cursor
@@ -592,6 +593,9 @@ def run_stage(st, work, microbatches: int, tm: PhaseTimer) -> None:
     sched = one_f_one_b(_stage(st), st.llm_shape.pp, microbatches)
     waiting: dict[int, tuple] = {}
     produced: dict = {}
+    if st.role.is_first_stage:
+        lane = [work.batch(m) for m in range(microbatches)]
+        st.bridge.language_expect(st.iteration, [(b.sample_keys, b.image_token_counts) for b in lane])
     got = _stage_exchange(st, work, produced, sched[0], tm)
     for i, (kind, m) in enumerate(sched):
         if kind == "F":

@@ -85,3 +85,31 @@ def test_header_detects_misaligned_samples():
         check_header(sent, make_header(0, 0, 64, ["lane1/0", "lane1/1"], [4, 4]), 1, 3, "forward")
     with pytest.raises(BridgeError, match="microbatch: sent 0, expected 1"):
         check_header(sent, make_header(0, 1, 64, ["lane0/0", "lane0/1"], [4, 4]), 1, 3, "forward")
+
+
+def test_payload_sizes_are_agreed_before_any_payload_is_posted():
+    """NCCL hangs on a message whose two sides give different sizes, so a header that differs from what the
+    lane expects is refused on the encoder before its payload is posted (the lane sent its expectations for
+    the whole iteration first)."""
+    import torch
+
+    from helpers.p2p_model import HIDDEN, lane_batch, rank_states
+
+    net, states = rank_states(enc_dp=1, llm_dp=2, pp=1, mbs=2, microbatches=2, inflight=1)
+    enc = next(st for st in states if st.role.is_encoder)
+    for st in states:
+        if st.role.is_language and st.role.is_first_stage:
+            lane = [lane_batch(st.role.dp_rank, m, 2) for m in range(2)]
+            st.bridge.language_expect(3, [(b.sample_keys, b.image_token_counts) for b in lane])
+    enc.bridge.encoder_expect(3)
+    batches = [lane_batch(lane, 1, 2) for lane in range(2)]
+    keys = [k for b in batches for k in b.sample_keys]
+    counts = [c for b in batches for c in b.image_token_counts]
+    counts[0] += 1  # one more token than the lane sizes its receive for
+    before = list(net.programs[enc.role.rank])
+    with pytest.raises(BridgeError, match=r"forward mismatch from rank 0 to rank 1: tokens of sample 0"):
+        enc.bridge.encoder_post(3, send=(1, torch.zeros(sum(counts), HIDDEN), keys, counts))
+    assert net.programs[enc.role.rank] == before  # nothing posted
+    counts[0] -= 1
+    enc.bridge.encoder_post(3, send=(1, torch.zeros(sum(counts), HIDDEN), keys, counts))
+    assert len(net.programs[enc.role.rank]) == len(before) + 1

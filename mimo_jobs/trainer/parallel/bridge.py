@@ -15,6 +15,13 @@ hidden size, hash of the sample keys, per-sample token counts) followed by the p
 compares the header with what its own batch says and raises `BridgeError` naming both ranks and sizes on
 any difference, before it uses the payload. Zero-token pairs (text-only samples, image-less
 microbatches) still exchange headers, so both sides always agree on what crossed.
+
+A header travels in the same group as its payload (see `_post`), and each side sizes a payload from its
+own batch; NCCL needs equal counts on both sides of a message and hangs rather than errs when they differ.
+So the sizes are agreed before any payload moves: at the start of an iteration each first-stage LLM leader
+sends every encoder replica it meets the headers it expects for all the iteration's microbatches (it has
+drawn them all), and an encoder leader compares each header with that expectation before posting the
+payload (`BridgeError` there, naming both ranks). The gradients going back have the same sizes.
 """
 
 from __future__ import annotations
@@ -162,6 +169,56 @@ class Bridge:
         self.enc_tp_group, self.llm_tp_group = enc_tp_group, llm_tp_group
         self.hidden, self.dtype, self.device = hidden, dtype, device
         self.p2p = p2p or Exchanger()
+        self.expected: dict[tuple[int, int], list[int]] = {}  # (LLM leader, microbatch) -> its header
+
+    def language_expect(self, step: int, batches: list[tuple[list[str], list[int]]]) -> None:
+        """First LLM stage, before its first exchange of iteration `step`: send each encoder replica this
+        lane meets the headers this lane expects from it, for every microbatch (`batches`: [microbatch] ->
+        (keys, counts) of the lane). Send-only: nothing waits."""
+        if not self.role.is_leader:
+            return
+        segs = segments_of_lane(self.plan, self.role.dp_rank)
+        ops = []
+        for g in segs:
+            a, n = g.lane_start, g.n
+            table = [
+                x
+                for m, (keys, counts) in enumerate(batches)
+                for x in self._header(step, m, keys, counts, a, n)
+            ]
+            ops.append(
+                Op(
+                    True,
+                    torch.tensor(table, dtype=torch.int64, device=self.device),
+                    self.enc.leader_of(g.enc_dp),
+                )
+            )
+        self.p2p.post(ops)
+
+    def encoder_expect(self, step: int) -> None:
+        """An encoder replica's leader, before its first post of iteration `step`: receive what each lane
+        it meets expects (language_expect), to check every header against before its payload is posted."""
+        self.expected = {}
+        if not self.role.is_leader:
+            return
+        mbs = self.plan.num_microbatches
+        segs = segments_of_encoder(self.plan, self.role.dp_rank)
+        ops = [
+            Op(
+                False,
+                torch.empty(mbs * (HDR + g.n), dtype=torch.int64, device=self.device),
+                self.llm.leader_of(g.lane),
+            )
+            for g in segs
+        ]
+        self.p2p.exchange(ops)
+        for g, op in zip(segs, ops):
+            rows = op.tensor.view(mbs, HDR + g.n).tolist()
+            for m, row in enumerate(rows):
+                self.expected[(op.peer, m)] = row
+
+    def _header(self, step: int, mb: int, keys, counts, a: int, n: int) -> list[int]:
+        return make_header(step, mb, self.hidden, keys[a : a + n], counts[a : a + n])
 
     def encoder_post(self, step: int, send=None, recv=None) -> Incoming:
         """Post one group from an encoder rank without waiting. send: (microbatch, flat [sum counts, H]
@@ -222,7 +279,10 @@ class Bridge:
         check_split(flat.shape[0], sizes, f"{what} on rank {self.role.rank}")
         hdrs, pays, row = [], [], 0
         for (a, n), size, dst in zip(parts, sizes, peers):
-            hdr = make_header(step, mb, self.hidden, keys[a : a + n], counts[a : a + n])
+            hdr = self._header(step, mb, keys, counts, a, n)
+            want = self.expected.get((dst, mb)) if what == "forward" else None
+            if want is not None:  # the receiver's sizes, agreed before any payload is posted
+                check_header(hdr, want, self.role.rank, dst, what)
             hdrs.append(Op(True, torch.tensor(hdr, dtype=torch.int64, device=self.device), dst))
             if size:
                 pays.append(Op(True, flat[row : row + size].detach().to(self.dtype).contiguous(), dst))
@@ -231,7 +291,7 @@ class Bridge:
 
     def _incoming_headers(self, step, recv, parts, peers) -> tuple[list[Op], list[list[int]]]:
         mb, keys, counts = recv
-        expected = [make_header(step, mb, self.hidden, keys[a : a + n], counts[a : a + n]) for a, n in parts]
+        expected = [self._header(step, mb, keys, counts, a, n) for a, n in parts]
         ops = [
             Op(False, torch.empty(len(exp), dtype=torch.int64, device=self.device), src)
             for exp, src in zip(expected, peers)
