@@ -8,11 +8,12 @@ ordering, as under gloo) and writes down, per rank, what was posted and waited f
 
 The model (rendezvous semantics, NCCL without its staging buffer): the k-th send from rank a to rank b
 matches the k-th receive on b from a, and both complete only when both are posted and startable; an op
-is startable when every op posted before it between the same two ranks has completed (one stream per rank
-pair, run in posting order), except ops of its own batched group (posted together, run together); a group
-counts as done only when all of its ops are (atomic), and a later op between any pair it touches waits for
-that. A rank stops at a wait until the group completes, and at a TP broadcast until every member reaches
-the same one. Anything left stuck is a deadlock.
+is startable when every op its rank posted before it, to any peer, has completed (a rank's groups on one
+communicator run on one stream in posting order), except ops of its own batched group (posted together,
+run together); a group counts as done only when all of its ops are (atomic). A rank stops at a wait until
+the group completes, at a device synchronisation ("sync") until everything it posted has completed, and at
+a collective of its TP group (the bridge's broadcast, or the compute's own all-reduces, which the stub
+compute records) until every member reaches the same one. Anything left stuck is a deadlock.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class _Model:
         self.pc = {r: 0 for r in programs}
         self.ops: list[dict] = []  # every posted op: rank, peer, send, gid, done
         self.groups: dict[tuple[int, int], list[dict]] = defaultdict(list)  # (rank, gid) -> its ops
-        self.queue: dict[tuple[int, int], list[dict]] = defaultdict(list)  # (rank, peer) -> ops in order
+        self.queue: dict[int, list[dict]] = defaultdict(list)  # rank -> its ops in posting order
         self.sent: dict[tuple[int, int], list[dict]] = defaultdict(list)  # (src, dst) -> sends in order
         self.received: dict[tuple[int, int], list[dict]] = defaultdict(list)  # (src, dst) -> receives
         self.colls: dict[tuple[int, tuple], int] = defaultdict(int)  # (rank, members) -> broadcasts passed
@@ -121,9 +122,9 @@ class _Model:
         return all(o["done"] for o in self.groups[(rank, gid)])
 
     def startable(self, o: dict) -> bool:
-        """Every earlier op between the same two ranks is done, or in this op's group; an earlier group
-        must be done as a whole."""
-        for e in self.queue[(o["rank"], o["peer"])]:
+        """Every op the rank posted earlier, to any peer, is done, or in this op's group; an earlier group
+        must be done as a whole (NCCL runs a rank's groups on one communicator in posting order)."""
+        for e in self.queue[o["rank"]]:
             if e is o:
                 return True
             if e["gid"] != o["gid"] and not self.group_done(e["rank"], e["gid"]):
@@ -144,7 +145,7 @@ class _Model:
             o = {"rank": rank, "peer": peer, "send": send, "gid": gid, "done": False}
             self.ops.append(o)
             self.groups[(rank, gid)].append(o)
-            self.queue[(rank, peer)].append(o)
+            self.queue[rank].append(o)
             (self.sent[(rank, peer)] if send else self.received[(peer, rank)]).append(o)
 
     def advance(self, rank: int) -> bool:
@@ -156,6 +157,8 @@ class _Model:
                 self.post(rank, ev[1], ev[2])
             elif ev[0] == "wait" and not self.group_done(rank, ev[1]):
                 break
+            elif ev[0] == "sync" and not all(o["done"] for o in self.queue[rank]):
+                break  # a device synchronisation waits for everything the rank posted, sends in flight too
             elif ev[0] == "coll":
                 if not self.coll_ready(rank, ev[1]):
                     break
@@ -202,6 +205,15 @@ def rendezvous_deadlock(programs: dict[int, list]) -> str | None:
 # ------------------------------------------------------------------------------------ scenarios
 
 
+def compute_collective(st, module) -> None:
+    """What a TP group's compute does on the device besides the messages: its own all-reduces (TP > 1),
+    every member at the same point of the same kernels, recorded as a collective of the group."""
+    if module.tp > 1:
+        _tp, pp_rank, dp = module.coords(st.role.rank)
+        members = tuple(module.rank_of(t, pp_rank, dp) for t in range(module.tp))
+        st.bridge.p2p.comm.log(("coll", members))
+
+
 def _counts(lane: int, m: int, mbs: int) -> list[int]:
     """Image tokens per sample: varied, with text-only samples (0) and some image-less microbatches."""
     return [((3 * m + 5 * (lane * mbs + j)) % 4) * (m % 3 != 2) for j in range(mbs)]
@@ -227,6 +239,7 @@ class StubStage:
     def forward(self, m: int, emb, hidden):
         if self.trace is not None:
             self.trace.append(("compute", "F", m))
+        compute_collective(self.st, self.st.llm_shape)
         role = self.st.role
         if role.is_first_stage:
             assert emb.shape == (sum(self.batch(m).image_token_counts), HIDDEN), (role.rank, m, emb.shape)
@@ -238,6 +251,7 @@ class StubStage:
     def backward(self, item, grad):
         if self.trace is not None:
             self.trace.append(("compute", "B", item[0]))
+        compute_collective(self.st, self.st.llm_shape)
         m, emb, hidden = item
         role = self.st.role
         assert (grad is None) == role.is_last_stage, (role.rank, m)
@@ -252,6 +266,7 @@ def _encoder_stub(st, mbs: int, trace: list | None):
     def forward(m: int):
         if trace is not None:
             trace.append(("compute", "F", m))
+        compute_collective(st, st.enc_shape)
         mb = {g.lane: lane_batch(g.lane, m, mbs) for g in segs}
         _images, keys, counts = _encoder_samples(st, mb, segs)
         return torch.zeros(sum(counts), HIDDEN), keys, counts
@@ -259,6 +274,7 @@ def _encoder_stub(st, mbs: int, trace: list | None):
     def backward(flat, grad) -> None:
         if trace is not None:
             trace.append(("compute", "B", None))
+        compute_collective(st, st.enc_shape)
         assert grad.shape == flat.shape
 
     return forward, backward

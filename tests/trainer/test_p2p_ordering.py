@@ -39,6 +39,32 @@ def test_model_holds_a_group_until_all_of_it_completes():
     assert "rank 2 stuck" in rendezvous_deadlock(progs)
 
 
+def test_model_runs_a_ranks_groups_in_posting_order_across_peers():
+    # three ranks each send to the next, then receive from the previous: with one FIFO per rank pair every
+    # send finds its receive first in line, yet NCCL runs each rank's groups in posting order, so every
+    # send waits for a receive posted behind another send
+    cycle = {
+        r: [("post", 0, ((True, (r + 1) % 3),)), ("post", 1, ((False, (r - 1) % 3),)), ("wait", 1)]
+        for r in range(3)
+    }
+    found = rendezvous_deadlock(cycle)
+    assert found is not None and all(f"rank {r} stuck" in found for r in range(3))
+    paired = {r: [("post", 0, ((True, (r + 1) % 3), (False, (r - 1) % 3))), ("wait", 0)] for r in range(3)}
+    assert rendezvous_deadlock(paired) is None
+
+
+def test_model_sync_waits_for_sends_in_flight():
+    # rank 0 leaves a send in flight and synchronises the device before a collective rank 1 joins before
+    # it posts the matching receive: the sync waits for a send that cannot complete
+    progs = {
+        0: [("post", 0, ((True, 1),)), ("sync",), ("coll", (0, 1))],
+        1: [("coll", (0, 1)), ("post", 0, ((False, 0),)), ("wait", 0)],
+    }
+    assert "rank 0 stuck at ('sync',)" in rendezvous_deadlock(progs)
+    progs[0] = [("post", 0, ((True, 1),)), ("coll", (0, 1)), ("sync",)]
+    assert rendezvous_deadlock(progs) is None
+
+
 def test_model_broadcast_waits_for_every_member():
     progs = {0: [("coll", (0, 1))], 1: [("post", 0, ((False, 2),)), ("wait", 0), ("coll", (0, 1))], 2: []}
     assert "rank 0 stuck" in rendezvous_deadlock(progs)
@@ -64,5 +90,6 @@ def test_frozen_encoder_and_tp2_are_deadlock_free(pp):
         layout = dict(enc_dp=1, llm_dp=2, pp=pp, mbs=2, microbatches=4, inflight=2, **kw)
         programs = record(**layout)
         assert rendezvous_deadlock(programs) is None, (layout, rendezvous_deadlock(programs))
-        if kw["tp"] == 2:
-            assert any(ev[0] == "coll" for prog in programs.values() for ev in prog)
+        if kw["tp"] == 2:  # the bridge's broadcasts and the compute's own all-reduces
+            colls = [ev for prog in programs.values() for ev in prog if ev[0] == "coll"]
+            assert len(colls) > 2 * layout["microbatches"]
