@@ -238,9 +238,6 @@ def render_png(h: int, w: int, color: str, seed: int, i: int) -> bytes:
     return buf.getvalue()
 
 
-# ---------------------------------------------------------------- writing (shards.py)
-
-
 def blend_doc(parts: list[tuple[float, str, str]]) -> dict:
     """MetadatasetV2 train blend of (weight, relative path, kind)."""
     return {
