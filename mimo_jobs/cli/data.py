@@ -1,5 +1,6 @@
 """`mimo-jobs data synth DIR`: synthetic energon-ready datasets (image-caption, text-only, VQA, conversations)
-and a blend YAML.
+and a blend YAML. `mimo-jobs data prepare JSONL`: a LLaVA/ShareGPT-style JSONL file and its images as an
+energon dataset. `mimo-jobs data stats PATH`: what a dataset's samples cost.
 
 Exit codes: 0 ok, 2 bad input (nothing written). energon is imported only inside the command body.
 """
@@ -163,6 +164,67 @@ def _print_written(dir: Path, cfg, res, multi_image: int, interleaved: int) -> N
     weights = ", ".join(f"{w['subflavors']['kind']} {w['weight']:.3g}" for w in res.blend_parts)
     typer.echo(f"{dir}/blend.yaml: weights {weights}")
     typer.echo(f"use it:  trainer.data: {{provider: energon, path: {(dir / 'blend.yaml').resolve()}}}")
+
+
+@data_app.command("prepare")
+def prepare_cmd(
+    jsonl: Path = typer.Argument(..., help="LLaVA/ShareGPT-style JSONL: one record per line."),
+    out: Path = typer.Option(..., "--out", "-o", help="The dataset directory to write (new or empty)."),
+    images: Optional[Path] = typer.Option(  # noqa: UP045 (typer needs Optional here)
+        None, "--images", help="The folder the records' image paths start at (default: the JSONL's folder)."
+    ),
+    split: str = typer.Option(
+        "1,0,0", "--split", help="train,val,test shares, e.g. 0.98,0.01,0.01 or 8,1,1 (default: all train)."
+    ),
+    samples_per_shard: int = typer.Option(1000, "--samples-per-shard", help="Samples per .tar shard."),
+    skip_bad: bool = typer.Option(
+        False, "--skip-bad", help="Skip (and count) bad records instead of stopping at the first."
+    ),
+) -> None:
+    """Write OUT as an energon dataset of conversations (ConversationSample, the images' own bytes): use it
+    as trainer.data.path, with a tokenizer that has a chat template."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mimo_jobs.data.errors import DataError
+    from mimo_jobs.data.prepare import PrepareConfig, check_paths, parse_split, prepare_jsonl
+    from mimo_jobs.textsafe import visible
+
+    folder = images if images is not None else jsonl.parent
+    try:
+        cfg = PrepareConfig(parse_split(split), samples_per_shard, skip_bad)
+        cfg.check()
+        check_paths(jsonl, folder, out)
+    except DataError as e:
+        fail(str(e))
+    err = Console(stderr=True, highlight=False)
+    try:
+        with Progress(
+            TextColumn("prepare"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as prog:
+            task = prog.add_task("records", total=jsonl.stat().st_size)
+            res = prepare_jsonl(jsonl, folder, out, cfg, progress=lambda n: prog.advance(task, n))
+    except DataError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"{e.filename or out}: {e.strerror or e}", code=1)
+    per = ", ".join(f"{s} {n}" for s, n in res.samples.items())
+    shards = sum(len(v) for v in res.shards.values())
+    typer.echo(f"{out}: {res.total} samples ({per}) with {res.images} images in {shards} shard(s)")
+    if res.skipped:
+        first = res.skipped_lines[0]
+        typer.echo(
+            f"skipped {res.skipped} bad record(s), listed in {out / 'prepare.json'}; the first, line "
+            f"{first['line']}: {visible(first['reason'])}"
+        )
+    typer.echo(
+        f"use it:  trainer.data: {{provider: energon, path: {out.resolve()}, tokenizer: <chat tokenizer>}}"
+    )
 
 
 @data_app.command("stats")

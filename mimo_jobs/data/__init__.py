@@ -6,6 +6,9 @@ only the trainer and the `data` commands load):
   mock           the mock provider, and the branch to energon (make_provider)
   synth          synthetic image-caption, text-only, VQA and conversation shards, energon-prepared, + a blend
   synth_multi    synthetic datasets whose samples hold several images
+  shards         the one writer of energon datasets: webdataset shards, index, split.yaml, dataset.yaml
+  llava          one LLaVA/ShareGPT-style JSONL record, checked (pure)
+  prepare        `data prepare`: a JSONL file and its images -> an energon dataset, streamed
   tokenizer      built-in character tokenizer (synthetic data) or a local HuggingFace tokenizer
   chat           plain and chat-template layouts: token ids and which tokens carry loss (pure)
   samples        JSON-member decoding and the ConversationSample type (energon)

@@ -14,7 +14,8 @@ Layout written under DIR:
   DIR/synth.json                   what was generated (counts, sizes, seed, each key's image sizes)
 
 Every key is globally unique (energon's prepare exits the process on duplicates). Content is a pure
-function of (seed, index), so two calls with the same arguments write identical samples.
+function of (seed, index), so two calls with the same arguments write identical samples. Shards and
+.nv-meta are written by shards.py.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import io
 import json
 import random
 import re
-import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
 from .errors import DataError
+from .shards import prepare, write_shards
 
 COLORS = {
     "red": (220, 40, 40),
@@ -235,52 +236,6 @@ def render_png(h: int, w: int, color: str, seed: int, i: int) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return buf.getvalue()
-
-
-# ---------------------------------------------------------------- writing
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mtime = 0  # byte-identical shards for identical arguments
-    tar.addfile(info, io.BytesIO(data))
-
-
-def write_shards(
-    root: Path, prefix: str, samples: list[tuple[str, dict[str, bytes]]], per_shard: int
-) -> list[str]:
-    """Write (key, {ext: bytes}) samples into prefix-NNNNNN.tar files; returns shard names relative to root."""
-    root.mkdir(parents=True, exist_ok=True)
-    names = []
-    for s in range(0, len(samples), per_shard):
-        name = f"{prefix}-{s // per_shard:06d}.tar"
-        with tarfile.open(root / name, "w") as tar:
-            for key, files in samples[s : s + per_shard]:
-                for ext, data in files.items():
-                    _add(tar, f"{key}.{ext}", data)
-        names.append(name)
-    return names
-
-
-def prepare(root: Path, shards: list[str], dataset_yaml: dict) -> None:
-    """Index the shards for energon (train split = everything) and write .nv-meta/dataset.yaml."""
-    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
-
-    try:
-        BaseWebdatasetFactory.prepare_dataset(
-            root,
-            shards,
-            split_parts_ratio=[("train", 1.0), ("val", 0.0), ("test", 0.0)],
-            shuffle_seed=None,
-            workers=1,
-            progress_fn=lambda x, y=None: x,
-        )
-    except SystemExit as e:  # energon exits the process on duplicate keys; turn it into an error
-        raise DataError(
-            f"{root}: energon prepare failed (exit {e.code}); sample keys must be unique"
-        ) from None
-    (root / ".nv-meta" / "dataset.yaml").write_text(yaml.safe_dump(dataset_yaml, sort_keys=False))
 
 
 def blend_doc(parts: list[tuple[float, str, str]]) -> dict:

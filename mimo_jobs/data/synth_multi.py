@@ -17,9 +17,8 @@ import json
 import random
 from pathlib import Path
 
-from .synth import COLORS, SHAPES, prepare, render_png, write_shards
-
-LOADER = "from mimo_jobs.data.samples import {fn} as sample_loader, part_filter  # noqa: F401\n"
+from .shards import prepare, write_shards
+from .synth import COLORS, SHAPES, render_png
 
 
 def _images(rng: random.Random, seed: int, i: int, n: int, sizes) -> list[tuple[tuple[int, int], str, bytes]]:
@@ -62,13 +61,7 @@ def _write(root: Path, prefix: str, made: list, sample_type: dict, loader_fn: st
         samples.append((key, files))
         sizes[key] = [list(size) for size, _, _ in ims]
     shards = write_shards(root, prefix, samples, per_shard)
-    doc = {
-        "sample_type": sample_type,
-        "sample_loader": "sample_loader.py:sample_loader",
-        "part_filter": "sample_loader.py:part_filter",
-    }
-    prepare(root, shards, doc)
-    (root / ".nv-meta" / "sample_loader.py").write_text(LOADER.format(fn=loader_fn))
+    prepare(root, shards, {"sample_type": sample_type}, loader=loader_fn)
     return sizes
 
 

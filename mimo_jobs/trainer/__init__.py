@@ -26,6 +26,8 @@ Modules, in the order a run uses them:
     files           the collective, atomic save and load of a sharded checkpoint
     state           the torch state in a checkpoint: RNG, weights (dense | expert), optimizer state
     as_data         handed-over pickles (checkpoint parts, a torch_dist index) read as data, never as code
+    hf_load         trainer.init from HuggingFace safetensors: checked, then read shard by shard
+    positions       a ViT's position table resampled to another image size (bicubic)
   observe/
     iterlog         Megatron-format iteration lines and the metrics.jsonl records
     trackers        TensorBoard / W&B from the same records; a failing dashboard never stops training

@@ -77,8 +77,9 @@ def kernel_problem(run, kernels) -> str | None:
     return None
 
 
-def preflight(run, doc: dict, reference: bool) -> None:
-    """Every check that needs no collective. Raises PreflightError with one specific message."""
+def preflight(run, doc: dict, reference: bool) -> list[str]:
+    """Every check that needs no collective. Raises PreflightError with one specific message. Returns what
+    loading trainer.init changes in the weights (for the first line)."""
     lay = run.layout
     viol = topology.check(lay)
     if viol:
@@ -95,11 +96,12 @@ def preflight(run, doc: dict, reference: bool) -> None:
     found = runtime_problems(t, run.cluster.accelerator, package_installed)
     if found:
         raise PreflightError(f"run.yaml: {found[0]}")
-    why = unsupported(arch_of(t.model), lay)
+    arch = arch_of(t.model)
+    why = unsupported(arch, lay)
     if why:
         raise PreflightError(f"run.yaml: {why}")
     try:  # HF sources of trainer.init: config, files and every tensor's shape, before any collective
-        check_init(t.init, arch_of(t.model), lay.llm_tp)
+        notes = check_init(t.init, arch, lay.llm_tp).notes(arch)
     except (HFInitError, MegatronInitError) as e:
         raise PreflightError(e.describe()) from None
     if t.data.provider == "mock":
@@ -109,7 +111,7 @@ def preflight(run, doc: dict, reference: bool) -> None:
     if why:
         raise PreflightError(f"run.yaml: {why}")
     if reference:
-        return
+        return notes
     try:  # an unfinished or damaged start checkpoint ends every rank here, before any collective
         check_init_source(run)
     except CheckpointError as e:
@@ -135,6 +137,7 @@ def preflight(run, doc: dict, reference: bool) -> None:
                 "cluster.accelerator=gpu but CUDA is not available on this node; use "
                 "accelerator: cpu for a CPU (gloo) run"
             )
+    return notes
 
 
 def _init_dist(run, reference: bool):
@@ -170,14 +173,14 @@ def run_training(
 ) -> int:
     """Train the run of `run_yaml` on this rank; returns the process exit code (0, or REQUEUE_EXIT_CODE)."""
     run, doc = _load_run(run_yaml)
-    preflight(run, doc, reference)
+    notes = preflight(run, doc, reference)
     _install_cpu_shims(run)
     backend, timeout = _init_dist(run, reference)
     plan = run.rank_layout()
     st = build_state(run, plan, reference, timeout)
     n_iters = iters or st.train_iters
     log = _iteration_logger(
-        run, plan, doc, metrics, reference, backend, st.prec.kernels.describe(), n_iters, quiet
+        run, plan, doc, metrics, reference, backend, st.prec.kernels.describe(), n_iters, quiet, notes
     )
     ckpt = Checkpointer.for_run(run, doc, run_yaml, reference)
     ckpt.resume(st)
@@ -244,8 +247,10 @@ def _iteration_logger(
     kernels: str,
     n_iters: int,
     quiet: bool,
+    notes: list[str] = (),
 ):
-    """The IterLogger (active on the last rank, an LLM rank: LLM ranks come last), started with the layout."""
+    """The IterLogger (active on the last rank, an LLM rank: LLM ranks come last), started with the layout
+    and what loading trainer.init changed in the weights."""
     mode = _mode(run, reference)
     last = dist.get_rank() == dist.get_world_size() - 1
     paths = doc.get("paths") or {}
@@ -263,7 +268,7 @@ def _iteration_logger(
         provenance=doc.get("provenance"),
         trackers=_trackers(run, paths, reference, last),
     )
-    log.start(layout_line(run, plan, mode, backend, kernels), mode, backend)
+    log.start(layout_line(run, plan, mode, backend, kernels, notes), mode, backend)
     return log
 
 

@@ -358,6 +358,14 @@ def main(out: Path) -> dict:
             keep=1,
         )
         res["te_more"] = [step(mt, provt) for _ in range(2)]
+    from mimo_jobs.trainer.checkpoint.reshard import SavedModule
+
+    # what export and resharding look tensors up by: the local layers' names
+    res["te_table_norms"] = sorted(
+        n
+        for n in SavedModule(MF.latest_checkpoint(ck_te), "language").pieces
+        if "layers.0." in n and "norm" in n
+    )
     res["te_manifest_layers"] = MF.latest_checkpoint(ck_te).layers
     res["local_manifest_layers"] = MF.latest_checkpoint(ck).layers
     m4 = build(seed=4)

@@ -96,6 +96,12 @@ def test_a_checkpoint_moves_between_layer_backends_and_optimizers(worker):
     assert res["te_group_steps"] == [3]
     assert res["te_cont"] == res["ref"]
     assert res["te_manifest_layers"] == "te" and res["local_manifest_layers"] == "local"
+    # export and resharding find the fused norms under the local names
+    assert res["te_table_norms"] == [
+        f"decoder.layers.0.{n}.{w}"
+        for n in ("input_layernorm", "pre_mlp_layernorm")
+        for w in ("bias", "weight")
+    ]
     first, then = res["local_from_te"], res["te_more"]
     assert first[0] == then[0]
     for got, want in zip(first[1], then[1]):

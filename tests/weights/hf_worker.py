@@ -4,7 +4,9 @@ runs a forward pass and compares it with transformers' own model loaded from the
 
     python hf_worker.py SPEC_JSON     prints `RESULT {...}` per rank that holds the output
 SPEC: {"side": "llm"|"encoder", "dir": HF directory, "tp": 1, "pp": 1, "ep": 1, "seq": 16}, or a list of
-them (one process runs each in turn)
+them (one process runs each in turn); an encoder's "image_size" trains it at another size than its weights'
+(transformers then runs with interpolate_pos_encoding, and the result holds how far the loaded position
+table is from transformers' own interpolation)
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def _trainer_spec(spec: dict):
     side = spec["side"]
     cfg = os.path.join(spec["dir"], "config.json")
     model = {"encoder": "tiny" if side == "llm" else {"hf_config": cfg}, "llm": "tiny"}
+    if spec.get("image_size"):
+        model["encoder"]["image_size"] = spec["image_size"]
     if side == "llm":
         model["llm"] = {"hf_config": cfg}
     return TrainerSpec(
@@ -142,9 +146,10 @@ def run_encoder(spec: dict) -> dict:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, e.channels, e.image_size, e.image_size, generator=g)
     hf = transformers.AutoModel.from_pretrained(spec["dir"], dtype=torch.float32).eval()
+    other_size = bool(spec.get("image_size"))
     with torch.no_grad():
         got = enc.vit(x)
-        want = hf(pixel_values=x).last_hidden_state
+        want = hf(pixel_values=x, interpolate_pos_encoding=other_size).last_hidden_state
         if (
             e.kind == "clip"
         ):  # CLIP's last_hidden_state is before post_layernorm; the trainer's ViT ends with it
@@ -155,7 +160,27 @@ def run_encoder(spec: dict) -> dict:
     both = [encoder_layout(e), projector_layout(e, arch.llm.hidden_size)]
     layout = HFLayout({k: v for lay in both for k, v in lay.targets.items()}, {}, "")
     res = {"rel": _rel(got, want), "shape": list(got.shape)}
+    if other_size:
+        res["positions_max_abs"] = _positions_gap(enc.vit, hf, e)
     return res | {"split_disagrees": _split_disagreements(enc, layout, mod.shard_args)}
+
+
+def _positions_gap(vit, hf, e) -> float:
+    """Largest |difference| between the loaded ViT's position table (class row first for CLIP) and
+    transformers' interpolate_pos_encoding of the same weights at e.image_size."""
+    import torch
+
+    emb = next(
+        m for n, m in hf.named_modules() if n.endswith("embeddings") and hasattr(m, "position_embedding")
+    )
+    n = e.grid**2 + int(e.class_token)
+    with torch.no_grad():
+        want = emb.interpolate_pos_encoding(torch.zeros(1, n, e.hidden_size), e.image_size, e.image_size)[0]
+        got = vit.position_embeddings[0]
+        if e.class_token:
+            got = torch.cat([vit.class_position, got])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+    return float((got - want).abs().max())
 
 
 def main(path: str) -> None:

@@ -150,11 +150,12 @@ def test_a_config_that_is_not_an_object_is_one_line(llama, tmp_path):
     assert "config.json: a JSON list, not a model config" in _err(check_llm, d, _llm(), 1)
 
 
-def test_a_vision_config_of_another_size(tmp_path):
+def test_a_vision_config_of_another_width(tmp_path):
+    # another image_size is resampled (test_hf_resample.py); another width is another model
     d = hf_models.save_encoder("siglip", tmp_path / "siglip")
     fields = hf.encoder_fields(hf_models.encoder_config("siglip").to_dict())
-    msg = _err(check_encoder, d, EncoderArch(**(fields | {"image_size": 32})))
-    assert msg.startswith("trainer.init.encoder: ") and "image_size=16" in msg and "image_size=32" in msg
+    msg = _err(check_encoder, d, EncoderArch(**(fields | {"hidden_size": 48, "image_size": 32})))
+    assert msg.startswith("trainer.init.encoder: ") and "hidden_size=32" in msg and "hidden_size=48" in msg
 
 
 def test_train_iters_0_is_a_conversion_and_needs_init():

@@ -9,6 +9,9 @@ tensor data is read). It raises HFInitError, one line naming the file and the fi
 `load_into` then overwrites the parameters of a built module: each rank reads only the rows and columns of
 its own TP/EP/PP shard through safetensors' lazy `get_slice`, one piece at a time, so the host memory a rank
 needs beyond its model is about its largest shard of one parameter. Names and layouts: model/hf_weights.py.
+
+An encoder may be trained at another `image_size` than its weights' config.json (same patch size): its
+position table is then resampled to the new patch grid as it loads (positions.py).
 """
 
 from __future__ import annotations
@@ -204,7 +207,12 @@ class Checked:
     """What check_init found: each side's source and layout (None: that side is not loaded from HF)."""
 
     llm: tuple[HFSource, str] | None = None  # (source, family)
-    encoder: tuple[HFSource, str] | None = None  # (source, tensor-name prefix)
+    encoder: EncoderSource | None = None
+
+    def notes(self, arch) -> list[str]:
+        """What loading changes in the weights (said in the trainer's first line)."""
+        why = self.encoder.resampled(arch.encoder) if self.encoder is not None else None
+        return [f"trainer.init.encoder: {why}"] if why else []
 
 
 def check_llm(path, p: LLMArch, tp: int) -> tuple[HFSource, str]:
@@ -220,17 +228,47 @@ def check_llm(path, p: LLMArch, tp: int) -> tuple[HFSource, str]:
     return src, fam
 
 
-def check_encoder(path, e: EncoderArch) -> tuple[HFSource, str]:
+@dataclass(frozen=True)
+class EncoderSource:
+    """A checked encoder directory: its source, the vision tower's tensor-name prefix and the encoder its
+    weights describe (the run's, at the weights' image_size)."""
+
+    src: HFSource
+    prefix: str
+    weights: EncoderArch
+
+    def resampled(self, e: EncoderArch) -> str | None:
+        """What loading into `e` does to the position table, when its patch grid differs from the weights'."""
+        if self.weights.grid == e.grid:
+            return None
+        g, n = self.weights.grid, e.grid
+        return f"position embeddings resampled from {g}x{g} to {n}x{n} (bicubic)"
+
+
+def check_encoder(path, e: EncoderArch) -> EncoderSource:
+    """The directory checked against `e`: every field equal but image_size, which may differ (the position
+    table is resampled as it loads); the patch size must be the weights' own."""
     where = "trainer.init.encoder"
     src = open_source(path, where)
     try:
         got = hf.encoder_fields(src.config)
     except ArchError as err:
         raise HFInitError(f"{src.path / CONFIG}: {err.describe()}", where) from None
-    _check_arch(src, got, e.to_dict(), where, "trainer.model.encoder")
+    if got["patch_size"] != e.patch_size:
+        raise HFInitError(
+            f"{src.path / CONFIG} has patch_size={got['patch_size']}, trainer.model.encoder has "
+            f"patch_size={e.patch_size}: the patch embedding is learned for its own patch size (only the "
+            f"position table is resampled to another image_size); keep patch_size {got['patch_size']}",
+            where,
+        )
+    _check_arch(src, got | {"image_size": e.image_size}, e.to_dict(), where, "trainer.model.encoder")
+    try:  # downsample changes no weight shape; the weights' grid need not be a multiple of it
+        weights = EncoderArch.from_dict(e.to_dict() | {"image_size": got["image_size"], "downsample": 1})
+    except ArchError as err:
+        raise HFInitError(f"{src.path / CONFIG}: {err.describe()}", where) from None
     prefix = vision_prefix(src, where)
-    _check_tensors(src, encoder_layout(e, prefix), where)
-    return src, prefix
+    _check_tensors(src, encoder_layout(weights, prefix), where)
+    return EncoderSource(src, prefix, weights)
 
 
 def check_init(init, arch, llm_tp: int) -> Checked:
@@ -341,8 +379,42 @@ def load_encoder(init, e: EncoderArch, enc, cut: dict) -> int:
         return 0
     from mimo_jobs.trainer.model.models import param_shards
 
-    src, prefix = check_encoder(init.encoder, e)
+    es = check_encoder(init.encoder, e)
+    src, shards = es.src, list(param_shards(enc, **cut))
     try:
-        return load_into(enc, encoder_layout(e, prefix), src, param_shards(enc, **cut))
+        if es.resampled(e) is None:
+            return load_into(enc, encoder_layout(e, es.prefix), src, shards)
+        # every tensor but the position table as the weights have it; the table resampled to e's grid
+        pos = [s for s in shards if s[2].cname == POSITIONS]
+        rest = [s for s in shards if s[2].cname != POSITIONS]
+        n = load_into(enc, encoder_layout(es.weights, es.prefix), src, rest)
+        return n + _load_positions(es, e, pos)
     finally:
         src.close()
+
+
+POSITIONS = "vit.position_embeddings"
+
+
+def _load_positions(es: EncoderSource, e: EncoderArch, shards) -> int:
+    """The weights' whole position table (class row included: it is not resampled) read, resampled to `e`'s
+    patch grid, and its patch rows copied into the ViT's position_embeddings ([1, grid^2, h], whole on every
+    TP rank)."""
+    import torch
+
+    from mimo_jobs.trainer.checkpoint.positions import resample_positions
+
+    name = encoder_layout(es.weights, es.prefix).targets[POSITIONS].pieces[0].hf  # the HF table's name
+    table = es.src.slice(name)[:]
+    if name not in es.src.nonfinite and not bool(torch.isfinite(table).all()):
+        _warn_nonfinite(es.src, name)
+    cls = int(e.class_token)
+    rows = resample_positions(table, e.grid, class_rows=cls)[cls:]
+    for pname, p, _ in shards:
+        if tuple(p.shape) != (1, *rows.shape):
+            raise HFInitError(
+                f"{es.src.path}: parameter {pname} is {list(p.shape)}, resampled {list(rows.shape)}"
+            )
+        with torch.no_grad():
+            p.copy_(rows.reshape(p.shape).to(device=p.device, dtype=p.dtype))
+    return len(shards)

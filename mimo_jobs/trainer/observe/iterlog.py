@@ -21,9 +21,9 @@ from mimo_jobs.contract.iteration import IterationRecord
 from mimo_jobs.predict.flops import flops_per_sample
 
 
-def layout_line(run, plan, mode: str, backend: str, kernels: str = "") -> str:
-    """The run's first line: the resolved layout, the communication backend and (`kernels`, from
-    model/kernels.py) the layer backend and fused kernels."""
+def layout_line(run, plan, mode: str, backend: str, kernels: str = "", notes=()) -> str:
+    """The run's first line: the resolved layout, the communication backend, (`kernels`, from
+    model/kernels.py) the layer backend and fused kernels, and `notes` (what loading trainer.init changed)."""
     lay = plan.layout
     fan = {
         "out": f"fan-out 1->{plan.lanes_per_encoder} (each encoder replica serves {plan.lanes_per_encoder} "
@@ -46,6 +46,7 @@ def layout_line(run, plan, mode: str, backend: str, kernels: str = "") -> str:
         f"microbatch | gbs={lay.gbs} mbs={lay.mbs} microbatches={plan.num_microbatches} | model "
         f"{run.trainer.model} seq={run.trainer.seq_length} precision={run.trainer.precision} "
         f"freeze(encoder={run.trainer.freeze.encoder}, llm={run.trainer.freeze.llm})"
+        + "".join(f" | {n}" for n in notes)
     )
 
 

@@ -1,0 +1,68 @@
+"""One record of a LLaVA/ShareGPT-style JSONL file, checked (pure: no I/O, no energon).
+
+A record is a JSON object on one line:
+
+  {"id": "...", "image": "rel/path.jpg" (optional; or a list of paths),
+   "conversations": [{"from": "human", "value": "<image>\\nWhat ...?"}, {"from": "gpt", "value": "..."}]}
+
+The turns must be what the task encoder trains on (chat.normalize_turns: roles human/gpt/system or
+user/assistant, text content, an assistant turn), and the `<image>` markers must fit the images
+(chat.place_images: one per image, or none and they go before the first user text). An image path is
+relative to the image folder and stays inside it (no absolute path, no `..`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from .chat import normalize_turns, place_images
+
+
+class BadRecord(ValueError):
+    """A record that cannot become a sample; the message says which field and which rule."""
+
+
+@dataclass(frozen=True)
+class Record:
+    id: object  # the record's own "id" (any JSON value), kept in the sample's JSON member
+    conversations: list  # as written: LLaVA's {"from", "value"} turns
+    images: tuple[str, ...]  # paths relative to the image folder, in marker order
+
+
+def _image_paths(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    paths = value if isinstance(value, list) else [value]
+    if not paths:
+        raise BadRecord('field "image" is an empty list; leave it out for a text-only record')
+    out = []
+    for i, p in enumerate(paths):
+        where = 'field "image"' + (f" item {i}" if isinstance(value, list) else "")
+        if not isinstance(p, str) or not p.strip():
+            raise BadRecord(f"{where} is {p!r}; expected a path relative to the image folder")
+        pp = PurePosixPath(p.replace("\\", "/"))
+        if pp.is_absolute() or ".." in pp.parts:
+            raise BadRecord(f"{where} {p!r} leaves the image folder; give a path relative to it")
+        out.append(str(pp))
+    return tuple(out)
+
+
+def parse_record(line: str) -> Record:
+    """The record of one non-blank JSONL line; BadRecord naming the field and the rule."""
+    try:
+        doc = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise BadRecord(f"not JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(doc, dict):
+        raise BadRecord(f'a JSON {type(doc).__name__}, expected an object with "conversations"')
+    if "conversations" not in doc:
+        raise BadRecord('no "conversations" field (a list of {"from", "value"} turns)')
+    images = _image_paths(doc.get("image"))
+    try:
+        turns = normalize_turns(doc["conversations"])
+        place_images(turns, len(images))
+    except ValueError as e:
+        raise BadRecord(str(e).replace("field 'conversation'", 'field "conversations"')) from None
+    return Record(doc.get("id"), doc["conversations"], images)
