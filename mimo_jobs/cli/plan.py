@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from .output import fail, print_json, reports_errors
-from .predict import GPU_HELP, _gpu
+from .predict import GPU_HELP, TOKENS_HELP, _gpu, parse_budget
 
 
 def parse_counts(values: list[str], option: str, upper: int) -> list[int]:
@@ -49,6 +49,13 @@ def plan_cmd(
         None, "--db", help="Store whose measured runs of the study calibrate the model."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON (docs/predict.md)."),
+    tokens: str | None = typer.Option(None, "--tokens", help=TOKENS_HELP),
+    rank_by: str = typer.Option(
+        "time",
+        "--rank-by",
+        help="Order the summary across node counts by time (as asked) or by cost (GPU-hours to the "
+        "--tokens budget, else for the study's length; ties within 0.5% by time).",
+    ),
 ) -> None:
     """The best encoder/LLM split per node count and batch, the best colocated layout or why none tiles, and
     flags across node counts; points are ready to paste into a study's matrix."""
@@ -59,6 +66,9 @@ def plan_cmd(
 
     from .study import study_or_fail
 
+    if rank_by not in ("time", "cost"):
+        fail(f"--rank-by must be time or cost, got {rank_by!r}")
+    budget = parse_budget(tokens)
     counts = parse_counts(nodes, "--nodes", MAX_NODES)
     batches = parse_counts(gbs, "--gbs", MAX_BATCH) if gbs else []
     if len(counts) * max(1, len(batches)) > 64:
@@ -72,7 +82,16 @@ def plan_cmd(
     base = diag.runs[0]
     eff, calibrated = _efficiency(db, diag, g)
     result = plan_many(
-        shape_of(base.layout, base.trainer), g, counts, batches, eff, top, int(headroom * GIB), calibrated
+        shape_of(base.layout, base.trainer),
+        g,
+        counts,
+        batches,
+        eff,
+        top,
+        int(headroom * GIB),
+        calibrated,
+        budget,
+        rank_by,
     )
     if as_json:
         print_json({"study": diag.study.name, **plan_json(result)})

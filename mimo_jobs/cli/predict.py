@@ -98,15 +98,21 @@ def _ranks_table(title: str, preds: list):
     return t
 
 
-def _time_table(preds: list):
+def _time_table(preds: list, tokens: float | None = None):
     from rich.table import Table
 
-    t = Table(title="iteration time", title_justify="left")
+    from mimo_jobs.predict.cost import tokens_text
+
+    t = Table(title="iteration time and cost", title_justify="left")
     cols = ["run", "nodes", "memory", "s/iter", "tokens/s/GPU", "MFU", "bottleneck", "idle other", "dominant"]
+    cols += ["iters", "GPU-h (run)", "node-h (run)"]
+    if tokens:
+        cols += [f"hours to {tokens_text(tokens)}", f"GPU-h to {tokens_text(tokens)}"]
     for col in cols:
         t.add_column(col, justify="left" if col in ("run", "memory", "bottleneck", "dominant") else "right")
     for p in preds:
-        t.add_row(
+        run = p.run_cost()
+        row = [
             p.name,
             str(p.shape.layout.nodes),
             p.memory.verdict(),
@@ -116,8 +122,37 @@ def _time_table(preds: list):
             p.time.bottleneck,
             f"{p.time.idle_fraction:.0%}",
             p.time.dominant,
-        )
+            f"{p.iterations:,}",
+            _hours(run.gpu_hours),
+            _hours(run.node_hours),
+        ]
+        if tokens:
+            b = p.budget_cost(tokens)
+            row += [_hours(b.hours), _hours(b.gpu_hours)] if b else ["-", "-"]
+        t.add_row(*row)
     return t
+
+
+def _hours(h: float) -> str:
+    return f"{h:,.0f}" if h >= 100 else f"{h:.3g}"
+
+
+def parse_budget(tokens: str | None) -> float | None:
+    """--tokens as a count (1T, 500B, 2.5e12); exits 2 on anything else."""
+    if tokens is None:
+        return None
+    from mimo_jobs.predict.cost import parse_tokens
+
+    try:
+        return parse_tokens(tokens)
+    except ValueError as e:
+        fail(str(e), where="--tokens")
+
+
+TOKENS_HELP = (
+    "A token budget (1T, 500B, 2.5e12): the hours and GPU-hours to train on that many carried tokens "
+    "(tokens the batch holds, not padding: the report's convention)."
+)
 
 
 def _pct(e: float | None) -> str:
@@ -173,8 +208,10 @@ def predict(
     show_all: bool = typer.Option(
         False, "--all", help=f"Price and list every run (default: the first {TABLE_ROWS}, then a summary)."
     ),
+    tokens: str | None = typer.Option(None, "--tokens", help=TOKENS_HELP),
 ) -> None:
-    """Memory per rank class and iteration time of every run of a study, before submitting."""
+    """Memory per rank class, iteration time and cost (GPU-hours for the study's length, and to a token
+    budget) of every run of a study, before submitting."""
     from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.predict.estimate import predict_run, to_json
     from mimo_jobs.predict.params import model_json, model_summary
@@ -183,6 +220,7 @@ def predict(
 
     from .study import study_or_fail
 
+    budget = parse_budget(tokens)
     diag = study_or_fail(study_file)
     g = _gpu(gpu, diag.study)
     cal = calibration_for(db, diag, g) if db is not None else None
@@ -198,7 +236,7 @@ def predict(
             "gpu": g.name,
             "model": model_json(arch_of(diag.study.trainer.model)) if priced else None,
         }
-        doc["runs"] = [to_json(p) for p in preds]
+        doc["runs"] = [to_json(p, budget) for p in preds]
         doc["unpriced"] = [{"name": r.name, "run_id": r.run_id, "why": skipped[r.run_id]} for r in shown
                            if r.run_id in skipped]  # fmt: skip
         if cal is not None:
@@ -219,7 +257,7 @@ def predict(
             out.print(more, markup=False)
         return
     out.print(_ranks_table(f"{diag.study.name} on {g.name}: memory per rank class (GiB)", preds))
-    out.print(_time_table(preds))
+    out.print(_time_table(preds, budget))
     if more:
         out.print(more, markup=False)
     if cal is not None:
@@ -229,6 +267,12 @@ def predict(
     out.print("image tokens: " + "; ".join(sources), markup=False)
     out.print(
         "MFU: encoder + LLM training FLOPs / (iteration time x all GPUs of the job x dense BF16 peak)",
+        markup=False,
+    )
+    carried = dict.fromkeys(p.shape.carried_source for p in preds)
+    out.print(
+        "cost: GPU-h (run) = the study's iterations x s/iter x all GPUs of the job; a token budget is counted "
+        f"in carried tokens ({'; '.join(carried)})",
         markup=False,
     )
 

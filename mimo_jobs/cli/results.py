@@ -139,8 +139,8 @@ def report_cmd(
     ),
 ) -> None:
     """Scaling report: iteration time, throughput, MFU, E(N), loss parity, cost, failure triage."""
+    from mimo_jobs.predict.cost import parse_tokens
     from mimo_jobs.report import FORMATS, build, render
-    from mimo_jobs.report.cost import parse_tokens
     from mimo_jobs.store.connection import LONG_WAIT_S, connect
 
     if fmt not in FORMATS:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .cost import Cost, cost_of, iterations_of, to_budget
 from .hardware import GPU
 from .memory import MemoryPlan, memory_plan
 from .run import RunShape, shape_of
@@ -39,6 +40,25 @@ class Prediction:
         return lay.gbs * self.shape.seq_length / self.time.iteration_s / self.world
 
     @property
+    def carried_tokens_per_s(self) -> float:
+        """Tokens the global batch carries (not padding) per second: what a token budget is counted in."""
+        return self.shape.layout.gbs * self.shape.carried_tokens_per_sample / self.time.iteration_s
+
+    @property
+    def iterations(self) -> int:
+        """The iterations of the study's run at this layout's global batch."""
+        rs = self.shape
+        return iterations_of(rs.train_iters, rs.train_samples, rs.layout.gbs)
+
+    def run_cost(self) -> Cost:
+        """GPU-hours and node-hours of the study's length (train_iters or train_samples) at this layout."""
+        return cost_of(self.iterations * self.time.iteration_s, self.world, self.shape.layout.nodes)
+
+    def budget_cost(self, tokens: float) -> Cost | None:
+        """GPU-hours and node-hours to train on `tokens` carried tokens at this layout."""
+        return to_budget(tokens, self.carried_tokens_per_s, self.world, self.shape.layout.nodes)
+
+    @property
     def mfu(self) -> float:
         f = self.flops_per_iteration
         return (f["encoder"] + f["llm"]) / (self.time.iteration_s * self.world * self.gpu.peak_flops)
@@ -54,7 +74,20 @@ def predict_run(run, gpu: GPU, eff: Efficiency | None = None) -> Prediction:
     return predict_shape(shape_of(run.layout, run.trainer), gpu, eff or Efficiency(), run.name, run.run_id)
 
 
-def to_json(p: Prediction) -> dict:
+def cost_json(p: Prediction, tokens: float | None) -> dict:
+    """`cost` of a run in JSON: the study's length, and to a token budget when one is given."""
+    budget = p.budget_cost(tokens) if tokens else None
+    return {
+        "iterations": p.iterations,
+        "run": p.run_cost().to_json(),
+        "carried_tokens_per_s": p.carried_tokens_per_s,
+        "carried_tokens": p.shape.carried_source,
+        "tokens": tokens,
+        "to_tokens": budget.to_json() if budget else None,
+    }
+
+
+def to_json(p: Prediction, tokens: float | None = None) -> dict:
     """The stable per-run JSON of `predict --json` (docs/predict.md)."""
     ranks = [
         {
@@ -92,4 +125,5 @@ def to_json(p: Prediction) -> dict:
         "parts_s": dict(p.time.parts),
         "ranks": ranks,
         "flops_per_iteration": p.flops_per_iteration,
+        "cost": cost_json(p, tokens),
     }

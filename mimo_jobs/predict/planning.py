@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .estimate import Prediction
+from .cost import Cost, tokens_text
+from .estimate import Prediction, cost_json
 from .hardware import GIB, GPU
 from .layouts import (
+    TIE,
     Candidate,
     colocated_gbs,
     free_bytes,
@@ -60,6 +62,36 @@ class PlanResult:
     calibrated: bool
     plans: list[NodePlan]
     flags: list[Flag]
+    tokens: float | None = None  # a token budget to cost each layout to (carried tokens)
+    rank_by: str = "time"  # time | cost: how the summary across node counts is ordered
+
+    def cost(self, c: Candidate) -> Cost | None:
+        """What `rank_by cost` compares: the cost to the token budget, else of the study's length."""
+        p = c.prediction
+        return p.budget_cost(self.tokens) if self.tokens else p.run_cost()
+
+    def summary_order(self) -> list[NodePlan]:
+        """The plans in the order the summary lists them: as asked (time), or cheapest first, ties (within
+        TIE) by time; plans with no layout last."""
+        if self.rank_by != "cost":
+            return list(self.plans)
+        priced = [p for p in self.plans if p.best is not None]
+        priced.sort(key=lambda p: (self.cost(p.best).gpu_hours, _t(p)))
+        out: list[NodePlan] = []
+        for p in priced:  # a cost within TIE of the one before it is a tie: the faster first
+            if (
+                out
+                and _tie(self.cost(out[-1].best).gpu_hours, self.cost(p.best).gpu_hours)
+                and _t(p) < _t(out[-1])
+            ):
+                out.insert(len(out) - 1, p)
+            else:
+                out.append(p)
+        return out + [p for p in self.plans if p.best is None]
+
+
+def _tie(a: float, b: float) -> bool:
+    return abs(a - b) <= TIE * min(a, b)
 
 
 def plan_one(
@@ -139,14 +171,18 @@ def plan_many(
     top: int,
     headroom: int,
     calibrated: bool = False,
+    tokens: float | None = None,
+    rank_by: str = "time",
 ) -> PlanResult:
     plans = [
         plan_one(shape, gpu, n, g, eff, top, headroom) for g in batches or [shape.layout.gbs] for n in nodes
     ]
-    return PlanResult(shape, gpu, headroom, calibrated, plans, cross_flags(plans))
+    return PlanResult(shape, gpu, headroom, calibrated, plans, cross_flags(plans), tokens, rank_by)
 
 
-def candidate_json(shape: RunShape, c: Candidate, best: Candidate | None) -> dict:
+def candidate_json(
+    shape: RunShape, c: Candidate, best: Candidate | None, tokens: float | None = None
+) -> dict:
     p: Prediction = c.prediction
     t = p.time.iteration_s
     return {
@@ -167,6 +203,7 @@ def candidate_json(shape: RunShape, c: Candidate, best: Candidate | None) -> dic
             for cls in p.memory.classes
         ],
         "parts_s": dict(p.time.parts),
+        "cost": cost_json(p, tokens),
     }
 
 
@@ -176,14 +213,16 @@ def plan_json(r: PlanResult) -> dict:
             "nodes": p.nodes,
             "gbs": p.gbs,
             "priced": p.priced,
-            "best": candidate_json(r.shape, p.best, p.best) if p.best else None,
-            "best_heterogeneous": candidate_json(r.shape, p.best_heterogeneous, p.best)
+            "best": candidate_json(r.shape, p.best, p.best, r.tokens) if p.best else None,
+            "best_heterogeneous": candidate_json(r.shape, p.best_heterogeneous, p.best, r.tokens)
             if p.best_heterogeneous
             else None,
-            "best_colocated": candidate_json(r.shape, p.best_colocated, p.best) if p.best_colocated else None,
+            "best_colocated": candidate_json(r.shape, p.best_colocated, p.best, r.tokens)
+            if p.best_colocated
+            else None,
             "colocated_note": p.colocated_note,
             "nearest_colocated_gbs": p.nearest_colocated_gbs,
-            "layouts": [candidate_json(r.shape, c, p.best) for c in p.ranked],
+            "layouts": [candidate_json(r.shape, c, p.best, r.tokens) for c in p.ranked],
         }
 
     return {
@@ -196,11 +235,14 @@ def plan_json(r: PlanResult) -> dict:
             "recompute": {"encoder": r.shape.recompute.encoder, "llm": r.shape.recompute.llm},
             "encoder_inflight": r.shape.encoder_inflight,
         },
+        "tokens": r.tokens,
+        "rank_by": r.rank_by,
         "plans": [one(p) for p in r.plans],
         "summary": [
             {
                 "nodes": p.nodes,
                 "gbs": p.gbs,
+                "best_gpu_hours": r.cost(p.best).gpu_hours if p.best and r.cost(p.best) else None,
                 "best_split": split_label(p.best.layout, r.shape.preset.text_only) if p.best else None,
                 "best_s": _t(p) if p.best else None,
                 "best_heterogeneous_s": p.best_heterogeneous.prediction.time.iteration_s
@@ -210,7 +252,7 @@ def plan_json(r: PlanResult) -> dict:
                 if p.best_colocated
                 else None,
             }
-            for p in r.plans
+            for p in r.summary_order()
         ],
         "flags": [{"kind": f.kind, "nodes": f.nodes, "gbs": f.gbs, "message": f.message} for f in r.flags],
     }
@@ -257,16 +299,20 @@ def plan_text(r: PlanResult, study: str) -> list[str]:
             lines.append(
                 f"  {yaml_point(c.layout)}  # {where}; {pr.time.iteration_s:.4g} s/iter "
                 f"({'best' if c is p.best else f'{rel:+.1%}'}), {pr.time.bottleneck}-bound, "
-                f"{pr.memory.verdict()}{extra}"
+                f"{pr.memory.verdict()}, {_cost_words(r, c)}{extra}"
             )
         if p.colocated_note:
             lines.append(f"# colocated: {p.colocated_note}")
-    lines.append("# summary: nodes   gbs  best s/iter  split s/iter  colocated s/iter  best split")
+    what = f"GPU-h to {tokens_text(r.tokens)}" if r.tokens else "GPU-h (run)"
+    order = " (cheapest first)" if r.rank_by == "cost" else ""
+    lines.append(
+        f"# summary{order}: nodes   gbs  best s/iter  split s/iter  colocated s/iter  {what:>14}  best split"
+    )
 
     def secs(c: Candidate | None, width: int) -> str:
         return f"{c.prediction.time.iteration_s:{width}.4g}" if c else f"{'-':>{width}}"
 
-    for p in r.plans:
+    for p in r.summary_order():
         if p.best_heterogeneous:
             split = split_label(p.best_heterogeneous.layout)
         else:  # a text-only model has no encoder to split off: its best is the LLM alone on every GPU
@@ -277,15 +323,28 @@ def plan_text(r: PlanResult, study: str) -> list[str]:
                 if p.tiling_note
                 else "no split fits"
             )
+        cost = r.cost(p.best) if p.best else None
+        gpu_h = f"{cost.gpu_hours:14,.0f}" if cost else f"{'-':>14}"
         lines.append(
-            f"#         {p.nodes:5d} {p.gbs:5d}  {secs(p.best, 11)}  {secs(p.best_heterogeneous, 12)}  "
-            f"{secs(p.best_colocated, 16)}  {split}"
+            f"#{' ' * (8 + len(order))} {p.nodes:5d} {p.gbs:5d}  {secs(p.best, 11)}  "
+            f"{secs(p.best_heterogeneous, 12)}  {secs(p.best_colocated, 16)}  {gpu_h}  {split}"
         )
     for f in r.flags:
         lines.append(f"# flag {f.kind}: {f.message}")
     for kind in sorted({f.kind for f in r.flags}):
         lines.append(f"# {kind}: {FLAG_MEANING[kind]}")
     return lines
+
+
+def _cost_words(r: PlanResult, c: Candidate) -> str:
+    """A point's cost in its comment: the study's length, and to the token budget when one is given."""
+    p = c.prediction
+    words = f"{p.run_cost().gpu_hours:,.0f} GPU-h for {p.iterations:,} iterations"
+    if r.tokens:
+        b = p.budget_cost(r.tokens)
+        if b is not None:
+            words += f", {b.gpu_hours:,.0f} GPU-h ({b.hours:,.1f} h) to {tokens_text(r.tokens)} tokens"
+    return words
 
 
 def cheapest_fix(shape: RunShape, gpu: GPU, eff: Efficiency) -> str | None:

@@ -31,6 +31,22 @@ class RunShape:
     frozen_encoder: bool = False
     frozen_llm: bool = False
     data_source: str = ""  # where the image tokens come from (datastats.DataMix.source)
+    # tokens a row of the batch carries (text + image, not padding) when the data says; None: a full row
+    text_tokens_mean: float | None = None
+    train_iters: int | None = None  # the study's length: iterations, or samples (one of the two)
+    train_samples: int | None = None
+
+    @property
+    def carried_tokens_per_sample(self) -> float:
+        """The tokens one row really holds (the report's carried tokens): the data's text + image tokens per
+        sample, capped at seq_length, when dataset statistics give the text; else a full row."""
+        if self.text_tokens_mean is None:
+            return float(self.seq_length)
+        return min(float(self.seq_length), self.text_tokens_mean + self.image_tokens_mean)
+
+    @property
+    def carried_source(self) -> str:
+        return "dataset statistics" if self.text_tokens_mean is not None else "assumed full rows"
 
     @property
     def dtype_bytes(self) -> int:
@@ -88,6 +104,9 @@ def shape_of(layout: Layout, trainer) -> RunShape:
         frozen_encoder=trainer.freeze.encoder,
         frozen_llm=trainer.freeze.llm,
         data_source=mix.source,
+        text_tokens_mean=mix.text_tokens_mean,
+        train_iters=trainer.train_iters,
+        train_samples=trainer.train_samples,
     )
     return on_layout(shape, layout)
 

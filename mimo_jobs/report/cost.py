@@ -4,30 +4,9 @@ rows and sums in, figures set on the rows."""
 
 from __future__ import annotations
 
-import re
+from mimo_jobs.predict.cost import cost_of, to_budget
 
 from .model import RunRow, StudyInfo
-
-_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
-
-
-def parse_tokens(text: str) -> float:
-    """A token count as written by people: 1T, 500B, 2.5e12, 300M. ValueError when it is not one."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGT]?)\s*", text or "", flags=re.I)
-    if not m:
-        raise ValueError(f"{text!r} is not a token count (e.g. 1T, 500B, 2.5e12)")
-    n = float(m.group(1)) * _SUFFIX[m.group(2).upper()]
-    if not 0 < n < 1e18:
-        raise ValueError(f"{text!r}: give a positive token count below 1e18")
-    return n
-
-
-def tokens_text(n: float) -> str:
-    """A token count the way parse_tokens reads it: 1e12 -> "1T", 5e11 -> "500B"."""
-    for suffix, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= scale:
-            return f"{n / scale:.4g}{suffix}"
-    return f"{n:.4g}"
 
 
 def apply(
@@ -41,14 +20,16 @@ def apply(
         secs, _, left = jobs.get(r.run_id, (0.0, 0, 0))
         r.jobs_uncosted = left
         if r.run_id in jobs and r.gpus:
-            r.gpu_hours = secs / 3600 * r.gpus
-            r.node_hours = secs / 3600 * r.nodes if r.nodes else None
+            c = cost_of(secs, r.gpus, r.nodes or 0)
+            r.gpu_hours = c.gpu_hours
+            r.node_hours = c.node_hours if r.nodes else None
             tok = carried.get(r.run_id)
             if tok:
                 r.gpu_hours_per_billion_tokens = r.gpu_hours / (tok / 1e9)
-        if budget and r.carried_tokens_per_s:
-            r.budget_hours = budget / r.carried_tokens_per_s / 3600
-            r.budget_gpu_hours = r.budget_hours * r.gpus if r.gpus else None
+        b = to_budget(budget, r.carried_tokens_per_s, r.gpus or 0, r.nodes or 0) if budget else None
+        if b is not None:
+            r.budget_hours = b.hours
+            r.budget_gpu_hours = b.gpu_hours if r.gpus else None
     for s in infos:
         mine = [r for r in rows if r.study == s.name and r.gpu_hours is not None]
         if mine:

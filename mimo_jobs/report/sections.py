@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mimo_jobs.predict.cost import tokens_text
+
 from . import external, fmt
-from .cost import tokens_text
 from .model import Report
 
 TEXT_HEADS = {

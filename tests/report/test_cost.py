@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from helpers.pair_store import DP2, HET, TP2, build_report
+from mimo_jobs.predict.cost import parse_tokens, tokens_text
 from mimo_jobs.report import render
-from mimo_jobs.report.cost import parse_tokens, tokens_text
 
 TIMES = {HET: 100.0, TP2: 150.0, DP2: 120.0}
 CARRIED = 200  # per iteration, set on every row of HET
