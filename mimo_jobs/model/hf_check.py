@@ -137,6 +137,8 @@ def safetensors_header(p: Path, where: str) -> dict[str, tuple[str, tuple[int, .
     def bad(why: str) -> HFInitError:
         return HFInitError(f"{p}: unreadable safetensors file (truncated or damaged?): {why}", where)
 
+    if not p.is_file():  # a pipe or device would block the read or never end
+        raise bad("not a regular file")
     try:
         size = p.stat().st_size
         with p.open("rb") as f:

@@ -101,3 +101,19 @@ def test_the_check_imports_no_torch(sources):
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
+
+
+def test_a_pipe_in_place_of_a_shard_is_refused_without_waiting(tmp_path, sources):
+    import os
+    import shutil
+
+    from mimo_jobs.model.hf_check import HFInitError, read_source
+
+    d = tmp_path / "llm"
+    shutil.copytree(sources[0], d)
+    (d / "model.safetensors").unlink()
+    os.mkfifo(d / "model.safetensors")  # nobody writes to it: reading it would wait for ever
+    with pytest.raises(
+        HFInitError, match="model.safetensors: unreadable safetensors file .*not a regular file"
+    ):
+        read_source(d, "trainer.init.llm")
