@@ -136,10 +136,13 @@ def id_path(path: str, study_dir: str | None, inside_only: bool) -> str:
     fields always had)."""
     if not study_dir:
         return path
-    rel = os.path.relpath(path, study_dir)
-    if inside_only and (rel == ".." or rel.startswith("../")):
+    # the study's directory as written and with its links resolved (init sources are resolved, data paths
+    # not): the form that finds the path inside it
+    rels = [os.path.relpath(path, d) for d in dict.fromkeys((study_dir, os.path.realpath(study_dir)))]
+    inside = [r for r in rels if not (r == ".." or r.startswith("../"))]
+    if inside_only and not inside:
         return path
-    return PurePosixPath(rel).as_posix()
+    return PurePosixPath((inside or rels)[0]).as_posix()
 
 
 def id_paths(trainer_payload: dict, study_dir: str | None) -> dict:

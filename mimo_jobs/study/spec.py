@@ -289,10 +289,11 @@ class DataSpec(_Strict):
     @classmethod
     def _inputs(cls, v: str | None, info: ValidationInfo) -> str | None:
         # the one path rule (study/paths.py): taken from the study file's directory where a study is read;
-        # run.yaml records them absolute, so the trainer finds them from any working directory
+        # run.yaml records them absolute, so the trainer finds them from any working directory. Links are
+        # kept: data often lives inside a container's mounts, and an absolute path keeps its run id
         if v is None or info.context is None:
             return v
-        return _beside_study(v, info)
+        return _beside_study(v, info, follow_links=False)
 
     @field_validator("stats")
     @classmethod
@@ -365,25 +366,28 @@ class MegatronCheckpoint(_Strict):
     megatron: str = Field(min_length=1, max_length=4096)
 
 
-def absolute_path(path: str, base_dir=None) -> str:
-    """`path` made absolute: `~` expanded, a relative one taken from `base_dir` (when given), links resolved.
-    ValueError (which pydantic reports against the field) for a `~user` with no home or a symlink loop."""
+def absolute_path(path: str, base_dir=None, follow_links: bool = True) -> str:
+    """`path` made absolute: `~` expanded, a relative one taken from `base_dir` (when given), links resolved
+    (or, without `follow_links`, only `.` and `..` taken out: a path the trainer reads inside a container
+    must not become what a link on this machine points to). ValueError (which pydantic reports against the
+    field) for a `~user` with no home or a symlink loop."""
+    import os
     from pathlib import Path
 
     try:
         p = Path(path).expanduser()
         if not p.is_absolute() and base_dir is not None:
             p = Path(base_dir) / p
-        return str(p.resolve())
+        return str(p.resolve()) if follow_links else os.path.normpath(os.path.abspath(p))
     except RuntimeError as e:  # pathlib: "Could not determine home directory.", "Symlink loop from ..."
         raise ValueError(f"{path!r}: {str(e).rstrip('.')}") from None
     except OSError as e:
         raise ValueError(f"{path!r}: {e.strerror or e}") from None
 
 
-def _beside_study(path: str, info: ValidationInfo) -> str:
+def _beside_study(path: str, info: ValidationInfo, follow_links: bool = True) -> str:
     """An absolute path: a relative one is taken from the study file's directory (when validating one)."""
-    return absolute_path(path, (info.context or {}).get("base_dir"))
+    return absolute_path(path, (info.context or {}).get("base_dir"), follow_links)
 
 
 class InitSpec(_Strict):
@@ -625,9 +629,7 @@ class StudySpec(_Strict):
     def _where(self, info: ValidationInfo) -> StudySpec:
         base = (info.context or {}).get("base_dir")
         if base is not None:
-            from pathlib import Path
-
-            self._study_dir = str(Path(base).resolve())
+            self._study_dir = absolute_path(str(base), follow_links=False)
         return self
 
     @property

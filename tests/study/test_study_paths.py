@@ -141,3 +141,14 @@ def test_a_command_reads_its_scripts_through_study_dir(tmp_path):
     code, out = _validate_json(_study(d, doc))
     (p,) = [p for p in out["problems"] if p["rule"] == "path"]
     assert code == 2 and p["message"] == f"trainer.command: {d}/scripts/gone.py does not exist"
+
+
+def test_a_data_path_through_a_link_is_kept_as_written(tmp_path):
+    # a container's path (/data/...) must not become what a link on this machine points to
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    doc = minimal()
+    doc["trainer"]["data"] = {"path": str(tmp_path / "link" / "blend.yaml"), "tokenizer": "../link/tok"}
+    study = load_study(_study(tmp_path / "s", doc), env={})
+    assert study.trainer.data.path == str(tmp_path / "link" / "blend.yaml")
+    assert study.trainer.data.tokenizer == str(tmp_path / "link" / "tok")
