@@ -125,10 +125,19 @@ def _path_problems(diag: Diagnosis) -> list:
     found = path_problems(diag.study)
     out = [Problem(p.path, p.rule, p.message, p.fit) for p in found]
     init = diag.study.trainer.init
-    if init is None or not diag.runs or found:
+    if init is None or not diag.runs:
         return out
-    if any(on_this_host(diag.study, p) is None for p in (init.llm, init.encoder) if isinstance(p, str)):
-        return out  # inside the container's image: the trainer's preflight judges it
+    # a side already reported missing, or one this machine cannot see (inside the container's image), is
+    # not opened: the trainer's preflight judges what validate cannot
+    bad = {p.path for p in found}
+    init = init.model_copy(
+        update={
+            side: None
+            for side in ("llm", "encoder")
+            if isinstance(getattr(init, side), str)
+            and (f"trainer.init.{side}" in bad or on_this_host(diag.study, getattr(init, side)) is None)
+        }
+    )
     from mimo_jobs.model.hf_check import hf_init_problems
     from mimo_jobs.model.resolve import arch_of
 

@@ -90,6 +90,16 @@ def test_a_tensor_of_another_shape_and_a_truncated_file_are_each_one_problem(tmp
     assert f"tensor {name} has shape" in got["trainer.init.encoder"]
 
 
+def test_a_missing_side_does_not_hide_the_other_sides_problem(tmp_path, sources):
+    f = _study(tmp_path, sources)
+    doc = yaml.safe_load(open(f).read())
+    doc["trainer"]["init"] = {"llm": str(sources[1]), "encoder": str(tmp_path / "no-vit")}  # a ViT as LLM
+    open(f, "w").write(yaml.safe_dump(doc))
+    code, out = _validate(f)
+    got = {(p["path"], p["rule"]) for p in out["problems"]}
+    assert code == 2 and got == {("trainer.init.encoder", "path"), ("trainer.init.llm", "init")}, got
+
+
 def test_the_check_imports_no_torch(sources):
     code = (
         "import sys\n"
