@@ -98,7 +98,7 @@ def path_problems(study: StudySpec) -> list[PathProblem]:
         if host is None:
             continue
         shown = sp.path if str(host) == sp.path else f"{sp.path} (on this host {host})"
-        where = _where(study, sp.path)
+        where = _where(study)
         if not host.exists():
             out.append(PathProblem(sp.field, RULE, f"{shown} does not exist{where}", f"give {sp.what}"))
         elif sp.kind == "dir" and not host.is_dir():
@@ -108,7 +108,7 @@ def path_problems(study: StudySpec) -> list[PathProblem]:
     return out
 
 
-def _where(study: StudySpec, path: str) -> str:
+def _where(study: StudySpec) -> str:
     """How a relative path was read, for the message of a missing one."""
     base = study.study_dir
     return f" (relative paths start at the study file's directory {base})" if base else ""

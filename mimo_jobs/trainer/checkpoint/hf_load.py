@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from mimo_jobs.model import hf_check
 from mimo_jobs.model.arch import EncoderArch, LLMArch
-from mimo_jobs.model.hf_check import CONFIG, FLOAT_DTYPES, INDEX, HFHeaders, HFInitError, vision_prefix
+from mimo_jobs.model.hf_check import HFHeaders, HFInitError
 from mimo_jobs.model.hf_weights import (
     HFLayout,
     canonical_alias,
@@ -29,7 +29,7 @@ from mimo_jobs.model.hf_weights import (
     shard_rows,
 )
 
-__all__ = ["CONFIG", "FLOAT_DTYPES", "INDEX", "HFInitError", "HFSource", "check_init", "vision_prefix"]
+__all__ = ["HFInitError", "HFSource", "check_encoder", "check_init", "check_llm", "load_encoder", "load_llm"]
 
 
 @dataclass
