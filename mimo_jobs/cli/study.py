@@ -105,6 +105,7 @@ def diagnose_file(study_file: Path) -> Diagnosis:
 
         diag.problems += setup_problems(diag.study.cluster)
     if diag.study is not None:
+        diag.problems += _path_problems(diag)
         diag.problems += _runtime_problems(diag)
     if diag.runs and any(r.point.command or r.trainer.command for r in diag.runs):
         from mimo_jobs.contract.rundir import RunDir
@@ -112,6 +113,41 @@ def diagnose_file(study_file: Path) -> Diagnosis:
 
         diag.problems += command_problems(diag.runs, lambda r: RunDir.of("runs", r.study, r.name, r.run_id))
     return diag
+
+
+def _path_problems(diag: Diagnosis) -> list:
+    """Every path of the study that is missing or of the wrong kind (study/paths.py), then each HuggingFace
+    source of trainer.init that is there checked against the model: config.json and the tensor shapes in the
+    safetensors headers, the trainer preflight's own rules (model/hf_check.py), once per LLM TP size."""
+    from mimo_jobs.study.diagnose import Problem
+    from mimo_jobs.study.paths import on_this_host, path_problems
+
+    found = path_problems(diag.study)
+    out = [Problem(p.path, p.rule, p.message, p.fit) for p in found]
+    init = diag.study.trainer.init
+    if init is None or not diag.runs:
+        return out
+    # a side already reported missing, or one this machine cannot see (inside the container's image), is
+    # not opened: the trainer's preflight judges what validate cannot
+    bad = {p.path for p in found}
+    init = init.model_copy(
+        update={
+            side: None
+            for side in ("llm", "encoder")
+            if isinstance(getattr(init, side), str)
+            and (f"trainer.init.{side}" in bad or on_this_host(diag.study, getattr(init, side)) is None)
+        }
+    )
+    from mimo_jobs.model.hf_check import hf_init_problems
+    from mimo_jobs.model.resolve import arch_of
+
+    arch, seen = arch_of(diag.study.trainer.model), set()
+    for tp in sorted({r.layout.llm_tp for r in diag.runs}):
+        for e in hf_init_problems(init, arch, tp):
+            if str(e) not in seen:
+                seen.add(str(e))
+                out.append(Problem(e.where or "trainer.init", "init", str(e)))
+    return out
 
 
 def _runtime_problems(diag: Diagnosis) -> list:

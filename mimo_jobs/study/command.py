@@ -25,6 +25,7 @@ import jinja2.sandbox
 
 from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.study.diagnose import Problem
+from mimo_jobs.study.paths import script_problems
 from mimo_jobs.study.runspec import RunSpec
 
 # shlex's punctuation_chars: a token made only of these is a shell control operator or redirection.
@@ -87,6 +88,8 @@ def values(spec: RunSpec, rd: RunDir) -> dict[str, Any]:
             "dp": lay.llm_dp,
         },
     }
+    if spec.study_dir is not None:  # where the study's own scripts are (study/paths.py)
+        out["study_dir"] = spec.study_dir
     for key in ("train_iters", "train_samples", "save_interval"):
         if getattr(t, key) is not None:
             out[key] = getattr(t, key)
@@ -268,7 +271,7 @@ def command_problems(runs: list[RunSpec], rd_of) -> list[Problem]:
             continue
         where = "command" if r.point.command else "trainer.command"
         try:
-            render_command(r, rd_of(r))
+            text = render_command(r, rd_of(r))
         except jinja2.UndefinedError as e:
             msg = f"{where}: {e}; it may use {', '.join(names(r, rd_of(r)))}"
         except jinja2.TemplateError as e:
@@ -276,6 +279,10 @@ def command_problems(runs: list[RunSpec], rd_of) -> list[Problem]:
         except ValueError as e:
             msg = f"{where}: {e}"
         else:
+            for p in script_problems(r.study_dir, shlex.split(text), where):
+                if p.message not in seen:
+                    seen.add(p.message)
+                    out.append(Problem(r.name, p.rule, f"{p.path}: {p.message}", p.fit))
             continue
         if msg not in seen:
             seen.add(msg)

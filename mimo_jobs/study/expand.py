@@ -18,6 +18,7 @@ from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.model.splits import tp_problems
 from mimo_jobs.study import lr_rules
 from mimo_jobs.study.load import pydantic_problems
+from mimo_jobs.study.paths import id_paths
 from mimo_jobs.study.runspec import PointResult, RunSpec
 from mimo_jobs.study.spec import MatrixSpec, PointSpec, StudyError, StudySpec
 
@@ -66,11 +67,12 @@ def run_name(p: PointSpec, repeat: int, repeats: int) -> str:
 
 
 def run_id_of(study: StudySpec, point: PointSpec, repeat: int) -> str:
-    """Stable id: a hash of the resolved config (study name, cluster, trainer, point, repeat)."""
+    """Stable id: a hash of the resolved config (study name, cluster, trainer, point, repeat), its paths
+    named relative to the study (study/paths.py)."""
     payload = {
         "study": study.name,
         "cluster": study.cluster.model_dump(mode="json", exclude={"hardware"}),  # planning only
-        "trainer": id_payload(study.trainer),
+        "trainer": id_paths(id_payload(study.trainer), study.study_dir),
         "point": id_payload(point),
         "repeat": repeat,
     }
@@ -220,6 +222,7 @@ def expand_matrix(
                     layout=lay,
                     cluster=study.cluster,
                     trainer=study.trainer,
+                    study_dir=study.study_dir,
                 )
             results.append(PointResult(index, label, spec, []))
             index += 1

@@ -36,10 +36,15 @@ from mimo_jobs.study.spec import ClusterSpec, StudySpec
 
 TEMPLATE_NAMES = ("sbatch.sh.j2", "launch.sh.j2")
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = base + job id % span (per job on shared hosts)
-# Run directory paths appear in #SBATCH headers (no quoting there; '%' is a SLURM pattern) and in pyxis
-# mount lists (',' and ':' are separators), so they are limited to characters that need neither.
-RUN_PATH_RE = re.compile(r"^[A-Za-z0-9_./@+=~-]+$")
+# Run directory paths appear in #SBATCH headers ('%' is a SLURM pattern there) and in pyxis mount lists
+# (',' and ':' are separators), so they are limited to characters that need neither; a space is quoted in
+# an #SBATCH line (sbatch_value) and in the shell (shq).
+RUN_PATH_RE = re.compile(r"^[A-Za-z0-9_./@+=~ -]+$")
 _SBATCH_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=+/@%~-]+$")
+# What a double-quoted #SBATCH value may hold: slurm's src/sbatch/opt.c (_get_argument) splits an #SBATCH
+# line at whitespace outside double quotes and drops the quotes, while a quote, a backslash (an escape in
+# later releases) or an unquoted '#' (a comment) would change the argument; so only spaces are quoted.
+_SBATCH_QUOTABLE_RE = re.compile(r"^[A-Za-z0-9_.,:=+/@%~ -]+$")
 _SHELL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -97,6 +102,20 @@ def _sbatch_word(value: Any) -> str:
     return s
 
 
+def sbatch_value(value: Any) -> str:
+    """A value for an #SBATCH line: as is when it is one word, in double quotes when it holds spaces (which
+    sbatch then keeps in the argument); anything else cannot be carried there."""
+    s = str(value)
+    if _SBATCH_WORD_RE.match(s):
+        return s
+    if _SBATCH_QUOTABLE_RE.match(s):
+        return f'"{s}"'
+    raise jinja2.TemplateRuntimeError(
+        f"{s!r} cannot go into an #SBATCH header (letters, digits, spaces and _.,:=+/@%~- only: sbatch "
+        "reads no quote, backslash or '#' inside a quoted value)"
+    )
+
+
 def _shell_name(value: Any) -> str:
     s = str(value)
     if not _SHELL_NAME_RE.match(s):
@@ -127,6 +146,7 @@ def environment(templates_dir: str | Path | None = None) -> jinja2.Environment:
     # Always quoted, even when shlex finds it safe (comma lists inside arrays read as mistakes to shellcheck).
     env.filters["shq_always"] = lambda v: "'" + str(v).replace("'", "'\"'\"'") + "'"
     env.filters["sbatch_word"] = _sbatch_word
+    env.filters["sbatch_value"] = sbatch_value
     env.filters["shell_name"] = _shell_name
     return env
 
@@ -168,7 +188,8 @@ def setup_problems(cluster: ClusterSpec) -> list[Problem]:
 
 
 def path_problems(runs_root: str | Path) -> list[Problem]:
-    """The runs root goes into #SBATCH lines and container mounts, which cannot quote."""
+    """The runs root goes into #SBATCH lines (quoted there when it has a space) and container mounts, which
+    cannot carry a quote, a backslash, '#', '%', ',' or ':'."""
     root = str(Path(runs_root).resolve())
     if RUN_PATH_RE.match(root):
         return []
@@ -177,8 +198,8 @@ def path_problems(runs_root: str | Path) -> list[Problem]:
         Problem(
             "--output",
             "run-path",
-            f"runs root {root!r} contains {bad!r}, which #SBATCH lines and container mounts cannot quote",
-            "use a path of letters, digits and _./@+=~-",
+            f"runs root {root!r} contains {bad!r}, which #SBATCH lines and container mounts cannot carry",
+            "use a path of letters, digits, spaces and _./@+=~-",
         )
     ]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
@@ -27,6 +27,10 @@ class RunSpec:
     layout: topology.Layout
     cluster: ClusterSpec
     trainer: TrainerSpec
+    # the study file's directory, where its relative paths start (None: not read from a file); what a
+    # command template calls {{ study_dir }}. run.yaml does not need it (its paths are absolute), so it is
+    # no part of what a run is: a run read back from run.yaml is the same run
+    study_dir: str | None = field(default=None, compare=False)
 
     @property
     def time_limit(self) -> str:

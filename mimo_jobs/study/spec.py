@@ -11,7 +11,15 @@ import re
 import typing
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 import mimo_jobs.study.slurm_time as slurm_time
 from mimo_jobs.errors import MimoJobsError
@@ -254,13 +262,12 @@ class DataSpec(_Strict):
         {"packing", "packing_buffer_size", "max_tiles", "thumbnail", "stats"}
     )
     provider: Literal["mock", "energon"] = "mock"
-    path: str | None = None  # energon dataset dir or blend yaml
+    path: str | None = None  # energon dataset dir or blend yaml (relative: to the study file)
     num_workers: int = Field(0, ge=0, le=64)
     text_only_fraction: float = Field(0.25, ge=0, le=1)  # mock provider: share of samples with no image
     image_sizes: list[int] = Field(default_factory=lambda: [8, 12, 16])  # mock: square sides in pixels
-    tokenizer: str | None = (
-        None  # local HuggingFace tokenizer path (energon); built-in byte tokenizer if None
-    )
+    # local HuggingFace tokenizer directory (energon; relative: to the study file); built-in if None
+    tokenizer: str | None = None
     # energon: a corrupt/incomplete/too-long sample stops the run naming shard and key, or is skipped and counted
     on_bad_sample: Literal["error", "skip"] = "error"
     truncate_text: bool = False  # energon: cut text that does not fit seq_length (counted); images never cut
@@ -277,6 +284,16 @@ class DataSpec(_Strict):
     # `mimo-jobs data stats` JSON (relative: to the study file): predict and plan price its image and text
     # tokens; unset, they look beside data.path, else price one full-size image per sample
     stats: str | None = None
+
+    @field_validator("path", "tokenizer")
+    @classmethod
+    def _inputs(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # the one path rule (study/paths.py): taken from the study file's directory where a study is read;
+        # run.yaml records them absolute, so the trainer finds them from any working directory. Links are
+        # kept: data often lives inside a container's mounts, and an absolute path keeps its run id
+        if v is None or info.context is None:
+            return v
+        return _beside_study(v, info, follow_links=False)
 
     @field_validator("stats")
     @classmethod
@@ -349,25 +366,28 @@ class MegatronCheckpoint(_Strict):
     megatron: str = Field(min_length=1, max_length=4096)
 
 
-def absolute_path(path: str, base_dir=None) -> str:
-    """`path` made absolute: `~` expanded, a relative one taken from `base_dir` (when given), links resolved.
-    ValueError (which pydantic reports against the field) for a `~user` with no home or a symlink loop."""
+def absolute_path(path: str, base_dir=None, follow_links: bool = True) -> str:
+    """`path` made absolute: `~` expanded, a relative one taken from `base_dir` (when given), links resolved
+    (or, without `follow_links`, only `.` and `..` taken out: a path the trainer reads inside a container
+    must not become what a link on this machine points to). ValueError (which pydantic reports against the
+    field) for a `~user` with no home or a symlink loop."""
+    import os
     from pathlib import Path
 
     try:
         p = Path(path).expanduser()
         if not p.is_absolute() and base_dir is not None:
             p = Path(base_dir) / p
-        return str(p.resolve())
+        return str(p.resolve()) if follow_links else os.path.normpath(os.path.abspath(p))
     except RuntimeError as e:  # pathlib: "Could not determine home directory.", "Symlink loop from ..."
         raise ValueError(f"{path!r}: {str(e).rstrip('.')}") from None
     except OSError as e:
         raise ValueError(f"{path!r}: {e.strerror or e}") from None
 
 
-def _beside_study(path: str, info: ValidationInfo) -> str:
+def _beside_study(path: str, info: ValidationInfo, follow_links: bool = True) -> str:
     """An absolute path: a relative one is taken from the study file's directory (when validating one)."""
-    return absolute_path(path, (info.context or {}).get("base_dir"))
+    return absolute_path(path, (info.context or {}).get("base_dir"), follow_links)
 
 
 class InitSpec(_Strict):
@@ -393,10 +413,8 @@ class InitSpec(_Strict):
 
     @field_validator("checkpoint")
     @classmethod
-    def _checkpoint_dir(cls, v: str | None) -> str | None:
-        # run directories are relative to where mimo-jobs runs (--runs-dir), not to the study file
-
-        return v if v is None else absolute_path(v)
+    def _checkpoint_dir(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return v if v is None else _beside_study(v, info)
 
     @model_validator(mode="after")
     def _one_source(self) -> InitSpec:
@@ -602,6 +620,21 @@ class StudySpec(_Strict):
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     trainer: TrainerSpec
     matrix: MatrixSpec
+    # The directory of the study file this spec was read from (None: not read from a file). Not a field: it
+    # says where the study is, not what it runs; run ids name the study's paths relative to it
+    # (study/paths.py), and a command template reads it as {{ study_dir }}.
+    _study_dir: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _where(self, info: ValidationInfo) -> StudySpec:
+        base = (info.context or {}).get("base_dir")
+        if base is not None:
+            self._study_dir = absolute_path(str(base), follow_links=False)
+        return self
+
+    @property
+    def study_dir(self) -> str | None:
+        return self._study_dir
 
     def catalog_fields(self) -> dict:
         """The study as the store's `studies` row keeps it (store.catalog.StudyRecord's fields)."""

@@ -8,7 +8,7 @@ import yaml
 from test_study import minimal
 
 from mimo_jobs.study.load import load_study
-from mimo_jobs.study.spec import InitSpec, StudyError
+from mimo_jobs.study.spec import StudyError
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,7 @@ def test_bad_sources_are_refused_with_their_field(tmp_path, init, words):
     assert "trainer.init" in text and words in text, text
 
 
-def test_weights_are_found_beside_the_study_and_run_dirs_where_mimo_jobs_runs(tmp_path, monkeypatch):
+def test_every_source_is_found_beside_the_study_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "studies").mkdir()
     doc = minimal()
@@ -47,7 +47,10 @@ def test_weights_are_found_beside_the_study_and_run_dirs_where_mimo_jobs_runs(tm
     init = load_study(f, env={}).trainer.init
     assert init.llm.megatron == str(tmp_path / "studies" / "ckpts" / "llm")
     assert init.encoder == str(tmp_path / "studies" / "models" / "vit")
-    assert InitSpec(checkpoint="runs/s/a/checkpoints").checkpoint == str(tmp_path / "runs/s/a/checkpoints")
+    # a mimo-jobs checkpoint too (the one path rule, study/paths.py): ../runs from a study in studies/
+    doc["trainer"]["init"] = {"checkpoint": "../runs/s/a/checkpoints"}
+    f.write_text(yaml.safe_dump(doc))
+    assert load_study(f, env={}).trainer.init.checkpoint == str(tmp_path / "runs/s/a/checkpoints")
 
 
 def test_zero_iterations_only_convert(tmp_path):

@@ -379,19 +379,68 @@ def test_incomplete_setup_line_is_rejected(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_runs_root_with_unquotable_characters_is_rejected(tmp_path):
+@pytest.mark.parametrize("bad", ['"', "#", "\\", ","])
+def test_runs_root_with_unquotable_characters_is_rejected(tmp_path, bad):
+    root = tmp_path / f"my{bad}runs"
     with pytest.raises(RenderError) as e:
-        render_doc(two_node_doc(), tmp_path / "my runs")
-    assert e.value.problems[0].rule == "run-path" and "' '" in e.value.problems[0].message
-    assert not (tmp_path / "my runs").exists()
+        render_doc(two_node_doc(), root)
+    assert e.value.problems[0].rule == "run-path" and repr(bad) in e.value.problems[0].message
+    assert not root.exists()
+
+
+def sbatch_options(script: str) -> list[str]:
+    """The options sbatch reads from a script's #SBATCH lines, by the rule of slurm's src/sbatch/opt.c
+    (_get_options_from_script, _get_argument): header lines up to the first command; in each, arguments end
+    at whitespace outside double quotes, the quotes themselves are dropped, an unquoted '#' starts a
+    comment."""
+    out: list[str] = []
+    for line in script.splitlines()[1:]:
+        if line.strip() and not line.startswith("#"):
+            break  # the first command ends the header
+        if not line.startswith("#SBATCH"):
+            continue
+        rest, arg, quoted = line[len("#SBATCH") :], None, False
+        for ch in rest + " ":
+            if ch == '"':
+                quoted = not quoted
+                arg = arg or ""
+            elif not quoted and ch == "#":
+                break
+            elif not quoted and ch.isspace():
+                if arg is not None:
+                    out.append(arg)
+                arg = None
+            else:
+                arg = (arg or "") + ch
+        assert not quoted, f"unterminated quote in {line!r}"
+        if arg:
+            out.append(arg)
+    return out
+
+
+def test_runs_root_with_a_space_is_quoted_in_sbatch_lines(tmp_path):
+    (r,) = render_doc(two_node_doc(), tmp_path / "my runs")
+    text = r.sbatch_sh.read_text()
+    opts = sbatch_options(text)
+    log = str(RunDir(r.run_dir).slurm_out())
+    assert " " in log and f"--output={log}" in opts and f"--error={log}" in opts
+    assert "--partition=debug" in opts and "--job-name=two.2n-e1x2-l1x1x2-g2" in opts
+    subprocess.run(["bash", "-n", str(r.sbatch_sh)], check=True)
+    sc = shutil.which("shellcheck")
+    assert sc, "shellcheck missing: tests/run.sh installs the Debian package"
+    p = subprocess.run(
+        [sc, "--shell=bash", str(r.sbatch_sh), str(r.launch_sh)], capture_output=True, text=True
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
 
 
 # ---------------------------------------------------------------- sbatch.sh under a fake srun
 
 
-def test_sbatch_starts_one_launch_per_node_with_the_exact_torchrun_command(tmp_path, stubs):
+@pytest.mark.parametrize("root", ["runs", "my runs"])
+def test_sbatch_starts_one_launch_per_node_with_the_exact_torchrun_command(tmp_path, stubs, root):
     bin_dir, out = stubs
-    (r,) = render_doc(two_node_doc(), tmp_path / "runs")
+    (r,) = render_doc(two_node_doc(), tmp_path / root)
     env = clean_env(
         bin_dir,
         out,

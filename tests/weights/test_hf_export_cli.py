@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def _export(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -77,3 +79,84 @@ def test_an_output_inside_the_checkpoint_directory_is_refused(tmp_path):
     for inside in (ckpts / "iter_0000002" / "hf", ckpts / "iter_0000004.tmp", ckpts / "export"):
         line = _error_line(_export(str(ckpts), str(inside), "--to", "hf"))
         assert "inside the checkpoint directory" in line and not inside.exists(), line
+
+
+def _tokenizer(d: Path) -> Path:
+    """A small real HuggingFace tokenizer directory (built here, no download), with a model's config and
+    weights beside it that the export must not take for tokenizer files."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", "a", "red", "square"]
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    fast.save_pretrained(d)
+    (d / "config.json").write_text('{"model_type": "not-this-one"}')
+    (d / "model.safetensors").write_bytes(b"not copied")
+    return d
+
+
+@pytest.mark.slow
+def test_an_export_is_readable_by_the_group_and_carries_the_runs_tokenizer(tmp_path):
+    import os
+
+    from helpers.launch import worker_env
+    from helpers.trainer import assert_ok, make_run_yaml, run_torchrun
+
+    tok = _tokenizer(tmp_path / "tok")
+    trainer = {
+        "save_interval": 1,
+        "data": {"tokenizer": str(tok), "image_sizes": [8, 16]},
+        "lr": {"schedule": "constant"},
+    }
+    y = make_run_yaml(tmp_path / "run", gpn=2, gbs=2, iters=1, model="tiny-swiglu", trainer=trainer)
+    assert_ok(run_torchrun(y, 2, tmp_path / "run" / "metrics.jsonl"), "one iteration")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "mimo_jobs.cli", "export", str(tmp_path / "run" / "checkpoints"), str(out)]
+    env = worker_env()
+    p = subprocess.run(
+        ["sh", "-c", 'umask 022 && exec "$@"', "sh", *cmd, "--to", "hf"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    files = [f for f in out.rglob("*") if f.is_file()]
+    assert any(f.suffix == ".safetensors" for f in files)
+    assert {oct(f.stat().st_mode & 0o777) for f in files} == {"0o644"}
+    assert {oct(d.stat().st_mode & 0o777) for d in [out, *(f.parent for f in files)]} == {"0o755"}
+    copied = {f.name for f in (out / "llm").iterdir()} - {"config.json", "model.safetensors"}
+    assert copied == set(os.listdir(tok)) - {"config.json", "model.safetensors"}
+    assert "tokenizer.json" in copied
+    assert json.loads((out / "llm" / "config.json").read_text())["model_type"] != "not-this-one"
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(out / "llm").encode("a red square") == [4, 5, 6]
+    assert "tokenizer.json" in p.stdout
+
+
+def test_a_tokenizer_gone_since_the_run_is_one_line_and_nothing_is_written(tmp_path):
+    from helpers.trainer import make_run_yaml
+
+    ckpts = _checkpoint(tmp_path)
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    y = make_run_yaml(
+        tmp_path / "run",
+        gpn=2,
+        gbs=2,
+        iters=1,
+        model="tiny-swiglu",
+        trainer={"data": {"tokenizer": str(tok)}, "lr": {"schedule": "constant"}},
+    )
+    (ckpts / "iter_0000002" / "run.yaml").write_text(y.read_text())
+    (tok / "tokenizer.json").unlink()
+    tok.rmdir()
+    out = tmp_path / "out"
+    line = _error_line(_export(str(ckpts), str(out), "--to", "hf"))
+    assert f"trainer.data.tokenizer {str(tok)!r} does not exist any more" in line and not out.exists()

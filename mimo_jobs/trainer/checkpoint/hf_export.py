@@ -4,11 +4,16 @@
     OUT/encoder/    the vision tower as a CLIPVisionModel / SiglipVisionModel directory
     OUT/projector/  the MLP projector under its megatron-core names (no HF model has it)
 
+When the run names a HuggingFace tokenizer (trainer.data.tokenizer), its tokenizer files are copied into
+OUT/llm, so `AutoTokenizer.from_pretrained(OUT/llm)` gives the tokenizer the model was trained with.
+
 The checkpoint is read through its manifest and the per-rank files (the shard table every save records,
 reshard.py assembles full tensors from it, memory-mapped); names, layouts and config.json come from
 model/hf_weights.py. One full parameter is held at a time, and the output is written in shards of at most
 `max_shard_bytes`, so memory stays near one output shard. Everything is written into OUT.tmp-<pid> and
-renamed to OUT at the end: a failure leaves nothing at OUT.
+renamed to OUT at the end: a failure leaves nothing at OUT. Files get the mode a new file of the user has
+(0644 under umask 022): safetensors writes its files private (0600), which would hide an export from the
+group it is written for.
 """
 
 from __future__ import annotations
@@ -33,6 +38,22 @@ from mimo_jobs.model.hf_weights import (
 DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_SHARD_BYTES = 5 * 2**30  # HF's own default shard size (5 GB)
+# The files a HuggingFace tokenizer directory is made of (transformers' tokenization_utils_base.py and its
+# tokenizers' `vocab_files_names`); a model's weights and config.json beside them are not copied.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+)
 
 
 class ExportError(CheckpointError):
@@ -79,7 +100,8 @@ def export_hf(
     run_yaml = info.path / "run.yaml"
     if not run_yaml.is_file():
         raise ExportError(f"{run_yaml}: missing (the checkpoint does not say which model it holds)")
-    run, _ = load_run_yaml(run_yaml)
+    run, doc = load_run_yaml(run_yaml)
+    tokenizer = _tokenizer_files(run.trainer.data.tokenizer, doc, run_yaml)
     arch = arch_of(run.trainer.model)
     dtype = dtype or ("bfloat16" if run.trainer.precision == "bf16" else "float32")
     if dtype not in DTYPES:
@@ -106,6 +128,10 @@ def export_hf(
             if cfg is not None:
                 (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
                 written[side].append("config.json")
+        for f in tokenizer:
+            shutil.copyfile(f, tmp / "llm" / f.name)
+            written["llm"].append(f.name)
+        _user_modes(tmp)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
@@ -113,6 +139,52 @@ def export_hf(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return Exported(out, info.iteration, written)
+
+
+def _tokenizer_files(configured: str | None, doc: dict, run_yaml: Path) -> list[Path]:
+    """The tokenizer files of the run's trainer.data.tokenizer (none without one). A relative path, which only
+    a run.yaml of an older release records, is taken from the run directory, where the trainer ran."""
+    if not configured:
+        return []
+    where = Path((doc.get("paths") or {}).get("run_dir") or run_yaml.parent)
+    p = where / Path(configured).expanduser()
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise ExportError(
+            f"{run_yaml}: trainer.data.tokenizer {str(p)!r} does not exist any more; the export copies the "
+            "run's tokenizer: put it back there (or export from a run.yaml naming where it is now)"
+        )
+    found = [p / n for n in TOKENIZER_FILES if (p / n).is_file()]
+    if not found:
+        raise ExportError(
+            f"{run_yaml}: trainer.data.tokenizer {str(p)!r} holds none of the files of a HuggingFace "
+            f"tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...)"
+        )
+    return found
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux tells it (/proc/self/status: Umask)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)  # elsewhere: set and restore (no thread of this process creates files meanwhile)
+    os.umask(old)
+    return old
+
+
+def _user_modes(root: Path) -> None:
+    """Every file under `root` 0666 and every directory 0777, less the umask: what the user's own tools
+    would have made."""
+    mask = _umask()
+    for d, _dirs, files in os.walk(root):
+        os.chmod(d, 0o777 & ~mask)
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o666 & ~mask)
 
 
 def _plan_shards(layout: HFLayout, dtype: str, max_bytes: int) -> list[list[str]]:
