@@ -156,6 +156,12 @@ def _events(con, ids: list[str]) -> tuple[dict, dict, dict]:
     return events, starts, ends
 
 
+def job_events(con, keys: list[tuple[str, str]]) -> dict[tuple[str, str], list[EventRow]]:
+    """(run id, job id) -> the job's events that triage reads (as the report reads them), for `keys`."""
+    found = _events(con, sorted({rid for rid, _ in keys}))[0]
+    return {k: found[k] for k in keys if k in found}
+
+
 def _covers_store(con, ids: list[str]) -> bool:
     """True when the report covers every run of the store. The scans of `iterations` then need no per-row
     `run_id IN (...)` filter (a string test on millions of rows costs about as much as the aggregate

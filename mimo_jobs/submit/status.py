@@ -45,6 +45,24 @@ class RunStatus:
     checkpoint: int | None = (
         None  # iteration of the run's latest complete checkpoint (what a requeue resumes)
     )
+    superseded_by: str | None = None  # run id of the later attempt of the same point (store/attempts.py)
+
+    @property
+    def shown_superseded(self) -> bool:
+        """Shown as superseded: a later attempt replaced it and its own job no longer runs."""
+        return self.superseded_by is not None and (self.job is None or not self.job.active)
+
+
+def unfinished(statuses: list[RunStatus]) -> list[RunStatus]:
+    """The latest attempts (superseded runs left out) whose job did not complete: what makes `submit
+    --wait` and `demo` exit 1."""
+    from mimo_jobs.contract import jobstates
+
+    return [
+        s
+        for s in statuses
+        if s.superseded_by is None and (s.job is None or not jobstates.is_success(s.job.state))
+    ]
 
 
 def last_iteration_from_metrics(path: Path, job_id: str | None = None) -> tuple[int, float] | None:
@@ -80,13 +98,17 @@ def run_statuses(con, study: str | None = None) -> list[RunStatus]:
     rows = con.execute(
         q + (" WHERE study = ?" if study else "") + " ORDER BY study, idx, name", [study] if study else []
     ).fetchall()
+    from mimo_jobs.store.attempts import superseded
+
     latest = latest_jobs(con, [r[2] for r in rows])
+    later = superseded(con, study)
     last = _last_iterations(con, [r[2] for r in rows]) if rows else {}
     out = []
     for st, name, rid, nodes, run_dir, spec in rows:
         spec = json.loads(spec) if isinstance(spec, str) else (spec or {})
         job = latest.get(rid)
         rs = RunStatus(st, name, rid, nodes, run_dir, (spec.get("trainer") or {}).get("train_iters"), job)
+        rs.superseded_by = later.get(rid)
         if run_dir:
             rs.checkpoint = last_checkpoint_iteration(Path(run_dir), spec, con, rid)
         key = (rid, job.job_id if job is not None else None)  # a run without jobs: whatever was ingested
