@@ -52,7 +52,7 @@ def build(
             triage_rows.append(failure)
     infos: list[StudyInfo] = []
     parity_rows: list[ParityRow] = []
-    notes: list[str] = []
+    notes: list[str] = _superseded_notes(data.superseded)
     for name in names:
         srows = [x for x in rows if x.study == name]
         stored = data.studies[name]
@@ -96,6 +96,21 @@ def _select_studies(con, study: str | None) -> list[str]:
             f"no study {study!r} in the store; known: {', '.join(known) or '(none: run ingest)'}"
         )
     return [study] if study is not None else known
+
+
+def _superseded_notes(superseded: list[tuple[dict, str, str | None]]) -> list[str]:
+    """What the report says of the runs a later attempt of their point superseded: it reports the latest
+    attempt of each point only, and names the earlier ones it left out."""
+    if not superseded:
+        return []
+    gone = "; ".join(
+        f"{r['study']}/{r['name']} run {r['run_id']} ({state or 'no job'}) by run {by}"
+        for r, by, state in sorted(superseded, key=lambda x: (x[0]["study"], x[0]["name"], x[0]["run_id"]))
+    )
+    return [
+        f"latest attempt of each point only: {len(superseded)} earlier run(s) of the same name and layout "
+        f"superseded and left out: {gone}"
+    ]
 
 
 # -- per run

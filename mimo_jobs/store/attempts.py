@@ -60,4 +60,6 @@ def superseded(con, study: str | None = None) -> dict[str, str]:
             GROUP BY {cols}""",
         [study] if study else [],
     ).fetchall()
-    return superseding([Attempt(r[0], tuple(r[1:-2]), max(filter(None, r[-2:]), default=None)) for r in rows])
+    # a run's newest job says when it was submitted; created_at only when it has none (ingest writes the
+    # row when it first reads a run dir, which may be long after the run, in any order)
+    return superseding([Attempt(r[0], tuple(r[1:-2]), r[-1] or r[-2]) for r in rows])
