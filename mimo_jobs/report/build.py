@@ -245,8 +245,8 @@ def _steady_state(row: RunRow, a: tuple) -> None:
 def _throughput(row: RunRow) -> figures.Throughput:
     """Samples and tokens per second, in all and per GPU, at the median iteration time."""
     tp = figures.throughput(row.gbs, row.t_median_ms, row.seq_length, row.gpus)
-    row.samples_per_s, row.tokens_per_s = tp.samples_per_s, tp.tokens_per_s
-    row.samples_per_s_per_gpu, row.tokens_per_s_per_gpu = tp.samples_per_s_per_gpu, tp.tokens_per_s_per_gpu
+    row.samples_per_s, row.slots_per_s = tp.samples_per_s, tp.tokens_per_s
+    row.samples_per_s_per_gpu, row.slots_per_s_per_gpu = tp.samples_per_s_per_gpu, tp.tokens_per_s_per_gpu
     return tp
 
 
@@ -256,7 +256,7 @@ def _tokens(row: RunRow, sums: tuple) -> None:
     t = figures.token_rates(ms, carried, loss, image, n or 0, row.gbs, row.seq_length, row.gpus)
     if t is None:
         return
-    row.carried_tokens_per_s, row.carried_tokens_per_s_per_gpu = t.carried_per_s, t.carried_per_s_per_gpu
+    row.tokens_per_s, row.tokens_per_s_per_gpu = t.carried_per_s, t.carried_per_s_per_gpu
     row.loss_tokens_per_s_per_gpu, row.padded_share = t.loss_per_s_per_gpu, t.padded_share
     row.carried_tokens_per_sample, row.image_tokens_per_sample = t.carried_per_sample, t.image_per_sample
 

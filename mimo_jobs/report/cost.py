@@ -46,8 +46,8 @@ def apply(
             tok = carried.get(r.run_id)
             if tok:
                 r.gpu_hours_per_billion_tokens = r.gpu_hours / (tok / 1e9)
-        if budget and r.carried_tokens_per_s:
-            r.budget_hours = budget / r.carried_tokens_per_s / 3600
+        if budget and r.tokens_per_s:
+            r.budget_hours = budget / r.tokens_per_s / 3600
             r.budget_gpu_hours = r.budget_hours * r.gpus if r.gpus else None
     for s in infos:
         mine = [r for r in rows if r.study == s.name and r.gpu_hours is not None]

@@ -109,11 +109,11 @@ def run_cells(r: RunRow) -> list[str]:
         num(r.t_mean_ms),
         num(r.t_std_ms),
         num(r.samples_per_s, 2),
-        num(r.carried_tokens_per_s, 0),
-        num(r.carried_tokens_per_s_per_gpu, 1),
+        num(r.tokens_per_s, 0),
+        num(r.tokens_per_s_per_gpu, 1),
         num(r.loss_tokens_per_s_per_gpu, 1),
         pct(r.padded_share),
-        num(r.tokens_per_s_per_gpu, 1),
+        num(r.slots_per_s_per_gpu, 1),
         pct(r.mfu),
         "-" if r.efficiency is None else f"{r.efficiency:.3f}",
         loss(r.final_loss),
@@ -145,9 +145,7 @@ def phase_names(report: Report) -> list[str]:
 # What P(N), the throughput a study's runs are compared by, can be: the first every run with data has.
 # "tokens" are the carried tokens (the headline); "slots" count gbs x seq_length, padding included
 METRICS = ("tokens/s/GPU", "slots/s/GPU", "samples/s/GPU")
-_METRIC_FIELD = dict(
-    zip(METRICS, ("carried_tokens_per_s_per_gpu", "tokens_per_s_per_gpu", "samples_per_s_per_gpu"))
-)
+_METRIC_FIELD = dict(zip(METRICS, ("tokens_per_s_per_gpu", "slots_per_s_per_gpu", "samples_per_s_per_gpu")))
 
 
 def metric_of(runs: list[RunRow]) -> str:

@@ -73,5 +73,5 @@ def test_steady_state_time_without_a_global_batch_size(tmp_path):
     (run,) = rep.runs
     # steady state: after the first max(1, 10%) of 3 logged iterations -> iterations 200 and 300
     assert run.t_median_ms == pytest.approx((844.2 + 824.7) / 2)
-    assert run.tokens_per_s_per_gpu is None and run.samples_per_s is None
+    assert run.slots_per_s_per_gpu is None and run.samples_per_s is None
     assert any("no global batch size" in f for f in run.flags)
