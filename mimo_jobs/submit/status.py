@@ -3,6 +3,8 @@ the tail of metrics.jsonl for runs not ingested yet) and the iteration its lates
 
 Progress is the latest job's own: while a retry or requeue waits or starts, the iterations an earlier attempt
 logged are not its progress (the checkpoint column says where it resumes), so it shows none until it logs one.
+A job that completed without logging one (it resumed from a checkpoint of the last iteration) shows where the
+run ended.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from mimo_jobs.contract import jobstates
 from mimo_jobs.contract.rundir import RunDir
 
 from .jobs_table import JobRow, latest_jobs
@@ -56,8 +59,6 @@ class RunStatus:
 def unfinished(statuses: list[RunStatus]) -> list[RunStatus]:
     """The latest attempts (superseded runs left out) whose job did not complete: what makes `submit
     --wait` and `demo` exit 1."""
-    from mimo_jobs.contract import jobstates
-
     return [
         s
         for s in statuses
@@ -118,6 +119,15 @@ def run_statuses(con, study: str | None = None) -> list[RunStatus]:
             m = last_iteration_from_metrics(RunDir(Path(run_dir)).metrics, key[1])
             if m:
                 rs.iteration, rs.loss, rs.iter_source = m[0], m[1], "metrics.jsonl"
+        if (
+            rs.iteration is None
+            and job is not None
+            and jobstates.is_success(job.state)
+            and (rid, None) in last
+        ):
+            # a job that completed without an iteration of its own resumed from a checkpoint holding all of
+            # them (an earlier attempt was cancelled as it saved its last one): the run ended where it got
+            rs.iteration, rs.loss, rs.iter_source = *last[(rid, None)], "store"
         out.append(rs)
     return out
 

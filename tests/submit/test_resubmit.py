@@ -8,6 +8,7 @@ output of the trainer refusing its run.yaml (tests/submit/fixtures/torchrun_bad_
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,37 @@ def test_a_failed_run_then_its_fix(ws):
         else:
             assert "COMPLETED" in ln and "superseded" not in ln
     assert [r["state"] for r in job_rows(ws["db"], "fix")].count("COMPLETED") == 2
+
+
+def test_a_job_is_recorded_ended_only_after_its_iterations_are_ingested(ws, monkeypatch):
+    """The refresh that sees a job end reads its run dir before it records the end: no reader (and no
+    command stopped between the two writes) sees a COMPLETED run without the iterations it logged."""
+    from mimo_jobs.ingest import pipeline
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.submit import service
+
+    study = write_study(ws["dir"] / "o.yaml", "order", [{"nodes": 1}], env={"FAKE_ITERS": 3, "FAKE_SLEEP": 1})
+    submit_fake(ws, study)
+    seen = []
+
+    def ingest(con, rds) -> None:
+        seen.append(con.execute("SELECT state FROM jobs").fetchone()[0])  # what a reader sees meanwhile
+        pipeline.ingest_paths(con, [rd.root for rd in rds])
+
+    for k, v in ws["env"].items():  # the local executor's slots of this workspace
+        monkeypatch.setenv(k, v)
+    deadline = time.monotonic() + 300  # only catches a hang
+    while True:
+        con = store.connect(ws["db"])
+        try:
+            service.refresh(con, "order", service.Follow(ingest=ingest))
+            state, iters = con.execute(
+                "SELECT j.state, (SELECT count(*) FROM iterations) FROM jobs j"
+            ).fetchone()
+        finally:
+            con.close()
+        if state == "COMPLETED" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert (state, iters) == ("COMPLETED", 3)
+    assert seen and seen[0] in ("RUNNING", "PENDING", "SUBMITTED"), seen
