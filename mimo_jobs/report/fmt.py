@@ -97,10 +97,23 @@ TOKENS_NOTE = (
 )
 
 
-def run_cells(r: RunRow) -> list[str]:
+def names_repeat(runs: list[RunRow]) -> bool:
+    """Whether two runs of one study share a name (runs known from their logs keep a file's name): the runs
+    table then says each run's id."""
+    names = [(r.study, r.name) for r in runs]
+    return len(set(names)) < len(names)
+
+
+def run_headers(with_id: bool = False) -> list[str]:
+    """RUN_HEADERS, with a "run id" column after the run's name when names repeat."""
+    return RUN_HEADERS[:2] + ["run id"] + RUN_HEADERS[2:] if with_id else list(RUN_HEADERS)
+
+
+def run_cells(r: RunRow, with_id: bool = False) -> list[str]:
     return [
         r.study,
         r.name,
+        *([r.run_id] if with_id else []),
         num(r.nodes),
         num(r.gpus),
         r.state,

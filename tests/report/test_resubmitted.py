@@ -40,3 +40,30 @@ def test_compare_matches_the_completed_attempts(tmp_path):
     by = {r.other_run: r for r in v.rows}
     assert by[TP2].time_ratio == pytest.approx(2.0) and by[TP2].regressions
     assert by[HET].time_ratio == pytest.approx(1.0) and not by[HET].regressions
+
+
+def test_runs_of_one_name_get_a_run_id_column(tmp_path):
+    """Two loose logs of one name (train.log of two directories) are two runs of study `logs` under one
+    name: every rendering of the runs table says which is which."""
+    import shutil
+
+    from helpers.ingest_runs import FIXTURES
+    from mimo_jobs.ingest import pipeline
+    from mimo_jobs.report import build
+    from mimo_jobs.report.render_text import render_md
+    from mimo_jobs.store import connection as store
+
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        shutil.copy(FIXTURES / "megatron_upstream.log", tmp_path / d / "train.log")
+    con = store.connect(tmp_path / "s.duckdb")
+    try:
+        pipeline.ingest_paths(con, [tmp_path / "a" / "train.log", tmp_path / "b" / "train.log"])
+        rep = build(con, "logs")
+    finally:
+        con.close()
+    assert [r.name for r in rep.runs] == ["train", "train"]
+    ids = {r.run_id for r in rep.runs}
+    assert len(ids) == 2
+    for text in (render(rep, "table"), render_md(rep), render(rep, "html")):
+        assert "run id" in text and all(i in text for i in ids)
