@@ -134,7 +134,7 @@ def failing_lines(con, statuses) -> dict[tuple[str, str], str]:
     keys = [
         (s.run_id, s.job.job_id)
         for s in statuses
-        if s.job is not None and not s.job.active and not _is_success(s.job.state)
+        if s.job is not None and not s.job.active and not _is_success(s.job.state) and not s.shown_superseded
     ]
     found = job_events(con, keys)
     return {k: triage(found[k]).reason for k in keys if found.get(k)}

@@ -92,7 +92,7 @@ def versus(
         by_key[layout_key(r)].append(r)
     mem_b, mem_o = memory_peaks(base), memory_peaks(other)
     rows, unmatched = [], []
-    for o in sorted(other.runs, key=_first_choice):
+    for o in sorted(other.runs, key=lambda x: (x.name, *_first_choice(x))):
         cands = by_key.get(layout_key(o))
         if not cands:
             unmatched.append(f"{other_name}: {o.name}: no run of layout {_key_text(o)} in {base_name}")
