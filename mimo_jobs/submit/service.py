@@ -495,7 +495,8 @@ def _news(row: jobs_table.JobRow, f: jobs_table.JobFacts) -> bool:
 
 def refresh(con, study: str | None = None, follow: Follow = Follow()) -> list[str]:
     """Poll the scheduler, ingest (follow.ingest) the run dirs of jobs that ended (before their end is
-    recorded) or wait to be settled, then settle those jobs from their stored events. Returns the run ids whose job ended in this call."""
+    recorded) or wait to be settled, then settle those jobs from their stored events. Returns the run ids
+    whose job ended in this call."""
     rdirs = _run_dirs(con, study)
     ended = poll(con, study, rdirs, follow.ingest)
     unsettled = [r for r in jobs_table.unsettled_jobs(con) if r.run_id in rdirs]
