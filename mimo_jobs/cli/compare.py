@@ -26,7 +26,7 @@ def compare_cmd(
     equal samples, with each side's code version; regressions beyond the noise are flagged (exit 1)."""
     from mimo_jobs.report import build
     from mimo_jobs.report.render_versus import FORMATS, render
-    from mimo_jobs.report.versus import versus
+    from mimo_jobs.report.versus import compared, versus
     from mimo_jobs.store.connection import LONG_WAIT_S, connect, db_path
 
     if fmt not in FORMATS:
@@ -51,6 +51,13 @@ def compare_cmd(
     else:
         path = _write(out, text, fmt)
         typer.echo(f"wrote {path}")
+    if not compared(v):  # no verdict at all is no pass
+        fail(
+            f"nothing compared: {len(v.rows)} run(s) matched by layout, none with a steady-state time on both "
+            f"sides; {len(v.unmatched)} unmatched",
+            where=f"compare {other} against {base}",
+            code=1,
+        )
     if any(r.regressions for r in v.rows):
         raise typer.Exit(1)
 

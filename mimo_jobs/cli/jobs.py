@@ -68,13 +68,19 @@ def _refresh(con, study: str | None) -> list[str]:
     return service.refresh(con, study, service.Follow(ingest=_ingest_runs, explain=_explain))
 
 
-def status_table(statuses, title: str):
+def status_table(statuses, title: str, failing: dict | None = None):
+    """The runs' table; `failing`: (run id, job id) -> the failing line triage found in the job's events.
+    A name that several runs share (a resubmission) gets a run id column; a superseded run says so."""
     from rich.table import Table
     from rich.text import Text
 
+    failing = failing or {}
+    names = [(s.study, s.run) for s in statuses]
+    repeated = len(set(names)) < len(names)
     t = Table(title=title, title_justify="left")
     for col, just in (
         ("run", "left"),
+        *((("run id", "left"),) if repeated else ()),
         ("nodes", "right"),
         ("executor", "left"),
         ("job", "left"),
@@ -93,12 +99,18 @@ def status_table(statuses, title: str):
         loss = "-" if s.loss is None else f"{s.loss:.4f}"
         reason = ""
         if j is not None and not j.active and not _is_success(j.state):
-            reason = (j.reason or "") + (f" | {j.first_error}" if j.first_error else "")
+            why = failing.get((s.run_id, j.job_id)) or j.first_error
+            reason = (j.reason or "") + (f" | {why}" if why else "")
         elif j is not None and j.active and j.executor == "local" and j.reason:
             reason = j.reason  # a local job whose runner disappeared while its processes run on
         state = Text(j.state if j else "not submitted", style=_style(j.state if j else None))
+        if s.shown_superseded:
+            state = Text("superseded", style="dim")
+            was = j.state if j else "not submitted"
+            reason = f"{was}; latest attempt: run {s.superseded_by}"
         t.add_row(
             _plain(s.run if len(statuses) < 2 or s.study == statuses[0].study else f"{s.study}/{s.run}"),
+            *((_plain(s.run_id),) if repeated else ()),
             "-" if s.nodes is None else str(s.nodes),
             j.executor if j else "-",
             _plain(j.job_id if j else "-"),
@@ -111,6 +123,21 @@ def status_table(statuses, title: str):
             _plain(reason),
         )
     return t
+
+
+def failing_lines(con, statuses) -> dict[tuple[str, str], str]:
+    """(run id, job id) -> the failing line of each ended, failed job: report triage's verdict on the
+    events ingest stored for the job (the rank and its exception line), where it stored any."""
+    from mimo_jobs.report.queries import job_events
+    from mimo_jobs.report.triage import triage
+
+    keys = [
+        (s.run_id, s.job.job_id)
+        for s in statuses
+        if s.job is not None and not s.job.active and not _is_success(s.job.state) and not s.shown_superseded
+    ]
+    found = job_events(con, keys)
+    return {k: triage(found[k]).reason for k in keys if found.get(k)}
 
 
 def _is_success(state: str | None) -> bool:
@@ -181,9 +208,10 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
     if not out.is_terminal:
         # A pipe or a file gets the final table once and a whole progress line: rich's live display
         # would end its bar without a newline, running it into whatever is printed next.
-        while not _all_ended(sts := _poll(db, study)):
+        while not _all_ended((sts := _poll(db, study))[0]):
             time.sleep(interval)
-        out.print(status_table(sts, title))
+        sts, failing = sts
+        out.print(status_table(sts, title, failing))
         out.print(f"{study or 'all studies'}: runs ended {_ended(sts)}/{len(sts)}", markup=False)
         return sts
     progress = Progress(
@@ -192,23 +220,24 @@ def follow(db: Path | None, study: str | None, title: str, interval: float = 2.0
     task = progress.add_task(f"{study or 'all studies'}: runs ended", total=None)
     with Live(console=out, refresh_per_second=4, transient=False) as live:
         while True:
-            sts = _poll(db, study)
+            sts, failing = _poll(db, study)
             progress.update(task, total=len(sts), completed=_ended(sts))
-            live.update(Group(status_table(sts, title), progress))
+            live.update(Group(status_table(sts, title, failing), progress))
             if _all_ended(sts):
                 return sts
             time.sleep(interval)
 
 
-def _poll(db: Path | None, study: str | None) -> list:
-    """One refresh of the store from the scheduler, and the runs' statuses."""
+def _poll(db: Path | None, study: str | None) -> tuple[list, dict]:
+    """One refresh of the store from the scheduler, the runs' statuses and their failing lines."""
     from mimo_jobs.store.connection import connect
     from mimo_jobs.submit import status
 
     con = connect(db)
     try:
         _refresh(con, study)
-        return status.run_statuses(con, study)
+        sts = status.run_statuses(con, study)
+        return sts, failing_lines(con, sts)
     finally:
         con.close()
 
@@ -238,7 +267,9 @@ def submit(
     runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help=RUNS_HELP),  # noqa: UP045
     db: Optional[Path] = typer.Option(None, "--db", help=DB_HELP),  # noqa: UP045
     wait: bool = typer.Option(
-        False, "--wait", help="Follow the jobs until they end; exit 1 if one did not complete."
+        False,
+        "--wait",
+        help="Follow the jobs until they end; exit 1 if the latest attempt of a run did not complete.",
     ),
     templates: Optional[Path] = typer.Option(  # noqa: UP045
         None, "--templates", help="Directory whose sbatch.sh.j2 / launch.sh.j2 override the packaged ones."
@@ -257,8 +288,10 @@ def submit(
         return
     _submit_for_real(diag, runs, root, ex_name, templates, db, force)
     if wait:
+        from mimo_jobs.submit.status import unfinished
+
         sts = follow(db, diag.study.name, f"{diag.study.name} ({db_path(db)})")
-        if any(s.job is None or not _is_success(s.job.state) for s in sts):
+        if unfinished(sts):  # the latest attempt of each point: an earlier, superseded failure does not count
             raise typer.Exit(EXIT_FAILED)
 
 
@@ -409,7 +442,7 @@ def status(
     _refresh(con, name)
     statuses = run_status.run_statuses(con, name)
     out = console()
-    out.print(status_table(statuses, title))
+    out.print(status_table(statuses, title, failing_lines(con, statuses)))
     for link in study_links(con, name):  # runs that started from another run's checkpoint
         out.print(visible(f"lineage: {link.line()}"), markup=False, soft_wrap=True)
     for cmd in run_status.tensorboard_commands(statuses):
@@ -470,7 +503,9 @@ def demo(
             fail(str(e), "demo: report", EXIT_FAILED)
     finally:
         con.close()
-    bad = [s for s in sts if s.job is None or not _is_success(s.job.state)]
+    from mimo_jobs.submit.status import unfinished
+
+    bad = unfinished(sts)
     if bad:
         fail(
             ", ".join(f"{s.run} {s.job.state if s.job else 'not submitted'}" for s in bad),

@@ -117,6 +117,10 @@ _VICTIM_MSG_RE = re.compile(
     r"remote process exited|Broken pipe|failed to recv|ncclRemoteError",
     re.I,
 )
+# How the trainer says why it stopped without a traceback (a bad run.yaml, a refused checkpoint: an error
+# meant for a person, main.py's exit 2 or 1): ingest reads such a line as the rank's own failure.
+TRAINER_ERROR = "mimo-jobs trainer: error: "
+
 _LAUNCHER_EXCEPTION_RE = re.compile(r"\bChildFailedError\b")
 
 

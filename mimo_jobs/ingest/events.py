@@ -60,6 +60,7 @@ TRIGGERS = (
     "illegal memory access",
     "Xid (",  # the driver's "NVRM: Xid (PCI:0000:3b:00): 79, ..." (triggers are 4+ bytes)
     "CC error",  # "uncorrectable ECC error"
+    K.TRAINER_ERROR,  # the trainer's own error line (no traceback follows it)
 )
 # A traceback's last line names the exception; ingest only sees candidate lines, so these make the
 # exception lines of tracebacks candidates too (a custom exception without these words is reported as a
@@ -199,6 +200,8 @@ def _checkpoint(text: str, low: str) -> list[str]:
 
 
 def _process_end(text: str) -> list[str]:
+    if K.TRAINER_ERROR in text:  # the rank's own failure, worded by the trainer instead of a traceback
+        return [K.TRACEBACK]
     out = [
         k
         for k, word in ((K.SEGFAULT, "Segmentation fault"), (K.TASK_EXIT, "Exited with exit code"))
@@ -438,13 +441,14 @@ _ERROR_LINE = re.compile(
     r"^\s*(?:\[?rank\d+\]?:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)|error|Error|ERROR|FATAL|"
     r"fatal|Killed|Segmentation fault)\b"
 )
-_FIRST_ERROR_KINDS = (K.OOM, K.SEGFAULT, K.TIME_LIMIT, K.NODE_FAIL, K.PREEMPTION)
+_FIRST_ERROR_KINDS = (K.TRACEBACK, K.OOM, K.SEGFAULT, K.TIME_LIMIT, K.NODE_FAIL, K.PREEMPTION)
 
 
 def first_error(text: str) -> str | None:
     """What went wrong in a log, in one line, by the order of evidence triage uses too:
     1. a traceback's exception line (not a victim's: a peer timeout is a consequence; not the launcher's
-       ChildFailedError, which only says a child failed), or an OOM/segfault/scheduler event line;
+       ChildFailedError, which only says a child failed), the trainer's own error line, or an
+       OOM/segfault/scheduler event line;
     2. a signal death in torchrun's root-cause summary (it leaves no traceback), where it appears;
     3. else torchrun's root cause with an exit code, then the first error-looking line, then the launcher's
        bare exception line; None when there is none."""

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from . import events, iterline
 from .events import Event, TracebackTracker
-from .origin import Origin, PathInfo, split_origin
+from .origin import Origin, PathInfo, split_origin, srun_label
 from .readers import FileState
 from .runs import RunCtx
 from .staging import measured_time, storable_int
@@ -36,20 +36,22 @@ class LineHandler:
         # an entry of torchrun's summary being read, [line_no, kind, field lines]: the "Root Cause" entry
         # (child_failed) or one of its "Failures:" list (child_failed_other)
         self._entry: list | None = None
+        # an iteration line srun --label cut before its closing '|', waiting for the rest: (task, head, line,
+        # line number). srun splits a long line into two labelled lines; the second part comes next from
+        # that task (other tasks' lines may come between) and holds "iteration" (its "number of skipped
+        # iterations"), so both scanners hand it over.
+        self._cut: tuple[int, tuple, str, int] | None = None
         self._resume(st.open_blocks)
 
     def fast(self) -> bool:
-        """Whether iteration lines may skip the origin/traceback bookkeeping (the C scanner's fast mode)."""
-        return not self.tracker.pending and self._entry is None
+        """Whether iteration lines may skip the origin/traceback bookkeeping (the C scanner's fast mode).
+        Not while a cut line waits: every candidate line must come here to be joined to it or end it."""
+        return not self.tracker.pending and self._entry is None and self._cut is None
 
     def line(self, line_no: int, line: str) -> None:
         """One candidate line (1-based number, no newline)."""
-        if self.fast() and iterline.ITERATION_TRIGGER in line:
-            # the bulk of a big log: an iteration line needs no origin (the head regex skips prefixes)
-            head = iterline.iteration_head(line)
-            if head is not None:
-                self._iteration(head, line, line_no)
-                return
+        if self._continued(line) or self._fast_iteration(line_no, line):
+            return
         origin, body = split_origin(line)
         if body.startswith(_LAUNCHER_WORDS):
             origin = Origin()  # srun labels what slurmstepd and srun print too: the label is no writer
@@ -83,7 +85,9 @@ class LineHandler:
 
     def finish(self) -> None:
         """End of the file's complete lines: blocks still open become events, and are kept in the file's
-        state: if the file grows, the next ingest goes on with them and replaces those events."""
+        state: if the file grows, the next ingest goes on with them and replaces those events. A cut
+        iteration line still waiting for its rest is a garbled line."""
+        self._end_cut()
         tracebacks = self.tracker.state()
         self.st.open_blocks = (
             {"tracebacks": tracebacks, "entry": self._entry} if tracebacks or self._entry else None
@@ -104,9 +108,48 @@ class LineHandler:
 
     # ------------------------------------------------------------------------------------- iterations
 
-    def _iteration(self, head: tuple, text: str, line_no: int) -> None:
+    def _fast_iteration(self, line_no: int, line: str) -> bool:
+        """The bulk of a big log: an iteration line needs no origin (the head regex skips prefixes)."""
+        if not (self.fast() and iterline.ITERATION_TRIGGER in line):
+            return False
+        head = iterline.iteration_head(line)
+        if head is None:
+            return False
+        self._iteration(head, line, line_no)
+        return True
+
+    def _continued(self, line: str) -> bool:
+        """Whether `line` is the rest of the waiting cut line (then the joined line is handled). A line of
+        the same task that is not ends the wait (the cut line is garbled); other tasks' lines pass."""
+        if self._cut is None:
+            return False
+        task, head, cut, line_no = self._cut
+        label = srun_label(line)
+        if label is None or label[0] != task:
+            return False
+        rest = label[1]
+        if iterline.iteration_head(rest) is not None or not rest.rstrip().endswith("|"):
+            self._end_cut()
+            return False
+        self._cut = None
+        self._iteration(head, cut + rest, line_no, joinable=False)
+        return True
+
+    def _end_cut(self) -> None:
+        if self._cut is not None:
+            _, head, cut, line_no = self._cut
+            self._cut = None
+            self._iteration(head, cut, line_no, joinable=False)
+
+    def _iteration(self, head: tuple, text: str, line_no: int, joinable: bool = True) -> None:
         it, total, ts, end = head
         st = self.st
+        if joinable and self.want_iters and not text[end:].rstrip().endswith("|"):
+            label = srun_label(text)
+            if label is not None:  # srun may have split it: its rest may follow (_continued)
+                self._end_cut()
+                self._cut = (label[0], head, text, line_no)
+                return
         if storable_int(it, "INTEGER") is None:
             st.bad += 1  # an iteration number the store cannot hold: a garbled line
             return

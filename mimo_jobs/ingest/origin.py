@@ -61,6 +61,17 @@ def split_origin(line: str) -> tuple[Origin, str]:
     return Origin(task, local, rank), line[pos:]
 
 
+# srun --label's "N: " as it starts a line; a line srun split in two starts its second part with the label
+# again, which the cut may leave without its space ("3:55E+01 | ...").
+_LABEL_RE = re.compile(r"[ \t]*(\d{1,6}):(?: |(?=\S))")
+
+
+def srun_label(line: str) -> tuple[int, str] | None:
+    """(task, the text after the label) of a line srun --label wrote, else None."""
+    m = _LABEL_RE.match(line)
+    return (int(m.group(1)), line[m.end() :]) if m else None
+
+
 _RANK_PATH_RE = re.compile(
     r"(?:^|/)job-(?P<job>[^/]+)/node-(?P<node>\d+)/(?:[^/]+/)?attempt_(?P<attempt>\d+)/(?P<local>\d+)/"
     r"(?P<stream>stdout|stderr|error)\.(?:log|json)$"

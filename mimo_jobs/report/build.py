@@ -52,7 +52,7 @@ def build(
             triage_rows.append(failure)
     infos: list[StudyInfo] = []
     parity_rows: list[ParityRow] = []
-    notes: list[str] = []
+    notes: list[str] = _superseded_notes(data.superseded)
     for name in names:
         srows = [x for x in rows if x.study == name]
         stored = data.studies[name]
@@ -96,6 +96,21 @@ def _select_studies(con, study: str | None) -> list[str]:
             f"no study {study!r} in the store; known: {', '.join(known) or '(none: run ingest)'}"
         )
     return [study] if study is not None else known
+
+
+def _superseded_notes(superseded: list[tuple[dict, str, str | None]]) -> list[str]:
+    """What the report says of the runs a later attempt of their point superseded: it reports the latest
+    attempt of each point only, and names the earlier ones it left out."""
+    if not superseded:
+        return []
+    gone = "; ".join(
+        f"{r['study']}/{r['name']} run {r['run_id']} ({state or 'no job'}) by run {by}"
+        for r, by, state in sorted(superseded, key=lambda x: (x[0]["study"], x[0]["name"], x[0]["run_id"]))
+    )
+    return [
+        f"latest attempt of each point only: {len(superseded)} earlier run(s) of the same name and layout "
+        f"superseded and left out: {gone}"
+    ]
 
 
 # -- per run
@@ -230,8 +245,8 @@ def _steady_state(row: RunRow, a: tuple) -> None:
 def _throughput(row: RunRow) -> figures.Throughput:
     """Samples and tokens per second, in all and per GPU, at the median iteration time."""
     tp = figures.throughput(row.gbs, row.t_median_ms, row.seq_length, row.gpus)
-    row.samples_per_s, row.tokens_per_s = tp.samples_per_s, tp.tokens_per_s
-    row.samples_per_s_per_gpu, row.tokens_per_s_per_gpu = tp.samples_per_s_per_gpu, tp.tokens_per_s_per_gpu
+    row.samples_per_s, row.slots_per_s = tp.samples_per_s, tp.tokens_per_s
+    row.samples_per_s_per_gpu, row.slots_per_s_per_gpu = tp.samples_per_s_per_gpu, tp.tokens_per_s_per_gpu
     return tp
 
 
@@ -241,7 +256,7 @@ def _tokens(row: RunRow, sums: tuple) -> None:
     t = figures.token_rates(ms, carried, loss, image, n or 0, row.gbs, row.seq_length, row.gpus)
     if t is None:
         return
-    row.carried_tokens_per_s, row.carried_tokens_per_s_per_gpu = t.carried_per_s, t.carried_per_s_per_gpu
+    row.tokens_per_s, row.tokens_per_s_per_gpu = t.carried_per_s, t.carried_per_s_per_gpu
     row.loss_tokens_per_s_per_gpu, row.padded_share = t.loss_per_s_per_gpu, t.padded_share
     row.carried_tokens_per_sample, row.image_tokens_per_sample = t.carried_per_sample, t.image_per_sample
 

@@ -24,14 +24,14 @@ LOSS_NOISE = figures.PARITY_TOLERANCE
 def perf(x: RunRow, carried: bool = True) -> float | None:
     """A run's per-GPU throughput: carried tokens/s (when counted and `carried`), else the batch's slots,
     else samples."""
-    if carried and x.carried_tokens_per_s_per_gpu is not None:
-        return x.carried_tokens_per_s_per_gpu
-    return x.tokens_per_s_per_gpu if x.tokens_per_s_per_gpu is not None else x.samples_per_s_per_gpu
+    if carried and x.tokens_per_s_per_gpu is not None:
+        return x.tokens_per_s_per_gpu
+    return x.slots_per_s_per_gpu if x.slots_per_s_per_gpu is not None else x.samples_per_s_per_gpu
 
 
 def all_carried(runs: list[RunRow]) -> bool:
     """Carried tokens compare runs only when every one of them has them counted."""
-    return all(x.carried_tokens_per_s_per_gpu is not None for x in runs)
+    return all(x.tokens_per_s_per_gpu is not None for x in runs)
 
 
 def compare_layouts(rows: list[RunRow]) -> None:

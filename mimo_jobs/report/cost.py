@@ -26,7 +26,7 @@ def apply(
             tok = carried.get(r.run_id)
             if tok:
                 r.gpu_hours_per_billion_tokens = r.gpu_hours / (tok / 1e9)
-        b = to_budget(budget, r.carried_tokens_per_s, r.gpus or 0, r.nodes or 0) if budget else None
+        b = to_budget(budget, r.tokens_per_s, r.gpus or 0, r.nodes or 0) if budget else None
         if b is not None:
             r.budget_hours = b.hours
             r.budget_gpu_hours = b.gpu_hours if r.gpus else None

@@ -97,10 +97,23 @@ TOKENS_NOTE = (
 )
 
 
-def run_cells(r: RunRow) -> list[str]:
+def names_repeat(runs: list[RunRow]) -> bool:
+    """Whether two runs of one study share a name (runs known from their logs keep a file's name): the runs
+    table then says each run's id."""
+    names = [(r.study, r.name) for r in runs]
+    return len(set(names)) < len(names)
+
+
+def run_headers(with_id: bool = False) -> list[str]:
+    """RUN_HEADERS, with a "run id" column after the run's name when names repeat."""
+    return RUN_HEADERS[:2] + ["run id"] + RUN_HEADERS[2:] if with_id else list(RUN_HEADERS)
+
+
+def run_cells(r: RunRow, with_id: bool = False) -> list[str]:
     return [
         r.study,
         r.name,
+        *([r.run_id] if with_id else []),
         num(r.nodes),
         num(r.gpus),
         r.state,
@@ -109,11 +122,11 @@ def run_cells(r: RunRow) -> list[str]:
         num(r.t_mean_ms),
         num(r.t_std_ms),
         num(r.samples_per_s, 2),
-        num(r.carried_tokens_per_s, 0),
-        num(r.carried_tokens_per_s_per_gpu, 1),
+        num(r.tokens_per_s, 0),
+        num(r.tokens_per_s_per_gpu, 1),
         num(r.loss_tokens_per_s_per_gpu, 1),
         pct(r.padded_share),
-        num(r.tokens_per_s_per_gpu, 1),
+        num(r.slots_per_s_per_gpu, 1),
         pct(r.mfu),
         "-" if r.efficiency is None else f"{r.efficiency:.3f}",
         loss(r.final_loss),
@@ -145,9 +158,7 @@ def phase_names(report: Report) -> list[str]:
 # What P(N), the throughput a study's runs are compared by, can be: the first every run with data has.
 # "tokens" are the carried tokens (the headline); "slots" count gbs x seq_length, padding included
 METRICS = ("tokens/s/GPU", "slots/s/GPU", "samples/s/GPU")
-_METRIC_FIELD = dict(
-    zip(METRICS, ("carried_tokens_per_s_per_gpu", "tokens_per_s_per_gpu", "samples_per_s_per_gpu"))
-)
+_METRIC_FIELD = dict(zip(METRICS, ("tokens_per_s_per_gpu", "slots_per_s_per_gpu", "samples_per_s_per_gpu")))
 
 
 def metric_of(runs: list[RunRow]) -> str:

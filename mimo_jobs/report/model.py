@@ -28,14 +28,14 @@ class RunRow:
     t_mean_ms: float | None = None
     t_std_ms: float | None = None
     samples_per_s: float | None = None
-    tokens_per_s: float | None = None  # gbs * seq_length slots (padding included) at the median time
+    slots_per_s: float | None = None  # gbs * seq_length slots (padding included) at the median time
     samples_per_s_per_gpu: float | None = None
-    tokens_per_s_per_gpu: float | None = None  # slots, as tokens_per_s
+    slots_per_s_per_gpu: float | None = None  # slots, as slots_per_s
     # over the window's iterations with counted tokens: sum of carried tokens / sum of their times (the
-    # headline), loss-bearing tokens the same way, the share of the gbs * seq_length slots that was padding,
-    # image tokens per sample (None where the trainer did not count them)
-    carried_tokens_per_s: float | None = None
-    carried_tokens_per_s_per_gpu: float | None = None
+    # headline, named as the text's "tokens/s"), loss-bearing tokens the same way, the share of the gbs *
+    # seq_length slots that was padding, image tokens per sample (None where the trainer did not count them)
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
     loss_tokens_per_s_per_gpu: float | None = None
     padded_share: float | None = None
     image_tokens_per_sample: float | None = None

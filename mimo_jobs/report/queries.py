@@ -40,6 +40,9 @@ class StoreData:
     starts: dict[str, list[str]]  # run -> messages of its start events
     ends: dict[tuple[str, str], str]  # (run, job) -> the reason its end event gives
     nonfinite: dict[str, int] = field(default_factory=dict)  # run -> iterations with a NaN/Inf loss or grad
+    # the runs a later attempt of their point superseded (store/attempts.py), left out of everything above:
+    # (their `runs` row, the run id of the latest attempt, the state of their latest job)
+    superseded: list[tuple[dict, str, str | None]] = field(default_factory=list)
 
 
 def study_names(con) -> list[str]:
@@ -49,7 +52,7 @@ def study_names(con) -> list[str]:
 
 def read(con, names: list[str], warmup_frac: float, warmup_min: int) -> StoreData:
     """Everything the report needs about the runs of the studies `names`."""
-    runs = _runs(con, names)
+    runs, superseded = _latest_attempts(con, _runs(con, names))
     studies = _studies(con, names)
     ids = [r["run_id"] for r in runs]
     # The three scans of the big table below (spans, steady state, curves) are most of the report's time;
@@ -66,7 +69,7 @@ def read(con, names: list[str], warmup_frac: float, warmup_min: int) -> StoreDat
     _add_event_activity(con, ids, activity)
     events, starts, ends = _events(con, ids)
     return StoreData(
-        runs, studies, span, activity, cut, steady, curves, jobs, events, starts, ends, nonfinite
+        runs, studies, span, activity, cut, steady, curves, jobs, events, starts, ends, nonfinite, superseded
     )
 
 
@@ -92,6 +95,20 @@ def _runs(con, names: list[str]) -> list[dict]:
     )
     cols = [d[0] for d in cur.description]
     return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def _latest_attempts(con, runs: list[dict]) -> tuple[list[dict], list[tuple[dict, str, str | None]]]:
+    """The latest attempt of each point among `runs`, and the runs a later attempt superseded (with the
+    run id that did and the state of their own latest job)."""
+    from mimo_jobs.store.attempts import superseded
+
+    later = superseded(con)
+    gone = [r for r in runs if r["run_id"] in later]
+    states = _latest_jobs(con, [r["run_id"] for r in gone]) if gone else {}
+    return (
+        [r for r in runs if r["run_id"] not in later],
+        [(r, later[r["run_id"]], (states.get(r["run_id"]) or (None, None))[1]) for r in gone],
+    )
 
 
 def _studies(con, names: list[str]) -> dict[str, dict]:
@@ -154,6 +171,12 @@ def _events(con, ids: list[str]) -> tuple[dict, dict, dict]:
         else:
             events.setdefault((rid, job), []).append(EventRow(rank, node, t, kind, msg or "", src, ln))
     return events, starts, ends
+
+
+def job_events(con, keys: list[tuple[str, str]]) -> dict[tuple[str, str], list[EventRow]]:
+    """(run id, job id) -> the job's events that triage reads (as the report reads them), for `keys`."""
+    found = _events(con, sorted({rid for rid, _ in keys}))[0]
+    return {k: found[k] for k in keys if k in found}
 
 
 def _covers_store(con, ids: list[str]) -> bool:

@@ -247,16 +247,17 @@ def _head(report: Report) -> list[str]:
 
 def _runs_section(report: Report) -> list[str]:
     """The runs table (rows shaded by state) and the notes under it."""
+    ids = fmt.names_repeat(report.runs)
     run_rows = [
         (
-            fmt.run_cells(r),
+            fmt.run_cells(r, ids),
             "" if r.state == "COMPLETED" else ("warn" if r.state in ("RUNNING", "NO DATA") else "bad"),
         )
         for r in report.runs
     ]
     return [
         "<h2>Runs</h2>",
-        _table(fmt.RUN_HEADERS, run_rows, "runs"),
+        _table(fmt.run_headers(ids), run_rows, "runs"),
         "".join(
             f'<div class="note">{"*" if n.startswith("per-GPU") else ""} {fmt.html_text(n)}</div>'
             for n in report.notes

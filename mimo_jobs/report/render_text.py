@@ -19,7 +19,12 @@ from .textable import Column, Table
 
 # A line of text between the tables: (text, rich style) pieces, the text literal (never rich markup).
 Line = tuple[tuple[str, str | None], ...]
-TEXT_COLUMNS = ("study", "run", "flags")  # the runs table's columns of text; the others hold figures
+TEXT_COLUMNS = (
+    "study",
+    "run",
+    "run id",
+    "flags",
+)  # the runs table's columns of text; the others hold figures
 
 
 def _tables(report: Report) -> list[Table | Line]:
@@ -35,18 +40,19 @@ def _tables(report: Report) -> list[Table | Line]:
 
 def _runs_table(report: Report):
     """One row per run, styled by its state (yellow: running or no data, red: failed)."""
+    ids = fmt.names_repeat(report.runs)
     t = Table(
         "Runs",
         [
-            Column(h, overflow="fold", no_wrap=h not in TEXT_COLUMNS, key=h in ("study", "run"))
-            for h in fmt.RUN_HEADERS
+            Column(h, overflow="fold", no_wrap=h not in TEXT_COLUMNS, key=h in ("study", "run", "run id"))
+            for h in fmt.run_headers(ids)
         ],
     )
     for r in report.runs:
         style = (
             None if r.state in ("COMPLETED",) else ("yellow" if r.state in ("RUNNING", "NO DATA") else "red")
         )
-        t.add_row(fmt.run_cells(r), style)
+        t.add_row(fmt.run_cells(r, ids), style)
     return t
 
 
@@ -183,7 +189,8 @@ def render_md(report: Report) -> str:
     lines = [f"# Scaling report ({report.generated_at:%Y-%m-%d %H:%M} UTC)", ""]
     for s in report.studies:
         lines.append(f"- **{md(s.name)}**{md(fmt.study_line(s))}")
-    lines += _md_table("Runs", fmt.RUN_HEADERS, [fmt.run_cells(r) for r in report.runs])
+    ids = fmt.names_repeat(report.runs)
+    lines += _md_table("Runs", fmt.run_headers(ids), [fmt.run_cells(r, ids) for r in report.runs])
     lines += [""] + [f"\\* {md(n)}" if n.startswith("per-GPU") else f"- {md(n)}" for n in report.notes]
     names = fmt.phase_names(report)
     if names:

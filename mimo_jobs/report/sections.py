@@ -50,7 +50,7 @@ def _gib(b: int | None) -> str:
 def layouts(report: Report) -> Section | None:
     rows = [
         [r.study, r.name, fmt.num(r.nodes), "colocated" if r.colocated else "heterogeneous",
-         fmt.num(r.carried_tokens_per_s_per_gpu, 1), fmt.num(r.tokens_per_s_per_gpu, 1),
+         fmt.num(r.tokens_per_s_per_gpu, 1), fmt.num(r.slots_per_s_per_gpu, 1),
          f"{r.relative_throughput:.2f}", r.layout_note or ""]
         for r in report.runs
         if r.relative_throughput is not None

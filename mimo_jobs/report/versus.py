@@ -85,13 +85,14 @@ def memory_peaks(rep: Report) -> dict[str, int]:
 def versus(
     base: Report, other: Report, base_name: str, other_name: str, floor: float = figures.NOISE_FLOOR
 ) -> Versus:
-    """Every run of `other` against the run of `base` with the same layout."""
+    """Every run of `other` against the run of `base` with the same layout (of several, a completed one
+    with a steady-state time first: a failed run is matched only when nothing better is there)."""
     by_key: dict[tuple, list[RunRow]] = defaultdict(list)
-    for r in sorted(base.runs, key=lambda x: x.name):
+    for r in sorted(base.runs, key=_first_choice):
         by_key[layout_key(r)].append(r)
     mem_b, mem_o = memory_peaks(base), memory_peaks(other)
     rows, unmatched = [], []
-    for o in sorted(other.runs, key=lambda x: x.name):
+    for o in sorted(other.runs, key=lambda x: (x.name, *_first_choice(x))):
         cands = by_key.get(layout_key(o))
         if not cands:
             unmatched.append(f"{other_name}: {o.name}: no run of layout {_key_text(o)} in {base_name}")
@@ -104,6 +105,15 @@ def versus(
         for b in bs
     ]
     return Versus(base_name, other_name, floor, rows, unmatched)
+
+
+def _first_choice(r: RunRow) -> tuple:
+    return (r.state != "COMPLETED", r.t_median_ms is None, r.name)
+
+
+def compared(v: Versus) -> int:
+    """How many matched pairs have a steady-state time on both sides (the rest compare nothing)."""
+    return sum(1 for r in v.rows if r.time_ratio is not None)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -4,5 +4,6 @@
 - `schema`      every table's DDL and every migration
 - `tx`          transactions: a write of several rows is all or nothing
 - `catalog`     writers of the studies and runs tables
+- `attempts`    which run of a point is its latest attempt, and which earlier runs it supersedes
 - `errors`      what can be wrong with a store file, each in one line
 """

@@ -446,8 +446,16 @@ def settle(
     return d
 
 
-def poll(con, study: str | None = None, rdirs: dict | None = None) -> list[str]:
+def poll(
+    con,
+    study: str | None = None,
+    rdirs: dict | None = None,
+    before_end: Callable[[object, list[RunDir]], None] | None = None,
+) -> list[str]:
     """Poll the scheduler for every active job (one batched query per executor) and record what changed.
+    `before_end` (ingest) reads the run dirs of the jobs that ended before their end is recorded: a run is
+    never COMPLETED in the store without the iterations it logged (a reader between the two writes, or a
+    command stopped between them, would see a finished run without its last iteration and loss).
     Returns the run ids whose job ended in this call."""
     from mimo_jobs.store.connection import transaction
 
@@ -460,31 +468,39 @@ def poll(con, study: str | None = None, rdirs: dict | None = None) -> list[str]:
     ended = []
     for name, rows in by_ex.items():
         facts = executor(name).poll({jid: rd for jid, (_, rd) in rows.items()})
+        news = [(rows[jid][0], f) for jid, f in facts.items() if _news(rows[jid][0], f)]
+        done = list(dict.fromkeys(row.run_id for row, f in news if not f.active))
+        if done and before_end is not None:
+            before_end(con, [rdirs[r][0] for r in done])
         with transaction(con):
-            for jid, f in facts.items():
-                row = rows[jid][0]
-                if f.state == "UNKNOWN" and row.state != "UNKNOWN":
-                    continue  # sacct lag right after sbatch: keep what we knew
-                if (
-                    (f.state, f.start_time, f.end_time, f.node_list)
-                    == (row.state, row.start_time, row.end_time, row.node_list)
-                    and f.active
-                    and f.reason in (None, row.reason)
-                ):
-                    continue  # nothing new: a poll of N unchanged jobs writes nothing
+            for row, f in news:
                 jobs_table.update_facts(con, row.run_id, f)
-                if not f.active:
-                    ended.append(row.run_id)
+        ended += done
     return ended
 
 
+def _news(row: jobs_table.JobRow, f: jobs_table.JobFacts) -> bool:
+    """Whether the scheduler's facts say something the row does not (a poll of N unchanged jobs writes
+    nothing)."""
+    if f.state == "UNKNOWN" and row.state != "UNKNOWN":
+        return False  # sacct lag right after sbatch: keep what we knew
+    same = (f.state, f.start_time, f.end_time, f.node_list) == (
+        row.state,
+        row.start_time,
+        row.end_time,
+        row.node_list,
+    )
+    return not (same and f.active and f.reason in (None, row.reason))
+
+
 def refresh(con, study: str | None = None, follow: Follow = Follow()) -> list[str]:
-    """Poll the scheduler, ingest (follow.ingest) the run dirs of jobs that ended or wait to be settled, then
-    settle those jobs from their stored events. Returns the run ids whose job ended in this call."""
+    """Poll the scheduler, ingest (follow.ingest) the run dirs of jobs that ended (before their end is
+    recorded) or wait to be settled, then settle those jobs from their stored events. Returns the run ids
+    whose job ended in this call."""
     rdirs = _run_dirs(con, study)
-    ended = poll(con, study, rdirs)
+    ended = poll(con, study, rdirs, follow.ingest)
     unsettled = [r for r in jobs_table.unsettled_jobs(con) if r.run_id in rdirs]
-    todo = list(dict.fromkeys(ended + [r.run_id for r in unsettled]))
+    todo = list(dict.fromkeys(r.run_id for r in unsettled if r.run_id not in ended))  # ended: just read
     if todo and follow.ingest is not None:
         follow.ingest(con, [rdirs[r][0] for r in todo])
     for row in unsettled:

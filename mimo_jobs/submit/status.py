@@ -3,6 +3,8 @@ the tail of metrics.jsonl for runs not ingested yet) and the iteration its lates
 
 Progress is the latest job's own: while a retry or requeue waits or starts, the iterations an earlier attempt
 logged are not its progress (the checkpoint column says where it resumes), so it shows none until it logs one.
+A job that completed without logging one (it resumed from a checkpoint of the last iteration) shows where the
+run ended.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from mimo_jobs.contract import jobstates
 from mimo_jobs.contract.rundir import RunDir
 
 from .jobs_table import JobRow, latest_jobs
@@ -45,6 +48,22 @@ class RunStatus:
     checkpoint: int | None = (
         None  # iteration of the run's latest complete checkpoint (what a requeue resumes)
     )
+    superseded_by: str | None = None  # run id of the later attempt of the same point (store/attempts.py)
+
+    @property
+    def shown_superseded(self) -> bool:
+        """Shown as superseded: a later attempt replaced it and its own job no longer runs."""
+        return self.superseded_by is not None and (self.job is None or not self.job.active)
+
+
+def unfinished(statuses: list[RunStatus]) -> list[RunStatus]:
+    """The latest attempts (superseded runs left out) whose job did not complete: what makes `submit
+    --wait` and `demo` exit 1."""
+    return [
+        s
+        for s in statuses
+        if s.superseded_by is None and (s.job is None or not jobstates.is_success(s.job.state))
+    ]
 
 
 def last_iteration_from_metrics(path: Path, job_id: str | None = None) -> tuple[int, float] | None:
@@ -80,13 +99,17 @@ def run_statuses(con, study: str | None = None) -> list[RunStatus]:
     rows = con.execute(
         q + (" WHERE study = ?" if study else "") + " ORDER BY study, idx, name", [study] if study else []
     ).fetchall()
+    from mimo_jobs.store.attempts import superseded
+
     latest = latest_jobs(con, [r[2] for r in rows])
+    later = superseded(con, study)
     last = _last_iterations(con, [r[2] for r in rows]) if rows else {}
     out = []
     for st, name, rid, nodes, run_dir, spec in rows:
         spec = json.loads(spec) if isinstance(spec, str) else (spec or {})
         job = latest.get(rid)
         rs = RunStatus(st, name, rid, nodes, run_dir, (spec.get("trainer") or {}).get("train_iters"), job)
+        rs.superseded_by = later.get(rid)
         if run_dir:
             rs.checkpoint = last_checkpoint_iteration(Path(run_dir), spec, con, rid)
         key = (rid, job.job_id if job is not None else None)  # a run without jobs: whatever was ingested
@@ -96,6 +119,15 @@ def run_statuses(con, study: str | None = None) -> list[RunStatus]:
             m = last_iteration_from_metrics(RunDir(Path(run_dir)).metrics, key[1])
             if m:
                 rs.iteration, rs.loss, rs.iter_source = m[0], m[1], "metrics.jsonl"
+        if (
+            rs.iteration is None
+            and job is not None
+            and jobstates.is_success(job.state)
+            and (rid, None) in last
+        ):
+            # a job that completed without an iteration of its own resumed from a checkpoint holding all of
+            # them (an earlier attempt was cancelled as it saved its last one): the run ended where it got
+            rs.iteration, rs.loss, rs.iter_source = *last[(rid, None)], "store"
         out.append(rs)
     return out
 

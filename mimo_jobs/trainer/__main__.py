@@ -5,13 +5,14 @@ The device environment is set before main (and with it torch) is imported: see d
 import sys
 import warnings
 
+from mimo_jobs.contract.events import TRAINER_ERROR
 from mimo_jobs.trainer.device import prepare
 from mimo_jobs.trainer.stack import stack_problem
 
 if __name__ == "__main__":
     problem = stack_problem()
     if problem:
-        print(f"mimo-jobs trainer: error: {problem}", file=sys.stderr, flush=True)
+        print(f"{TRAINER_ERROR}{problem}", file=sys.stderr, flush=True)
         sys.exit(2)
     prepare(sys.argv[1:])
     # megatron-core warns at import that TE/apex are absent (expected on CPU): keep logs readable

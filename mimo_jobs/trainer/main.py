@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import mimo_jobs.study.topology as topology
+from mimo_jobs.contract.events import TRAINER_ERROR
 from mimo_jobs.contract.manifest import CheckpointError
 from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE
 from mimo_jobs.data.mock import mock_config
@@ -340,24 +341,24 @@ def main(argv: list[str] | None = None) -> int:
     except PreflightError as e:
         # identical on every rank (it depends only on run.yaml and the environment): say it once per node
         if local_rank == 0:
-            print(f"mimo-jobs trainer: error: {e}", file=sys.stderr, flush=True)
+            print(f"{TRAINER_ERROR}{e}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_BAD_INPUT)
     except NotTraining as e:
         if local_rank == 0:
-            print(f"mimo-jobs trainer: error: {e}", file=sys.stderr, flush=True)
+            print(f"{TRAINER_ERROR}{e}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_FAILED)
     except MegatronInitError as e:
         # a Megatron checkpoint of another architecture, found once the LLM is built: every LLM rank
         # raises the same line (megatron_load gathers the whole LLM's keys), before training
         if e.report:
-            print(f"mimo-jobs trainer: error: {e.describe()}", file=sys.stderr, flush=True)
+            print(f"{TRAINER_ERROR}{e.describe()}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_BAD_INPUT)
     except Exception as e:  # noqa: BLE001 - any failure ends this rank at once, naming it
         if isinstance(e, (StudyError, KeyError, FileNotFoundError)) and local_rank == 0:
-            print(f"mimo-jobs trainer: error: cannot read {a.run_yaml}: {e}", file=sys.stderr, flush=True)
+            print(f"{TRAINER_ERROR}cannot read {a.run_yaml}: {e}", file=sys.stderr, flush=True)
             os._exit(EXIT_BAD_INPUT)
         print(f"mimo-jobs trainer: rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         traceback.print_exc(file=sys.stderr)

@@ -4,6 +4,8 @@ a faster one is called faster, and a layout missing on one side is listed as unm
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from helpers.pair_store import DP2, HET, TP2, build_report
@@ -35,3 +37,29 @@ def test_a_layout_on_one_side_only_is_unmatched(tmp_path):
     v = versus(base, other, "A", "B")
     assert len(v.rows) == 2
     assert len(v.unmatched) == 1 and v.unmatched[0].startswith(f"A: {DP2}: no run of layout 1n ")
+
+
+def test_compare_command_fails_when_nothing_was_compared(tmp_path):
+    import shutil
+
+    import duckdb
+
+    from helpers.pair_store import with_failed_first_attempts
+    from helpers.submit import cli
+
+    prepare, _ = with_failed_first_attempts(tmp_path)
+    build_report(tmp_path, TIMES, prepare=prepare)
+    base = tmp_path / "s.duckdb"
+    ok = cli("compare", "pairs", "pairs", "--db", base, "--other-db", base, "--format", "json")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert sorted(r["other_run"] for r in json.loads(ok.stdout)["rows"]) == sorted(TIMES)
+
+    # OTHER's latest attempts logged no iteration: every layout matches, none has a time to compare
+    empty = tmp_path / "empty.duckdb"
+    shutil.copy(base, empty)
+    con = duckdb.connect(str(empty))
+    con.execute("DELETE FROM iterations WHERE job_id = '7'")
+    con.close()
+    p = cli("compare", "pairs", "pairs", "--db", base, "--other-db", empty)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "nothing compared: 3 run(s) matched by layout, none with a steady-state time" in p.stderr

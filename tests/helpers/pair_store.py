@@ -52,3 +52,33 @@ def build_report(tmp: Path, times: dict[str, float], doc: dict = DOC, prepare=No
         return build(con, doc["name"], **kw)
     finally:
         con.close()
+
+
+def with_failed_first_attempts(tmp: Path, doc: dict = DOC):
+    """A `prepare` for build_report: before the study's runs, every point had a first attempt that failed
+    (the study file then said train_iters 20: another run id under the same name). Its run dirs are
+    written and ingested like the others (three iterations each); the scheduler's jobs say the failed
+    attempts (job 6) were submitted an hour before the runs that completed (job 7)."""
+    from datetime import datetime
+
+    from mimo_jobs.submit import jobs_table
+    from mimo_jobs.submit.jobs_table import JobFacts
+
+    first = runs_of(parse_study({**doc, "trainer": {**doc["trainer"], "train_iters": 20}}, env={}))
+
+    def prepare(con, runs: dict) -> None:
+        for run in first:
+            rd = RunDir.of(tmp / "first", run.study, run.name, run.run_id)
+            rd.logs.mkdir(parents=True)
+            rd.run_yaml.write_text(yaml.safe_dump(run_yaml_doc(run, rd.root, {"version": "test"})))
+            write_jsonl(rd.metrics, [record(run, "6", 0, i, 1000.0, 9.0, {}) for i in range(1, 4)])
+        ingest.ingest_paths(con, [tmp / "first"])
+        for rid, job, hour, state, code in [
+            *((r.run_id, "6", 9, "FAILED", 1) for r in first),
+            *((r.run_id, "7", 10, "COMPLETED", 0) for r in runs.values()),
+        ]:
+            at = datetime(2026, 1, 1, hour)
+            jobs_table.insert_job(con, rid, job, "slurm", 0, None, None, submit_time=at, state="PENDING")
+            jobs_table.update_facts(con, rid, JobFacts(job, state, code, at, at, at))
+
+    return prepare, {r.name: r.run_id for r in first}

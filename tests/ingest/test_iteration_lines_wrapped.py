@@ -1,6 +1,7 @@
 """Iteration lines as real logs show them: Megatron-LM's 2019 format (`lm loss 7.7E-02`, no colons) parses;
-a line wrapped in two at a terminal's width is counted as garbled and never stored with a cut number; both
-scanners store the same rows; and the report gives the steady-state iteration time of a log without a
+a line wrapped in two at a terminal's width is counted as garbled and never stored with a cut number; a line
+srun --label split in two labelled lines is joined again (the rest is the next line of the same task);
+both scanners store the same rows; and the report gives the steady-state iteration time of a log without a
 global batch size, saying why its throughput is missing."""
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from mimo_jobs.store import connection as store
 LINES = FIXTURES / "iterlines"
 
 
-def _ingest(tmp: Path, name: str, scanner: str):
+def _ingest(tmp: Path, name: str, scanner: str, path: Path | None = None):
     if scanner == "c":
         require_ext()
     tmp.mkdir(parents=True, exist_ok=True)
     con = store.connect(tmp / f"{scanner}.duckdb")
     st = ingest.ingest_paths(
-        con, [LINES / name], log_run=ingest.LogRunInfo(name="x"), options=ScanOptions(scanner=scanner)
+        con,
+        [path or LINES / name],
+        log_run=ingest.LogRunInfo(name="x"),
+        options=ScanOptions(scanner=scanner),
     )
     rows = con.execute(
         "SELECT iteration, elapsed_ms, loss, lr, loss_scale, gbs FROM iterations ORDER BY iteration"
@@ -53,9 +57,21 @@ def test_a_wrapped_line_is_garbled_never_cut(tmp_path, scanner):
     assert st.bad_lines == 2
 
 
+@pytest.mark.parametrize("scanner", ["python", "c"])
+def test_a_line_srun_split_in_two_is_joined(tmp_path, scanner):
+    con, st, rows = _ingest(tmp_path / "split", "srun_label_split.log", scanner)
+    con.close()
+    # the same rows as the log the lines came from, printed whole
+    whole, _, want = _ingest(tmp_path / "whole", "", scanner, FIXTURES / "megatron_upstream.log")
+    whole.close()
+    assert [r[0] for r in want] == [1, 70, 71, 72, 73]
+    assert rows == want  # iteration 72's parts were joined across task 0's line between them
+    assert (st.iterations, st.bad_lines) == (5, 0)
+
+
 def test_both_scanners_store_the_same_rows(tmp_path):
     require_ext()
-    for name in ("megatron_2019.log", "wrapped.log"):
+    for name in ("megatron_2019.log", "wrapped.log", "srun_label_split.log"):
         got = {}
         for scanner in ("python", "c"):
             con, st, rows = _ingest(tmp_path / scanner / name, name, scanner)
@@ -73,5 +89,5 @@ def test_steady_state_time_without_a_global_batch_size(tmp_path):
     (run,) = rep.runs
     # steady state: after the first max(1, 10%) of 3 logged iterations -> iterations 200 and 300
     assert run.t_median_ms == pytest.approx((844.2 + 824.7) / 2)
-    assert run.tokens_per_s_per_gpu is None and run.samples_per_s is None
+    assert run.slots_per_s_per_gpu is None and run.samples_per_s is None
     assert any("no global batch size" in f for f in run.flags)

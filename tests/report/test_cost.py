@@ -36,7 +36,7 @@ def test_gpu_hours_count_every_attempt_and_project_a_budget(tmp_path):
     assert h.gpu_hours_per_billion_tokens == pytest.approx(4.0 / (CARRIED * 12 / 1e9))
     # steady window: iterations 2..12 at 100 ms each, 200 carried tokens each
     rate = CARRIED / 0.1
-    assert h.carried_tokens_per_s == pytest.approx(rate)
+    assert h.tokens_per_s == pytest.approx(rate)
     assert h.budget_hours == pytest.approx(1e12 / rate / 3600) and h.budget_gpu_hours == pytest.approx(
         2 * 1e12 / rate / 3600
     )

@@ -63,7 +63,7 @@ def row(name: str, study: str = "s", **kw) -> RunRow:
         31,
     )
     r.t_median_ms, r.t_mean_ms, r.t_std_ms = 5003.0, 5003.02, 2.0
-    r.samples_per_s, r.tokens_per_s, r.tokens_per_s_per_gpu = 25.58, 104794.7, 43.66
+    r.samples_per_s, r.slots_per_s, r.slots_per_s_per_gpu = 25.58, 104794.7, 43.66
     r.final_loss, r.efficiency = -4.0, 1.0
     for k, v in kw.items():
         setattr(r, k, v)

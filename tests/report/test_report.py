@@ -42,8 +42,8 @@ def test_per_run_figures(store_):
     assert r1.t_median_ms == 405.0 and r1.t_mean_ms == 405.0
     assert r1.t_std_ms == pytest.approx(5 * math.sqrt(18 / 17))
     assert r1.samples_per_s == pytest.approx(8 / 0.405)
-    assert r1.tokens_per_s == pytest.approx(8 / 0.405 * 64)
-    assert r1.tokens_per_s_per_gpu == pytest.approx(8 / 0.405 * 64 / 2)  # 1 node = 2 GPUs (enc + llm)
+    assert r1.slots_per_s == pytest.approx(8 / 0.405 * 64)
+    assert r1.slots_per_s_per_gpu == pytest.approx(8 / 0.405 * 64 / 2)  # 1 node = 2 GPUs (enc + llm)
     assert r1.gpus == 2 and r2.gpus == 4 and r4.gpus == 8
     assert r1.phase_share == pytest.approx({"enc_fwd": 0.25, "llm_fwd": 0.5, "optimizer": 0.25})
     assert r1.final_loss == pytest.approx(3.0) and r1.final_samples == 160

@@ -64,7 +64,7 @@ def test_heterogeneous_and_colocated_on_slurm(slurm_cluster, tmp_path):
     assert pair["time_ratio"] == pytest.approx(t_colo / t_het, rel=1e-9)
     # the tokens ratio is that of the two runs' headline (carried) tokens/s/GPU
     by_name = {r["name"]: r for r in rep["runs"]}
-    ratio = by_name[het]["carried_tokens_per_s_per_gpu"] / by_name[colo]["carried_tokens_per_s_per_gpu"]
+    ratio = by_name[het]["tokens_per_s_per_gpu"] / by_name[colo]["tokens_per_s_per_gpu"]
     assert pair["tokens_ratio"] == pytest.approx(ratio, rel=1e-9)
     # the same model on the same global batches: the same loss at every consumed-sample count
     lh, lc = _losses(db, het), _losses(db, colo)

@@ -3,7 +3,8 @@ the launcher's own `ChildFailedError:` line names nothing. Every summary of a lo
 table's first error, the report's triage) says the root cause in the same words.
 
 The fixtures are real torchrun output (torch 2.13, `--redirects 3 --tee 3` as launch.sh runs it): a worker
-killed by SIGKILL, and a worker that raised while its peer was stopped with SIGTERM."""
+killed by SIGKILL, and a worker that raised while its peer was stopped with SIGTERM; and (torch 2.14, two
+workers) the trainer refusing its run.yaml: rank 0 prints the trainer's error line and both exit 2."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from mimo_jobs.report import build
 FIXTURES = Path(__file__).parent / "fixtures"
 SIGKILL_LOG = (FIXTURES / "torchrun_sigkill.log").read_text()
 EXCEPTION_LOG = (FIXTURES / "torchrun_exception.log").read_text()
+BAD_INPUT_LOG = (FIXTURES / "torchrun_bad_input.log").read_text()
+BAD_INPUT = "mimo-jobs trainer: error: /runs/lm/1n-e1x1-l1x1x1-g6-0f3a2c1d/run.yaml: no such run.yaml"
 KILLED = "rank 0 killed by SIGKILL (exit -9; often the kernel's OOM killer)"
 
 
@@ -84,3 +87,14 @@ def test_triage_names_the_killed_rank_like_the_jobs_table(tmp_path, log):
 def test_triage_of_a_rank_exception_keeps_the_exception(tmp_path):
     t = _triage_of(tmp_path, EXCEPTION_LOG)
     assert (t.rank, t.kind) == (1, "failed") and "ValueError: bad batch on purpose" in t.reason
+
+
+def test_first_error_of_a_refused_run_yaml_is_the_trainers_error_line_not_the_exit_code():
+    assert first_error(BAD_INPUT_LOG) == BAD_INPUT
+    assert first_error(srun_prefixed(BAD_INPUT_LOG)) == BAD_INPUT
+
+
+def test_triage_of_a_refused_run_yaml_names_the_rank_and_the_trainers_error_line(tmp_path):
+    t = _triage_of(tmp_path, BAD_INPUT_LOG)
+    assert (t.rank, t.kind) == (0, "failed")
+    assert t.reason == f"rank 0 failed: {BAD_INPUT}"

@@ -64,3 +64,22 @@ def test_status_names_the_tensorboard_command_of_studies_with_event_files(tmp_pa
     sts = [RunStatus("s", name, f"id-{name}", 1, str(study_dir / name), 3, None) for name in ("a", "b")]
     assert tensorboard_commands(sts) == [f"tensorboard --logdir '{study_dir}'"]
     assert tensorboard_commands(sts[1:]) == []  # no event files yet: no command
+
+
+def test_a_completed_attempt_with_nothing_left_to_train_shows_where_the_run_ended(tmp_path):
+    """A cancel that raced the last iteration: attempt 0 logged all 20 iterations (and saved the last
+    checkpoint) and was recorded CANCELLED; the resubmitted attempt resumed from that checkpoint, had no
+    iteration left to run and COMPLETED. status shows the run's last iteration and loss, not '-'."""
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(1,), train_iters=20)
+    con = store.connect(tmp_path / "store.duckdb")
+    try:
+        write_jsonl(rd.metrics, [record(run, "100", 0, i, 400.0, 5.0 - 0.1 * i) for i in range(1, 21)])
+        pipeline.ingest_paths(con, [rd.root])
+        jobs_table.insert_job(con, run.run_id, "100", "local", 0, None, None)
+        jobs_table.update_facts(con, run.run_id, JobFacts("100", "CANCELLED", 0))
+        jobs_table.insert_job(con, run.run_id, "101", "local", 1, None, None)
+        jobs_table.update_facts(con, run.run_id, JobFacts("101", "COMPLETED", 0))
+        (s,) = status.run_statuses(con, run.study)
+        assert (s.job.job_id, s.iteration, s.loss, s.iter_source) == ("101", 20, 5.0 - 2.0, "store")
+    finally:
+        con.close()
