@@ -376,9 +376,7 @@ def _study_settings(study: Path) -> _Measured:
     from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.model.tiling import ImageGeometry
 
-    from .study import study_or_fail
-
-    diag = study_or_fail(study)
+    diag, stats = _load_study(study)
     if not diag.runs:
         fail(f"{study}: the study has no run to measure for")
     trainer = diag.runs[0].trainer
@@ -400,8 +398,46 @@ def _study_settings(study: Path) -> _Measured:
         seq_length=trainer.seq_length,
         tokenizer=data.tokenizer,
         tokenizer_field=f"{where}.data.tokenizer",
-        stats=Path(data.stats) if data.stats else None,
+        stats=stats,
     )
+
+
+def _load_study(study: Path):
+    """(the study's diagnosis, its trainer.data.stats path): read as `validate` reads it but for
+    trainer.data.stats, the file this command writes; a missing one, or one measured for another geometry,
+    is what it is run to replace. Every other problem is printed, exit 2."""
+    import os
+
+    from mimo_jobs.errors import MimoJobsError
+    from mimo_jobs.study.diagnose import diagnose_data
+    from mimo_jobs.study.load import interpolate, read_yaml
+    from mimo_jobs.study.spec import absolute_path
+
+    from .output import fail_problems, fail_with
+
+    try:
+        doc = read_yaml(study)
+    except MimoJobsError as e:
+        fail_with(e)
+    data = (
+        doc.get("trainer", {}).get("data")
+        if isinstance(doc, dict) and isinstance(doc.get("trainer"), dict)
+        else None
+    )
+    named = data.pop("stats", None) if isinstance(data, dict) else None
+    diag = diagnose_data(doc, str(study))
+    if not diag.ok or diag.study is None:
+        fail_problems(diag.source, diag.problems)
+    if named is None:
+        return diag, None
+    problems: list = []
+    value = interpolate(named, ("trainer", "data", "stats"), dict(os.environ), problems)
+    if problems:
+        fail(f"{study}: {problems[0][0]}: {problems[0][1]}")
+    try:
+        return diag, Path(absolute_path(str(value), study.parent))
+    except ValueError as e:
+        fail(f"{study}: trainer.data.stats: {e}")
 
 
 def _print_stats(doc: dict) -> None:

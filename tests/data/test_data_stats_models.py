@@ -164,6 +164,16 @@ def test_study_measures_as_the_study_trains_and_predict_then_prices_it(data, tmp
     _by_hand(doc, recorded, ImageGeometry(patch_size=2, image_size=16, max_tiles=4, thumbnail=True))
     after = json.loads(runner.invoke(app, ["predict", study, "--json"]).output)["runs"][0]["image_tokens"]
     assert after["assumed"] is False and str(written) in after["source"] and after["range"] is None
+    # a study naming its statistics file: measured for another tiling, validate refuses the study, and
+    # `data stats --study` (what the refusal advises) replaces the file
+    shutil.copy(written, tmp_path / "named.json")
+    named = _study(tmp_path, ds / blend.name, max_tiles=2, stats="named.json")
+    refused = runner.invoke(app, ["validate", named])
+    assert refused.exit_code == 2 and "data stats --study STUDY.yaml" in " ".join(refused.output.split())
+    r = runner.invoke(app, ["data", "stats", "--study", named])
+    assert r.exit_code == 0 and f"wrote {tmp_path / 'named.json'}" in r.output, r.output
+    assert runner.invoke(app, ["validate", named]).exit_code == 0
+    assert json.loads((tmp_path / "named.json").read_text())["geometry"]["max_tiles"] == 2
     # the study gives the model, tiling and data: options that would contradict it are refused
     r = runner.invoke(app, ["data", "stats", "--study", study, "--model", "tiny", "--max-tiles", "2"])
     assert r.exit_code == 2 and "leave out --model, --max-tiles" in " ".join(r.output.split())
