@@ -268,9 +268,11 @@ def predict(
     out.print("image tokens: " + "; ".join(sources), markup=False)
     ranges = dict.fromkeys(p.shape.image_range for p in preds if p.shape.image_range)
     if ranges:  # the stated prior priced them: the bottleneck and idle figures rest on it
-        span = ", ".join(f"{lo:.0f} to {hi:.0f}" for lo, hi in ranges)
+        from mimo_jobs.predict.assumed import range_words
+
+        span = ", ".join(range_words(r) for r in ranges)
         out.print(
-            f"image tokens assumed (range {span} a sample): bottleneck, idle and MFU are assumed; measure "
+            f"image tokens assumed ({span}): bottleneck, idle and MFU are assumed; measure "
             f"with mimo-jobs data stats --study {shlex.quote(str(study_file))}",
             markup=False,
         )

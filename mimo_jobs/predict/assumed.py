@@ -18,6 +18,14 @@ from .steptime import Efficiency
 ENDS = ("low", "high")
 
 
+def range_words(span: tuple[float, float]) -> str:
+    """An assumed mix's range as `predict` and `plan` print it."""
+    lo, hi = span
+    if round(lo) == round(hi):
+        return f"{lo:.0f} image tokens a sample at both ends of its range"
+    return f"range {lo:.0f} to {hi:.0f} image tokens a sample"
+
+
 def at_end(shape: RunShape, end: DataMix) -> RunShape:
     """`shape` with the image tokens of one end of the prior."""
     return replace(

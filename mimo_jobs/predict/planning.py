@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .assumed import EndsVerdict, ends_verdict
+from .assumed import EndsVerdict, ends_verdict, range_words
 from .cost import Cost, tokens_text
 from .estimate import Prediction, cost_json
 from .hardware import GIB, GPU
@@ -311,9 +311,8 @@ def plan_text(r: PlanResult, study: str, measure: str = "mimo-jobs data stats") 
         f"# the study's trainer: {settings} (a point's comment names any setting it needs instead)",
     ]
     if r.shape.image_range:
-        lo, hi = r.shape.image_range
         lines.append(
-            f"# image tokens {r.shape.data_source}; range {lo:.0f} to {hi:.0f} a sample: every verdict "
+            f"# image tokens {r.shape.data_source}; {range_words(r.shape.image_range)}: every verdict "
             "below is assumed"
         )
     for p in r.plans:

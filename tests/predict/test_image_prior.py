@@ -95,7 +95,7 @@ def test_predict_marks_the_image_tokens_assumed(tmp_path):
     # SigLIP 384/14: 27 x 27 tokens a tile; 12 tiles + thumbnail (9477) is more than the study's row of 4096
     assert tok["range"] == [729, 4096]
     text = runner.invoke(app, ["predict", str(study)], env={"COLUMNS": "250"})
-    assert "image tokens assumed (range 729 to 4096 a sample)" in text.output
+    assert "image tokens assumed (range 729 to 4096 image tokens a sample)" in text.output
     assert f"data stats --study {study}" in text.output
     mock = runner.invoke(app, ["predict", str(_study(tmp_path, MOCK, "mock.yaml")), "--json"])
     tok = json.loads(mock.output)["runs"][0]["image_tokens"]
