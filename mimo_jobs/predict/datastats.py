@@ -28,7 +28,7 @@ from mimo_jobs.contract.datastats import DataStats, StatsFileError, read_stats, 
 from mimo_jobs.model.arch import EncoderArch
 from mimo_jobs.model.tiling import ImageGeometry, grids
 
-from .prior import PRIOR_TEXT_TOKENS, SampleMix, packed, prior_ends, prior_mix
+from .prior import PRIOR_TEXT_TOKENS, SampleMix, packed, prior_ends, prior_mix, samples_per_row
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class DataMix:
     tokens_per_image: float  # E[n^2]/E[n] over encoder samples (images or tiles): the attention core's mix
     image_tokens_max: int  # LLM image tokens of one sample at most (memory)
     source: str  # which data the figures come from, in words
-    text_tokens_mean: float | None = None  # measured text tokens per sample (statistics only)
+    text_tokens_mean: float | None = None  # measured text tokens per sample, per row when packed (statistics)
     text_tokens_max: int | None = None
     assumed: bool = False  # the figures come from the stated prior, not from the data
     ends: tuple[DataMix, DataMix] | None = None  # the prior's low and high ends (assumed only)
@@ -65,16 +65,19 @@ def from_stats(st: DataStats, packing_at: int | None = None) -> DataMix:
     """The statistics' mix; per packed row of `packing_at` tokens when given."""
     mix = SampleMix(st.image_tokens_mean, st.tokens_per_tile, st.image_tokens_max)
     source = f"dataset statistics {st.path} ({st.samples} samples)"
+    text = st.text_tokens_mean
     if packing_at:
         rows = packed(mix, packing_at, st.text_tokens_mean)
         source += _packed_words(mix, rows, packing_at, st.text_tokens_mean, "measured")
+        # the row's text: its samples' (as many samples as bring their images)
+        text = min(text * samples_per_row(packing_at, text, mix.image_tokens_mean), packing_at)
         mix = rows
     return DataMix(
         image_tokens_mean=mix.image_tokens_mean,
         tokens_per_image=mix.tokens_per_image,
         image_tokens_max=mix.image_tokens_max,
         source=source,
-        text_tokens_mean=st.text_tokens_mean,
+        text_tokens_mean=text,
         text_tokens_max=st.text_tokens_max,
     )
 

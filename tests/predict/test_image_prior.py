@@ -68,6 +68,7 @@ def test_a_packed_row_carries_its_samples_images(tmp_path):
     rows = from_stats(st, 640)
     assert rows.image_tokens_mean == pytest.approx(640 / (24 + 40) * 40) and not rows.assumed
     assert rows.image_tokens_max == (640 // (24 + 60)) * 60
+    assert rows.text_tokens_mean == pytest.approx(640 / (24 + 40) * 24)  # the row's text: its samples'
     assert from_stats(st).image_tokens_mean == 40.0  # unpacked: one sample a row
 
 
