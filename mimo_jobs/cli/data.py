@@ -355,6 +355,7 @@ def _argument_settings(path, model, seq_length, tokenizer, max_tiles, thumbnail)
     from mimo_jobs.model.arch import ArchError
     from mimo_jobs.model.resolve import image_model
     from mimo_jobs.model.tiling import MAX_TILES, ImageGeometry
+    from mimo_jobs.textsafe import visible
 
     if path is None:
         fail("give the dataset (a prepared energon folder or a blend YAML), or --study STUDY.yaml")
@@ -365,7 +366,7 @@ def _argument_settings(path, model, seq_length, tokenizer, max_tiles, thumbnail)
     try:
         enc, llm = image_model(model or "tiny", Path.cwd())
     except ArchError as e:
-        fail(f"--model {model}: {e.describe()}")
+        fail(visible(e.describe()), where="--model")
     if not 1 <= max_tiles <= MAX_TILES:
         fail(f"--max-tiles={max_tiles}: must be between 1 and {MAX_TILES}")
     geometry = ImageGeometry.of(enc, max_tiles, thumbnail)

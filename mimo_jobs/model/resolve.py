@@ -120,6 +120,7 @@ def _read_hf(path, base_dir, from_hf) -> dict:
     return fields | {"source": str(path)}
 
 
+MAX_ARGUMENT = 16_384  # characters of a command-line model argument
 # What a command-line model argument may be, with an example of each that works as written.
 MODEL_ARGUMENT_FORMS = (
     "a model preset (e.g. tiny), an encoder preset (e.g. siglip-so400m-14-384), the path of a HuggingFace "
@@ -133,17 +134,24 @@ def image_model(text: str, base_dir: str | Path | None = None) -> tuple[EncoderA
     alone). The argument is read as data (YAML or JSON, never run); the descriptions go through arch_of and
     the encoder side of a description, the one parser of trainer.model. ArchError names what would fit."""
     text = text.strip()
+    if len(text) > MAX_ARGUMENT:
+        raise ArchError("", f"{len(text):,} characters; a model argument holds at most {MAX_ARGUMENT:,}")
     if text.startswith("{"):
         import yaml
 
         try:
+            # anchors and aliases could expand a short text into a huge one: a description writes its fields
+            if any(isinstance(t, (yaml.AnchorToken, yaml.AliasToken)) for t in yaml.scan(text)):
+                raise ArchError(
+                    "", "YAML anchors and aliases (& and *) are not read here; write the fields out"
+                )
             value = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise ArchError(
-                "", f"{text!r} is not a YAML mapping ({_first_line(e)}); give {MODEL_ARGUMENT_FORMS}"
+                "", f"{_shown(text)} is not a YAML mapping ({_first_line(e)}); give {MODEL_ARGUMENT_FORMS}"
             ) from None
         if not isinstance(value, dict):
-            raise ArchError("", f"{text!r} is not a mapping; give {MODEL_ARGUMENT_FORMS}")
+            raise ArchError("", f"{_shown(text)} is not a mapping; give {MODEL_ARGUMENT_FORMS}")
         if set(value) & set(_MODEL_KEYS) and not set(value) & {"preset", "hf_config"}:
             return _with_encoder(arch_of(value, base_dir))
         return _side(value, "encoder", EncoderArch, encoder_preset, hf.encoder_fields, base_dir), None
@@ -152,13 +160,27 @@ def image_model(text: str, base_dir: str | Path | None = None) -> tuple[EncoderA
     if text in ENCODERS:
         return ENCODERS[text], None
     if text in LLMS:
-        raise ArchError("", f"{text!r} is an LLM preset, which sees no images; give {MODEL_ARGUMENT_FORMS}")
-    if text.endswith(".json") or Path(text).is_file():
+        raise ArchError(
+            "", f"{_shown(text)} is an LLM preset, which sees no images; give {MODEL_ARGUMENT_FORMS}"
+        )
+    if text.endswith(".json") or _is_file(text):
         return _side(
             {"hf_config": text}, "encoder", EncoderArch, encoder_preset, hf.encoder_fields, base_dir
         ), None
     known = f"model presets {', '.join(sorted(PRESETS))}; encoder presets {', '.join(sorted(ENCODERS))}"
-    raise ArchError("", f"{text!r} is no model this knows ({known}); give {MODEL_ARGUMENT_FORMS}")
+    raise ArchError("", f"{_shown(text)} is no model this knows ({known}); give {MODEL_ARGUMENT_FORMS}")
+
+
+def _shown(text: str) -> str:
+    """The argument as an error quotes it: its start, when long."""
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except OSError:  # a name too long for the file system names no file
+        return False
 
 
 def _with_encoder(a: ModelArch) -> tuple[EncoderArch, LLMArch]:

@@ -105,6 +105,8 @@ def test_a_refusal_names_what_fits_and_its_example_works(data, tmp_path):
         ("qwen2.5-7b", "an LLM preset, which sees no images"),
         ("{encoder: tiny", "is not a YAML mapping"),
         (str(tmp_path / "missing.json"), "no such file"),
+        ("{encoder: &e tiny, llm: *e}", "anchors and aliases (& and *) are not read here"),
+        ("x" * 20_000, "a model argument holds at most 16,384"),
     ):
         r = runner.invoke(app, ["data", "stats", str(blend), "--seq-length", "64", "--model", bad])
         assert r.exit_code == 2 and why in r.output, r.output
