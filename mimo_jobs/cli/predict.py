@@ -267,12 +267,12 @@ def predict(
     sources = dict.fromkeys(p.shape.data_source for p in preds)  # say which data priced the image tokens
     out.print("image tokens: " + "; ".join(sources), markup=False)
     ranges = dict.fromkeys(p.shape.image_range for p in preds if p.shape.image_range)
-    if ranges:  # the stated prior priced them: the bottleneck and idle figures rest on it
+    if ranges:  # the stated prior priced them: every figure of time rests on it
         from mimo_jobs.predict.assumed import range_words
 
         span = ", ".join(range_words(r) for r in ranges)
         out.print(
-            f"image tokens assumed ({span}): bottleneck, idle and MFU are assumed; measure "
+            f"image tokens assumed ({span}): time, bottleneck, idle, MFU and cost rest on it; measure "
             f"with mimo-jobs data stats --study {shlex.quote(str(study_file))}",
             markup=False,
         )
