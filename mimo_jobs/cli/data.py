@@ -7,6 +7,7 @@ Exit codes: 0 ok, 2 bad input (nothing written). energon is imported only inside
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -229,20 +230,31 @@ def prepare_cmd(
 
 @data_app.command("stats")
 def stats_cmd(
-    path: Path = typer.Argument(..., help="A prepared energon dataset folder or a blend YAML."),
-    model: str = typer.Option(
-        "tiny", "--model", "-m", help="Model preset: its encoder decides image tokens."
+    path: Optional[Path] = typer.Argument(  # noqa: UP045 (typer needs Optional here)
+        None, help="A prepared energon dataset folder or a blend YAML (default with --study: its data.path)."
     ),
-    seq_length: int = typer.Option(
-        ..., "--seq-length", help="The LLM sequence length packing is measured at."
+    model: Optional[str] = typer.Option(  # noqa: UP045
+        None,
+        "--model",
+        "-m",
+        help="The model whose encoder decides image tokens (default tiny): a model or encoder preset, a "
+        "HuggingFace config.json of a CLIP/SigLIP vision model, or a trainer.model description in YAML.",
     ),
-    tokenizer: Optional[str] = typer.Option(  # noqa: UP045 (typer needs Optional here)
+    study: Optional[Path] = typer.Option(  # noqa: UP045
+        None,
+        "--study",
+        help="Measure as this study trains: its first run's model, tiling, tokenizer, seq_length and data.",
+    ),
+    seq_length: Optional[int] = typer.Option(  # noqa: UP045
+        None, "--seq-length", help="The LLM sequence length packing is measured at (with --study: its own)."
+    ),
+    tokenizer: Optional[str] = typer.Option(  # noqa: UP045
         None, "--tokenizer", help="Local HuggingFace tokenizer folder (default: the built-in one)."
     ),
-    max_tiles: int = typer.Option(
-        1,
+    max_tiles: Optional[int] = typer.Option(  # noqa: UP045
+        None,
         "--max-tiles",
-        help="Tiles an image larger than the encoder's image size may become (as trainer.data).",
+        help="Tiles an image larger than the encoder's image size may become (as trainer.data; default 1).",
     ),
     thumbnail: bool = typer.Option(
         False, "--thumbnail", help="A tiled image also gives a thumbnail (as trainer.data.thumbnail)."
@@ -251,7 +263,8 @@ def stats_cmd(
         None,
         "--out",
         "-o",
-        help="JSON file to write (default: beside the blend YAML, or inside the dataset folder).",
+        help="JSON file to write (default: the study's trainer.data.stats, else beside the blend YAML, or "
+        "inside the dataset folder).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of the tables."),
 ) -> None:
@@ -262,45 +275,54 @@ def stats_cmd(
     from mimo_jobs.contract.datastats import geometry_record, stats_file_for
     from mimo_jobs.data.errors import DataError
 
+    if study is not None:
+        given = [
+            name
+            for name, v in (
+                ("PATH", path),
+                ("--model", model),
+                ("--seq-length", seq_length),
+                ("--tokenizer", tokenizer),
+                ("--max-tiles", max_tiles),
+                ("--thumbnail", thumbnail or None),
+            )
+            if v is not None
+        ]
+        if given:
+            fail(
+                f"--study {study} gives the data path, model, seq_length, tokenizer and tiling; leave out "
+                f"{', '.join(given)} (or leave out --study)"
+            )
+        measured = _study_settings(study)
+    else:
+        measured = _argument_settings(path, model, seq_length, tokenizer, max_tiles or 1, thumbnail)
     try:
-        if seq_length < 1:
-            raise DataError(f"--seq-length={seq_length}: must be >= 1")
-        from mimo_jobs.data.images import geometry_of_preset
-        from mimo_jobs.model.arch import ArchError
-        from mimo_jobs.model.resolve import arch_of
-        from mimo_jobs.model.tiling import MAX_TILES
-
-        try:
-            preset = arch_of(model)
-        except (ArchError, KeyError, ValueError) as e:
-            raise DataError(f"--model {model!r}: {e}") from None
-        if not 1 <= max_tiles <= MAX_TILES:
-            raise DataError(f"--max-tiles={max_tiles}: must be between 1 and {MAX_TILES}")
-        geometry = geometry_of_preset(model, max_tiles, thumbnail)
         from mimo_jobs.data.scan import scan
         from mimo_jobs.data.stats import summarize
 
-        if tokenizer is not None and not Path(tokenizer).is_dir():
+        tok, data_path = measured.tokenizer, measured.path
+        if tok is not None and not Path(tok).is_dir():
             raise DataError(
-                f"--tokenizer {tokenizer}: not a directory (a local HuggingFace tokenizer folder)"
+                f"{measured.tokenizer_field} {tok}: not a directory (a local HuggingFace tokenizer folder)"
             )
         if out is not None and out.is_dir():
             raise DataError(f"--out {out}: a directory; give the JSON file to write")
-        samples, skipped = scan(str(path.resolve()), geometry, preset.llm.vocab_size, tokenizer)
+        samples, skipped = scan(str(data_path.resolve()), measured.geometry, measured.vocab_size, tok)
         if not samples:
-            raise DataError(f"{path}: no sample could be read ({skipped} skipped as bad)")
+            raise DataError(f"{data_path}: no sample could be read ({skipped} skipped as bad)")
     except DataError as e:
         fail(str(e))
     except OSError as e:  # the dataset cannot be read
-        fail(f"{e.filename or path}: {e.strerror or e}", code=1)
+        fail(f"{e.filename or data_path}: {e.strerror or e}", code=1)
     doc = {
-        "dataset": str(path.resolve()),
-        "model": model,
-        "tokenizer": tokenizer or "builtin-char",
-        "geometry": geometry_record(geometry),
-        **summarize(samples, seq_length, skipped),
+        "dataset": str(data_path.resolve()),
+        "model": measured.model,
+        **({"study": str(study)} if study is not None else {}),
+        "tokenizer": tok or "builtin-char",
+        "geometry": geometry_record(measured.geometry),
+        **summarize(samples, measured.seq_length, skipped),
     }
-    dest = out or stats_file_for(path)
+    dest = out or measured.stats or stats_file_for(data_path)
     try:
         tmp = dest.with_name(f".{dest.name}.tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
@@ -313,6 +335,110 @@ def stats_cmd(
         return
     _print_stats(doc)
     typer.echo(f"wrote {dest}")
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What `data stats` measures with: from its options, or from a study's first run."""
+
+    path: Path
+    model: object  # as the document records it: the --model argument, or the study's trainer.model
+    geometry: object  # mimo_jobs.model.tiling.ImageGeometry
+    vocab_size: int | None  # None: an encoder without its LLM (scan.py)
+    seq_length: int
+    tokenizer: str | None
+    tokenizer_field: str = "--tokenizer"
+    stats: Path | None = None  # the study's trainer.data.stats
+
+
+def _argument_settings(path, model, seq_length, tokenizer, max_tiles, thumbnail) -> _Measured:
+    from mimo_jobs.model.arch import ArchError
+    from mimo_jobs.model.resolve import image_model
+    from mimo_jobs.model.tiling import MAX_TILES, ImageGeometry
+    from mimo_jobs.textsafe import visible
+
+    if path is None:
+        fail("give the dataset (a prepared energon folder or a blend YAML), or --study STUDY.yaml")
+    if seq_length is None:
+        fail("--seq-length is required without --study (the LLM sequence length packing is measured at)")
+    if seq_length < 1:
+        fail(f"--seq-length={seq_length}: must be >= 1")
+    try:
+        enc, llm = image_model(model or "tiny", Path.cwd())
+    except ArchError as e:
+        fail(visible(e.describe()), where="--model")
+    if not 1 <= max_tiles <= MAX_TILES:
+        fail(f"--max-tiles={max_tiles}: must be between 1 and {MAX_TILES}")
+    geometry = ImageGeometry.of(enc, max_tiles, thumbnail)
+    return _Measured(path, model or "tiny", geometry, llm.vocab_size if llm else None, seq_length, tokenizer)
+
+
+def _study_settings(study: Path) -> _Measured:
+    from mimo_jobs.model.resolve import arch_of
+    from mimo_jobs.model.tiling import ImageGeometry
+
+    diag, stats = _load_study(study)
+    if not diag.runs:
+        fail(f"{study}: the study has no run to measure for")
+    trainer = diag.runs[0].trainer
+    where = f"{study}: trainer"
+    data = trainer.data
+    if data.provider != "energon":
+        fail(
+            f"{where}.data.provider is {data.provider!r}: the mock provider's images are priced exactly, "
+            "there is no dataset to measure (set provider: energon and data.path)"
+        )
+    arch = arch_of(trainer.model)
+    if arch.encoder is None:
+        fail(f"{where}.model is text-only (no image encoder): a dataset's image tokens mean nothing to it")
+    return _Measured(
+        path=Path(data.path),
+        model=trainer.model,
+        geometry=ImageGeometry.of(arch.encoder, data.max_tiles, data.thumbnail),
+        vocab_size=arch.llm.vocab_size,
+        seq_length=trainer.seq_length,
+        tokenizer=data.tokenizer,
+        tokenizer_field=f"{where}.data.tokenizer",
+        stats=stats,
+    )
+
+
+def _load_study(study: Path):
+    """(the study's diagnosis, its trainer.data.stats path): read as `validate` reads it but for
+    trainer.data.stats, the file this command writes; a missing one, or one measured for another geometry,
+    is what it is run to replace. Every other problem is printed, exit 2."""
+    import os
+
+    from mimo_jobs.errors import MimoJobsError
+    from mimo_jobs.study.diagnose import diagnose_data
+    from mimo_jobs.study.load import interpolate, read_yaml
+    from mimo_jobs.study.spec import absolute_path
+
+    from .output import fail_problems, fail_with
+
+    try:
+        doc = read_yaml(study)
+    except MimoJobsError as e:
+        fail_with(e)
+    data = (
+        doc.get("trainer", {}).get("data")
+        if isinstance(doc, dict) and isinstance(doc.get("trainer"), dict)
+        else None
+    )
+    named = data.pop("stats", None) if isinstance(data, dict) else None
+    diag = diagnose_data(doc, str(study))
+    if not diag.ok or diag.study is None:
+        fail_problems(diag.source, diag.problems)
+    if named is None:
+        return diag, None
+    problems: list = []
+    value = interpolate(named, ("trainer", "data", "stats"), dict(os.environ), problems)
+    if problems:
+        fail(f"{study}: {problems[0][0]}: {problems[0][1]}")
+    try:
+        return diag, Path(absolute_path(str(value), study.parent))
+    except ValueError as e:
+        fail(f"{study}: trainer.data.stats: {e}")
 
 
 def _print_stats(doc: dict) -> None:

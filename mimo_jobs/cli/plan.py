@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import typer
@@ -96,7 +97,8 @@ def plan_cmd(
     if as_json:
         print_json({"study": diag.study.name, **plan_json(result)})
         return
-    typer.echo("\n".join(plan_text(result, diag.study.name)))
+    measure = f"mimo-jobs data stats --study {shlex.quote(str(study_file))}"
+    typer.echo("\n".join(plan_text(result, diag.study.name, measure)))
     if not any(p.best for p in result.plans):
         raise typer.Exit(2)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import typer
@@ -265,6 +266,16 @@ def predict(
         out.print(_calibration_line(cal), markup=False)
     sources = dict.fromkeys(p.shape.data_source for p in preds)  # say which data priced the image tokens
     out.print("image tokens: " + "; ".join(sources), markup=False)
+    ranges = dict.fromkeys(p.shape.image_range for p in preds if p.shape.image_range)
+    if ranges:  # the stated prior priced them: every figure of time rests on it
+        from mimo_jobs.predict.assumed import range_words
+
+        span = ", ".join(range_words(r) for r in ranges)
+        out.print(
+            f"image tokens assumed ({span}): time, bottleneck, idle, MFU and cost rest on it; measure "
+            f"with mimo-jobs data stats --study {shlex.quote(str(study_file))}",
+            markup=False,
+        )
     out.print(
         "MFU: encoder + LLM training FLOPs / (iteration time x all GPUs of the job x dense BF16 peak)",
         markup=False,

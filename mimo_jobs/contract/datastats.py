@@ -66,7 +66,7 @@ class DataStats:
             return None
         return (
             f"{self.path} was measured with another image geometry: {', '.join(diff)}; rerun `mimo-jobs data "
-            "stats` with the study's model and tiling (--model, --max-tiles, --thumbnail)"
+            "stats --study STUDY.yaml` (or with the study's --model, --max-tiles and --thumbnail)"
         )
 
 

@@ -13,9 +13,12 @@ from .check import check_data_path
 from .energon_provider import image_token_id
 from .images import ImageGeometry, header_size
 from .stats import SampleStat
-from .tokenizer import load_tokenizer
+from .tokenizer import PRINTABLE, load_tokenizer
 
 NO_LIMIT = 1 << 30
+BUILTIN_VOCAB = (
+    len(PRINTABLE) + 5
+)  # the built-in tokenizer's ids: 4 specials, the placeholder, the characters
 
 
 def _stat(s: Any, geometry: ImageGeometry) -> SampleStat:
@@ -33,9 +36,13 @@ def _stat(s: Any, geometry: ImageGeometry) -> SampleStat:
 
 
 def scan(
-    path: str, geometry: ImageGeometry, vocab_size: int, tokenizer: str | None
+    path: str, geometry: ImageGeometry, vocab_size: int | None, tokenizer: str | None
 ) -> tuple[list[SampleStat], int]:
-    """(per-sample stats in the dataset's order, samples skipped as bad)."""
+    """(per-sample stats in the dataset's order, samples skipped as bad). vocab_size None (an image encoder
+    without its LLM): the tokenizer's own ids, the image placeholder after them; token counts do not depend
+    on the vocabulary's size."""
+    if vocab_size is None:
+        vocab_size = BUILTIN_VOCAB if tokenizer is None else NO_LIMIT
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
     from .task_encoder import EncodeConfig, MimoTaskEncoder

@@ -5,7 +5,9 @@ is a packaged module's name, inline fields, {preset: NAME, ...overrides} or {hf_
 Without an encoder the model is text-only (a GPT alone): another program's runs are priced as it, without
 images; the packaged trainer refuses it (model/splits.py holds that rule).
 `resolved_field` turns a description into the self-contained form expansion records in run.yaml (inline
-fields only, no paths); a preset name stays a name.
+fields only, no paths); a preset name stays a name. `image_model` reads a command-line model argument
+(`data stats --model`): anything trainer.model accepts, or an image encoder alone (anything
+trainer.model.encoder accepts), since the encoder alone decides a dataset's image tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from mimo_jobs.model import hf
 from mimo_jobs.model.arch import ArchError, EncoderArch, LLMArch, ModelArch
-from mimo_jobs.model.presets import encoder_preset, get_preset, llm_preset
+from mimo_jobs.model.presets import ENCODERS, LLMS, PRESETS, encoder_preset, get_preset, llm_preset
 
 _MODEL_KEYS = ("name", "description", "encoder", "llm")
 
@@ -116,3 +118,78 @@ def _read_hf(path, base_dir, from_hf) -> dict:
     except ArchError as e:
         raise ArchError("hf_config", f"{path}: {e.describe()}") from None
     return fields | {"source": str(path)}
+
+
+MAX_ARGUMENT = 16_384  # characters of a command-line model argument
+# What a command-line model argument may be, with an example of each that works as written.
+MODEL_ARGUMENT_FORMS = (
+    "a model preset (e.g. tiny), an encoder preset (e.g. siglip-so400m-14-384), the path of a HuggingFace "
+    "config.json of a CLIP or SigLIP vision model, or a trainer.model description in YAML, e.g. "
+    "'{encoder: {preset: siglip-so400m-14-384, image_size: 448}, llm: qwen2.5-7b}'"
+)
+
+
+def image_model(text: str, base_dir: str | Path | None = None) -> tuple[EncoderArch, LLMArch | None]:
+    """The image encoder a command-line model argument names, and its LLM when it names one (None: an encoder
+    alone). The argument is read as data (YAML or JSON, never run); the descriptions go through arch_of and
+    the encoder side of a description, the one parser of trainer.model. ArchError names what would fit."""
+    text = text.strip()
+    if len(text) > MAX_ARGUMENT:
+        raise ArchError("", f"{len(text):,} characters; a model argument holds at most {MAX_ARGUMENT:,}")
+    if text.startswith("{"):
+        import yaml
+
+        try:
+            # anchors and aliases could expand a short text into a huge one: a description writes its fields
+            if any(isinstance(t, (yaml.AnchorToken, yaml.AliasToken)) for t in yaml.scan(text)):
+                raise ArchError(
+                    "", "YAML anchors and aliases (& and *) are not read here; write the fields out"
+                )
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ArchError(
+                "", f"{_shown(text)} is not a YAML mapping ({_first_line(e)}); give {MODEL_ARGUMENT_FORMS}"
+            ) from None
+        if not isinstance(value, dict):
+            raise ArchError("", f"{_shown(text)} is not a mapping; give {MODEL_ARGUMENT_FORMS}")
+        if set(value) & set(_MODEL_KEYS) and not set(value) & {"preset", "hf_config"}:
+            return _with_encoder(arch_of(value, base_dir))
+        return _side(value, "encoder", EncoderArch, encoder_preset, hf.encoder_fields, base_dir), None
+    if text in PRESETS:
+        return _with_encoder(get_preset(text))
+    if text in ENCODERS:
+        return ENCODERS[text], None
+    if text in LLMS:
+        raise ArchError(
+            "", f"{_shown(text)} is an LLM preset, which sees no images; give {MODEL_ARGUMENT_FORMS}"
+        )
+    if text.endswith(".json") or _is_file(text):
+        return _side(
+            {"hf_config": text}, "encoder", EncoderArch, encoder_preset, hf.encoder_fields, base_dir
+        ), None
+    known = f"model presets {', '.join(sorted(PRESETS))}; encoder presets {', '.join(sorted(ENCODERS))}"
+    raise ArchError("", f"{_shown(text)} is no model this knows ({known}); give {MODEL_ARGUMENT_FORMS}")
+
+
+def _shown(text: str) -> str:
+    """The argument as an error quotes it: its start, when long."""
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except OSError:  # a name too long for the file system names no file
+        return False
+
+
+def _with_encoder(a: ModelArch) -> tuple[EncoderArch, LLMArch]:
+    if a.encoder is None:
+        raise ArchError(
+            "encoder", f"model {a.name!r} is text-only (no image encoder); give {MODEL_ARGUMENT_FORMS}"
+        )
+    return a.encoder, a.llm
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

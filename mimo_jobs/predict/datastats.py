@@ -8,8 +8,14 @@ tokens (FLOPs and time from the means, memory from the maximum), and says where 
   E[n^2]/E[n] over its encoder samples, and its text tokens. A named file of another image geometry is
   refused when the study is read (spec.DataSpec); here (a report reading run.yaml, the file gone or changed
   since) unusable statistics are passed over, saying so;
-- otherwise (energon without statistics, or data unknown): one full-size image per sample for time, and for
-  memory the largest image the tiling allows (max_tiles tiles, plus the thumbnail).
+- otherwise (energon without statistics, or data unknown): the stated prior of prior.py (one image per
+  sample, its tiling grid equally likely to be each one InternVL may choose; with max_tiles 1 one full-size
+  image), marked `assumed`, with its low and high ends (one full-size encoder sample per image; max_tiles
+  tiles plus the thumbnail) for the verdicts that depend on it (assumed.py).
+
+Packed rows (trainer.data.packing) carry several samples, each with its images: statistics and the prior
+are scaled by the samples a row of seq_length holds (prior.packed), from the measured text tokens or the
+prior's.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from pathlib import Path
 
 from mimo_jobs.contract.datastats import DataStats, StatsFileError, read_stats, stats_file_for
 from mimo_jobs.model.arch import EncoderArch
-from mimo_jobs.model.tiling import ImageGeometry
+from mimo_jobs.model.tiling import ImageGeometry, grids
+
+from .prior import PRIOR_TEXT_TOKENS, SampleMix, packed, prior_ends, prior_mix, samples_per_row
 
 
 @dataclass(frozen=True)
@@ -29,8 +37,15 @@ class DataMix:
     tokens_per_image: float  # E[n^2]/E[n] over encoder samples (images or tiles): the attention core's mix
     image_tokens_max: int  # LLM image tokens of one sample at most (memory)
     source: str  # which data the figures come from, in words
-    text_tokens_mean: float | None = None  # measured text tokens per sample (statistics only)
+    text_tokens_mean: float | None = None  # measured text tokens per sample, per row when packed (statistics)
     text_tokens_max: int | None = None
+    assumed: bool = False  # the figures come from the stated prior, not from the data
+    ends: tuple[DataMix, DataMix] | None = None  # the prior's low and high ends (assumed only)
+
+    @property
+    def range(self) -> tuple[float, float] | None:
+        """Mean image tokens per sample (per row when packed) at the prior's low and high ends."""
+        return None if self.ends is None else (self.ends[0].image_tokens_mean, self.ends[1].image_tokens_mean)
 
 
 @lru_cache(maxsize=64)
@@ -46,19 +61,63 @@ def _stats(path: Path) -> DataStats:
     return _read(str(path), mtime)
 
 
-def from_stats(st: DataStats) -> DataMix:
+def from_stats(st: DataStats, packing_at: int | None = None) -> DataMix:
+    """The statistics' mix; per packed row of `packing_at` tokens when given."""
+    mix = SampleMix(st.image_tokens_mean, st.tokens_per_tile, st.image_tokens_max)
+    source = f"dataset statistics {st.path} ({st.samples} samples)"
+    text = st.text_tokens_mean
+    if packing_at:
+        rows = packed(mix, packing_at, st.text_tokens_mean)
+        source += _packed_words(mix, rows, packing_at, st.text_tokens_mean, "measured")
+        # the row's text: its samples' (as many samples as bring their images)
+        text = min(text * samples_per_row(packing_at, text, mix.image_tokens_mean), packing_at)
+        mix = rows
     return DataMix(
-        image_tokens_mean=st.image_tokens_mean,
-        tokens_per_image=st.tokens_per_tile,
-        image_tokens_max=st.image_tokens_max,
-        source=f"dataset statistics {st.path} ({st.samples} samples)",
-        text_tokens_mean=st.text_tokens_mean,
+        image_tokens_mean=mix.image_tokens_mean,
+        tokens_per_image=mix.tokens_per_image,
+        image_tokens_max=mix.image_tokens_max,
+        source=source,
+        text_tokens_mean=text,
         text_tokens_max=st.text_tokens_max,
     )
 
 
-def data_mix(data, enc: EncoderArch) -> DataMix:
-    """The DataMix of a study's trainer.data (spec.DataSpec; None: unknown)."""
+def _packed_words(per_sample: SampleMix, rows: SampleMix, seq_length: int, text: float, how: str) -> str:
+    k = rows.image_tokens_mean / per_sample.image_tokens_mean if per_sample.image_tokens_mean else 1.0
+    return f"; packed: {k:.3g} samples per row of {seq_length} ({text:.0f} text tokens a sample, {how})"
+
+
+def _mix(m: SampleMix, source: str, **kw) -> DataMix:
+    return DataMix(m.image_tokens_mean, m.tokens_per_image, m.image_tokens_max, source, **kw)
+
+
+def assumed_mix(
+    geom: ImageGeometry, seq_length: int | None = None, packing: bool = False, note: str = ""
+) -> DataMix:
+    """The prior's mix (prior.py), marked assumed, with its two ends; a sample at most a row of
+    `seq_length`, and per packed row when `packing`."""
+    mean, (low, high) = prior_mix(geom, seq_length), prior_ends(geom, seq_length)
+    if geom.max_tiles > 1:
+        thumb = " + thumbnail" if geom.thumbnail else ""
+        words = (
+            f"one image per sample, its tiling grid equally likely to be each of the "
+            f"{len(grids(geom.max_tiles))} grids up to max_tiles {geom.max_tiles}{thumb} "
+            f"({mean.tiles_mean:.3g} encoder samples, {mean.image_tokens_mean:.0f} image tokens a sample)"
+        )
+    else:
+        words = "one full-size image per sample"
+    source = f"assumed: {words} (no dataset statistics)"
+    if packing and seq_length:
+        rows = [packed(m, seq_length, PRIOR_TEXT_TOKENS) for m in (mean, low, high)]
+        source += _packed_words(mean, rows[0], seq_length, PRIOR_TEXT_TOKENS, "assumed")
+        mean, low, high = rows
+    ends = (_mix(low, "assumed: low end", assumed=True), _mix(high, "assumed: high end", assumed=True))
+    return _mix(mean, source + note, assumed=True, ends=ends)
+
+
+def data_mix(data, enc: EncoderArch, seq_length: int | None = None) -> DataMix:
+    """The DataMix of a study's trainer.data (spec.DataSpec; None: unknown); packed rows are priced per row
+    of `seq_length` tokens (given by every caller that prices a run)."""
     if data is not None and getattr(data, "provider", "mock") == "mock":
         sizes = list(data.image_sizes) or [enc.image_size]
         ns = [enc.tokens_for(s, s) for s in sizes]
@@ -68,6 +127,7 @@ def data_mix(data, enc: EncoderArch) -> DataMix:
             (1 - data.text_only_fraction) * mean_n, per_image, max(ns), "the mock provider's images"
         )
     geom = ImageGeometry.of(enc, getattr(data, "max_tiles", 1), getattr(data, "thumbnail", False))
+    packing_at = seq_length if getattr(data, "packing", False) else None
     note = ""
     named = bool(data is not None and data.stats)
     path = (
@@ -80,12 +140,6 @@ def data_mix(data, enc: EncoderArch) -> DataMix:
         except StatsFileError as e:
             problem = str(e)
         if not problem:
-            return from_stats(st)
+            return from_stats(st, packing_at)
         note = f"; passed over {path}: {problem}"
-    full = geom.tile_tokens
-    return DataMix(
-        float(full),
-        float(full),
-        geom.max_tokens,
-        "one full-size image per sample (no dataset statistics)" + note,
-    )
+    return assumed_mix(geom, seq_length, bool(packing_at), note)

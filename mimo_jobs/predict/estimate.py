@@ -119,6 +119,8 @@ def to_json(p: Prediction, tokens: float | None = None) -> dict:
             "mean": p.shape.image_tokens_mean,
             "max": p.shape.image_tokens_max,
             "source": p.shape.data_source,
+            "assumed": p.shape.image_assumed,  # the stated prior, not the data (docs/predict.md)
+            "range": list(p.shape.image_range) if p.shape.image_range else None,
         },
         "idle_fraction": p.time.idle_fraction,
         "dominant": p.time.dominant,

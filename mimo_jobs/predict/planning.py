@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .assumed import EndsVerdict, ends_verdict, range_words
 from .cost import Cost, tokens_text
 from .estimate import Prediction, cost_json
 from .hardware import GIB, GPU
@@ -40,6 +41,7 @@ class NodePlan:
 
     best_heterogeneous: Candidate | None = None
     tiling_note: str | None = None  # why no layout was priced at all (none tiles the batch)
+    assumed: EndsVerdict | None = None  # the best at each end of an assumed image mix (assumed.py)
 
     @property
     def best(self) -> Candidate | None:
@@ -122,7 +124,9 @@ def plan_one(
         tiling = f"no layout tiles gbs {gbs} on {nodes * shape.layout.gpus_per_node} GPUs" + (
             f"; a colocated layout tiles gbs {' or '.join(map(str, near))}" if near else ""
         )
-    return NodePlan(nodes, gbs, ranked, len(fit) + len(over), colo, note, nearest, hetero, tiling)
+    tops = [c.layout for c in ranked + [colo, hetero] if c is not None]
+    ends = ends_verdict(s, tops, gpu, eff, headroom)
+    return NodePlan(nodes, gbs, ranked, len(fit) + len(over), colo, note, nearest, hetero, tiling, ends)
 
 
 def cross_flags(plans: list[NodePlan]) -> list[Flag]:
@@ -223,6 +227,7 @@ def plan_json(r: PlanResult) -> dict:
             "colocated_note": p.colocated_note,
             "nearest_colocated_gbs": p.nearest_colocated_gbs,
             "layouts": [candidate_json(r.shape, c, p.best, r.tokens) for c in p.ranked],
+            "assumed_mix": _ends_json(p.assumed),
         }
 
     return {
@@ -237,6 +242,13 @@ def plan_json(r: PlanResult) -> dict:
         },
         "tokens": r.tokens,
         "rank_by": r.rank_by,
+        "image_tokens": {
+            "mean": r.shape.image_tokens_mean,
+            "max": r.shape.image_tokens_max,
+            "source": r.shape.data_source,
+            "assumed": r.shape.image_assumed,
+            "range": list(r.shape.image_range) if r.shape.image_range else None,
+        },
         "plans": [one(p) for p in r.plans],
         "summary": [
             {
@@ -258,6 +270,19 @@ def plan_json(r: PlanResult) -> dict:
     }
 
 
+def _ends_json(e: EndsVerdict | None) -> dict | None:
+    def end(v) -> dict:
+        best = v.best
+        return {
+            "image_tokens": v.image_tokens,
+            "verdict": v.words,
+            "point": point_dict(best.layout) if best else None,
+            "iteration_s": best.prediction.time.iteration_s if best else None,
+        }
+
+    return None if e is None else {"flips": e.flips, "low": end(e.low), "high": end(e.high)}
+
+
 FLAG_MEANING = {
     "larger-slower": "a larger allocation is predicted slower than a smaller one: the smaller one is the better buy",
     "no-colocated": "no colocated layout divides the global batch over this many GPUs; the nearest batches that "
@@ -268,9 +293,10 @@ FLAG_MEANING = {
 }
 
 
-def plan_text(r: PlanResult, study: str) -> list[str]:
+def plan_text(r: PlanResult, study: str, measure: str = "mimo-jobs data stats") -> list[str]:
     """The pasteable text: per node count and batch the ranked points as YAML with comments, then the
-    summary table and what each flag means."""
+    summary table and what each flag means; `measure` is the command an assumed image mix's warning
+    names."""
     cal = "calibrated" if r.calibrated else "uncalibrated"
     rc = r.shape.recompute
     text_only = r.shape.preset.text_only
@@ -284,6 +310,11 @@ def plan_text(r: PlanResult, study: str) -> list[str]:
         f"# {study} on {r.gpu.name} ({cal} efficiencies), headroom {r.headroom_bytes / GIB:.1f} GiB",
         f"# the study's trainer: {settings} (a point's comment names any setting it needs instead)",
     ]
+    if r.shape.image_range:
+        lines.append(
+            f"# image tokens {r.shape.data_source}; {range_words(r.shape.image_range)}: every verdict "
+            "below is assumed"
+        )
     for p in r.plans:
         lines.append(
             f"# {p.nodes} node(s), gbs {p.gbs}: {len(p.ranked)} shown of {p.priced} feasible layouts"
@@ -303,6 +334,8 @@ def plan_text(r: PlanResult, study: str) -> list[str]:
             )
         if p.colocated_note:
             lines.append(f"# colocated: {p.colocated_note}")
+        if p.assumed and p.assumed.flips:
+            lines.append(f"# {p.assumed.line(measure)}")
     what = f"GPU-h to {tokens_text(r.tokens)}" if r.tokens else "GPU-h (run)"
     order = " (cheapest first)" if r.rank_by == "cost" else ""
     lines.append(
@@ -325,6 +358,8 @@ def plan_text(r: PlanResult, study: str) -> list[str]:
             )
         cost = r.cost(p.best) if p.best else None
         gpu_h = f"{cost.gpu_hours:14,.0f}" if cost else f"{'-':>14}"
+        if r.shape.image_assumed and p.best:
+            split += " (assumed image mix)"
         lines.append(
             f"#{' ' * (8 + len(order))} {p.nodes:5d} {p.gbs:5d}  {secs(p.best, 11)}  "
             f"{secs(p.best_heterogeneous, 12)}  {secs(p.best_colocated, 16)}  {gpu_h}  {split}"

@@ -48,6 +48,20 @@ class RunShape:
     def carried_source(self) -> str:
         return "dataset statistics" if self.text_tokens_mean is not None else "assumed full rows"
 
+    # the stated prior priced the image tokens (no dataset statistics): its low and high ends, for the
+    # verdicts that depend on it (assumed.py); None when the data said
+    assumed_ends: tuple[DataMix, DataMix] | None = None
+
+    @property
+    def image_assumed(self) -> bool:
+        return self.assumed_ends is not None
+
+    @property
+    def image_range(self) -> tuple[float, float] | None:
+        """Mean image tokens per sample at the prior's low and high ends (None: not assumed)."""
+        e = self.assumed_ends
+        return None if e is None else (e[0].image_tokens_mean, e[1].image_tokens_mean)
+
     @property
     def dtype_bytes(self) -> int:
         return 2 if self.bf16 else 4
@@ -63,31 +77,31 @@ class RunShape:
 TEXT_ONLY = "no images (a text-only model)"
 
 
-def model_mix(data, enc: EncoderArch | None) -> DataMix:
-    """datastats.data_mix's rule for a model's encoder; a text-only model (no encoder) sees no images,
-    whatever its data says."""
-    return DataMix(0.0, 0.0, 0, TEXT_ONLY) if enc is None else data_mix(data, enc)
+def model_mix(data, enc: EncoderArch | None, seq_length: int | None = None) -> DataMix:
+    """datastats.data_mix's rule for a model's encoder (packed rows of `seq_length`); a text-only model (no
+    encoder) sees no images, whatever its data says."""
+    return DataMix(0.0, 0.0, 0, TEXT_ONLY) if enc is None else data_mix(data, enc, seq_length)
 
 
-def image_mix(data, enc: EncoderArch | None) -> tuple[float, float, int]:
+def image_mix(data, enc: EncoderArch | None, seq_length: int | None = None) -> tuple[float, float, int]:
     """(mean image tokens per sample, E[n^2]/E[n] per encoder sample, most tokens per sample) of a study's
-    data, in the tokens the LLM receives: model_mix's rule (mock mix, dataset statistics, one full-size
-    image per sample, or none for a text-only model)."""
-    m = model_mix(data, enc)
+    data, in the tokens the LLM receives: model_mix's rule (mock mix, dataset statistics, the stated prior,
+    or none for a text-only model; per packed row of `seq_length` when the data packs)."""
+    m = model_mix(data, enc, seq_length)
     return m.image_tokens_mean, m.tokens_per_image, m.image_tokens_max
 
 
 def sample_flops(preset: ModelArch, seq_length: int, data) -> SampleFlops:
-    """Training FLOPs of one sample of a study's data (None: data unknown, one full-size image a sample;
-    none for a text-only model): the one way image tokens reach the FLOPs formula."""
-    mean, per_image, _ = image_mix(data, preset.encoder)
+    """Training FLOPs of one sample (row) of a study's data (None: data unknown, the stated prior; none for a
+    text-only model): the one way image tokens reach the FLOPs formula."""
+    mean, per_image, _ = image_mix(data, preset.encoder, seq_length)
     return flops_per_sample(preset, seq_length, mean, per_image)
 
 
 def shape_of(layout: Layout, trainer) -> RunShape:
     """A RunShape from a layout and a spec.TrainerSpec."""
     preset = arch_of(trainer.model)
-    mix = model_mix(trainer.data, preset.encoder)
+    mix = model_mix(trainer.data, preset.encoder, trainer.seq_length)
     shape = RunShape(
         layout=layout,
         preset=preset,
@@ -107,6 +121,7 @@ def shape_of(layout: Layout, trainer) -> RunShape:
         text_tokens_mean=mix.text_tokens_mean,
         train_iters=trainer.train_iters,
         train_samples=trainer.train_samples,
+        assumed_ends=mix.ends if mix.assumed else None,
     )
     return on_layout(shape, layout)
 

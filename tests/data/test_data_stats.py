@@ -135,7 +135,7 @@ def test_cli_stats_writes_json_beside_the_blend_and_refuses_bad_input(instruct_d
     assert "packing at 64" in r.stdout and f"wrote {out}" in r.stdout
     for args, msg in [
         ([str(res.blend), "--seq-length", "0"], "--seq-length=0"),
-        ([str(res.blend), "--seq-length", "64", "--model", "nope"], "unknown model preset 'nope'"),
+        ([str(res.blend), "--seq-length", "64", "--model", "nope"], "'nope' is no model this knows"),
         ([str(tmp_path / "missing"), "--seq-length", "64"], "missing"),
     ]:
         bad = subprocess.run(base + args, capture_output=True, text=True, check=False)

@@ -84,7 +84,7 @@ def test_stats_price_the_measured_tokens(dataset, tmp_path):
         FULL,
         FULL,
     )
-    assert without.data_source.startswith("one full-size image per sample")
+    assert without.data_source.startswith("assumed: one full-size image per sample")
     assert with_stats.image_tokens_mean < without.image_tokens_mean
 
     from mimo_jobs.predict.run import sample_flops
@@ -128,14 +128,16 @@ def test_stats_beside_the_data_are_found_and_predict_says_so(dataset, tmp_path):
     doc["geometry"]["max_tiles"] = 4
     beside.write_text(json.dumps(doc))
     src = _shape(study).data_source
-    assert src.startswith("one full-size image per sample") and "passed over" in src and "max_tiles 4" in src
+    assert src.startswith("assumed: one full-size image per sample") and "passed over" in src
+    assert "max_tiles 4" in src
 
 
 def test_tiling_without_stats_prices_the_largest_image_for_memory(dataset, tmp_path):
     _, blend, _, _ = dataset
     s = _shape(_study(tmp_path, blend, max_tiles=4, thumbnail=True))
-    # time: one full-size image; memory: 4 tiles + the thumbnail of 16 tokens each
-    assert (s.image_tokens_mean, s.image_tokens_max) == (FULL, 5 * FULL)
+    # time: the stated prior (tests/predict/test_image_prior.py has its arithmetic); memory: 4 tiles + the
+    # thumbnail of 16 tokens each
+    assert s.image_tokens_max == 5 * FULL and s.image_assumed and s.image_range == (FULL, 5 * FULL)
 
 
 def test_bad_stats_are_refused_naming_the_field(dataset, tmp_path):
