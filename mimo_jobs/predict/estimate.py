@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .hardware import GPU
 from .memory import MemoryPlan, memory_plan
 from .run import RunShape, shape_of
-from .steptime import Efficiency, StepTime, step_time
+from .steptime import Efficiency, StepTime, efficiency_for, step_time
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,10 @@ def predict_shape(rs: RunShape, gpu: GPU, eff: Efficiency, name: str = "", run_i
 
 
 def predict_run(run, gpu: GPU, eff: Efficiency | None = None) -> Prediction:
-    """A plan.runspec.RunSpec."""
-    return predict_shape(shape_of(run.layout, run.trainer), gpu, eff or Efficiency(), run.name, run.run_id)
+    """A plan.runspec.RunSpec, priced with `eff` or the GPU's fitted efficiencies."""
+    return predict_shape(
+        shape_of(run.layout, run.trainer), gpu, eff or efficiency_for(gpu), run.name, run.run_id
+    )
 
 
 def to_json(p: Prediction) -> dict:
