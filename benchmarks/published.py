@@ -1,9 +1,10 @@
 """The planner's time model against published GPU training runs (benchmarks/published/runs.yaml).
 
 python benchmarks/published.py          per row: predicted against published step time, and the error;
-                                        then median and worst |error| with today's efficiencies (the
-                                        defaults), with the fitted ones stored in mimo_jobs/predict/hardware.py,
-                                        and held out one source at a time
+                                        then median and worst |error| with the default efficiencies
+                                        (steptime.Efficiency, what the planner used before the fit), with the
+                                        fitted ones stored in mimo_jobs/predict/hardware.py, and held out one
+                                        source at a time; then the planner's peak memory where a row gives one
 python benchmarks/published.py --fit    also the fresh fit per GPU generation, as hardware.py stores it
 
 Each row is priced by the project's own time model: a text-only model description (mimo_jobs.model) on the
@@ -209,6 +210,22 @@ def held_out(rows: list[Row], parts: list[Decomposed]) -> list[float | None]:
     return out
 
 
+def memory_of(r: Row) -> dict[str, float]:
+    """The planner's memory for the row's fullest rank (predict/memory.py), in GiB: weights, gradients and
+    optimizer state; activations; and the framework allowance (CUDA context, NCCL buffers, allocator)."""
+    plan = predict_shape(r.shape, GPUS[r.gpu], Efficiency()).memory
+    worst = max(plan.classes, key=lambda c: c.total_bytes)
+    state = sum(m.weight_bytes + m.grad_bytes + m.optimizer_bytes for m in worst.modules)
+    act = sum(m.activation_bytes + m.bridge_bytes for m in worst.modules)
+    gib = 1024**3
+    return {
+        "total": worst.total_bytes / gib,
+        "state": state / gib,
+        "activations": act / gib,
+        "framework": worst.framework_bytes / gib,
+    }
+
+
 def _stats(errs: list[float]) -> str:
     a = [abs(e) for e in errs]
     return f"median |error| {statistics.median(a):6.1%}, worst {max(a):6.1%} ({len(a)} rows)"
@@ -227,25 +244,33 @@ def summary(rows: list[Row], parts: list[Decomposed]) -> dict[str, list[float]]:
     }
 
 
+def summary_lines(s: dict[str, list[float]]) -> list[str]:
+    """The summary as printed (docs/predict.md quotes these lines; tests/predict/test_published.py holds
+    the two to each other)."""
+    return [
+        f"bf16/fp16 rows, default efficiencies: {_stats(s['before'])}",
+        f"bf16/fp16 rows, fitted (hardware.py): {_stats(s['after'])}",
+        f"bf16/fp16 rows, leave-one-source-out: {_stats(s['held_out'])}",
+    ]
+
+
 def main(argv: list[str]) -> None:
     _, rows = load_rows()
     parts = decomposed(rows)
     before, after, lo = errors(rows, parts, None), errors(rows, parts, stored(rows)), held_out(rows, parts)
     print(
-        f"{'row':38} {'gpu':5} {'prec':5} {'published s':>11} {'today s':>9} {'err':>7} {'fitted s':>9} {'err':>7} {'held-out':>8}"
+        f"{'row':38} {'gpu':5} {'prec':5} {'published s':>11} {'default s':>9} {'err':>7} {'fitted s':>9} {'err':>7} {'held-out':>8}"
     )
+    base, effs = Efficiency(), stored(rows)
     for r, d, b, a, h in zip(rows, parts, before, after, lo, strict=True):
-        eff = stored(rows)[generation(r.gpu)]
+        eff = effs[generation(r.gpu)]
         print(
-            f"{r.id:38} {r.gpu:5} {r.precision:5} {r.published_s:11.3f} {d.at(0.40, 0.70):9.3f} {b:+7.1%} "
+            f"{r.id:38} {r.gpu:5} {r.precision:5} {r.published_s:11.3f} {d.at(base.llm, base.network):9.3f} {b:+7.1%} "
             f"{d.at(eff.llm, eff.network, eff.gemm_half_width):9.3f} {a:+7.1%} "
             + (f"{h:+8.1%}" if h is not None else f"{'(no fit)':>8}")
         )
-    s = summary(rows, parts)
     print()
-    print(f"bf16/fp16 rows, today's efficiencies: {_stats(s['before'])}")
-    print(f"bf16/fp16 rows, fitted (hardware.py): {_stats(s['after'])}")
-    print(f"bf16/fp16 rows, leave-one-source-out: {_stats(s['held_out'])}")
+    print("\n".join(summary_lines(summary(rows, parts))))
     for label, keep in (
         ("fp8 rows", lambda r: r.precision == "fp8"),
         ("rows kept out", lambda r: not r.in_fit),
@@ -253,6 +278,18 @@ def main(argv: list[str]) -> None:
         errs = [a for r, a in zip(rows, after, strict=True) if keep(r)]
         if errs:
             print(f"{label} (not fitted), fitted efficiencies: {_stats(errs)}")
+    memory_rows = [r for r in rows if r.peak_memory_gib is not None]
+    if memory_rows:
+        print()
+        print(
+            f"{'peak memory, GiB':38} {'published':>9} {'predicted':>9} {'state':>7} {'activ.':>7} {'framework':>9}"
+        )
+        for r in memory_rows:
+            m = memory_of(r)
+            print(
+                f"{r.id:38} {r.peak_memory_gib:9.1f} {m['total']:9.1f} {m['state']:7.1f} {m['activations']:7.1f} "
+                f"{m['framework']:9.1f}"
+            )
     if "--fit" in argv:
         print()
         print(
