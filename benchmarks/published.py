@@ -170,12 +170,17 @@ def decomposed(rows: list[Row]) -> list[Decomposed]:
     ]
 
 
-def errors(rows: list[Row], parts: list[Decomposed], effs: dict[str, Efficiency] | None) -> list[float]:
-    """predicted / published - 1 per row; `effs` per generation (None: today's defaults)."""
+def predicted_s(r: Row, eff: Efficiency) -> float:
+    """The planner's step time for the row (the fit works on the decomposition, the errors on this)."""
+    return predict_shape(r.shape, GPUS[r.gpu], eff).time.iteration_s
+
+
+def errors(rows: list[Row], effs: dict[str, Efficiency] | None) -> list[float]:
+    """predicted / published - 1 per row; `effs` per generation (None: the defaults)."""
     out = []
-    for r, d in zip(rows, parts, strict=True):
+    for r in rows:
         eff = Efficiency() if effs is None else effs.get(generation(r.gpu), Efficiency())
-        out.append(d.at(eff.llm, eff.network, eff.gemm_half_width) / r.published_s - 1)
+        out.append(predicted_s(r, eff) / r.published_s - 1)
     return out
 
 
@@ -206,7 +211,7 @@ def held_out(rows: list[Row], parts: list[Decomposed]) -> list[float | None]:
         effs = fresh_fit([rows[i] for i in train], [parts[i] for i in train], wanted)
         for i, r in enumerate(rows):
             if r.source == src and r.fitted:
-                out[i] = errors([r], [parts[i]], effs)[0]
+                out[i] = errors([r], effs)[0]
     return out
 
 
@@ -231,17 +236,18 @@ def _stats(errs: list[float]) -> str:
     return f"median |error| {statistics.median(a):6.1%}, worst {max(a):6.1%} ({len(a)} rows)"
 
 
-def summary(rows: list[Row], parts: list[Decomposed]) -> dict[str, list[float]]:
-    """The bf16/fp16 rows' errors: before fitting, with the stored fit, and held out by source."""
-    fit_rows = [i for i, r in enumerate(rows) if r.fitted]
-    before = errors(rows, parts, None)
-    after = errors(rows, parts, stored(rows))
-    lo = held_out(rows, parts)
+def row_errors(rows: list[Row], parts: list[Decomposed]) -> dict[str, list]:
+    """Every row's error with the default efficiencies, with the stored fit, and held out by source."""
     return {
-        "before": [before[i] for i in fit_rows],
-        "after": [after[i] for i in fit_rows],
-        "held_out": [lo[i] for i in fit_rows],
+        "before": errors(rows, None),
+        "after": errors(rows, stored(rows)),
+        "held_out": held_out(rows, parts),
     }
+
+
+def summary(rows: list[Row], errs: dict[str, list]) -> dict[str, list[float]]:
+    """row_errors of the bf16/fp16 rows the fit uses."""
+    return {k: [v[i] for i, r in enumerate(rows) if r.fitted] for k, v in errs.items()}
 
 
 def summary_lines(s: dict[str, list[float]]) -> list[str]:
@@ -257,20 +263,20 @@ def summary_lines(s: dict[str, list[float]]) -> list[str]:
 def main(argv: list[str]) -> None:
     _, rows = load_rows()
     parts = decomposed(rows)
-    before, after, lo = errors(rows, parts, None), errors(rows, parts, stored(rows)), held_out(rows, parts)
+    errs = row_errors(rows, parts)
+    before, after, lo = errs["before"], errs["after"], errs["held_out"]
     print(
         f"{'row':38} {'gpu':5} {'prec':5} {'published s':>11} {'default s':>9} {'err':>7} {'fitted s':>9} {'err':>7} {'held-out':>8}"
     )
     base, effs = Efficiency(), stored(rows)
-    for r, d, b, a, h in zip(rows, parts, before, after, lo, strict=True):
+    for r, b, a, h in zip(rows, before, after, lo, strict=True):
         eff = effs[generation(r.gpu)]
         print(
-            f"{r.id:38} {r.gpu:5} {r.precision:5} {r.published_s:11.3f} {d.at(base.llm, base.network):9.3f} {b:+7.1%} "
-            f"{d.at(eff.llm, eff.network, eff.gemm_half_width):9.3f} {a:+7.1%} "
-            + (f"{h:+8.1%}" if h is not None else f"{'(no fit)':>8}")
+            f"{r.id:38} {r.gpu:5} {r.precision:5} {r.published_s:11.3f} {predicted_s(r, base):9.3f} {b:+7.1%} "
+            f"{predicted_s(r, eff):9.3f} {a:+7.1%} " + (f"{h:+8.1%}" if h is not None else f"{'(no fit)':>8}")
         )
     print()
-    print("\n".join(summary_lines(summary(rows, parts))))
+    print("\n".join(summary_lines(summary(rows, errs))))
     for label, keep in (
         ("fp8 rows", lambda r: r.precision == "fp8"),
         ("rows kept out", lambda r: not r.in_fit),

@@ -5,7 +5,9 @@ For a fixed layout a run's predicted step time is compute_s / (compute efficienc
 network efficiency + fixed_s (steptime.py: compute scales with 1 / (Efficiency.llm x gemm_factor), the TP,
 CP, EP, pipeline and DP transfers with 1 / Efficiency.network, kernel launches and the optimizer pass with
 neither; gemm_factor = width / (width + half width)). So each run is priced three times to find the three
-terms, and the fit needs no further pricing. It minimises the sum of squared log errors (log predicted -
+terms, and the fit needs no further pricing. (A run whose DP transfers overlap its compute,
+RunShape.overlap_dp, is linear only piecewise: the cover clips the transfers at zero; the fit takes the three
+prices' linear terms for it.) It minimises the sum of squared log errors (log predicted -
 log measured) over one generation's runs by a grid search, coarse then fine.
 
 The ranges are what the quantities can physically be: a compute fraction in (0, 1]; a network fraction of at

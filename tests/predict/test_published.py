@@ -93,7 +93,7 @@ def test_docs_quote_the_summary_printed_now(bench, priced):
     data or the fit that moves a figure must move the docs with it."""
     rows, parts = priced
     text = DOC.read_text()
-    for line in bench.summary_lines(bench.summary(rows, parts)):
+    for line in bench.summary_lines(bench.summary(rows, bench.row_errors(rows, parts))):
         assert line in text, line
 
 
