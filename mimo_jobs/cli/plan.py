@@ -104,15 +104,15 @@ def plan_cmd(
 
 
 def _efficiency(db: Path | None, diag, gpu):
-    """The calibrated efficiencies from the study's measured runs in `db`, else the defaults."""
-    from mimo_jobs.predict.steptime import Efficiency
+    """The calibrated efficiencies from the study's measured runs in `db`, else the GPU's fitted ones."""
+    from mimo_jobs.predict.steptime import efficiency_for
 
     if db is None:
-        return Efficiency(), False
+        return efficiency_for(gpu), False
     from .predict import calibration_for
 
     cal = calibration_for(db, diag, gpu)
-    return (cal.efficiency, True) if cal is not None else (Efficiency(), False)
+    return (cal.efficiency, True) if cal is not None else (efficiency_for(gpu), False)
 
 
 def register(app: typer.Typer) -> None:

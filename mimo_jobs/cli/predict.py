@@ -216,7 +216,7 @@ def predict(
     from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.predict.estimate import predict_run, to_json
     from mimo_jobs.predict.params import model_json, model_summary
-    from mimo_jobs.predict.steptime import Efficiency
+    from mimo_jobs.predict.steptime import efficiency_for
     from mimo_jobs.study.priced import unpriced
 
     from .study import study_or_fail
@@ -228,7 +228,9 @@ def predict(
     shown, more = table_runs(diag.runs, show_all or as_json)
     skipped = {r.run_id: unpriced(r) for r in shown if unpriced(r)}  # own commands without a model
     preds = [
-        predict_run(r, g, cal.efficiency if cal else Efficiency()) for r in shown if r.run_id not in skipped
+        predict_run(r, g, cal.efficiency if cal else efficiency_for(g))
+        for r in shown
+        if r.run_id not in skipped
     ]
     priced = len(skipped) < len(shown) or not shown
     if as_json:

@@ -13,7 +13,7 @@ from .cost import Cost, cost_of, iterations_of, to_budget
 from .hardware import GPU
 from .memory import MemoryPlan, memory_plan
 from .run import RunShape, shape_of
-from .steptime import Efficiency, StepTime, step_time
+from .steptime import Efficiency, StepTime, efficiency_for, step_time
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,10 @@ def predict_shape(rs: RunShape, gpu: GPU, eff: Efficiency, name: str = "", run_i
 
 
 def predict_run(run, gpu: GPU, eff: Efficiency | None = None) -> Prediction:
-    """A plan.runspec.RunSpec."""
-    return predict_shape(shape_of(run.layout, run.trainer), gpu, eff or Efficiency(), run.name, run.run_id)
+    """A plan.runspec.RunSpec, priced with `eff` or the GPU's fitted efficiencies."""
+    return predict_shape(
+        shape_of(run.layout, run.trainer), gpu, eff or efficiency_for(gpu), run.name, run.run_id
+    )
 
 
 def cost_json(p: Prediction, tokens: float | None) -> dict:

@@ -57,6 +57,27 @@ GPUS: dict[str, GPU] = {
 }
 
 
+# The GPU generation each GPU's time-model efficiencies are fitted for: the same chip with more or faster
+# memory (H200, GH200 beside H100) shares its generation's fraction of peak.
+GENERATION = {"A100": "ampere", "H100": "hopper", "H200": "hopper", "GH200": "hopper", "B200": "blackwell"}
+
+# (compute, network, GEMM half width) per generation: steptime.Efficiency's llm (and encoder) and network
+# fractions of the peaks above and its gemm_half_width, fitted from the published bf16/fp16 runs in
+# benchmarks/published/ by `python benchmarks/published.py --fit` (least squares on log error;
+# docs/predict.md, "Checked against published GPU runs"). A generation missing here (the CPU) keeps
+# steptime.Efficiency's defaults.
+FITTED_EFFICIENCY: dict[str, tuple[float, float, float]] = {
+    "ampere": (0.740, 0.540, 320.0),
+    "blackwell": (0.650, 0.500, 0.0),
+    "hopper": (0.320, 0.795, 0.0),
+}
+
+
+def generation(name: str) -> str:
+    """The generation a GPU's efficiencies are fitted for (its own name when it has none listed)."""
+    return GENERATION.get(name, name)
+
+
 def get_gpu(name: str) -> GPU:
     for k, g in GPUS.items():
         if k.lower() == name.strip().lower():

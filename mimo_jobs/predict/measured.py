@@ -15,7 +15,7 @@ from .calibrate import Point, Scales, fit, mean_abs, relative_error
 from .estimate import Prediction, predict_shape
 from .hardware import GPU
 from .run import RunShape
-from .steptime import Efficiency
+from .steptime import Efficiency, efficiency_for
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def _folds(runs: list[Measured]) -> tuple[str, list[list[int]]]:
 
 def calibrate(runs: list[Measured], gpu: GPU, base: Efficiency | None = None) -> Calibration:
     """Fit on `runs` (each with a measured time > 0), and hold each fold out in turn."""
-    base = base or Efficiency()
+    base = base or efficiency_for(gpu)
     runs = [m for m in runs if m.measured_s > 0]
     if not runs:
         raise ValueError("no measured run to calibrate against")

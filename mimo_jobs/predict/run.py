@@ -72,6 +72,13 @@ class RunShape:
         return bool(self.preset.llm.num_experts) and self.layout.llm_tp > 1
 
     encoder_samples_per_microbatch: int = 0  # samples one encoder replica embeds per LLM microbatch
+    # model chunks per LLM pipeline stage (Megatron's interleaved 1F1B, --num-layers-per-virtual-pipeline-stage):
+    # the packaged trainer runs 1; other programs' runs (benchmarks/published/) may run more
+    virtual_stages: int = 1
+    # megatron-core's overlap_grad_reduce + overlap_param_gather (or FSDP's prefetch): the DP transfers run
+    # under the backward of the last microbatch and the forward of the first; the packaged trainer runs
+    # without (trainer/build.py)
+    overlap_dp: bool = False
 
 
 TEXT_ONLY = "no images (a text-only model)"

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from . import comm
 from .flops import SampleFlops, flops_per_sample
-from .hardware import GPU
+from .hardware import FITTED_EFFICIENCY, GPU, generation
 from .memory import MemoryPlan
 from .run import RunShape
 
@@ -39,6 +39,34 @@ class Efficiency:
     llm: float = 0.40
     network: float = 0.70
     latency: float = 1.0  # measured / nominal per-call latency (a scale on time, not a fraction of a peak)
+    # per-rank GEMM width (gemm_width) at which the GEMMs reach half the compute fraction above; 0: no size
+    # effect (the CPU, and a calibration from the trainer's own runs)
+    gemm_half_width: float = 0.0
+
+
+def gemm_factor(width: float, half_width: float) -> float:
+    """The share of the fitted compute fraction a module's GEMMs reach at a per-rank width: width / (width +
+    half_width). A narrow GEMM (a small hidden size, or one split by a wide TP) fills fewer of the GPU's
+    tiles per wave and spends more of its time on reading its operands; Korthikanti et al. 2022, "Reducing
+    Activation Recomputation in Large Transformer Models", Table 5, measure 41.5% MFU at hidden 6144 and
+    56.3% at 25600, both over TP 8 on A100."""
+    return width / (width + half_width) if half_width > 0 else 1.0
+
+
+def gemm_width(hidden_size: int, tp: int) -> float:
+    """The per-rank width the size effect is priced by: the hidden size over TP (the attention projection's
+    input on each rank, the narrowest dimension a layer's GEMMs share)."""
+    return hidden_size / tp
+
+
+def efficiency_for(gpu: GPU) -> Efficiency:
+    """The efficiencies `predict` and `plan` price a GPU with: its generation's fitted figures
+    (hardware.FITTED_EFFICIENCY; one compute fraction for both modules' GEMMs), else the defaults."""
+    fitted = FITTED_EFFICIENCY.get(generation(gpu.name))
+    if fitted is None:
+        return Efficiency()
+    compute, network, half_width = fitted
+    return Efficiency(encoder=compute, llm=compute, network=network, gemm_half_width=half_width)
 
 
 # Kernels per transformer layer per microbatch, forward and backward: about 12 forward (two norms, QKV,
@@ -87,7 +115,8 @@ def _encoder_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dic
         return {"compute": 0.0, "tp": 0.0, "bridge": 0.0, "latency": 0.0}
     samples = rs.encoder_samples_per_microbatch
     rc = _recompute_factor(rs.recompute.encoder)
-    compute = samples * fl.encoder * rc / (lay.enc_tp * gpu.peak_flops * eff.encoder)
+    g = gemm_factor(gemm_width(e.hidden_size, lay.enc_tp), eff.gemm_half_width)
+    compute = samples * fl.encoder * rc / (lay.enc_tp * gpu.peak_flops * eff.encoder * g)
     tokens = samples * rs.image_tokens_mean
     nvl = _bw(lay.enc_tp, lay.gpus_per_node, gpu, eff)
     tp = 4 * e.num_layers * comm.all_reduce_s(tokens * e.hidden_size * rs.dtype_bytes, lay.enc_tp, nvl)
@@ -107,12 +136,22 @@ def _llm_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
     lay, p = rs.layout, rs.preset.llm
     layers = p.num_layers // lay.llm_pp
     rc = _recompute_factor(rs.recompute.llm)
-    compute = lay.mbs * fl.llm * rc / (lay.llm_tp * lay.llm_pp * gpu.peak_flops * eff.llm)
-    tokens = lay.mbs * rs.seq_length
+    cp = lay.llm_cp  # context parallelism: each rank holds 1/cp of every sequence
+    g = gemm_factor(gemm_width(p.hidden_size, lay.llm_tp), eff.gemm_half_width)
+    compute = lay.mbs * fl.llm * rc / (lay.llm_tp * cp * lay.llm_pp * gpu.peak_flops * eff.llm * g)
+    tokens = lay.mbs * rs.seq_length / cp
     act = tokens * p.hidden_size * rs.dtype_bytes
     nvl = _bw(lay.llm_tp, lay.gpus_per_node, gpu, eff)
     tp = 4 * layers * comm.all_reduce_s(act, lay.llm_tp, nvl)
     steps = 4 * layers * comm.all_reduce_steps(lay.llm_tp)
+    if cp > 1:
+        # ring attention: each layer passes every rank's keys and values (TP-split heads) around the CP
+        # ring forward, and keys, values and their gradients backward
+        kv = 2 * tokens * p.query_groups * p.head_dim * rs.dtype_bytes / lay.llm_tp
+        tp += (
+            3 * layers * comm.reduce_scatter_s(kv * cp, cp, _bw(cp * lay.llm_tp, lay.gpus_per_node, gpu, eff))
+        )
+        steps += 3 * layers * comm.ring_steps(cp)
     ep = 0.0
     if p.num_experts and lay.llm_ep > 1:
         routed = act * p.moe_router_topk / lay.llm_tp  # each TP rank dispatches its sequence shard
@@ -120,8 +159,10 @@ def _llm_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
         ep = 4 * layers * comm.all_to_all_s(routed, lay.llm_ep, bw)
         steps += 4 * layers * comm.ring_steps(lay.llm_ep)
     if lay.llm_pp > 1:
-        tp += 2 * comm.p2p_s(act / lay.llm_tp, _bw(2 * lay.gpus_per_node, lay.gpus_per_node, gpu, eff))
-        steps += 2
+        # interleaved stages send a microbatch's activations once per model chunk
+        v = rs.virtual_stages
+        tp += 2 * v * comm.p2p_s(act / lay.llm_tp, _bw(2 * lay.gpus_per_node, lay.gpus_per_node, gpu, eff))
+        steps += 2 * v
     ops = layers * OPS_PER_LAYER * rc + OPS_PER_MICROBATCH
     latency = (ops * gpu.op_s + steps * gpu.step_s) * eff.latency
     return {"compute": compute, "tp": tp, "ep": ep, "latency": latency}
@@ -163,7 +204,15 @@ def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepT
     e, l_ = sum(enc.values()), sum(llm.values())
     m = rs.microbatches
     (dp, dp_lat), opt = _dp_s(rs, mem, gpu, eff), _optimizer_s(mem, gpu)
-    bubble = (lay.llm_pp - 1) * l_
+    if rs.overlap_dp:
+        # the gradient reduce-scatter hides behind the last microbatch's backward, the parameter all-gather
+        # behind the first one's forward: up to one microbatch's compute of each module is cover
+        dp = max(0.0, dp - max(enc["compute"], llm["compute"]))
+    # the 1F1B bubble, (pp - 1) microbatch times, shrinks by the model chunks per stage under the interleaved
+    # schedule (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+    # Megatron-LM", section 2.2.2)
+    fill = (lay.llm_pp - 1) / rs.virtual_stages
+    bubble = fill * l_
     if lay.colocated:
         pipe, scale = m * (e + l_) + bubble, {"enc": float(m), "llm": float(m)}
         bottleneck, idle = ("encoder" if e > l_ else "llm"), 0.0
@@ -174,7 +223,7 @@ def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepT
         idle = 1 - min(e, l_) / slow if slow > 0 else 0.0
         # the critical path: the bottleneck module's parts M times, the other's once (fill/drain)
         scale = {"enc": m if e > l_ else 1.0, "llm": m if e <= l_ else 1.0}
-    scale["llm"] += lay.llm_pp - 1
+    scale["llm"] += fill
     enc_c, llm_c = enc["compute"] * scale["enc"], llm["compute"] * scale["llm"]
     parts = {
         "compute": enc_c + llm_c,

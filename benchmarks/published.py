@@ -1,0 +1,309 @@
+"""The planner's time model against published GPU training runs (benchmarks/published/runs.yaml).
+
+python benchmarks/published.py          per row: predicted against published step time, and the error;
+                                        then median and worst |error| with the default efficiencies
+                                        (steptime.Efficiency, what the planner used before the fit), with the
+                                        fitted ones stored in mimo_jobs/predict/hardware.py, and held out one
+                                        source at a time; then the planner's peak memory where a row gives one
+python benchmarks/published.py --fit    also the fresh fit per GPU generation, as hardware.py stores it
+
+Each row is priced by the project's own time model: a text-only model description (mimo_jobs.model) on the
+row's layout, through predict.estimate.predict_shape, the entry point `predict` and `plan` use. The figure
+the row publishes becomes a step time (runs.yaml says how per kind); errors are predicted / published - 1.
+The fit (predict/fit.py) is per GPU generation, on the bf16/fp16 rows only.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
+
+from mimo_jobs.model.arch import LLMArch, ModelArch
+from mimo_jobs.predict.estimate import predict_shape
+from mimo_jobs.predict.fit import Decomposed, decompose, fit_generations
+from mimo_jobs.predict.flops import flops_per_sample
+from mimo_jobs.predict.hardware import GPUS, generation
+from mimo_jobs.predict.run import RunShape, on_layout
+from mimo_jobs.predict.steptime import Efficiency, efficiency_for, gemm_width
+from mimo_jobs.study.spec import RecomputeSpec
+from mimo_jobs.study.topology import Layout
+
+DATA = Path(__file__).resolve().parent / "published" / "runs.yaml"
+FIT_PRECISIONS = ("bf16", "fp16")  # what the time model describes; fp8 rows are shown, not fitted
+GPUS_PER_NODE = 8  # every published run here is on 8-GPU servers (DGX A100/H100/B200, Grand Teton)
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    source: str
+    gpu: str
+    precision: str
+    shape: RunShape
+    published_s: float  # the published figure as a step time
+    figure: dict
+    peak_memory_gib: float | None
+    in_fit: bool = True  # runs.yaml's `fit: false` (with not_fitted_because) keeps a row out
+
+    @property
+    def fitted(self) -> bool:
+        return self.in_fit and self.precision in FIT_PRECISIONS
+
+
+def _arch(name: str, m: dict) -> ModelArch:
+    llm = LLMArch(
+        num_layers=m["layers"],
+        hidden_size=m["hidden"],
+        num_attention_heads=m["heads"],
+        ffn_hidden_size=m["ffn"],
+        vocab_size=m["vocab"],
+        num_query_groups=m.get("query_groups"),
+        kv_channels=m.get("kv_channels"),
+        activation="silu" if m.get("gated") else "gelu",
+        gated_linear_unit=bool(m.get("gated")),
+        num_experts=m.get("experts", 0),
+        moe_router_topk=m.get("topk", 2),
+        name=name,
+    )
+    return ModelArch(name=name, encoder=None, llm=llm)
+
+
+def _layout(lay: dict, experts: int) -> Layout:
+    return Layout(
+        nodes=lay["gpus"] // GPUS_PER_NODE,
+        gpus_per_node=GPUS_PER_NODE,
+        enc_tp=lay["tp"],
+        enc_pp=1,
+        enc_dp=lay["dp"],
+        llm_tp=lay["tp"],
+        llm_pp=lay["pp"],
+        llm_dp=lay["dp"],
+        llm_ep=lay["ep"],
+        llm_cp=lay["cp"],
+        num_experts=experts,
+        gbs=lay["gbs"],
+        mbs=lay["mbs"],
+        colocated=True,
+    )
+
+
+def _shape(arch: ModelArch, seq: int, lay: dict, precision: str) -> RunShape:
+    """The row as the planner's RunShape. Topology's rank_layout derives the microbatches; it refuses
+    llm.pp > 1 and llm.cp > 1 on a text-only (colocated) layout of the packaged trainer, which these
+    published runs had, so it is asked about the same DP and TP without them (CP splits each sequence and PP
+    each sample's layers, neither the batch) and the shape then takes the published layout."""
+    full = _layout(lay, arch.llm.num_experts)
+    per_node = math.gcd(GPUS_PER_NODE, lay["tp"] * lay["dp"])
+    flat = replace(full, llm_pp=1, llm_cp=1, gpus_per_node=per_node, nodes=lay["tp"] * lay["dp"] // per_node)
+    flat = replace(flat, enc_tp=flat.llm_tp, enc_dp=flat.llm_dp)
+    base = RunShape(
+        layout=flat,
+        preset=arch,
+        seq_length=seq,
+        microbatches=0,
+        bf16=precision != "fp32",
+        distributed_optimizer=bool(lay["distributed_optimizer"]),
+        optimizer="adam",
+        encoder_inflight=1,
+        recompute=RecomputeSpec(encoder="none", llm=lay["recompute"]),
+        image_tokens_mean=0.0,
+        tokens_per_image=0.0,
+        image_tokens_max=0,
+        virtual_stages=lay.get("vp", 1),
+        overlap_dp=bool(lay.get("overlap_dp", False)),
+    )
+    return replace(on_layout(base, flat), layout=full)
+
+
+def published_step_s(figure: dict, shape: RunShape) -> float:
+    """The row's figure as seconds per iteration (runs.yaml's header: one rule per kind)."""
+    kind, value = figure["kind"], float(figure["value"])
+    lay = shape.layout
+    if kind == "step_time_s":
+        return value
+    if kind == "tokens_per_s_per_gpu":
+        return lay.gbs * shape.seq_length / (value * lay.world)
+    if kind == "tflops_per_gpu":
+        flops = flops_per_sample(shape.preset, shape.seq_length, 0.0).llm * lay.gbs
+        return flops / (value * 1e12 * lay.world)
+    raise ValueError(
+        f"{DATA}: figure.kind {kind!r} is not one of step_time_s, tokens_per_s_per_gpu, tflops_per_gpu"
+    )
+
+
+def load_rows(path: Path = DATA) -> tuple[dict, list[Row]]:
+    doc = yaml.safe_load(path.read_text())
+    archs = {name: _arch(name, m) for name, m in doc["models"].items()}
+    rows = []
+    for r in doc["rows"]:
+        arch = archs[r["model"]]
+        shape = _shape(arch, r["seq_length"], r["layout"], r["precision"])
+        rows.append(
+            Row(
+                r["id"],
+                r["source"],
+                r["gpu"],
+                r["precision"],
+                shape,
+                published_step_s(r["figure"], shape),
+                r["figure"],
+                r.get("peak_memory_gib"),
+                r.get("fit", True),
+            )
+        )
+    return doc, rows
+
+
+def decomposed(rows: list[Row]) -> list[Decomposed]:
+    """Each row's predicted step time as a / compute efficiency + b / network efficiency + c."""
+    return [
+        decompose(
+            lambda eff, r=r: predict_shape(r.shape, GPUS[r.gpu], eff).time.iteration_s,
+            gemm_width(r.shape.preset.llm.hidden_size, r.shape.layout.llm_tp),
+        )
+        for r in rows
+    ]
+
+
+def predicted_s(r: Row, eff: Efficiency) -> float:
+    """The planner's step time for the row (the fit works on the decomposition, the errors on this)."""
+    return predict_shape(r.shape, GPUS[r.gpu], eff).time.iteration_s
+
+
+def errors(rows: list[Row], effs: dict[str, Efficiency] | None) -> list[float]:
+    """predicted / published - 1 per row; `effs` per generation (None: the defaults)."""
+    out = []
+    for r in rows:
+        eff = Efficiency() if effs is None else effs.get(generation(r.gpu), Efficiency())
+        out.append(predicted_s(r, eff) / r.published_s - 1)
+    return out
+
+
+def stored(rows: list[Row]) -> dict[str, Efficiency]:
+    """The efficiencies predict and plan use now (hardware.py's fitted figures)."""
+    return {generation(r.gpu): efficiency_for(GPUS[r.gpu]) for r in rows}
+
+
+def fresh_fit(
+    rows: list[Row], parts: list[Decomposed], wanted: tuple[str, ...] = ()
+) -> dict[str, Efficiency]:
+    keep = [i for i, r in enumerate(rows) if r.fitted]
+    fitted = fit_generations(
+        [generation(rows[i].gpu) for i in keep],
+        [parts[i] for i in keep],
+        [rows[i].published_s for i in keep],
+        wanted,
+    )
+    return {g: Efficiency(encoder=c, llm=c, network=n, gemm_half_width=w) for g, (c, n, w) in fitted.items()}
+
+
+def held_out(rows: list[Row], parts: list[Decomposed]) -> list[float | None]:
+    """Leave one source out: refit without its rows, price them (fitted rows only; None for the others)."""
+    out: list[float | None] = [None] * len(rows)
+    for src in sorted({r.source for r in rows}):
+        train = [i for i, r in enumerate(rows) if r.source != src]
+        wanted = tuple(generation(r.gpu) for r in rows if r.source == src)
+        effs = fresh_fit([rows[i] for i in train], [parts[i] for i in train], wanted)
+        for i, r in enumerate(rows):
+            if r.source == src and r.fitted:
+                out[i] = errors([r], effs)[0]
+    return out
+
+
+def memory_of(r: Row) -> dict[str, float]:
+    """The planner's memory for the row's fullest rank (predict/memory.py), in GiB: weights, gradients and
+    optimizer state; activations; and the framework allowance (CUDA context, NCCL buffers, allocator)."""
+    plan = predict_shape(r.shape, GPUS[r.gpu], Efficiency()).memory
+    worst = max(plan.classes, key=lambda c: c.total_bytes)
+    state = sum(m.weight_bytes + m.grad_bytes + m.optimizer_bytes for m in worst.modules)
+    act = sum(m.activation_bytes + m.bridge_bytes for m in worst.modules)
+    gib = 1024**3
+    return {
+        "total": worst.total_bytes / gib,
+        "state": state / gib,
+        "activations": act / gib,
+        "framework": worst.framework_bytes / gib,
+    }
+
+
+def _stats(errs: list[float]) -> str:
+    a = [abs(e) for e in errs]
+    return f"median |error| {statistics.median(a):6.1%}, worst {max(a):6.1%} ({len(a)} rows)"
+
+
+def row_errors(rows: list[Row], parts: list[Decomposed]) -> dict[str, list]:
+    """Every row's error with the default efficiencies, with the stored fit, and held out by source."""
+    return {
+        "before": errors(rows, None),
+        "after": errors(rows, stored(rows)),
+        "held_out": held_out(rows, parts),
+    }
+
+
+def summary(rows: list[Row], errs: dict[str, list]) -> dict[str, list[float]]:
+    """row_errors of the bf16/fp16 rows the fit uses."""
+    return {k: [v[i] for i, r in enumerate(rows) if r.fitted] for k, v in errs.items()}
+
+
+def summary_lines(s: dict[str, list[float]]) -> list[str]:
+    """The summary as printed (docs/predict.md quotes these lines; tests/predict/test_published.py holds
+    the two to each other)."""
+    return [
+        f"bf16/fp16 rows, default efficiencies: {_stats(s['before'])}",
+        f"bf16/fp16 rows, fitted (hardware.py): {_stats(s['after'])}",
+        f"bf16/fp16 rows, leave-one-source-out: {_stats(s['held_out'])}",
+    ]
+
+
+def main(argv: list[str]) -> None:
+    _, rows = load_rows()
+    parts = decomposed(rows)
+    errs = row_errors(rows, parts)
+    before, after, lo = errs["before"], errs["after"], errs["held_out"]
+    print(
+        f"{'row':38} {'gpu':5} {'prec':5} {'published s':>11} {'default s':>9} {'err':>7} {'fitted s':>9} {'err':>7} {'held-out':>8}"
+    )
+    base, effs = Efficiency(), stored(rows)
+    for r, b, a, h in zip(rows, before, after, lo, strict=True):
+        eff = effs[generation(r.gpu)]
+        print(
+            f"{r.id:38} {r.gpu:5} {r.precision:5} {r.published_s:11.3f} {predicted_s(r, base):9.3f} {b:+7.1%} "
+            f"{predicted_s(r, eff):9.3f} {a:+7.1%} " + (f"{h:+8.1%}" if h is not None else f"{'(no fit)':>8}")
+        )
+    print()
+    print("\n".join(summary_lines(summary(rows, errs))))
+    for label, keep in (
+        ("fp8 rows", lambda r: r.precision == "fp8"),
+        ("rows kept out", lambda r: not r.in_fit),
+    ):
+        errs = [a for r, a in zip(rows, after, strict=True) if keep(r)]
+        if errs:
+            print(f"{label} (not fitted), fitted efficiencies: {_stats(errs)}")
+    memory_rows = [r for r in rows if r.peak_memory_gib is not None]
+    if memory_rows:
+        print()
+        print(
+            f"{'peak memory, GiB':38} {'published':>9} {'predicted':>9} {'state':>7} {'activ.':>7} {'framework':>9}"
+        )
+        for r in memory_rows:
+            m = memory_of(r)
+            print(
+                f"{r.id:38} {r.peak_memory_gib:9.1f} {m['total']:9.1f} {m['state']:7.1f} {m['activations']:7.1f} "
+                f"{m['framework']:9.1f}"
+            )
+    if "--fit" in argv:
+        print()
+        print(
+            "fresh fit per generation, as hardware.FITTED_EFFICIENCY stores it (compute, network, half width):"
+        )
+        for g, e in sorted(fresh_fit(rows, parts).items()):
+            print(f'    "{g}": ({e.llm:.3f}, {e.network:.3f}, {e.gemm_half_width:.0f}.0),')
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
