@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from .assumed import EndsVerdict, ends_verdict, range_words
 from .cost import Cost, tokens_text
 from .estimate import Prediction, cost_json
-from .hardware import GIB, GPU
+from .hardware import FITTED_EFFICIENCY, GIB, GPU, generation
 from .layouts import (
     TIE,
     Candidate,
@@ -297,7 +297,13 @@ def plan_text(r: PlanResult, study: str, measure: str = "mimo-jobs data stats") 
     """The pasteable text: per node count and batch the ranked points as YAML with comments, then the
     summary table and what each flag means; `measure` is the command an assumed image mix's warning
     names."""
-    cal = "calibrated" if r.calibrated else "uncalibrated"
+    cal = (
+        "calibrated"
+        if r.calibrated
+        else f"{generation(r.gpu.name)} efficiencies fitted to published runs"
+        if generation(r.gpu.name) in FITTED_EFFICIENCY
+        else "uncalibrated"
+    )
     rc = r.shape.recompute
     text_only = r.shape.preset.text_only
     # a text-only model has no encoder: its recompute and in-flight settings do not apply
@@ -307,7 +313,8 @@ def plan_text(r: PlanResult, study: str, measure: str = "mimo-jobs data stats") 
         else f"recompute encoder {rc.encoder}, LLM {rc.llm}; encoder_inflight {r.shape.encoder_inflight}"
     )
     lines = [
-        f"# {study} on {r.gpu.name} ({cal} efficiencies), headroom {r.headroom_bytes / GIB:.1f} GiB",
+        f"# {study} on {r.gpu.name} ({cal if cal.endswith('runs') else cal + ' efficiencies'}), headroom "
+        f"{r.headroom_bytes / GIB:.1f} GiB",
         f"# the study's trainer: {settings} (a point's comment names any setting it needs instead)",
     ]
     if r.shape.image_range:
@@ -329,7 +336,7 @@ def plan_text(r: PlanResult, study: str, measure: str = "mimo-jobs data stats") 
             where = split_label(c.layout, text_only)
             lines.append(
                 f"  {yaml_point(c.layout)}  # {where}; {pr.time.iteration_s:.4g} s/iter "
-                f"({'best' if c is p.best else f'{rel:+.1%}'}), {pr.time.bottleneck}-bound, "
+                f"({_rank_words(p, c, rel)}), {pr.time.bottleneck}-bound, "
                 f"{pr.memory.verdict()}, {_cost_words(r, c)}{extra}"
             )
         if p.colocated_note:
@@ -369,6 +376,21 @@ def plan_text(r: PlanResult, study: str, measure: str = "mimo-jobs data stats") 
     for kind in sorted({f.kind for f in r.flags}):
         lines.append(f"# {kind}: {FLAG_MEANING[kind]}")
     return lines
+
+
+def _rank_words(p: NodePlan, c: Candidate, rel: float) -> str:
+    """Where a row stands, with the reason in the row when the order is not by time: times within TIE of
+    the fastest are a tie, ordered by the most free memory (layouts.ranked)."""
+    t = c.prediction.time.iteration_s
+    fastest = min(x.prediction.time.iteration_s for x in p.ranked)
+    tied = t <= fastest * (1 + TIE)
+    if c is p.best:
+        if t > fastest:
+            return f"best: within {TIE:.1%} of the fastest, {fastest:.4g} s/iter, with the most memory free"
+        return "best"
+    if rel < 0 and tied:
+        return f"{rel:+.1%}: a tie within {TIE:.1%} with the best, which has more memory free"
+    return f"{rel:+.1%}"
 
 
 def _cost_words(r: PlanResult, c: Candidate) -> str:
