@@ -17,10 +17,11 @@ GPU_HELP = (
 
 
 def _gpu(name: str | None, study):
-    from mimo_jobs.predict.hardware import UnknownGPU, study_gpu
+    """The GPU to price on: --gpu, else the study's (None: no study, H100 unless --gpu names one)."""
+    from mimo_jobs.predict.hardware import UnknownGPU, get_gpu, study_gpu
 
     try:
-        return study_gpu(study.cluster, name)
+        return study_gpu(study.cluster, name) if study is not None else get_gpu(name or "H100")
     except UnknownGPU as e:
         fail(str(e))
 
@@ -48,7 +49,7 @@ def _calibrate(runs: list, g, measured: dict[str, float]):
     from mimo_jobs.study.priced import unpriced
 
     got = [
-        Measured(r.name, r.run_id, shape_of(r.layout, r.trainer), measured[r.run_id])
+        Measured(r.name, r.run_id, shape_of(r.layout, r.trainer, r.point.command), measured[r.run_id])
         for r in runs
         if r.run_id in measured and unpriced(r) is None
     ]
@@ -102,7 +103,7 @@ def _ranks_table(title: str, preds: list):
 def _time_table(preds: list, tokens: float | None = None):
     from rich.table import Table
 
-    from mimo_jobs.predict.cost import tokens_text
+    from mimo_jobs.predict.cost import gpu_hours_text, tokens_text
 
     t = Table(title="iteration time and cost", title_justify="left")
     cols = ["run", "nodes", "memory", "s/iter", "tokens/s/GPU", "MFU", "bottleneck", "idle other", "dominant"]
@@ -124,18 +125,14 @@ def _time_table(preds: list, tokens: float | None = None):
             f"{p.time.idle_fraction:.0%}",
             p.time.dominant,
             f"{p.iterations:,}",
-            _hours(run.gpu_hours),
-            _hours(run.node_hours),
+            gpu_hours_text(run.gpu_hours),
+            gpu_hours_text(run.node_hours),
         ]
         if tokens:
             b = p.budget_cost(tokens)
-            row += [_hours(b.hours), _hours(b.gpu_hours)] if b else ["-", "-"]
+            row += [gpu_hours_text(b.hours), gpu_hours_text(b.gpu_hours)] if b else ["-", "-"]
         t.add_row(*row)
     return t
-
-
-def _hours(h: float) -> str:
-    return f"{h:,.0f}" if h >= 100 else f"{h:.3g}"
 
 
 def parse_budget(tokens: str | None) -> float | None:

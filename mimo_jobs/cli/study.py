@@ -164,7 +164,7 @@ def _runtime_problems(diag: Diagnosis) -> list:
     for r in diag.runs or []:
         if r.point.command or r.trainer.command:
             continue
-        model = shape_of(r.layout, r.trainer).preset  # the model as the planner resolves it
+        model = shape_of(r.layout, r.trainer, r.point.command).preset  # the model as the planner resolves it
         for p in runtime_problems(r.trainer, cluster.accelerator, installed, model.encoder, model.llm):
             if (p.path, p.message) not in seen:
                 seen.add((p.path, p.message))
@@ -265,7 +265,7 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
             if out is not None and r.run_id in shown:
                 out.print(f"run {r.run_id} ({_nodes(r)}): memory not judged: {why}", markup=False)
             continue
-        shape = shape_of(r.layout, r.trainer)
+        shape = shape_of(r.layout, r.trainer, r.point.command)
         if shape not in priced:  # repeats and points that differ only in name are priced once
             priced[shape] = predict_shape(shape, gpu, Efficiency())
         pred = priced[shape]

@@ -134,24 +134,8 @@ def image_model(text: str, base_dir: str | Path | None = None) -> tuple[EncoderA
     alone). The argument is read as data (YAML or JSON, never run); the descriptions go through arch_of and
     the encoder side of a description, the one parser of trainer.model. ArchError names what would fit."""
     text = text.strip()
-    if len(text) > MAX_ARGUMENT:
-        raise ArchError("", f"{len(text):,} characters; a model argument holds at most {MAX_ARGUMENT:,}")
     if text.startswith("{"):
-        import yaml
-
-        try:
-            # anchors and aliases could expand a short text into a huge one: a description writes its fields
-            if any(isinstance(t, (yaml.AnchorToken, yaml.AliasToken)) for t in yaml.scan(text)):
-                raise ArchError(
-                    "", "YAML anchors and aliases (& and *) are not read here; write the fields out"
-                )
-            value = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ArchError(
-                "", f"{_shown(text)} is not a YAML mapping ({_first_line(e)}); give {MODEL_ARGUMENT_FORMS}"
-            ) from None
-        if not isinstance(value, dict):
-            raise ArchError("", f"{_shown(text)} is not a mapping; give {MODEL_ARGUMENT_FORMS}")
+        value = _mapping(text, MODEL_ARGUMENT_FORMS)
         if set(value) & set(_MODEL_KEYS) and not set(value) & {"preset", "hf_config"}:
             return _with_encoder(arch_of(value, base_dir))
         return _side(value, "encoder", EncoderArch, encoder_preset, hf.encoder_fields, base_dir), None
@@ -169,6 +153,51 @@ def image_model(text: str, base_dir: str | Path | None = None) -> tuple[EncoderA
         ), None
     known = f"model presets {', '.join(sorted(PRESETS))}; encoder presets {', '.join(sorted(ENCODERS))}"
     raise ArchError("", f"{_shown(text)} is no model this knows ({known}); give {MODEL_ARGUMENT_FORMS}")
+
+
+def _mapping(text: str, forms: str) -> dict:
+    """A `{...}` command-line argument read as a YAML mapping (data only; no anchors or aliases, bounded)."""
+    import yaml
+
+    if len(text) > MAX_ARGUMENT:
+        raise ArchError("", f"{len(text):,} characters; a model argument holds at most {MAX_ARGUMENT:,}")
+    try:
+        # anchors and aliases could expand a short text into a huge one: a description writes its fields
+        if any(isinstance(t, (yaml.AnchorToken, yaml.AliasToken)) for t in yaml.scan(text)):
+            raise ArchError("", "YAML anchors and aliases (& and *) are not read here; write the fields out")
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ArchError(
+            "", f"{_shown(text)} is not a YAML mapping ({_first_line(e)}); give {forms}"
+        ) from None
+    if not isinstance(value, dict):
+        raise ArchError("", f"{_shown(text)} is not a mapping; give {forms}")
+    return value
+
+
+PLAN_MODEL_FORMS = (
+    "a model preset (tiny, dense-1b, ...), an LLM preset alone (a text-only model, e.g. qwen2.5-7b), an LLM's "
+    "HuggingFace config.json, or a trainer.model description as YAML ('{encoder: ..., llm: ...}')"
+)
+
+
+def model_argument(text: str) -> str | dict:
+    """A command-line model argument as the trainer.model value it stands for (checked by the study schema,
+    the one parser): a model preset's name, an LLM preset or HF config.json as a text-only model, or a
+    description. ArchError names the forms it takes."""
+    text = text.strip()
+    if text.startswith("{"):
+        return _mapping(text, PLAN_MODEL_FORMS)
+    if len(text) > MAX_ARGUMENT:
+        raise ArchError("", f"{len(text):,} characters; a model argument holds at most {MAX_ARGUMENT:,}")
+    if text in PRESETS:
+        return text
+    if text in LLMS:
+        return {"llm": {"preset": text}}
+    if text.endswith(".json") or _is_file(text):
+        return {"llm": {"hf_config": text}}
+    known = f"model presets {', '.join(sorted(PRESETS))}; LLM presets {', '.join(sorted(LLMS))}"
+    raise ArchError("", f"{_shown(text)} is no model this knows ({known}); give {PLAN_MODEL_FORMS}")
 
 
 def _shown(text: str) -> str:

@@ -89,7 +89,7 @@ def llm_bytes(rs: RunShape, stage: int, fused: bool) -> int:
     """One microbatch on LLM pipeline stage `stage`."""
     p, lay, d = rs.preset.llm, rs.layout, rs.dtype_bytes
     s, b, tp = rs.seq_length, lay.mbs, lay.llm_tp
-    tokens = s * b
+    tokens = s * b / lay.llm_cp  # context parallelism: each rank keeps its 1/cp of every sequence
     layers = p.num_layers // lay.llm_pp
     mine = range(stage * layers, (stage + 1) * layers)
     per = [llm_layer_bytes_per_token(rs, fused, p.is_moe_layer(i)) for i in mine]
@@ -98,7 +98,7 @@ def llm_bytes(rs: RunShape, stage: int, fused: bool) -> int:
         body = tokens * (layers * d * p.hidden_size / sp + max(per))
     else:
         body = tokens * sum(per)
-    extra = s * s  # the boolean causal mask each stage builds
+    extra = s * s / lay.llm_cp  # the boolean causal mask each stage builds (its queries' rows)
     if stage == 0:
         extra += 8 * tokens  # the token ids the embedding keeps
     if stage == lay.llm_pp - 1:

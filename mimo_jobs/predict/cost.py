@@ -43,6 +43,11 @@ def iterations_of(train_iters: int | None, train_samples: int | None, gbs: int) 
     return math.ceil((train_samples or 0) / gbs)
 
 
+def gpu_hours_text(h: float) -> str:
+    """Hours as people read them: whole above 100 (17,509), three significant digits below (0.0132)."""
+    return f"{h:,.0f}" if h >= 100 else f"{h:.3g}"
+
+
 def parse_tokens(text: str) -> float:
     """A token count as written by people: 1T, 500B, 2.5e12, 300M. ValueError when it is not one."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGT]?)\s*", text or "", flags=re.I)

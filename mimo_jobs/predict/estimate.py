@@ -72,7 +72,11 @@ def predict_shape(rs: RunShape, gpu: GPU, eff: Efficiency, name: str = "", run_i
 def predict_run(run, gpu: GPU, eff: Efficiency | None = None) -> Prediction:
     """A plan.runspec.RunSpec, priced with `eff` or the GPU's fitted efficiencies."""
     return predict_shape(
-        shape_of(run.layout, run.trainer), gpu, eff or efficiency_for(gpu), run.name, run.run_id
+        shape_of(run.layout, run.trainer, run.point.command),
+        gpu,
+        eff or efficiency_for(gpu),
+        run.name,
+        run.run_id,
     )
 
 

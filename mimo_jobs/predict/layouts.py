@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass, replace
 
 from mimo_jobs.study.spec import RecomputeSpec
-from mimo_jobs.study.topology import Layout, check, derive_llm_dp
+from mimo_jobs.study.topology import PACKAGED, Layout, Trainer, check, derive_llm_dp
 
 from .estimate import Prediction, predict_shape
 from .hardware import GPU
-from .run import RunShape, on_layout
+from .run import RunShape, on_layout, trainer_of
 from .steptime import Efficiency
 
 MAX_PP = 8  # deeper pipelines only add bubble for models of this size
@@ -32,8 +32,56 @@ class Candidate:
     prediction: Prediction
 
 
-def candidate_layouts(base: Layout, nodes: int) -> list[Layout]:
-    """Every feasible layout of `base`'s model and batch on `nodes` nodes (heterogeneous and colocated)."""
+CPS = (1, 2, 4, 8)  # context parallel sizes tried for a text-only model of a study's own command
+VPS = (1, 2, 4)  # virtual pipeline stages tried with them
+
+
+def candidate_layouts(base: Layout, nodes: int, who: Trainer = PACKAGED) -> list[Layout]:
+    """Every feasible layout of `base`'s model and batch on `nodes` nodes (heterogeneous and colocated), for
+    the model and trainer `who` (a text-only model of a study's own command: pipelined, interleaved and
+    context-parallel layouts too, as Megatron-LM runs them)."""
+    out = _split_and_colocated(base, nodes)
+    if who.text_only and not who.packaged:
+        out += _text_only_megatron(base, nodes)
+    return [lay for lay in out if not check(lay, who)]
+
+
+def _text_only_megatron(base: Layout, nodes: int) -> list[Layout]:
+    """A text-only model's layouts beyond TP x DP (x EP): PP with and without virtual stages, and CP."""
+    gpn, experts = base.gpus_per_node, base.num_experts
+    layers = base.llm_layers or 1
+    out = []
+    for ltp in _divisors(gpn):
+        for pp in (p for p in _divisors(layers) if p <= MAX_PP):
+            for cp in CPS:
+                if pp == 1 and cp == 1:
+                    continue  # priced by _split_and_colocated
+                dp = derive_llm_dp(nodes, gpn, 0, 1, 1, ltp, pp, cp)
+                if not dp:
+                    continue
+                for vp in (v for v in VPS if v == 1 or (pp > 1 and layers % (pp * v) == 0)):
+                    for ep in _divisors(experts) if experts else [1]:
+                        out.append(
+                            replace(
+                                base,
+                                nodes=nodes,
+                                colocated=True,
+                                enc_tp=ltp,
+                                enc_pp=1,
+                                enc_dp=dp,
+                                llm_tp=ltp,
+                                llm_pp=pp,
+                                llm_vp=vp,
+                                llm_cp=cp,
+                                llm_dp=dp,
+                                llm_ep=ep,
+                                llm_etp=ltp if experts and pp > 1 else 1,
+                            )
+                        )
+    return out
+
+
+def _split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
     gpn, experts = base.gpus_per_node, base.num_experts
     tps = _divisors(gpn)
     pps = [p for p in _divisors(base.llm_layers or 1) if p <= MAX_PP]
@@ -81,7 +129,7 @@ def candidate_layouts(base: Layout, nodes: int) -> list[Layout]:
                                     llm_etp=etp_,
                                 )
                             )
-    return [lay for lay in out if not check(lay)]
+    return out
 
 
 # Trainer settings that trade time for memory, tried on a layout only when the study's own settings do not
@@ -155,7 +203,8 @@ def price_layouts(
     """(layouts that fit with `headroom` bytes to spare, ranked; those that do not) on `nodes` nodes; the
     fastest fitting layouts are tried again with every microbatch size that tiles the batch."""
     fit, over = [], []
-    for lay in candidate_layouts(shape.layout, nodes):
+    who = trainer_of(shape)
+    for lay in candidate_layouts(shape.layout, nodes, who):
         if shape.preset.text_only and not lay.colocated:
             continue  # a GPT alone: every GPU is the LLM's, no encoder ranks to split off
         c = Candidate(lay, price_with_savers(shape, lay, gpu, eff, headroom))
@@ -165,7 +214,7 @@ def price_layouts(
     for c in fit[:MBS_TRIED_ON]:
         for mbs in MBS_CHOICES:
             lay = replace(c.layout, mbs=mbs)
-            if lay in seen or check(lay):
+            if lay in seen or check(lay, who):
                 continue
             seen.add(lay)
             alt = Candidate(lay, price_with_savers(shape, lay, gpu, eff, headroom))
@@ -235,6 +284,7 @@ def colocated_gbs(base: Layout, nodes: int) -> list[int]:
 def point_name(lay: Layout) -> str:
     enc = "colo" if lay.colocated else f"e{lay.enc_tp}x{lay.enc_dp}"
     pp = (f"p{lay.llm_pp}" if lay.llm_pp > 1 else "") + (f"t{lay.llm_etp}" if lay.llm_etp > 1 else "")
+    pp += (f"v{lay.llm_vp}" if lay.llm_vp > 1 else "") + (f"c{lay.llm_cp}" if lay.llm_cp > 1 else "")
     return f"{lay.nodes}n-{enc}-l{lay.llm_tp}x{lay.llm_ep}x{lay.llm_dp}{pp}-g{lay.gbs}"
 
 
@@ -243,6 +293,10 @@ def point_dict(lay: Layout) -> dict:
     llm = {"tp": lay.llm_tp}
     if lay.llm_pp > 1:
         llm["pp"] = lay.llm_pp
+    if lay.llm_vp > 1:
+        llm["vp"] = lay.llm_vp
+    if lay.llm_cp > 1:
+        llm["cp"] = lay.llm_cp
     if lay.num_experts:
         llm["ep"] = lay.llm_ep
         if lay.llm_etp > 1:

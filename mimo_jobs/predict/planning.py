@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .assumed import EndsVerdict, ends_verdict, range_words
-from .cost import Cost, tokens_text
+from .cost import Cost, gpu_hours_text, tokens_text
 from .estimate import Prediction, cost_json
 from .hardware import FITTED_EFFICIENCY, GIB, GPU, generation
 from .layouts import (
@@ -364,7 +364,7 @@ def plan_text(r: PlanResult, study: str, measure: str = "mimo-jobs data stats") 
                 else "no split fits"
             )
         cost = r.cost(p.best) if p.best else None
-        gpu_h = f"{cost.gpu_hours:14,.0f}" if cost else f"{'-':>14}"
+        gpu_h = f"{gpu_hours_text(cost.gpu_hours):>14}" if cost else f"{'-':>14}"
         if r.shape.image_assumed and p.best:
             split += " (assumed image mix)"
         lines.append(
@@ -396,12 +396,18 @@ def _rank_words(p: NodePlan, c: Candidate, rel: float) -> str:
 def _cost_words(r: PlanResult, c: Candidate) -> str:
     """A point's cost in its comment: the study's length, and to the token budget when one is given."""
     p = c.prediction
-    words = f"{p.run_cost().gpu_hours:,.0f} GPU-h for {p.iterations:,} iterations"
+    words = (
+        [f"{gpu_hours_text(p.run_cost().gpu_hours)} GPU-h for {p.iterations:,} iterations"]
+        if p.iterations
+        else []
+    )
     if r.tokens:
         b = p.budget_cost(r.tokens)
         if b is not None:
-            words += f", {b.gpu_hours:,.0f} GPU-h ({b.hours:,.1f} h) to {tokens_text(r.tokens)} tokens"
-    return words
+            words.append(
+                f"{gpu_hours_text(b.gpu_hours)} GPU-h ({b.hours:,.3g} h) to {tokens_text(r.tokens)} tokens"
+            )
+    return ", ".join(words) or "no length to cost (give --tokens)"
 
 
 def cheapest_fix(shape: RunShape, gpu: GPU, eff: Efficiency) -> str | None:

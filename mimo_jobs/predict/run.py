@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from mimo_jobs.model.arch import EncoderArch, ModelArch
 from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.spec import RecomputeSpec
-from mimo_jobs.study.topology import Layout, rank_layout
+from mimo_jobs.study.topology import Layout, Trainer, rank_layout
 
 from .datastats import DataMix, data_mix
 from .flops import SampleFlops, flops_per_sample
@@ -73,8 +73,10 @@ class RunShape:
 
     encoder_samples_per_microbatch: int = 0  # samples one encoder replica embeds per LLM microbatch
     # model chunks per LLM pipeline stage (Megatron's interleaved 1F1B, --num-layers-per-virtual-pipeline-stage):
-    # the packaged trainer runs 1; other programs' runs (benchmarks/published/) may run more
+    # the layout's llm.vp (on_layout); the packaged trainer runs 1, a study's own command may run more
     virtual_stages: int = 1
+    # the packaged trainer trains it (its limits apply to the layouts priced), or a command of the study's own
+    packaged: bool = True
     # megatron-core's overlap_grad_reduce + overlap_param_gather (or FSDP's prefetch): the DP transfers run
     # under the backward of the last microbatch and the forward of the first; the packaged trainer runs
     # without (trainer/build.py)
@@ -105,8 +107,9 @@ def sample_flops(preset: ModelArch, seq_length: int, data) -> SampleFlops:
     return flops_per_sample(preset, seq_length, mean, per_image)
 
 
-def shape_of(layout: Layout, trainer) -> RunShape:
-    """A RunShape from a layout and a spec.TrainerSpec."""
+def shape_of(layout: Layout, trainer, point_command: str | None = None, checked: bool = True) -> RunShape:
+    """A RunShape from a layout and a spec.TrainerSpec (and the point's own command, if any). `checked`
+    False: the layout is only where the model, cluster and batch are read (a plan's start), not checked."""
     preset = arch_of(trainer.model)
     mix = model_mix(trainer.data, preset.encoder, trainer.seq_length)
     shape = RunShape(
@@ -129,17 +132,24 @@ def shape_of(layout: Layout, trainer) -> RunShape:
         train_iters=trainer.train_iters,
         train_samples=trainer.train_samples,
         assumed_ends=mix.ends if mix.assumed else None,
+        packaged=not (point_command or trainer.command),
     )
-    return on_layout(shape, layout)
+    return on_layout(shape, layout) if checked else shape
+
+
+def trainer_of(shape: RunShape) -> Trainer:
+    """What topology's rules need of a shape: its model is text-only, the packaged trainer trains it."""
+    return Trainer(text_only=shape.preset.text_only, packaged=shape.packaged)
 
 
 def on_layout(shape: RunShape, layout: Layout) -> RunShape:
     """`shape` on another (feasible) layout, with what topology derives from it; raises TopologyError for
     an infeasible one."""
-    plan = rank_layout(layout)
+    plan = rank_layout(layout, trainer_of(shape))
     return replace(
         shape,
         layout=layout,
         microbatches=plan.num_microbatches,
         encoder_samples_per_microbatch=plan.samples_per_encoder_microbatch,
+        virtual_stages=layout.llm_vp,
     )

@@ -199,7 +199,7 @@ def _calibrate(times: list[PredictedRow], members: list, label: str) -> str:
         )
     try:
         cal = calibrate(
-            [Measured(times[i].name, times[i].run_id, shape_of(s.layout, s.trainer), times[i].measured_s)
+            [Measured(times[i].name, times[i].run_id, shape_of(s.layout, s.trainer, s.point.command), times[i].measured_s)
              for i, s, _ in got],
             got[0][2],
         )  # fmt: skip

@@ -51,7 +51,8 @@ def _derived_dp(p: PointSpec, gpn: int) -> int | None:
 
 
 def run_name(p: PointSpec, repeat: int, repeats: int) -> str:
-    """Readable name, e.g. 33n-e1x8-l2x8x128-g768 (encoder tp x dp, llm tp x ep x dp, gbs); a colocated
+    """Readable name, e.g. 33n-e1x8-l2x8x128-g768 (encoder tp x dp, llm tp x ep x dp, then pp, etp, vp, cp
+    where not 1, gbs); a colocated
     point says `colo` where the encoder's sizes would be (33n-colo-l2x8x132-g768); a point with its own
     command ends in `-cmd`."""
     e, l_ = p.encoder, p.llm
@@ -60,6 +61,8 @@ def run_name(p: PointSpec, repeat: int, repeats: int) -> str:
         f"l{l_.tp}x{l_.ep}x{l_.dp}"
         + (f"p{l_.pp}" if l_.pp > 1 else "")
         + (f"t{l_.etp}" if l_.etp > 1 else "")
+        + (f"v{l_.vp}" if l_.vp > 1 else "")
+        + (f"c{l_.cp}" if l_.cp > 1 else "")
     )
     name = f"{p.nodes}n-{enc}-{llm}-g{p.gbs}" + (f"-m{p.mbs}" if p.mbs > 1 else "")
     name += "-cmd" if p.command else ""  # its own command: beside a packaged-trainer point of the same layout
@@ -174,6 +177,7 @@ def expand_matrix(
             llm_ep=p.llm.ep,
             llm_etp=p.llm.etp,
             llm_cp=p.llm.cp,
+            llm_vp=p.llm.vp,
             num_experts=num_experts,
             llm_layers=llm_layers,
             gbs=p.gbs,
@@ -190,7 +194,11 @@ def expand_matrix(
                 )
             ]
         else:
-            viol = topology.check(lay) + (_lr_violations(study, p.gbs) if study is not None else [])
+            who = topology.Trainer(
+                text_only=bool(arch is not None and arch.text_only),
+                packaged=study is None or not (p.command or study.trainer.command),
+            )
+            viol = topology.check(lay, who) + (_lr_violations(study, p.gbs) if study is not None else [])
             if arch is not None:
                 # the packaged trainer's own needs (an encoder) only where it is known to run it
                 packaged = study is not None and not (p.command or study.trainer.command)

@@ -68,7 +68,12 @@ class RunSpec:
         )
 
     def rank_layout(self) -> topology.RankLayout:
-        return topology.rank_layout(self.layout)
+        return topology.rank_layout(self.layout, self.trainer_kind())
+
+    def trainer_kind(self) -> topology.Trainer:
+        """What the topology rules need of this run: a text-only model, and whether the packaged trainer or
+        a command of the study's own trains it."""
+        return trainer_kind(self.trainer, self.point.command)
 
     def catalog_fields(self) -> dict:
         """The run as the store's `runs` row keeps it (store.catalog.RunRecord's fields)."""
@@ -86,6 +91,18 @@ class RunSpec:
             "accelerator": self.cluster.accelerator,
             "spec": self.to_dict(),
         }
+
+
+def trainer_kind(trainer: TrainerSpec, point_command: str | None = None) -> topology.Trainer:
+    """topology.Trainer of a study's trainer (and a point's own command, which overrides the study's)."""
+    from mimo_jobs.model.arch import ArchError
+    from mimo_jobs.model.resolve import arch_of
+
+    try:
+        text_only = arch_of(trainer.model).text_only
+    except (ArchError, ValueError):  # an unresolvable model is reported where the model is read
+        text_only = False
+    return topology.Trainer(text_only=text_only, packaged=not (point_command or trainer.command))
 
 
 def _model_text(model: str | dict) -> str:

@@ -562,8 +562,10 @@ class EncoderAxes(_Strict):
 
 
 class LLMAxes(_Strict):
+    ID_LATER: ClassVar[frozenset[str]] = frozenset({"vp"})
     tp: int = Field(1, ge=1, le=MAX_AXIS)
     pp: int = Field(1, ge=1, le=MAX_AXIS)
+    vp: int = Field(1, ge=1, le=MAX_AXIS)  # virtual pipeline stages per rank (interleaved 1F1B)
     ep: int = Field(1, ge=1, le=MAX_AXIS)
     etp: int = Field(1, ge=1, le=MAX_AXIS)
     cp: int = Field(1, ge=1, le=MAX_AXIS)

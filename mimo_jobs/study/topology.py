@@ -40,6 +40,8 @@ class Layout:
     # measured against): the encoder takes the LLM's TP and DP on the same ranks, and there is no bridge
     colocated: bool = False
     llm_layers: int = 0  # the LLM's transformer layers (0: unknown, the pp-layers rule is skipped)
+    # virtual pipeline stages per rank (Megatron-LM's interleaved 1F1B, --num-virtual-stages-per-pipeline-rank)
+    llm_vp: int = 1
 
     @property
     def world(self) -> int:
@@ -162,11 +164,11 @@ def _positive(lay: Layout) -> list[Violation]:
     return []
 
 
-def _tiling(lay: Layout) -> list[Violation]:
+def _tiling(lay: Layout, who: Trainer) -> list[Violation]:
     """`tiling`: encoder + LLM ranks cover the world exactly, no idle or stub rank (colocated: the LLM grid
     alone covers it, and the encoder runs on the same ranks)."""
     if lay.colocated:
-        return _colocated_tiling(lay)
+        return _colocated_tiling(lay, who)
     world, gpn = lay.world, lay.gpus_per_node
     e, l_ = lay.enc_ranks, lay.llm_ranks
     if e + l_ == world:
@@ -191,7 +193,7 @@ def _tiling(lay: Layout) -> list[Violation]:
     ]
 
 
-def _colocated_tiling(lay: Layout) -> list[Violation]:
+def _colocated_tiling(lay: Layout, who: Trainer) -> list[Violation]:
     world, per_dp = lay.world, lay.llm_tp * lay.llm_cp * lay.llm_pp
     out = []
     if lay.llm_ranks != world:
@@ -208,13 +210,23 @@ def _colocated_tiling(lay: Layout) -> list[Violation]:
                 fit,
             )
         )
-    if lay.llm_pp > 1:
+    if lay.llm_pp > 1 and not who.text_only:
         out.append(
             Violation(
                 "colocated",
                 f"colocated: llm.pp={lay.llm_pp}, but every rank runs the encoder and hands its image "
                 "embeddings to the LLM on the same rank, so there is no later pipeline stage to feed",
                 "llm.pp=1 (pipeline the LLM in a heterogeneous point)",
+            )
+        )
+    elif lay.llm_pp > 1 and who.packaged:
+        out.append(
+            Violation(
+                "text-only-pp",
+                f"llm.pp={lay.llm_pp}: the packaged trainer runs a text-only model without pipeline stages "
+                "(every rank holds the whole model); a study of its own command (trainer.command, e.g. "
+                "Megatron-LM's pretrain_gpt.py) may pipeline it, and predict and plan price it",
+                "llm.pp=1, or trainer.command",
             )
         )
     if (lay.enc_tp, lay.enc_pp, lay.enc_dp) != (lay.llm_tp, 1, lay.llm_dp):
@@ -245,9 +257,45 @@ def _tp_within_node(lay: Layout) -> list[Violation]:
     return out
 
 
-def _cp(lay: Layout) -> list[Violation]:
-    """`cp`: no context parallelism in this trainer (the bridge scatters whole sequences)."""
-    return [Violation("cp", f"llm.cp={lay.llm_cp} is not supported", "llm.cp=1")] if lay.llm_cp != 1 else []
+def _cp(lay: Layout, who: Trainer) -> list[Violation]:
+    """`cp`: no context parallelism in the packaged trainer (the bridge scatters whole sequences); a study
+    of its own command may use it (predict and plan price it as Megatron-LM runs it), `vp`: virtual
+    pipeline stages need a pipeline and whole layers per virtual stage, and a command of the study's own
+    (the packaged trainer's schedule is plain 1F1B)."""
+    out = []
+    if lay.llm_cp != 1 and who.packaged:
+        out.append(
+            Violation(
+                "cp",
+                f"llm.cp={lay.llm_cp}: the packaged trainer has no context parallelism (the bridge hands each "
+                "LLM rank whole sequences); a study of its own command (trainer.command) may use it",
+                "llm.cp=1",
+            )
+        )
+    if lay.llm_vp != 1:
+        if lay.llm_pp == 1:
+            out.append(Violation("vp", f"llm.vp={lay.llm_vp} needs a pipeline (llm.pp > 1)", "llm.vp=1"))
+        elif lay.llm_layers and lay.llm_layers % (lay.llm_pp * lay.llm_vp):
+            out.append(
+                Violation(
+                    "vp",
+                    f"llm.vp={lay.llm_vp}: {lay.llm_layers} layers do not split into llm.pp x llm.vp = "
+                    f"{lay.llm_pp * lay.llm_vp} equal virtual stages",
+                    f"llm.vp in {[v for v in _divisors(lay.llm_layers // lay.llm_pp) if (lay.llm_layers // lay.llm_pp) % v == 0]}"
+                    if lay.llm_layers % lay.llm_pp == 0
+                    else None,
+                )
+            )
+        if who.packaged:
+            out.append(
+                Violation(
+                    "vp",
+                    f"llm.vp={lay.llm_vp}: the packaged trainer's pipeline is plain 1F1B (no virtual stages); "
+                    "a study of its own command (trainer.command) may interleave",
+                    "llm.vp=1",
+                )
+            )
+    return out
 
 
 def _moe(lay: Layout) -> list[Violation]:
@@ -361,20 +409,34 @@ def _pp(lay: Layout) -> list[Violation]:
 
 
 # One function per rule id, in the order problems are reported (docs/topology.md lists them).
+@dataclass(frozen=True)
+class Trainer:
+    """What the rules need to know of the model and of who trains it: a text-only model (no encoder, so a
+    colocated layout has no image embeddings to hand a later stage) and the packaged trainer (its own
+    limits: no context parallelism, no virtual stages, no pipeline for a text-only model), or a study's own
+    command, whose layouts are only priced and rendered."""
+
+    text_only: bool = False
+    packaged: bool = True
+
+
+PACKAGED = Trainer()
 RULES = (_tiling, _tp_within_node, _cp, _moe, _pp, _gbs, _bridge)
+_WHO = {_tiling, _cp}  # the rules that depend on the model and the trainer
 
 
-def check(lay: Layout) -> list[Violation]:
-    """Every topology rule at once; an empty list means feasible."""
+def check(lay: Layout, who: Trainer = PACKAGED) -> list[Violation]:
+    """Every topology rule at once; an empty list means feasible. `who`: the model and the trainer the
+    layout is for (default: the packaged trainer, the strictest)."""
     bad_sizes = _positive(lay)
     if bad_sizes:
         return bad_sizes
-    return [v for rule in RULES for v in rule(lay)]
+    return [v for rule in RULES for v in (rule(lay, who) if rule in _WHO else rule(lay))]
 
 
-def rank_layout(lay: Layout) -> RankLayout:
+def rank_layout(lay: Layout, who: Trainer = PACKAGED) -> RankLayout:
     """The plan of a feasible layout; raises TopologyError listing every broken rule."""
-    violations = check(lay)
+    violations = check(lay, who)
     if violations:
         raise TopologyError(violations)
     gpn, e = lay.gpus_per_node, lay.enc_ranks
