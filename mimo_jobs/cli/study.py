@@ -248,11 +248,12 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
     """One line per run: does it fit in the memory of the study's GPU (cluster.hardware, else H100;
     `predict` says more). Returns a problem for every run over memory (all runs are judged, not only the
     ones shown), naming the rank classes, the bytes over and the cheapest change that fits."""
+    from mimo_jobs.predict.cost import gpu_hours_text
     from mimo_jobs.predict.estimate import predict_shape
     from mimo_jobs.predict.hardware import study_gpu
     from mimo_jobs.predict.planning import cheapest_fix, over_text
     from mimo_jobs.predict.run import shape_of
-    from mimo_jobs.predict.steptime import Efficiency
+    from mimo_jobs.predict.steptime import Efficiency, efficiency_for
     from mimo_jobs.study.diagnose import Problem
     from mimo_jobs.study.priced import unpriced
 
@@ -267,11 +268,19 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
             continue
         shape = shape_of(r.layout, r.trainer, r.point.command)
         if shape not in priced:  # repeats and points that differ only in name are priced once
-            priced[shape] = predict_shape(shape, gpu, Efficiency())
+            priced[shape] = predict_shape(shape, gpu, efficiency_for(gpu))
         pred = priced[shape]
         if out is not None and r.run_id in shown:
+            cost = pred.run_cost()
+            length = (
+                f"; {gpu_hours_text(cost.gpu_hours)} GPU-h for {pred.iterations:,} iterations "
+                f"({pred.time.iteration_s:.3g} s/iter predicted)"
+                if pred.memory.fits and pred.iterations
+                else ""
+            )
             out.print(
-                f"run {r.run_id} ({_nodes(r)}): memory on {gpu.name}: {pred.memory.verdict()}", markup=False
+                f"run {r.run_id} ({_nodes(r)}): memory on {gpu.name}: {pred.memory.verdict()}{length}",
+                markup=False,
             )
         if not pred.memory.fits and not (r.point.command or r.trainer.command):  # own program: not judged
             fix = cheapest_fix(pred.shape, gpu, Efficiency())

@@ -228,3 +228,12 @@ def test_no_row_is_best_above_a_faster_row_without_saying_why():
     for s, ln in zip(secs, rows):
         if s < secs[best]:
             assert "a tie within 0.5% with the best" in ln, ln
+
+
+def test_validate_names_the_cost_of_each_run_that_fits():
+    out = runner.invoke(app, ["validate", str(PROD)], env={"COLUMNS": "250"}).output
+    doc = _json("predict", str(PROD), "--json")
+    for run in doc["runs"]:
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"run {run['run_id']} "))
+        gpu_h = run["cost"]["run"]["gpu_hours"]
+        assert f"; {gpu_h:,.0f} GPU-h for {run['cost']['iterations']:,} iterations" in line, line
