@@ -117,7 +117,10 @@ def _shape(arch: ModelArch, seq: int, lay: dict, precision: str) -> RunShape:
         virtual_stages=lay.get("vp", 1),
         overlap_dp=bool(lay.get("overlap_dp", False)),
     )
-    return replace(on_layout(base, flat), layout=full)
+    # on_layout takes the virtual stages from the layout it is given (the flat one has none): the row's own
+    return replace(
+        on_layout(base, flat), layout=replace(full, llm_vp=lay.get("vp", 1)), virtual_stages=lay.get("vp", 1)
+    )
 
 
 def published_step_s(figure: dict, shape: RunShape) -> float:

@@ -134,6 +134,8 @@ def image_model(text: str, base_dir: str | Path | None = None) -> tuple[EncoderA
     alone). The argument is read as data (YAML or JSON, never run); the descriptions go through arch_of and
     the encoder side of a description, the one parser of trainer.model. ArchError names what would fit."""
     text = text.strip()
+    if len(text) > MAX_ARGUMENT:
+        raise ArchError("", f"{len(text):,} characters; a model argument holds at most {MAX_ARGUMENT:,}")
     if text.startswith("{"):
         value = _mapping(text, MODEL_ARGUMENT_FORMS)
         if set(value) & set(_MODEL_KEYS) and not set(value) & {"preset", "hf_config"}:
@@ -159,8 +161,6 @@ def _mapping(text: str, forms: str) -> dict:
     """A `{...}` command-line argument read as a YAML mapping (data only; no anchors or aliases, bounded)."""
     import yaml
 
-    if len(text) > MAX_ARGUMENT:
-        raise ArchError("", f"{len(text):,} characters; a model argument holds at most {MAX_ARGUMENT:,}")
     try:
         # anchors and aliases could expand a short text into a huge one: a description writes its fields
         if any(isinstance(t, (yaml.AnchorToken, yaml.AliasToken)) for t in yaml.scan(text)):
@@ -186,10 +186,10 @@ def model_argument(text: str) -> str | dict:
     the one parser): a model preset's name, an LLM preset or HF config.json as a text-only model, or a
     description. ArchError names the forms it takes."""
     text = text.strip()
-    if text.startswith("{"):
-        return _mapping(text, PLAN_MODEL_FORMS)
     if len(text) > MAX_ARGUMENT:
         raise ArchError("", f"{len(text):,} characters; a model argument holds at most {MAX_ARGUMENT:,}")
+    if text.startswith("{"):
+        return _mapping(text, PLAN_MODEL_FORMS)
     if text in PRESETS:
         return text
     if text in LLMS:

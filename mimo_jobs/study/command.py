@@ -279,7 +279,7 @@ def command_problems(runs: list[RunSpec], rd_of) -> list[Problem]:
         except ValueError as e:
             msg = f"{where}: {e}"
         else:
-            for p in script_problems(r.study_dir, shlex.split(text), where):
+            for p in script_problems(r.study_dir, shlex.split(text), where, str(rd_of(r).root)):
                 if p.message not in seen:
                     seen.add(p.message)
                     out.append(Problem(r.name, p.rule, f"{p.path}: {p.message}", p.fit))

@@ -114,20 +114,30 @@ def _where(study: StudySpec) -> str:
     return f" (relative paths start at the study file's directory {base})" if base else ""
 
 
-def script_problems(study_dir: str | None, words: list[str], where: str) -> list[PathProblem]:
+def script_problems(
+    study_dir: str | None, words: list[str], where: str, run_dir: str | None = None
+) -> list[PathProblem]:
     """The words of a rendered command that name a file of the study (`{{ study_dir }}/...`, alone or as the
-    value of `--flag=`): each must exist."""
+    value of `--flag=`): each must exist. Paths in the run's own directory (its checkpoints, logs: made when
+    the run is rendered or runs) are the run's, not the study's, wherever the runs root lies."""
     if not study_dir:
         return []
     out = []
     for w in words:
         value = w.split("=", 1)[1] if w.startswith("-") and "=" in w else w
+        if run_dir and any(value == d or value.startswith(d.rstrip("/") + "/") for d in _forms(run_dir)):
+            continue
         if value == study_dir or value.startswith(study_dir.rstrip("/") + "/"):
             if not Path(value).exists():
                 out.append(
                     PathProblem(where, RULE, f"{value} does not exist", "give a file beside the study file")
                 )
     return out
+
+
+def _forms(path: str) -> set[str]:
+    """A directory as a rendered command may write it: absolute as given, and with its links resolved."""
+    return {os.path.abspath(path), os.path.realpath(path)}
 
 
 def id_path(path: str, study_dir: str | None, inside_only: bool) -> str:
