@@ -278,8 +278,10 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
                 if pred.memory.fits and pred.iterations
                 else ""
             )
+            # without dataset statistics the images are the stated prior's (docs/predict.md): say so
+            assumed = "; image tokens assumed (no dataset statistics)" if shape.image_assumed else ""
             out.print(
-                f"run {r.run_id} ({_nodes(r)}): memory on {gpu.name}: {pred.memory.verdict()}{length}",
+                f"run {r.run_id} ({_nodes(r)}): memory on {gpu.name}: {pred.memory.verdict()}{length}{assumed}",
                 markup=False,
             )
         if not pred.memory.fits and not (r.point.command or r.trainer.command):  # own program: not judged

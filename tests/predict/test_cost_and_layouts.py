@@ -237,3 +237,9 @@ def test_validate_names_the_cost_of_each_run_that_fits():
         line = next(ln for ln in out.splitlines() if ln.startswith(f"run {run['run_id']} "))
         gpu_h = run["cost"]["run"]["gpu_hours"]
         assert f"; {gpu_h:,.0f} GPU-h for {run['cost']['iterations']:,} iterations" in line, line
+        # no dataset statistics: the memory verdict rests on the image prior, and says so
+        assert line.endswith("; image tokens assumed (no dataset statistics)"), line
+    mock = runner.invoke(
+        app, ["validate", str(REPO / "studies/cpu_local.yaml")], env={"COLUMNS": "250"}
+    ).output
+    assert "memory on cpu: fits" in mock and "image tokens assumed" not in mock  # the mock images are exact
