@@ -117,6 +117,14 @@ class PreemptionWatch:
             self._previous[sig] = signal.signal(sig, self._handler)
         return self
 
+    def settle(self) -> None:
+        """The run has decided how it ends (completed, or stopped with its checkpoint saved): a stop signal
+        from now on changes nothing. It is ignored, not left to the interpreter's exit, which gives the
+        signals it handled their default action back (terminate): a job whose scheduler sends its warning
+        signal just as the last iteration finished would otherwise end killed by it, counted as failed."""
+        for name in self.signals:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+
     def uninstall(self) -> None:
         if self._timer is not None:
             self._timer.cancel()

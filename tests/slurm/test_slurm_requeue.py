@@ -49,11 +49,10 @@ def test_time_limited_job_is_requeued_by_slurm_and_resumes_to_one_curve(slurm_cl
     )
     study.write_text(yaml.safe_dump(doc, sort_keys=False))
 
-    # Only the SLURM job (sbatch exports the submitter's environment) sleeps 3 s after each step (test hook)
-    # and keeps 10 s before its deadline: 16 iterations (48 s of sleep alone) cannot fit in the 50 s left of 1
-    # minute whatever the start-up takes (10-25 s here), so the first attempt stops part way (by the deadline,
-    # or by USR2 which SLURM may send early); each attempt that reaches its first step advances at least one
-    # iteration.
+    # Only the SLURM job (sbatch exports the submitter's environment) sleeps 4 s after each step (test hook)
+    # and keeps 10 s before its deadline: 16 iterations (64 s of sleep alone) cannot fit in 1 minute however
+    # fast the start-up (6-25 s here), so the first attempt stops part way (by the deadline, or by USR2 which
+    # SLURM may send early); each attempt that reaches its first step advances at least one iteration.
     out = cli(
         "submit",
         study,
@@ -62,7 +61,7 @@ def test_time_limited_job_is_requeued_by_slurm_and_resumes_to_one_curve(slurm_cl
         "--runs-dir",
         runs,
         check=True,
-        env={"MIMO_CKPT_TEST_STEP_DELAY_S": "3", "MIMO_JOB_DEADLINE_MARGIN_S": "10"},
+        env={"MIMO_CKPT_TEST_STEP_DELAY_S": "4", "MIMO_JOB_DEADLINE_MARGIN_S": "10"},
     ).stdout
     assert out.count("as slurm job") == 1
 

@@ -177,6 +177,31 @@ def test_signal_sets_the_flag_and_stops(name):
     assert signal.getsignal(getattr(signal, name)) is not w._handler
 
 
+def test_a_stop_signal_after_the_end_is_decided_is_ignored_to_the_last_instruction():
+    """A job whose scheduler sends its warning signal just as the last iteration finished: the interpreter's
+    exit gives the handled signals their default action back (terminate), so once the trainer has settled
+    how it ends (`settle`) a stop signal must be ignored, even while the process is exiting."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, os, signal, time\n"
+        "import mimo_jobs.trainer.signals as S\n"
+        "w = S.PreemptionWatch().install()\n"
+        "w.settle()\n"
+        "assert all(signal.getsignal(getattr(signal, n)) == signal.SIG_IGN for n in S.STOP_SIGNALS)\n"
+        "os.kill(os.getpid(), signal.SIGUSR2)\n"
+        "time.sleep(0.05)\n"
+        "assert w.received is None\n"
+        "import threading\n"
+        "# a signal during the interpreter's exit, after its own handlers are gone\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), os.kill(os.getpid(), signal.SIGUSR2)), daemon=False).start()\n"
+        "atexit.register(lambda: time.sleep(0.5))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+
+
 def test_sigterm_without_a_world_stop_exits_after_the_grace():
     # what happens to a rank stuck in a collective when torchrun tears down after a sibling died
     import subprocess

@@ -167,6 +167,11 @@ class Checkpointer:
             )
         return r
 
+    def settle(self) -> None:
+        """How the run ends is decided: later stop signals are ignored (signals.PreemptionWatch.settle)."""
+        if self.watch is not None:
+            self.watch.settle()
+
     def save(self, st) -> Path:
         """Collective: save `st` at its current iteration."""
         t0 = time.perf_counter()
