@@ -5,7 +5,9 @@ weights, then exports the module back to HF tensor names.
 
     python audio_worker.py SPEC_JSON     prints `RESULT {...}` on TP rank 0
 SPEC: {"dir": HF directory, "tp": 1, "frames": [mel frames of each clip], "pooling": 1, "export": DIR}, or
-{"count": config.json dict, "tp": 1}: only the built module's parameter total (nothing loaded); or a list
+"arch" overrides AudioArch fields of the directory's (a load refused: `RESULT {"error": ...}`);
+{"count": config.json dict, "tp": 1}: the built module's parameter total and its position table after the
+trainer's init against transformers' (nothing loaded); or a list
 of them (one process runs each in turn).
 """
 
@@ -78,15 +80,31 @@ def run(spec: dict) -> dict | None:
 
     tp = spec.get("tp", 1)
     if "count" in spec:
+        import transformers as T
+
+        from mimo_jobs.trainer.model.models import canonical_init_
+
         a = whisper.audio_arch(spec["count"])
         enc, pgc, cut = _module(a, tp)
-        held = sum(x.numel() for x in full_parameters(enc, cut, pgc.tp).values())
-        return {"held": held} if cut["tp_rank"] == 0 else None
+        canonical_init_(enc, 7, "audio", **cut)
+        enc.reset_positions_()
+        full = full_parameters(enc, cut, pgc.tp)
+        cfg = T.WhisperConfig(**spec["count"])
+        hf = T.models.whisper.modeling_whisper.WhisperEncoder(cfg)
+        gap = (full["embed_positions"] - hf.embed_positions.weight).abs().max()
+        held = sum(x.numel() for x in full.values())
+        return {"held": held, "positions_max_abs": float(gap)} if cut["tp_rank"] == 0 else None
+
+    from mimo_jobs.model.hf_check import HFInitError
 
     cfg = json.loads(open(os.path.join(spec["dir"], "config.json")).read())
     a = whisper.audio_arch(cfg, pooling=spec.get("pooling", 1))
+    a = type(a).from_dict(a.to_dict() | spec.get("arch", {}))
     enc, pgc, cut = _module(a, tp)
-    loaded = load_hf(enc, spec["dir"], cut)
+    try:
+        loaded = load_hf(enc, spec["dir"], cut)
+    except HFInitError as e:
+        return {"error": e.describe()}
     tensors = load_file(os.path.join(spec["dir"], "model.safetensors"))
     prefix = whisper.encoder_prefix(tensors)
     state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}

@@ -103,6 +103,8 @@ def test_parameter_totals_equal_transformers_and_the_built_module(tmp_path):
         assert audio_params(a) == _meta_count({k: c[k] for k in TINY})
         # the module holds Whisper's parameters plus the k rows of its fused QKV bias
         assert b["held"] == audio_params(a, held=True) == audio_params(a) + a.num_layers * a.hidden_size
+        # the trainer's init draws everything at random; the frozen table is written again as transformers does
+        assert b["positions_max_abs"] <= 1e-6, b
     assert audio_params(whisper.audio_arch(cfgs[1])) == 88_154_112  # whisper-small's encoder
 
 
@@ -153,3 +155,26 @@ def test_hf_weights_load_run_as_transformers_and_export_bit_identical(tmp_path):
 def test_the_same_at_tp2(tmp_path):
     specs = _specs(tmp_path, 2)
     _check(tmp_path, _run(specs, tmp_path, nproc=2), specs)
+
+
+def test_a_directory_of_another_encoder_or_missing_a_tensor_is_refused_by_name(tmp_path):
+    from safetensors.torch import save_file
+
+    d = _save_tiny(tmp_path / "hf")
+    holed = tmp_path / "holed"
+    holed.mkdir()
+    (holed / "config.json").write_text((d / "config.json").read_text())
+    tensors = _tensors(d)
+    del tensors["encoder.layers.1.fc2.bias"]
+    save_file(tensors, str(holed / "model.safetensors"))
+    run = dict(tp=1, frames=[4], export=str(tmp_path / "out"))
+    specs = [run | {"dir": str(d), "arch": {"num_layers": 3}}, run | {"dir": str(holed)}]
+    other, hole = _run(specs, tmp_path)
+    assert other["error"] == (
+        f"audio encoder weights: {d / 'config.json'} describes another encoder: num_layers=2, the model has "
+        f"num_layers=3"
+    )
+    assert hole["error"] == (
+        f"audio encoder weights: {holed}: tensor encoder.layers.1.fc2.bias: no such tensor, the encoder "
+        f"needs [32]"
+    )

@@ -77,6 +77,13 @@ class AudioEncoder(MegatronModule):
         )
         self.ln_post = norm(config=cfg, hidden_size=h, eps=a.norm_epsilon)
 
+    def reset_positions_(self) -> None:
+        """Write the sinusoidal table again, as transformers' WhisperEncoder init writes it: models.
+        canonical_init_ draws every parameter but norms and biases at random, and the table is frozen, so a
+        run that does not start from HF weights calls this after it."""
+        with torch.no_grad():
+            self.embed_positions.copy_(sinusoids(*self.embed_positions.shape).to(self.embed_positions.dtype))
+
     def forward(self, clips) -> torch.Tensor:
         """clips: a list of [num_mel_bins, frames_i] tensors, or one [b, num_mel_bins, frames] batch. Returns
         [sum_i T_i, hidden_size] in clip order. Clips of one length run as one batch."""
