@@ -115,7 +115,7 @@ class AudioArch:
         """Sequence length inside the transformer for a clip of `mel_frames` (checked as tokens_for_frames
         checks it): the rows of the position table it uses, from the first."""
         self._check_frames(mel_frames)
-        return conv_frames(mel_frames)
+        return conv_frames(int(mel_frames))
 
     def tokens_for_frames(self, mel_frames: int) -> int:
         """The one rule of how many tokens a clip of `mel_frames` log-mel frames hands the LLM: the time steps
@@ -137,7 +137,8 @@ class AudioArch:
         return input_stride() * (self.pooling - 1) + 1
 
     def _check_frames(self, mel_frames: int) -> None:
-        if not isinstance(mel_frames, int) or isinstance(mel_frames, bool) or mel_frames < 1:
+        # any integer type (a numpy count from a data loader too), not a bool or a float
+        if isinstance(mel_frames, bool) or not hasattr(mel_frames, "__index__") or mel_frames < 1:
             raise ArchError("mel_frames", f"must be a positive integer, got {mel_frames!r}")
         if mel_frames > self.max_frames:
             raise ArchError(

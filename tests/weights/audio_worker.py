@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from hf_worker import _grids, _rel
+from hf_worker import _grids, _rel, _split_disagreements
 
 
 def _module(a, tp: int):
@@ -110,7 +110,9 @@ def run(spec: dict) -> dict | None:
     state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
     g = torch.Generator().manual_seed(1)
     clips = [torch.randn(a.num_mel_bins, n, generator=g) for n in spec["frames"]]
-    res: dict = {"loaded": loaded, "rows": [], "rel": []}
+    # the TP cuts the layout restates against the ones megatron-core gave the built module
+    split = _split_disagreements(enc, whisper.audio_layout(a), cut)
+    res: dict = {"loaded": loaded, "rows": [], "rel": [], "split_disagrees": split}
     with torch.no_grad():
         got = enc(clips)
         res["total_rows"] = got.shape[0]

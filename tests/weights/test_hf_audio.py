@@ -124,6 +124,7 @@ def _check(tmp_path: Path, results: list[dict], specs: list[dict]) -> None:
         a = type(a).from_dict(a.to_dict() | {"pooling": spec.get("pooling", 1)})
         assert r["loaded"] == 4 + 2 + 1 + 12 * a.num_layers  # every parameter came from the directory
         assert all(rel <= TOL for rel in r["rel"]), r
+        assert r["split_disagrees"] == [], r
         assert r["steps_rel"] <= TOL, r  # the written-out steps are transformers' forward
         assert r["rows"] == [a.tokens_for_frames(n) for n in spec["frames"]]
         assert r["total_rows"] == sum(r["rows"])
