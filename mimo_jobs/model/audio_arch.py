@@ -80,11 +80,11 @@ class AudioArch:
                 "num_attention_heads",
                 f"hidden_size {self.hidden_size} is not divisible by {self.num_attention_heads} heads",
             )
-        if self.hidden_size % 2:
+        if self.hidden_size % 2 or self.hidden_size < 4:
             raise ArchError(
                 "hidden_size",
-                f"{self.hidden_size} is odd; the sinusoidal position table needs an even width (sin and cos "
-                f"halves)",
+                f"{self.hidden_size} does not fit the sinusoidal position table, which needs an even width of "
+                f"at least 4 (sin and cos halves of 2 or more timescales)",
             )
         if self.pooling > self.max_source_positions:
             raise ArchError(

@@ -63,15 +63,16 @@ def test_a_clip_too_long_or_too_short_is_refused_by_name():
 
 
 def test_bad_descriptions_name_the_field_and_what_fits():
-    cases = {
-        "activation": ({"activation": "relu"}, "'relu' is not one of gelu"),
-        "kind": ({"kind": "clap"}, "'clap' is not one of whisper"),
-        "num_attention_heads": ({"num_attention_heads": 5}, "hidden_size 32 is not divisible by 5 heads"),
-        "hidden_size": ({"hidden_size": 33, "num_attention_heads": 3}, "33 is odd"),
-        "pooling": ({"pooling": 17}, "choose at most 16"),
-        "norm_epsilon": ({"norm_epsilon": float("nan")}, "finite number above 0"),
-    }
-    for field, (change, msg) in cases.items():
+    cases = [
+        ("activation", {"activation": "relu"}, "'relu' is not one of gelu"),
+        ("kind", {"kind": "clap"}, "'clap' is not one of whisper"),
+        ("num_attention_heads", {"num_attention_heads": 5}, "hidden_size 32 is not divisible by 5 heads"),
+        ("hidden_size", {"hidden_size": 33, "num_attention_heads": 3}, "33 does not fit the sinusoidal"),
+        ("hidden_size", {"hidden_size": 2, "num_attention_heads": 1}, "an even width of at least 4"),
+        ("pooling", {"pooling": 17}, "choose at most 16"),
+        ("norm_epsilon", {"norm_epsilon": float("nan")}, "finite number above 0"),
+    ]
+    for field, change, msg in cases:
         with pytest.raises(ArchError) as e:
             AudioArch(**(TINY | change))
         assert e.value.field == field and msg in str(e.value), (field, str(e.value))
