@@ -1,0 +1,214 @@
+"""The Whisper-class audio encoder (mimo_jobs/model/audio_arch.py: AudioArch) on megatron-core 0.19.
+
+conv1 and conv2 are plain torch Conv1d, whole on every TP rank (like the ViT's position table: every TP
+rank computes them on the same input, so their gradients agree); the sinusoidal position table is the
+parameter `embed_positions`, frozen as transformers' WhisperEncoder freezes it; the layers are a
+megatron-core TransformerBlock of the ViT's layer spec (models.encoder_layer_specs: pre-norm LayerNorm,
+attention with biases and no causal mask, a GELU MLP with biases), split over the TP group the caller's
+ProcessGroupCollection names; then the optional average pool and the final LayerNorm (`ln_post`).
+
+Clips of different lengths are not padded: clips of one length run as one batch, each over the first rows
+of the position table, so a clip's output is exactly AudioArch.tokens_for_frames rows and no attention
+mask is needed (transformers' WhisperEncoder takes only full 3000-frame clips; a full clip gives the same
+rows here). Names and layouts against HuggingFace: mimo_jobs/model/families/whisper.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_block import TransformerBlock
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from mimo_jobs.model.audio_arch import CONVS, AudioArch
+from mimo_jobs.model.families import whisper
+from mimo_jobs.model.hf_weights import HFLayout
+from mimo_jobs.trainer.model.models import Precision, _base_kwargs, encoder_layer_specs, recompute_kwargs
+
+
+def audio_config(a: AudioArch, tp: int, prec: Precision, recompute: str = "none") -> TransformerConfig:
+    """The TransformerConfig of the encoder's layers on a TP group of `tp` ranks."""
+    return TransformerConfig(
+        num_layers=a.num_layers,
+        hidden_size=a.hidden_size,
+        num_attention_heads=a.num_attention_heads,
+        ffn_hidden_size=a.ffn_hidden_size,
+        tensor_model_parallel_size=tp,
+        normalization="LayerNorm",
+        layernorm_epsilon=a.norm_epsilon,
+        **(_base_kwargs(prec, True, a.activation) | recompute_kwargs(recompute)),
+    )
+
+
+def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
+    """Whisper's position table [length, channels]: sin then cos of `channels / 2` geometric timescales
+    (transformers' modeling_whisper.py `sinusoids`, which WhisperEncoder's init writes)."""
+    step = math.log(max_timescale) / (channels // 2 - 1)
+    inv = torch.exp(-step * torch.arange(channels // 2))
+    t = torch.arange(length).view(-1, 1) * inv.view(1, -1)
+    return torch.cat([t.sin(), t.cos()], dim=1)
+
+
+class AudioEncoder(MegatronModule):
+    """Log-mel clips -> their audio tokens [sum_i T_i, hidden_size], T_i = AudioArch.tokens_for_frames."""
+
+    def __init__(self, a: AudioArch, cfg: TransformerConfig, pgc, prec: Precision):
+        super().__init__(config=cfg)
+        spec, _, norm = encoder_layer_specs(prec)
+        h, dt = a.hidden_size, cfg.params_dtype
+        self.arch = a
+        self.dtype = prec.dtype
+        (c1, c2) = CONVS
+        self.conv1 = torch.nn.Conv1d(a.num_mel_bins, h, c1.kernel, c1.stride, c1.padding, dtype=dt)
+        self.conv2 = torch.nn.Conv1d(h, h, c2.kernel, c2.stride, c2.padding, dtype=dt)
+        self.embed_positions = torch.nn.Parameter(
+            sinusoids(a.max_source_positions, h).to(dt), requires_grad=False
+        )
+        self.decoder = TransformerBlock(
+            config=cfg,
+            spec=spec,
+            post_layer_norm=False,
+            pre_process=True,
+            post_process=False,
+            pg_collection=pgc,
+        )
+        self.ln_post = norm(config=cfg, hidden_size=h, eps=a.norm_epsilon)
+
+    def reset_positions_(self) -> None:
+        """Write the sinusoidal table again, as transformers' WhisperEncoder init writes it: models.
+        canonical_init_ draws every parameter but norms and biases at random, and the table is frozen, so a
+        run that does not start from HF weights calls this after it."""
+        with torch.no_grad():
+            self.embed_positions.copy_(sinusoids(*self.embed_positions.shape).to(self.embed_positions.dtype))
+
+    def forward(self, clips) -> torch.Tensor:
+        """clips: a list of [num_mel_bins, frames_i] tensors, or one [b, num_mel_bins, frames] batch. Returns
+        [sum_i T_i, hidden_size] in clip order. Clips of one length run as one batch."""
+        clips = list(clips)
+        if not clips:
+            raise ValueError("the audio encoder was given no clip")
+        order: dict[int, list[int]] = {}
+        for i, c in enumerate(clips):
+            if c.dim() != 2 or c.shape[0] != self.arch.num_mel_bins:
+                raise ValueError(
+                    f"audio clip {i} has shape {list(c.shape)}; the encoder takes "
+                    f"[{self.arch.num_mel_bins} mel bins, frames]"
+                )
+            self.arch.tokens_for_frames(int(c.shape[1]))  # refuses a clip too long or too short, by name
+            order.setdefault(int(c.shape[1]), []).append(i)
+        outs: list = [None] * len(clips)
+        for _, idx in order.items():
+            y = self._encode(torch.stack([clips[i] for i in idx]).to(self.dtype))
+            for j, i in enumerate(idx):
+                outs[i] = y[j]
+        return torch.cat(outs, dim=0)
+
+    def _encode(self, x: torch.Tensor) -> torch.Tensor:
+        """[b, mels, frames] of one length -> [b, tokens, h]."""
+        x = F.gelu(self.conv2(F.gelu(self.conv1(x))))  # [b, h, n]
+        n = x.shape[-1]
+        x = x.transpose(1, 2) + self.embed_positions[:n]
+        # bidirectional attention; an explicit mask also avoids megatron-core's device="cuda" default mask
+        mask = torch.zeros(1, 1, n, n, dtype=torch.bool, device=x.device)
+        y = self.decoder(x.transpose(0, 1).contiguous(), attention_mask=mask).transpose(0, 1)
+        p = self.arch.pooling
+        if p > 1:  # Qwen2-Audio's AvgPool1d(p, stride=p), before the final norm
+            y = F.avg_pool1d(y.transpose(1, 2), kernel_size=p, stride=p).transpose(1, 2)
+        return self.ln_post(y.contiguous())
+
+
+def build_audio_encoder(a: AudioArch, cfg: TransformerConfig, pgc, prec: Precision) -> AudioEncoder:
+    from mimo_jobs.trainer.model.models import in_params_dtype
+
+    return in_params_dtype(AudioEncoder(a, cfg, pgc, prec), prec)
+
+
+# ------------------------------------------------------------------------------ HuggingFace weights
+
+
+def load_hf(module: AudioEncoder, path, cut: dict) -> int:
+    """A Whisper HF directory (a WhisperModel, WhisperForConditionalGeneration or WhisperEncoder save) into
+    this rank's shard of `module`; `cut` is models.param_shards' keyword arguments (tp_rank, tp_size).
+    Its config must describe the module's encoder (the first differing field is named) and every tensor
+    must be there with its shape. Returns the number of parameters loaded."""
+    from mimo_jobs.model.arch import ArchError
+    from mimo_jobs.model.hf_check import HFInitError, read_source
+    from mimo_jobs.trainer.checkpoint.hf_load import HFSource, load_into
+    from mimo_jobs.trainer.model.models import param_shards
+
+    where = "audio encoder weights"
+    h = read_source(path, where)
+    a = module.arch
+    try:
+        got = whisper.audio_arch(h.config, a.name, a.source, a.pooling)
+        prefix = whisper.encoder_prefix(h.shapes)
+    except ArchError as err:
+        raise HFInitError(f"{h.path / 'config.json'}: {err}", where) from None
+    for field, want in a.to_dict().items():
+        if getattr(got, field) != want:
+            raise HFInitError(
+                f"{h.path / 'config.json'} describes another encoder: {field}={getattr(got, field)!r}, "
+                f"the model has {field}={want!r}",
+                where,
+            )
+    layout = whisper.audio_layout(a, prefix)
+    for name, shape in layout.hf_shapes.items():
+        if h.shapes.get(name) != shape:
+            have = list(h.shapes[name]) if name in h.shapes else "no such tensor"
+            raise HFInitError(f"{h.path}: tensor {name}: {have}, the encoder needs {list(shape)}", where)
+    src = HFSource.of(h)
+    try:
+        return load_into(module, layout, src, param_shards(module, **cut), skip=())
+    finally:
+        src.close()
+
+
+def full_parameters(module: AudioEncoder, cut: dict, tp_group) -> dict[str, torch.Tensor]:
+    """Every parameter whole (its TP shards gathered over `tp_group`), by canonical name."""
+    import torch.distributed as dist
+
+    from mimo_jobs.trainer.model.models import param_shards
+
+    out = {}
+    for _, p, sh in param_shards(module, **cut):
+        x = p.detach()
+        if sh.dim is not None:
+            parts = [torch.empty_like(x) for _ in range(sh.size)]
+            dist.all_gather(parts, x.contiguous(), group=tp_group)
+            # a rank holds its slice of each of `parts` blocks: put block b of every rank back together
+            blocks = [
+                torch.cat([r.chunk(sh.parts, sh.dim)[b] for r in parts], sh.dim) for b in range(sh.parts)
+            ]
+            x = torch.cat(blocks, sh.dim)
+        out[sh.cname] = x.clone()
+    return out
+
+
+def hf_tensors(layout: HFLayout, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The HF tensors of `layout` cut from whole parameters by canonical name. Rows with no HF tensor (the
+    k rows of Whisper's fused QKV bias) are dropped."""
+    out: dict[str, torch.Tensor] = {}
+    for t in layout.targets.values():
+        rows = full[t.name].reshape(t.rows_shape)
+        at = 0
+        for pc in t.pieces:
+            if pc.hf is not None:
+                shape = layout.hf_shapes[pc.hf]
+                if pc.hf not in out:
+                    out[pc.hf] = torch.empty(shape, dtype=rows.dtype)
+                part = rows[at : at + pc.rows]
+                if pc.whole:
+                    out[pc.hf].copy_(part.reshape(shape))
+                else:
+                    out[pc.hf][pc.start : pc.start + pc.rows] = part.reshape(pc.rows, *shape[1:])
+            at += pc.rows
+    return out
+
+
+def export_hf(module: AudioEncoder, cut: dict, tp_group, prefix: str = "") -> dict[str, torch.Tensor]:
+    """This module as HF Whisper encoder tensors (names under `prefix`, "" for a WhisperEncoder save);
+    every TP rank of `tp_group` must call it."""
+    return hf_tensors(whisper.audio_layout(module.arch, prefix), full_parameters(module, cut, tp_group))
