@@ -42,7 +42,9 @@ class AudioSynthConfig:
         if self.samples < 1:
             raise DataError(f"audio samples={self.samples}: need at least 1")
         if not 1 <= self.n_mels <= MAX_MELS:
-            raise DataError(f"--n-mels={self.n_mels}: mel bins from 1 to {MAX_MELS} (Whisper reads 80 or 128)")
+            raise DataError(
+                f"--n-mels={self.n_mels}: mel bins from 1 to {MAX_MELS} (Whisper reads 80 or 128)"
+            )
         if not self.frames:
             raise DataError("--audio-frames is empty: give clip lengths in frames, e.g. 16,32")
         bad = [f for f in self.frames if not 1 <= f <= MAX_FRAMES]
