@@ -361,7 +361,7 @@ class EnergonProvider(Provider):
             segment_ids=b.segment_ids,
             image_token_counts=list(b.image_token_counts),
             images=list(b.images) if (self.need_images and b.images is not None) else None,
-            audio_token_counts=list(b.audio_token_counts),
+            audio_token_counts=list(b.audio_token_counts) if self.cfg.audio is not None else None,
             audio=list(b.audio) if b.audio is not None else None,
             meta={
                 "events": list(b.events),
