@@ -4,10 +4,11 @@ Per sample (both sides of the bridge, identically): tokenize the text, read the 
 header (no pixel decode) and each audio clip's shape from its `.npy` header (no data loaded), insert one
 placeholder per image token and per audio token (the audio encoder's token rule, `AudioSpec`), build labels
 and the loss mask. Per batch: pad to seq_length and stack; on encoder ranks only, decode the images (flat
-variable-length list with per-sample token counts) and load the clips. Only JSON members are parsed on the way in (samples.MemberDecoder);
-images arrive encoded so LLM ranks never pay for pixels, and every failure passes through code that names
-the shard and the sample key. Labels follow one rule for every layout (chat.py): a position carries loss
-exactly when the next token is a target (answer/assistant/caption text) and the position is not an image.
+variable-length list with per-sample token counts) and load the clips. Only JSON members are parsed on the
+way in (samples.MemberDecoder); images and clips arrive encoded so LLM ranks never pay for pixels or
+features, and every failure passes through code that names the shard and the sample key. Labels follow one
+rule for every layout (chat.py): a position carries loss exactly when the next token is a target
+(answer/assistant/caption text) and the position is not an image or audio placeholder.
 
 Bad samples (corrupt image, missing/undecodable field, empty text, too long for seq_length) either raise
 DataError naming dataset, shard and key (on_bad_sample="error") or are skipped and *counted*: the skip is
