@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mimo_jobs.model.arch import ArchError, EncoderArch, LLMArch, padded_vocab
+from mimo_jobs.model.cuts import strided_blocks
 from mimo_jobs.model.hf import LLM_FAMILIES
 
 # Which HF families name their experts how: (router, expert prefix, gate, up, down) under a layer's prefix
@@ -271,12 +272,10 @@ def shard_rows(t: Target, dim: int | None, rank: int, size: int, parts: int):
     if dim is None or size == 1:
         return [(0, rows)], None
     if dim == 0:
-        block = rows // parts
-        n = block // size
-        return [(b * block + rank * n, b * block + (rank + 1) * n) for b in range(parts)], None
-    if dim == 1:
-        n = t.rows_shape[1] // size
-        return [(0, rows)], (rank * n, (rank + 1) * n)
+        return [(s, s + n) for s, n in strided_blocks(rows, parts, rank, size)], None
+    if dim == 1 and parts == 1:
+        ((s, n),) = strided_blocks(t.rows_shape[1], 1, rank, size)
+        return [(0, rows)], (s, s + n)
     raise ValueError(f"{t.name}: a split along dimension {dim} is not laid out here")
 
 

@@ -35,6 +35,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mimo_jobs.model.arch import ModelArch, padded_vocab
+from mimo_jobs.model.cuts import strided_blocks
 from mimo_jobs.model.hf_weights import canonical_alias
 from mimo_jobs.model.splits import experts_apart, tp_problems
 from mimo_jobs.trainer.model.kernels import CPU_KERNELS, TE, Kernels, bias_activation_fusion
@@ -579,7 +580,7 @@ def canonical_init_(
             full[sh.dim] *= sh.size
         t = canonical_tensor(seed, tag, sh.cname, full)
         if sh.dim is not None:
-            n = p.shape[sh.dim] // sh.parts
-            t = torch.cat([b.narrow(sh.dim, sh.rank * n, n) for b in t.chunk(sh.parts, sh.dim)], sh.dim)
+            cut = strided_blocks(full[sh.dim], sh.parts, sh.rank, sh.size)
+            t = torch.cat([t.narrow(sh.dim, s, n) for s, n in cut], sh.dim)
         with torch.no_grad():
             p.copy_(t.to(device=p.device, dtype=p.dtype))
