@@ -171,8 +171,11 @@ def _positions_gap(vit, hf, e) -> float:
     transformers' interpolate_pos_encoding of the same weights at e.image_size."""
     import torch
 
-    emb = next(
-        m for n, m in hf.named_modules() if n.endswith("embeddings") and hasattr(m, "position_embedding")
+    emb = next(  # CLIP's and SigLIP's position_embedding module, InternViT's position_embeddings table
+        m
+        for n, m in hf.named_modules()
+        if n.endswith("embeddings")
+        and (hasattr(m, "position_embedding") or hasattr(m, "position_embeddings"))
     )
     n = e.grid**2 + int(e.class_token)
     with torch.no_grad():
