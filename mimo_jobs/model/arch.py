@@ -10,6 +10,7 @@ follow megatron-core's TransformerConfig where it has one; defaults reproduce th
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, fields
+from typing import ClassVar
 
 from mimo_jobs.errors import MimoJobsError
 
@@ -106,6 +107,9 @@ class EncoderArch:
     layer_scale: bool = False
     name: str = ""
     source: str = ""
+    # fields added after run ids were first hashed from run.yaml's trainer.model: recorded only when set
+    # (`recorded`), so a description that leaves them at their default keeps its run id
+    LATER: ClassVar[tuple[str, ...]] = ("layer_scale",)
 
     def __post_init__(self):
         _check_choice("kind", self.kind, ENC_KINDS)
@@ -157,6 +161,12 @@ class EncoderArch:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def recorded(self) -> dict:
+        """to_dict without the LATER fields at their default: what run.yaml records."""
+        d = self.to_dict()
+        defaults = {f.name: f.default for f in fields(self)}
+        return {k: v for k, v in d.items() if k not in self.LATER or v != defaults[k]}
 
     @classmethod
     def from_dict(cls, d: dict) -> EncoderArch:

@@ -76,7 +76,10 @@ def canonical_alias(cname: str) -> str:
     return cname
 
 
-class _Builder:
+class Builder:
+    """A family's layout as it is built: `tensor` records an HF tensor's name and shape, `add` a target made
+    of pieces, `same` a target that is one HF tensor as it is."""
+
     def __init__(self, family: str):
         self.targets: dict[str, Target] = {}
         self.hf: dict[str, tuple[int, ...]] = {}
@@ -102,7 +105,7 @@ class _Builder:
 def projector_layout(e: EncoderArch, llm_hidden: int) -> HFLayout:
     """The MLP projector (encoder -> LLM width), which no HF vision model has: exported under its own
     megatron-core names so a later run can keep it."""
-    b = _Builder("projector")
+    b = Builder("projector")
     n = "projector.encoder."
     b.same(n + "linear_fc1.weight", n + "linear_fc1.weight", (llm_hidden, e.projector_input), split=0)
     b.same(n + "linear_fc1.bias", n + "linear_fc1.bias", (llm_hidden,), split=0)

@@ -138,3 +138,22 @@ def test_internvit_features_the_trainer_cannot_build_are_refused_by_name(over, f
     with pytest.raises(ArchError, match=words) as e:
         hf.encoder_fields(_internvit(**over))
     assert e.value.field == field
+
+
+@pytest.mark.parametrize("kind", ["clip", "siglip", "internvit"])
+def test_a_vision_familys_token_rule_is_the_encoders(kind):
+    # 64 x 48 px at patch 4 and a 2 x 2 pixel shuffle: 8 x 6 tokens, a class token (CLIP, InternViT) dropped
+    e = EncoderArch(kind, 1, 32, 4, 64, patch_size=4, image_size=64, downsample=2)
+    assert families.vision(kind).tokens_for(e, 64, 48) == e.tokens_for(64, 48) == 48
+
+
+def test_run_yaml_records_layer_scale_only_where_it_is_set():
+    """A field the encoder gained later is left out of trainer.model at its default (the run ids of every
+    description without it stay as they were) and recorded where a family sets it."""
+    from mimo_jobs.model.resolve import arch_of, resolved_field
+
+    clip = resolved_field({"encoder": "clip-vit-l-14-336", "llm": "qwen3-8b"})
+    assert "layer_scale" not in clip["encoder"]
+    intern = resolved_field({"encoder": "internvit-300m-448", "llm": "qwen3-8b"})
+    assert intern["encoder"]["layer_scale"] is True
+    assert arch_of(intern).encoder == arch_of({"encoder": "internvit-300m-448", "llm": "qwen3-8b"}).encoder

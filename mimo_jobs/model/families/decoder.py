@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from mimo_jobs.model.arch import ArchError, LLMArch, padded_vocab
 from mimo_jobs.model.families.base import REGISTRY, Family, req
-from mimo_jobs.model.hf_weights import HFLayout, Piece, _Builder
+from mimo_jobs.model.hf_weights import Builder, HFLayout, Piece
 
 # The names most families share (`hf` tables override roles)
 NAMES = {
@@ -212,7 +212,7 @@ class DecoderFamily(Family):
     def layout(self, p: LLMArch, tp: int) -> HFLayout:
         """The LLM's targets as a TP group of `tp` ranks builds them (the vocabulary padding depends on tp)."""
         n = self.hf
-        b = _Builder(self.name)
+        b = Builder(self.name)
         h, vocab = p.hidden_size, p.vocab_size
         vp = padded_vocab(vocab, tp)
         pad = [Piece(None, vp - vocab)] if vp > vocab else []
@@ -226,7 +226,7 @@ class DecoderFamily(Family):
             b.add("output_layer.weight", (vp, h), head, split=0)
         return b.layout()
 
-    def _layer(self, b: _Builder, p: LLMArch, i: int) -> None:
+    def _layer(self, b: Builder, p: LLMArch, i: int) -> None:
         n = self.hf
         hf, mc = n["layer"].format(i=i), f"decoder.layers.{i}."
         h, hd, ng = p.hidden_size, p.head_dim, p.query_groups
@@ -329,7 +329,7 @@ class DecoderFamily(Family):
         return rows
 
 
-def _gated_mlp(b: _Builder, p: LLMArch, hf: str, mc: str, ffn: int, names, bias: bool, expert=False) -> None:
+def _gated_mlp(b: Builder, p: LLMArch, hf: str, mc: str, ffn: int, names, bias: bool, expert=False) -> None:
     gate, up, down = names
     h = p.hidden_size
     for kind in ("weight", "bias") if bias else ("weight",):

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from mimo_jobs.model.arch import ArchError, EncoderArch, image_tokens
 from mimo_jobs.model.families.base import Family, Pixels
-from mimo_jobs.model.hf_weights import HFLayout, Piece, _Builder
+from mimo_jobs.model.hf_weights import Builder, HFLayout, Piece
 
 LAYER = "vit.decoder.layers.{i}."
 # encoder activation: HF hidden_act <-> EncoderArch.activation
@@ -83,7 +83,7 @@ class VisionFamily(Family):
         """The ViT's targets for the vision tower whose tensor names start with `prefix` ("" for a vision
         model, e.g. "vision_model." inside a full model). The projector has no HF counterpart."""
         n = self.hf
-        b = _Builder(self.vision_model_type)
+        b = Builder(self.vision_model_type)
         h, c, ps = e.hidden_size, e.channels, e.patch_size
         one = (1,) if self.batched else ()
         patch = b.tensor(f"{prefix}{n['patch']}.weight", (h, c, ps, ps))
@@ -110,12 +110,12 @@ class VisionFamily(Family):
         return b.layout()
 
     @staticmethod
-    def _norm(b: _Builder, e: EncoderArch, mc: str, hf: str) -> None:
+    def _norm(b: Builder, e: EncoderArch, mc: str, hf: str) -> None:
         b.same(mc + "weight", hf + "weight", (e.hidden_size,))
         if e.normalization == "LayerNorm":
             b.same(mc + "bias", hf + "bias", (e.hidden_size,))
 
-    def _layer(self, b: _Builder, e: EncoderArch, hf: str, mc: str) -> None:
+    def _layer(self, b: Builder, e: EncoderArch, hf: str, mc: str) -> None:
         n = self.hf
         h, heads = e.hidden_size, e.num_attention_heads
         hd = h // heads
