@@ -58,7 +58,7 @@ def write_checkpoint(d: Path, layers: int, file_bytes: int = 2**29) -> int:
     import torch
     from safetensors.torch import save_file
 
-    from mimo_jobs.model.hf_weights import llm_config, llm_layout
+    from mimo_jobs.model.hf import llm_config, llm_layout
 
     llm = _arch(layers).llm
     shapes = llm_layout(llm, "llama", 1).hf_shapes

@@ -6,8 +6,10 @@ needs the pixels. Both must agree exactly, so the geometry is one pure rule,
 with `max_tiles` > 1, larger images are cut into tiles of the encoder's image size plus an optional
 thumbnail; each piece's tokens are the encoder's own count (`mimo_jobs.model.arch.image_tokens`).
 
-Pixels: RGB (or L when channels == 1), resized as the geometry says, float32, standardized with the CLIP
-per-channel mean/std (roughly zero mean, unit scale: the range of the trainer's mock images). A one-piece
+Pixels: RGB (or L when channels == 1), resized as the geometry says, float32, rescaled and standardized
+with the encoder family's per-channel mean/std, as its HuggingFace image processor does (model/families:
+CLIP's OpenAI mean/std, SigLIP's 0.5/0.5, InternViT's ImageNet mean/std; roughly zero mean, unit scale: the
+range of the trainer's mock images). A one-piece
 image decodes to [C, H, W]; a tiled one to [T, C, tile, tile], its tiles row-major and then the thumbnail:
 each of the T is one encoder sample, and the LLM sequence holds all their tokens in that order.
 """
@@ -20,8 +22,13 @@ from mimo_jobs.model.tiling import ImageGeometry, ImagePlan
 
 __all__ = ["ImageGeometry", "ImagePlan", "decode", "encoder_inputs", "geometry_of_preset", "header_size"]
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+def pixels_of(kind: str):
+    """The preprocessing (families.base.Pixels) of an encoder kind: its family's, or CLIP's for "radio",
+    which has no HuggingFace family here (the trainer's original standardisation)."""
+    from mimo_jobs.model import families
+
+    return families.REGISTRY.get(kind, families.REGISTRY["clip"]).pixels
 
 
 def geometry_of_preset(model, max_tiles: int = 1, thumbnail: bool = False) -> ImageGeometry:
@@ -68,13 +75,14 @@ def decode(data: bytes, geom: ImageGeometry):
         if plan.thumbnail:
             pieces.append(im.resize((pw, ph), Image.BILINEAR))
         arrs = [np.asarray(p, dtype=np.uint8) for p in pieces]
-    x = torch.from_numpy(np.stack(arrs)).float().div_(255.0)
+    px = pixels_of(geom.family)
+    x = torch.from_numpy(np.stack(arrs)).float().mul_(px.rescale)
     if x.ndim == 3:  # L images: [T, H, W]
         x = x.unsqueeze(-1)
     x = x.permute(0, 3, 1, 2)  # [T, C, H, W]
     c = x.shape[1]
-    mean = torch.tensor(CLIP_MEAN[:c] if c == 3 else [sum(CLIP_MEAN) / 3]).view(1, c, 1, 1)
-    std = torch.tensor(CLIP_STD[:c] if c == 3 else [sum(CLIP_STD) / 3]).view(1, c, 1, 1)
+    m, s = px.channels(c)
+    mean, std = torch.tensor(m).view(1, c, 1, 1), torch.tensor(s).view(1, c, 1, 1)
     x = ((x - mean) / std).contiguous()
     return x if len(pieces) > 1 else x[0]
 

@@ -10,13 +10,14 @@ follow megatron-core's TransformerConfig where it has one; defaults reproduce th
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, fields
+from typing import ClassVar
 
 from mimo_jobs.errors import MimoJobsError
 
 LLM_ACTIVATIONS = ("gelu", "silu")
 ENC_ACTIVATIONS = ("gelu", "quick_gelu", "gelu_tanh")
 NORMS = ("LayerNorm", "RMSNorm")
-ENC_KINDS = ("clip", "siglip", "radio")
+ENC_KINDS = ("clip", "siglip", "internvit", "radio")
 ROUTER_SCORES = ("softmax", "sigmoid")
 # The vocabulary tables are padded to a multiple of this (Megatron-LM's make_vocab_size_divisible_by
 # default), or of VOCAB_MULTIPLE * tp when tp does not divide that, so every TP size splits them evenly.
@@ -79,7 +80,9 @@ def _check_finite_positive(obj, names) -> None:
 
 @dataclass(frozen=True)
 class EncoderArch:
-    kind: str  # "clip", "siglip" or "radio" (the trainer builds all three on megatron-core's RADIO ViT)
+    # a vision family of model/families ("clip", "siglip", "internvit") or "radio"; the trainer builds all on
+    # megatron-core's RADIO ViT
+    kind: str
     num_layers: int
     hidden_size: int
     num_attention_heads: int
@@ -99,8 +102,14 @@ class EncoderArch:
     pre_norm: bool = False  # a norm on the patch embeddings before the first layer (CLIP's pre_layrnorm)
     final_norm: bool = False  # a norm after the last layer (CLIP's and SigLIP's post_layernorm)
     patch_bias: bool = False  # the patch embedding has a bias (SigLIP's conv)
+    # a learned per-channel scale of each layer's attention and MLP output before its residual add
+    # (InternViT's lambda_1, lambda_2)
+    layer_scale: bool = False
     name: str = ""
     source: str = ""
+    # fields added after run ids were first hashed from run.yaml's trainer.model: recorded only when set
+    # (`recorded`), so a description that leaves them at their default keeps its run id
+    LATER: ClassVar[tuple[str, ...]] = ("layer_scale",)
 
     def __post_init__(self):
         _check_choice("kind", self.kind, ENC_KINDS)
@@ -152,6 +161,12 @@ class EncoderArch:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def recorded(self) -> dict:
+        """to_dict without the LATER fields at their default: what run.yaml records."""
+        d = self.to_dict()
+        defaults = {f.name: f.default for f in fields(self)}
+        return {k: v for k, v in d.items() if k not in self.LATER or v != defaults[k]}
 
     @classmethod
     def from_dict(cls, d: dict) -> EncoderArch:

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mimo_jobs.errors import MimoJobsError
-from mimo_jobs.model import hf
+from mimo_jobs.model import families, hf
 from mimo_jobs.model.arch import ArchError, EncoderArch, LLMArch
-from mimo_jobs.model.hf_weights import HFLayout, encoder_layout, llm_layout
+from mimo_jobs.model.hf_weights import HFLayout
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -219,9 +219,9 @@ def _check_tensors(src: HFHeaders, layout: HFLayout, where: str) -> None:
             )
 
 
-def vision_prefix(src: HFHeaders, where: str) -> str:
-    """Where the vision tower's tensors are: "" (a vision model) or e.g. "vision_model." (a full model)."""
-    tail = "embeddings.patch_embedding.weight"
+def vision_prefix(src: HFHeaders, where: str, tail: str) -> str:
+    """Where the vision tower's tensors are: "" (a vision model) or e.g. "vision_model." (a full model);
+    `tail` is the family's patch-conv weight (families' VisionFamily.patch_tensor)."""
     found = sorted(n[: -len(tail)] for n in src.shapes if n.endswith(tail))
     vision = [p for p in found if "text" not in p]
     if len(vision) != 1:
@@ -236,12 +236,12 @@ def check_llm(path, p: LLMArch, tp: int) -> tuple[HFHeaders, str]:
     where = "trainer.init.llm"
     src = read_source(path, where)
     try:
-        got, fam = hf.llm_fields(src.config), hf.family(src.config, hf.LLM_FAMILIES)
+        got, fam = hf.llm_fields(src.config), hf.llm_family(src.config)
     except ArchError as e:
         raise HFInitError(f"{src.path / CONFIG}: {e.describe()}", where) from None
     want = LLMArch.from_dict(got | {"name": p.name}).to_dict()
     _check_arch(src, want, p.to_dict(), where, "trainer.model.llm")
-    _check_tensors(src, llm_layout(p, fam, tp), where)
+    _check_tensors(src, hf.llm_layout(p, fam, tp), where)
     return src, fam
 
 
@@ -267,8 +267,8 @@ def check_encoder(path, e: EncoderArch) -> tuple[HFHeaders, str, EncoderArch]:
         weights = EncoderArch.from_dict(e.to_dict() | {"image_size": got["image_size"], "downsample": 1})
     except ArchError as err:
         raise HFInitError(f"{src.path / CONFIG}: {err.describe()}", where) from None
-    prefix = vision_prefix(src, where)
-    _check_tensors(src, encoder_layout(weights, prefix), where)
+    prefix = vision_prefix(src, where, families.vision(weights.kind).patch_tensor())
+    _check_tensors(src, hf.encoder_layout(weights, prefix), where)
     return src, prefix, weights
 
 

@@ -7,6 +7,7 @@ llm: qwen3-8b}`); a full model's name also stands for either of its modules.
 
 from __future__ import annotations
 
+from mimo_jobs.model import families
 from mimo_jobs.model.arch import ArchError, EncoderArch, LLMArch, ModelArch
 
 _HF = "https://huggingface.co/{}/blob/main/config.json"
@@ -128,41 +129,57 @@ PRESETS: dict[str, ModelArch] = {
     ),
 }
 
-# Real public encoders, restated from their HuggingFace config.json (vision_config). CLIP: a class token,
-# a norm before the first layer and after the last, quick-GELU; SigLIP: no class token, a biased patch
-# convolution, tanh-GELU, a final norm (its attention-pooling head is not part of a VLM's tower).
+
+def _published(family: str, name: str, repo: str, **config) -> EncoderArch:
+    """A public encoder: the values of its published config.json (its vision_config), read by its family
+    (model/families), which owns what a family's tower has (class token, norms, biases, layer scale)."""
+    return EncoderArch(**families.vision(family).fields(config), name=name, source=_HF.format(repo))
+
+
+# Real public encoders, restated from their HuggingFace config.json (vision_config).
 ENCODERS: dict[str, EncoderArch] = {
-    "clip-vit-l-14-336": EncoderArch(
+    "clip-vit-l-14-336": _published(
         "clip",
-        num_layers=24,
+        "clip-vit-l-14-336",
+        "openai/clip-vit-large-patch14-336",
         hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=24,
         num_attention_heads=16,
-        ffn_hidden_size=4096,
         patch_size=14,
         image_size=336,
-        class_token=True,
-        activation="quick_gelu",
-        norm_epsilon=1e-5,
-        pre_norm=True,
-        final_norm=True,
-        name="clip-vit-l-14-336",
-        source=_HF.format("openai/clip-vit-large-patch14-336"),
+        hidden_act="quick_gelu",
+        layer_norm_eps=1e-5,
     ),
-    "siglip-so400m-14-384": EncoderArch(
+    "siglip-so400m-14-384": _published(
         "siglip",
-        num_layers=27,
+        "siglip-so400m-14-384",
+        "google/siglip-so400m-patch14-384",
         hidden_size=1152,
+        intermediate_size=4304,
+        num_hidden_layers=27,
         num_attention_heads=16,
-        ffn_hidden_size=4304,
         patch_size=14,
         image_size=384,
-        class_token=False,
-        activation="gelu_tanh",
-        norm_epsilon=1e-6,
-        final_norm=True,
-        patch_bias=True,
-        name="siglip-so400m-14-384",
-        source=_HF.format("google/siglip-so400m-patch14-384"),
+        hidden_act="gelu_pytorch_tanh",
+        layer_norm_eps=1e-6,
+    ),
+    # InternViT-300M-448px (InternVL3's vision tower), as transformers' InternVLVisionConfig writes it
+    "internvit-300m-448": _published(
+        "internvit",
+        "internvit-300m-448",
+        "OpenGVLab/InternVL3-1B-hf",
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        patch_size=[14, 14],
+        image_size=[448, 448],
+        hidden_act="gelu",
+        layer_norm_eps=1e-6,
+        norm_type="layer_norm",
+        attention_bias=True,
+        use_mean_pooling=True,
     ),
 }
 

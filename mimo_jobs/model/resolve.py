@@ -55,7 +55,7 @@ def resolved_field(model, base_dir: str | Path | None = None):
     a = arch_of(model, base_dir)
     out = {"name": a.name, "description": a.description}
     if a.encoder is not None:
-        out["encoder"] = a.encoder.to_dict()
+        out["encoder"] = a.encoder.recorded()
     return out | {"llm": a.llm.to_dict()}
 
 

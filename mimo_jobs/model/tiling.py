@@ -25,7 +25,7 @@ Tokens: every encoder sample gives `mimo_jobs.model.arch.image_tokens` of its pi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from mimo_jobs.model.arch import image_tokens
@@ -87,6 +87,9 @@ class ImageGeometry:
     downsample: int = 1  # pixel shuffle: s x s patch tokens become one LLM token
     max_tiles: int = 1  # 1: never tile (dynamic resolution up to image_size)
     thumbnail: bool = False  # a tiled image also gives the whole image at tile size
+    # the encoder's family (EncoderArch.kind), whose pixels' mean/std the data path standardises with
+    # (model/families); not part of the geometry's identity
+    family: str = field(default="clip", compare=False)
 
     def __post_init__(self):
         if not 1 <= self.max_tiles <= MAX_TILES:
@@ -102,6 +105,7 @@ class ImageGeometry:
             downsample=encoder.downsample,
             max_tiles=max_tiles,
             thumbnail=thumbnail,
+            family=encoder.kind,
         )
 
     @property

@@ -119,6 +119,7 @@ def vit_tensors(e: EncoderArch, tp: int) -> list[Tensor]:
             False,
         )
         out += _norm(h, e.normalization) + _mlp(h, e.ffn_hidden_size, tp, True, False)
+        out += [Tensor(h), Tensor(h)] if e.layer_scale else []  # the attention's and the MLP's scale
     return out
 
 

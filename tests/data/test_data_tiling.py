@@ -113,10 +113,11 @@ def _standardized(im):
     import numpy as np
     import torch
 
-    from mimo_jobs.data.images import CLIP_MEAN, CLIP_STD
+    from mimo_jobs.model.families import vision
 
+    px = vision("clip").pixels  # TINY's geometry is a CLIP encoder's
     x = torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0).permute(2, 0, 1)
-    return (x - torch.tensor(CLIP_MEAN).view(3, 1, 1)) / torch.tensor(CLIP_STD).view(3, 1, 1)
+    return (x - torch.tensor(px.mean).view(3, 1, 1)) / torch.tensor(px.std).view(3, 1, 1)
 
 
 def test_tiles_are_crops_of_the_resized_image_then_the_thumbnail():

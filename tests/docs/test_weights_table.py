@@ -1,4 +1,4 @@
-"""docs/weights.md's mapping table says what model/hf_weights.py does, in both directions: every name the
+"""docs/weights.md's name tables say what the families' mappings (model/families) do, in both directions: every name the
 table shows is a name the mapping uses (a trainer parameter, or a HuggingFace tensor of some family), and
 every HuggingFace tensor and trainer parameter the mapping uses for the families the page lists is named by
 some row. The mapping is built here for the tiny configurations of every family (tests/weights/hf_models.py);
@@ -17,20 +17,20 @@ from weights import hf_models  # noqa: E402
 from helpers import REPO  # noqa: E402
 from mimo_jobs.model import hf  # noqa: E402
 from mimo_jobs.model.arch import EncoderArch, LLMArch  # noqa: E402
-from mimo_jobs.model.hf_weights import encoder_layout, llm_layout  # noqa: E402
+from mimo_jobs.model.hf import encoder_layout, llm_layout  # noqa: E402
 
 PAGE = REPO / "docs" / "weights.md"
 LLMS = ["llama", "llama-tied", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"]
-VISION = [("clip", ""), ("siglip", "")]
+VISION = [("clip", ""), ("siglip", ""), ("internvit", "")]
 
 
 def _rows() -> list[tuple[str, str]]:
-    """(trainer column, HuggingFace column) of each row of the mapping table."""
-    text = PAGE.read_text().split("## The mapping", 1)[1]
+    """(trainer column, HuggingFace column) of each row of the name tables."""
+    text = PAGE.read_text().split("### Language models", 1)[1]
     rows = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 3 and cells[0].startswith("`"):
+        if len(cells) == 4 and cells[0].startswith("`"):
             rows.append((cells[0], cells[1]))
     return rows
 
@@ -45,7 +45,7 @@ def _names(cell: str) -> list[str]:
 
 def _generic(name: str) -> str:
     """A concrete name with its layer and expert indices written as the table writes them (i, e)."""
-    name = re.sub(r"(layers)\.\d+", r"\1.i", name)
+    name = re.sub(r"(layers?)\.\d+", r"\1.i", name)
     return re.sub(r"(experts)\.(\d+)", r"\1.e", name)
 
 
@@ -54,7 +54,7 @@ def _mapping() -> tuple[set[str], set[str]]:
     params, tensors = set(), set()
     for fam in LLMS:
         cfg = hf_models.llm_config(fam).to_dict()
-        lay = llm_layout(LLMArch(**hf.llm_fields(cfg)), hf.family(cfg, hf.LLM_FAMILIES), 1)
+        lay = llm_layout(LLMArch(**hf.llm_fields(cfg)), hf.llm_family(cfg), 1)
         params |= {_generic(n) for n in lay.targets}
         tensors |= {_generic(n) for n in lay.hf_shapes}
     for kind, prefix in VISION:
@@ -84,7 +84,7 @@ def _mentions(name: str, shown: list[str]) -> bool:
 @pytest.fixture(scope="module")
 def table():
     rows = _rows()
-    assert len(rows) >= 15, "docs/weights.md lost its mapping table"
+    assert len(rows) >= 15, "docs/weights.md lost its name tables"
     return rows
 
 

@@ -144,32 +144,46 @@ ENC_SMALL = dict(
     image_size=32,
     patch_size=8,
 )
+# a second size: more layers and heads, another patch grid
+ENC_OTHER = dict(
+    hidden_size=96,
+    intermediate_size=160,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    image_size=56,
+    patch_size=14,
+)
+# what each family's config needs beyond the sizes (InternViT-300M's biased q/k/v)
+_VISION_EXTRA = {"clip": {}, "siglip": {}, "internvit": {"attention_bias": True}}
 
 
-@pytest.mark.parametrize("kind", ["clip", "siglip"])
-def test_vision_towers_count_exactly_as_transformers(kind):
+def _vision_classes(kind: str):
     T = transformers
-    vcls, cls, full = {
+    return {
         "clip": (T.CLIPVisionConfig, T.CLIPVisionModel, T.CLIPConfig),
         "siglip": (T.SiglipVisionConfig, T.SiglipVisionModel, T.SiglipConfig),
+        "internvit": (T.InternVLVisionConfig, T.InternVLVisionModel, T.InternVLConfig),
     }[kind]
-    vc = vcls(**ENC_SMALL)
+
+
+@pytest.mark.parametrize("size", [ENC_SMALL, ENC_OTHER], ids=["small", "other"])
+@pytest.mark.parametrize("kind", ["clip", "siglip", "internvit"])
+def test_vision_towers_count_exactly_as_transformers(kind, size):
+    vcls, cls, full = _vision_classes(kind)
+    vc = vcls(**size, **_VISION_EXTRA[kind])
     e = EncoderArch.from_dict(hf.encoder_fields(_as_json(vc)))
     assert vit_params(e) == _vision_count(vc, cls)
-    # a full CLIP/SigLIP config: its vision_config
-    whole = full(vision_config=ENC_SMALL)
+    # a full vision + text config: its vision_config
+    whole = full(vision_config=size | _VISION_EXTRA[kind])
     assert EncoderArch.from_dict(hf.encoder_fields(_as_json(whole))) == e
 
 
 @pytest.mark.parametrize("name", list(ENCODERS))
 def test_encoder_presets_count_exactly_as_transformers(name):
     e = ENCODERS[name]
-    T = transformers
-    vcls, cls = {
-        "clip": (T.CLIPVisionConfig, T.CLIPVisionModel),
-        "siglip": (T.SiglipVisionConfig, T.SiglipVisionModel),
-    }[e.kind]
+    vcls, cls, _ = _vision_classes(e.kind)
     vc = vcls(
+        **_VISION_EXTRA[e.kind],
         hidden_size=e.hidden_size,
         intermediate_size=e.ffn_hidden_size,
         num_hidden_layers=e.num_layers,

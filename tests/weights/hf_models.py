@@ -39,6 +39,10 @@ def encoder_config(kind: str):
     small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
     if kind == "clip":
         return T.CLIPVisionConfig(**small, image_size=16, patch_size=4)
+    if (
+        kind == "internvit"
+    ):  # InternViT-300M's switches: biased q/k/v, LayerNorm, mean pooling (no final norm)
+        return T.InternVLVisionConfig(**small, image_size=16, patch_size=4, attention_bias=True)
     return T.SiglipVisionConfig(**small, image_size=16, patch_size=4)
 
 
@@ -68,7 +72,7 @@ def save_encoder(kind: str, out: Path, seed: int = 0) -> Path:
     import transformers as T
 
     cfg = encoder_config(kind)
-    cls = T.CLIPVisionModel if kind == "clip" else T.SiglipVisionModel
+    cls = {"clip": T.CLIPVisionModel, "internvit": T.InternVLVisionModel}.get(kind, T.SiglipVisionModel)
     model = cls(cfg)
     randomize_(model, seed)
     model.save_pretrained(out)

@@ -103,7 +103,7 @@ def run_llm(spec: dict) -> dict | None:
         got = out[..., : arch.llm.vocab_size]
         hf = transformers.AutoModelForCausalLM.from_pretrained(spec["dir"], dtype=torch.float32).eval()
         want = hf(input_ids=tokens).logits
-    from mimo_jobs.model.hf_weights import llm_layout
+    from mimo_jobs.model.hf import llm_layout
 
     fam = json.loads(open(os.path.join(spec["dir"], "config.json")).read())["model_type"]
     layout = llm_layout(arch.llm, fam, tp)
@@ -155,7 +155,8 @@ def run_encoder(spec: dict) -> dict:
         ):  # CLIP's last_hidden_state is before post_layernorm; the trainer's ViT ends with it
             post = next(m for n, m in hf.named_modules() if n.endswith("post_layernorm"))
             want = post(want)
-    from mimo_jobs.model.hf_weights import HFLayout, encoder_layout, projector_layout
+    from mimo_jobs.model.hf import encoder_layout
+    from mimo_jobs.model.hf_weights import HFLayout, projector_layout
 
     both = [encoder_layout(e), projector_layout(e, arch.llm.hidden_size)]
     layout = HFLayout({k: v for lay in both for k, v in lay.targets.items()}, {}, "")
@@ -170,8 +171,11 @@ def _positions_gap(vit, hf, e) -> float:
     transformers' interpolate_pos_encoding of the same weights at e.image_size."""
     import torch
 
-    emb = next(
-        m for n, m in hf.named_modules() if n.endswith("embeddings") and hasattr(m, "position_embedding")
+    emb = next(  # CLIP's and SigLIP's position_embedding module, InternViT's position_embeddings table
+        m
+        for n, m in hf.named_modules()
+        if n.endswith("embeddings")
+        and (hasattr(m, "position_embedding") or hasattr(m, "position_embeddings"))
     )
     n = e.grid**2 + int(e.class_token)
     with torch.no_grad():

@@ -1,6 +1,6 @@
 """The trainer's modules loaded from HuggingFace safetensors compute what transformers computes from the same
 directory: the LLM's logits (fp32, relative difference <= 1e-5) for every family model/hf.py reads, in one
-process and at TP2, PP2 and MoE EP2 (torchrun); the ViT's output for CLIP and SigLIP. Tiny random models
+process and at TP2, PP2 and MoE EP2 (torchrun); the ViT's output for CLIP, SigLIP and InternViT. Tiny random models
 are written by transformers' own save_pretrained. The worker (hf_worker.py) builds the modules the way the
 trainer does (build._build_language / _build_encoder with trainer.init naming the directory)."""
 
@@ -60,11 +60,13 @@ def _specs(tmp_path: Path, llms: list[str], encoders: list[str]) -> list[dict]:
     return specs
 
 
-def test_dense_moe_clip_and_siglip_equal_transformers_in_one_process(tmp_path):
+def test_dense_moe_and_every_vision_family_equal_transformers_in_one_process(tmp_path):
     # Llama with GQA and every bias; Qwen2-MoE with a dense first layer, a gated shared expert and an
-    # un-renormalised router: fused QKV per query group, gated MLP halves, experts, vocabulary padding
-    results = _one_process(_specs(tmp_path, ["llama", "qwen2_moe"], ["clip", "siglip"]), tmp_path)
-    _check(results, 4)
+    # un-renormalised router: fused QKV per query group, gated MLP halves, experts, vocabulary padding;
+    # CLIP, SigLIP and InternViT (class token in a [1, n, h] table, layer scale)
+    vision = ["clip", "siglip", "internvit"]
+    results = _one_process(_specs(tmp_path, ["llama", "qwen2_moe"], vision), tmp_path)
+    _check(results, 5)
     assert results[0]["padded"] > results[0]["shape"][-1]  # 250 rows padded to 256: the padding is ignored
 
 

@@ -1,4 +1,4 @@
-"""model/hf_weights.py by hand: megatron-core's fused QKV rows per query group, a gated fc1's halves cut per
+"""The families' weight mappings (model/families/, on model/hf_weights.py's engine) by hand: megatron-core's fused QKV rows per query group, a gated fc1's halves cut per
 TP rank, the vocabulary padding; the config.json written for export reads back (model/hf.py) to the same
 description for every family."""
 
@@ -8,15 +8,8 @@ import pytest
 
 from mimo_jobs.model import hf
 from mimo_jobs.model.arch import ArchError, EncoderArch, LLMArch
-from mimo_jobs.model.hf_weights import (
-    canonical_alias,
-    encoder_config,
-    encoder_layout,
-    llm_config,
-    llm_layout,
-    piece_reads,
-    shard_rows,
-)
+from mimo_jobs.model.hf import encoder_config, encoder_layout, llm_config, llm_layout
+from mimo_jobs.model.hf_weights import canonical_alias, piece_reads, shard_rows
 
 transformers = pytest.importorskip("transformers")
 
@@ -100,7 +93,7 @@ def test_exported_llm_config_reads_back_to_the_same_description(family):
     assert hf.llm_fields(cfg) == fields
 
 
-@pytest.mark.parametrize("kind", ["clip", "siglip"])
+@pytest.mark.parametrize("kind", ["clip", "siglip", "internvit"])
 def test_exported_vision_config_reads_back_to_the_same_description(kind):
     fields = hf.encoder_fields(hf_models.encoder_config(kind).to_dict())
     assert hf.encoder_fields(encoder_config(EncoderArch(**fields))) == fields

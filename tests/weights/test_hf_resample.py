@@ -97,7 +97,7 @@ def test_another_patch_size_is_refused_with_one_line(tmp_path):
 def test_the_loaded_vit_equals_transformers_at_another_size(tmp_path):
     specs = [
         {"side": "encoder", "dir": str(hf_models.save_encoder(k, tmp_path / k)), "image_size": size}
-        for k, size in (("siglip", 24), ("clip", 24), ("siglip", 12))
+        for k, size in (("siglip", 24), ("clip", 24), ("siglip", 12), ("internvit", 24))
     ]
     f = tmp_path / "specs.json"
     f.write_text(json.dumps(specs))
@@ -106,11 +106,12 @@ def test_the_loaded_vit_equals_transformers_at_another_size(tmp_path):
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
     results = [json.loads(ln[len("RESULT ") :]) for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(results) == 3, p.stdout[-3000:]
-    for r, size in zip(results, (24, 24, 12), strict=True):
+    assert len(results) == 4, p.stdout[-3000:]
+    for r, size in zip(results, (24, 24, 12, 24), strict=True):
         assert r["positions_max_abs"] <= 1e-7, r
         assert r["rel"] <= 1e-5, r
-        assert r["shape"][1] == (size // 4) ** 2 + ("clip" in r["dir"]), r
+        # CLIP and InternViT keep their class token first
+        assert r["shape"][1] == (size // 4) ** 2 + ("clip" in r["dir"] or "internvit" in r["dir"]), r
         assert r["split_disagrees"] == [], r
 
 

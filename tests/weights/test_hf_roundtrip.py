@@ -20,6 +20,8 @@ CASES = {
     "tp2-colocated": ("llama", "clip", dict(gpn=2, llm={"tp": 2}, colocated=True), 2),
     "ep2-colocated": ("qwen2_moe", "siglip", dict(gpn=2, llm={"ep": 2}, colocated=True), 2),
     "pp2-hetero": ("qwen3", "clip", dict(gpn=3, llm={"pp": 2}), 3),
+    # InternViT at encoder TP2: its [1, n, h] tables, class token and layer scales
+    "tp2-internvit": ("qwen3", "internvit", dict(gpn=2, llm={"tp": 2}, colocated=True), 2),
 }
 
 

@@ -9,7 +9,7 @@ OUT/llm, so `AutoTokenizer.from_pretrained(OUT/llm)` gives the tokenizer the mod
 
 The checkpoint is read through its manifest and the per-rank files (the shard table every save records,
 reshard.py assembles full tensors from it, memory-mapped); names, layouts and config.json come from
-model/hf_weights.py. One full parameter is held at a time, and the output is written in shards of at most
+model/families (through model/hf.py). One full parameter is held at a time, and the output is written in shards of at most
 `max_shard_bytes`, so memory stays near one output shard. Everything is written into OUT.tmp-<pid> and
 renamed to OUT at the end: a failure leaves nothing at OUT. Files get the mode a new file of the user has
 (0644 under umask 022): safetensors writes its files private (0600), which would hide an export from the
@@ -25,15 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mimo_jobs.contract.manifest import CheckpointError, resolve_source
-from mimo_jobs.model.hf_weights import (
-    HFLayout,
-    encoder_config,
-    encoder_layout,
-    llm_config,
-    llm_family,
-    llm_layout,
-    projector_layout,
-)
+from mimo_jobs.model.hf import encoder_config, encoder_layout, export_llm_family, llm_config, llm_layout
+from mimo_jobs.model.hf_weights import HFLayout, projector_layout
 
 DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -113,7 +106,7 @@ def export_hf(
         raise ExportError(f"{run_yaml}: trainer.model.{e.describe()}") from None
     tp = int(info.layout.get("llm_tp", 1))
     sides = {
-        "llm": ("language", llm_layout(arch.llm, llm_family(arch.llm), tp), llm_cfg),
+        "llm": ("language", llm_layout(arch.llm, export_llm_family(arch.llm), tp), llm_cfg),
         "encoder": ("encoder", encoder_layout(arch.encoder), enc_cfg),
         "projector": ("encoder", projector_layout(arch.encoder, arch.llm.hidden_size), None),
     }
@@ -238,8 +231,8 @@ def _write_side(info, module: str, layout: HFLayout, d: Path, dtype: str, max_by
             x = torch.empty(shape, dtype=tdtype)
             for t, pc, at in uses[name]:
                 rows = full(t.name, t.rows_shape)[at : at + pc.rows]
-                if pc.whole:
-                    x.copy_(rows.reshape(shape))
+                if pc.whole:  # the tensor viewed as rows of the target's width
+                    x.view(-1, *t.rows_shape[1:])[pc.start : pc.start + pc.rows] = rows
                 else:
                     x[pc.start : pc.start + pc.rows] = rows.reshape(pc.rows, *shape[1:])
             tensors[name] = x

@@ -22,14 +22,9 @@ from dataclasses import dataclass, field
 
 from mimo_jobs.model import hf_check
 from mimo_jobs.model.arch import EncoderArch, LLMArch
+from mimo_jobs.model.hf import encoder_layout, llm_layout
 from mimo_jobs.model.hf_check import HFHeaders, HFInitError
-from mimo_jobs.model.hf_weights import (
-    HFLayout,
-    encoder_layout,
-    llm_layout,
-    piece_reads,
-    shard_rows,
-)
+from mimo_jobs.model.hf_weights import HFLayout, piece_reads, shard_rows
 
 __all__ = ["HFInitError", "HFSource", "check_encoder", "check_init", "check_llm", "load_encoder", "load_llm"]
 
@@ -135,7 +130,7 @@ def read_shard(src: HFSource, t, dim, rank: int, size: int, parts: int):
                 continue
             sl = src.slice(pc.hf)
             if pc.whole:
-                x = sl[:].reshape(pc.rows, *view[1:])[a:b]
+                x = sl[:].reshape(-1, *view[1:])[pc.start + a : pc.start + b]
                 x = x if cols is None else x[:, cols[0] : cols[1]]
             elif cols is None:
                 x = sl[pc.start + a : pc.start + b]
@@ -234,6 +229,7 @@ def _load_positions(es: EncoderSource, e: EncoderArch, shards) -> int:
 
     name = encoder_layout(es.weights, es.prefix).targets[POSITIONS].pieces[0].hf  # the HF table's name
     table = es.src.slice(name)[:]
+    table = table.reshape(-1, table.shape[-1])  # InternViT's [1, rows, h]: the rows
     if name not in es.src.nonfinite and not bool(torch.isfinite(table).all()):
         _warn_nonfinite(es.src, name)
     cls = int(e.class_token)

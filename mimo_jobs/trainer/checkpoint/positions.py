@@ -1,7 +1,7 @@
 """A ViT's learned position table at another resolution: the patch rows, a square grid, resampled bicubically
-to the new grid, as transformers' `interpolate_pos_encoding` of SiglipVisionEmbeddings and
-CLIPVisionEmbeddings does (`torch.nn.functional.interpolate(mode="bicubic", align_corners=False)`); the class
-token's row (CLIP) is kept apart, unchanged. Pure: torch only."""
+to the new grid, as transformers' `interpolate_pos_encoding` of SiglipVisionEmbeddings,
+CLIPVisionEmbeddings and InternVLVisionEmbeddings does (`torch.nn.functional.interpolate(mode="bicubic",
+align_corners=False)`); the class token's row (CLIP, InternViT) is kept apart, unchanged. Pure: torch only."""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ import torch
 
 import mimo_jobs.trainer.checkpoint.state as S
 from mimo_jobs.contract.manifest import CheckpointError, CheckpointInfo, CheckpointMismatch, rank_file
+from mimo_jobs.model.cuts import strided_blocks
 from mimo_jobs.model.hf_weights import canonical_alias
 from mimo_jobs.trainer.checkpoint.as_data import NotData, load_part
 from mimo_jobs.trainer.model.models import param_shards
@@ -42,8 +43,8 @@ _VOCAB_TABLES = ("embedding.word_embeddings.weight", "output_layer.weight")
 
 @dataclass(frozen=True)
 class Cut:
-    """How one rank's local tensor is cut from the full tensor (the rule of models.canonical_init_): along
-    `dim` the full tensor is `parts` equal blocks, and rank `rank` of `size` holds its 1/size of each."""
+    """How one rank's local tensor is cut from the full tensor (model/cuts.py's strided_blocks): along `dim`
+    the full tensor is `parts` equal blocks, and rank `rank` of `size` holds its 1/size of each."""
 
     full: tuple[int, ...]
     dim: int | None
@@ -54,9 +55,7 @@ class Cut:
     def blocks(self) -> list[tuple[int, int]]:
         """(start, length) along `dim` of the full tensor of each block this rank holds, in local order."""
         assert self.dim is not None
-        block = self.full[self.dim] // self.parts
-        n = block // self.size
-        return [(b * block + self.rank * n, n) for b in range(self.parts)]
+        return strided_blocks(self.full[self.dim], self.parts, self.rank, self.size)
 
     def take(self, full: torch.Tensor) -> torch.Tensor:
         if self.dim is None:

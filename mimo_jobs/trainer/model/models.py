@@ -35,6 +35,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mimo_jobs.model.arch import ModelArch, padded_vocab
+from mimo_jobs.model.cuts import strided_blocks
 from mimo_jobs.model.hf_weights import canonical_alias
 from mimo_jobs.model.splits import experts_apart, tp_problems
 from mimo_jobs.trainer.model.kernels import CPU_KERNELS, TE, Kernels, bias_activation_fusion
@@ -319,9 +320,10 @@ def encoder_layer_specs(prec: Precision):
 
 class VarResViT(RADIOViTModel):
     """RADIO's ViT without CPE: its position table is windowed to any image size (a multiple of the patch),
-    so images of different sizes give different token counts. CLIP's and SigLIP's ViTs are the same
-    network: an optional class token with its own position row (CLIP), an optional norm before the first
-    layer (CLIP's pre_layrnorm) and after the last (post_layernorm)."""
+    so images of different sizes give different token counts. CLIP's, SigLIP's and InternViT's ViTs are the
+    same network: an optional class token with its own position row (CLIP, InternViT), an optional norm
+    before the first layer (CLIP's pre_layrnorm) and after the last (post_layernorm), and an optional layer
+    scale (InternViT: add_layer_scale_)."""
 
     def __init__(self, cfg, spec, e, norm, pgc):
         super().__init__(
@@ -346,6 +348,10 @@ class VarResViT(RADIOViTModel):
             if e.class_token
             else None
         )
+        if e.layer_scale:
+            for layer in self.decoder.layers:
+                add_layer_scale_(layer.self_attention, cfg)
+                add_layer_scale_(layer.mlp, cfg)
 
     def forward(self, x, attention_mask=None):
         """[b, C, H, W] -> [b, n, h]: n = (H/p)(W/p) patch tokens, after the class token when there is one."""
@@ -367,6 +373,24 @@ class VarResViT(RADIOViTModel):
         x = self.decoder(x.transpose(0, 1).contiguous(), attention_mask=attention_mask)
         x = x.transpose(0, 1).contiguous()
         return self.ln_post(x) if self.ln_post is not None else x
+
+
+def _scaled_output(module, _args, out):
+    """A layer's attention or MLP output (output, bias) times the module's layer scale, the bias folded in
+    (megatron-core's bias-dropout-add takes a None bias)."""
+    y, bias = out
+    if bias is not None:
+        y = y + bias
+    return y * module.layer_scale, None
+
+
+def add_layer_scale_(module, cfg) -> None:
+    """A learned per-channel scale of `module`'s output, applied before the residual add (InternViT's
+    lambda_1 / lambda_2: transformers' InternVLVisionLayer). megatron-core's TransformerLayer has none, so
+    the scale is a parameter of the attention / MLP module (`<module>.layer_scale`, [h], whole on every TP
+    rank: the output it scales is already reduced over TP) and a forward hook applies it."""
+    module.layer_scale = torch.nn.Parameter(torch.ones(cfg.hidden_size, dtype=cfg.params_dtype))
+    module.register_forward_hook(_scaled_output)
 
 
 def pixel_shuffle(y, py: int, px: int, s: int):
@@ -546,10 +570,11 @@ def param_shards(
 
 
 def canonical_tensor(seed: int, tag: str, cname: str, full: list[int]):
-    """The full tensor a parameter is cut from: norm weights 1, biases 0, the rest N(0, INIT_STD)."""
+    """The full tensor a parameter is cut from: norm weights and layer scales 1, biases 0, the rest
+    N(0, INIT_STD)."""
     g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{tag}:{cname}".encode()) & 0x7FFFFFFF)
     leaf = cname.rsplit(".", 1)[-1]
-    if "norm" in cname and "weight" in leaf:
+    if ("norm" in cname and "weight" in leaf) or leaf == "layer_scale":
         return torch.ones(full)
     if "bias" in leaf:
         return torch.zeros(full)
@@ -579,7 +604,7 @@ def canonical_init_(
             full[sh.dim] *= sh.size
         t = canonical_tensor(seed, tag, sh.cname, full)
         if sh.dim is not None:
-            n = p.shape[sh.dim] // sh.parts
-            t = torch.cat([b.narrow(sh.dim, sh.rank * n, n) for b in t.chunk(sh.parts, sh.dim)], sh.dim)
+            cut = strided_blocks(full[sh.dim], sh.parts, sh.rank, sh.size)
+            t = torch.cat([t.narrow(sh.dim, s, n) for s, n in cut], sh.dim)
         with torch.no_grad():
             p.copy_(t.to(device=p.device, dtype=p.dtype))

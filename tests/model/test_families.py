@@ -1,0 +1,159 @@
+"""model/families: one registry of the families, each the owner of its facts. Their pixels' preprocessing
+against transformers' own image processors (built offline with their defaults), what the data path
+standardises with, the look-ups, and what InternViT's reader refuses by name."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from mimo_jobs.model import families, hf
+from mimo_jobs.model.arch import ENC_KINDS, ArchError, EncoderArch
+
+transformers = pytest.importorskip("transformers")
+
+
+def _processor(kind: str):
+    """transformers' image processor of each vision family, with its defaults (no hub)."""
+    T = transformers
+    if kind == "internvit":
+        # InternVL's own preprocessing (its dataset.py build_transform) is ImageNet's mean/std, which the
+        # published InternVL "-hf" preprocessor_config.json states; transformers' GotOcr2ImageProcessor
+        # defaults to CLIP's instead, so the constants are compared with transformers' ImageNet defaults
+        from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+        return {
+            "image_mean": IMAGENET_DEFAULT_MEAN,
+            "image_std": IMAGENET_DEFAULT_STD,
+            "rescale_factor": 1 / 255,
+        }
+    proc = {"clip": T.CLIPImageProcessor, "siglip": T.SiglipImageProcessor}[kind]()
+    return {k: getattr(proc, k) for k in ("image_mean", "image_std", "rescale_factor")}
+
+
+@pytest.mark.parametrize("kind", ["clip", "siglip", "internvit"])
+def test_each_vision_familys_pixels_are_its_image_processors(kind):
+    px, want = families.vision(kind).pixels, _processor(kind)
+    assert list(px.mean) == pytest.approx(list(want["image_mean"]), abs=0)
+    assert list(px.std) == pytest.approx(list(want["image_std"]), abs=0)
+    assert px.rescale == want["rescale_factor"]
+
+
+def test_every_vision_family_is_tested_here_and_is_an_encoder_kind():
+    image = {f.name for f in families.of_modality("image")}
+    assert image == {"clip", "siglip", "internvit"}
+    assert image <= set(ENC_KINDS)
+    text = {f.name for f in families.of_modality("text")}
+    assert text == {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"}
+
+
+def _png(h: int, w: int) -> bytes:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["siglip", "internvit", "clip"])
+def test_the_data_path_standardises_with_the_encoders_family(kind):
+    """An image decoded for an encoder of each family equals transformers' processor's rescale + normalize
+    of the same pixels (no resize: the image is already its one-piece size)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from mimo_jobs.data.images import decode
+    from mimo_jobs.model.tiling import ImageGeometry
+
+    e = EncoderArch(kind, 1, 32, 4, 64, patch_size=4, image_size=16)
+    data = _png(16, 16)
+    x = decode(data, ImageGeometry.of(e))
+    want = _processor(kind)
+    with Image.open(io.BytesIO(data)) as im:
+        raw = torch.from_numpy(np.asarray(im.convert("RGB"), dtype=np.float32)).permute(2, 0, 1)
+    mean, std = (
+        torch.tensor(want[k], dtype=torch.float32).view(3, 1, 1) for k in ("image_mean", "image_std")
+    )
+    torch.testing.assert_close(x, (raw * want["rescale_factor"] - mean) / std, rtol=0, atol=1e-6)
+
+
+def test_look_ups_name_what_is_known():
+    assert hf.llm_family({"architectures": ["MixtralForCausalLM"]}) == "mixtral"
+    assert hf.llm_family({"model_type": "qwen3"}) == "qwen3"
+    assert families.of_config({"architectures": ["InternVLVisionModel"]}, "image").name == "internvit"
+    with pytest.raises(ArchError, match="InternVLVisionModel") as e:
+        families.of_config({"architectures": ["ViTModel"]}, "image")
+    assert e.value.field == "architectures"
+    with pytest.raises(ArchError, match="known: clip, internvit, siglip"):
+        families.vision("dino")
+
+
+def _internvit(**over) -> dict:
+    cfg = transformers.InternVLVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=16,
+        patch_size=4,
+        attention_bias=True,
+    )
+    return cfg.to_dict() | over
+
+
+def test_internvit_reads_its_switches():
+    e = EncoderArch(**hf.encoder_fields(_internvit()))
+    assert (e.kind, e.class_token, e.layer_scale, e.pre_norm, e.final_norm) == (
+        "internvit",
+        True,
+        True,
+        False,
+        False,
+    )
+    assert (e.image_size, e.patch_size, e.activation, e.norm_epsilon) == (16, 4, "gelu", 1e-6)
+    assert EncoderArch(**hf.encoder_fields(_internvit(use_mean_pooling=False))).final_norm
+    assert EncoderArch(**hf.encoder_fields(_internvit(norm_type="rms_norm"))).normalization == "RMSNorm"
+    # a full InternVL config: its vision tower
+    full = transformers.InternVLConfig(vision_config=_internvit()).to_dict()
+    assert EncoderArch(**hf.encoder_fields(full)) == e
+
+
+@pytest.mark.parametrize(
+    "over, field, words",
+    [
+        ({"use_qk_norm": True}, "use_qk_norm", "per-head q/k norm"),
+        ({"attention_bias": False}, "attention_bias", "biases the fused q/k/v"),
+        ({"use_mask_token": True}, "use_mask_token", "mask token"),
+        ({"use_absolute_position_embeddings": False}, "use_absolute_position_embeddings", "position table"),
+        ({"image_size": [448, 224]}, "image_size", "square"),
+        ({"norm_type": "rms_norm", "use_mean_pooling": False}, "use_mean_pooling", "one normalization"),
+        ({"hidden_act": "relu"}, "hidden_act", "'relu'"),
+    ],
+)
+def test_internvit_features_the_trainer_cannot_build_are_refused_by_name(over, field, words):
+    with pytest.raises(ArchError, match=words) as e:
+        hf.encoder_fields(_internvit(**over))
+    assert e.value.field == field
+
+
+@pytest.mark.parametrize("kind", ["clip", "siglip", "internvit"])
+def test_a_vision_familys_token_rule_is_the_encoders(kind):
+    # 64 x 48 px at patch 4 and a 2 x 2 pixel shuffle: 8 x 6 tokens, a class token (CLIP, InternViT) dropped
+    e = EncoderArch(kind, 1, 32, 4, 64, patch_size=4, image_size=64, downsample=2)
+    assert families.vision(kind).tokens_for(e, 64, 48) == e.tokens_for(64, 48) == 48
+
+
+def test_run_yaml_records_layer_scale_only_where_it_is_set():
+    """A field the encoder gained later is left out of trainer.model at its default (the run ids of every
+    description without it stay as they were) and recorded where a family sets it."""
+    from mimo_jobs.model.resolve import arch_of, resolved_field
+
+    clip = resolved_field({"encoder": "clip-vit-l-14-336", "llm": "qwen3-8b"})
+    assert "layer_scale" not in clip["encoder"]
+    intern = resolved_field({"encoder": "internvit-300m-448", "llm": "qwen3-8b"})
+    assert intern["encoder"]["layer_scale"] is True
+    assert arch_of(intern).encoder == arch_of({"encoder": "internvit-300m-448", "llm": "qwen3-8b"}).encoder
