@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from mimo_jobs.model.arch import ArchError
 from mimo_jobs.model.audio_arch import AudioArch
+from mimo_jobs.model.families.base import Family, register
 from mimo_jobs.model.hf_weights import HFLayout, Piece, Target
 
 FAMILY = "whisper"
@@ -196,3 +197,53 @@ class MelFeatures:
 def features_of(a: AudioArch) -> MelFeatures:
     """The input features an encoder takes (its mel bins; Whisper's other defaults)."""
     return MelFeatures(n_mels=a.num_mel_bins)
+
+
+# ------------------------------------------------------------------------------------------- registry
+
+
+@register
+class Whisper(Family):
+    """The registry's entry for this module's functions (families/base.py's Family)."""
+
+    name = FAMILY
+    title = "Whisper (encoder)"
+    modality = "audio"
+    architectures = ARCHITECTURES
+    model_types = (MODEL_TYPE,)
+    features = (
+        "the encoder's fields (`encoder_layers`, `encoder_attention_heads`, `encoder_ffn_dim`, `d_model`, "
+        "`num_mel_bins`, `max_source_positions`); the decoder is not read"
+    )
+
+    def fields(self, cfg: dict) -> dict:
+        return audio_fields(cfg)
+
+    def hf_config(self, arch, dtype: str = "float32") -> dict:
+        return audio_config(arch, dtype)
+
+    def tokens_for_frames(self, a: AudioArch, mel_frames: int) -> int:
+        return tokens_for_frames(a, mel_frames)
+
+    def doc_rows(self) -> list[tuple[str, str, str]]:
+        """(trainer parameter, HuggingFace tensor, layout) as audio_layout maps them (docs/weights.md)."""
+        layer, lay = "`layers.i.", "`decoder.layers.i."
+        return [
+            ("`conv1`, `conv2`", "`conv1`, `conv2`", "as is, whole on every TP rank"),
+            (
+                "`embed_positions`",
+                "`embed_positions.weight`",
+                "as is (the sinusoidal table), whole on every rank",
+            ),
+            (f"{lay}input_layernorm`", f"{layer}self_attn_layer_norm`", "as is"),
+            (
+                f"{lay}self_attention.linear_qkv`",
+                f"{layer}self_attn.q_proj`, `k_proj`, `v_proj`",
+                "per head: [q; k; v] rows; the bias's k rows are zeros (k_proj has no bias; export drops them)",
+            ),
+            (f"{lay}self_attention.linear_proj`", f"{layer}self_attn.out_proj`", "as is (TP splits columns)"),
+            (f"{lay}pre_mlp_layernorm`", f"{layer}final_layer_norm`", "as is"),
+            (f"{lay}mlp.linear_fc1`", f"{layer}fc1`", "as is (TP splits rows)"),
+            (f"{lay}mlp.linear_fc2`", f"{layer}fc2`", "as is (TP splits columns)"),
+            ("`ln_post`", "`layer_norm`", "as is"),
+        ]
