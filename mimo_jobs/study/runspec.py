@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -43,8 +43,11 @@ class RunSpec:
             "run_id": self.run_id,
             "index": self.index,
             "repeat": self.repeat,
-            "point": self.point.model_dump(mode="json"),
-            "layout": asdict(self.layout),
+            # one of encoder / encoders: the point as a study writes it (and a one-encoder run as it always was)
+            "point": self.point.model_dump(
+                mode="json", exclude={"encoders"} if self.point.encoders is None else {"encoder"}
+            ),
+            "layout": self.layout.to_dict(),
             "cluster": self.cluster.model_dump(mode="json"),
             # a model the study did not write is left out: read back, it is the default again and still
             # not given (study/priced.py prices a run of its own command only with a given model)
@@ -62,7 +65,7 @@ class RunSpec:
             index=int(d["index"]),
             repeat=int(d["repeat"]),
             point=PointSpec.model_validate(d["point"]),
-            layout=topology.Layout(**d["layout"]),
+            layout=topology.Layout.from_dict(d["layout"]),
             cluster=ClusterSpec.model_validate(d["cluster"]),
             trainer=TrainerSpec.model_validate(d["trainer"]),
         )
