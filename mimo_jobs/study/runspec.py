@@ -81,7 +81,8 @@ class RunSpec:
     def catalog_fields(self) -> dict:
         """The run as the store's `runs` row keeps it (store.catalog.RunRecord's fields)."""
         lay = self.layout
-        axes = ("nodes", "gpus_per_node", "world", "enc_tp", "enc_pp", "enc_dp", "llm_tp", "llm_pp", "llm_ep")
+        axes = ("nodes", "gpus_per_node", "world", "llm_tp", "llm_pp", "llm_ep")
+        one = None if lay.several else lay.encoders[0]
         return {
             "run_id": self.run_id,
             "study": self.study,
@@ -89,11 +90,46 @@ class RunSpec:
             "index": self.index,
             "repeat": self.repeat,
             **{a: getattr(lay, a) for a in (*axes, "llm_etp", "llm_dp", "gbs", "mbs", "colocated")},
+            # the one encoder in runs.enc_*; every module, one or several, in run_modules
+            "enc_tp": one and one.tp,
+            "enc_pp": one and one.pp,
+            "enc_dp": one and one.dp,
+            "modules": module_rows(lay, self.trainer.model),
             "seq_length": self.trainer.seq_length,
             "model": _model_text(self.trainer.model) if unpriced(self) is None else None,
             "accelerator": self.cluster.accelerator,
             "spec": self.to_dict(),
         }
+
+
+def module_rows(lay: topology.Layout, model) -> tuple[dict, ...]:
+    """Each encoder module of a layout as the store's run_modules row (store.modules.ModuleRow's fields):
+    its ranks from topology.module_ranges, its kind the modality of the model's encoder of that name."""
+    kinds = _modalities(model)
+    return tuple(
+        {
+            "module": r.name,
+            "position": i,
+            "kind": kinds.get(r.name),
+            "tp": r.tp,
+            "pp": r.pp,
+            "dp": r.dp,
+            "ranks": r.rank_end - r.rank_start,
+            "rank_start": r.rank_start,
+            "rank_end": r.rank_end,
+        }
+        for i, r in enumerate(topology.module_ranges(lay))
+    )
+
+
+def _modalities(model) -> dict[str, str]:
+    from mimo_jobs.model.arch import ArchError
+    from mimo_jobs.model.resolve import arch_of
+
+    try:
+        return {n: a.modality for n, a in arch_of(model).named_encoders}
+    except (ArchError, ValueError):  # an unresolvable model is reported where the model is read
+        return {}
 
 
 def trainer_kind(trainer: TrainerSpec, point_command: str | None = None) -> topology.Trainer:

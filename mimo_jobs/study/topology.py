@@ -18,8 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 from mimo_jobs.errors import MimoJobsError
-
-VISION = "vision"  # the one encoder's module name (what `encoder:` means; model/arch.py VISION)
+from mimo_jobs.model.arch import VISION, module_name_problem  # noqa: F401 (the naming rule, for ingest)
 
 
 @dataclass(frozen=True)
