@@ -39,10 +39,18 @@ def _cells(plan) -> dict[str, str]:
         + f" DP{lay.llm_dp}"
     )
     shared = " (shared)" if plan.shared_nodes else ""
-    if plan.fan == "in":
-        lanes = f"1/{plan.encoders_per_lane}"  # fan-in: several encoder replicas per lane
+
+    def lanes_of(fan: str, lanes_per_encoder: int, encoders_per_lane: int) -> str:
+        # fan-in: several encoder replicas per lane
+        return f"1/{encoders_per_lane}" if fan == "in" else str(lanes_per_encoder)
+
+    if plan.fan == "modules":  # several encoders, each with its own fan
+        fan = ", ".join(f"{m.name} {m.fan}" for m in plan.encoders)
+        lanes = ", ".join(
+            f"{m.name} {lanes_of(m.fan, m.lanes_per_encoder, m.encoders_per_lane)}" for m in plan.encoders
+        )
     else:
-        lanes = str(plan.lanes_per_encoder)
+        fan, lanes = plan.fan, lanes_of(plan.fan, plan.lanes_per_encoder, plan.encoders_per_lane)
     ranks = (
         "" if lay.several and not lay.colocated else f" (ranks {plan.enc_rank_start}-{plan.enc_rank_end - 1})"
     )
@@ -50,7 +58,7 @@ def _cells(plan) -> dict[str, str]:
         "encoder": f"{nodes(len(plan.encoder_nodes))}{shared}, {enc}{ranks}",
         "llm": f"{nodes(len(plan.llm_nodes))}{shared}, {llm} (ranks {plan.llm_rank_start}-{plan.llm_rank_end - 1})",
         "expert_dp": str(plan.expert_dp) if plan.expert_dp else "-",
-        "fan": plan.fan,
+        "fan": fan,
         "lanes": lanes,
         "microbatches": str(plan.num_microbatches),
     }
