@@ -24,7 +24,14 @@ def _cells(plan) -> dict[str, str]:
     def nodes(n: int) -> str:
         return f"{n} node" + ("s" if n != 1 else "")
 
-    enc = f"TP{lay.enc_tp}" + (f" PP{lay.enc_pp}" if lay.enc_pp > 1 else "") + f" DP{lay.enc_dp}"
+    enc = "; ".join(
+        (f"{m.name} " if lay.several else "")
+        + f"TP{m.tp}"
+        + (f" PP{m.pp}" if m.pp > 1 else "")
+        + f" DP{m.dp}"
+        + (f" (ranks {m.rank_start}-{m.rank_end - 1})" if lay.several and not lay.colocated else "")
+        for m in plan.encoders
+    )
     llm = (
         f"TP{lay.llm_tp}"
         + (f" PP{lay.llm_pp}" if lay.llm_pp > 1 else "")
@@ -32,16 +39,26 @@ def _cells(plan) -> dict[str, str]:
         + f" DP{lay.llm_dp}"
     )
     shared = " (shared)" if plan.shared_nodes else ""
-    if plan.fan == "in":
-        lanes = f"1/{plan.encoders_per_lane}"  # fan-in: several encoder replicas per lane
+
+    def lanes_of(fan: str, lanes_per_encoder: int, encoders_per_lane: int) -> str:
+        # fan-in: several encoder replicas per lane
+        return f"1/{encoders_per_lane}" if fan == "in" else str(lanes_per_encoder)
+
+    if plan.fan == "modules":  # several encoders, each with its own fan
+        fan = ", ".join(f"{m.name} {m.fan}" for m in plan.encoders)
+        lanes = ", ".join(
+            f"{m.name} {lanes_of(m.fan, m.lanes_per_encoder, m.encoders_per_lane)}" for m in plan.encoders
+        )
     else:
-        lanes = str(plan.lanes_per_encoder)
+        fan, lanes = plan.fan, lanes_of(plan.fan, plan.lanes_per_encoder, plan.encoders_per_lane)
+    ranks = (
+        "" if lay.several and not lay.colocated else f" (ranks {plan.enc_rank_start}-{plan.enc_rank_end - 1})"
+    )
     return {
-        "encoder": f"{nodes(len(plan.encoder_nodes))}{shared}, {enc} (ranks {plan.enc_rank_start}-"
-        f"{plan.enc_rank_end - 1})",
+        "encoder": f"{nodes(len(plan.encoder_nodes))}{shared}, {enc}{ranks}",
         "llm": f"{nodes(len(plan.llm_nodes))}{shared}, {llm} (ranks {plan.llm_rank_start}-{plan.llm_rank_end - 1})",
         "expert_dp": str(plan.expert_dp) if plan.expert_dp else "-",
-        "fan": plan.fan,
+        "fan": fan,
         "lanes": lanes,
         "microbatches": str(plan.num_microbatches),
     }
@@ -162,7 +179,7 @@ def _runtime_problems(diag: Diagnosis) -> list:
     installed = package_installed if cluster.container is None else (lambda _name: True)
     seen, out = set(), []
     for r in diag.runs or []:
-        if r.point.command or r.trainer.command:
+        if r.point.command or r.trainer.command or r.layout.several:  # several: not trained yet (preflight)
             continue
         model = shape_of(r.layout, r.trainer, r.point.command).preset  # the model as the planner resolves it
         for p in runtime_problems(r.trainer, cluster.accelerator, installed, model.encoder, model.llm):

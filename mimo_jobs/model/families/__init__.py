@@ -15,7 +15,7 @@ import pkgutil
 from mimo_jobs.model.arch import ArchError
 from mimo_jobs.model.families.base import REGISTRY, Family, Pixels
 
-__all__ = ["REGISTRY", "Family", "Pixels", "by_name", "of_config", "of_modality", "vision"]
+__all__ = ["REGISTRY", "Family", "Pixels", "audio_of", "by_name", "of_config", "of_modality", "vision"]
 
 # the package's modules that hold no family
 _ENGINES = {"base", "vit", "decoder", "docs"}
@@ -68,6 +68,16 @@ def of_modality(modality: str | None) -> list[Family]:
 def architectures(modality: str) -> dict[str, Family]:
     """{config.json `architectures` entry: family} of one modality."""
     return {a: f for f in of_modality(modality) for a in f.architectures}
+
+
+def audio_of(cfg) -> Family | None:
+    """The audio family a config.json names by `architectures` or `model_type` (None: not an audio one)."""
+    if not isinstance(cfg, dict):
+        return None
+    for f in of_modality("audio"):
+        if set(cfg.get("architectures") or ()) & set(f.architectures) or cfg.get("model_type") in f.model_types:
+            return f
+    return None
 
 
 def of_config(cfg: dict, modality: str) -> Family:
