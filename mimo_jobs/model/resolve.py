@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mimo_jobs.model import hf
+from mimo_jobs.model import families, hf
 from mimo_jobs.model.arch import (
     ArchError,
     EncoderArch,
@@ -25,10 +25,10 @@ from mimo_jobs.model.arch import (
     encoder_arch_from_dict,
     module_name_problem,
 )
-from mimo_jobs.model import families
 from mimo_jobs.model.presets import ENCODERS, LLMS, PRESETS, encoder_preset, get_preset, llm_preset
 
 _MODEL_KEYS = ("name", "description", "encoder", "encoders", "llm")
+
 
 def _encoder_fields(cfg: dict) -> dict:
     """An encoder's fields from its HF config: an audio family's (model/families) when the config names

@@ -75,7 +75,10 @@ def audio_of(cfg) -> Family | None:
     if not isinstance(cfg, dict):
         return None
     for f in of_modality("audio"):
-        if set(cfg.get("architectures") or ()) & set(f.architectures) or cfg.get("model_type") in f.model_types:
+        if (
+            set(cfg.get("architectures") or ()) & set(f.architectures)
+            or cfg.get("model_type") in f.model_types
+        ):
             return f
     return None
 
