@@ -10,10 +10,17 @@ follow megatron-core's TransformerConfig where it has one; defaults reproduce th
 from __future__ import annotations
 
 import re
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
 
-from mimo_jobs.errors import MimoJobsError
+from mimo_jobs.model.audio_arch import AUDIO_KINDS, AudioArch
+from mimo_jobs.model.fields import (
+    ArchError,
+    check_choice,
+    check_finite_positive,
+    check_positive,
+    known_fields,
+)
 
 LLM_ACTIVATIONS = ("gelu", "silu")
 ENC_ACTIVATIONS = ("gelu", "quick_gelu", "gelu_tanh")
@@ -35,48 +42,12 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
     raise AssertionError("unreachable: a multiple of VOCAB_MULTIPLE * tp divides by tp")
 
 
-class ArchError(MimoJobsError, ValueError):
-    """A model description that cannot be built; `field` is its dotted path inside trainer.model (callers
-    prefix it with where the description sits)."""
-
-    def __init__(self, field: str, msg: str):
-        super().__init__(msg, where=field or None)
-        self.field = field
-
-    def under(self, prefix: str) -> ArchError:
-        """The same error with its field placed under `prefix` (e.g. "trainer.model.llm")."""
-        return ArchError(f"{prefix}.{self.field}" if self.field else prefix, str(self))
-
-
 def image_tokens(h_px: int, w_px: int, patch_size: int, downsample: int) -> int:
     """The one rule of how many tokens an encoder sample (an image or one tile of it) of h x w pixels hands
     the LLM: its patch grid, s x s patches per token after the pixel shuffle (s = downsample), the class
     token dropped. The encoder, both sides of the bridge, the mock provider and the planner all call it."""
     s = patch_size * downsample
     return (h_px // s) * (w_px // s)
-
-
-def _check_choice(field: str, value, choices) -> None:
-    if value not in choices:
-        raise ArchError(field, f"{value!r} is not one of {', '.join(map(str, choices))}")
-
-
-def _check_positive(obj, names) -> None:
-    for n in names:
-        v = getattr(obj, n)
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ArchError(n, f"must be a positive integer, got {v!r}")
-
-
-def _check_finite_positive(obj, names) -> None:
-    """Float fields a model cannot run without: finite and above 0 (a NaN epsilon or a negative rotary base
-    would make every iteration NaN, found only after the job ran)."""
-    import math
-
-    for n in names:
-        v = getattr(obj, n)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ArchError(n, f"must be a finite number above 0, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -113,12 +84,12 @@ class EncoderArch:
     LATER: ClassVar[tuple[str, ...]] = ("layer_scale",)
 
     def __post_init__(self):
-        _check_choice("kind", self.kind, ENC_KINDS)
-        _check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
-        _check_positive(self, ("patch_size", "image_size", "channels", "downsample"))
-        _check_finite_positive(self, ("norm_epsilon",))
-        _check_choice("activation", self.activation, ENC_ACTIVATIONS)
-        _check_choice("normalization", self.normalization, NORMS)
+        check_choice("kind", self.kind, ENC_KINDS)
+        check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
+        check_positive(self, ("patch_size", "image_size", "channels", "downsample"))
+        check_finite_positive(self, ("norm_epsilon",))
+        check_choice("activation", self.activation, ENC_ACTIVATIONS)
+        check_choice("normalization", self.normalization, NORMS)
         if self.hidden_size % self.num_attention_heads:
             raise ArchError(
                 "num_attention_heads",
@@ -181,7 +152,7 @@ class EncoderArch:
 
     @classmethod
     def from_dict(cls, d: dict) -> EncoderArch:
-        return cls(**_known(cls, d, "encoder"))
+        return cls(**known_fields(cls, d, "encoder"))
 
 
 @dataclass(frozen=True)
@@ -216,19 +187,19 @@ class LLMArch:
     source: str = ""
 
     def __post_init__(self):
-        _check_positive(
+        check_positive(
             self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size")
         )
-        _check_finite_positive(self, ("norm_epsilon", "rotary_base"))
+        check_finite_positive(self, ("norm_epsilon", "rotary_base"))
         if self.add_bias_linear is None:
             object.__setattr__(self, "add_bias_linear", not self.num_experts)
         if self.add_qkv_bias is None:
             object.__setattr__(self, "add_qkv_bias", self.add_bias_linear)
         if self.moe_layer_pattern is not None:
             object.__setattr__(self, "moe_layer_pattern", tuple(int(x) for x in self.moe_layer_pattern))
-        _check_choice("activation", self.activation, LLM_ACTIVATIONS)
-        _check_choice("normalization", self.normalization, NORMS)
-        _check_choice("moe_router_score_function", self.moe_router_score_function, ROUTER_SCORES)
+        check_choice("activation", self.activation, LLM_ACTIVATIONS)
+        check_choice("normalization", self.normalization, NORMS)
+        check_choice("moe_router_score_function", self.moe_router_score_function, ROUTER_SCORES)
         self._check_attention()
         self._check_moe()
 
@@ -289,7 +260,7 @@ class LLMArch:
 
     @classmethod
     def from_dict(cls, d: dict) -> LLMArch:
-        return cls(**_known(cls, d, "llm"))
+        return cls(**known_fields(cls, d, "llm"))
 
 
 # A module's name in a study (trainer.model.encoders, a point's encoders, run names, the store): letters,
@@ -311,8 +282,6 @@ def module_name_problem(name) -> str | None:
 def encoder_arch_from_dict(d: dict):
     """An encoder architecture's fields read back as the class its `kind` names: an audio kind as AudioArch
     (model/audio_arch.py), anything else as an image encoder (EncoderArch names what is wrong)."""
-    from mimo_jobs.model.audio_arch import AUDIO_KINDS, AudioArch  # imported here: it builds on this module
-
     kind = d.get("kind") if isinstance(d, dict) else None
     return (AudioArch if kind in AUDIO_KINDS else EncoderArch).from_dict(d)
 
@@ -413,17 +382,6 @@ class ModelArch:
             description=d.get("description", ""),
             encoders={n: encoder_arch_from_dict(a) for n, a in encs.items()},
         )
-
-
-def _known(cls, d: dict, where: str) -> dict:
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise ArchError(unknown[0], f"unknown {where} field; known: {', '.join(sorted(names))}")
-    required = [f.name for f in fields(cls) if f.default is MISSING and f.name not in d]
-    if required:
-        raise ArchError(required[0], f"missing (a required {where} field)")
-    return d
 
 
 # The names the first version used; kept so the trainer and data modules read either.

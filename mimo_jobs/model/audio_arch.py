@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from mimo_jobs.model.arch import ArchError, _check_choice, _check_finite_positive, _check_positive, _known
+from mimo_jobs.model.fields import (
+    ArchError,
+    check_choice,
+    check_finite_positive,
+    check_positive,
+    known_fields,
+)
 
 AUDIO_KINDS = ("whisper",)
 AUDIO_ACTIVATIONS = ("gelu",)
@@ -70,11 +76,11 @@ class AudioArch:
     source: str = ""
 
     def __post_init__(self):
-        _check_choice("kind", self.kind, AUDIO_KINDS)
-        _check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
-        _check_positive(self, ("num_mel_bins", "max_source_positions", "pooling"))
-        _check_finite_positive(self, ("norm_epsilon",))
-        _check_choice("activation", self.activation, AUDIO_ACTIVATIONS)
+        check_choice("kind", self.kind, AUDIO_KINDS)
+        check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
+        check_positive(self, ("num_mel_bins", "max_source_positions", "pooling"))
+        check_finite_positive(self, ("norm_epsilon",))
+        check_choice("activation", self.activation, AUDIO_ACTIVATIONS)
         if self.hidden_size % self.num_attention_heads:
             raise ArchError(
                 "num_attention_heads",
@@ -153,7 +159,7 @@ class AudioArch:
 
     @classmethod
     def from_dict(cls, d: dict) -> AudioArch:
-        return cls(**_known(cls, d, "audio encoder"))
+        return cls(**known_fields(cls, d, "audio encoder"))
 
 
 def audio_params(a: AudioArch, held: bool = False) -> int:

@@ -5,6 +5,7 @@
 - `expand`         the matrix expanded into runs
 - `runspec`        one run (`RunSpec`) and its run.yaml, the trainer's input
 - `topology`       the pure arithmetic of a layout: ranks, lanes, microbatches and the rules they obey
+- `modules`        a point's encoder modules read from its `encoder:` / `encoders:` (the one reader)
 - `diagnose`       everything wrong with a study file at once
 - `lr_rules`       rules a learning-rate schedule must keep
 - `runtime_rules`  rules the trainer enforces at start-up that a study file already decides

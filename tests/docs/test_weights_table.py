@@ -1,7 +1,8 @@
 """docs/weights.md's name tables say what the families' mappings (model/families) do, in both directions: every name the
 table shows is a name the mapping uses (a trainer parameter, or a HuggingFace tensor of some family), and
 every HuggingFace tensor and trainer parameter the mapping uses for the families the page lists is named by
-some row. The mapping is built here for the tiny configurations of every family (tests/weights/hf_models.py);
+some row. The mapping is built here for the tiny configurations of every family (tests/weights/hf_models.py;
+a two-layer Whisper encoder);
 `i` and `e` in the table stand for a layer and an expert index."""
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from weights import hf_models  # noqa: E402
 from helpers import REPO  # noqa: E402
 from mimo_jobs.model import hf  # noqa: E402
 from mimo_jobs.model.arch import EncoderArch, LLMArch  # noqa: E402
+from mimo_jobs.model.audio_arch import AudioArch  # noqa: E402
+from mimo_jobs.model.families import whisper  # noqa: E402
 from mimo_jobs.model.hf import encoder_layout, llm_layout  # noqa: E402
 
 PAGE = REPO / "docs" / "weights.md"
@@ -62,6 +65,10 @@ def _mapping() -> tuple[set[str], set[str]]:
         lay = encoder_layout(e, prefix)
         params |= {_generic(n) for n in lay.targets}
         tensors |= {_generic(n) for n in lay.hf_shapes}
+    audio = AudioArch("whisper", 2, 32, 4, 64, num_mel_bins=8, max_source_positions=16)
+    lay = whisper.audio_layout(audio)
+    params |= {_generic(n) for n in lay.targets}
+    tensors |= {_generic(n) for n in lay.hf_shapes}
     return params, tensors
 
 
