@@ -39,13 +39,6 @@ def _gpu(name: str | None, study, layers: str | None = None):
         fail(str(e))
 
 
-def layers_note(gpu) -> str:
-    """What `predict` and `validate` say of the layers they priced."""
-    from mimo_jobs.predict.hardware import LAYERS_WORDS
-
-    return f"priced for {LAYERS_WORDS[gpu.layers]}"
-
-
 def _gib(n: float) -> str:
     return f"{n / 1024**3:.2f}"
 
@@ -233,6 +226,7 @@ def predict(
     budget) of every run of a study, before submitting."""
     from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.predict.estimate import predict_run, to_json
+    from mimo_jobs.predict.hardware import layers_note
     from mimo_jobs.predict.params import model_json, model_summary
     from mimo_jobs.predict.steptime import efficiency_for
     from mimo_jobs.study.priced import unpriced

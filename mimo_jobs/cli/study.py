@@ -261,7 +261,7 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
     shown = {r.run_id for r in runs}
     problems, priced = [], {}
     if out is not None and any(unpriced(r) is None for r in runs):
-        from .predict import layers_note
+        from mimo_jobs.predict.hardware import layers_note
 
         where = "" if gpu.name == "cpu" else " (cluster.hardware.layers)"
         out.print(f"memory and time on {gpu.name} {layers_note(gpu)}{where}", markup=False)

@@ -119,6 +119,11 @@ def gpu_named(text: str | None) -> GPU | None:
     return None
 
 
+def layers_note(gpu: GPU) -> str:
+    """What `predict` and `validate` say of the layers they priced."""
+    return f"priced for {LAYERS_WORDS[gpu.layers]}"
+
+
 def with_layers(gpu: GPU, layers: str | None) -> GPU:
     """`gpu` priced for the layer backend `layers` (None: as it is); the CPU stays on local layers."""
     if layers is None:
