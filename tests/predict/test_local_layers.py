@@ -160,3 +160,10 @@ def test_the_score_bytes_are_what_local_attention_keeps_on_the_cpu(tmp_path):
         scores = got[name]["saved"] - got[name]["inputs"]  # what it keeps beside q, k, v and the mask
         assert scores == A.score_bytes(d) * heads * seq * seq, name
     assert A.score_bytes(2) == 6 and A.score_bytes(4) == 4  # bf16: probabilities + their fp32 softmax output
+
+
+def test_docs_quote_what_the_benchmark_prints(bench, capsys):
+    bench.main(["--fit"])
+    printed = capsys.readouterr().out.strip()
+    doc = (REPO / "docs" / "predict.md").read_text()
+    assert f"```\n{printed}\n```" in doc
