@@ -73,3 +73,14 @@ def test_a_bad_layers_value_is_one_line_and_exit_2(args):
     assert r.exit_code == 2
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert lines == ["error: --layers: unknown layer backend 'flash'; known: te, local"]
+
+
+def test_plan_says_it_priced_local_layers():
+    args = ["plan", "--model", "dense-1b", "--gbs", "8", "--nodes", "1", "--gpus-per-node", "1"]
+    args += ["--seq-length", "2048", "--gpu", "H200"]
+    te, local = runner.invoke(app, args), runner.invoke(app, [*args, "--layers", "local"])
+    assert te.exit_code == 0 and local.exit_code == 0, local.output
+    assert "priced for megatron-core's local layers" in local.output.splitlines()[0]
+    assert "layers" not in te.output.splitlines()[0]  # Transformer Engine: what the efficiencies describe
+    doc = json.loads(runner.invoke(app, [*args, "--layers", "local", "--json"]).output)
+    assert doc["layers"] == "local"
