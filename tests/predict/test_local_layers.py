@@ -24,6 +24,7 @@ from mimo_jobs.predict.hardware import GPUS, study_gpu, with_layers
 from mimo_jobs.predict.steptime import Efficiency, efficiency_for
 from mimo_jobs.study.expand import runs_of
 from mimo_jobs.study.load import load_study, parse_study
+from mimo_jobs.study.spec import StudyError
 
 DATA = REPO / "benchmarks" / "measured" / "local_layers.yaml"
 WORKER = Path(__file__).with_name("attention_worker.py")
@@ -140,7 +141,7 @@ def test_cpu_stays_on_local_layers_and_layers_is_planning_only():
     assert study_gpu(local.cluster, layers="te").layers == "te"  # --layers wins over the study
     bad = json.loads(json.dumps(doc))
     bad["cluster"]["hardware"]["layers"] = "flash"
-    with pytest.raises(Exception, match="layers"):
+    with pytest.raises(StudyError, match=r"cluster.hardware.layers: Input should be 'te' or 'local'"):
         parse_study(bad, env={})
 
 
