@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from .output import fail, print_json, reports_errors
-from .predict import GPU_HELP, TOKENS_HELP, _gpu, parse_budget
+from .predict import GPU_HELP, LAYERS_HELP, TOKENS_HELP, _gpu, parse_budget
 
 
 def parse_counts(values: list[str], option: str, upper: int) -> list[int]:
@@ -56,6 +56,7 @@ def plan_cmd(
         None, "--gbs", help="Global batch sizes (default: the study's first run's)."
     ),
     gpu: str | None = typer.Option(None, "--gpu", help=GPU_HELP),
+    layers: str | None = typer.Option(None, "--layers", help=LAYERS_HELP),
     top: int = typer.Option(5, "--top", help="How many layouts to show per node count and batch."),
     headroom: float = typer.Option(
         0.0, "--headroom", help="GiB each rank must keep free to count as fitting."
@@ -106,7 +107,7 @@ def plan_cmd(
     else:
         study, shape, notes = _study_start(study_file)
         name = study.name
-    g = _gpu(gpu, study)
+    g = _gpu(gpu, study, layers)
     eff, calibrated = _efficiency(db, study_file, g) if db is not None else (efficiency_for(g), False)
     result = plan_many(
         shape,

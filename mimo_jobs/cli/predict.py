@@ -16,12 +16,25 @@ GPU_HELP = (
 )
 
 
-def _gpu(name: str | None, study):
-    """The GPU to price on: --gpu, else the study's (None: no study, H100 unless --gpu names one)."""
-    from mimo_jobs.predict.hardware import UnknownGPU, get_gpu, study_gpu
+LAYERS_HELP = (
+    "Layers to price the runs for: te (Transformer Engine's fused attention and grouped-GEMM experts) or "
+    "local (megatron-core's local layers, what the trainer builds without Transformer Engine: unfused "
+    "attention, experts one after another; slower, more activation memory). Default: the study's "
+    "cluster.hardware.layers, else te; a CPU is always local."
+)
+
+
+def _gpu(name: str | None, study, layers: str | None = None):
+    """The GPU to price on: --gpu, else the study's (None: no study, H100 unless --gpu names one), for
+    --layers, else the study's cluster.hardware.layers (te without a study)."""
+    from mimo_jobs.predict.hardware import UnknownGPU, UnknownLayers, get_gpu, study_gpu, with_layers
 
     try:
-        return study_gpu(study.cluster, name) if study is not None else get_gpu(name or "H100")
+        if study is not None:
+            return study_gpu(study.cluster, name, layers)
+        return with_layers(get_gpu(name or "H100"), layers)
+    except UnknownLayers as e:
+        fail(str(e), where="--layers")
     except UnknownGPU as e:
         fail(str(e))
 
@@ -100,12 +113,12 @@ def _ranks_table(title: str, preds: list):
     return t
 
 
-def _time_table(preds: list, tokens: float | None = None):
+def _time_table(preds: list, tokens: float | None = None, note: str = ""):
     from rich.table import Table
 
     from mimo_jobs.predict.cost import gpu_hours_text, tokens_text
 
-    t = Table(title="iteration time and cost", title_justify="left")
+    t = Table(title="iteration time and cost" + (f" ({note})" if note else ""), title_justify="left")
     cols = ["run", "nodes", "memory", "s/iter", "tokens/s/GPU", "MFU", "bottleneck", "idle other", "dominant"]
     cols += ["iters", "GPU-h (run)", "node-h (run)"]
     if tokens:
@@ -201,6 +214,7 @@ def _calibration_line(cal) -> str:
 def predict(
     study_file: Path = typer.Argument(..., help="Study YAML file."),
     gpu: str | None = typer.Option(None, "--gpu", help=GPU_HELP),
+    layers: str | None = typer.Option(None, "--layers", help=LAYERS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the predictions as JSON (docs/predict.md)."),
     db: Path | None = typer.Option(None, "--db", help=DB_HELP + " Calibrate against its measured runs."),
     show_all: bool = typer.Option(
@@ -212,6 +226,7 @@ def predict(
     budget) of every run of a study, before submitting."""
     from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.predict.estimate import predict_run, to_json
+    from mimo_jobs.predict.hardware import layers_note
     from mimo_jobs.predict.params import model_json, model_summary
     from mimo_jobs.predict.steptime import efficiency_for
     from mimo_jobs.study.priced import unpriced
@@ -220,7 +235,7 @@ def predict(
 
     budget = parse_budget(tokens)
     diag = study_or_fail(study_file)
-    g = _gpu(gpu, diag.study)
+    g = _gpu(gpu, diag.study, layers)
     cal = calibration_for(db, diag, g) if db is not None else None
     shown, more = table_runs(diag.runs, show_all or as_json)
     skipped = {r.run_id: unpriced(r) for r in shown if unpriced(r)}  # own commands without a model
@@ -234,6 +249,7 @@ def predict(
         doc = {
             "study": diag.study.name,
             "gpu": g.name,
+            "layers": g.layers,
             "model": model_json(arch_of(diag.study.trainer.model)) if priced else None,
         }
         doc["runs"] = [to_json(p, budget) for p in preds]
@@ -257,7 +273,7 @@ def predict(
             out.print(more, markup=False)
         return
     out.print(_ranks_table(f"{diag.study.name} on {g.name}: memory per rank class (GiB)", preds))
-    out.print(_time_table(preds, budget))
+    out.print(_time_table(preds, budget, layers_note(g)))
     if more:
         out.print(more, markup=False)
     if cal is not None:

@@ -277,6 +277,11 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
     gpu = study_gpu(diag.study.cluster)
     shown = {r.run_id for r in runs}
     problems, priced = [], {}
+    if out is not None and any(unpriced(r) is None for r in runs):
+        from mimo_jobs.predict.hardware import layers_note
+
+        where = "" if gpu.name == "cpu" else " (cluster.hardware.layers)"
+        out.print(f"memory and time on {gpu.name} {layers_note(gpu)}{where}", markup=False)
     for r in diag.runs:
         why = unpriced(r)
         if why:  # a run of its own command without a model: nothing to price it as

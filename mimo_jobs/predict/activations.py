@@ -15,8 +15,10 @@ QK-norm keeps its per-head inputs and statistics; MoE layers price each routed t
 3 tensors of f_e per copy, 2 more when gated), the shared experts like a dense MLP, and the router's
 fp32/int64 bookkeeping; dense and MoE layers as moe_layer_pattern says; the last stage keeps fp32 logits
 (padded vocabulary) for the cross entropy. The encoder's ViT runs over downsample^2 patches per LLM image
-token plus the class token. On GPUs the fused (flash) attention keeps no s x s scores, only fp32 softmax
-statistics.
+token plus the class token. Transformer Engine's fused (flash) attention keeps no s x s scores, only fp32
+softmax statistics; megatron-core's local attention (the CPU, and a GPU without Transformer Engine:
+hardware.GPU.layers) keeps the scores' probabilities, and in 16-bit precision an fp32 copy of them too
+(score_bytes).
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ def mlp_tensors(gated: bool) -> int:
     return 4 if gated else 2
 
 
+def score_bytes(d: int) -> int:
+    """Bytes the unfused attention keeps per score (megatron-core 0.19.2's local DotProductAttention with
+    torch's softmax, fusions/fused_softmax.py `forward_torch_softmax`): the probabilities the context bmm
+    keeps in the run's dtype, and, for 16-bit inputs, the fp32 softmax output too (the config's
+    attention_softmax_in_fp32, on by default, softmaxes an fp32 copy and casts the result back). No dropout
+    mask: the trainer's attention dropout is 0."""
+    return d + (4 if d < 4 else 0)
+
+
 def _attention(q: int, kv: int, heads: int, keys: int, tp: int, d: int, recompute: str, fused: bool) -> float:
     """Per token: Q and K after RoPE, the QKV storage, the projection input, and the scores (q = heads x
     head_dim channels, kv = query groups x head_dim)."""
@@ -50,7 +61,7 @@ def _attention(q: int, kv: int, heads: int, keys: int, tp: int, d: int, recomput
     if fused:
         shard += 4 * heads  # softmax statistics
     elif recompute == "none":
-        shard += d * heads * keys
+        shard += score_bytes(d) * heads * keys
     return shard / tp
 
 
@@ -122,7 +133,7 @@ def encoder_bytes(rs: RunShape, fused: bool) -> int:
     if fused:
         shard += 4 * e.num_attention_heads
     elif rs.recompute.encoder == "none":
-        shard += d * e.num_attention_heads * n
+        shard += score_bytes(d) * e.num_attention_heads * n
     per_layer = replicated + shard / tp
     if rs.recompute.encoder == "full":
         body = tokens * (e.num_layers * d * h + per_layer)

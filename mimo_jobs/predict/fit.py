@@ -113,3 +113,20 @@ def fit_generations(
         else:
             out[g] = pooled
     return out
+
+
+def share(step_s: Callable[[float], float], measured: float, lo: float = 1e-3, hi: float = 1.0) -> float:
+    """The share s in [lo, hi] of a fitted fraction at which `step_s(s)` (a step time that falls as s grows)
+    equals `measured` seconds, to three significant figures: bisection on log s (the bound nearest when the
+    measurement lies beyond what [lo, hi] can price). What benchmarks/measured.py fits the local-layer shares
+    (hardware.LOCAL_COMPUTE_SHARE, LOCAL_EXPERTS_SHARE) with, one measured run each."""
+    if step_s(hi) >= measured:
+        return hi
+    if step_s(lo) <= measured:
+        return lo
+    a, b = math.log(lo), math.log(hi)
+    for _ in range(60):
+        mid = (a + b) / 2
+        a, b = (mid, b) if step_s(math.exp(mid)) > measured else (a, mid)
+    s = math.exp((a + b) / 2)
+    return float(f"{s:.3g}")

@@ -18,14 +18,20 @@ handful of steps; gloo over a loopback TCP socket pays a system call and a wake-
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import get_args
 
 from mimo_jobs.errors import MimoJobsError
+from mimo_jobs.study.spec import HardwareSpec
 
 GIB = 1024**3
 GB = 10**9
 
 
 class UnknownGPU(MimoJobsError, ValueError):
+    pass
+
+
+class UnknownLayers(MimoJobsError, ValueError):
     pass
 
 
@@ -40,11 +46,13 @@ class GPU:
     framework_bytes: int  # CUDA context, NCCL buffers, allocator slack: not in any formula
     op_s: float = 5e-6  # one kernel launch / operator dispatch
     step_s: float = 5e-6  # one step of a ring collective, or one send
+    layers: str = "te"  # the layer backend its runs use (LAYERS); a CPU runs megatron-core's local layers
 
     @property
     def fused_attention(self) -> bool:
-        """GPU runs use Transformer Engine's fused (flash) attention: no s x s score matrix is kept."""
-        return self.name != "cpu"
+        """Transformer Engine's fused (flash) attention keeps no s x s score matrix; megatron-core's local
+        DotProductAttention (every CPU run, and a GPU run without Transformer Engine) keeps it."""
+        return self.layers == "te"
 
 
 GPUS: dict[str, GPU] = {
@@ -53,13 +61,30 @@ GPUS: dict[str, GPU] = {
     "GH200": GPU("GH200", 96 * GB, 989e12, 4.0e12, 450 * GB, 50 * GB, 3 * GIB),
     "B200": GPU("B200", 180 * GB, 2.25e15, 8.0e12, 900 * GB, 50 * GB, 3 * GIB),
     "A100": GPU("A100", 80 * GB, 312e12, 2.0e12, 300 * GB, 25 * GB, 3 * GIB),
-    "cpu": GPU("cpu", 16 * GIB, 1e11, 2e10, 1e10, 1e9, 0, op_s=2e-5, step_s=5e-5),
+    "cpu": GPU("cpu", 16 * GIB, 1e11, 2e10, 1e10, 1e9, 0, op_s=2e-5, step_s=5e-5, layers="local"),
 }
+
+# The layer backends a GPU run is priced for: Transformer Engine's layers (fused attention, grouped GEMM for
+# experts: what the published runs behind FITTED_EFFICIENCY used) or megatron-core's local layers (the
+# trainer's choice where Transformer Engine is not installed: trainer/model/kernels.py).
+LAYERS: tuple[str, ...] = get_args(HardwareSpec.model_fields["layers"].annotation)  # ("te", "local")
+LAYERS_WORDS = {"te": "Transformer Engine layers", "local": "megatron-core's local layers"}
 
 
 # The GPU generation each GPU's time-model efficiencies are fitted for: the same chip with more or faster
 # memory (H200, GH200 beside H100) shares its generation's fraction of peak.
 GENERATION = {"A100": "ampere", "H100": "hopper", "H200": "hopper", "GH200": "hopper", "B200": "blackwell"}
+
+# A run on megatron-core's local layers (no Transformer Engine) reaches these shares of its generation's
+# fitted figures: LOCAL_COMPUTE_SHARE of the compute fraction (unfused attention that writes and reads every
+# s x s score matrix, unfused norms and RoPE), and an MoE model's LLM a further LOCAL_EXPERTS_SHARE (its
+# experts run one after another as megatron-core's SequentialMLP, not as one grouped GEMM). Both fitted by
+# `python benchmarks/measured.py --fit` to the one-GPU runs in benchmarks/measured/local_layers.yaml (NVIDIA
+# H200, torch 2.11.0+cu130, megatron-core 0.19.2, no Transformer Engine): the dense-1b run fixes the compute
+# share, the 4-layer moe-8x1b run the experts share. One GPU and one run per model kind: every generation is
+# priced with these shares (docs/predict.md, "Transformer Engine or local layers").
+LOCAL_COMPUTE_SHARE = 0.236
+LOCAL_EXPERTS_SHARE = 0.137
 
 # (compute, network, GEMM half width) per generation: steptime.Efficiency's llm (and encoder) and network
 # fractions of the peaks above and its gemm_half_width, fitted from the published bf16/fp16 runs in
@@ -94,10 +119,26 @@ def gpu_named(text: str | None) -> GPU | None:
     return None
 
 
-def study_gpu(cluster, name: str | None = None) -> GPU:
+def layers_note(gpu: GPU) -> str:
+    """What `predict` and `validate` say of the layers they priced."""
+    return f"priced for {LAYERS_WORDS[gpu.layers]}"
+
+
+def with_layers(gpu: GPU, layers: str | None) -> GPU:
+    """`gpu` priced for the layer backend `layers` (None: as it is); the CPU stays on local layers."""
+    if layers is None:
+        return gpu
+    key = layers.strip().lower()
+    if key not in LAYERS:
+        raise UnknownLayers(f"unknown layer backend {layers!r}; known: {', '.join(LAYERS)}")
+    return gpu if gpu.name == "cpu" else replace(gpu, layers=key)
+
+
+def study_gpu(cluster, name: str | None = None, layers: str | None = None) -> GPU:
     """The GPU a study's runs are priced on: `name` (the --gpu option) if given, else the cluster's
     `hardware.gpu` (cpu for an `accelerator: cpu` study, H100 when unset), with the cluster's
-    `hardware` overrides applied to either (figures of this cluster, not the datasheet's)."""
+    `hardware` overrides applied to either (figures of this cluster, not the datasheet's), priced for
+    `layers` (the --layers option) if given, else the cluster's `hardware.layers`."""
     hw = cluster.hardware
     if name:
         gpu = get_gpu(name)
@@ -105,26 +146,33 @@ def study_gpu(cluster, name: str | None = None) -> GPU:
         gpu = GPUS["cpu"]
     else:
         gpu = GPUS[hw.gpu if hw is not None else "H100"]
-    return _with_figures(gpu, hw)
+    return with_layers(_with_figures(gpu, hw), layers)
 
 
-def measured_gpu(cluster, accelerator: str | None, named: str | None) -> GPU | None:
+def measured_gpu(
+    cluster, accelerator: str | None, named: str | None, layers: str | None = None
+) -> GPU | None:
     """The GPU a run that has measured times ran on, for the report's MFU and predictions: cpu for a CPU
     run; else the GPU `named` names (the report's --gpu, or the run's start events), else its study's
     `cluster.hardware.gpu` when the study sets hardware; None when nothing says. `cluster` (None for a run
-    known only from its logs) brings its `hardware` figures, as for `study_gpu`."""
+    known only from its logs) brings its `hardware` figures, as for `study_gpu`; `layers` (the backend the
+    run's log says it ran, one of LAYERS) replaces the study's `hardware.layers`."""
     hw = cluster.hardware if cluster is not None else None
     if accelerator == "cpu":
         gpu = GPUS["cpu"]
     else:
         gpu = gpu_named(named) or (GPUS[hw.gpu] if hw is not None else None)
-    return None if gpu is None else _with_figures(gpu, hw)
+    if gpu is None:
+        return None
+    return with_layers(_with_figures(gpu, hw), layers if layers in LAYERS else None)
 
 
 def _with_figures(gpu: GPU, hw) -> GPU:
-    """`gpu` with a study's cluster.hardware figures in place of the datasheet's (a CPU's too)."""
+    """`gpu` with a study's cluster.hardware figures in place of the datasheet's (a CPU's too) and priced
+    for its `layers`."""
     if hw is None:
         return gpu
+    gpu = with_layers(gpu, getattr(hw, "layers", None))
     over = {
         "memory_bytes": int(hw.memory_gib * GIB) if hw.memory_gib else None,
         "peak_flops": hw.peak_tflops * 1e12 if hw.peak_tflops else None,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from .assumed import EndsVerdict, ends_verdict, range_words
 from .cost import Cost, gpu_hours_text, tokens_text
 from .estimate import Prediction, cost_json
-from .hardware import FITTED_EFFICIENCY, GIB, GPU, generation
+from .hardware import FITTED_EFFICIENCY, GIB, GPU, generation, layers_note
 from .layouts import (
     TIE,
     Candidate,
@@ -232,6 +232,7 @@ def plan_json(r: PlanResult) -> dict:
 
     return {
         "gpu": r.gpu.name,
+        "layers": r.gpu.layers,
         "capacity_bytes": r.gpu.memory_bytes,
         "headroom_bytes": r.headroom_bytes,
         "calibrated": r.calibrated,
@@ -312,9 +313,11 @@ def plan_text(r: PlanResult, study: str, measure: str = "mimo-jobs data stats") 
         if text_only
         else f"recompute encoder {rc.encoder}, LLM {rc.llm}; encoder_inflight {r.shape.encoder_inflight}"
     )
+    # Transformer Engine's layers are what the fitted efficiencies describe: only the other backend is named
+    layers = f", {layers_note(r.gpu)}" if r.gpu.layers != "te" and r.gpu.name != "cpu" else ""
     lines = [
-        f"# {study} on {r.gpu.name} ({cal if cal.endswith('runs') else cal + ' efficiencies'}), headroom "
-        f"{r.headroom_bytes / GIB:.1f} GiB",
+        f"# {study} on {r.gpu.name} ({cal if cal.endswith('runs') else cal + ' efficiencies'}){layers}, "
+        f"headroom {r.headroom_bytes / GIB:.1f} GiB",
         f"# the study's trainer: {settings} (a point's comment names any setting it needs instead)",
     ]
     if r.shape.image_range:

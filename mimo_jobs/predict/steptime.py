@@ -22,11 +22,11 @@ shorter one once, and the LLM's pp - 1 stage bubble); colocated, every rank runs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import comm
 from .flops import SampleFlops, flops_per_sample
-from .hardware import FITTED_EFFICIENCY, GPU, generation
+from .hardware import FITTED_EFFICIENCY, GPU, LOCAL_COMPUTE_SHARE, LOCAL_EXPERTS_SHARE, generation
 from .memory import MemoryPlan
 from .run import RunShape
 
@@ -42,6 +42,9 @@ class Efficiency:
     # per-rank GEMM width (gemm_width) at which the GEMMs reach half the compute fraction above; 0: no size
     # effect (the CPU, and a calibration from the trainer's own runs)
     gemm_half_width: float = 0.0
+    # the share of the llm fraction an MoE model's LLM reaches: 1 with grouped-GEMM experts (Transformer
+    # Engine), hardware.LOCAL_EXPERTS_SHARE with megatron-core's local SequentialMLP
+    experts: float = 1.0
 
 
 def gemm_factor(width: float, half_width: float) -> float:
@@ -61,12 +64,24 @@ def gemm_width(hidden_size: int, tp: int) -> float:
 
 def efficiency_for(gpu: GPU) -> Efficiency:
     """The efficiencies `predict` and `plan` price a GPU with: its generation's fitted figures
-    (hardware.FITTED_EFFICIENCY; one compute fraction for both modules' GEMMs), else the defaults."""
+    (hardware.FITTED_EFFICIENCY; one compute fraction for both modules' GEMMs), else the defaults; on
+    megatron-core's local layers (gpu.layers) the compute fraction and MoE experts at the local shares
+    (hardware.LOCAL_COMPUTE_SHARE, LOCAL_EXPERTS_SHARE). The CPU's defaults are its local layers' already."""
     fitted = FITTED_EFFICIENCY.get(generation(gpu.name))
     if fitted is None:
         return Efficiency()
     compute, network, half_width = fitted
-    return Efficiency(encoder=compute, llm=compute, network=network, gemm_half_width=half_width)
+    eff = Efficiency(encoder=compute, llm=compute, network=network, gemm_half_width=half_width)
+    return on_local_layers(eff) if gpu.layers == "local" else eff
+
+
+def on_local_layers(eff: Efficiency, compute_share: float | None = None, experts_share: float | None = None):
+    """`eff` (Transformer Engine layers) as megatron-core's local layers reach it: both modules' compute
+    fractions times the compute share, an MoE LLM's further times the experts share (hardware's shares
+    unless given: the fit in benchmarks/measured.py gives others)."""
+    c = LOCAL_COMPUTE_SHARE if compute_share is None else compute_share
+    x = LOCAL_EXPERTS_SHARE if experts_share is None else experts_share
+    return replace(eff, encoder=eff.encoder * c, llm=eff.llm * c, experts=eff.experts * x)
 
 
 # Kernels per transformer layer per microbatch, forward and backward: about 12 forward (two norms, QKV,
@@ -138,6 +153,8 @@ def _llm_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
     rc = _recompute_factor(rs.recompute.llm)
     cp = lay.llm_cp  # context parallelism: each rank holds 1/cp of every sequence
     g = gemm_factor(gemm_width(p.hidden_size, lay.llm_tp), eff.gemm_half_width)
+    if p.num_experts:
+        g *= eff.experts
     compute = lay.mbs * fl.llm * rc / (lay.llm_tp * cp * lay.llm_pp * gpu.peak_flops * eff.llm * g)
     tokens = lay.mbs * rs.seq_length / cp
     act = tokens * p.hidden_size * rs.dtype_bytes

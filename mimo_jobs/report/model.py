@@ -178,6 +178,7 @@ class PredictedRow:
     calibrated_error: float | None = None
     holdout_s: float | None = None
     holdout_error: float | None = None
+    layers: str = "te"  # the layers it was priced for: the ones its log says it ran (predict/hardware.LAYERS)
 
 
 @dataclass

@@ -7,6 +7,11 @@ A run is predicted when its resolved spec is in the store (runs.spec_json), the 
 a CPU run, else the report's --gpu (or the GPU its start events name, or its study's cluster.hardware),
 priced with the study's cluster.hardware figures.
 
+Each run is priced for the layers it ran with: the backend its trainer's first line names (`| layers local |`
+or `| layers te |`, in the start record ingest keeps as an event), else its study's cluster.hardware.layers;
+megatron-core's local layers are priced with their own efficiencies and unfused attention
+(docs/predict.md, "Transformer Engine or local layers").
+
 Predictions use the default efficiencies. Their error against the measured time means something only once
 the efficiencies are fitted to the machine: with CALIBRATION_RUNS measured runs of a study priced on one
 GPU, the section shows the calibrated error (fitted on every run) and the held-out error (fitted on the other
@@ -16,6 +21,7 @@ runs only: predict/measured.py); with fewer it says the times are uncalibrated a
 from __future__ import annotations
 
 import json
+import re
 
 from mimo_jobs.predict.calibrate import mean_abs, relative_error
 
@@ -76,6 +82,28 @@ def _prediction(spec, gpu):
         return None  # a layout the planner cannot price
 
 
+# The trainer's first line names its layer backend as `| layers <backend> |` (trainer/model/kernels.py
+# Kernels.describe); read from the raw start message, so a record cut short in the store still tells it.
+_LAYERS_RE = re.compile(r"\| layers ([a-z]+) \|")
+
+
+def recorded_layers(start_msgs: list[str]) -> str | None:
+    """The layer backend a run's start events say it ran with (one of predict's hardware.LAYERS), if any."""
+    from mimo_jobs.predict.hardware import LAYERS
+
+    for m in start_msgs:
+        hit = _LAYERS_RE.search(m or "")
+        if hit and hit.group(1) in LAYERS:
+            return hit.group(1)
+    return None
+
+
+def priced_on(gpu: str, layers: str) -> str:
+    """The GPU a run was priced on, and its layers where they are not the planner's default (Transformer
+    Engine's; a CPU's are always local)."""
+    return f"{gpu} ({layers} layers)" if layers != "te" and gpu != "cpu" else gpu
+
+
 def _time_row(row: RunRow, p) -> PredictedRow:
     measured = row.t_median_ms / 1000.0 if row.t_median_ms else None
     tok = p.tokens_per_s_per_gpu
@@ -93,6 +121,7 @@ def _time_row(row: RunRow, p) -> PredictedRow:
         p.time.bottleneck,
         p.memory.verdict(),
         idle_fraction=p.time.idle_fraction,
+        layers=p.gpu.layers,
     )
 
 
@@ -145,11 +174,17 @@ def _memory_rows(row: RunRow, p, ranks: list[dict]) -> list[PredictedMemoryRow]:
 
 
 def predicted_rows(
-    runs: list[dict], rows: list[RunRow], rank_memory: list[dict], gpu: str | None, gpu_names: dict
+    runs: list[dict],
+    rows: list[RunRow],
+    rank_memory: list[dict],
+    gpu: str | None,
+    gpu_names: dict,
+    layers: dict | None = None,
 ) -> tuple[list[PredictedRow], list[PredictedMemoryRow], list[str]]:
     """`runs`: the store's runs rows (spec_json, accelerator); `gpu_names`: run_id -> the GPU its start
-    events name. Returns the time rows (calibrated where the study has enough measured runs), the memory
-    rows and the notes: per study and GPU whether the times are calibrated, and each run not priced."""
+    events name; `layers`: run_id -> the layer backend they name (recorded_layers). Returns the time rows
+    (calibrated where the study has enough measured runs), the memory rows and the notes: per study, GPU and
+    layers whether the times are calibrated, and each run not priced."""
     from mimo_jobs.predict.hardware import measured_gpu
     from mimo_jobs.study.priced import unpriced
 
@@ -167,18 +202,19 @@ def predicted_rows(
         if why:
             notes.append(f"{row.study}/{row.name}: not priced: {why}")
             continue
-        g = measured_gpu(spec.cluster, r.get("accelerator"), gpu or gpu_names.get(r["run_id"]))
+        named = gpu or gpu_names.get(r["run_id"])
+        g = measured_gpu(spec.cluster, r.get("accelerator"), named, (layers or {}).get(r["run_id"]))
         if g is None:
             continue
         p = _prediction(spec, g)
         if p is None:
             continue
-        groups.setdefault((row.study, g.name), []).append((len(times), spec, g))
+        groups.setdefault((row.study, g.name, g.layers), []).append((len(times), spec, g))
         times.append(_time_row(row, p))
         if r["run_id"] in ranks:
             memory += _memory_rows(row, p, ranks[r["run_id"]])
-    for (study, gpu_name), members in groups.items():
-        notes.insert(0, _calibrate(times, members, f"{study} on {gpu_name}"))
+    for (study, gpu_name, backend), members in groups.items():
+        notes.insert(0, _calibrate(times, members, f"{study} on {priced_on(gpu_name, backend)}"))
     return times, memory, notes
 
 

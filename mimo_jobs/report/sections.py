@@ -11,6 +11,7 @@ from mimo_jobs.predict.cost import tokens_text
 
 from . import external, fmt
 from .model import Report
+from .predicted import priced_on
 
 TEXT_HEADS = {
     "study",
@@ -218,7 +219,7 @@ def predicted(report: Report) -> Section | None:
         return None
     cal = any(p.calibrated for p in report.predicted)
     rows = [
-        [p.name, p.gpu, f"{p.predicted_s:.4g}", _s(p.measured_s)]
+        [p.name, priced_on(p.gpu, p.layers), f"{p.predicted_s:.4g}", _s(p.measured_s)]
         + ([_s(p.calibrated_s), _err(p.calibrated_error), _s(p.holdout_s), _err(p.holdout_error)] if cal else [])
         + [fmt.num(p.predicted_tokens_per_s_per_gpu, 1), fmt.num(p.measured_tokens_per_s_per_gpu, 1), p.bottleneck]
         for p in report.predicted

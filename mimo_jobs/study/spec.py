@@ -133,6 +133,9 @@ class HardwareSpec(_Strict):
     peak_tflops: float | None = Field(None, ge=0.0001, le=100_000)  # dense BF16 per GPU
     nvlink_gbps: float | None = Field(None, ge=0.001, le=100_000)  # GB/s per GPU, one direction
     ib_gbps: float | None = Field(None, ge=0.001, le=100_000)  # GB/s per GPU across nodes, one direction
+    # the layers the runs are priced for: Transformer Engine's (te) or megatron-core's local ones (local, what
+    # the trainer builds where Transformer Engine is not installed): attention memory and compute speed
+    layers: Literal["te", "local"] = "te"
 
 
 class ClusterSpec(_Strict):
