@@ -35,6 +35,10 @@ TIME_TOLERANCE = 0.02
 # rank): dense-1b +3.5%, moe-8x1b-4l +2.4% (the encoder is priced at its largest image; the planner keeps
 # the causal mask and the logits the measured run held as well).
 ACTIVATION_TOLERANCE = 0.05
+# The records held out of the fit (benchmarks/gpu/heldout.sh, run after the shares were fixed): step times
+# -7.2%, +4.3%, +5.3%; saved activations +10.4%, +2.1%, +14.7% (high at short sequences, larger microbatches)
+HELD_OUT_TIME_TOLERANCE = 0.10
+HELD_OUT_ACTIVATION_TOLERANCE = 0.20
 
 
 def _bench():
@@ -65,7 +69,7 @@ def test_every_record_names_its_machine_software_and_run(records):
     m = doc["machine"]
     assert "H200" in m["gpu"] and m["software"]["megatron-core"] == "0.19.2"
     assert m["software"]["transformer-engine"] == "none" and "layers local" in m["trainer_first_line"]
-    assert {r["fits"] for r in doc["records"]} == {"compute", "experts"}
+    assert {r["fits"] for r in doc["records"]} == {"compute", "experts", "held-out"}
     for raw, rec in zip(doc["records"], records, strict=True):
         assert raw["layers"] == "local" and raw["gpu"] in GPUS
         assert rec.run_id == raw["run_id"], f"{raw['study']} no longer gives the measured run"
@@ -82,7 +86,8 @@ def test_local_pricing_gives_back_the_measured_step_times(records):
         study, run = _run(raw["study"], raw["run"])
         local = predict_run(run, study_gpu(study.cluster, layers="local"))
         assert local.gpu.layers == "local" and local.gpu.name == "H200"
-        assert local.time.iteration_s == pytest.approx(raw["measured_s"], rel=TIME_TOLERANCE), raw["id"]
+        rel = HELD_OUT_TIME_TOLERANCE if raw["fits"] == "held-out" else TIME_TOLERANCE
+        assert local.time.iteration_s == pytest.approx(raw["measured_s"], rel=rel), raw["id"]
 
 
 def test_transformer_engine_pricing_is_unchanged():
@@ -115,7 +120,9 @@ def test_unfused_activations_against_the_measured_saved_peaks(records, bench):
         local = bench.priced(rec, "local")
         te = bench.priced(rec, "te")
         got = bench.activations(local)
-        assert got == pytest.approx(rec.saved_activations_bytes, rel=ACTIVATION_TOLERANCE), rec.id
+        rel = HELD_OUT_ACTIVATION_TOLERANCE if rec.fits == "held-out" else ACTIVATION_TOLERANCE
+        assert got == pytest.approx(rec.saved_activations_bytes, rel=rel), rec.id
+        assert rec.fits != "held-out" or got >= rec.saved_activations_bytes, rec.id  # errs on the safe side
         assert bench.activations(te) < 0.5 * rec.saved_activations_bytes  # fused attention keeps no scores
 
 
