@@ -59,7 +59,8 @@ def test_ingest_with_a_layout_of_two_encoders_records_each_module(tmp_path):
     layout = "vision tp1 dp4 | audio tp2 dp2 | llm tp2 dp12"
     cli("ingest", LOG, "--db", db, "--study", "upstream", "--name", "two", "--layout", layout, check=True)
     rows = query(
-        db, "SELECT module, position, tp, pp, dp, ranks, rank_start, rank_end FROM run_modules ORDER BY position"
+        db,
+        "SELECT module, position, tp, pp, dp, ranks, rank_start, rank_end FROM run_modules ORDER BY position",
     )
     assert rows == [("vision", 0, 1, 1, 4, 4, 0, 4), ("audio", 1, 2, 1, 2, 4, 4, 8)]
     (run,) = query(db, "SELECT nodes, world, enc_tp, enc_dp, llm_tp, llm_dp, colocated FROM runs")

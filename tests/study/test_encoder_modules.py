@@ -136,6 +136,9 @@ def test_a_two_encoder_study_validates_with_each_module_and_is_not_priced(tmp_pa
     p = cli("predict", tmp_path / "study.yaml")
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout + p.stderr
     assert "several encoders are not priced yet" in p.stdout + p.stderr
+    plan = cli("plan", "--from", tmp_path / "study.yaml", "--nodes", "4")
+    assert plan.returncode == 2 and "Traceback" not in plan.stderr, plan.stdout + plan.stderr
+    assert plan.stderr.count("2 encoders (vision, audio)") == 1 and "not yet trained or priced" in plan.stderr
 
 
 def test_a_two_encoder_study_renders_scripts_bash_and_shellcheck_accept(tmp_path):
@@ -260,10 +263,21 @@ def test_colocated_runs_every_module_on_every_rank_with_the_llms_tp_and_dp():
 
 def test_the_flat_encoder_sizes_of_several_encoders_are_refused_naming_the_rule():
     with pytest.raises(TopologyError, match=r"\[encoders\] 2 encoders \(vision, audio\)"):
-        lay2().enc_dp
+        _ = lay2().enc_dp
     one = Layout(nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=7)
     assert (one.enc_tp, one.enc_dp, one.enc_ranks) == (1, 1, 1)
     assert one.to_dict()["enc_dp"] == 1 and "encoders" not in one.to_dict()
     assert Layout.from_dict(one.to_dict()) == one
     assert Layout.from_dict(lay2().to_dict()) == lay2()
     assert module_ranges(one)[0].fan == "out"
+
+
+def test_the_trainer_preflight_refuses_several_encoders_in_one_line():
+    pytest.importorskip("torch")
+    from mimo_jobs.trainer.main import PreflightError, preflight
+
+    run = next(r for r in runs_of(parse_study(TWO)) if not r.layout.colocated)
+    with pytest.raises(
+        PreflightError, match=r"run\.yaml: 2 encoders \(vision, audio\): the packaged trainer runs one"
+    ):
+        preflight(run, {}, reference=True)
