@@ -24,7 +24,14 @@ def _cells(plan) -> dict[str, str]:
     def nodes(n: int) -> str:
         return f"{n} node" + ("s" if n != 1 else "")
 
-    enc = f"TP{lay.enc_tp}" + (f" PP{lay.enc_pp}" if lay.enc_pp > 1 else "") + f" DP{lay.enc_dp}"
+    enc = "; ".join(
+        (f"{m.name} " if lay.several else "")
+        + f"TP{m.tp}"
+        + (f" PP{m.pp}" if m.pp > 1 else "")
+        + f" DP{m.dp}"
+        + (f" (ranks {m.rank_start}-{m.rank_end - 1})" if lay.several and not lay.colocated else "")
+        for m in plan.encoders
+    )
     llm = (
         f"TP{lay.llm_tp}"
         + (f" PP{lay.llm_pp}" if lay.llm_pp > 1 else "")
@@ -36,9 +43,11 @@ def _cells(plan) -> dict[str, str]:
         lanes = f"1/{plan.encoders_per_lane}"  # fan-in: several encoder replicas per lane
     else:
         lanes = str(plan.lanes_per_encoder)
+    ranks = (
+        "" if lay.several and not lay.colocated else f" (ranks {plan.enc_rank_start}-{plan.enc_rank_end - 1})"
+    )
     return {
-        "encoder": f"{nodes(len(plan.encoder_nodes))}{shared}, {enc} (ranks {plan.enc_rank_start}-"
-        f"{plan.enc_rank_end - 1})",
+        "encoder": f"{nodes(len(plan.encoder_nodes))}{shared}, {enc}{ranks}",
         "llm": f"{nodes(len(plan.llm_nodes))}{shared}, {llm} (ranks {plan.llm_rank_start}-{plan.llm_rank_end - 1})",
         "expert_dp": str(plan.expert_dp) if plan.expert_dp else "-",
         "fan": plan.fan,
@@ -162,7 +171,7 @@ def _runtime_problems(diag: Diagnosis) -> list:
     installed = package_installed if cluster.container is None else (lambda _name: True)
     seen, out = set(), []
     for r in diag.runs or []:
-        if r.point.command or r.trainer.command:
+        if r.point.command or r.trainer.command or r.layout.several:  # several: not trained yet (preflight)
             continue
         model = shape_of(r.layout, r.trainer, r.point.command).preset  # the model as the planner resolves it
         for p in runtime_problems(r.trainer, cluster.accelerator, installed, model.encoder, model.llm):

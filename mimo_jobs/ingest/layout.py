@@ -1,5 +1,6 @@
 """What `ingest --layout/--model` tells about logs produced elsewhere: the parallel layout (written as the
-report writes it, "enc tp1 dp8 | llm tp2 ep8 dp128", or taken from a run of a study file) and the model, so
+report writes it, "enc tp1 dp8 | llm tp2 ep8 dp128" or, with several encoders, each by its module name,
+"vision tp1 dp4 | audio tp2 dp2 | llm tp2 dp12"; or taken from a run of a study file) and the model, so
 their runs get MFU, memory predictions and pairing like rendered runs. Pure: parsing and checking only."""
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from mimo_jobs.study.topology import VISION, module_name_problem
 
 from .discover import IngestError
 
@@ -26,42 +29,51 @@ class Told:
 
 
 def parse_layout(text: str) -> dict[str, Any]:
-    """ "enc tp1 dp8 | llm tp2 ep8 dp128" -> layout columns. Without an `enc` part the run is colocated
-    (every rank runs the whole model: a GPT, or the colocated baseline). `gbs768`/`mbs2` may follow either
-    part. Raises IngestError naming the bad word."""
+    """ "enc tp1 dp8 | llm tp2 ep8 dp128" -> layout columns; "vision tp1 dp4 | audio tp2 dp2 | llm tp2 dp12"
+    names each encoder module (`enc` is the module vision), in rank order: `encoders` lists them. Without an
+    encoder part the run is colocated (every rank runs the whole model: a GPT, or the colocated baseline).
+    `gbs768`/`mbs2` may follow any part. Raises IngestError naming the bad word."""
     out: dict[str, Any] = {}
     seen: set[str] = set()
+    mods: dict[str, dict[str, int]] = {}
     for part in (p.strip() for p in text.split("|")):
         words = part.split()
-        if not words or words[0].lower() not in _SIDES:
-            raise IngestError(f"--layout {text!r}: each part starts with 'enc' or 'llm' (got {part!r})")
-        side = _SIDES[words[0].lower()]
-        if side in seen:
-            raise IngestError(f"--layout {text!r}: {side} is given twice")
-        seen.add(side)
+        first = words[0].lower() if words else ""
+        side = _SIDES.get(first) or ("enc" if words and module_name_problem(words[0]) is None else None)
+        if side is None:
+            raise IngestError(
+                f"--layout {text!r}: each part starts with 'enc', an encoder module's name (letters, digits "
+                f"and _, e.g. vision, audio) or 'llm' (got {part!r})"
+            )
+        name = "llm" if side == "llm" else (VISION if first in _SIDES else words[0])
+        if name in seen:
+            raise IngestError(f"--layout {text!r}: {name} is given twice")
+        seen.add(name)
+        sizes = mods.setdefault(name, {}) if side == "enc" else None
         for w in words[1:]:
             m = _TOKEN_RE.match(w.lower())
             axis = m.group(1) if m else None
             if m and axis in ("gbs", "g", "mbs"):
                 out["mbs" if axis == "mbs" else "gbs"] = _size(text, w, int(m.group(2)))
             elif m and axis in _AXES[side]:
-                out[f"{side}_{axis}"] = _size(text, w, int(m.group(2)))
+                if sizes is None:
+                    out[f"llm_{axis}"] = _size(text, w, int(m.group(2)))
+                else:
+                    sizes[axis] = _size(text, w, int(m.group(2)))
             else:
                 raise IngestError(
-                    f"--layout {text!r}: {w!r} is not a size of {side} "
+                    f"--layout {text!r}: {w!r} is not a size of {name} "
                     f"({', '.join(a + 'N' for a in _AXES[side])}, gbsN, mbsN)"
                 )
     if "llm" not in seen:
         raise IngestError(f"--layout {text!r}: the 'llm' part is missing (e.g. 'llm tp2 dp8')")
     llm = {a: out.pop(f"llm_{a}", 1) for a in _AXES["llm"]}
-    colocated = "enc" not in seen
-    enc = (
-        {"tp": llm["tp"], "pp": 1, "dp": llm["dp"]}
-        if colocated
-        else {a: out.pop(f"enc_{a}", 1) for a in _AXES["enc"]}
-    )
+    colocated = not mods
+    encoders = [{"name": n, **{a: v.get(a, 1) for a in _AXES["enc"]}} for n, v in mods.items()]
+    if colocated:
+        encoders = [{"name": VISION, "tp": llm["tp"], "pp": 1, "dp": llm["dp"]}]
     world = llm["tp"] * llm["pp"] * llm["cp"] * llm["dp"] + (
-        0 if colocated else enc["tp"] * enc["pp"] * enc["dp"]
+        0 if colocated else sum(e["tp"] * e["pp"] * e["dp"] for e in encoders)
     )
     if llm["ep"] * llm["etp"] > llm["tp"] * llm["cp"] * llm["dp"] or (llm["tp"] * llm["cp"] * llm["dp"]) % (
         llm["ep"] * llm["etp"]
@@ -70,11 +82,14 @@ def parse_layout(text: str) -> dict[str, Any]:
             f"--layout {text!r}: llm ep*etp={llm['ep'] * llm['etp']} must divide tp*cp*dp="
             f"{llm['tp'] * llm['cp'] * llm['dp']} (the expert grid tiles the LLM's ranks)"
         )
+    one = encoders[0] if len(encoders) == 1 and encoders[0]["name"] == VISION else None
     return {
-        **{f"enc_{a}": v for a, v in enc.items()},
+        # the one encoder in the runs columns (None for several); every module in `encoders`
+        **{f"enc_{a}": one and one[a] for a in _AXES["enc"]},
         **{f"llm_{a}": v for a, v in llm.items()},
         "colocated": colocated,
         "world": world,
+        "encoders": encoders,
         **out,
     }
 

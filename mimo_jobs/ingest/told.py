@@ -36,8 +36,10 @@ def told(
                 )
         else:
             fields = place(parse_layout(layout), nodes, gpus_per_node)
+    resolved = resolve_model(model) if model is not None else None
+    if layout is not None and spec is None:
+        fields["modules"] = _module_rows(fields, resolved)
     if model is not None:
-        resolved = resolve_model(model)
         fields["model"] = stored_model(resolved)
         if spec is not None:  # the study's run, priced as the model told
             spec = {**spec, "trainer": {**spec["trainer"], "model": resolved}}
@@ -72,10 +74,29 @@ def _from_study(file: Path, run: str) -> tuple[dict, dict]:
     f = r.catalog_fields()
     keep = ("nodes", "gpus_per_node", "world", "enc_tp", "enc_pp", "enc_dp", "llm_tp", "llm_pp", "llm_ep")
     keep += ("llm_etp", "llm_dp", "gbs", "mbs", "seq_length", "model", "accelerator", "colocated")
+    keep += ("modules",)
     fields = {k: f[k] for k in keep}
     if not isinstance(fields["model"], str):
         fields["model"] = (fields["model"] or {}).get("name")
     return fields, r.to_dict()
+
+
+def _module_rows(fields: dict, model) -> tuple[dict, ...]:
+    """The run_modules rows of a written-out layout: each encoder's ranks as topology places them."""
+    from mimo_jobs.study.runspec import module_rows
+    from mimo_jobs.study.topology import Layout
+
+    lay = Layout(
+        fields["nodes"],
+        fields["gpus_per_node"],
+        encoders=fields["encoders"],
+        llm_tp=fields["llm_tp"],
+        llm_pp=fields["llm_pp"],
+        llm_cp=fields["llm_cp"],
+        llm_dp=fields["llm_dp"],
+        colocated=fields["colocated"],
+    )
+    return module_rows(lay, model)
 
 
 def stored_model(resolved: str | dict) -> str:

@@ -9,6 +9,7 @@ follow megatron-core's TransformerConfig where it has one; defaults reproduce th
 
 from __future__ import annotations
 
+import re
 from dataclasses import MISSING, asdict, dataclass, fields
 
 from mimo_jobs.errors import MimoJobsError
@@ -150,6 +151,16 @@ class EncoderArch:
     def projector_input(self) -> int:
         return self.hidden_size * self.downsample**2
 
+    @property
+    def modality(self) -> str:
+        """What this encoder reads (code with per-kind behaviour dispatches on it): images."""
+        return "image"
+
+    @property
+    def out_width(self) -> int:
+        """The projector's input width (every encoder architecture offers it under this name)."""
+        return self.projector_input
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -266,25 +277,121 @@ class LLMArch:
         return cls(**_known(cls, d, "llm"))
 
 
-@dataclass(frozen=True)
+# A module's name in a study (trainer.model.encoders, a point's encoders, run names, the store): letters,
+# digits and `_`, a letter first. `encoder:` is the one module of this name.
+MODULE_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
+VISION = "vision"
+
+
+def module_name_problem(name) -> str | None:
+    """Why `name` cannot name an encoder module (None: it can); the one owner of the naming rule."""
+    if isinstance(name, str) and MODULE_NAME_RE.match(name) and name != "llm":
+        return None
+    return (
+        f"{name!r} cannot name an encoder: use letters, digits and _, a letter first, at most 32 "
+        "characters, not 'llm' (e.g. vision, audio, vision_hr)"
+    )
+
+
+# Encoder architectures by `kind`: what reads an encoder's fields back (ModelArch.from_dict, run.yaml). An
+# architecture of another modality registers its kinds here (register_encoder_arch).
+_ENCODER_ARCHS: dict[str, type] = {k: EncoderArch for k in ENC_KINDS}
+
+
+def register_encoder_arch(cls: type, kinds) -> None:
+    """Make `cls` (an encoder architecture: modality, kind, to_dict/from_dict) read back its `kinds`."""
+    for k in kinds:
+        _ENCODER_ARCHS[k] = cls
+
+
+def encoder_arch_from_dict(d: dict):
+    """An encoder architecture's fields read back as the class its `kind` names (an image encoder when the
+    kind is not given or not registered: EncoderArch names what is wrong)."""
+    cls = _ENCODER_ARCHS.get(d.get("kind") if isinstance(d, dict) else None, EncoderArch)
+    return cls.from_dict(d)
+
+
+@dataclass(frozen=True, init=False)
 class ModelArch:
+    """Encoders (in order, each under its module name) feeding one LLM; no encoder: a text-only model.
+
+    `ModelArch(name, encoder, llm)` is the one-encoder model (its encoder is the module `vision`);
+    `ModelArch(name, None, llm, encoders={...})` names each module."""
+
     name: str
-    # None: a text-only model (a GPT alone), described for another program's runs (trainer.command, logs
-    # ingested with --model) so they are priced without images; the packaged trainer refuses it
-    # (model/splits.py)
-    encoder: EncoderArch | None
+    named_encoders: tuple  # ((module name, encoder architecture), ...) in rank order
     llm: LLMArch
     description: str = ""
+
+    def __init__(
+        self,
+        name: str,
+        encoder=None,
+        llm: LLMArch | None = None,
+        description: str = "",
+        encoders=None,
+        named_encoders=None,
+    ):
+        if llm is None:
+            raise TypeError("ModelArch needs its llm")
+        named = dict(named_encoders or ()) | dict(encoders or {})
+        if encoder is not None:
+            if VISION in named:
+                raise ArchError(
+                    f"encoders.{VISION}",
+                    f"two modules named {VISION!r}: `encoder:` is the module {VISION!r}; give it once",
+                )
+            named = {VISION: encoder, **named}
+        for n in named:
+            bad = module_name_problem(n)
+            if bad:
+                raise ArchError(f"encoders.{n}", bad)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "named_encoders", tuple(named.items()))
+        object.__setattr__(self, "llm", llm)
+        object.__setattr__(self, "description", description)
+
+    @property
+    def encoders(self) -> dict:
+        """Module name -> encoder architecture, in rank order (a fresh dict: the model stays frozen)."""
+        return dict(self.named_encoders)
+
+    @property
+    def encoder(self):
+        """The single encoder, for the code that runs one (None: text-only). Several: ArchError naming them."""
+        if not self.named_encoders:
+            return None
+        if len(self.named_encoders) > 1:
+            raise ArchError(
+                "encoders",
+                f"{len(self.named_encoders)} encoders ({', '.join(self.encoders)}); this part of mimo-jobs "
+                "runs one encoder (the several-encoder layout is validated, rendered and stored, not yet "
+                "trained or priced)",
+            )
+        return self.named_encoders[0][1]
+
+    @property
+    def single_vision(self) -> bool:
+        """One encoder, named `vision`: what `encoder:` describes (run ids and names as they always were)."""
+        return len(self.named_encoders) <= 1 and all(n == VISION for n, _ in self.named_encoders)
 
     @property
     def text_only(self) -> bool:
         """No image encoder: no encoder FLOPs, parameters or ranks, and no image tokens in a sample."""
-        return self.encoder is None
+        return not self.named_encoders
 
     def to_dict(self) -> dict:
+        if self.single_vision:
+            enc = self.encoder
+            return {
+                "name": self.name,
+                "encoder": None if enc is None else enc.to_dict(),
+                "llm": self.llm.to_dict(),
+                "description": self.description,
+            }
         return {
             "name": self.name,
-            "encoder": None if self.encoder is None else self.encoder.to_dict(),
+            "encoders": {n: a.to_dict() for n, a in self.named_encoders},
             "llm": self.llm.to_dict(),
             "description": self.description,
         }
@@ -292,11 +399,13 @@ class ModelArch:
     @classmethod
     def from_dict(cls, d: dict) -> ModelArch:
         enc = d.get("encoder")
+        encs = d.get("encoders") or {}
         return cls(
             name=d.get("name", ""),
-            encoder=None if enc is None else EncoderArch.from_dict(enc),
+            encoder=None if enc is None else encoder_arch_from_dict(enc),
             llm=LLMArch.from_dict(d["llm"]),
             description=d.get("description", ""),
+            encoders={n: encoder_arch_from_dict(a) for n, a in encs.items()},
         )
 
 

@@ -1,8 +1,9 @@
 """trainer.model -> ModelArch, the one resolver every consumer calls.
 
-trainer.model is a full preset's name (str), or {name?, description?, encoder?: SIDE, llm: SIDE} where SIDE
-is a packaged module's name, inline fields, {preset: NAME, ...overrides} or {hf_config: PATH, ...overrides}.
-Without an encoder the model is text-only (a GPT alone): another program's runs are priced as it, without
+trainer.model is a full preset's name (str), or {name?, description?, encoder?: SIDE, encoders?: {NAME: SIDE},
+llm: SIDE} where SIDE is a packaged module's name, inline fields, {preset: NAME, ...overrides} or
+{hf_config: PATH, ...overrides}. `encoder:` is the one module named `vision`; `encoders:` names each module
+(in rank order, after `vision` when both are given). Without an encoder the model is text-only (a GPT alone): another program's runs are priced as it, without
 images; the packaged trainer refuses it (model/splits.py holds that rule).
 `resolved_field` turns a description into the self-contained form expansion records in run.yaml (inline
 fields only, no paths); a preset name stays a name. `image_model` reads a command-line model argument
@@ -16,10 +17,44 @@ import json
 from pathlib import Path
 
 from mimo_jobs.model import hf
-from mimo_jobs.model.arch import ArchError, EncoderArch, LLMArch, ModelArch
+from mimo_jobs.model.arch import (
+    ArchError,
+    EncoderArch,
+    LLMArch,
+    ModelArch,
+    encoder_arch_from_dict,
+    module_name_problem,
+)
 from mimo_jobs.model.presets import ENCODERS, LLMS, PRESETS, encoder_preset, get_preset, llm_preset
 
-_MODEL_KEYS = ("name", "description", "encoder", "llm")
+_MODEL_KEYS = ("name", "description", "encoder", "encoders", "llm")
+
+# Readers of the HF config families that are not image encoders, by the config's model_type: each returns
+# the fields of its own encoder architecture (their `kind` names the class, model/arch.py
+# register_encoder_arch). Any other family is read as an image encoder (hf.encoder_fields).
+_HF_ENCODERS: dict[str, object] = {}
+
+
+def register_hf_encoder(model_types, fields_of) -> None:
+    """Read an encoder's HF config of these model_types with `fields_of(cfg) -> fields`."""
+    for t in model_types:
+        _HF_ENCODERS[t] = fields_of
+
+
+def _encoder_fields(cfg: dict) -> dict:
+    """An encoder's fields from its HF config, by the config's family."""
+    reader = _HF_ENCODERS.get(cfg.get("model_type")) if isinstance(cfg, dict) else None
+    return (reader or hf.encoder_fields)(cfg)
+
+
+class _AnyEncoder:
+    """The encoder side's class: fields read back as the architecture their `kind` names."""
+
+    from_dict = staticmethod(encoder_arch_from_dict)
+
+
+def _encoder_side(value, where: str, base_dir):
+    return _side(value, where, _AnyEncoder, encoder_preset, _encoder_fields, base_dir)
 
 
 def arch_of(model, base_dir: str | Path | None = None) -> ModelArch:
@@ -40,10 +75,33 @@ def arch_of(model, base_dir: str | Path | None = None) -> ModelArch:
         )
     enc = None
     if model.get("encoder") is not None:
-        enc = _side(model["encoder"], "encoder", EncoderArch, encoder_preset, hf.encoder_fields, base_dir)
+        enc = _encoder_side(model["encoder"], "encoder", base_dir)
+    encs = _named_encoders(model.get("encoders"), base_dir)
     llm = _side(model["llm"], "llm", LLMArch, llm_preset, hf.llm_fields, base_dir)
-    name = model.get("name") or "+".join(n for n in (enc and enc.name, llm.name) if n)
-    return ModelArch(name=name, encoder=enc, llm=llm, description=model.get("description", ""))
+    mods = ([enc] if enc is not None else []) + list(encs.values())
+    name = model.get("name") or "+".join(n for n in (*(m.name for m in mods), llm.name) if n)
+    return ModelArch(name=name, encoder=enc, llm=llm, description=model.get("description", ""), encoders=encs)
+
+
+def _named_encoders(value, base_dir) -> dict:
+    """trainer.model.encoders: module name -> encoder architecture, in the order written."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not value:
+        raise ArchError(
+            "encoders", "must map module names to encoders, e.g. {vision: siglip-so400m-14-384, audio: ...}"
+        )
+    out = {}
+    for n, side in value.items():
+        bad = module_name_problem(n)
+        if bad:
+            raise ArchError(f"encoders.{n}", bad)
+        if side is None:
+            raise ArchError(
+                f"encoders.{n}", "missing (an encoder preset, inline fields or {hf_config: PATH})"
+            )
+        out[n] = _encoder_side(side, f"encoders.{n}", base_dir)
+    return out
 
 
 def resolved_field(model, base_dir: str | Path | None = None):
@@ -54,8 +112,12 @@ def resolved_field(model, base_dir: str | Path | None = None):
         return model
     a = arch_of(model, base_dir)
     out = {"name": a.name, "description": a.description}
-    if a.encoder is not None:
-        out["encoder"] = a.encoder.to_dict()
+    if a.single_vision:
+        # one module named vision, however written, is `encoder:`: the run ids it always had
+        if a.encoder is not None:
+            out["encoder"] = a.encoder.to_dict()
+    else:
+        out["encoders"] = {n: e.to_dict() for n, e in a.named_encoders}
     return out | {"llm": a.llm.to_dict()}
 
 

@@ -224,10 +224,13 @@ def _new_row(r: dict, s: tuple | None, window_from: int | None, state: str, stat
 
 
 def _layout(r: dict) -> str:
-    """The parallel layout as "enc tp1 dp8 | llm tp2 ep8 dp128" ("-" when unknown)."""
-    if r.get("enc_dp") is None:
+    """The parallel layout as "enc tp1 dp8 | llm tp2 ep8 dp128", the encoders by name when several
+    ("vision tp1 dp4 | audio tp2 dp2 | llm ..."); "-" when unknown."""
+    from mimo_jobs.store.modules import layout_text
+
+    if not r.get("modules") or r.get("llm_dp") is None:
         return "-"
-    enc = f"enc tp{r['enc_tp']} dp{r['enc_dp']}" + (f" pp{r['enc_pp']}" if (r["enc_pp"] or 1) > 1 else "")
+    enc = layout_text(r["modules"])
     llm = f"llm tp{r['llm_tp']}" + (f" pp{r['llm_pp']}" if (r["llm_pp"] or 1) > 1 else "")
     llm += (f" ep{r['llm_ep']}" if (r["llm_ep"] or 1) > 1 else "") + f" dp{r['llm_dp']}"
     return f"{enc} | {llm}"

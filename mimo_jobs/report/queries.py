@@ -94,7 +94,13 @@ def _runs(con, names: list[str]) -> list[dict]:
         names,
     )
     cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
+    runs = [dict(zip(cols, r)) for r in cur.fetchall()]
+    from mimo_jobs.store.modules import modules_of
+
+    mods = modules_of(con, [r["run_id"] for r in runs])
+    for r in runs:
+        r["modules"] = mods.get(r["run_id"], [])
+    return runs
 
 
 def _latest_attempts(con, runs: list[dict]) -> tuple[list[dict], list[tuple[dict, str, str | None]]]:

@@ -30,9 +30,9 @@ class RunRecord:
     nodes: int
     gpus_per_node: int
     world: int
-    enc_tp: int
-    enc_pp: int
-    enc_dp: int
+    enc_tp: int | None  # the one encoder's sizes (None for several: `modules`)
+    enc_pp: int | None
+    enc_dp: int | None
     llm_tp: int
     llm_pp: int
     llm_ep: int
@@ -45,6 +45,8 @@ class RunRecord:
     accelerator: str
     colocated: bool
     spec: dict  # the run's whole spec (JSON-able), what run.yaml holds
+    # each encoder module in rank order: store.modules.ModuleRow or its fields (RunSpec.catalog_fields)
+    modules: tuple = ()
 
 
 def _now() -> datetime:
@@ -111,6 +113,10 @@ def record_run(
             r.colocated,
         ],
     )
+    if r.modules:
+        from .modules import record_modules
+
+        record_modules(con, r.run_id, r.modules)
 
 
 # The runs columns `ingest --layout/--model` may tell about a run known from its logs.
@@ -123,11 +129,19 @@ LOG_LAYOUT_COLUMNS = tuple(
 def record_log_layout(con, run_id: str, fields: dict, spec: dict | None = None) -> None:
     """What the user told about a run known from its logs (its layout, model, ...): those columns are
     replaced, the others kept; `spec`, when given, is the run's whole description."""
-    cols = [c for c in LOG_LAYOUT_COLUMNS if fields.get(c) is not None]
+    if fields.get("modules"):
+        from .modules import record_modules
+
+        record_modules(con, run_id, fields["modules"])
+    # a layout told replaces the one encoder's columns too (None: several encoders, in run_modules)
+    told_layout = "modules" in fields
+    cols = [
+        c for c in LOG_LAYOUT_COLUMNS if fields.get(c) is not None or (told_layout and c.startswith("enc_"))
+    ]
     sets = [f"{c} = ?" for c in cols] + (["spec_json = ?"] if spec is not None else [])
     if not sets:
         return
-    args = [fields[c] for c in cols] + ([json.dumps(spec)] if spec is not None else [])
+    args = [fields.get(c) for c in cols] + ([json.dumps(spec)] if spec is not None else [])
     con.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id = ?", [*args, run_id])
 
 

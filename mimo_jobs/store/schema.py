@@ -19,7 +19,8 @@ from .tx import transaction
 # 5: rank_memory (what each rank measured it holds: trainer/memory.py), iterations.pipeline_wait_ms
 # 6: iterations.tokens, carried_tokens, image_tokens (the global batch's token counts)
 # 7: rank_memory.role, timed_iterations, elapsed_s, <phase>_s (each rank's own phase timers)
-SCHEMA_VERSION = 7
+# 8: run_modules (each encoder module of a run by its name; runs.enc_* hold a run of one encoder only)
+SCHEMA_VERSION = 8
 
 # the iterations table's measured values and phase times: the contract owns their names and types
 _VALUES = ",\n        ".join(f"{c} {sql}" for c, sql in VALUE_COLUMNS.items())
@@ -45,7 +46,7 @@ SCHEMA = [
         idx INTEGER,
         repeat INTEGER,
         nodes INTEGER, gpus_per_node INTEGER, world INTEGER,
-        enc_tp INTEGER, enc_pp INTEGER, enc_dp INTEGER,
+        enc_tp INTEGER, enc_pp INTEGER, enc_dp INTEGER,  -- the one encoder (NULL for several: run_modules)
         llm_tp INTEGER, llm_pp INTEGER, llm_ep INTEGER, llm_etp INTEGER, llm_dp INTEGER,
         gbs INTEGER, mbs INTEGER, seq_length INTEGER, model VARCHAR,
         accelerator VARCHAR,
@@ -55,6 +56,15 @@ SCHEMA = [
         pkg_version VARCHAR, git_sha VARCHAR,
         created_at TIMESTAMP,
         colocated BOOLEAN DEFAULT false)  -- every rank runs the encoder and the LLM (no bridge)""",
+    """CREATE TABLE IF NOT EXISTS run_modules (
+        run_id VARCHAR NOT NULL,
+        module VARCHAR NOT NULL,      -- its name in the study: vision (what `encoder:` is), audio, ...
+        position INTEGER,             -- rank order among the run's encoders (0 first)
+        kind VARCHAR,                 -- the encoder's modality: image | audio (NULL: model not known)
+        tp INTEGER, pp INTEGER, dp INTEGER,
+        ranks INTEGER,                -- GPUs it runs on (colocated: every rank)
+        rank_start INTEGER, rank_end INTEGER,  -- [start, end): encoders in order, then the LLM
+        PRIMARY KEY (run_id, module))""",
     """CREATE TABLE IF NOT EXISTS jobs (
         run_id VARCHAR NOT NULL,
         job_id VARCHAR NOT NULL,      -- scheduler id (SLURM job id, or local-<n>)
@@ -257,6 +267,10 @@ def ensure(con) -> None:
     if version is not None and version < 2:  # only stores made by schema 1 need the copy
         _drop_iterations_key(con)
     _add_columns(con)
+    if version is not None and version < 8:
+        from .modules import backfill
+
+        backfill(con)  # the one encoder of every run so far, from runs.enc_*
     if version is not None and version < 7:
         # facts files read before the timing columns existed may hold them: the next ingest reads them again
         con.execute("UPDATE rank_memory SET mtime = NULL")

@@ -78,7 +78,8 @@ def values(spec: RunSpec, rd: RunDir) -> dict[str, Any]:
         "python": spec.cluster.python,
         "colocated": "true" if lay.colocated else "false",
         # Jinja reads `llm.tp` as llm["tp"] when the attribute is missing
-        "encoder": {"tp": lay.enc_tp, "pp": lay.enc_pp, "dp": lay.enc_dp},
+        # the one encoder's sizes; several encoders: each module's by its name
+        **_encoder_sizes(lay),
         "llm": {
             "tp": lay.llm_tp,
             "pp": lay.llm_pp,
@@ -288,3 +289,9 @@ def command_problems(runs: list[RunSpec], rd_of) -> list[Problem]:
             seen.add(msg)
             out.append(Problem(r.name, "command", msg))
     return out
+
+
+def _encoder_sizes(lay) -> dict:
+    """`encoder: {tp, pp, dp}` of the one encoder, or `encoders: {name: {tp, pp, dp}}` of several."""
+    sizes = {m.name: {"tp": m.tp, "pp": m.pp, "dp": m.dp} for m in lay.encoders}
+    return {"encoders": sizes} if lay.several else {"encoder": next(iter(sizes.values()))}

@@ -16,7 +16,7 @@ import mimo_jobs.study.topology as topology
 from mimo_jobs.model.arch import ModelArch
 from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.model.splits import tp_problems
-from mimo_jobs.study import lr_rules
+from mimo_jobs.study import lr_rules, modules
 from mimo_jobs.study.load import pydantic_problems
 from mimo_jobs.study.paths import id_paths
 from mimo_jobs.study.runspec import PointResult, RunSpec
@@ -45,18 +45,17 @@ def _set_dotted(d: dict, dotted: str, value: Any) -> dict:
     return out
 
 
-def _derived_dp(p: PointSpec, gpn: int) -> int | None:
-    enc = (0, 1, 1) if p.colocated else (p.encoder.tp, p.encoder.pp, p.encoder.dp)
-    return topology.derive_llm_dp(p.nodes, gpn, *enc, p.llm.tp, p.llm.pp, p.llm.cp)
+def _derived_dp(p: PointSpec, gpn: int, encoder_gpus: int) -> int | None:
+    return topology.derive_llm_dp_after(p.nodes, gpn, encoder_gpus, p.llm.tp, p.llm.pp, p.llm.cp)
 
 
-def run_name(p: PointSpec, repeat: int, repeats: int) -> str:
+def run_name(p: PointSpec, repeat: int, repeats: int, shapes: tuple[topology.ModuleShape, ...] = ()) -> str:
     """Readable name, e.g. 33n-e1x8-l2x8x128-g768 (encoder tp x dp, llm tp x ep x dp, then pp, etp, vp, cp
-    where not 1, gbs); a colocated
+    where not 1, gbs); several encoders name each module (33n-vision1x4-audio1x2-l2x1x13-g768); a colocated
     point says `colo` where the encoder's sizes would be (33n-colo-l2x8x132-g768); a point with its own
     command ends in `-cmd`."""
-    e, l_ = p.encoder, p.llm
-    enc = "colo" if p.colocated else f"e{e.tp}x{e.dp}" + (f"p{e.pp}" if e.pp > 1 else "")
+    l_ = p.llm
+    enc = modules.name_part(p, shapes)
     llm = (
         f"l{l_.tp}x{l_.ep}x{l_.dp}"
         + (f"p{l_.pp}" if l_.pp > 1 else "")
@@ -160,16 +159,22 @@ def expand_matrix(
                 problems.append((f"{label}.{path}", msg))
             continue
         gpn = gpus_per_node
+        names = modules.module_names(arch)
+        p = modules.canonical(p, names)
+        shapes, bad = modules.module_shapes(p, names, None, label)
+        if bad:
+            problems += bad
+            continue
+        enc_gpus = 0 if p.colocated else sum(m.ranks for m in shapes)
         dp = p.llm.dp
         if dp is None:
-            dp = _derived_dp(p, gpn)
-        enc = (p.llm.tp, 1, dp or 0) if p.colocated else (p.encoder.tp, p.encoder.pp, p.encoder.dp)
+            dp = _derived_dp(p, gpn, enc_gpus)
+        if p.colocated:
+            shapes, _ = modules.module_shapes(p, names, dp, label)
         lay = topology.Layout(
             nodes=p.nodes,
             gpus_per_node=gpn,
-            enc_tp=enc[0],
-            enc_pp=enc[1],
-            enc_dp=enc[2],
+            encoders=shapes,
             colocated=p.colocated,
             llm_tp=p.llm.tp,
             llm_pp=p.llm.pp,
@@ -184,11 +189,10 @@ def expand_matrix(
             mbs=p.mbs,
         )
         if dp is None:
-            enc_gpus = 0 if p.colocated else p.encoder.tp * p.encoder.pp * p.encoder.dp
             viol = [
                 topology.Violation(
                     "tiling",
-                    f"llm.dp cannot be derived: {p.nodes}x{gpn} GPUs minus encoder "
+                    f"llm.dp cannot be derived: {p.nodes}x{gpn} GPUs minus encoder{'s' if len(shapes) > 1 else ''} "
                     f"{enc_gpus} is not a multiple of llm.tp*cp*pp={p.llm.tp * p.llm.cp * p.llm.pp}",
                     None,
                 )
@@ -202,8 +206,7 @@ def expand_matrix(
             if arch is not None:
                 # the packaged trainer's own needs (an encoder) only where it is known to run it
                 packaged = study is not None and not (p.command or study.trainer.command)
-                found = tp_problems(arch, enc[0], p.llm.tp, p.llm.etp, p.llm.pp, packaged)
-                viol += [topology.Violation(*v) for v in found]
+                viol += [topology.Violation(*v) for v in _split_problems(arch, lay, p, packaged)]
         p = p.model_copy(update={"llm": p.llm.model_copy(update={"dp": dp})})
         if index + p.repeats > MAX_RUNS:
             problems.append((label, f"with its repeats the study exceeds {MAX_RUNS:,} runs"))
@@ -213,7 +216,7 @@ def expand_matrix(
                 results.append(PointResult(index, label, None, viol))
                 index += 1
                 break
-            name = run_name(p, r, p.repeats)
+            name = run_name(p, r, p.repeats, shapes)
             if name in seen:
                 problems.append((label, f"duplicate run {name!r} (also {seen[name]})"))
                 continue
@@ -235,6 +238,25 @@ def expand_matrix(
             results.append(PointResult(index, label, spec, []))
             index += 1
     return results, problems
+
+
+def _split_problems(arch: ModelArch, lay: topology.Layout, p: PointSpec, packaged: bool) -> list[tuple]:
+    """What the model needs of the point's TP sizes (model/splits.py), for each encoder module under its own
+    name (`encoders.audio.tp`) when there are several; the LLM's problems once."""
+    if not lay.several:
+        return tp_problems(arch, lay.encoders[0].tp, p.llm.tp, p.llm.etp, p.llm.pp, packaged)
+    out: list[tuple] = []
+    for m in lay.encoders:
+        one = ModelArch(arch.name, arch.encoders[m.name], arch.llm, arch.description)
+        for rule, msg, fit in tp_problems(one, m.tp, p.llm.tp, p.llm.etp, p.llm.pp, packaged):
+            v = (rule, _relabel(msg, lay.label(m)), _relabel(fit, lay.label(m)))
+            if v not in out:
+                out.append(v)
+    return out
+
+
+def _relabel(text: str | None, label: str) -> str | None:
+    return text and text.replace("encoder.", f"{label}.")
 
 
 def _lr_violations(study: StudySpec, gbs: int) -> list[topology.Violation]:

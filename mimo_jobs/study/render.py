@@ -311,7 +311,8 @@ def context(spec: RunSpec, rd: RunDir) -> dict:
         "train_iters": t.train_iters,
         "train_samples": t.train_samples,
         "colocated": lay.colocated,
-        "encoder": {"tp": lay.enc_tp, "pp": lay.enc_pp, "dp": lay.enc_dp},
+        # the one encoder's sizes; several encoders: each module's by its name
+        **_encoder_sizes(lay),
         "llm": {
             "tp": lay.llm_tp,
             "pp": lay.llm_pp,
@@ -482,3 +483,9 @@ def render_study(
             )
         runs = [r for r in runs if r.name in only or r.run_id in only]
     return render_runs(runs, runs_root, templates_dir)
+
+
+def _encoder_sizes(lay) -> dict:
+    """`encoder: {tp, pp, dp}` of the one encoder, or `encoders: {name: {tp, pp, dp}}` of several."""
+    sizes = {m.name: {"tp": m.tp, "pp": m.pp, "dp": m.dp} for m in lay.encoders}
+    return {"encoders": sizes} if lay.several else {"encoder": next(iter(sizes.values()))}

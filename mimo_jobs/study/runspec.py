@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -43,8 +43,11 @@ class RunSpec:
             "run_id": self.run_id,
             "index": self.index,
             "repeat": self.repeat,
-            "point": self.point.model_dump(mode="json"),
-            "layout": asdict(self.layout),
+            # one of encoder / encoders: the point as a study writes it (and a one-encoder run as it always was)
+            "point": self.point.model_dump(
+                mode="json", exclude={"encoders"} if self.point.encoders is None else {"encoder"}
+            ),
+            "layout": self.layout.to_dict(),
             "cluster": self.cluster.model_dump(mode="json"),
             # a model the study did not write is left out: read back, it is the default again and still
             # not given (study/priced.py prices a run of its own command only with a given model)
@@ -62,7 +65,7 @@ class RunSpec:
             index=int(d["index"]),
             repeat=int(d["repeat"]),
             point=PointSpec.model_validate(d["point"]),
-            layout=topology.Layout(**d["layout"]),
+            layout=topology.Layout.from_dict(d["layout"]),
             cluster=ClusterSpec.model_validate(d["cluster"]),
             trainer=TrainerSpec.model_validate(d["trainer"]),
         )
@@ -78,7 +81,8 @@ class RunSpec:
     def catalog_fields(self) -> dict:
         """The run as the store's `runs` row keeps it (store.catalog.RunRecord's fields)."""
         lay = self.layout
-        axes = ("nodes", "gpus_per_node", "world", "enc_tp", "enc_pp", "enc_dp", "llm_tp", "llm_pp", "llm_ep")
+        axes = ("nodes", "gpus_per_node", "world", "llm_tp", "llm_pp", "llm_ep")
+        one = None if lay.several else lay.encoders[0]
         return {
             "run_id": self.run_id,
             "study": self.study,
@@ -86,11 +90,46 @@ class RunSpec:
             "index": self.index,
             "repeat": self.repeat,
             **{a: getattr(lay, a) for a in (*axes, "llm_etp", "llm_dp", "gbs", "mbs", "colocated")},
+            # the one encoder in runs.enc_*; every module, one or several, in run_modules
+            "enc_tp": one and one.tp,
+            "enc_pp": one and one.pp,
+            "enc_dp": one and one.dp,
+            "modules": module_rows(lay, self.trainer.model),
             "seq_length": self.trainer.seq_length,
             "model": _model_text(self.trainer.model) if unpriced(self) is None else None,
             "accelerator": self.cluster.accelerator,
             "spec": self.to_dict(),
         }
+
+
+def module_rows(lay: topology.Layout, model) -> tuple[dict, ...]:
+    """Each encoder module of a layout as the store's run_modules row (store.modules.ModuleRow's fields):
+    its ranks from topology.module_ranges, its kind the modality of the model's encoder of that name."""
+    kinds = _modalities(model)
+    return tuple(
+        {
+            "module": r.name,
+            "position": i,
+            "kind": kinds.get(r.name),
+            "tp": r.tp,
+            "pp": r.pp,
+            "dp": r.dp,
+            "ranks": r.rank_end - r.rank_start,
+            "rank_start": r.rank_start,
+            "rank_end": r.rank_end,
+        }
+        for i, r in enumerate(topology.module_ranges(lay))
+    )
+
+
+def _modalities(model) -> dict[str, str]:
+    from mimo_jobs.model.arch import ArchError
+    from mimo_jobs.model.resolve import arch_of
+
+    try:
+        return {n: a.modality for n, a in arch_of(model).named_encoders}
+    except (ArchError, ValueError):  # an unresolvable model is reported where the model is read
+        return {}
 
 
 def trainer_kind(trainer: TrainerSpec, point_command: str | None = None) -> topology.Trainer:

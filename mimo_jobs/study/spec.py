@@ -23,7 +23,7 @@ from pydantic import (
 
 import mimo_jobs.study.slurm_time as slurm_time
 from mimo_jobs.errors import MimoJobsError
-from mimo_jobs.model.arch import ArchError
+from mimo_jobs.model.arch import ArchError, module_name_problem
 from mimo_jobs.model.resolve import resolved_field
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -573,9 +573,11 @@ class LLMAxes(_Strict):
 
 
 class PointSpec(_Strict):
-    ID_LATER: ClassVar[frozenset[str]] = frozenset({"command"})
+    ID_LATER: ClassVar[frozenset[str]] = frozenset({"command", "encoders"})
     nodes: int = Field(ge=1, le=MAX_NODES)
-    encoder: EncoderAxes = Field(default_factory=EncoderAxes)
+    encoder: EncoderAxes = Field(default_factory=EncoderAxes)  # the one encoder's sizes (module `vision`)
+    # each encoder module's sizes by its name in trainer.model.encoders (study/modules.py reads them)
+    encoders: dict[str, EncoderAxes] | None = None
     llm: LLMAxes = Field(default_factory=LLMAxes)
     gbs: int = Field(ge=1, le=MAX_BATCH)
     mbs: int = Field(1, ge=1, le=MAX_BATCH)
@@ -589,12 +591,33 @@ class PointSpec(_Strict):
     def _command(cls, v: str | None) -> str | None:
         return _command_text(v)
 
+    @field_validator("encoders")
+    @classmethod
+    def _module_names(cls, v: dict[str, EncoderAxes] | None) -> dict[str, EncoderAxes] | None:
+        for name in v or {}:
+            bad = module_name_problem(name)
+            if bad:
+                raise ValueError(bad)
+        if v is not None and not v:
+            raise ValueError("names no module: give {name: {tp, dp}} for each encoder, or leave encoders out")
+        return v
+
     @model_validator(mode="after")
     def _colocated_has_no_encoder(self) -> PointSpec:
         if self.colocated and self.encoder != EncoderAxes():
             raise ValueError(
                 "a colocated point runs the encoder on every rank with the LLM's TP and DP: remove its "
                 f"encoder sizes ({self.encoder.model_dump()}), or set colocated: false"
+            )
+        if self.colocated and self.encoders:
+            raise ValueError(
+                "a colocated point runs every encoder on every rank with the LLM's TP and DP: remove its "
+                f"encoders sizes ({', '.join(self.encoders)}), or set colocated: false"
+            )
+        if self.encoders is not None and "encoder" in self.model_fields_set:
+            raise ValueError(
+                "give encoder (the one encoder, module vision) or encoders (sizes by module name), not both; "
+                f"e.g. encoders: {{vision: {self.encoder.model_dump()}, ...}}"
             )
         return self
 

@@ -3,10 +3,12 @@
 Pure integers, no torch: the CLI checks every study point with it before anything is submitted, and the
 trainer re-checks the same plan at start and builds its grids from it.
 
-Rank layout: encoder ranks occupy [0, E) and LLM ranks [E, world), E = enc_tp*enc_pp*enc_dp. Inside each
-module ranks are ordered tp (fastest) -> pp -> dp (slowest), matching the grids the trainer builds, so a
-TP group is a run of consecutive ranks. A colocated layout runs both modules on every rank: the LLM grid
-covers the world and the encoder's grid is the same ranks with the same TP and DP.
+Rank layout: the encoders' ranks come first, one module after another in the order the model names them
+(module i occupies [E_0+...+E_{i-1}, E_0+...+E_i), E_i = tp*pp*dp of module i), then the LLM's ranks up to
+the world. Inside each module ranks are ordered tp (fastest) -> pp -> dp (slowest), matching the grids the
+trainer builds, so a TP group is a run of consecutive ranks. A colocated layout runs every module on every
+rank: the LLM grid covers the world and each encoder's grid is the same ranks with the same TP and DP.
+`module_ranges` is the one owner of where each module's ranks are (predict, ingest and the trainer ask it).
 """
 
 from __future__ import annotations
@@ -16,17 +18,39 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 from mimo_jobs.errors import MimoJobsError
+from mimo_jobs.model.arch import VISION, module_name_problem  # noqa: F401 (the naming rule, for ingest)
 
 
 @dataclass(frozen=True)
+class ModuleShape:
+    """One encoder module's sizes in a layout, under its name in the study."""
+
+    name: str
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+
+    @property
+    def ranks(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def sizes(self) -> str:
+        return f"{self.tp}x{self.pp}x{self.dp}"
+
+
+_FLAT = ("enc_tp", "enc_pp", "enc_dp")
+
+
+@dataclass(frozen=True, init=False)
 class Layout:
-    """One study point's parallel layout (what the user asked for)."""
+    """One study point's parallel layout (what the user asked for): the encoder modules in rank order, then
+    the LLM. `Layout(..., enc_tp=, enc_pp=, enc_dp=, ...)` is a layout of one encoder (module `vision`);
+    `encoders=(ModuleShape(...), ...)` names each module."""
 
     nodes: int
     gpus_per_node: int
-    enc_tp: int
-    enc_pp: int
-    enc_dp: int
+    encoders: tuple  # ModuleShape, ... in rank order
     llm_tp: int
     llm_pp: int
     llm_dp: int
@@ -43,22 +67,178 @@ class Layout:
     # virtual pipeline stages per rank (Megatron-LM's interleaved 1F1B, --num-virtual-stages-per-pipeline-rank)
     llm_vp: int = 1
 
+    def __init__(
+        self,
+        nodes: int,
+        gpus_per_node: int,
+        enc_tp: int | None = None,
+        enc_pp: int | None = None,
+        enc_dp: int | None = None,
+        llm_tp: int = 1,
+        llm_pp: int = 1,
+        llm_dp: int = 1,
+        llm_ep: int = 1,
+        llm_etp: int = 1,
+        llm_cp: int = 1,
+        num_experts: int = 0,
+        gbs: int = 1,
+        mbs: int = 1,
+        colocated: bool = False,
+        llm_layers: int = 0,
+        llm_vp: int = 1,
+        encoders=None,
+    ):
+        mods = tuple(m if isinstance(m, ModuleShape) else ModuleShape(**m) for m in (encoders or ()))
+        flat = {k: v for k, v in zip(_FLAT, (enc_tp, enc_pp, enc_dp)) if v is not None}
+        if not mods:
+            mods = (ModuleShape(VISION),)
+        if flat:
+            # the one encoder's sizes (also what dataclasses.replace(layout, enc_tp=...) hands over)
+            _single(mods, "enc_tp/enc_pp/enc_dp")
+            m = mods[0]
+            mods = (
+                ModuleShape(
+                    m.name, flat.get("enc_tp", m.tp), flat.get("enc_pp", m.pp), flat.get("enc_dp", m.dp)
+                ),
+            )
+        values = dict(
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            encoders=mods,
+            llm_tp=llm_tp,
+            llm_pp=llm_pp,
+            llm_dp=llm_dp,
+            llm_ep=llm_ep,
+            llm_etp=llm_etp,
+            llm_cp=llm_cp,
+            num_experts=num_experts,
+            gbs=gbs,
+            mbs=mbs,
+            colocated=colocated,
+            llm_layers=llm_layers,
+            llm_vp=llm_vp,
+        )
+        for k, v in values.items():
+            object.__setattr__(self, k, v)
+
     @property
     def world(self) -> int:
         return self.nodes * self.gpus_per_node
 
     @property
     def llm_offset(self) -> int:
-        """The LLM's first rank: after the encoder's ranks, or 0 when both modules share every rank."""
-        return 0 if self.colocated else self.enc_ranks
+        """The LLM's first rank: after every encoder's ranks, or 0 when the modules share every rank."""
+        return 0 if self.colocated else self.encoder_ranks
+
+    @property
+    def encoder_ranks(self) -> int:
+        """Ranks of all encoder modules together (heterogeneous: they come before the LLM's)."""
+        return sum(m.ranks for m in self.encoders)
+
+    @property
+    def several(self) -> bool:
+        return len(self.encoders) > 1
+
+    def label(self, m: ModuleShape) -> str:
+        """Where a module's sizes sit in a point: `encoder` for the one encoder, `encoders.<name>` of several."""
+        return f"encoders.{m.name}" if self.several else "encoder"
+
+    @property
+    def single(self) -> ModuleShape:
+        """The one encoder (for the code that runs one); several: TopologyError naming the rule."""
+        return _single(self.encoders, "this part runs one encoder")
+
+    @property
+    def enc_tp(self) -> int:
+        return self.single.tp
+
+    @property
+    def enc_pp(self) -> int:
+        return self.single.pp
+
+    @property
+    def enc_dp(self) -> int:
+        return self.single.dp
 
     @property
     def enc_ranks(self) -> int:
-        return self.enc_tp * self.enc_pp * self.enc_dp
+        return self.single.ranks
 
     @property
     def llm_ranks(self) -> int:
         return self.llm_tp * self.llm_cp * self.llm_pp * self.llm_dp
+
+    def to_dict(self) -> dict:
+        """As run.yaml and a checkpoint's manifest record it: one encoder named vision as the flat
+        enc_tp/enc_pp/enc_dp (what every layout was before encoders had names), else `encoders`."""
+        d = {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node}
+        if not self.several and self.encoders[0].name == VISION:
+            m = self.encoders[0]
+            d |= {"enc_tp": m.tp, "enc_pp": m.pp, "enc_dp": m.dp}
+        else:
+            d["encoders"] = [asdict(m) for m in self.encoders]
+        return d | {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name not in d and f.name != "encoders"
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Layout:
+        return cls(**d)
+
+
+def _single(mods: tuple, why: str) -> ModuleShape:
+    if len(mods) != 1:
+        raise TopologyError(
+            [
+                Violation(
+                    "encoders",
+                    f"{len(mods)} encoders ({', '.join(m.name for m in mods)}): {why}; the several-encoder "
+                    "layout is validated, rendered and stored, not yet trained or priced",
+                )
+            ]
+        )
+    return mods[0]
+
+
+@dataclass(frozen=True)
+class ModuleRanks:
+    """Where one encoder module's ranks are and how it meets the LLM across the bridge."""
+
+    name: str
+    tp: int
+    pp: int
+    dp: int
+    rank_start: int
+    rank_end: int  # exclusive
+    fan: str  # "out" (dp < llm dp), "in" (dp > llm dp), "1:1", or "colocated" (no bridge)
+    lanes_per_encoder: int  # LLM DP lanes served by one replica of this module (1 for fan-in / 1:1)
+    encoders_per_lane: int  # replicas of this module feeding one LLM lane (1 for fan-out / 1:1)
+    samples_per_encoder_microbatch: int  # samples one replica embeds per LLM microbatch step
+
+
+def fan_of(enc_dp: int, llm_dp: int, colocated: bool) -> tuple[str, int, int]:
+    """(fan, lanes per encoder replica, encoder replicas per lane) of one module against the LLM's DP."""
+    if colocated:
+        return "colocated", 1, 1
+    if enc_dp == llm_dp:
+        return "1:1", 1, 1
+    if enc_dp < llm_dp:
+        return "out", llm_dp // enc_dp, 1
+    return "in", 1, enc_dp // llm_dp
+
+
+def module_ranges(lay: Layout) -> tuple[ModuleRanks, ...]:
+    """Every encoder module's ranks, in rank order (colocated: every module on every rank), and its fan."""
+    out, start = [], 0
+    for m in lay.encoders:
+        end = lay.world if lay.colocated else start + m.ranks
+        fan, lpe, epl = fan_of(m.dp, lay.llm_dp, lay.colocated)
+        spm = lay.mbs * lay.llm_dp // m.dp if m.dp else 0
+        out.append(
+            ModuleRanks(m.name, m.tp, m.pp, m.dp, 0 if lay.colocated else start, end, fan, lpe, epl, spm)
+        )
+        start = 0 if lay.colocated else end
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -85,7 +265,7 @@ class RankLayout:
 
     layout: Layout
     world: int
-    enc_rank_start: int
+    enc_rank_start: int  # the encoders' ranks, all modules together
     enc_rank_end: int  # exclusive
     llm_rank_start: int
     llm_rank_end: int  # exclusive
@@ -94,7 +274,9 @@ class RankLayout:
     shared_nodes: list[int]  # nodes hosting both (allowed; reported)
     expert_dp: int  # size of the expert-data-parallel group (0 for dense)
     num_microbatches: int
-    fan: str  # "out" (enc_dp < llm_dp), "in" (enc_dp > llm_dp), "1:1", or "colocated" (no bridge)
+    # "out" (enc_dp < llm_dp), "in" (enc_dp > llm_dp), "1:1", "colocated" (no bridge), or "modules" (several
+    # encoders: each has its own, in `encoders`, and the three counts below are 0)
+    fan: str
     lanes_per_encoder: int  # LLM DP lanes served by one encoder replica (1 for fan-in / 1:1)
     encoders_per_lane: int  # encoder replicas feeding one LLM lane (1 for fan-out / 1:1)
     samples_per_encoder_microbatch: int  # samples one encoder replica embeds per LLM microbatch step
@@ -107,9 +289,16 @@ class RankLayout:
         for k, v in d.items():
             if isinstance(v, list):
                 d[k] = list(v)
-        d["layout"] = asdict(self.layout)
+        d["layout"] = self.layout.to_dict()
         d["extras"] = copy.deepcopy(self.extras)
+        if self.layout.several:
+            d["encoders"] = [asdict(m) for m in self.encoders]
         return d
+
+    @property
+    def encoders(self) -> tuple[ModuleRanks, ...]:
+        """Each encoder module's ranks and fan (topology.module_ranges)."""
+        return module_ranges(self.layout)
 
     def lanes_of_encoder(self, enc_dp_rank: int) -> list[int]:
         """LLM DP lanes whose samples encoder replica `enc_dp_rank` embeds (fan-out: k lanes; fan-in: 1)."""
@@ -144,9 +333,7 @@ def _positive(lay: Layout) -> list[Violation]:
     sizes = {
         "nodes": lay.nodes,
         "gpus_per_node": lay.gpus_per_node,
-        "encoder.tp": lay.enc_tp,
-        "encoder.pp": lay.enc_pp,
-        "encoder.dp": lay.enc_dp,
+        **{f"{lay.label(m)}.{a}": getattr(m, a) for m in lay.encoders for a in ("tp", "pp", "dp")},
         "llm.tp": lay.llm_tp,
         "llm.pp": lay.llm_pp,
         "llm.dp": lay.llm_dp,
@@ -170,7 +357,7 @@ def _tiling(lay: Layout, who: Trainer) -> list[Violation]:
     if lay.colocated:
         return _colocated_tiling(lay, who)
     world, gpn = lay.world, lay.gpus_per_node
-    e, l_ = lay.enc_ranks, lay.llm_ranks
+    e, l_ = lay.encoder_ranks, lay.llm_ranks
     if e + l_ == world:
         return []
     per_dp = lay.llm_tp * lay.llm_cp * lay.llm_pp
@@ -185,12 +372,21 @@ def _tiling(lay: Layout, who: Trainer) -> list[Violation]:
     return [
         Violation(
             "tiling",
-            f"encoder {lay.enc_tp}x{lay.enc_pp}x{lay.enc_dp}={e} + llm "
+            f"{_encoders_text(lay)} + llm "
             f"{lay.llm_tp}x{lay.llm_cp}x{lay.llm_pp}x{lay.llm_dp}={l_} ranks {what} on "
             f"{lay.nodes}x{gpn}={world}",
             fit,
         )
     ]
+
+
+def _encoders_text(lay: Layout) -> str:
+    """The encoders' sizes as a message gives them: `encoder 1x1x8=8`, or `encoders vision 1x1x4=4 + audio
+    1x1x2=2`."""
+    if not lay.several:
+        m = lay.encoders[0]
+        return f"encoder {m.sizes}={m.ranks}"
+    return "encoders " + " + ".join(f"{m.name} {m.sizes}={m.ranks}" for m in lay.encoders)
 
 
 def _colocated_tiling(lay: Layout, who: Trainer) -> list[Violation]:
@@ -229,22 +425,26 @@ def _colocated_tiling(lay: Layout, who: Trainer) -> list[Violation]:
                 "llm.pp=1, or trainer.command",
             )
         )
-    if (lay.enc_tp, lay.enc_pp, lay.enc_dp) != (lay.llm_tp, 1, lay.llm_dp):
-        out.append(
-            Violation(
-                "colocated",
-                f"colocated: the encoder runs with the LLM's TP and DP on the same ranks, got encoder "
-                f"{lay.enc_tp}x{lay.enc_pp}x{lay.enc_dp} for llm.tp={lay.llm_tp}, llm.dp={lay.llm_dp}",
-                "leave encoder out of a colocated point",
+    for m in lay.encoders:
+        if (m.tp, m.pp, m.dp) != (lay.llm_tp, 1, lay.llm_dp):
+            what = lay.label(m)
+            out.append(
+                Violation(
+                    "colocated",
+                    f"colocated: the encoder runs with the LLM's TP and DP on the same ranks, got {what} "
+                    f"{m.sizes} for llm.tp={lay.llm_tp}, llm.dp={lay.llm_dp}",
+                    f"leave {what.split('.')[0]} out of a colocated point",
+                )
             )
-        )
     return out
 
 
 def _tp_within_node(lay: Layout) -> list[Violation]:
-    """`tp-within-node`: TP groups stay inside a node. Encoder TP blocks start at 0, LLM blocks at E."""
+    """`tp-within-node`: TP groups stay inside a node. Each encoder's TP blocks start at its first rank, the
+    LLM's at the encoders' end."""
     gpn, out = lay.gpus_per_node, []
-    for name, tp, start in (("encoder.tp", lay.enc_tp, 0), ("llm.tp", lay.llm_tp, lay.llm_offset)):
+    mods = [(f"{lay.label(m)}.tp", m.tp, r.rank_start) for m, r in zip(lay.encoders, module_ranges(lay))]
+    for name, tp, start in (*mods, ("llm.tp", lay.llm_tp, lay.llm_offset)):
         if gpn % tp != 0 or (start % gpn) % tp != 0:
             fits = [d for d in _divisors(gpn) if (start % gpn) % d == 0]
             out.append(
@@ -347,30 +547,33 @@ def _gbs(lay: Layout) -> list[Violation]:
 
 
 def _bridge(lay: Layout) -> list[Violation]:
-    """`bridge-ratio`, `bridge-samples`: one of enc_dp, llm_dp divides the other, and each encoder replica
-    embeds whole samples of every microbatch (colocated: no bridge, nothing to check)."""
+    """`bridge-ratio`, `bridge-samples`: for each encoder, one of its dp and llm_dp divides the other, and
+    each of its replicas embeds whole samples of every microbatch (colocated: no bridge, nothing to check)."""
     if lay.colocated:
         return []
-    if lay.enc_dp % lay.llm_dp != 0 and lay.llm_dp % lay.enc_dp != 0:
-        cands = _divisors(lay.llm_dp) + [lay.llm_dp * m for m in range(2, 5)]
-        return [
-            Violation(
-                "bridge-ratio",
-                f"encoder.dp={lay.enc_dp} and llm.dp={lay.llm_dp}: neither divides the other",
-                f"encoder.dp={_nearest(cands, lay.enc_dp)} fits",
+    out = []
+    for m in lay.encoders:
+        dp = f"{lay.label(m)}.dp"
+        if m.dp % lay.llm_dp != 0 and lay.llm_dp % m.dp != 0:
+            cands = _divisors(lay.llm_dp) + [lay.llm_dp * k for k in range(2, 5)]
+            out.append(
+                Violation(
+                    "bridge-ratio",
+                    f"{dp}={m.dp} and llm.dp={lay.llm_dp}: neither divides the other",
+                    f"{dp}={_nearest(cands, m.dp)} fits",
+                )
             )
-        ]
-    if (lay.mbs * lay.llm_dp) % lay.enc_dp != 0:
-        need = lay.enc_dp // math.gcd(lay.enc_dp, lay.llm_dp)
-        return [
-            Violation(
-                "bridge-samples",
-                f"mbs*llm.dp={lay.mbs}*{lay.llm_dp}={lay.mbs * lay.llm_dp} samples per microbatch do not split over "
-                f"encoder.dp={lay.enc_dp} replicas",
-                f"mbs={need} (a multiple of {need}) fits",
+        elif (lay.mbs * lay.llm_dp) % m.dp != 0:
+            need = m.dp // math.gcd(m.dp, lay.llm_dp)
+            out.append(
+                Violation(
+                    "bridge-samples",
+                    f"mbs*llm.dp={lay.mbs}*{lay.llm_dp}={lay.mbs * lay.llm_dp} samples per microbatch do not "
+                    f"split over {dp}={m.dp} replicas",
+                    f"mbs={need} (a multiple of {need}) fits",
+                )
             )
-        ]
-    return []
+    return out
 
 
 def _pp(lay: Layout) -> list[Violation]:
@@ -378,15 +581,17 @@ def _pp(lay: Layout) -> list[Violation]:
     with experts, split them over their own DP ranks: ETP = TP); the encoder is one stage (it runs 1F1B
     against the bridge instead of a pipeline of its own)."""
     out = []
-    if lay.enc_pp != 1:
-        out.append(
-            Violation(
-                "encoder-pp",
-                f"encoder.pp={lay.enc_pp}: the encoder is not pipelined (its microbatches already overlap "
-                "with the LLM's through the bridge)",
-                "encoder.pp=1",
+    for m in lay.encoders:
+        if m.pp != 1:
+            pp = f"{lay.label(m)}.pp"
+            out.append(
+                Violation(
+                    "encoder-pp",
+                    f"{pp}={m.pp}: the encoder is not pipelined (its microbatches already overlap "
+                    "with the LLM's through the bridge)",
+                    f"{pp}=1",
+                )
             )
-        )
     if lay.num_experts and lay.llm_pp > 1 and lay.llm_etp != lay.llm_tp:
         out.append(
             Violation(
@@ -439,17 +644,21 @@ def rank_layout(lay: Layout, who: Trainer = PACKAGED) -> RankLayout:
     violations = check(lay, who)
     if violations:
         raise TopologyError(violations)
-    gpn, e = lay.gpus_per_node, lay.enc_ranks
+    gpn = lay.gpus_per_node
+    e = lay.world if lay.colocated else lay.encoder_ranks  # colocated: every module on every rank
     enc_nodes = list(range(0, -(-e // gpn)))  # nodes hosting ranks [0, e)
     llm_nodes = sorted(set(range(lay.llm_offset // gpn, lay.nodes)))
-    if lay.colocated:
-        fan, lpe, epl = "colocated", 1, 1
-    elif lay.enc_dp == lay.llm_dp:
-        fan, lpe, epl = "1:1", 1, 1
-    elif lay.enc_dp < lay.llm_dp:
-        fan, lpe, epl = "out", lay.llm_dp // lay.enc_dp, 1
+    if lay.several and not lay.colocated:
+        # each module meets the LLM on its own terms (RankLayout.encoders); no one fan describes them all
+        fan, lpe, epl, spm = "modules", 0, 0, 0
     else:
-        fan, lpe, epl = "in", 1, lay.enc_dp // lay.llm_dp
+        one = module_ranges(lay)[0]  # colocated: every module alike
+        fan, lpe, epl, spm = (
+            one.fan,
+            one.lanes_per_encoder,
+            one.encoders_per_lane,
+            one.samples_per_encoder_microbatch,
+        )
     expert_dp = lay.llm_tp * lay.llm_dp // (lay.llm_ep * lay.llm_etp) if lay.num_experts else 0
     return RankLayout(
         layout=lay,
@@ -466,7 +675,7 @@ def rank_layout(lay: Layout, who: Trainer = PACKAGED) -> RankLayout:
         fan=fan,
         lanes_per_encoder=lpe,
         encoders_per_lane=epl,
-        samples_per_encoder_microbatch=lay.mbs * lay.llm_dp // lay.enc_dp,
+        samples_per_encoder_microbatch=spm,
     )
 
 
@@ -480,8 +689,16 @@ def derive_llm_dp(
     llm_pp: int,
     llm_cp: int = 1,
 ) -> int | None:
-    """The llm.dp that tiles the world exactly, or None when none does."""
-    rest = nodes * gpus_per_node - enc_tp * enc_pp * enc_dp
+    """The llm.dp that tiles the world exactly, or None when none does (several encoders:
+    derive_llm_dp_after)."""
+    return derive_llm_dp_after(nodes, gpus_per_node, enc_tp * enc_pp * enc_dp, llm_tp, llm_pp, llm_cp)
+
+
+def derive_llm_dp_after(
+    nodes: int, gpus_per_node: int, encoder_ranks: int, llm_tp: int, llm_pp: int, llm_cp: int = 1
+) -> int | None:
+    """The llm.dp that tiles the world left after `encoder_ranks` (every encoder's ranks together), or None."""
+    rest = nodes * gpus_per_node - encoder_ranks
     per = llm_tp * llm_pp * llm_cp
     if rest <= 0 or per <= 0 or rest % per:
         return None

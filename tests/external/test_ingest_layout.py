@@ -31,7 +31,9 @@ def test_layout_text_reads_like_the_report_writes_it():
     [
         ("enc tp1 dp8", "'llm' part is missing"),
         ("llm tp2 xp4", "'xp4' is not a size of llm"),
-        ("gpu tp2", "starts with 'enc' or 'llm'"),
+        ("9gpu tp2", "starts with 'enc', an encoder module's name"),
+        ("vision tp1 | enc tp2 | llm tp2", "vision is given twice"),
+        ("vision tp1 | audio xp2 | llm tp2", "'xp2' is not a size of audio"),
         ("llm tp0 dp8", "out of range"),
         ("llm tp1 dp6 ep4", "must divide"),
         ("llm tp2 | llm tp4", "given twice"),
@@ -40,6 +42,32 @@ def test_layout_text_reads_like_the_report_writes_it():
 def test_bad_layouts_are_refused(text, expect):
     with pytest.raises(IngestError, match=expect):
         parse_layout(text)
+
+
+def test_a_layout_of_two_encoders_names_each_module_in_rank_order():
+    lay = parse_layout("vision tp1 dp4 | audio tp2 dp2 | llm tp2 dp12")
+    assert lay["encoders"] == [
+        {"name": "vision", "tp": 1, "pp": 1, "dp": 4},
+        {"name": "audio", "tp": 2, "pp": 1, "dp": 2},
+    ]
+    assert lay["world"] == 4 + 4 + 24 and lay["colocated"] is False
+    assert (lay["enc_tp"], lay["enc_dp"]) == (None, None)  # several: only in run_modules
+
+
+def test_ingest_with_a_layout_of_two_encoders_records_each_module(tmp_path):
+    db = tmp_path / "s.duckdb"
+    layout = "vision tp1 dp4 | audio tp2 dp2 | llm tp2 dp12"
+    cli("ingest", LOG, "--db", db, "--study", "upstream", "--name", "two", "--layout", layout, check=True)
+    rows = query(
+        db,
+        "SELECT module, position, tp, pp, dp, ranks, rank_start, rank_end FROM run_modules ORDER BY position",
+    )
+    assert rows == [("vision", 0, 1, 1, 4, 4, 0, 4), ("audio", 1, 2, 1, 2, 4, 4, 8)]
+    (run,) = query(db, "SELECT nodes, world, enc_tp, enc_dp, llm_tp, llm_dp, colocated FROM runs")
+    assert run == (4, 32, None, None, 2, 12, False)
+    rep = cli("report", "upstream", "--db", db, "--format", "json", check=True)
+    (row,) = json.loads(rep.stdout)["runs"]
+    assert row["layout"] == "vision tp1 dp4 | audio tp2 dp2 | llm tp2 dp12", row
 
 
 def test_nodes_that_do_not_fit_the_layout_are_refused():

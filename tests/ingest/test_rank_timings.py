@@ -19,6 +19,7 @@ from mimo_jobs.ingest.memory import rows_of
 from mimo_jobs.report import build
 from mimo_jobs.report.modules import BUSY, WAIT
 from mimo_jobs.store import connection as store
+from mimo_jobs.store.schema import SCHEMA_VERSION
 
 TIMED = {
     "role": "llm",
@@ -112,7 +113,9 @@ def test_an_older_store_is_read_and_migrated(tmp_path):
     assert rep.modules == [] and rep.bounds == [] and len(rep.memory) == 2  # memory facts still read
     con = store.connect(db)  # a writer migrates: the columns come back, empty, until the next ingest
     try:
-        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "7"
+        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(
+            SCHEMA_VERSION
+        )
         assert con.execute("SELECT count(*), count(role) FROM rank_memory").fetchone() == (2, 0)
         ingest.ingest_paths(con, [tmp_path / "runs"])  # the files are read again: they hold the timers
         assert con.execute("SELECT count(role) FROM rank_memory").fetchone() == (2,)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch.distributed as dist
@@ -62,7 +61,7 @@ def provenance_of(run, doc: dict, world: int) -> Provenance:
         run_id=run.run_id,
         study=run.study,
         run_name=run.name,
-        layout=asdict(run.layout),
+        layout=run.layout.to_dict(),
         world=world,
         git_sha=prov.get("git_sha"),
         # launch.sh exports these for SLURM and local jobs alike
