@@ -1,5 +1,5 @@
-"""`mimo-jobs data synth DIR`: synthetic energon-ready datasets (image-caption, text-only, VQA, conversations)
-and a blend YAML. `mimo-jobs data prepare JSONL`: a LLaVA/ShareGPT-style JSONL file and its images as an
+"""`mimo-jobs data synth DIR`: synthetic energon-ready datasets (image-caption, text-only, VQA, conversations,
+audio) and a blend YAML. `mimo-jobs data prepare JSONL`: a LLaVA/ShareGPT-style JSONL file and its images as an
 energon dataset. `mimo-jobs data stats PATH`: what a dataset's samples cost.
 
 Exit codes: 0 ok, 2 bad input (nothing written). energon is imported only inside the command body.
@@ -63,10 +63,23 @@ def synth_cmd(
     interleaved: int = typer.Option(
         0, "--interleaved", help="Interleaved image-text samples (a dataset of its own, DIR/interleaved)."
     ),
+    audio: int = typer.Option(
+        0,
+        "--audio",
+        help="Samples with audio clips, images, both or neither (a dataset of its own, DIR/audio; train it "
+        "with a model that has an audio encoder).",
+    ),
+    n_mels: int = typer.Option(80, "--n-mels", help="Mel bins of each audio clip (Whisper: 80)."),
+    audio_frames: Optional[list[str]] = typer.Option(  # noqa: UP045 (typer needs Optional here)
+        None,
+        "--audio-frames",
+        help="Audio clip lengths in frames (100 a second), repeatable or comma-separated; default 16,32.",
+    ),
 ) -> None:
     """Write DIR/caps (CaptioningSample), DIR/text (TextSample), DIR/vqa (VQASample), DIR/chat
     (ConversationSample), DIR/blend.yaml (use it as trainer.data.path); DIR/multi and DIR/interleaved
-    (several images per sample) are datasets of their own."""
+    (several images per sample) and DIR/audio (MediaSample: audio clips, images, both or neither) are
+    datasets of their own."""
     import contextlib
     import io
     import shutil
@@ -76,6 +89,7 @@ def synth_cmd(
 
     from mimo_jobs.data.errors import DataError
     from mimo_jobs.data.synth import SynthConfig, synth
+    from mimo_jobs.data.synth_audio import write_audio
     from mimo_jobs.data.synth_multi import write_interleaved, write_multi_image
 
     err = Console(stderr=True, highlight=False)
@@ -95,9 +109,10 @@ def synth_cmd(
 
         if not (0 <= multi_image <= MAX_SAMPLES and 0 <= interleaved <= MAX_SAMPLES):
             raise DataError(f"--multi-image and --interleaved count samples: give 0 to {MAX_SAMPLES:,}")
+        audio_cfg = _audio_config(audio, n_mels, audio_frames, cfg)
         if dir.exists() and not dir.is_dir():
             raise DataError(f"{dir}: a file, not a directory")
-        parts = ("caps", "text", "vqa", "chat", "multi", "interleaved", "blend.yaml")
+        parts = ("caps", "text", "vqa", "chat", "multi", "interleaved", "audio", "blend.yaml")
         clash = [dir / p for p in parts if (dir / p).exists()]
         if clash:
             raise DataError(
@@ -121,7 +136,7 @@ def synth_cmd(
             console=err,
             transient=True,
         ) as prog:
-            task = prog.add_task("samples", total=cfg.total)
+            task = prog.add_task("samples", total=cfg.total + audio)
             with contextlib.redirect_stdout(io.StringIO()):  # energon's prepare prints progress lines
                 res = synth(stage, cfg, progress=lambda n=1: prog.advance(task, n))
                 if multi_image:
@@ -130,7 +145,10 @@ def synth_cmd(
                     write_interleaved(
                         stage / "interleaved", interleaved, cfg.image_sizes, seed, samples_per_shard
                     )
-        for name in ("caps", "text", "vqa", "chat", "multi", "interleaved", "blend.yaml", "synth.json"):
+                if audio:
+                    write_audio(stage / "audio", audio_cfg, progress=lambda n=1: prog.advance(task, n))
+        names = ("caps", "text", "vqa", "chat", "multi", "interleaved", "audio", "blend.yaml", "synth.json")
+        for name in names:
             if (stage / name).exists():
                 (stage / name).rename(dir / name)
         stage.rmdir()
@@ -143,6 +161,38 @@ def synth_cmd(
         shutil.rmtree(stage, ignore_errors=True)
         raise
     _print_written(dir, cfg, res, multi_image, interleaved)
+    if audio:
+        frames_s = ", ".join(str(f) for f in audio_cfg.frames)
+        typer.echo(
+            f"{dir}/audio: {audio} samples with audio clips ({audio_cfg.n_mels} mel bins x {frames_s} frames), "
+            "images, both or neither (need a model with an audio encoder)"
+        )
+
+
+def _audio_config(audio: int, n_mels: int, frames: list[str] | None, cfg):
+    """The audio dataset's settings (checked; DataError naming the option), whether or not one is asked
+    for, so a bad --n-mels or --audio-frames is refused either way."""
+    from mimo_jobs.data.audio import parse_frames
+    from mimo_jobs.data.errors import DataError
+    from mimo_jobs.data.synth import MAX_SAMPLES
+    from mimo_jobs.data.synth_audio import AudioSynthConfig
+
+    if not 0 <= audio <= MAX_SAMPLES:
+        raise DataError(f"--audio={audio}: count samples from 0 to {MAX_SAMPLES:,}")
+    try:
+        lengths = tuple(parse_frames(p) for v in frames or () for p in v.split(",") if p.strip())
+    except ValueError as e:
+        raise DataError(f"--audio-frames: {e}") from None
+    out = AudioSynthConfig(
+        samples=max(audio, 1),
+        n_mels=n_mels,
+        frames=lengths or AudioSynthConfig(1).frames,
+        image_sizes=cfg.image_sizes,
+        seed=cfg.seed,
+        samples_per_shard=cfg.samples_per_shard,
+    )
+    out.check()
+    return out
 
 
 def _print_written(dir: Path, cfg, res, multi_image: int, interleaved: int) -> None:
@@ -307,7 +357,9 @@ def stats_cmd(
             )
         if out is not None and out.is_dir():
             raise DataError(f"--out {out}: a directory; give the JSON file to write")
-        samples, skipped = scan(str(data_path.resolve()), measured.geometry, measured.vocab_size, tok)
+        samples, skipped = scan(
+            str(data_path.resolve()), measured.geometry, measured.vocab_size, tok, measured.audio
+        )
         if not samples:
             raise DataError(f"{data_path}: no sample could be read ({skipped} skipped as bad)")
     except DataError as e:
@@ -349,6 +401,7 @@ class _Measured:
     tokenizer: str | None
     tokenizer_field: str = "--tokenizer"
     stats: Path | None = None  # the study's trainer.data.stats
+    audio: object = None  # mimo_jobs.data.audio.AudioSpec of the model's audio encoder, if it has one
 
 
 def _argument_settings(path, model, seq_length, tokenizer, max_tiles, thumbnail) -> _Measured:
@@ -374,6 +427,7 @@ def _argument_settings(path, model, seq_length, tokenizer, max_tiles, thumbnail)
 
 
 def _study_settings(study: Path) -> _Measured:
+    from mimo_jobs.data.audio import audio_spec_of
     from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.model.tiling import ImageGeometry
 
@@ -400,6 +454,7 @@ def _study_settings(study: Path) -> _Measured:
         tokenizer=data.tokenizer,
         tokenizer_field=f"{where}.data.tokenizer",
         stats=stats,
+        audio=audio_spec_of(arch),
     )
 
 
@@ -449,12 +504,19 @@ def _print_stats(doc: dict) -> None:
     t = Table(title=f"{doc['samples']} samples ({doc['skipped']} skipped), seq_length {doc['seq_length']}")
     for col in ("", "mean", "p50", "p95", "p99", "max"):
         t.add_column(col, justify="right")
-    for name in ("image_tokens", "text_tokens", "tokens", "tiles"):
+    audio = doc["audio_tokens"]["max"] > 0
+    rows = ("image_tokens", "audio_tokens", "text_tokens", "tokens", "tiles") if audio else None
+    for name in rows or ("image_tokens", "text_tokens", "tokens", "tiles"):
         d = doc[name]
         t.add_row(name, f"{d['mean']:.1f}", *(str(d[k]) for k in ("p50", "p95", "p99", "max")))
     con.print(t)
     per = ", ".join(f"{k}: {v}" for k, v in doc["images_per_sample"].items())
     con.print(f"images per sample: {per}")
+    if audio:
+        con.print(
+            "audio clips per sample: "
+            + ", ".join(f"{k}: {v}" for k, v in doc["audio_clips_per_sample"].items())
+        )
     g = doc["geometry"]
     tiling = f"up to {g['max_tiles']} tiles" + (" + thumbnail" if g["thumbnail"] else "")
     con.print(

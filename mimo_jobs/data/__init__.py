@@ -6,14 +6,16 @@ only the trainer and the `data` commands load):
   mock           the mock provider, and the branch to energon (make_provider)
   synth          synthetic image-caption, text-only, VQA and conversation shards, energon-prepared, + a blend
   synth_multi    synthetic datasets whose samples hold several images
+  synth_audio    a synthetic dataset of samples with audio clips, images, both or neither
   shards         the one writer of energon datasets: webdataset shards, index, split.yaml, dataset.yaml
   llava          one LLaVA/ShareGPT-style JSONL record, checked (pure)
   prepare        `data prepare`: a JSONL file and its images -> an energon dataset, streamed
   tokenizer      built-in character tokenizer (synthetic data) or a local HuggingFace tokenizer
   chat           plain and chat-template layouts: token ids and which tokens carry loss (pure)
-  samples        JSON-member decoding and the ConversationSample type (energon)
+  samples        JSON-member decoding, the ConversationSample and MediaSample types, sample loaders (energon)
   scan, stats    `data stats`: one pass through the task encoder (energon), and its summary (pure)
   images         image size -> patch-token count and pixel preprocessing shared with the trainer's encoder
+  audio          audio clips (log-mel `.npy` members): header checks, loading, the audio encoder's token rule
   task_encoder   energon TaskEncoder: placeholders, labels, loss mask, flat variable-length image batches
   energon_provider  the trainer's Provider: one savable energon loader per LLM DP lane, exact resume
   mux            one energon loader for the several lanes an encoder replica serves

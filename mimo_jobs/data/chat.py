@@ -5,20 +5,29 @@ Two layouts, one rule for the loss: a token is a *target* when the model is trai
   chat    the tokenizer's chat template over the turns            targets: what follows each assistant
           turn's generation prompt (its content and end-of-turn text), nothing else
   interleaved  BOS, text pieces and image placeholders in order, EOS      targets: every text token + EOS
+  marked  BOS, the text with each <image>/<audio> marker replaced by that image's or clip's placeholders,
+          EOS                                                     targets: every text token + EOS
 
 The chat layout finds each assistant turn as character spans of the rendered text: the rendering of the
 turns before it with the generation prompt, and the rendering up to and including it, must be prefixes of
 the whole (true of ChatML-like templates; a template that rewrites earlier turns is refused). Tokens are
 marked from the fast tokenizer's character offsets, so a token is a target exactly when it starts inside an
-assistant span. `<image>` in a turn's text marks where an image's placeholder tokens go.
+assistant span. `<image>` in a turn's text marks where an image's placeholder tokens go, and `<audio>`
+where an audio clip's go (when the tokenizer has an audio placeholder, i.e. the model an audio encoder;
+otherwise `<audio>` is text like any other).
 """
 
 from __future__ import annotations
 
+import re
+
+from .audio import AUDIO_MARKER
 from .errors import DataError
 from .tokenizer import Tokenizer
 
 IMAGE_MARKER = "<image>"
+_MARKERS = re.compile(f"({re.escape(IMAGE_MARKER)}|{re.escape(AUDIO_MARKER)})")
+_IMAGE_ONLY = re.compile(f"({re.escape(IMAGE_MARKER)})")
 ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
 
 
@@ -52,6 +61,57 @@ def place_images(turns: list[dict], n_images: int) -> list[dict]:
         first["content"] = (IMAGE_MARKER + "\n") * n_images + first["content"]
         return out
     raise ValueError(f"the text has {n} {IMAGE_MARKER} marker(s) but the sample has {n_images} image(s)")
+
+
+def check_audio_markers(tok: Tokenizer, text: str, n_clips: int) -> None:
+    """One `<audio>` marker per clip, in the text (a clip is never placed by guess); with no audio
+    placeholder (no audio encoder) `<audio>` is text and a clip has nowhere to go."""
+    if tok.audio_token_id is None:
+        if n_clips:
+            raise ValueError(f"the sample has {n_clips} audio clip(s) but the model has no audio encoder")
+        return
+    n = text.count(AUDIO_MARKER)
+    if n != n_clips:
+        raise ValueError(
+            f"the text has {n} {AUDIO_MARKER} marker(s) but the sample has {n_clips} audio clip(s)"
+        )
+
+
+def _split(tok: Tokenizer, text: str) -> list[str]:
+    """Text pieces and markers alternating (even indices text, odd a marker); `<audio>` is a marker only
+    when the tokenizer has an audio placeholder."""
+    return (_IMAGE_ONLY if tok.audio_token_id is None else _MARKERS).split(text)
+
+
+def _placeholders(tok: Tokenizer, marker: str, images, clips) -> list[int]:
+    if marker == IMAGE_MARKER:
+        return [tok.image_token_id] * next(images)
+    return [tok.audio_token_id] * next(clips)
+
+
+def marked_layout(
+    tok: Tokenizer, text: str, image_tokens: list[int], audio_tokens: list[int]
+) -> tuple[list[int], list[bool]]:
+    """A text whose markers say where each image and clip goes: BOS, text pieces (targets) and, at the i-th
+    `<image>` / j-th `<audio>`, image i's / clip j's placeholders (not targets), EOS (a target)."""
+    n_img = text.count(IMAGE_MARKER)
+    if n_img != len(image_tokens):
+        raise ValueError(
+            f"the text has {n_img} {IMAGE_MARKER} marker(s) but the sample has {len(image_tokens)} image(s)"
+        )
+    check_audio_markers(tok, text, len(audio_tokens))
+    ids, flags = [tok.bos_id], [False]
+    images, clips = iter(image_tokens), iter(audio_tokens)
+    for k, part in enumerate(_split(tok, text)):
+        if k % 2:
+            held = _placeholders(tok, part, images, clips)
+            ids += held
+            flags += [False] * len(held)
+        else:
+            t = tok.encode(part)
+            ids += t
+            flags += [True] * len(t)
+    return ids + [tok.eos_id], flags + [True]
 
 
 def plain_layout(
@@ -99,23 +159,29 @@ def _assistant_spans(tok: Tokenizer, turns: list[dict], full: str) -> list[tuple
     return spans
 
 
-def chat_layout(tok: Tokenizer, turns: list[dict], image_tokens: list[int]) -> tuple[list[int], list[bool]]:
-    """Render turns with the chat template; image i's marker becomes image_tokens[i] placeholder ids."""
+def chat_layout(
+    tok: Tokenizer, turns: list[dict], image_tokens: list[int], audio_tokens: list[int] = ()
+) -> tuple[list[int], list[bool]]:
+    """Render turns with the chat template; image i's marker becomes image_tokens[i] placeholder ids, and
+    clip j's `<audio>` marker audio_tokens[j] (one marker per clip, written in the turns)."""
     turns = place_images(turns, len(image_tokens))
+    check_audio_markers(tok, "".join(t["content"] for t in turns), len(audio_tokens))
     full = tok.render_chat(turns, add_generation_prompt=False)
     spans = _assistant_spans(tok, turns, full)
     ids: list[int] = []
     flags: list[bool] = []
     base = 0
-    pieces = full.split(IMAGE_MARKER)
-    for i, piece in enumerate(pieces):
-        p_ids, offs = tok.encode_offsets(piece)
-        ids += p_ids
-        flags += [any(a <= base + s < b for a, b in spans) for s, _ in offs]
-        base += len(piece) + len(IMAGE_MARKER)
-        if i < len(pieces) - 1:
-            ids += [tok.image_token_id] * image_tokens[i]
-            flags += [False] * image_tokens[i]
+    images, clips = iter(image_tokens), iter(audio_tokens)
+    for k, part in enumerate(_split(tok, full)):
+        if k % 2:
+            held = _placeholders(tok, part, images, clips)
+            ids += held
+            flags += [False] * len(held)
+        else:
+            p_ids, offs = tok.encode_offsets(part)
+            ids += p_ids
+            flags += [any(a <= base + s < b for a, b in spans) for s, _ in offs]
+        base += len(part)
     if not any(flags):
         raise ValueError("the assistant turns render to no tokens: nothing to train on")
     return ids, flags

@@ -22,8 +22,9 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from mimo_jobs.data.batch import LaneBatch, Provider
+from mimo_jobs.data.batch import LaneBatch, Provider, audio_token_id
 
+from .audio import AudioSpec, audio_spec_of
 from .check import check_data_path
 from .errors import DataError
 from .images import ImageGeometry, geometry_of_data
@@ -65,6 +66,7 @@ class LoaderConfig:
     max_samples_per_sequence: int | None = 100
     packing: bool = False  # several samples per row (task_encoder.PackingTaskEncoder)
     packing_buffer_size: int = 32  # samples the packer chooses among at a time
+    audio: AudioSpec | None = None  # the model's audio encoder (token rule); None: clips are refused
 
     @classmethod
     def from_run(cls, run_spec: Any, plan: Any) -> LoaderConfig:
@@ -91,6 +93,7 @@ class LoaderConfig:
             max_samples_per_sequence=d.max_samples_per_sequence,
             packing=d.packing,
             packing_buffer_size=d.packing_buffer_size,
+            audio=audio_spec_of(preset),
         )
 
 
@@ -101,6 +104,7 @@ class LaneTotals:
     image_samples: int = 0
     truncated: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+    audio_samples: int = 0  # samples with at least one audio clip
 
     @property
     def skipped_total(self) -> int:
@@ -116,6 +120,7 @@ class LaneTotals:
             self.image_samples + o.image_samples,
             self.truncated + o.truncated,
             sk,
+            self.audio_samples + o.audio_samples,
         )
 
 
@@ -261,9 +266,11 @@ class EnergonProvider(Provider):
         need_text: bool = True,
         image_slice: tuple[int, int] | None = None,
         multiplex: bool | None = None,
+        need_audio: bool | None = None,
     ):
         """`multiplex`: read all `lanes` from one loader (mux.py) rather than one loader per lane; the
-        default multiplexes whenever there is more than one lane (same samples either way)."""
+        default multiplexes whenever there is more than one lane (same samples either way). `need_audio`:
+        load the audio clips (None: where the images are decoded)."""
         from .task_encoder import EncodeConfig
 
         check_data_path(cfg.path)
@@ -275,8 +282,10 @@ class EnergonProvider(Provider):
         self.need_images = need_images
         self.need_text = need_text  # text is always tokenized: both sides need identical skip decisions
         img_id = cfg.image_token_id if cfg.image_token_id >= 0 else image_token_id(cfg.vocab_size)
-        self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.vocab_size, img_id)
+        aud_id = audio_token_id(cfg.vocab_size) if cfg.audio is not None else None
+        self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.vocab_size, img_id, aud_id)
         self.image_token_id = self.tokenizer.image_token_id
+        self.audio_token_id = self.tokenizer.audio_token_id
         self.enc_cfg = EncodeConfig(
             seq_length=cfg.seq_length,
             geometry=cfg.geometry,
@@ -285,6 +294,8 @@ class EnergonProvider(Provider):
             truncate_text=cfg.truncate_text,
             image_slice=image_slice,
             packing=cfg.packing,
+            audio=cfg.audio,
+            need_audio=need_audio,
         )
         self.multiplex = len(self.lanes) > 1 if multiplex is None else multiplex
         self._readers: list[_Lane | _Mux] = []
@@ -317,6 +328,7 @@ class EnergonProvider(Provider):
         t.microbatches += 1
         t.samples += len(b.image_token_counts)
         t.image_samples += sum(1 for c in b.image_token_counts if c)
+        t.audio_samples += sum(1 for c in b.audio_token_counts if c)
         for e in b.events:
             if e["kind"] == "skipped":
                 t.skipped[e["reason"]] = t.skipped.get(e["reason"], 0) + 1
@@ -349,9 +361,12 @@ class EnergonProvider(Provider):
             segment_ids=b.segment_ids,
             image_token_counts=list(b.image_token_counts),
             images=list(b.images) if (self.need_images and b.images is not None) else None,
+            audio_token_counts=list(b.audio_token_counts) if self.cfg.audio is not None else None,
+            audio=list(b.audio) if b.audio is not None else None,
             meta={
                 "events": list(b.events),
                 "image_token_id": self.image_token_id,
+                "audio_token_id": self.audio_token_id,
                 "subflavors": list(b.__subflavors__ or []),
             },
         )

@@ -12,6 +12,13 @@ text is learnable, and an image's caption can only be predicted by looking at th
 - a text-only sample counts up through TEXT_POOL tokens from a random start (wrapping round), which the LLM
   alone can learn.
 
+With an audio encoder (`MockConfig.audio`) a share `audio_fraction` of the samples also carries one clip, a
+float32 [n_mels, frames] log-mel-like array of a length from `audio_frames`: a class's fixed random mel
+column repeated over the frames plus noise. Its placeholders follow the image's (the audio encoder's token
+rule gives how many); a clip shows the class the caption names (the image's, or with no image its own), so
+an audio-only sample's caption can only be read from the audio. The audio draws use generators of their own,
+so with `audio_fraction` 0 every sample is what it was without audio.
+
 Each sample is a pure function of (seed, global sample index), and lane l's microbatch m of iteration t
 holds the global samples t*gbs + m*mbs*llm_dp + l*mbs + [0, mbs): the encoder replica and the LLM lane that
 read the same lane get identical samples, and the global batch of an iteration is the same whatever the
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -37,7 +45,8 @@ from mimo_jobs.contract.mocktokens import (  # noqa: F401 - the ids are part of 
     WORD_LEN,
     vocab_problem,
 )
-from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, Provider
+from mimo_jobs.data.audio import AudioSpec, audio_spec_of
+from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, Provider, audio_token_id
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model.arch import image_tokens
 from mimo_jobs.model.resolve import arch_of
@@ -55,6 +64,12 @@ def class_tile(k: int, channels: int, patch: int):
     """Class k's [channels, patch, patch] tile: the same for every seed, so a run's seed picks samples only."""
     g = torch.Generator().manual_seed(_seed_of("mock-class", k))
     return torch.randn(channels, patch, patch, generator=g)
+
+
+def class_mel(k: int, n_mels: int):
+    """Class k's [n_mels, 1] mel column: the same for every seed."""
+    g = torch.Generator().manual_seed(_seed_of("mock-audio-class", k))
+    return torch.randn(n_mels, 1, generator=g)
 
 
 class DataConfigError(MimoJobsError, ValueError):
@@ -78,6 +93,10 @@ class MockConfig:
     text_only_fraction: float
     lanes: int = 1  # LLM DP lanes sharing one global batch
     downsample: int = 1  # the encoder's pixel shuffle: s x s patches become one LLM token
+    audio: AudioSpec | None = None  # the audio encoder's token rule; None: no audio
+    audio_fraction: float = 0.0  # share of samples that also carry an audio clip
+    audio_frames: tuple[int, ...] = ()  # clip lengths drawn from
+    n_mels: int = 80  # Whisper's log-mel bins
 
     @property
     def unit(self) -> int:
@@ -97,6 +116,41 @@ def check_mock_config(c: MockConfig, max_image_size: int) -> None:
     )  # the rules validate applies to a study
     if found:
         raise DataConfigError(str(found[0]))
+    if c.audio_fraction:
+        _check_audio(c, max_image_size)
+
+
+def _check_audio(c: MockConfig, max_image_size: int) -> None:
+    if c.audio is None:
+        raise DataConfigError(f"audio_fraction={c.audio_fraction}: the model has no audio encoder")
+    if not 0.0 <= c.audio_fraction <= 1.0 or not c.audio_frames:
+        raise DataConfigError(
+            f"audio_fraction={c.audio_fraction}, audio_frames={list(c.audio_frames)}: a share within [0, 1] "
+            "and at least one clip length"
+        )
+    if vocab_problem(c.vocab_size - 1):  # the audio placeholder takes one more id
+        raise DataConfigError(f"with audio, {vocab_problem(c.vocab_size - 1)} plus the audio placeholder")
+    try:
+        most = max(c.audio.clip_tokens((c.n_mels, f)) for f in c.audio_frames)
+    except ValueError as e:
+        raise DataConfigError(f"audio_frames: {e}") from None
+    img = max((image_tokens(s, s, c.patch_size, c.downsample) for s in c.image_sizes), default=0)
+    if img + most + 2 > c.seq_length:
+        raise DataConfigError(
+            f"seq_length={c.seq_length} cannot hold the largest image ({img} tokens) and clip ({most} tokens) "
+            f"plus 2 text tokens; use seq_length >= {img + most + 2}"
+        )
+
+
+@dataclass
+class MockSample:
+    key: str
+    tokens: Any  # LongTensor [seq_length]
+    n_img: int  # image placeholders (first)
+    n_aud: int  # audio placeholders (after the image's)
+    n_real: int  # placeholders and text
+    image: Any  # FloatTensor [C, side, side] or None
+    clip: Any  # FloatTensor [n_mels, frames] or None
 
 
 class MockProvider(Provider):
@@ -104,6 +158,7 @@ class MockProvider(Provider):
         self.cfg = cfg
         self.lanes = list(lanes)
         self.image_token_id = image_token_id(cfg.vocab_size)
+        self.audio_token_id = audio_token_id(cfg.vocab_size) if cfg.audio_fraction else None
         self.need_images = need_images
         self.need_text = need_text
         self.position = {lane: 0 for lane in self.lanes}  # microbatches already drawn per lane
@@ -116,6 +171,23 @@ class MockProvider(Provider):
 
     def sample(self, index: int):
         """Global sample `index`: (key, tokens, n_image_tokens, n_real_tokens, image or None)."""
+        s = self.draw(index)
+        return s.key, s.tokens, s.n_img, s.n_real, s.image
+
+    def _audio_draw(self, index: int) -> tuple[int, int, int | None]:
+        """(frames, tokens, its own class or None) of the sample's clip; (0, 0, None) without one."""
+        c = self.cfg
+        if not c.audio_fraction:
+            return 0, 0, None
+        ga = torch.Generator().manual_seed(_seed_of(c.seed, "audio-meta", index))
+        if torch.rand((), generator=ga).item() >= c.audio_fraction:
+            return 0, 0, None
+        frames = c.audio_frames[int(torch.randint(len(c.audio_frames), (), generator=ga))]
+        k = int(torch.randint(N_CLASSES, (), generator=ga))
+        return frames, c.audio.clip_tokens((c.n_mels, frames)), k
+
+    def draw(self, index: int) -> MockSample:
+        """Global sample `index`, with its clip when it has one."""
         c = self.cfg
         g = torch.Generator().manual_seed(_seed_of(c.seed, "meta", index))
         u = torch.rand((), generator=g).item()
@@ -123,26 +195,36 @@ class MockProvider(Provider):
         if u >= c.text_only_fraction and c.image_sizes:
             side = c.image_sizes[int(torch.randint(len(c.image_sizes), (), generator=g))]
         n_img = image_tokens(side, side, c.patch_size, c.downsample) if side else 0
-        room = c.seq_length - n_img
+        frames, n_aud, k = self._audio_draw(index)
+        room = c.seq_length - n_img - n_aud
         n_text = int(torch.randint(max(2, room // 2), room + 1, (), generator=g))
         i = torch.arange(n_text)
         if side:
             k = int(torch.randint(N_CLASSES, (), generator=g))
+        if k is not None:
             j = i % (WORD_LEN + 1)
             text = torch.where(j == 0, MARK_ID, CLASS_BASE + k * WORD_LEN + j - 1)
         else:
             start = int(torch.randint(TEXT_POOL, (), generator=g))
             text = TEXT_BASE + (start + i) % TEXT_POOL
+        lead = n_img + n_aud
         tokens = torch.full((c.seq_length,), PAD_ID, dtype=torch.long)
         tokens[:n_img] = image_token_id(c.vocab_size)
-        tokens[n_img : n_img + n_text] = text
-        image = None
+        if n_aud:
+            tokens[n_img:lead] = audio_token_id(c.vocab_size)
+        tokens[lead : lead + n_text] = text
+        image = clip = None
         if side and self.need_images:
             gi = torch.Generator().manual_seed(_seed_of(c.seed, "image", index))
             noise = torch.randn(c.channels, side, side, generator=gi)
             reps = side // c.patch_size
             image = class_tile(k, c.channels, c.patch_size).repeat(1, reps, reps) + IMAGE_NOISE * noise
-        return f"mock/{c.seed}/{index}", tokens, n_img, n_img + n_text, image
+        if n_aud and self.need_images:
+            ga = torch.Generator().manual_seed(_seed_of(c.seed, "audio", index))
+            clip = class_mel(k, c.n_mels).repeat(1, frames) + IMAGE_NOISE * torch.randn(
+                c.n_mels, frames, generator=ga
+            )
+        return MockSample(f"mock/{c.seed}/{index}", tokens, n_img, n_aud, lead + n_text, image, clip)
 
     def next(self, lane: int) -> LaneBatch:
 
@@ -151,21 +233,24 @@ class MockProvider(Provider):
         c = self.cfg
         pos = self.position[lane]
         self.position[lane] = pos + 1
-        keys, toks, counts, images, masks, labels = [], [], [], [], [], []
+        keys, toks, counts, images, masks, labels, aud_counts, clips = [], [], [], [], [], [], [], []
         for j in range(c.mbs):
-            key, t, n_img, n_real, img = self.sample(self.global_index(lane, pos, j))
+            s = self.draw(self.global_index(lane, pos, j))
+            t, lead = s.tokens, s.n_img + s.n_aud
             lab = torch.full_like(t, IGNORE_INDEX)
             lab[:-1] = t[1:]
             m = torch.zeros(c.seq_length)
             # a position carries loss when it holds text and predicts a real (text) token
-            m[n_img : max(n_img, n_real - 1)] = 1.0
+            m[lead : max(lead, s.n_real - 1)] = 1.0
             lab[m == 0] = IGNORE_INDEX
-            keys.append(key)
+            keys.append(s.key)
             toks.append(t)
-            counts.append(n_img)
-            images.append(img)
+            counts.append(s.n_img)
+            images.append(s.image)
             masks.append(m)
             labels.append(lab)
+            aud_counts.append(s.n_aud)
+            clips.append([s.clip] if s.clip is not None else None)
         pos_ids = torch.arange(c.seq_length).unsqueeze(0).expand(c.mbs, -1).contiguous()
         return LaneBatch(
             lane=lane,
@@ -178,6 +263,8 @@ class MockProvider(Provider):
             position_ids=pos_ids,
             image_token_counts=counts,
             images=images if self.need_images else None,
+            audio_token_counts=aud_counts if c.audio_fraction else None,
+            audio=clips if (c.audio_fraction and self.need_images) else None,
         )
 
     def state_dict(self) -> dict:
@@ -190,6 +277,7 @@ class MockProvider(Provider):
 def mock_config(run_spec, plan) -> MockConfig:
     p = arch_of(run_spec.trainer.model)
     t = run_spec.trainer
+    audio = audio_spec_of(p)
     c = MockConfig(
         seed=t.seed,
         seq_length=t.seq_length,
@@ -202,6 +290,11 @@ def mock_config(run_spec, plan) -> MockConfig:
         image_sizes=tuple(t.data.image_sizes),
         text_only_fraction=t.data.text_only_fraction,
         lanes=run_spec.layout.llm_dp,
+        # audio samples when the model has an audio encoder and trainer.data asks for them
+        audio=audio,
+        n_mels=(audio.n_mels if audio is not None and audio.n_mels else MockConfig.n_mels),
+        audio_fraction=getattr(t.data, "audio_fraction", 0.0),
+        audio_frames=tuple(getattr(t.data, "audio_frames", ())),
     )
     check_mock_config(c, p.encoder.image_size)
     return c

@@ -4,15 +4,20 @@
   `context: json[context]` reads into them, as energon's own loader allows; every other member stays
   encoded bytes (images are decoded later, and only on encoder ranks; text is decoded by the task
   encoder, which names the sample when it is not UTF-8).
-- ConversationSample: a list of turns and an optional image (or several), for energon's dataset.yaml
-  `sample_type: {__module__: mimo_jobs.data.samples, __class__: ConversationSample}`.
-- Sample loaders for samples with several images, which a field_map (one member per field) cannot express:
-  energon's dataset.yaml names them with `sample_loader: sample_loader.py:sample_loader` and
-  `part_filter: sample_loader.py:part_filter` (a file in the dataset's .nv-meta that imports these). The
-  members are one JSON (`<key>.json`) and numbered images (`<key>.0.png`, `<key>.1.png`, ...):
-    conversation_images  ConversationSample: JSON {"conversation": turns}; image i goes where the i-th
-                         `<image>` marker is
+- ConversationSample: a list of turns and an optional image (or several) and audio clips, for energon's
+  dataset.yaml `sample_type: {__module__: mimo_jobs.data.samples, __class__: ConversationSample}`.
+- MediaSample: a text whose `<image>` and `<audio>` markers say where each image and audio clip goes
+  (`sample_type: {__module__: mimo_jobs.data.samples, __class__: MediaSample}`).
+- Sample loaders for samples with several images or clips, or with some members only on some samples,
+  which a field_map (one member per field, on every sample) cannot express: energon's dataset.yaml names
+  them with `sample_loader: sample_loader.py:sample_loader` and `part_filter: sample_loader.py:part_filter`
+  (a file in the dataset's .nv-meta that imports these). The members are numbered images (`<key>.0.png`,
+  `<key>.1.png`, ...) and audio clips, float32 log-mel `.npy` arrays: numbered (`<key>.0.npy`,
+  `<key>.1.npy`, ...) or, a sample's one clip, `<key>.audio.npy`; and
+    conversation_images  ConversationSample: JSON (`<key>.json`) {"conversation": turns}; image i goes where
+                         the i-th `<image>` marker is, clip j where the j-th `<audio>` is
     interleaved_images   energon's InterleavedSample: JSON {"sequence": [text, {"image": i}, text, ...]}
+    media_members        MediaSample: the text `<key>.txt`, and the images and clips (none, some or both)
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from megatron.energon.cache import FileStoreDecoder
 
 JSON_EXTS = ("json", "jsn")
 NUMBERED_IMAGE = re.compile(r"(\d+)\.(png|jpg|jpeg|webp)")
+NUMBERED_AUDIO = re.compile(r"(\d+)\.npy")
+AUDIO_MEMBER = "audio.npy"  # a sample's one clip, when it is not numbered
+TEXT_MEMBER = "txt"
 
 
 def _ext(name: str) -> str:
@@ -62,11 +70,29 @@ class ConversationSample(Sample):
     #: encoded image bytes, or a list of them; image i's placeholders go where the text has its i-th <image>
     #: marker (no marker written: all of them before the first user turn)
     image: Any = None
+    #: `.npy` audio clips (bytes), a list in `<audio>` marker order; one marker per clip, written in the turns
+    audio: Any = None
+
+
+@edataclass
+class MediaSample(Sample):
+    #: the text trained on; each `<image>` / `<audio>` marker is where the next image's / clip's
+    #: placeholders go (one marker per image and per clip)
+    text: Any
+    #: encoded image bytes, or a list of them, in `<image>` marker order
+    image: Any = None
+    #: `.npy` audio clips (bytes), or a list of them, in `<audio>` marker order
+    audio: Any = None
 
 
 def part_filter(part: str) -> bool:
-    """The members a multi-image sample loader reads: the JSON and the numbered images."""
-    return part in JSON_EXTS or NUMBERED_IMAGE.fullmatch(part) is not None
+    """The members these sample loaders read: the JSON, the text, the numbered images and the clips."""
+    return (
+        part in JSON_EXTS
+        or part in (TEXT_MEMBER, AUDIO_MEMBER)
+        or NUMBERED_IMAGE.fullmatch(part) is not None
+        or NUMBERED_AUDIO.fullmatch(part) is not None
+    )
 
 
 def _member(raw: dict) -> dict:
@@ -76,12 +102,28 @@ def _member(raw: dict) -> dict:
     return member
 
 
-def _numbered_images(raw: dict) -> list:
-    """The numbered image members in number order; numbers must run 0, 1, ... without gaps."""
-    found = {int(m.group(1)): raw[k] for k in raw if (m := NUMBERED_IMAGE.fullmatch(k))}
+def _numbered(raw: dict, pattern: re.Pattern, what: str) -> list:
+    """The members `pattern` numbers, in number order; numbers must run 0, 1, ... without gaps."""
+    found = {int(m.group(1)): raw[k] for k in raw if (m := pattern.fullmatch(k))}
     if sorted(found) != list(range(len(found))):
-        raise ValueError(f"image members are numbered {sorted(found)}; expected 0..{len(found) - 1}")
+        raise ValueError(f"{what} members are numbered {sorted(found)}; expected 0..{len(found) - 1}")
     return [found[i] for i in range(len(found))]
+
+
+def _numbered_images(raw: dict) -> list:
+    return _numbered(raw, NUMBERED_IMAGE, "image")
+
+
+def _clips(raw: dict) -> list:
+    """The audio clips: `audio.npy` (one), or `0.npy`, `1.npy`, ... (in number order); never both."""
+    clips = _numbered(raw, NUMBERED_AUDIO, "audio")
+    if AUDIO_MEMBER in raw:
+        if clips:
+            raise ValueError(
+                f"the sample has both {AUDIO_MEMBER} and numbered .npy members; name its clips one way"
+            )
+        return [raw[AUDIO_MEMBER]]
+    return clips
 
 
 def conversation_images(raw: dict) -> dict:
@@ -90,7 +132,14 @@ def conversation_images(raw: dict) -> dict:
     if "conversation" not in member:
         raise ValueError("the JSON member has no 'conversation'")
     images = _numbered_images(raw)
-    return {"conversation": member["conversation"], "image": images or None}
+    return {"conversation": member["conversation"], "image": images or None, "audio": _clips(raw) or None}
+
+
+def media_members(raw: dict) -> dict:
+    """sample_loader of a MediaSample: the text member and whatever images and clips the sample has."""
+    if TEXT_MEMBER not in raw:
+        raise ValueError(f"the sample has no text member (<key>.{TEXT_MEMBER})")
+    return {"text": raw[TEXT_MEMBER], "image": _numbered_images(raw) or None, "audio": _clips(raw) or None}
 
 
 def interleaved_images(raw: dict) -> dict:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .audio import AudioSpec
+from .batch import audio_token_id
 from .check import check_data_path
 from .energon_provider import image_token_id
 from .images import ImageGeometry, header_size
@@ -28,21 +30,27 @@ def _stat(s: Any, geometry: ImageGeometry) -> SampleStat:
     return SampleStat(
         key=s.__key__,
         image_tokens=s.image_token_count,
-        text_tokens=len(s.tokens) - s.image_token_count,
+        text_tokens=len(s.tokens) - s.image_token_count - s.audio_token_count,
         images=len(plans),
         tiles=sum(p.tiles for p in plans),
         tile_tokens_sq=sum(p.tiles * p.tokens_per_piece**2 for p in plans),
+        audio_tokens=s.audio_token_count,
+        audio_clips=len(s.audio),
     )
 
 
 def scan(
-    path: str, geometry: ImageGeometry, vocab_size: int | None, tokenizer: str | None
+    path: str,
+    geometry: ImageGeometry,
+    vocab_size: int | None,
+    tokenizer: str | None,
+    audio: AudioSpec | None = None,
 ) -> tuple[list[SampleStat], int]:
     """(per-sample stats in the dataset's order, samples skipped as bad). vocab_size None (an image encoder
-    without its LLM): the tokenizer's own ids, the image placeholder after them; token counts do not depend
-    on the vocabulary's size."""
+    without its LLM): the tokenizer's own ids, the placeholders after them; token counts do not depend
+    on the vocabulary's size. `audio`: the audio encoder's token rule (None: a clip stops the pass)."""
     if vocab_size is None:
-        vocab_size = BUILTIN_VOCAB if tokenizer is None else NO_LIMIT
+        vocab_size = BUILTIN_VOCAB + (audio is not None) if tokenizer is None else NO_LIMIT
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
     from .task_encoder import EncodeConfig, MimoTaskEncoder
@@ -52,9 +60,13 @@ def scan(
             return [_stat(s, geometry) for s in samples]
 
     check_data_path(path)
-    tok = load_tokenizer(tokenizer, vocab_size, image_token_id(vocab_size))
+    aud_id = audio_token_id(vocab_size) if audio is not None else None
+    tok = load_tokenizer(tokenizer, vocab_size, image_token_id(vocab_size), aud_id)
     enc = _Counting(
-        tok, EncodeConfig(seq_length=NO_LIMIT, geometry=geometry, need_images=False, on_bad_sample="skip")
+        tok,
+        EncodeConfig(
+            seq_length=NO_LIMIT, geometry=geometry, need_images=False, on_bad_sample="skip", audio=audio
+        ),
     )
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0, global_error_handler=enc.on_error)
     ds = get_val_dataset(path, split_part="train", worker_config=wc, batch_size=1, task_encoder=enc)

@@ -1,10 +1,11 @@
 """Token statistics of a dataset (pure): per-sample counts in, the summary the planner and people read out.
 
-Per sample: image tokens (after tiling and the encoder's pixel shuffle: what the LLM reads), text tokens
-(everything else the LLM reads: template, prompt, answer, BOS/EOS), images, and the encoder samples they
-make (tiles, a thumbnail included; an untiled image is one). Summary: count, mean, percentiles and maximum
+Per sample: image tokens (after tiling and the encoder's pixel shuffle: what the LLM reads), audio tokens
+(the audio encoder's token rule over each clip's frames), text tokens (everything else the LLM reads:
+template, prompt, answer, BOS/EOS), images, audio clips, and the encoder samples the images make (tiles, a
+thumbnail included; an untiled image is one). Summary: count, mean, percentiles and maximum
 of each, E[n^2]/E[n] over encoder samples (n their tokens: the planner prices the encoder's attention
-with it), the images-per-sample histogram, a histogram of sequence lengths, and the packing efficiency at a seq_length:
+with it), the images-per-sample and clips-per-sample histograms, a histogram of sequence lengths, and the packing efficiency at a seq_length:
 the share of the LLM's token slots holding real tokens when every sample is padded to seq_length, and when
 samples are packed first-fit-decreasing into sequences of seq_length (an upper bound of what a packing
 loader with a large buffer reaches).
@@ -28,10 +29,12 @@ class SampleStat:
     images: int
     tiles: int = 0  # encoder samples of the sample's images
     tile_tokens_sq: int = 0  # sum over those encoder samples of their tokens squared
+    audio_tokens: int = 0  # all its audio clips' placeholder tokens
+    audio_clips: int = 0
 
     @property
     def tokens(self) -> int:
-        return self.image_tokens + self.text_tokens
+        return self.image_tokens + self.audio_tokens + self.text_tokens
 
 
 def percentile(sorted_values: list[int], q: float) -> int:
@@ -93,8 +96,10 @@ def summarize(samples: list[SampleStat], seq_length: int, skipped: int = 0) -> d
     total = sum(min(n, seq_length) for n in lengths)
     packed = pack_first_fit(lengths, seq_length)
     per_image: dict[int, int] = {}
+    per_clip: dict[int, int] = {}
     for s in samples:
         per_image[s.images] = per_image.get(s.images, 0) + 1
+        per_clip[s.audio_clips] = per_clip.get(s.audio_clips, 0) + 1
     return {
         "format": STATS_FORMAT,
         "samples": len(samples),
@@ -107,6 +112,8 @@ def summarize(samples: list[SampleStat], seq_length: int, skipped: int = 0) -> d
         "tokens_per_tile": tokens_per_tile(samples),
         "tokens": describe_values(lengths),
         "images_per_sample": {str(k): v for k, v in sorted(per_image.items())},
+        "audio_tokens": describe_values([s.audio_tokens for s in samples]),
+        "audio_clips_per_sample": {str(k): v for k, v in sorted(per_clip.items())},
         "packing": {
             "padded_efficiency": total / (len(samples) * seq_length) if samples else 0.0,
             "packed_sequences": packed,

@@ -1,12 +1,14 @@
 """The energon TaskEncoder: raw samples -> the trainer's microbatch contract (see trainer/batch.py).
 
 Per sample (both sides of the bridge, identically): tokenize the text, read the image size from the
-header (no pixel decode) and insert one placeholder per image token, build labels and the loss mask.
-Per batch: pad to seq_length and stack; on encoder ranks only, decode the images (flat variable-length
-list with per-sample token counts). Only JSON members are parsed on the way in (samples.MemberDecoder);
-images arrive encoded so LLM ranks never pay for pixels, and every failure passes through code that names
-the shard and the sample key. Labels follow one rule for every layout (chat.py): a position carries loss
-exactly when the next token is a target (answer/assistant/caption text) and the position is not an image.
+header (no pixel decode) and each audio clip's shape from its `.npy` header (no data loaded), insert one
+placeholder per image token and per audio token (the audio encoder's token rule, `AudioSpec`), build labels
+and the loss mask. Per batch: pad to seq_length and stack; on encoder ranks only, decode the images (flat
+variable-length list with per-sample token counts) and load the clips. Only JSON members are parsed on the
+way in (samples.MemberDecoder); images and clips arrive encoded so LLM ranks never pay for pixels or
+features, and every failure passes through code that names the shard and the sample key. Labels follow one
+rule for every layout (chat.py): a position carries loss exactly when the next token is a target
+(answer/assistant/caption text) and the position is not an image or audio placeholder.
 
 Bad samples (corrupt image, missing/undecodable field, empty text, too long for seq_length) either raise
 DataError naming dataset, shard and key (on_bad_sample="error") or are skipped and *counted*: the skip is
@@ -35,11 +37,12 @@ from megatron.energon import (
 
 from mimo_jobs.data.batch import IGNORE_INDEX
 
-from .chat import chat_layout, interleaved_layout, normalize_turns, plain_layout
+from .audio import AUDIO_MARKER, AudioSpec, load_clip, npy_shape
+from .chat import IMAGE_MARKER, chat_layout, interleaved_layout, marked_layout, normalize_turns, plain_layout
 from .errors import DataError, describe
 from .images import ImageGeometry, decode, header_size
 from .packing import row_layout, select_packs
-from .samples import ConversationSample, MemberDecoder
+from .samples import ConversationSample, MediaSample, MemberDecoder
 from .tokenizer import Tokenizer
 
 MAX_CONSECUTIVE_SKIPS = 1000
@@ -54,6 +57,8 @@ class EncodeConfig:
     truncate_text: bool = False  # True: cut overlong text to fit (counted); images are never cut
     image_slice: tuple[int, int] | None = None  # decode only these batch positions (fan-in encoder replica)
     packing: bool = False  # rows hold several samples (PackingTaskEncoder); batches carry segment_ids
+    audio: AudioSpec | None = None  # the audio encoder's token rule; None: no audio encoder (clips refused)
+    need_audio: bool | None = None  # load the clips (audio encoder ranks); None: as need_images
 
 
 @edataclass
@@ -63,6 +68,9 @@ class EncodedSample(Sample):
     image_token_count: int  # all its images' tokens
     images: list  # encoded images (bytes) in placeholder order, decoded later (encoder side only)
     image_tokens: list  # per image: its placeholder tokens
+    audio_token_count: int  # all its clips' tokens
+    audio: list  # `.npy` clips (bytes) in placeholder order, loaded later (encoder side only)
+    audio_tokens: list  # per clip: its placeholder tokens
     lengths: list  # the samples it holds end to end: [len(tokens)], or several once packed
     truncated: bool
 
@@ -78,14 +86,22 @@ class EncodedBatch(Batch):
     # per sample [C, H, W], or [T, C, h, w] for a tiled image (None for text-only / not decoded); None on
     # the LLM side
     images: list[Any] | None
+    audio_token_counts: list[int]
+    # per sample a list of clips [n_mels, frames] in placeholder order (None: no clip / not loaded); None on
+    # the ranks that do not load audio
+    audio: list[Any] | None
     events: list[dict]  # skipped/truncated samples since the lane's previous batch (counted by the provider)
 
 
-def label_row(tokens: list[int], targets: list[bool], image_token_id: int) -> torch.Tensor:
+def label_row(
+    tokens: list[int], targets: list[bool], image_token_id: int, audio_token_id: int | None = None
+) -> torch.Tensor:
     """Next-token labels for positions 0..n-2: tokens[t+1] where it is a target, else IGNORE_INDEX.
-    An image position never carries loss (the contract in batch.py, as the mock provider does)."""
+    An image or audio position never carries loss (the contract in batch.py, as the mock provider does)."""
     ids = torch.tensor(tokens, dtype=torch.long)
     keep = torch.tensor(targets[1:], dtype=torch.bool) & (ids[:-1] != image_token_id)
+    if audio_token_id is not None:
+        keep &= ids[:-1] != audio_token_id
     return torch.where(keep, ids[1:], torch.full_like(ids[1:], IGNORE_INDEX))
 
 
@@ -122,6 +138,13 @@ def _image_list(image: Any) -> list:
     if image is None:
         return []
     return list(image) if isinstance(image, (list, tuple)) else [image]
+
+
+def _clip_list(audio: Any) -> list:
+    """A sample's audio field as a list of `.npy` members: none, one, or several."""
+    if audio is None:
+        return []
+    return list(audio) if isinstance(audio, (list, tuple)) else [audio]
 
 
 def split_interleaved(sequence: Any) -> tuple[list[str | None], list]:
@@ -203,10 +226,22 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
 
     # ------------------------------------------------------------ per sample
 
-    def _fields(self, sample: Sample) -> tuple[tuple[str, Any], str, list]:
-        """((layout, its input), the text trained on, images in placeholder order) of a supported sample
-        type: layout "plain" (input: the prompt), "chat" (the turns) or "interleaved" (text pieces, None
-        where an image goes). ValueError when malformed."""
+    def _fields(self, sample: Sample) -> tuple[tuple[str, Any], str, list, list]:
+        """((layout, its input), the text trained on, images and audio clips in placeholder order) of a
+        supported sample type: layout "plain" (input: the prompt), "chat" (the turns), "interleaved" (text
+        pieces, None where an image goes) or "marked" (the text with its markers). ValueError when
+        malformed."""
+        if isinstance(sample, MediaSample):
+            text = _text(sample.text, "text")
+            bare = text.replace(IMAGE_MARKER, "").replace(AUDIO_MARKER, "")
+            return ("marked", text), bare, _image_list(sample.image), _clip_list(sample.audio)
+        if isinstance(sample, ConversationSample):
+            turns = normalize_turns(sample.conversation)
+            text = " ".join(t["content"] for t in turns if t["role"] == "assistant")
+            return ("chat", turns), text, _image_list(sample.image), _clip_list(sample.audio)
+        return (*self._image_fields(sample), [])
+
+    def _image_fields(self, sample: Sample) -> tuple[tuple[str, Any], str, list]:
         if isinstance(sample, CaptioningSample):
             return ("plain", ""), _text(sample.caption, "caption"), _image_list(sample.image)
         if isinstance(sample, VQASample):
@@ -218,10 +253,6 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
                 return ("plain", context), answer, _image_list(sample.image)
             turns = [{"role": "user", "content": context}, {"role": "assistant", "content": answer}]
             return ("chat", turns), answer, _image_list(sample.image)
-        if isinstance(sample, ConversationSample):
-            turns = normalize_turns(sample.conversation)
-            text = " ".join(t["content"] for t in turns if t["role"] == "assistant")
-            return ("chat", turns), text, _image_list(sample.image)
         if isinstance(sample, InterleavedSample):
             pieces, images = split_interleaved(sample.sequence)
             return ("interleaved", pieces), "".join(p for p in pieces if p is not None), images
@@ -229,7 +260,7 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             return ("plain", ""), _text(sample.text, "text"), []
         raise ValueError(
             f"unsupported sample type {type(sample).__name__} (use CaptioningSample, VQASample, "
-            "ConversationSample, InterleavedSample or TextSample)"
+            "ConversationSample, MediaSample, InterleavedSample or TextSample)"
         )
 
     def _image_tokens(self, sample: Sample, image: Any) -> int:
@@ -241,28 +272,46 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             self._bad(sample, "image", f"corrupt image ({type(e).__name__}: {e})")
         return self.cfg.geometry.tokens(h, w)
 
+    def _clip_tokens(self, sample: Sample, clip: Any) -> int:
+        if not isinstance(clip, (bytes, bytearray)):
+            self._bad(sample, "field", f"audio field has type {type(clip).__name__}, expected .npy bytes")
+        if self.cfg.audio is None:
+            # a setting that fits no audio sample: skipping would only hide it
+            key, shard, dataset = _source(sample)
+            raise DataError(
+                f"{describe(key, shard, dataset)}: the sample has an audio clip but the model has no audio "
+                "encoder (add one to trainer.model, or train on data without audio)"
+            )
+        try:
+            return self.cfg.audio.clip_tokens(npy_shape(bytes(clip)))
+        except ValueError as e:
+            self._bad(sample, "audio", str(e))
+
     def encode_sample(self, sample: Sample) -> EncodedSample:
         try:
-            (layout, given), response, images = self._fields(sample)
+            (layout, given), response, images, clips = self._fields(sample)
         except ValueError as e:
             self._bad(sample, "field", str(e))
         if not response.strip():
             self._bad(sample, "empty", "text is empty")
         counts = [self._image_tokens(sample, im) for im in images]
         n_img = sum(counts)
+        audio_counts = [self._clip_tokens(sample, c) for c in clips]
         t = self.tok
         try:
             if layout == "plain":  # every image's placeholders lead, in order
                 ids, targets = plain_layout(t, given, response, n_img)
             elif layout == "chat":
-                ids, targets = chat_layout(t, given, counts)
+                ids, targets = chat_layout(t, given, counts, audio_counts)
+            elif layout == "marked":
+                ids, targets = marked_layout(t, given, counts, audio_counts)
             else:
                 ids, targets = interleaved_layout(t, given, counts)
         except DataError:
             raise  # a setting that fits no sample (e.g. no chat template): skipping would only hide it
         except ValueError as e:
             self._bad(sample, "field", str(e))
-        ids, targets, truncated = self._fit(sample, ids, targets, n_img)
+        ids, targets, truncated = self._fit(sample, ids, targets, n_img, sum(audio_counts))
         self._consecutive_skips = 0
         return EncodedSample.derive_from(
             sample,
@@ -271,24 +320,31 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             image_token_count=n_img,
             images=[bytes(im) for im in images],
             image_tokens=counts,
+            audio_token_count=sum(audio_counts),
+            audio=[bytes(c) for c in clips],
+            audio_tokens=audio_counts,
             lengths=[len(ids)],
             truncated=truncated,
         )
 
     def _fit(
-        self, sample: Sample, ids: list[int], targets: list[bool], n_img: int
+        self, sample: Sample, ids: list[int], targets: list[bool], n_img: int, n_audio: int = 0
     ) -> tuple[list[int], list[bool], bool]:
-        """Cut text past seq_length when allowed; never an image's placeholders, never every target."""
+        """Cut text past seq_length when allowed; never an image's or a clip's placeholders, never every
+        target."""
         seq = self.cfg.seq_length
         if len(ids) <= seq:
             return ids, targets, False
-        img = self.tok.image_token_id
+        img, aud = self.tok.image_token_id, self.tok.audio_token_id
         cut_ok = ids[:seq].count(img) == n_img and any(targets[1:seq])
+        cut_ok = cut_ok and (not n_audio or ids[:seq].count(aud) == n_audio)
         if not self.cfg.truncate_text or not cut_ok:
             self._bad(
                 sample,
                 "overlong",
-                f"{len(ids)} tokens ({n_img} image tokens) do not fit seq_length={seq}"
+                f"{len(ids)} tokens ({n_img} image tokens"
+                + (f", {n_audio} audio tokens" if n_audio else "")
+                + f") do not fit seq_length={seq}"
                 + ("" if self.cfg.truncate_text else "; set trainer.data.truncate_text: true to cut text"),
             )
         key, shard, _ = _source(sample)
@@ -315,7 +371,10 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             a = 0
             for n in s.lengths:  # packed samples: each one's last position predicts nothing
                 labels[i, a : a + n - 1] = label_row(
-                    s.tokens[a : a + n], s.targets[a : a + n], self.tok.image_token_id
+                    s.tokens[a : a + n],
+                    s.targets[a : a + n],
+                    self.tok.image_token_id,
+                    self.tok.audio_token_id,
                 )
                 a += n
         loss_mask = (labels != IGNORE_INDEX).float()
@@ -337,6 +396,15 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
                 row = [self._decoded(s, im, n) for im, n in zip(s.images, s.image_tokens)]
                 # one image as before (a tensor); several (multi-image or packed) as a list in order
                 images.append(row[0] if len(row) == 1 else row)
+        audio = None
+        if self.cfg.need_images if self.cfg.need_audio is None else self.cfg.need_audio:
+            lo, hi = self.cfg.image_slice or (0, b)
+            audio = [
+                [self._loaded(s, c, n) for c, n in zip(s.audio, s.audio_tokens)]
+                if s.audio and lo <= i < hi
+                else None
+                for i, s in enumerate(samples)
+            ]
         events, self._events = self._events, []
         return EncodedBatch.from_samples(
             samples,
@@ -347,8 +415,22 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             segment_ids=segment_ids,
             image_token_counts=[s.image_token_count for s in samples],
             images=images,
+            audio_token_counts=[s.audio_token_count for s in samples],
+            audio=audio,
             events=events,
         )
+
+    def _loaded(self, s: EncodedSample, clip: bytes, tokens: int) -> Any:
+        """One clip of sample s, loaded ([n_mels, frames] float32), checked to give the `tokens` its header
+        promised."""
+        try:
+            x = load_clip(clip)
+        except ValueError as e:
+            raise _loaded_error(s, f"audio clip passed the header check but failed to load ({e})") from e
+        n = self.cfg.audio.clip_tokens(tuple(x.shape))
+        if n != tokens:
+            raise _loaded_error(s, f"audio header gives {tokens} tokens but the loaded clip gives {n}")
+        return x
 
     def _decoded(self, s: EncodedSample, image: bytes, tokens: int) -> Any:
         """One image of sample s, decoded, checked to give the `tokens` its header promised."""
@@ -372,6 +454,11 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
         return img
 
 
+def _loaded_error(s: EncodedSample, detail: str) -> DataError:
+    # The LLM side accepted this clip from its header; skipping here would misalign the lanes
+    return DataError(f"{describe(*_source(s))}: {detail}; remove or fix the sample")
+
+
 def pack_encoded(samples: list[EncodedSample]) -> EncodedSample:
     """Encoded samples end to end as one: tokens, targets and images in order, `lengths` saying where each
     sample ends. Its key joins theirs with '+' (checked on both sides of the bridge like any key)."""
@@ -384,6 +471,9 @@ def pack_encoded(samples: list[EncodedSample]) -> EncodedSample:
         image_token_count=sum(s.image_token_count for s in samples),
         images=[im for s in samples for im in s.images],
         image_tokens=[n for s in samples for n in s.image_tokens],
+        audio_token_count=sum(s.audio_token_count for s in samples),
+        audio=[c for s in samples for c in s.audio],
+        audio_tokens=[n for s in samples for n in s.audio_tokens],
         lengths=[n for s in samples for n in s.lengths],
         truncated=any(s.truncated for s in samples),
     )

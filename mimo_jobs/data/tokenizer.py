@@ -1,9 +1,11 @@
 """Tokenizers for the energon task encoder.
 
 Built-in: a character tokenizer for the synthetic data (fits the tiny presets' vocab of 128): specials
-PAD/BOS/EOS/UNK, the image placeholder, then printable ASCII. Otherwise a HuggingFace tokenizer from a
+PAD/BOS/EOS/UNK, the image placeholder (and, for a model with an audio encoder, the audio placeholder), then
+printable ASCII. Otherwise a HuggingFace tokenizer from a
 local directory (optional import of `transformers`); its image placeholder is its own `<image>` token
-when it has one, else the configured id, which must then lie outside the ids the tokenizer emits. A
+when it has one, else the configured id, which must then lie outside the ids the tokenizer emits (the
+audio placeholder likewise, with `<audio>`). A
 tokenizer with a chat template renders instruction samples as conversations (see chat.py); the built-in
 one has none, so its samples keep the plain layout BOS, image, prompt, response, EOS.
 """
@@ -31,6 +33,7 @@ class Tokenizer(Protocol):
     bos_id: int
     eos_id: int
     image_token_id: int
+    audio_token_id: int | None  # None: no audio placeholder (the model has no audio encoder)
 
     chat_template: str | None
 
@@ -53,25 +56,25 @@ class CharTokenizer:
     eos_id: int = EOS_ID
     unk_id: int = UNK_ID
     chat_template: str | None = None
+    audio_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        need = len(PRINTABLE) + 5
+        audio = self.audio_token_id is not None
+        need = len(PRINTABLE) + 5 + audio
         if self.vocab_size < need:
             raise DataError(
-                f"built-in tokenizer needs vocab_size >= {need} (4 specials + image + "
-                f"{len(PRINTABLE)} characters); the model has {self.vocab_size}: "
+                f"built-in tokenizer needs vocab_size >= {need} (4 specials + image "
+                + ("+ audio " if audio else "")
+                + f"+ {len(PRINTABLE)} characters); the model has {self.vocab_size}: "
                 "choose a larger preset or give trainer.data.tokenizer"
             )
-        if not 0 <= self.image_token_id < self.vocab_size or self.image_token_id in (
-            PAD_ID,
-            BOS_ID,
-            EOS_ID,
-            UNK_ID,
-        ):
-            raise DataError(
-                f"image_token_id={self.image_token_id} must be in [4, {self.vocab_size}) and not a special id"
-            )
-        ids = [i for i in range(4, self.vocab_size) if i != self.image_token_id]
+        for what, i in (("image", self.image_token_id), ("audio", self.audio_token_id)):
+            if i is not None and (not 0 <= i < self.vocab_size or i in (PAD_ID, BOS_ID, EOS_ID, UNK_ID)):
+                raise DataError(f"{what}_token_id={i} must be in [4, {self.vocab_size}) and not a special id")
+        if audio and self.audio_token_id == self.image_token_id:
+            raise DataError(f"audio_token_id={self.audio_token_id} is the image placeholder too")
+        placeholders = (self.image_token_id, self.audio_token_id)
+        ids = [i for i in range(4, self.vocab_size) if i not in placeholders]
         self._table = dict(zip(PRINTABLE, ids))
 
     def encode(self, text: str) -> list[int]:
@@ -92,7 +95,7 @@ class CharTokenizer:
 class HFTokenizer:
     """A HuggingFace tokenizer loaded from a local path (no network)."""
 
-    def __init__(self, path: str, vocab_size: int, image_token_id: int):
+    def __init__(self, path: str, vocab_size: int, image_token_id: int, audio_token_id: int | None = None):
         try:
             from transformers import AutoTokenizer
         except ImportError:
@@ -118,6 +121,19 @@ class HFTokenizer:
                 f"tokenizer {path!r} has no <image> token and image_token_id={image_token_id} "
                 f"collides with its ids [0, {self.vocab_size}); use an id >= {self.vocab_size}"
             )
+        self.audio_token_id = None
+        if audio_token_id is not None:
+            own = tok.convert_tokens_to_ids("<audio>") if "<audio>" in tok.get_vocab() else None
+            self.audio_token_id = own if own is not None else audio_token_id
+            if own is None and audio_token_id < self.vocab_size:
+                raise DataError(
+                    f"tokenizer {path!r} has no <audio> token and audio_token_id={audio_token_id} "
+                    f"collides with its ids [0, {self.vocab_size}); use an id >= {self.vocab_size}"
+                )
+            if self.audio_token_id == self.image_token_id:
+                raise DataError(
+                    f"tokenizer {path!r}: the audio and image placeholders are both id {self.audio_token_id}"
+                )
         self.bos_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         self.eos_id = tok.eos_token_id if tok.eos_token_id is not None else self.bos_id
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_id
@@ -145,7 +161,9 @@ class HFTokenizer:
         )
 
 
-def load_tokenizer(path: str | None, vocab_size: int, image_token_id: int) -> Tokenizer:
+def load_tokenizer(
+    path: str | None, vocab_size: int, image_token_id: int, audio_token_id: int | None = None
+) -> Tokenizer:
     if path:
-        return HFTokenizer(path, vocab_size, image_token_id)
-    return CharTokenizer(vocab_size=vocab_size, image_token_id=image_token_id)
+        return HFTokenizer(path, vocab_size, image_token_id, audio_token_id)
+    return CharTokenizer(vocab_size=vocab_size, image_token_id=image_token_id, audio_token_id=audio_token_id)
