@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from mimo_jobs.model.arch import ArchError, _check_choice, _check_finite_positive, _check_positive, _known
+from mimo_jobs.model.arch import (
+    ArchError,
+    _check_choice,
+    _check_finite_positive,
+    _check_positive,
+    _known,
+    register_encoder_arch,
+)
 
 AUDIO_KINDS = ("whisper",)
 AUDIO_ACTIVATIONS = ("gelu",)
@@ -154,6 +161,10 @@ class AudioArch:
     @classmethod
     def from_dict(cls, d: dict) -> AudioArch:
         return cls(**_known(cls, d, "audio encoder"))
+
+
+# run.yaml's inline fields (and a study's) of kind `whisper` read back as an AudioArch
+register_encoder_arch(AudioArch, AUDIO_KINDS)
 
 
 def audio_params(a: AudioArch, held: bool = False) -> int:

@@ -272,12 +272,19 @@ def test_the_flat_encoder_sizes_of_several_encoders_are_refused_naming_the_rule(
     assert module_ranges(one)[0].fan == "out"
 
 
-def test_the_trainer_preflight_refuses_several_encoders_in_one_line():
+def test_the_trainer_preflight_refuses_several_encoders_on_ranks_of_their_own_in_one_line():
     pytest.importorskip("torch")
     from mimo_jobs.trainer.main import PreflightError, preflight
 
-    run = next(r for r in runs_of(parse_study(TWO)) if not r.layout.colocated)
+    runs = runs_of(parse_study(TWO))
+    het = next(r for r in runs if not r.layout.colocated)
     with pytest.raises(
-        PreflightError, match=r"run\.yaml: 2 encoders \(vision, audio\): the packaged trainer runs one"
+        PreflightError,
+        match=r"run\.yaml: 2 encoders \(vision, audio\) on ranks of their own: the packaged trainer runs several "
+        r"encoders colocated",
     ):
-        preflight(run, {}, reference=True)
+        preflight(het, {}, reference=False)
+    # what runs: the colocated point, and the one-process reference of either
+    col = next(r for r in runs if r.layout.colocated)
+    assert preflight(col, {}, reference=True) == []
+    assert preflight(het, {}, reference=True) == []
