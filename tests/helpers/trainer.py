@@ -22,7 +22,7 @@ def make_run_yaml(
     mbs: int = 1,
     enc: dict | None = None,
     llm: dict | None = None,
-    model: str = "tiny",
+    model: str | dict = "tiny",
     iters: int = 3,
     trainer: dict | None = None,
     data: dict | None = None,
@@ -48,7 +48,7 @@ def make_run_yaml(
                 "points": [
                     {
                         "nodes": 1,
-                        "encoder": enc or {},
+                        **_encoder_sizes(model, enc),
                         "llm": llm or {},
                         "gbs": gbs,
                         "mbs": mbs,
@@ -63,6 +63,14 @@ def make_run_yaml(
     p = out / "run.yaml"
     p.write_text(yaml.safe_dump(run_yaml_doc(run, out)))
     return p
+
+
+def _encoder_sizes(model, enc: dict | None) -> dict:
+    """The point's encoder sizes: `encoder` of a one-encoder model; a model of several encoder modules
+    (trainer.model.encoders) sizes each by name (`enc`: {name: sizes}; none for a colocated point)."""
+    if isinstance(model, dict) and "encoders" in model:
+        return {"encoders": enc} if enc else {}
+    return {"encoder": enc or {}}
 
 
 def run_reference(run_yaml: Path, metrics: Path, timeout: int = 240) -> subprocess.CompletedProcess:

@@ -29,7 +29,14 @@ LINE_RE = re.compile(
 )
 
 
-def _parity(shared_runs, tmp_path, nproc: int, **kw):
+# a model of several encoders has no FLOPs figure yet (the FLOPs model prices one encoder): its lines have no
+# throughput field
+NO_MFU_LINE_RE = re.compile(
+    LINE_RE.pattern.replace(r"throughput per GPU \(TFLOP/s/GPU\): [\d.]+ \| ", ""), re.MULTILINE
+)
+
+
+def _parity(shared_runs, tmp_path, nproc: int, line_re=LINE_RE, **kw):
     ry = make_run_yaml(tmp_path / "run", **kw)
     r = shared_runs.reference(ry).ok("reference").iterations()
     het = shared_runs.world(ry, nproc).ok("torchrun")
@@ -43,7 +50,7 @@ def _parity(shared_runs, tmp_path, nproc: int, **kw):
     # an untrained model with 0.02-std weights predicts ~uniformly over the 128-token vocabulary
     assert abs(h[0]["loss"] - math.log(128)) < 0.1
     # Megatron-format lines on the last LLM rank, after the layout line
-    lines = LINE_RE.findall(het.stdout)
+    lines = line_re.findall(het.stdout)
     assert [int(x[0]) for x in lines] == [1, 2, 3], het.stdout[-3000:]
     assert het.stdout.index("mimo-jobs trainer: run ") < het.stdout.index("iteration        1/")
     return ry, r, h, het
@@ -233,3 +240,50 @@ def test_architecture_features_match_the_reference(shared_runs, tmp_path, model,
     if "moe" in model:
         for a, b in zip(r, h):
             assert b["moe_aux_loss"] == pytest.approx(a["moe_aux_loss"], rel=RTOL)
+
+
+# Several encoder modules: the packaged vision tower and a Whisper-class audio encoder at CPU size
+# (model/presets.py tiny-audio), colocated. A quarter of the samples carry no image and half of them an audio
+# clip (the mock provider's fractions), so samples with an image only, audio only, both and neither meet in
+# the same iterations.
+OMNI = {"name": "tiny-omni", "encoders": {"vision": "tiny", "audio": "tiny-audio"}, "llm": "tiny"}
+OMNI_DATA = {
+    "text_only_fraction": 0.25,
+    "image_sizes": [8, 12, 16],
+    "audio_fraction": 0.5,
+    "audio_frames": [16, 24],
+}
+OMNI_TRAINER = {"seq_length": 48}
+
+
+def _sample_kinds(ry) -> set[tuple[bool, bool]]:
+    """(has an image, has audio) of every sample the run's 3 iterations draw."""
+    run, _ = load_run_yaml(ry)
+    plan = run.rank_layout()
+    lanes = list(range(plan.layout.llm_dp))
+    prov = MockProvider(mock_config(run, plan), lanes, need_images=False, need_text=True)
+    out = set()
+    for _ in range(3 * plan.num_microbatches):
+        for lane in lanes:
+            b = prov.next(lane)
+            out |= {(i > 0, a > 0) for i, a in zip(b.image_token_counts, b.audio_token_counts)}
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("llm", [{"dp": 2}, {"tp": 2}], ids=["tp1-dp2", "tp2-dp1"])
+def test_vision_and_audio_colocated_match_the_reference(shared_runs, tmp_path, llm):
+    kw = {"gbs": 4, "model": OMNI, "data": OMNI_DATA, "colocated": True}
+    ry, r, h, p = _parity(
+        shared_runs, tmp_path, 2, NO_MFU_LINE_RE, gpn=2, llm=llm, trainer=OMNI_TRAINER, **kw
+    )
+    assert "vision:tp=" in p.stdout and "audio:tp=" in p.stdout and "bridge none (colocated" in p.stdout
+    assert _sample_kinds(ry) == {(True, True), (True, False), (False, True), (False, False)}
+    assert sum(x["extras"]["image_tokens"] for x in h) == sum(x["extras"]["image_tokens"] for x in r) > 0
+    # the audio embeddings reach the loss: with the audio encoder frozen the first loss is the same and the
+    # global grad norm strictly smaller (the audio module's gradient is missing)
+    frozen = {**OMNI_TRAINER, "freeze": {"encoders": {"audio": True}}}
+    fy = make_run_yaml(tmp_path / "frozen-audio", gpn=2, llm={"dp": 2}, trainer=frozen, **kw)
+    f = shared_runs.reference(fy).ok("reference, audio frozen").iterations()
+    assert f[0]["loss"] == pytest.approx(r[0]["loss"], rel=1e-9)
+    assert f[0]["grad_norm"] < r[0]["grad_norm"] * (1 - 1e-3)
