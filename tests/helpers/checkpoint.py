@@ -24,7 +24,7 @@ def make_run(
     enc_tp: int = 1,
     llm_ep: int = 1,
     llm_pp: int = 1,
-    model: str = "tiny",
+    model: str | dict = "tiny",
     gbs: int,
     mbs: int = 1,
     iters: int,

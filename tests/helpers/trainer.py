@@ -8,10 +8,28 @@ from pathlib import Path
 
 import yaml
 
+from helpers import STUDIES
 from helpers.launch import trainer, worker_env
 from mimo_jobs.study.expand import runs_of
 from mimo_jobs.study.load import parse_study
 from mimo_jobs.study.runspec import run_yaml_doc
+
+# The packaged study of several encoder modules (a vision tower and a Whisper-class audio encoder, colocated):
+# its model and mock data are what every vision+audio trainer test runs.
+OMNI_STUDY = STUDIES / "cpu_omni.yaml"
+_OMNI = yaml.safe_load(OMNI_STUDY.read_text())["trainer"]
+OMNI, OMNI_DATA = _OMNI["model"], _OMNI["data"]
+
+
+def study_run_yaml(out: Path, study: Path, index: int, **trainer) -> Path:
+    """run.yaml of the study's run `index`, with these trainer settings changed (e.g. train_iters)."""
+    doc = yaml.safe_load(study.read_text())
+    doc["trainer"].update(trainer)
+    run = runs_of(parse_study(doc, env={}))[index]
+    out.mkdir(parents=True, exist_ok=True)
+    p = out / "run.yaml"
+    p.write_text(yaml.safe_dump(run_yaml_doc(run, out), sort_keys=False))  # the modules in the study's order
+    return p
 
 
 def make_run_yaml(

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from helpers.runs import reference_key
-from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference
+from helpers.trainer import OMNI_STUDY, assert_ok, iterations, make_run_yaml, run_reference, study_run_yaml
 from mimo_jobs.data.mock import MockProvider, mock_config
 from mimo_jobs.study.runspec import load_run_yaml
 from mimo_jobs.trainer.parallel.bridge import segments_of_encoder
@@ -242,20 +242,6 @@ def test_architecture_features_match_the_reference(shared_runs, tmp_path, model,
             assert b["moe_aux_loss"] == pytest.approx(a["moe_aux_loss"], rel=RTOL)
 
 
-# Several encoder modules: the packaged vision tower and a Whisper-class audio encoder at CPU size
-# (model/presets.py tiny-audio), colocated. A quarter of the samples carry no image and half of them an audio
-# clip (the mock provider's fractions), so samples with an image only, audio only, both and neither meet in
-# the same iterations.
-OMNI = {"name": "tiny-omni", "encoders": {"vision": "tiny", "audio": "tiny-audio"}, "llm": "tiny"}
-OMNI_DATA = {
-    "text_only_fraction": 0.25,
-    "image_sizes": [8, 12, 16],
-    "audio_fraction": 0.5,
-    "audio_frames": [16, 24],
-}
-OMNI_TRAINER = {"seq_length": 48}
-
-
 def _sample_kinds(ry) -> set[tuple[bool, bool]]:
     """(has an image, has audio) of every sample the run's 3 iterations draw."""
     run, _ = load_run_yaml(ry)
@@ -270,20 +256,29 @@ def _sample_kinds(ry) -> set[tuple[bool, bool]]:
     return out
 
 
+# Several encoder modules, colocated: the packaged study studies/cpu_omni.yaml (a vision tower and a
+# Whisper-class audio encoder), each of its points for 3 iterations; every sample kind in the same iterations
 @pytest.mark.slow
-@pytest.mark.parametrize("llm", [{"dp": 2}, {"tp": 2}], ids=["tp1-dp2", "tp2-dp1"])
-def test_vision_and_audio_colocated_match_the_reference(shared_runs, tmp_path, llm):
-    kw = {"gbs": 4, "model": OMNI, "data": OMNI_DATA, "colocated": True}
-    ry, r, h, p = _parity(
-        shared_runs, tmp_path, 2, NO_MFU_LINE_RE, gpn=2, llm=llm, trainer=OMNI_TRAINER, **kw
-    )
+@pytest.mark.parametrize("index", [0, 1], ids=["tp1-dp2", "tp2-dp1"])
+def test_the_vision_and_audio_study_matches_the_reference(shared_runs, tmp_path, index):
+    ry = study_run_yaml(tmp_path / "run", OMNI_STUDY, index, train_iters=3)
+    r = shared_runs.reference(ry).ok("reference").iterations()
+    p = shared_runs.world(ry, 2).ok("colocated torchrun")
+    h = p.iterations()
+    assert [x["iteration"] for x in h] == [1, 2, 3] == [x["iteration"] for x in r]
+    for a, b in zip(r, h):
+        assert b["loss"] == pytest.approx(a["loss"], rel=RTOL), (a, b)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=RTOL), (a, b)
+        assert b["tokens"] == a["tokens"] and b["consumed_samples"] == a["consumed_samples"]
+    assert abs(h[0]["loss"] - math.log(128)) < 0.1
+    assert [int(x[0]) for x in NO_MFU_LINE_RE.findall(p.stdout)] == [1, 2, 3], p.stdout[-3000:]
     assert "vision:tp=" in p.stdout and "audio:tp=" in p.stdout and "bridge none (colocated" in p.stdout
     assert _sample_kinds(ry) == {(True, True), (True, False), (False, True), (False, False)}
     assert sum(x["extras"]["image_tokens"] for x in h) == sum(x["extras"]["image_tokens"] for x in r) > 0
     # the audio embeddings reach the loss: with the audio encoder frozen the first loss is the same and the
     # global grad norm strictly smaller (the audio module's gradient is missing)
-    frozen = {**OMNI_TRAINER, "freeze": {"encoders": {"audio": True}}}
-    fy = make_run_yaml(tmp_path / "frozen-audio", gpn=2, llm={"dp": 2}, trainer=frozen, **kw)
+    frozen = {"encoders": {"audio": True}}
+    fy = study_run_yaml(tmp_path / "frozen-audio", OMNI_STUDY, index, train_iters=3, freeze=frozen)
     f = shared_runs.reference(fy).ok("reference, audio frozen").iterations()
     assert f[0]["loss"] == pytest.approx(r[0]["loss"], rel=1e-9)
     assert f[0]["grad_norm"] < r[0]["grad_norm"] * (1 - 1e-3)
