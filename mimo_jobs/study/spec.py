@@ -344,6 +344,14 @@ class FreezeSpec(_Strict):
         """Whether the encoder module of this name is frozen (the one rule the trainer reads)."""
         return self.encoder or self.encoders.get(module, False)
 
+    def every_encoder(self, model) -> bool:
+        """Whether every encoder module of trainer.model (a resolved field) is frozen."""
+        if self.encoder or not self.encoders:
+            return self.encoder
+        from mimo_jobs.model.resolve import arch_of
+
+        return all(self.frozen(n) for n in arch_of(model).encoders)
+
 
 Recompute = Literal["none", "selective", "full"]
 

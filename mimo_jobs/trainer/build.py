@@ -113,7 +113,7 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
     t = run.trainer
     preset = arch_of(t.model)
     prec, device = _precision_and_device(run)
-    if t.freeze.llm and all(t.freeze.frozen(n) for n in preset.encoders):
+    if t.freeze.llm and t.freeze.every_encoder(t.model):
         raise ValueError("trainer.freeze: every encoder and the llm are frozen; nothing to train")
     enc_s, llm_s = G.single_process_shapes(plan) if reference else G.module_shapes(plan)
     grids = G.build_grids(enc_s, llm_s, "nccl" if prec.use_gpu else "gloo", timeout)

@@ -365,7 +365,7 @@ def _contributes(st: TrainState) -> bool:
 
 def _grads_come_back(st: TrainState) -> bool:
     """The LLM returns embedding gradients to the encoder (not when every encoder is frozen)."""
-    return not all(st.run.trainer.freeze.frozen(n) for n in st.preset.encoders)
+    return not st.run.trainer.freeze.every_encoder(st.run.trainer.model)
 
 
 def _draw_batches(st: TrainState, tm: PhaseTimer) -> list[dict]:

@@ -17,6 +17,10 @@ from helpers.trainer import OMNI_STUDY, make_run_yaml, study_run_yaml
 
 WORKER = Path(__file__).with_name("encoder_modules_worker.py")
 
+pytestmark = (
+    pytest.mark.slow
+)  # a process that builds the models three times: CI runs it, the fast default not
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
