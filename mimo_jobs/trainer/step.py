@@ -47,6 +47,7 @@ class StepStats:
     phases_s: dict = field(default_factory=dict)
     moe_aux_loss: float | None = None
     image_tokens: int = 0
+    audio_tokens: int = 0  # audio embeddings the LLM consumed (a model with an audio encoder)
     carried_tokens: int = 0  # the global batch's positions before padding (carried_positions)
     empty_encoder_microbatches: int = 0  # encoder microbatches with no image at all (this rank)
     saved_peak_bytes: int = 0  # most bytes autograd held for backward during the step (this rank)
@@ -310,7 +311,7 @@ def train_step(st: TrainState) -> StepStats:
     with st.meter.hooks():
         tally = _microbatches(st, batches, n_tokens, tm)
     res = _optimizer_step(st, tm)
-    loss_sum, aux, image_tokens = _global_figures(st, tally)
+    loss_sum, aux, image_tokens, audio_tokens = _global_figures(st, tally)
     st.iteration += 1
     st.consumed_samples += st.plan.layout.gbs
     aux_per_microbatch = aux / (st.plan.num_microbatches * st.plan.layout.llm_dp)
@@ -326,6 +327,7 @@ def train_step(st: TrainState) -> StepStats:
         phases_s=dict(tm.acc),
         moe_aux_loss=aux_per_microbatch if st.preset.llm.num_experts else None,
         image_tokens=int(image_tokens),
+        audio_tokens=int(audio_tokens),
         carried_tokens=int(carried),
         empty_encoder_microbatches=tally.empty_encoder_microbatches,
         saved_peak_bytes=st.meter.peak,
@@ -353,6 +355,7 @@ class _Tally:
 
     loss_sum: float = 0.0  # per-token loss summed over the loss-bearing tokens (not yet divided by N)
     image_tokens: int = 0  # image embeddings the LLM consumed
+    audio_tokens: int = 0  # audio embeddings the LLM consumed
     empty_encoder_microbatches: int = 0
     inflight_peak: int = 0
 
@@ -422,6 +425,7 @@ def _reference_microbatches(st: TrainState, batches: list[dict], n_tokens: float
         for lane in range(st.plan.layout.llm_dp):
             x = torch.cat(per_lane[lane]) if per_lane.get(lane) else None
             tally.image_tokens += 0 if x is None else x.shape[0]
+            tally.audio_tokens += 0 if aud[lane] is None else aud[lane].shape[0]
             ls = llm_forward(st, mb[lane], x, aud_emb=aud[lane])
             tally.loss_sum += float(ls.detach())
             total = ls / max(n_tokens, 1.0) if total is None else total + ls / max(n_tokens, 1.0)
@@ -470,6 +474,7 @@ def _colocated_microbatches(st: TrainState, batches: list[dict], n_tokens: float
         tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
         tm.add("enc_fwd", a)
         tally.image_tokens += flat.shape[0]
+        tally.audio_tokens += 0 if aud is None else aud.shape[0]
         a = tm.mark()
         ls = llm_forward(st, b, flat, aud_emb=aud)
         tally.loss_sum += float(ls.detach())
@@ -685,11 +690,11 @@ def _optimizer_step(st: TrainState, tm: PhaseTimer):
 
 
 def _global_figures(st: TrainState, tally: _Tally) -> list:
-    """[loss sum, MoE aux loss, image tokens] over the whole global batch (a world all-reduce, except in the
-    reference)."""
+    """[loss sum, MoE aux loss, image tokens, audio tokens] over the whole global batch (a world all-reduce,
+    except in the reference)."""
     aux = _moe_aux(st)
     if _contributes(st):
-        vals = [tally.loss_sum, aux, tally.image_tokens]
+        vals = [tally.loss_sum, aux, tally.image_tokens, tally.audio_tokens]
     else:
-        vals = [0.0, 0.0, 0.0]
+        vals = [0.0, 0.0, 0.0, 0.0]
     return vals if st.reference else _world_sum(st, vals)

@@ -242,18 +242,19 @@ def test_architecture_features_match_the_reference(shared_runs, tmp_path, model,
             assert b["moe_aux_loss"] == pytest.approx(a["moe_aux_loss"], rel=RTOL)
 
 
-def _sample_kinds(ry) -> set[tuple[bool, bool]]:
-    """(has an image, has audio) of every sample the run's 3 iterations draw."""
+def _sample_kinds(ry) -> tuple[set[tuple[bool, bool]], int]:
+    """(has an image, has audio) of every sample the run's 3 iterations draw, and their audio tokens."""
     run, _ = load_run_yaml(ry)
     plan = run.rank_layout()
     lanes = list(range(plan.layout.llm_dp))
     prov = MockProvider(mock_config(run, plan), lanes, need_images=False, need_text=True)
-    out = set()
+    out, audio = set(), 0
     for _ in range(3 * plan.num_microbatches):
         for lane in lanes:
             b = prov.next(lane)
             out |= {(i > 0, a > 0) for i, a in zip(b.image_token_counts, b.audio_token_counts)}
-    return out
+            audio += b.num_audio_tokens
+    return out, audio
 
 
 # Several encoder modules, colocated: the packaged study studies/cpu_omni.yaml (a vision tower and a
@@ -273,8 +274,11 @@ def test_the_vision_and_audio_study_matches_the_reference(shared_runs, tmp_path,
     assert abs(h[0]["loss"] - math.log(128)) < 0.1
     assert [int(x[0]) for x in NO_MFU_LINE_RE.findall(p.stdout)] == [1, 2, 3], p.stdout[-3000:]
     assert "vision:tp=" in p.stdout and "audio:tp=" in p.stdout and "bridge none (colocated" in p.stdout
-    assert _sample_kinds(ry) == {(True, True), (True, False), (False, True), (False, False)}
-    assert sum(x["extras"]["image_tokens"] for x in h) == sum(x["extras"]["image_tokens"] for x in r) > 0
+    kinds, audio = _sample_kinds(ry)
+    assert kinds == {(True, True), (True, False), (False, True), (False, False)}
+    for kind in ("image_tokens", "audio_tokens"):
+        assert sum(x["extras"][kind] for x in h) == sum(x["extras"][kind] for x in r) > 0
+    assert sum(x["extras"]["audio_tokens"] for x in h) == audio  # every clip's tokens reached the LLM
     # the audio embeddings reach the loss: with the audio encoder frozen the first loss is the same and the
     # global grad norm strictly smaller (the audio module's gradient is missing)
     frozen = {"encoders": {"audio": True}}

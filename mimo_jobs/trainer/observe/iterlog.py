@@ -253,6 +253,12 @@ class IterLogger:
             phases_ms={k: v * 1e3 for k, v in stats.phases_s.items()},
             extras={
                 "image_tokens": stats.image_tokens,
+                # a model with an audio encoder: the audio embeddings the LLM consumed
+                **(
+                    {"audio_tokens": stats.audio_tokens}
+                    if any(e.modality == "audio" for e in preset.encoders.values())
+                    else {}
+                ),
                 "world": world,
                 "memory": {**memory_facts(), "saved-activation-peak-bytes": stats.saved_peak_bytes},
             },
