@@ -278,15 +278,17 @@ def mock_config(run_spec, plan) -> MockConfig:
     p = arch_of(run_spec.trainer.model)
     t = run_spec.trainer
     audio = audio_spec_of(p)
+    # the image encoder decides the images' sizes and tokens (beside it the model may have an audio one)
+    image = next((e for e in p.encoders.values() if e.modality == "image"), None) or p.encoder
     c = MockConfig(
         seed=t.seed,
         seq_length=t.seq_length,
         mbs=run_spec.layout.mbs,
         num_microbatches=plan.num_microbatches,
         vocab_size=p.llm.vocab_size,
-        patch_size=p.encoder.patch_size,
-        downsample=p.encoder.downsample,
-        channels=p.encoder.channels,
+        patch_size=image.patch_size,
+        downsample=image.downsample,
+        channels=image.channels,
         image_sizes=tuple(t.data.image_sizes),
         text_only_fraction=t.data.text_only_fraction,
         lanes=run_spec.layout.llm_dp,
@@ -296,7 +298,7 @@ def mock_config(run_spec, plan) -> MockConfig:
         audio_fraction=getattr(t.data, "audio_fraction", 0.0),
         audio_frames=tuple(getattr(t.data, "audio_frames", ())),
     )
-    check_mock_config(c, p.encoder.image_size)
+    check_mock_config(c, image.image_size)
     return c
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from mimo_jobs.model import families
 from mimo_jobs.model.arch import ArchError, EncoderArch, LLMArch, ModelArch
+from mimo_jobs.model.audio_arch import AudioArch
 
 _HF = "https://huggingface.co/{}/blob/main/config.json"
 
@@ -270,6 +271,24 @@ LLMS: dict[str, LLMArch] = {
 }
 
 
+# Packaged audio encoders. tiny-audio: a Whisper-class encoder at CPU size (2 layers, 16 mel bins, clips of
+# up to 64 frames, average pool 2 as Qwen2-Audio's tower) for the several-encoder trainer's tests and
+# studies: `encoders: {vision: tiny, audio: tiny-audio}`.
+AUDIO_ENCODERS: dict[str, AudioArch] = {
+    "tiny-audio": AudioArch(
+        "whisper",
+        num_layers=2,
+        hidden_size=16,
+        num_attention_heads=2,
+        ffn_hidden_size=32,
+        num_mel_bins=16,
+        max_source_positions=32,
+        pooling=2,
+        name="tiny-audio",
+    ),
+}
+
+
 def get_preset(name: str) -> ModelArch:
     try:
         return PRESETS[name]
@@ -277,13 +296,15 @@ def get_preset(name: str) -> ModelArch:
         raise ArchError("", f"unknown model preset {name!r}; known: {', '.join(sorted(PRESETS))}") from None
 
 
-def encoder_preset(name: str) -> EncoderArch:
-    """A packaged encoder, or the encoder of a packaged full model."""
+def encoder_preset(name: str) -> EncoderArch | AudioArch:
+    """A packaged encoder (image or audio), or the encoder of a packaged full model."""
     if name in ENCODERS:
         return ENCODERS[name]
+    if name in AUDIO_ENCODERS:
+        return AUDIO_ENCODERS[name]
     if name in PRESETS:
         return PRESETS[name].encoder
-    known = sorted(ENCODERS) + sorted(PRESETS)
+    known = sorted(ENCODERS) + sorted(AUDIO_ENCODERS) + sorted(PRESETS)
     raise ArchError("", f"unknown encoder preset {name!r}; known: {', '.join(known)}")
 
 

@@ -114,7 +114,7 @@ def runtime_problems(
     out = [
         p
         for p in (
-            freeze_problem(trainer.freeze.encoder, trainer.freeze.llm),
+            freeze_problem(trainer.freeze.every_encoder(trainer.model), trainer.freeze.llm),
             precision_problem(trainer.precision, accelerator),
         )
         if p is not None

@@ -262,7 +262,15 @@ class OptimizerSpec(_Strict):
 
 class DataSpec(_Strict):
     ID_LATER: ClassVar[frozenset[str]] = frozenset(
-        {"packing", "packing_buffer_size", "max_tiles", "thumbnail", "stats"}
+        {
+            "packing",
+            "packing_buffer_size",
+            "max_tiles",
+            "thumbnail",
+            "stats",
+            "audio_fraction",
+            "audio_frames",
+        }
     )
     provider: Literal["mock", "energon"] = "mock"
     path: str | None = None  # energon dataset dir or blend yaml (relative: to the study file)
@@ -287,6 +295,10 @@ class DataSpec(_Strict):
     # `mimo-jobs data stats` JSON (relative: to the study file): predict and plan price its image and text
     # tokens; unset, they look beside data.path, else price one full-size image per sample
     stats: str | None = None
+    # mock provider, for a model with an audio encoder: the share of samples that also carry one clip, and the
+    # clip lengths in mel frames drawn from (data/mock.py)
+    audio_fraction: float = Field(0.0, ge=0, le=1)
+    audio_frames: list[int] = Field(default_factory=list, max_length=64)
 
     @field_validator("path", "tokenizer")
     @classmethod
@@ -323,8 +335,25 @@ class DataSpec(_Strict):
 
 
 class FreezeSpec(_Strict):
+    """Which modules keep their weights: `encoder: true` freezes every encoder module, `encoders: {audio:
+    true}` the named ones (module names of trainer.model.encoders; `vision` is the one of `encoder:`)."""
+
+    ID_LATER: ClassVar[frozenset[str]] = frozenset({"encoders"})
     encoder: bool = False
     llm: bool = False
+    encoders: dict[str, bool] = Field(default_factory=dict)
+
+    def frozen(self, module: str) -> bool:
+        """Whether the encoder module of this name is frozen (the one rule the trainer reads)."""
+        return self.encoder or self.encoders.get(module, False)
+
+    def every_encoder(self, model) -> bool:
+        """Whether every encoder module of trainer.model (a resolved field) is frozen."""
+        if self.encoder or not self.encoders:
+            return self.encoder
+        from mimo_jobs.model.resolve import arch_of
+
+        return all(self.frozen(n) for n in arch_of(model).encoders)
 
 
 Recompute = Literal["none", "selective", "full"]
@@ -528,6 +557,16 @@ class TrainerSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> TrainerSpec:
+        if self.freeze.encoders:
+            from mimo_jobs.model.resolve import arch_of
+
+            names = list(arch_of(self.model).encoders)
+            bad = [n for n in self.freeze.encoders if n not in names]
+            if bad:
+                raise ValueError(
+                    f"freeze.encoders: {bad[0]!r} is not an encoder module of trainer.model; its modules are "
+                    f"{', '.join(names) or 'none (text-only)'}"
+                )
         if (self.train_iters is None) == (self.train_samples is None):
             raise ValueError("give exactly one of trainer.train_iters or trainer.train_samples")
         if self.train_iters == 0 and self.init is None:

@@ -45,6 +45,7 @@ class Module:
     # models.param_shards' arguments for this rank: how its tensors are cut from the full ones (the canonical
     # init and the checkpoints' resharding read the same)
     shard_args: dict = field(default_factory=dict)
+    modality: str = ""  # an encoder module's: what it embeds (image, audio); the LLM's: ""
 
     @property
     def core(self):
@@ -62,19 +63,34 @@ class TrainState:
     role: G.RankRole
     enc_shape: G.ModuleShape
     llm_shape: G.ModuleShape
-    encoder: Module | None
+    encoders: list[Module]  # this rank's encoder modules, in the model's order (none off the encoder ranks)
     language: Module | None
     optimizer: Any
     schedule: Any
     provider: Any
     bridge: Any
     image_token_id: int
+    audio_token_id: int | None = None  # the provider's audio placeholder (None: no audio module)
     iteration: int = 0
     consumed_samples: int = 0
     extras: dict = field(default_factory=dict)
     meter: Any = None  # memory.SavedTensorMeter: activations kept for backward
     link: Any = None  # pipeline.StageLink to the neighbouring LLM stages (llm.pp > 1)
     inflight_peak: int = 0  # most encoder microbatches whose backward was still to come
+
+    @property
+    def encoder(self) -> Module | None:
+        """The image encoder module (the one module of a one-encoder model); None off the encoder ranks."""
+        return self.module_of("image")
+
+    def module_of(self, modality: str) -> Module | None:
+        """This rank's encoder module of that modality (None: none here)."""
+        return next((m for m in self.encoders if m.modality == modality), None)
+
+    @property
+    def modules(self) -> list[Module]:
+        """Every module this rank runs: the encoders in order, then the LLM."""
+        return [*self.encoders, *([self.language] if self.language is not None else [])]
 
     @property
     def train_iters(self) -> int:
@@ -97,15 +113,16 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
     t = run.trainer
     preset = arch_of(t.model)
     prec, device = _precision_and_device(run)
-    if t.freeze.encoder and t.freeze.llm:
-        raise ValueError("trainer.freeze: both encoder and llm are frozen; nothing to train")
+    if t.freeze.llm and t.freeze.every_encoder(t.model):
+        raise ValueError("trainer.freeze: every encoder and the llm are frozen; nothing to train")
     enc_s, llm_s = G.single_process_shapes(plan) if reference else G.module_shapes(plan)
     grids = G.build_grids(enc_s, llm_s, "nccl" if prec.use_gpu else "gloo", timeout)
     role = grids.role
     _seed_megatron(grids, t.seed)
-    encoder = _build_encoder(preset, t, grids.encoder.pgc, enc_s, prec) if role.is_encoder else None
+    encoders = _build_encoders(preset, t, grids.encoder.pgc, enc_s, prec) if role.is_encoder else []
     language = _build_language(preset, t, grids.language.pgc, llm_s, prec, role) if role.is_language else None
-    optimizer = _build_optimizer(t, prec, device, encoder, language, reference)
+    slots = [G.encoder_module(n) for n in preset.encoders] or [G.ENCODER]
+    optimizer = _build_optimizer(t, prec, device, slots, [*encoders, language], reference)
     total_samples = run_samples(t.train_iters, t.train_samples, run.layout.gbs)
     schedule = from_spec(t.lr, total_samples)
     provider = make_provider(
@@ -124,7 +141,7 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
             prec.dtype,
             device,
         )
-    params = [p for m in (encoder, language) if m is not None for p in m.core.parameters()]
+    params = [p for m in (*encoders, language) if m is not None for p in m.core.parameters()]
     return TrainState(
         meter=SavedTensorMeter(params),
         link=_stage_link(run, preset, llm_s, role, prec, device, reference),
@@ -137,13 +154,14 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
         role=role,
         enc_shape=enc_s,
         llm_shape=llm_s,
-        encoder=encoder,
+        encoders=encoders,
         language=language,
         optimizer=optimizer,
         schedule=schedule,
         provider=provider,
         bridge=bridge,
         image_token_id=provider.image_token_id,
+        audio_token_id=provider.audio_token_id,
     )
 
 
@@ -195,25 +213,60 @@ def _ddp(module, cfg, pgc, spec):
     return DistributedDataParallel(cfg, dc, module, pg_collection=pgc)
 
 
-def _wrap(name: str, module, cfg, pgc, shape: G.ModuleShape, frozen: bool, spec) -> Module:
+def _wrap(
+    name: str, module, cfg, pgc, shape: G.ModuleShape, frozen: bool, spec, modality: str = ""
+) -> Module:
     """A frozen module stays bare (no grads); a trained one is wrapped in megatron DDP."""
     if frozen:
         for p in module.parameters():
             p.requires_grad_(False)
-        return Module(name, module, True, pgc, shape)
+        return Module(name, module, True, pgc, shape, modality=modality)
     ddp = _ddp(module, cfg, pgc, spec)
-    return Module(name, ddp, False, pgc, shape, ddp)
+    return Module(name, ddp, False, pgc, shape, ddp, modality=modality)
 
 
-def _build_encoder(preset: ModelArch, t, pgc, shape: G.ModuleShape, prec: Precision) -> Module:
+def _build_encoders(preset: ModelArch, t, pgc, shape: G.ModuleShape, prec: Precision) -> list[Module]:
+    """Every encoder module of the model, in its order, each with its own projector into the LLM's width,
+    all on this rank's encoder grid (several encoders run colocated or in the reference: the same ranks)."""
+    out = []
+    for name, e in preset.named_encoders:
+        if e.modality == "audio":
+            out.append(_build_audio(name, e, preset, t, pgc, shape, prec))
+        else:
+            one = preset if preset.single_vision else ModelArch(preset.name, encoder=e, llm=preset.llm)
+            out.append(_build_encoder(name, one, t, pgc, shape, prec))
+    return out
+
+
+def _build_encoder(name: str, preset: ModelArch, t, pgc, shape: G.ModuleShape, prec: Precision) -> Module:
+    """An image encoder (`preset` is the model with it as its one encoder)."""
     vit_cfg, proj_cfg = M.encoder_configs(preset, shape.tp, prec, RecomputeSpec.of(t.recompute).encoder)
     enc = M.build_encoder(preset, vit_cfg, proj_cfg, pgc, prec)
     cut = {"tp_rank": pgc.tp.rank(), "tp_size": pgc.tp.size()}
-    M.canonical_init_(enc, t.seed, "encoder", **cut)
+    tag = G.encoder_module(name)
+    M.canonical_init_(enc, t.seed, tag, **cut)
     hf_load.load_encoder(t.init, preset.encoder, enc, cut)  # trainer.init.encoder, when it names HF weights
     if prec.use_gpu:
         enc.cuda()
-    mod = _wrap(G.ENCODER, enc, vit_cfg, pgc, shape, t.freeze.encoder, t)
+    mod = _wrap(tag, enc, vit_cfg, pgc, shape, t.freeze.frozen(name), t, "image")
+    mod.shard_args = cut
+    return mod
+
+
+def _build_audio(name: str, a, preset: ModelArch, t, pgc, shape: G.ModuleShape, prec: Precision) -> Module:
+    """A Whisper-class audio encoder and its projector (audio_encoder.AudioTower)."""
+    from mimo_jobs.trainer.model.audio_encoder import audio_config, build_audio_tower
+
+    cfg = audio_config(a, shape.tp, prec, RecomputeSpec.of(t.recompute).encoder)
+    proj_cfg = M.projector_config(preset.llm.hidden_size, shape.tp, prec)
+    tower = build_audio_tower(a, cfg, proj_cfg, pgc, prec)
+    cut = {"tp_rank": pgc.tp.rank(), "tp_size": pgc.tp.size()}
+    tag = G.encoder_module(name)
+    M.canonical_init_(tower, t.seed, tag, **cut)
+    tower.encoder.reset_positions_()  # the frozen sinusoidal table, which the random init overwrote
+    if prec.use_gpu:
+        tower.cuda()
+    mod = _wrap(tag, tower, cfg, pgc, shape, t.freeze.frozen(name), t, "audio")
     mod.shard_args = cut
     return mod
 
@@ -251,19 +304,20 @@ def _build_language(
     return mod
 
 
-def _build_optimizer(
-    t, prec: Precision, device, encoder: Module | None, language: Module | None, reference: bool
-):
-    """The MimoOptimizer over one megatron optimizer slot per module, in a fixed order.
+def _build_optimizer(t, prec: Precision, device, slots: list[str], modules: list, reference: bool):
+    """The MimoOptimizer over one megatron optimizer slot per module, in a fixed order (`slots`: every
+    encoder module's name, then the LLM's).
 
-    get_megatron_optimizer is a world collective, so every rank takes part in both slots: the module's own
+    get_megatron_optimizer is a world collective, so every rank takes part in every slot: the module's own
     ranks build it, all others (and the ranks of a frozen module) contribute no param groups. Keys are thus
     never merged across modules."""
 
+    here = {m.name: m for m in modules if m is not None}
     opts: dict[str, Any] = {}
-    for name, mod in ((G.ENCODER, encoder), (G.LANGUAGE, language)):
+    for name in [*slots, G.LANGUAGE]:
+        mod = here.get(name)
         if mod is not None and not mod.frozen:
             opts[name] = build_megatron_optimizer(mod.ddp, mod.pgc, t, prec, t.lr.max)
         elif not reference:
             skip_megatron_optimizer()
-    return MimoOptimizer([G.ENCODER, G.LANGUAGE], opts, t.optimizer.weight_decay, device)
+    return MimoOptimizer([*slots, G.LANGUAGE], opts, t.optimizer.weight_decay, device)

@@ -82,10 +82,14 @@ def preflight(run, doc: dict, reference: bool) -> list[str]:
     """Every check that needs no collective. Raises PreflightError with one specific message. Returns what
     loading trainer.init changes in the weights (for the first line)."""
     lay = run.layout
-    if lay.several:  # the N-encoder trainer is not written yet: say so before any rule reads one encoder
+    if lay.several and not lay.colocated and not reference:
+        # each encoder on its own ranks needs a bridge per module, which the trainer does not have yet: say so
+        # before any rule reads one encoder
         raise PreflightError(
-            f"run.yaml: {len(lay.encoders)} encoders ({', '.join(m.name for m in lay.encoders)}): the packaged "
-            "trainer runs one encoder; a several-encoder run is validated, rendered and recorded, not trained yet"
+            f"run.yaml: {len(lay.encoders)} encoders ({', '.join(m.name for m in lay.encoders)}) on ranks of "
+            "their own: the packaged trainer runs several encoders colocated (every module on every rank, "
+            "colocated: true) or in --reference; a heterogeneous several-encoder run is validated, rendered "
+            "and recorded, not trained yet"
         )
     viol = topology.check(lay)
     if viol:

@@ -15,6 +15,9 @@ Per iteration:
   optimizer MimoOptimizer (global norm, world-wide skip agreement), LR by consumed samples.
 The reference runs the same functions in one process: encoder replicas and lanes in a loop, the encoder
 output handed to the LLM directly (no bridge), one backward per microbatch.
+Several encoder modules (a vision tower and an audio encoder) run colocated or in the reference: each embeds
+its own inputs of the microbatch (images, audio clips), the LLM scatters each module's embeddings at its own
+placeholders (image_token_id, audio_token_id), and one backward reaches every module.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class StepStats:
     phases_s: dict = field(default_factory=dict)
     moe_aux_loss: float | None = None
     image_tokens: int = 0
+    audio_tokens: int = 0  # audio embeddings the LLM consumed (a model with an audio encoder)
     carried_tokens: int = 0  # the global batch's positions before padding (carried_positions)
     empty_encoder_microbatches: int = 0  # encoder microbatches with no image at all (this rank)
     saved_peak_bytes: int = 0  # most bytes autograd held for backward during the step (this rank)
@@ -99,27 +103,31 @@ def _causal_mask(s: int, device):
     return torch.triu(torch.ones(s, s, dtype=torch.bool, device=device), diagonal=1)[None, None]
 
 
-def check_alignment(batch, image_token_id: int) -> None:
-    """The runtime alignment invariant: placeholder tokens per sample == the image token counts."""
-    got = (batch.tokens == image_token_id).sum(dim=1).tolist()
-    if got != list(batch.image_token_counts):
-        raise RuntimeError(
-            f"lane {batch.lane} microbatch {batch.microbatch}: image placeholder tokens per "
-            f"sample {got} != image_token_counts {batch.image_token_counts}"
-        )
+def check_alignment(batch, image_token_id: int, audio_token_id: int | None = None) -> None:
+    """The runtime alignment invariant: placeholder tokens per sample == the image (and audio) token counts."""
+    kinds = [("image", image_token_id, batch.image_token_counts)]
+    if audio_token_id is not None:
+        kinds.append(("audio", audio_token_id, batch.audio_token_counts or [0] * len(batch.sample_keys)))
+    for what, token_id, counts in kinds:
+        got = (batch.tokens == token_id).sum(dim=1).tolist()
+        if got != list(counts):
+            raise RuntimeError(
+                f"lane {batch.lane} microbatch {batch.microbatch}: {what} placeholder tokens per "
+                f"sample {got} != {what}_token_counts {counts}"
+            )
 
 
-def llm_forward(st: TrainState, batch, img_emb, hidden=None):
+def llm_forward(st: TrainState, batch, img_emb, hidden=None, aud_emb=None):
     """The LLM on one lane's microbatch. Whole (or on the last pipeline stage): the sum over the lane's
     loss-bearing tokens of the per-token loss (not yet divided by N). On an earlier stage: its output hidden
-    states, for the next stage. The first stage embeds the tokens and scatters the image embeddings in;
-    a later one continues from `hidden`, the previous stage's output."""
+    states, for the next stage. The first stage embeds the tokens and scatters the image (and audio)
+    embeddings in; a later one continues from `hidden`, the previous stage's output."""
     lm = st.language
     gpt = lm.core
     dev = st.device
     role = st.role
     if role.is_first_stage or st.reference:
-        dec_in = _decoder_input(st, batch, img_emb)
+        dec_in = _decoder_input(st, batch, img_emb, aud_emb)
     else:
         gpt.set_input_tensor(hidden)
         dec_in = None
@@ -152,17 +160,18 @@ def _attention(st: TrainState, batch):
     return packed_mask(batch.segment_ids.to(dev)), rotary_at(st.language.core, batch.position_ids.to(dev))
 
 
-def _decoder_input(st: TrainState, batch, img_emb):
-    """Token embeddings with the image embeddings scattered into the image-token positions, [s, b, h] (the
-    local sequence shard under sequence parallelism)."""
+def _decoder_input(st: TrainState, batch, img_emb, aud_emb=None):
+    """Token embeddings with each encoder module's embeddings scattered into its placeholder positions
+    (image tokens, audio tokens), [s, b, h] (the local sequence shard under sequence parallelism)."""
     lm = st.language
     gpt = lm.core
     tokens = batch.tokens.to(st.device)
     emb = gpt.embedding.word_embeddings(tokens)  # [b, s, h], complete on every TP rank
-    mask = tokens == st.image_token_id
-    if img_emb is not None and img_emb.shape[0] > 0:
-        # masked_scatter fills positions in row-major order: sample 0's image tokens first, as the bridge sends
-        emb = emb.masked_scatter(mask.unsqueeze(-1), img_emb.to(emb.dtype))
+    for token_id, rows in ((st.image_token_id, img_emb), (st.audio_token_id, aud_emb)):
+        if rows is not None and rows.shape[0] > 0:
+            # masked_scatter fills positions in row-major order: sample 0's placeholders first, in the order the
+            # encoder embedded them (and the bridge sends them)
+            emb = emb.masked_scatter((tokens == token_id).unsqueeze(-1), rows.to(emb.dtype))
     dec_in = emb.transpose(0, 1).contiguous()  # mcore wants [s, b, h]
     if gpt.config.sequence_parallel:
         from megatron.core.tensor_parallel.mappings import scatter_to_sequence_parallel_region
@@ -176,14 +185,28 @@ def encoder_forward(st: TrainState, images: list):
     image's tiles are encoder samples of their own, in order: data.images.encoder_inputs)."""
     from mimo_jobs.data.images import encoder_inputs
 
-    ims = [im.to(st.device) for im in encoder_inputs(images)]
-    enc = st.encoder
-    if not ims:
+    return _module_forward(st, st.encoder, [im.to(st.device) for im in encoder_inputs(images)])
+
+
+def audio_forward(st: TrainState, audio):
+    """Flat embeddings [sum T_i, H] of the clips of a lane's samples (`LaneBatch.audio`: per sample None or
+    its clips, in placeholder order); None when the model has no audio module."""
+    from mimo_jobs.data.audio import audio_inputs
+
+    mod = st.module_of("audio")
+    if mod is None:
+        return None
+    return _module_forward(st, mod, [c.to(st.device) for c in audio_inputs(audio or [])])
+
+
+def _module_forward(st: TrainState, mod, inputs: list):
+    """One encoder module on its inputs (images or clips, flattened): [sum N_i, H], no rows when none."""
+    if not inputs:
         return torch.zeros(0, st.preset.llm.hidden_size, dtype=st.prec.dtype, device=st.device)
-    if enc.frozen:
+    if mod.frozen:
         with torch.no_grad():
-            return enc.model(ims)
-    return enc.model(ims)
+            return mod.model(inputs)
+    return mod.model(inputs)
 
 
 def _encoder_samples(st: TrainState, lane_batches: dict, segs):
@@ -199,8 +222,8 @@ def _encoder_samples(st: TrainState, lane_batches: dict, segs):
 
 
 def _zero_grads(st: TrainState) -> None:
-    for m in (st.encoder, st.language):
-        if m is not None and m.ddp is not None:
+    for m in st.modules:
+        if m.ddp is not None:
             m.ddp.zero_grad_buffer()
     st.optimizer.zero_grad()
 
@@ -208,8 +231,8 @@ def _zero_grads(st: TrainState) -> None:
 def _finalize(st: TrainState) -> None:
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
-    for m in (st.encoder, st.language):
-        if m is not None and m.ddp is not None:
+    for m in st.modules:
+        if m.ddp is not None:
             finalize_model_grads([m.ddp], pg_collection=m.pgc)
 
 
@@ -288,7 +311,7 @@ def train_step(st: TrainState) -> StepStats:
     with st.meter.hooks():
         tally = _microbatches(st, batches, n_tokens, tm)
     res = _optimizer_step(st, tm)
-    loss_sum, aux, image_tokens = _global_figures(st, tally)
+    loss_sum, aux, image_tokens, audio_tokens = _global_figures(st, tally)
     st.iteration += 1
     st.consumed_samples += st.plan.layout.gbs
     aux_per_microbatch = aux / (st.plan.num_microbatches * st.plan.layout.llm_dp)
@@ -304,6 +327,7 @@ def train_step(st: TrainState) -> StepStats:
         phases_s=dict(tm.acc),
         moe_aux_loss=aux_per_microbatch if st.preset.llm.num_experts else None,
         image_tokens=int(image_tokens),
+        audio_tokens=int(audio_tokens),
         carried_tokens=int(carried),
         empty_encoder_microbatches=tally.empty_encoder_microbatches,
         saved_peak_bytes=st.meter.peak,
@@ -331,6 +355,7 @@ class _Tally:
 
     loss_sum: float = 0.0  # per-token loss summed over the loss-bearing tokens (not yet divided by N)
     image_tokens: int = 0  # image embeddings the LLM consumed
+    audio_tokens: int = 0  # audio embeddings the LLM consumed
     empty_encoder_microbatches: int = 0
     inflight_peak: int = 0
 
@@ -342,8 +367,8 @@ def _contributes(st: TrainState) -> bool:
 
 
 def _grads_come_back(st: TrainState) -> bool:
-    """The LLM returns embedding gradients to the encoder (not when the encoder is frozen)."""
-    return not st.run.trainer.freeze.encoder
+    """The LLM returns embedding gradients to the encoder (not when every encoder is frozen)."""
+    return not st.run.trainer.freeze.every_encoder(st.run.trainer.model)
 
 
 def _draw_batches(st: TrainState, tm: PhaseTimer) -> list[dict]:
@@ -357,7 +382,7 @@ def _draw_microbatch(st: TrainState, tm: PhaseTimer) -> dict:
     a = tm.mark()
     mb = {lane: st.provider.next(lane) for lane in rank_lanes(st.plan, st.role, st.reference)}
     for b in mb.values():
-        check_alignment(b, st.image_token_id)
+        check_alignment(b, st.image_token_id, st.audio_token_id)
     tm.add("data", a)
     return mb
 
@@ -369,16 +394,20 @@ def _global_tokens(st: TrainState, batches: list[dict]) -> tuple[float, float]:
     if _contributes(st):
         for b in (b for mb in batches for b in mb.values()):
             local[0] += float(b.loss_mask.sum())
-            local[1] += float(carried_positions(b, st.image_token_id))
+            local[1] += float(carried_positions(b, st.image_token_id, st.audio_token_id))
     return (local[0], local[1]) if st.reference else tuple(_world_sum(st, local))
 
 
-def carried_positions(b, image_token_id: int) -> int:
+def carried_positions(b, image_token_id: int, audio_token_id: int | None = None) -> int:
     """The sequence positions a microbatch carries: per sample, up to the last one the loss reads (the
-    target of the last loss-bearing position) or the last image placeholder; the rest is padding."""
+    target of the last loss-bearing position) or the last image (or audio) placeholder; the rest is
+    padding."""
     idx = torch.arange(b.tokens.shape[1], device=b.tokens.device)
     last_loss = torch.where(b.loss_mask > 0, idx, -2).amax(dim=1) + 2
-    last_image = torch.where(b.tokens == image_token_id, idx, -1).amax(dim=1) + 1
+    placeholder = b.tokens == image_token_id
+    if audio_token_id is not None:
+        placeholder = placeholder | (b.tokens == audio_token_id)
+    last_image = torch.where(placeholder, idx, -1).amax(dim=1) + 1
     return int(torch.clamp(torch.maximum(last_loss, last_image), max=b.tokens.shape[1]).sum())
 
 
@@ -389,13 +418,15 @@ def _reference_microbatches(st: TrainState, batches: list[dict], n_tokens: float
     for mb in batches:
         a = tm.mark()
         per_lane = _reference_encoder_forward(st, mb, tally)
+        total = None
+        aud = {lane: audio_forward(st, mb[lane].audio) for lane in range(st.plan.layout.llm_dp)}
         tm.add("enc_fwd", a)
         a = tm.mark()
-        total = None
         for lane in range(st.plan.layout.llm_dp):
             x = torch.cat(per_lane[lane]) if per_lane.get(lane) else None
             tally.image_tokens += 0 if x is None else x.shape[0]
-            ls = llm_forward(st, mb[lane], x)
+            tally.audio_tokens += 0 if aud[lane] is None else aud[lane].shape[0]
+            ls = llm_forward(st, mb[lane], x, aud_emb=aud[lane])
             tally.loss_sum += float(ls.detach())
             total = ls / max(n_tokens, 1.0) if total is None else total + ls / max(n_tokens, 1.0)
         tm.add("llm_fwd", a)
@@ -408,8 +439,14 @@ def _reference_microbatches(st: TrainState, batches: list[dict], n_tokens: float
 
 def _reference_encoder_forward(st: TrainState, mb: dict, tally: _Tally) -> dict[int, list]:
     """Embeddings of one microbatch per lane, computed replica by replica: the same per-replica image batches
-    as the real encoder ranks see."""
+    as the real encoder ranks see (several encoders run colocated: each lane's own)."""
     per_lane: dict[int, list] = {}
+    if st.plan.layout.several:
+        for lane, b in mb.items():
+            flat = encoder_forward(st, b.images or [None] * len(b.sample_keys))
+            tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
+            per_lane[lane] = [flat]
+        return per_lane
     for e in range(st.plan.layout.enc_dp):
         segs = segments_of_encoder(st.plan, e)
         images, _keys, _counts = _encoder_samples(st, mb, segs)
@@ -433,11 +470,13 @@ def _colocated_microbatches(st: TrainState, batches: list[dict], n_tokens: float
         b = mb[lane]
         a = tm.mark()
         flat = encoder_forward(st, b.images or [None] * len(b.sample_keys))
+        aud = audio_forward(st, b.audio)
         tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
         tm.add("enc_fwd", a)
         tally.image_tokens += flat.shape[0]
+        tally.audio_tokens += 0 if aud is None else aud.shape[0]
         a = tm.mark()
-        ls = llm_forward(st, b, flat)
+        ls = llm_forward(st, b, flat, aud_emb=aud)
         tally.loss_sum += float(ls.detach())
         tm.add("llm_fwd", a)
         a = tm.mark()
@@ -651,11 +690,11 @@ def _optimizer_step(st: TrainState, tm: PhaseTimer):
 
 
 def _global_figures(st: TrainState, tally: _Tally) -> list:
-    """[loss sum, MoE aux loss, image tokens] over the whole global batch (a world all-reduce, except in the
-    reference)."""
+    """[loss sum, MoE aux loss, image tokens, audio tokens] over the whole global batch (a world all-reduce,
+    except in the reference)."""
     aux = _moe_aux(st)
     if _contributes(st):
-        vals = [tally.loss_sum, aux, tally.image_tokens]
+        vals = [tally.loss_sum, aux, tally.image_tokens, tally.audio_tokens]
     else:
-        vals = [0.0, 0.0, 0.0]
+        vals = [0.0, 0.0, 0.0, 0.0]
     return vals if st.reference else _world_sum(st, vals)

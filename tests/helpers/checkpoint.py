@@ -24,7 +24,7 @@ def make_run(
     enc_tp: int = 1,
     llm_ep: int = 1,
     llm_pp: int = 1,
-    model: str = "tiny",
+    model: str | dict = "tiny",
     gbs: int,
     mbs: int = 1,
     iters: int,
@@ -37,6 +37,7 @@ def make_run(
     freeze: dict | None = None,
     checkpoint_dir: str | None = None,
     colocated: bool = False,
+    init: dict | None = None,
 ) -> Path:
     """A one-node CPU run (processes = ranks) rendered to <root>/runs/<name>/<run>/run.yaml (colocated: the
     LLM's ranks run the encoder too; enc_tp/enc_dp are ignored)."""
@@ -67,6 +68,8 @@ def make_run(
         trainer["freeze"] = freeze
     if checkpoint_dir:
         trainer["checkpoint_dir"] = checkpoint_dir
+    if init:
+        trainer["init"] = init
     study = parse_study(
         {
             "name": name,

@@ -33,7 +33,7 @@ import yaml
 # traded (the run's figures are per global batch). Which samples share a microbatch does matter (a MoE
 # router's load-balancing loss is taken per microbatch): the key keeps the microbatch size and, when a
 # microbatch holds more than one sample, the LLM's lanes, which decide how samples are grouped.
-LAYOUT_POINT = ("nodes", "encoder", "llm", "colocated", "repeats", "time_limit")
+LAYOUT_POINT = ("nodes", "encoder", "encoders", "llm", "colocated", "repeats", "time_limit")
 LAYOUT_TRAINER = ("encoder_inflight", "recompute", "use_distributed_optimizer")
 LAYOUT_CLUSTER = ("gpus_per_node",)
 

@@ -8,10 +8,28 @@ from pathlib import Path
 
 import yaml
 
+from helpers import STUDIES
 from helpers.launch import trainer, worker_env
 from mimo_jobs.study.expand import runs_of
 from mimo_jobs.study.load import parse_study
 from mimo_jobs.study.runspec import run_yaml_doc
+
+# The packaged study of several encoder modules (a vision tower and a Whisper-class audio encoder, colocated):
+# its model and mock data are what every vision+audio trainer test runs.
+OMNI_STUDY = STUDIES / "cpu_omni.yaml"
+_OMNI = yaml.safe_load(OMNI_STUDY.read_text())["trainer"]
+OMNI, OMNI_DATA = _OMNI["model"], _OMNI["data"]
+
+
+def study_run_yaml(out: Path, study: Path, index: int, **trainer) -> Path:
+    """run.yaml of the study's run `index`, with these trainer settings changed (e.g. train_iters)."""
+    doc = yaml.safe_load(study.read_text())
+    doc["trainer"].update(trainer)
+    run = runs_of(parse_study(doc, env={}))[index]
+    out.mkdir(parents=True, exist_ok=True)
+    p = out / "run.yaml"
+    p.write_text(yaml.safe_dump(run_yaml_doc(run, out), sort_keys=False))  # the modules in the study's order
+    return p
 
 
 def make_run_yaml(
@@ -22,7 +40,7 @@ def make_run_yaml(
     mbs: int = 1,
     enc: dict | None = None,
     llm: dict | None = None,
-    model: str = "tiny",
+    model: str | dict = "tiny",
     iters: int = 3,
     trainer: dict | None = None,
     data: dict | None = None,
@@ -48,7 +66,7 @@ def make_run_yaml(
                 "points": [
                     {
                         "nodes": 1,
-                        "encoder": enc or {},
+                        **_encoder_sizes(model, enc),
                         "llm": llm or {},
                         "gbs": gbs,
                         "mbs": mbs,
@@ -63,6 +81,14 @@ def make_run_yaml(
     p = out / "run.yaml"
     p.write_text(yaml.safe_dump(run_yaml_doc(run, out)))
     return p
+
+
+def _encoder_sizes(model, enc: dict | None) -> dict:
+    """The point's encoder sizes: `encoder` of a one-encoder model; a model of several encoder modules
+    (trainer.model.encoders) sizes each by name (`enc`: {name: sizes}; none for a colocated point)."""
+    if isinstance(model, dict) and "encoders" in model:
+        return {"encoders": enc} if enc else {}
+    return {"encoder": enc or {}}
 
 
 def run_reference(run_yaml: Path, metrics: Path, timeout: int = 240) -> subprocess.CompletedProcess:

@@ -273,12 +273,47 @@ def test_the_flat_encoder_sizes_of_several_encoders_are_refused_naming_the_rule(
     assert module_ranges(one)[0].fan == "out"
 
 
-def test_the_trainer_preflight_refuses_several_encoders_in_one_line():
+def test_the_trainer_preflight_refuses_several_encoders_on_ranks_of_their_own_in_one_line():
     pytest.importorskip("torch")
     from mimo_jobs.trainer.main import PreflightError, preflight
 
-    run = next(r for r in runs_of(parse_study(TWO)) if not r.layout.colocated)
+    runs = runs_of(parse_study(TWO))
+    het = next(r for r in runs if not r.layout.colocated)
     with pytest.raises(
-        PreflightError, match=r"run\.yaml: 2 encoders \(vision, audio\): the packaged trainer runs one"
+        PreflightError,
+        match=r"run\.yaml: 2 encoders \(vision, audio\) on ranks of their own: the packaged trainer runs several "
+        r"encoders colocated",
     ):
+        preflight(het, {}, reference=False)
+    # what runs: the colocated point, and the one-process reference of either
+    col = next(r for r in runs if r.layout.colocated)
+    assert preflight(col, {}, reference=True) == []
+    assert preflight(het, {}, reference=True) == []
+
+
+def test_freezing_a_module_the_model_lacks_is_one_line_and_exit_2(tmp_path):
+    r = validate(two(**{"trainer/freeze": {"encoders": {"sound": True}}}), tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = "freeze.encoders: 'sound' is not an encoder module of trainer.model; its modules are vision, audio"
+    assert len([x for x in r.stderr.splitlines() if line in x]) == 1, r.stderr
+
+
+@pytest.mark.parametrize(
+    "freeze, refused",
+    [
+        ({"encoders": {"vision": True, "audio": True}, "llm": True}, True),
+        ({"encoder": True, "llm": True}, True),
+        ({"encoders": {"audio": True}, "llm": True}, False),  # the vision tower still trains
+        ({"encoders": {"vision": True, "audio": True}}, False),
+    ],
+)
+def test_the_trainer_preflight_refuses_every_module_frozen(freeze, refused):
+    pytest.importorskip("torch")
+    from mimo_jobs.trainer.main import PreflightError, preflight
+
+    run = next(r for r in runs_of(parse_study(two(**{"trainer/freeze": freeze}))) if r.layout.colocated)
+    if not refused:
+        assert preflight(run, {}, reference=True) == []
+        return
+    with pytest.raises(PreflightError, match=r"trainer\.freeze: .*nothing to train"):
         preflight(run, {}, reference=True)

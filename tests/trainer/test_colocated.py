@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from helpers import checkpoint as H
-from helpers.trainer import iterations, make_run_yaml
+from helpers.trainer import OMNI, OMNI_DATA, iterations, make_run_yaml
+from mimo_jobs.contract.manifest import latest_checkpoint
 
 RTOL = 1e-5
 
@@ -57,11 +58,26 @@ def test_heterogeneous_and_colocated_train_alike_on_the_same_batches(shared_runs
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=RTOL), (a, b)
 
 
+COLOCATED_RESUMES = {
+    "moe-ep2": {"llm_ep": 2, "model": "tiny-moe"},
+    # several encoder modules: the vision tower's and the audio encoder's shards and optimizer states; the
+    # straight run's checkpoint 2 also continues at LLM TP 2 (the modules cut anew)
+    "vision-audio": {
+        "model": OMNI,
+        "data": OMNI_DATA,
+        "files": ["encoder.audio/model-00000.pt", "encoder.audio/optim-00000.pt"],
+        "reshard": {"llm_dp": 1, "llm_tp": 2},
+    },
+}
+
+
 @pytest.mark.slow
-def test_colocated_kill9_then_resume_is_exact(tmp_path):
-    """Both modules' shards on every rank: a job killed after iteration 3 resumes from checkpoint 2 and ends
+@pytest.mark.parametrize("case", list(COLOCATED_RESUMES))
+def test_colocated_kill9_then_resume_is_exact(tmp_path, case):
+    """Every module's shards on every rank: a job killed after iteration 3 resumes from checkpoint 2 and ends
     with every iteration equal, bit for bit, to a straight run of the same run.yaml."""
-    kw = {"enc_dp": 0, "llm_dp": 2, "llm_ep": 2, "model": "tiny-moe", "gbs": 4, "iters": 4, "colocated": True}
+    kw = {"enc_dp": 0, "llm_dp": 2, "gbs": 4, "iters": 4, "colocated": True, **COLOCATED_RESUMES[case]}
+    files, reshard = kw.pop("files", []), kw.pop("reshard", None)
     straight = H.make_run(tmp_path / "straight", **kw)
     assert H.launch(straight).returncode == 0
     y = H.make_run(tmp_path / "resumed", **kw)
@@ -70,6 +86,19 @@ def test_colocated_kill9_then_resume_is_exact(tmp_path):
     r = H.launch(y)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "resumed from checkpoint" in r.stdout and "(iteration 2, 8 samples)" in r.stdout
+    assert set(files) <= set(latest_checkpoint(H.ckpt_dir(y)).files)
     want = H.curve(straight)
     for rec in iterations(y.parent / "metrics.jsonl"):
         assert (rec["loss"], rec["grad_norm"], rec["lr"], rec["consumed_samples"]) == want[rec["iteration"]]
+    if reshard:
+        src = H.ckpt_dir(straight) / "iter_0000002"
+        other = H.make_run(tmp_path / "reshard", **{**kw, **reshard}, init={"checkpoint": str(src)})
+        r = H.launch(other)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        got = H.curve(other)
+        assert sorted(got) == [3, 4]
+        for it, rec in got.items():
+            assert rec[0] == pytest.approx(want[it][0], rel=RTOL) and rec[1] == pytest.approx(
+                want[it][1], rel=RTOL
+            )
+            assert rec[2:] == want[it][2:]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from helpers.runs import reference_key
-from helpers.trainer import assert_ok, iterations, make_run_yaml, run_reference
+from helpers.trainer import OMNI_STUDY, assert_ok, iterations, make_run_yaml, run_reference, study_run_yaml
 from mimo_jobs.data.mock import MockProvider, mock_config
 from mimo_jobs.study.runspec import load_run_yaml
 from mimo_jobs.trainer.parallel.bridge import segments_of_encoder
@@ -29,7 +29,14 @@ LINE_RE = re.compile(
 )
 
 
-def _parity(shared_runs, tmp_path, nproc: int, **kw):
+# a model of several encoders has no FLOPs figure yet (the FLOPs model prices one encoder): its lines have no
+# throughput field
+NO_MFU_LINE_RE = re.compile(
+    LINE_RE.pattern.replace(r"throughput per GPU \(TFLOP/s/GPU\): [\d.]+ \| ", ""), re.MULTILINE
+)
+
+
+def _parity(shared_runs, tmp_path, nproc: int, line_re=LINE_RE, **kw):
     ry = make_run_yaml(tmp_path / "run", **kw)
     r = shared_runs.reference(ry).ok("reference").iterations()
     het = shared_runs.world(ry, nproc).ok("torchrun")
@@ -43,7 +50,7 @@ def _parity(shared_runs, tmp_path, nproc: int, **kw):
     # an untrained model with 0.02-std weights predicts ~uniformly over the 128-token vocabulary
     assert abs(h[0]["loss"] - math.log(128)) < 0.1
     # Megatron-format lines on the last LLM rank, after the layout line
-    lines = LINE_RE.findall(het.stdout)
+    lines = line_re.findall(het.stdout)
     assert [int(x[0]) for x in lines] == [1, 2, 3], het.stdout[-3000:]
     assert het.stdout.index("mimo-jobs trainer: run ") < het.stdout.index("iteration        1/")
     return ry, r, h, het
@@ -233,3 +240,49 @@ def test_architecture_features_match_the_reference(shared_runs, tmp_path, model,
     if "moe" in model:
         for a, b in zip(r, h):
             assert b["moe_aux_loss"] == pytest.approx(a["moe_aux_loss"], rel=RTOL)
+
+
+def _sample_kinds(ry) -> tuple[set[tuple[bool, bool]], int]:
+    """(has an image, has audio) of every sample the run's 3 iterations draw, and their audio tokens."""
+    run, _ = load_run_yaml(ry)
+    plan = run.rank_layout()
+    lanes = list(range(plan.layout.llm_dp))
+    prov = MockProvider(mock_config(run, plan), lanes, need_images=False, need_text=True)
+    out, audio = set(), 0
+    for _ in range(3 * plan.num_microbatches):
+        for lane in lanes:
+            b = prov.next(lane)
+            out |= {(i > 0, a > 0) for i, a in zip(b.image_token_counts, b.audio_token_counts)}
+            audio += b.num_audio_tokens
+    return out, audio
+
+
+# Several encoder modules, colocated: the packaged study studies/cpu_omni.yaml (a vision tower and a
+# Whisper-class audio encoder), each of its points for 3 iterations; every sample kind in the same iterations
+@pytest.mark.slow
+@pytest.mark.parametrize("index", [0, 1], ids=["tp1-dp2", "tp2-dp1"])
+def test_the_vision_and_audio_study_matches_the_reference(shared_runs, tmp_path, index):
+    ry = study_run_yaml(tmp_path / "run", OMNI_STUDY, index, train_iters=3)
+    r = shared_runs.reference(ry).ok("reference").iterations()
+    p = shared_runs.world(ry, 2).ok("colocated torchrun")
+    h = p.iterations()
+    assert [x["iteration"] for x in h] == [1, 2, 3] == [x["iteration"] for x in r]
+    for a, b in zip(r, h):
+        assert b["loss"] == pytest.approx(a["loss"], rel=RTOL), (a, b)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=RTOL), (a, b)
+        assert b["tokens"] == a["tokens"] and b["consumed_samples"] == a["consumed_samples"]
+    assert abs(h[0]["loss"] - math.log(128)) < 0.1
+    assert [int(x[0]) for x in NO_MFU_LINE_RE.findall(p.stdout)] == [1, 2, 3], p.stdout[-3000:]
+    assert "vision:tp=" in p.stdout and "audio:tp=" in p.stdout and "bridge none (colocated" in p.stdout
+    kinds, audio = _sample_kinds(ry)
+    assert kinds == {(True, True), (True, False), (False, True), (False, False)}
+    for kind in ("image_tokens", "audio_tokens"):
+        assert sum(x["extras"][kind] for x in h) == sum(x["extras"][kind] for x in r) > 0
+    assert sum(x["extras"]["audio_tokens"] for x in h) == audio  # every clip's tokens reached the LLM
+    # the audio embeddings reach the loss: with the audio encoder frozen the first loss is the same and the
+    # global grad norm strictly smaller (the audio module's gradient is missing)
+    frozen = {"encoders": {"audio": True}}
+    fy = study_run_yaml(tmp_path / "frozen-audio", OMNI_STUDY, index, train_iters=3, freeze=frozen)
+    f = shared_runs.reference(fy).ok("reference, audio frozen").iterations()
+    assert f[0]["loss"] == pytest.approx(r[0]["loss"], rel=1e-9)
+    assert f[0]["grad_norm"] < r[0]["grad_norm"] * (1 - 1e-3)

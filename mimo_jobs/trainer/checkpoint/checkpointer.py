@@ -34,11 +34,9 @@ def checkpoint_dir_of(run, doc: dict, run_yaml: str | Path | None = None) -> Pat
 
 
 def modules_of(st) -> list[ModuleParts]:
-    """The modules this rank owns in a trainer TrainState (fixed order: encoder, language)."""
+    """The modules this rank owns in a trainer TrainState (fixed order: the encoders, language)."""
     out = []
-    for mod in (st.encoder, st.language):
-        if mod is None:
-            continue
+    for mod in st.modules:
         opt = None if mod.frozen else st.optimizer.optimizers.get(mod.name)
         out.append(
             ModuleParts(

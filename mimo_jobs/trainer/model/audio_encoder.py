@@ -126,6 +126,35 @@ def build_audio_encoder(a: AudioArch, cfg: TransformerConfig, pgc, prec: Precisi
     return in_params_dtype(AudioEncoder(a, cfg, pgc, prec), prec)
 
 
+class AudioTower(MegatronModule):
+    """The trainer's audio module: the encoder (`encoder`) and its MLP projector (`projector`, the image
+    encoder's kind: models.projector_config) into the LLM's width. Clips -> [sum_i T_i, LLM hidden]."""
+
+    def __init__(
+        self, a: AudioArch, cfg: TransformerConfig, proj_cfg: TransformerConfig, pgc, prec: Precision
+    ):
+        from megatron.core.models.vision.multimodal_projector import MultimodalProjector
+
+        super().__init__(config=cfg)
+        _, proj_sub, _ = encoder_layer_specs(prec)
+        self.encoder = AudioEncoder(a, cfg, pgc, prec)
+        self.projector = MultimodalProjector(
+            proj_cfg, proj_sub, "mlp", input_size=a.out_width, tp_group=pgc.tp
+        )
+
+    def forward(self, clips) -> torch.Tensor:
+        y = self.encoder(clips).unsqueeze(1)  # [sum T, 1, h]: the MLP works on [s, b, h]
+        return self.projector(y).squeeze(1)
+
+
+def build_audio_tower(
+    a: AudioArch, cfg: TransformerConfig, proj_cfg: TransformerConfig, pgc, prec: Precision
+):
+    from mimo_jobs.trainer.model.models import in_params_dtype
+
+    return in_params_dtype(AudioTower(a, cfg, proj_cfg, pgc, prec), prec)
+
+
 # ------------------------------------------------------------------------------ HuggingFace weights
 
 

@@ -115,11 +115,20 @@ def recompute_kwargs(recompute: str) -> dict:
 def unsupported(arch: ModelArch, lay) -> str | None:
     """Why the trainer cannot build this model at this layout (None: it can): the rules validate applies
     (model/splits.py). The trainer's own guard for a run.yaml that skipped validate."""
-    enc_tp = lay.llm_tp if lay.colocated else lay.enc_tp  # colocated: the encoder takes the LLM's TP
-    found = tp_problems(arch, enc_tp, lay.llm_tp, lay.llm_etp, lay.llm_pp)
-    if found:
-        _, msg, fit = found[0]
-        return f"trainer.model: {msg} ({fit})"
+    # colocated: every encoder takes the LLM's TP
+    if len(arch.named_encoders) > 1:  # the rules hold for each encoder module with the LLM, at its own TP
+        tps = {m.name: m.tp for m in lay.encoders}
+        pairs = [
+            (ModelArch(arch.name, encoder=e, llm=arch.llm), lay.llm_tp if lay.colocated else tps.get(n, 1))
+            for n, e in arch.named_encoders
+        ]
+    else:
+        pairs = [(arch, lay.llm_tp if lay.colocated else lay.enc_tp)]
+    for one, enc_tp in pairs:
+        found = tp_problems(one, enc_tp, lay.llm_tp, lay.llm_etp, lay.llm_pp)
+        if found:
+            _, msg, fit = found[0]
+            return f"trainer.model: {msg} ({fit})"
     return None
 
 
@@ -186,17 +195,21 @@ def encoder_configs(arch: ModelArch, tp: int, prec: Precision, recompute: str = 
         layernorm_epsilon=e.norm_epsilon,
         **(_base_kwargs(prec, True, e.activation) | recompute_kwargs(recompute)),
     )
-    # The projector maps encoder width (times downsample^2 after the pixel shuffle) -> LLM width:
-    # MLP(in -> llm_h -> llm_h) with GELU, TP-split like the ViT.
-    proj = TransformerConfig(
+    return vit, projector_config(llm.hidden_size, tp, prec)
+
+
+def projector_config(llm_hidden: int, tp: int, prec: Precision) -> TransformerConfig:
+    """Every encoder's projector: its output width (the encoder's out_width; an image encoder's times
+    downsample^2 after the pixel shuffle) -> LLM width, MLP(in -> llm_h -> llm_h) with GELU, TP-split like
+    the encoder."""
+    return TransformerConfig(
         num_layers=1,
-        hidden_size=llm.hidden_size,
+        hidden_size=llm_hidden,
         num_attention_heads=tp,
-        ffn_hidden_size=llm.hidden_size,
+        ffn_hidden_size=llm_hidden,
         tensor_model_parallel_size=tp,
         **_base_kwargs(prec),
     )
-    return vit, proj
 
 
 class SPNorm:

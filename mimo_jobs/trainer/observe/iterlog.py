@@ -40,14 +40,23 @@ def layout_line(run, plan, mode: str, backend: str, kernels: str = "", notes=())
     return (
         f"mimo-jobs trainer: run {run.name} ({run.run_id}) study {run.study} | mode {mode} | backend {backend} "
         f"{'| ' + kernels + ' ' if kernels else ''}| world {plan.world} = {lay.nodes} nodes x {lay.gpus_per_node} | encoder ranks "
-        f"[{plan.enc_rank_start},{plan.enc_rank_end}) tp={lay.enc_tp} pp={lay.enc_pp} dp={lay.enc_dp} | "
+        f"[{plan.enc_rank_start},{plan.enc_rank_end}) {_encoder_sizes(lay)} | "
         f"llm ranks [{plan.llm_rank_start},{plan.llm_rank_end}) tp={lay.llm_tp} pp={lay.llm_pp} "
         f"dp={lay.llm_dp}{moe} | bridge {fan}, {plan.samples_per_encoder_microbatch} samples per encoder "
         f"microbatch | gbs={lay.gbs} mbs={lay.mbs} microbatches={plan.num_microbatches} | model "
         f"{run.trainer.model} seq={run.trainer.seq_length} precision={run.trainer.precision} "
-        f"freeze(encoder={run.trainer.freeze.encoder}, llm={run.trainer.freeze.llm})"
+        f"freeze(encoder={run.trainer.freeze.encoder}, llm={run.trainer.freeze.llm}"
+        + "".join(f", {n}={v}" for n, v in run.trainer.freeze.encoders.items())
+        + ")"
         + "".join(f" | {n}" for n in notes)
     )
+
+
+def _encoder_sizes(lay) -> str:
+    """`tp=1 pp=1 dp=2` of the one encoder; each module's by name when there are several."""
+    if not lay.several:
+        return f"tp={lay.enc_tp} pp={lay.enc_pp} dp={lay.enc_dp}"
+    return " ".join(f"{m.name}:tp={m.tp},pp={m.pp},dp={m.dp}" for m in lay.encoders)
 
 
 def megatron_line(
@@ -216,8 +225,10 @@ class IterLogger:
         world = self.plan.world
         el = max(stats.elapsed_s, 1e-9)
         img_per_sample = stats.image_tokens / max(lay.gbs, 1)
-        flops = flops_per_sample(preset, seq_length, round(img_per_sample)).total * lay.gbs
-        tflops = flops / el / world / 1e12
+        tflops = None  # several encoders: the FLOPs model prices one encoder, so no MFU figure is claimed
+        if len(preset.named_encoders) <= 1:
+            flops = flops_per_sample(preset, seq_length, round(img_per_sample)).total * lay.gbs
+            tflops = flops / el / world / 1e12
         # the headline: tokens the batch carries (not its padded slots; padding is counted apart)
         carried = stats.carried_tokens or lay.gbs * seq_length
         tok_s = carried / el
@@ -242,6 +253,12 @@ class IterLogger:
             phases_ms={k: v * 1e3 for k, v in stats.phases_s.items()},
             extras={
                 "image_tokens": stats.image_tokens,
+                # a model with an audio encoder: the audio embeddings the LLM consumed
+                **(
+                    {"audio_tokens": stats.audio_tokens}
+                    if any(e.modality == "audio" for e in preset.encoders.values())
+                    else {}
+                ),
                 "world": world,
                 "memory": {**memory_facts(), "saved-activation-peak-bytes": stats.saved_peak_bytes},
             },
@@ -260,7 +277,7 @@ class IterLogger:
                 self.train_iters,
                 consumed,
                 sum(r.elapsed_ms for r in acc) / n,
-                sum(r.tflops_per_gpu for r in acc) / n,
+                None if rec.tflops_per_gpu is None else sum(r.tflops_per_gpu for r in acc) / n,
                 rec.lr,
                 lay.gbs,
                 sum(r.loss for r in acc) / n,

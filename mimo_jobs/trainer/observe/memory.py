@@ -122,9 +122,7 @@ def optimizer_state_bytes(opt) -> int:
 def rank_facts(st, meter: SavedTensorMeter, inflight_peak: int) -> dict:
     """This rank's memory facts (see the module doc); one dict per module it runs, and the rank's peaks."""
     modules = {}
-    for mod in (st.encoder, st.language):
-        if mod is None:
-            continue
+    for mod in st.modules:
         f = module_facts(mod)
         opt = st.optimizer.optimizers.get(mod.name)
         f["optimizer_state_bytes"] = optimizer_state_bytes(opt) if opt is not None else 0

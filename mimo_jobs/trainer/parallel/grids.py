@@ -17,9 +17,17 @@ import torch.distributed as dist
 from megatron.core.hyper_comm_grid import HyperCommGrid
 from megatron.core.process_groups_config import ProcessGroupCollection
 
+from mimo_jobs.model.arch import VISION
 from mimo_jobs.study.topology import RankLayout
 
 ENCODER, LANGUAGE = "encoder", "language"
+
+
+def encoder_module(name: str) -> str:
+    """The trainer's name of the encoder module a study names `name` (its checkpoint directory, optimizer
+    slot and canonical-init tag): `encoder` for `vision`, the one module of a model written with `encoder:`
+    (the name every single-encoder checkpoint and init has), `encoder.<name>` for any other."""
+    return ENCODER if name == VISION else f"{ENCODER}.{name}"
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,9 @@ class ModuleShape:
 
 def module_shapes(plan: RankLayout) -> tuple[ModuleShape, ModuleShape]:
     lay = plan.layout
-    enc = ModuleShape(ENCODER, 0, lay.enc_tp, lay.enc_pp, lay.enc_dp, 1, lay.enc_tp)
+    # colocated, every encoder module takes the LLM's TP and DP on the same ranks: one grid serves them all
+    m = lay.encoders[0] if lay.colocated else lay.single
+    enc = ModuleShape(ENCODER, 0, m.tp, m.pp, m.dp, 1, m.tp)
     llm = ModuleShape(
         LANGUAGE,
         plan.llm_rank_start,
