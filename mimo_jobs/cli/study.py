@@ -171,6 +171,7 @@ def _runtime_problems(diag: Diagnosis) -> list:
     """What the trainer would refuse at start-up, once per distinct problem (study/runtime_rules.py owns the
     rules). Tracker packages are judged only without a container: inside one, this environment says
     nothing about the trainer's. A run with its own command does not start the packaged trainer."""
+    from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.predict.run import shape_of
     from mimo_jobs.study.diagnose import Problem
     from mimo_jobs.study.runtime_rules import package_installed, runtime_problems
@@ -179,10 +180,12 @@ def _runtime_problems(diag: Diagnosis) -> list:
     installed = package_installed if cluster.container is None else (lambda _name: True)
     seen, out = set(), []
     for r in diag.runs or []:
-        if r.point.command or r.trainer.command or r.layout.several:  # several: not trained yet (preflight)
+        if r.point.command or r.trainer.command:
             continue
-        model = shape_of(r.layout, r.trainer, r.point.command).preset  # the model as the planner resolves it
-        for p in runtime_problems(r.trainer, cluster.accelerator, installed, model.encoder, model.llm):
+        # the model as the planner resolves it (several encoders: as the trainer does, the planner's shape
+        # holds one)
+        model = arch_of(r.trainer.model) if r.layout.several else shape_of(r.layout, r.trainer).preset
+        for p in runtime_problems(r.trainer, cluster.accelerator, installed, model):
             if (p.path, p.message) not in seen:
                 seen.add((p.path, p.message))
                 out.append(Problem(p.path, p.rule, p.message, p.fit))

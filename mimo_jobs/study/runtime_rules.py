@@ -105,12 +105,54 @@ def tracker_problems(trainer, installed: Callable[[str], bool]) -> list[RuntimeP
     return out
 
 
+def modality_problems(data, encoders: dict) -> list[RuntimeProblem]:
+    """Each encoder module needs samples of its modality, and the data's modalities need a module: the mock
+    provider's shares say so at once (`text_only_fraction` 1 leaves an image module nothing to embed;
+    `audio_fraction` 0 an audio one; audio clips without an audio module have no encoder). A dataset's own
+    mix is its statistics' to tell (`data stats`), and the trainer's to find."""
+    if data.provider != "mock":
+        return []
+    out, kinds = [], {}
+    for name, arch in encoders.items():
+        kinds.setdefault(arch.modality, []).append(name)
+    for modality, names in sorted(kinds.items()):
+        field, empty, fit = {
+            "image": ("text_only_fraction", data.text_only_fraction >= 1, "a text_only_fraction below 1"),
+            "audio": (
+                "audio_fraction",
+                not data.audio_fraction,
+                "an audio_fraction above 0 and audio_frames",
+            ),
+        }.get(modality, (None, False, ""))
+        if empty:
+            for n in names:
+                out.append(
+                    RuntimeProblem(
+                        f"trainer.data.{field}",
+                        "module-data",
+                        f"the encoder module {n!r} ({modality}) gets no {modality} from the mock data",
+                        f"give the mock data {fit}, or remove the module from trainer.model",
+                    )
+                )
+    if data.audio_fraction and "audio" not in kinds:
+        out.append(
+            RuntimeProblem(
+                "trainer.data.audio_fraction",
+                "module-data",
+                f"{data.audio_fraction} of the samples carry audio but trainer.model has no audio encoder",
+                "set audio_fraction: 0, or add an audio module to trainer.model.encoders",
+            )
+        )
+    return out
+
+
 def runtime_problems(
-    trainer, accelerator: str, installed: Callable[[str], bool], encoder=None, llm=None
+    trainer, accelerator: str, installed: Callable[[str], bool], model=None
 ) -> list[RuntimeProblem]:
     """Every start-up rule above for one run's trainer section (a spec.TrainerSpec) on its accelerator;
-    the image rules when `encoder` (the resolved model's encoder: patch_size, image_size) is given, the mock
-    data's vocabulary rule when `llm` (its LLM: vocab_size) is."""
+    with `model` (the resolved ModelArch) also the rules of its modules: each image module's mock image
+    sizes (patch_size, image_size), each module's data of its kind, the mock data's vocabulary."""
+    llm = None if model is None else model.llm
     out = [
         p
         for p in (
@@ -130,15 +172,19 @@ def runtime_problems(
                     f"use a vocabulary of at least {MIN_VOCAB} tokens, or real data (trainer.data.provider)",
                 )
             )
-    if encoder is not None and trainer.data.provider == "mock":
+    encoders = {} if model is None else model.encoders
+    if trainer.data.provider == "mock":
         d = trainer.data
-        out += image_size_problems(
-            d.image_sizes,
-            encoder.patch_size * encoder.downsample,
-            encoder.image_size,
-            trainer.seq_length,
-            d.text_only_fraction,
-        )
+        for encoder in (e for e in encoders.values() if e.modality == "image"):
+            out += image_size_problems(
+                d.image_sizes,
+                encoder.patch_size * encoder.downsample,
+                encoder.image_size,
+                trainer.seq_length,
+                d.text_only_fraction,
+            )
+    if model is not None:
+        out += modality_problems(trainer.data, encoders)
     return out + tracker_problems(trainer, installed)
 
 

@@ -103,10 +103,10 @@ def preflight(run, doc: dict, reference: bool) -> list[str]:
         )
     t = run.trainer
     # the rules validate applies; the image sizes are the mock provider's (mock_config below)
-    found = runtime_problems(t, run.cluster.accelerator, package_installed)
+    arch = arch_of(t.model)
+    found = runtime_problems(t, run.cluster.accelerator, package_installed, arch)
     if found:
         raise PreflightError(f"run.yaml: {found[0]}")
-    arch = arch_of(t.model)
     why = unsupported(arch, lay)
     if why:
         raise PreflightError(f"run.yaml: {why}")

@@ -1,6 +1,7 @@
 """What the trainer refuses at start-up, `validate` refuses first (mimo_jobs/study/runtime_rules.py owns each
 rule): mock image sizes against the encoder's patch, both modules frozen, bf16 on CPU, a tracker whose package
-is missing. Each rule on a study that passes and on the same study changed to break it."""
+is missing, an encoder module the data gives nothing of its kind. Each rule on a study that passes and on the
+same study changed to break it."""
 
 from __future__ import annotations
 
@@ -31,7 +32,10 @@ BREAKS = {
     "data": lambda d: d["trainer"].update(
         model={"encoder": "tiny", "llm": {"preset": "tiny", "vocab_size": 12}}
     ),
+    # an image module, and mock data without images
+    "module-data": lambda d: d["trainer"].setdefault("data", {}).update(text_only_fraction=1.0),
 }
+OMNI = REPO / "studies/cpu_omni.yaml"
 
 
 def _validate(tmp_path, doc: dict):
@@ -66,16 +70,54 @@ def test_the_trainer_preflight_refuses_the_same(tmp_path):
         run = diagnose_data(doc, "s", env={}).runs[0]
         with pytest.raises((PreflightError, DataConfigError)) as e:
             preflight(run, {}, reference=True)
-        expected = runtime_problems(run.trainer, "cpu", package_installed, *_modules_of(run))[0]
+        expected = runtime_problems(run.trainer, "cpu", package_installed, _model_of(run))[0]
         assert expected.message in str(e.value), rule
     assert mock_config  # the image rule reaches the trainer through the mock provider
 
 
-def _modules_of(run):
+def _model_of(run):
     from mimo_jobs.predict.run import shape_of
 
-    preset = shape_of(run.layout, run.trainer).preset
-    return preset.encoder, preset.llm
+    return shape_of(run.layout, run.trainer).preset
+
+
+def test_the_omni_study_passes(tmp_path):
+    r = _validate(tmp_path, yaml.safe_load(OMNI.read_text()))
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    "data, line",
+    [
+        (
+            {"audio_fraction": 0.0},
+            "trainer.data.audio_fraction: [module-data] the encoder module 'audio' (audio) gets no audio from "
+            "the mock data",
+        ),
+        (
+            {"text_only_fraction": 1.0},
+            "trainer.data.text_only_fraction: [module-data] the encoder module 'vision' (image) gets no image "
+            "from the mock data",
+        ),
+    ],
+)
+def test_a_module_with_no_data_of_its_kind_is_one_line_and_exit_2(tmp_path, data, line):
+    doc = yaml.safe_load(OMNI.read_text())
+    doc["trainer"].setdefault("data", {}).update(data)
+    r = _validate(tmp_path, doc)
+    assert r.exit_code == 2, r.output
+    flat = " ".join(r.output.split())
+    assert flat.count(line) == 1, r.output
+
+
+def test_audio_data_without_an_audio_module_is_refused(tmp_path):
+    doc = copy.deepcopy(yaml.safe_load(CPU.read_text()))
+    doc["trainer"].setdefault("data", {}).update(audio_fraction=0.5, audio_frames=[16])
+    r = _validate(tmp_path, doc)
+    assert r.exit_code == 2, r.output
+    assert "0.5 of the samples carry audio but trainer.model has no audio encoder" in " ".join(
+        r.output.split()
+    )
 
 
 @pytest.mark.parametrize(
