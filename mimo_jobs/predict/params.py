@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mimo_jobs.model.arch import EncoderArch, LLMArch, ModelArch, padded_vocab
+from mimo_jobs.model.audio_arch import CONVS, AudioArch
 from mimo_jobs.model.splits import experts_apart
 
 
@@ -25,6 +26,7 @@ from mimo_jobs.model.splits import experts_apart
 class Tensor:
     numel: int
     expert: bool = False  # held in the expert gradient buffer (model/splits.experts_apart)
+    frozen: bool = False  # never trained (no gradient, no optimizer state): the audio position table
 
 
 def _norm(h: int, kind: str) -> list[Tensor]:
@@ -125,8 +127,33 @@ def vit_tensors(e: EncoderArch, tp: int) -> list[Tensor]:
 
 def projector_tensors(preset: ModelArch, tp: int) -> list[Tensor]:
     """MLP(encoder width x downsample^2 -> LLM width -> LLM width), column- then row-parallel."""
-    hin, hl = preset.encoder.projector_input, preset.llm.hidden_size
+    return projector_of(preset.encoder.projector_input, preset.llm.hidden_size, tp)
+
+
+def projector_of(hin: int, hl: int, tp: int) -> list[Tensor]:
+    """The projector MLP of input width `hin` into an LLM of width `hl` on one TP rank."""
     return [Tensor(hl * hin // tp), Tensor(hl // tp), Tensor(hl * hl // tp), Tensor(hl)]
+
+
+def audio_tensors(a: AudioArch, tp: int) -> list[Tensor]:
+    """The audio encoder on one TP rank, as trainer/model/audio_encoder.py registers it: the frozen position
+    table (the module's own parameter), conv1 and conv2 whole on every rank, the layers (the ViT's layer:
+    LayerNorm, attention with a fused QKV bias, a GELU MLP with biases), the final LayerNorm."""
+    h, (c1, c2) = a.hidden_size, CONVS
+    out = [Tensor(a.max_source_positions * h, frozen=True)]
+    out += [Tensor(h * a.num_mel_bins * c1.kernel), Tensor(h), Tensor(h * h * c2.kernel), Tensor(h)]
+    for _ in range(a.num_layers):
+        out += _norm(h, "LayerNorm")
+        out += _attention(h, a.num_attention_heads, a.num_attention_heads, a.head_dim, tp, "", True, True, False)
+        out += _norm(h, "LayerNorm") + _mlp(h, a.ffn_hidden_size, tp, True, False)
+    return out + _norm(h, "LayerNorm")
+
+
+def module_tensors(arch, llm_hidden: int, tp: int) -> list[Tensor]:
+    """One encoder module (its encoder and projector) on one TP rank, by its architecture's modality."""
+    if arch.modality == "audio":
+        return audio_tensors(arch, tp) + projector_of(arch.out_width, llm_hidden, tp)
+    return vit_tensors(arch, tp) + projector_of(arch.out_width, llm_hidden, tp)
 
 
 def encoder_tensors(preset: ModelArch, tp: int) -> list[Tensor]:
