@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mimo_jobs.model.arch import EncoderArch, LLMArch, ModelArch, padded_vocab
-from mimo_jobs.model.audio_arch import CONVS, AudioArch
+from mimo_jobs.model.audio_arch import CONVS, AudioArch, audio_params
 from mimo_jobs.model.splits import experts_apart
 
 
@@ -201,13 +201,33 @@ def _billions(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
 
 
+def module_params(arch, llm_hidden: int) -> int:
+    """One encoder module's parameters as HuggingFace counts its encoder, plus its projector (an audio
+    encoder's without the k bias rows the trainer's fused QKV also holds)."""
+    proj = sum(t.numel for t in projector_of(arch.out_width, llm_hidden, 1))
+    return (audio_params(arch) if arch.modality == "audio" else vit_params(arch)) + proj
+
+
+def _several(preset: ModelArch) -> bool:
+    # several encoders, or one that is not an image encoder: each module under its name
+    encs = preset.named_encoders
+    return len(encs) > 1 or any(a.modality != "image" for _, a in encs)
+
+
 def model_summary(preset: ModelArch) -> list[str]:
     """One line per module naming it with its parameters, e.g. "llm qwen3-30b-a3b: 30.5B total, 3.3B
-    active" (totals unpadded; the encoder's include its projector; a text-only model says it has none)."""
-    e, p = preset.encoder, preset.llm
+    active" (totals unpadded; the encoder's include its projector; a text-only model says it has none;
+    several encoders: one line each, under its module name)."""
+    p = preset.llm
     llm = f"llm {p.name or preset.name}: {_billions(llm_params(p))} total"
     if p.num_experts:
         llm += f", {_billions(llm_active_params(p))} active"
+    if _several(preset):
+        return [
+            f"encoder {n} ({a.modality}) {a.name or a.kind}: {_billions(module_params(a, p.hidden_size))}"
+            for n, a in preset.named_encoders
+        ] + [llm]
+    e = preset.encoder
     if e is None:
         return ["encoder: none (text-only)", llm]
     return [f"encoder {e.name or preset.name}: {_billions(encoder_params(preset))}", llm]
@@ -215,8 +235,16 @@ def model_summary(preset: ModelArch) -> list[str]:
 
 def model_json(preset: ModelArch) -> dict:
     """`predict --json`'s model section: each module's name and unpadded parameter totals (encoder null
-    for a text-only model)."""
-    e, p = preset.encoder, preset.llm
+    for a text-only model; several encoders: `encoders`, one entry per module, and encoder null)."""
+    p = preset.llm
+    llm = {"name": p.name or preset.name, "params": llm_params(p), "active_params": llm_active_params(p)}
+    if _several(preset):
+        encs = [
+            {"module": n, "modality": a.modality, "name": a.name or a.kind, "params": module_params(a, p.hidden_size)}
+            for n, a in preset.named_encoders
+        ]
+        return {"name": preset.name, "encoder": None, "encoders": encs, "llm": llm}
+    e = preset.encoder
     return {
         "name": preset.name,
         "encoder": None if e is None else {"name": e.name or preset.name, "params": encoder_params(preset)},
