@@ -1,10 +1,11 @@
 """One process: build the trainer's audio encoder (trainer/model/audio_encoder.py) on a one-rank gloo group
 and measure it.
 
-`python audio_measure_worker.py ARCH_JSON FRAMES OUT_JSON` writes the numel of each parameter in
+`python audio_measure_worker.py ARCH_JSON FRAMES OUT_JSON [TP]` writes the numel of each parameter in
 registration order (and whether it trains), and the FLOPs `torch.utils.flop_counter.FlopCounterMode` counts
 for one forward + backward of one clip of FRAMES log-mel frames through the encoder and a projector of the
-trainer's kind (megatron-core's MultimodalProjector, encoder width -> LLM width given in ARCH_JSON).
+trainer's kind (megatron-core's MultimodalProjector, encoder width -> LLM width given in ARCH_JSON). Under
+torchrun with TP ranks (a TP group of them), TP rank 0 writes its shard's parameters and FLOPs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "weights"))
 
 
-def main(arch_json: str, frames: int, out: str) -> None:
+def main(arch_json: str, frames: int, out: str, tp: int = 1) -> None:
     import torch
     from hf_worker import _grids
     from megatron.core.models.vision.multimodal_projector import MultimodalProjector
@@ -32,17 +33,17 @@ def main(arch_json: str, frames: int, out: str) -> None:
     cuda_shims.install()
     doc = json.loads(Path(arch_json).read_text())
     a, llm_hidden = AudioArch.from_dict(doc["audio"]), doc["llm_hidden"]
-    grids, _, _ = _grids(1, 1, 1)
+    grids, _, _ = _grids(tp, 1, 1)
     pgc = grids.encoder.pgc
     prec = M.Precision(use_gpu=False, bf16=False)
-    enc = build_audio_encoder(a, audio_config(a, 1, prec), pgc, prec)
+    enc = build_audio_encoder(a, audio_config(a, tp, prec), pgc, prec)
     # the projector's config as models.py builds the image encoder's
     cfg = TransformerConfig(
         num_layers=1,
         hidden_size=llm_hidden,
-        num_attention_heads=1,
+        num_attention_heads=tp,
         ffn_hidden_size=llm_hidden,
-        tensor_model_parallel_size=1,
+        tensor_model_parallel_size=tp,
         **M._base_kwargs(prec),
     )
     _, proj_sub, _ = M.encoder_layer_specs(prec)
@@ -52,6 +53,8 @@ def main(arch_json: str, frames: int, out: str) -> None:
         y = proj(enc([clip])[:, None]).float().sum()
     with FlopCounterMode(display=False) as bwd:
         y.backward()
+    if pgc.tp.rank() != 0:
+        return
     Path(out).write_text(
         json.dumps(
             {
@@ -64,4 +67,4 @@ def main(arch_json: str, frames: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 1)
