@@ -142,16 +142,17 @@ def _split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
 
 
 # Several encoders: the shapes tried per encoder module are its TP (a divisor of the GPUs per node) times
-# its DP (a divisor of the global batch), at most MAX_MODULE_SHAPES of them with the fewest ranks first, so
-# the split search prices at most (TPs x PPs x EPs) x MAX_MODULE_SHAPES^N heterogeneous layouts for N
-# encoders before topology.check drops those that do not tile (with one encoder, _split_and_colocated).
-MAX_MODULE_SHAPES = 16
+# its DP (a divisor of the global batch), fewer ranks than the world, at most MAX_MODULE_SHAPES of them:
+# TP 1 at every DP first (an encoder splits its weights only when they do not fit), then TP 2, ... So the
+# split search prices at most (TPs x PPs x EPs) x MAX_MODULE_SHAPES^N heterogeneous layouts for N encoders
+# before topology.check drops those that do not tile (one encoder: _split_and_colocated, every shape).
+MAX_MODULE_SHAPES = 24
 
 
-def module_shapes(base: Layout) -> list[tuple[int, int]]:
-    """(tp, dp) tried for one encoder module of `base`'s batch, fewest ranks first (MAX_MODULE_SHAPES)."""
-    shapes = [(tp, dp) for tp in _divisors(base.gpus_per_node) for dp in _divisors(base.gbs)]
-    shapes.sort(key=lambda s: (s[0] * s[1], s[0]))
+def module_shapes(base: Layout, nodes: int) -> list[tuple[int, int]]:
+    """(tp, dp) tried for one encoder module of `base`'s batch on `nodes` nodes (MAX_MODULE_SHAPES)."""
+    world = nodes * base.gpus_per_node
+    shapes = [(tp, dp) for tp in _divisors(base.gpus_per_node) for dp in _divisors(base.gbs) if tp * dp < world]
     return shapes[:MAX_MODULE_SHAPES]
 
 
@@ -162,7 +163,7 @@ def _several_split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
     names = [m.name for m in base.encoders]
     pps = [p for p in _divisors(base.llm_layers or 1) if p <= MAX_PP]
     eps = _divisors(experts) if experts else [1]
-    shapes = module_shapes(base)
+    shapes = module_shapes(base, nodes)
     combos = [c for c in itertools.product(shapes, repeat=len(names)) if sum(t * d for t, d in c) < world]
     common = {"nodes": nodes, "llm_cp": 1}
     out = []

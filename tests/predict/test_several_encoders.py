@@ -237,7 +237,7 @@ def test_plan_over_two_encoders_gives_split_and_colocated_layouts(tmp_path):
     shape = start_of(spec.trainer, 8, 32)
     cands = candidate_layouts(shape.layout, 2)
     # the bound: (TPs x PPs) x MAX_MODULE_SHAPES^2 heterogeneous layouts before the rules, plus colocated
-    assert len(module_shapes(shape.layout)) <= MAX_MODULE_SHAPES
+    assert len(module_shapes(shape.layout, 2)) <= MAX_MODULE_SHAPES
     assert len(cands) <= 4 * 1 * MAX_MODULE_SHAPES**2 + 4
     assert all(not check(lay) for lay in cands)
     best, priced = best_layouts(shape, H100, 2, efficiency_for(H100), top=400)
