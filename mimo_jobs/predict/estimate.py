@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import several
 from .cost import Cost, cost_of, iterations_of, to_budget
 from .hardware import GPU
 from .memory import MemoryPlan, memory_plan
 from .modmix import module_flops
-from . import several
 from .run import RunShape, shape_of
 from .steptime import Efficiency, StepTime, efficiency_for, step_time
 

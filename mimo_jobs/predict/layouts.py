@@ -152,7 +152,9 @@ MAX_MODULE_SHAPES = 24
 def module_shapes(base: Layout, nodes: int) -> list[tuple[int, int]]:
     """(tp, dp) tried for one encoder module of `base`'s batch on `nodes` nodes (MAX_MODULE_SHAPES)."""
     world = nodes * base.gpus_per_node
-    shapes = [(tp, dp) for tp in _divisors(base.gpus_per_node) for dp in _divisors(base.gbs) if tp * dp < world]
+    shapes = [
+        (tp, dp) for tp in _divisors(base.gpus_per_node) for dp in _divisors(base.gbs) if tp * dp < world
+    ]
     return shapes[:MAX_MODULE_SHAPES]
 
 
@@ -175,14 +177,18 @@ def _several_split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
                 if colo_dp and pp == 1:
                     mods = tuple(ModuleShape(n, ltp, 1, colo_dp) for n in names)
                     out.append(
-                        replace(base, **common, **llm, encoders=mods, colocated=True, llm_pp=1, llm_dp=colo_dp)
+                        replace(
+                            base, **common, **llm, encoders=mods, colocated=True, llm_pp=1, llm_dp=colo_dp
+                        )
                     )
                 for c in combos:
                     dp = derive_llm_dp_after(nodes, gpn, sum(t * d for t, d in c), ltp, pp)
                     if dp:
                         mods = tuple(ModuleShape(n, t, 1, d) for n, (t, d) in zip(names, c))
                         out.append(
-                            replace(base, **common, **llm, encoders=mods, colocated=False, llm_pp=pp, llm_dp=dp)
+                            replace(
+                                base, **common, **llm, encoders=mods, colocated=False, llm_pp=pp, llm_dp=dp
+                            )
                         )
     return out
 

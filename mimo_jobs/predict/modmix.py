@@ -114,7 +114,13 @@ def module_mixes(data, preset: ModelArch, seq_length: int) -> tuple[ModuleMix, .
         m = data_mix(data, a, seq_length)
         out.append(
             ModuleMix(
-                name, "image", m.image_tokens_mean, m.tokens_per_image, m.image_tokens_max, m.source, m.assumed
+                name,
+                "image",
+                m.image_tokens_mean,
+                m.tokens_per_image,
+                m.image_tokens_max,
+                m.source,
+                m.assumed,
             )
         )
     return tuple(out)

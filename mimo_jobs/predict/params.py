@@ -144,7 +144,9 @@ def audio_tensors(a: AudioArch, tp: int) -> list[Tensor]:
     out += [Tensor(h * a.num_mel_bins * c1.kernel), Tensor(h), Tensor(h * h * c2.kernel), Tensor(h)]
     for _ in range(a.num_layers):
         out += _norm(h, "LayerNorm")
-        out += _attention(h, a.num_attention_heads, a.num_attention_heads, a.head_dim, tp, "", True, True, False)
+        out += _attention(
+            h, a.num_attention_heads, a.num_attention_heads, a.head_dim, tp, "", True, True, False
+        )
         out += _norm(h, "LayerNorm") + _mlp(h, a.ffn_hidden_size, tp, True, False)
     return out + _norm(h, "LayerNorm")
 
@@ -240,7 +242,12 @@ def model_json(preset: ModelArch) -> dict:
     llm = {"name": p.name or preset.name, "params": llm_params(p), "active_params": llm_active_params(p)}
     if _several(preset):
         encs = [
-            {"module": n, "modality": a.modality, "name": a.name or a.kind, "params": module_params(a, p.hidden_size)}
+            {
+                "module": n,
+                "modality": a.modality,
+                "name": a.name or a.kind,
+                "params": module_params(a, p.hidden_size),
+            }
             for n, a in preset.named_encoders
         ]
         return {"name": preset.name, "encoder": None, "encoders": encs, "llm": llm}

@@ -111,7 +111,9 @@ def sample_flops(preset: ModelArch, seq_length: int, data) -> SampleFlops:
     if apart(preset):
         llm = flops_per_sample(ModelArch(preset.name, None, preset.llm), seq_length, 0.0).llm
         mixes = module_mixes(data, preset, seq_length)
-        enc = sum(module_flops(a, m, preset.llm.hidden_size) for (_, a), m in zip(preset.named_encoders, mixes))
+        enc = sum(
+            module_flops(a, m, preset.llm.hidden_size) for (_, a), m in zip(preset.named_encoders, mixes)
+        )
         return SampleFlops(enc, llm)
     mean, per_image, _ = image_mix(data, preset.encoder, seq_length)
     return flops_per_sample(preset, seq_length, mean, per_image)

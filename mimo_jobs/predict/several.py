@@ -152,7 +152,9 @@ def _dp_s(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> tuple[flo
             dp = dps[m.module]
             bw = _bw(m.ranks[1] - m.ranks[0] + 1, lay.gpus_per_node, gpu, eff)
             if rs.distributed_optimizer:
-                t += comm.reduce_scatter_s(m.grad_bytes, dp, bw) + comm.reduce_scatter_s(m.weight_bytes, dp, bw)
+                t += comm.reduce_scatter_s(m.grad_bytes, dp, bw) + comm.reduce_scatter_s(
+                    m.weight_bytes, dp, bw
+                )
                 steps += 2 * comm.ring_steps(dp)
             else:
                 t += comm.all_reduce_s(m.grad_bytes, dp, bw)
@@ -202,7 +204,9 @@ def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepT
         "bridge": sum(p["bridge"] * scale[n] for n, p in encs.items()),
         "dp": dp,
         "optimizer": opt,
-        "latency": sum(p["latency"] * scale[n] for n, p in encs.items()) + llm["latency"] * scale["llm"] + dp_lat,
+        "latency": sum(p["latency"] * scale[n] for n, p in encs.items())
+        + llm["latency"] * scale["llm"]
+        + dp_lat,
     }
     dominant = max(("compute", "tp", "ep", "dp", "bridge", "latency"), key=lambda k: parts[k])
     return StepTime(

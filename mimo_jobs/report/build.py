@@ -13,9 +13,9 @@ from mimo_jobs.contract.iteration import PHASES
 from mimo_jobs.errors import MimoJobsError
 
 from . import compare, cost, external, figures, fmt, queries
+from .encphases import encoder_phase_rows
 from .memory import memory_rows
 from .model import ParityRow, Report, RunRow, StudyInfo, TriageRow
-from .encphases import encoder_phase_rows
 from .modules import bound_rows, module_rows
 from .predicted import model_name, predicted_rows, priced_model
 from .queries import StoreData

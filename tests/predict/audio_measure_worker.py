@@ -26,9 +26,8 @@ def main(arch_json: str, frames: int, out: str, tp: int = 1) -> None:
 
     import mimo_jobs.trainer.model.models as M
     from mimo_jobs.model.audio_arch import AudioArch
-    from mimo_jobs.trainer.model.audio_encoder import audio_config, build_audio_encoder
-
     from mimo_jobs.trainer import cuda_shims
+    from mimo_jobs.trainer.model.audio_encoder import audio_config, build_audio_encoder
 
     cuda_shims.install()
     doc = json.loads(Path(arch_json).read_text())

@@ -121,7 +121,11 @@ def study(tmp: Path, data: dict | None = None, points: list | None = None) -> di
         "matrix": {
             "points": points
             or [
-                {"nodes": 2, "encoders": {"vision": {"dp": 4}, "audio": {"tp": 2, "dp": 2}}, "llm": {"dp": 8}},
+                {
+                    "nodes": 2,
+                    "encoders": {"vision": {"dp": 4}, "audio": {"tp": 2, "dp": 2}},
+                    "llm": {"dp": 8},
+                },
                 {"nodes": 2, "colocated": True, "llm": {"tp": 2, "dp": 8}},
             ],
             "defaults": {"gbs": 32},
@@ -156,7 +160,11 @@ def test_each_module_class_holds_its_own_module(tmp_path):
     (single,) = runs_of(parse_study(one, env={}))
     ref = predict_run(single, H100).memory.classes[0].modules[0]
     assert ref.module == "encoder"
-    assert (vis.params, vis.grad_bytes, vis.optimizer_bytes) == (ref.params, ref.grad_bytes, ref.optimizer_bytes)
+    assert (vis.params, vis.grad_bytes, vis.optimizer_bytes) == (
+        ref.params,
+        ref.grad_bytes,
+        ref.optimizer_bytes,
+    )
     assert vis.activation_bytes == ref.activation_bytes
     assert vis.bridge_bytes == ref.bridge_bytes
 
@@ -172,7 +180,9 @@ def test_colocated_ranks_hold_every_module_and_run_each_in_turn(tmp_path):
     assert set(mb) == {"vision", "audio", "llm"} and t.bottleneck == "audio"
     m = p.shape.microbatches
     pipe = m * sum(mb.values())  # every rank runs every module's microbatch in turn
-    assert t.iteration_s == pytest.approx(pipe + t.parts["dp"] + t.parts["optimizer"] + _dp_latency(p), rel=1e-9)
+    assert t.iteration_s == pytest.approx(
+        pipe + t.parts["dp"] + t.parts["optimizer"] + _dp_latency(p), rel=1e-9
+    )
     assert t.idle_fraction == 0.0
 
 
@@ -183,7 +193,9 @@ def test_the_step_is_bounded_by_the_slowest_module(tmp_path):
     mb = t.modules
     assert max(mb, key=mb.get) == "audio" == t.bottleneck  # whisper-small's full clips, a tiny LLM
     pipe = m * mb["audio"] + mb["llm"]  # the LLM's last microbatch drains once; pp 1: no bubble
-    assert t.iteration_s == pytest.approx(pipe + t.parts["dp"] + t.parts["optimizer"] + _dp_latency(p), rel=1e-9)
+    assert t.iteration_s == pytest.approx(
+        pipe + t.parts["dp"] + t.parts["optimizer"] + _dp_latency(p), rel=1e-9
+    )
     assert t.idle_fraction == pytest.approx(1 - min(mb.values()) / mb["audio"])
 
 

@@ -52,7 +52,12 @@ def two_encoder_doc(tmp: Path) -> dict:
         },
         "matrix": {
             "points": [
-                {"nodes": 2, "encoders": {"vision": {"dp": 4}, "audio": {"dp": 4}}, "llm": {"dp": 8}, "gbs": 32},
+                {
+                    "nodes": 2,
+                    "encoders": {"vision": {"dp": 4}, "audio": {"dp": 4}},
+                    "llm": {"dp": 8},
+                    "gbs": 32,
+                },
                 {"nodes": 2, "colocated": True, "llm": {"dp": 16}, "gbs": 32},
             ]
         },

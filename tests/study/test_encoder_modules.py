@@ -133,7 +133,9 @@ def test_a_two_encoder_study_validates_with_each_module_and_is_priced(tmp_path):
     assert "4n-vision1x4-audio2x2-l2x1x12-g48" in r.stdout and "4n-colo-l2x1x16-g64" in r.stdout
     assert "vision TP1 DP4 (ranks 0-3); audio TP2 DP2 (ranks 4-7)" in r.stdout
     assert "vision out, audio out" in r.stdout and "vision 3, audio 6" in r.stdout  # each module's fan, lanes
-    assert r.stdout.count("memory on H100: fits") == 2, r.stdout  # priced module by module (predict/several.py)
+    assert r.stdout.count("memory on H100: fits") == 2, (
+        r.stdout
+    )  # priced module by module (predict/several.py)
     p = cli("predict", tmp_path / "study.yaml")
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout + p.stderr
     assert "not priced" not in p.stdout + p.stderr
