@@ -21,7 +21,7 @@ from mimo_jobs.model.arch import ModelArch
 from mimo_jobs.model.audio_arch import input_stride
 
 from .datastats import data_mix, stats_at
-from .flops import audio_clip_flops, encoder_flops_per_token
+from .flops import SampleFlops, audio_clip_flops, encoder_flops_per_token, flops_per_sample
 
 AUDIO_PRIOR = "one full-length clip per sample"
 
@@ -46,7 +46,7 @@ class ModuleMix:
         return -(-self.tokens_max // self.tokens_per_item) if self.tokens_per_item else 0
 
 
-def apart(preset: ModelArch) -> bool:
+def by_module(preset: ModelArch) -> bool:
     """Whether the planner prices `preset` module by module: several encoders, or one that is not an image
     encoder (the one-encoder formulas of the rest of predict/ are an image encoder's)."""
     encs = preset.named_encoders
@@ -131,3 +131,12 @@ def module_flops(a, mix: ModuleMix, llm_hidden: int) -> float:
     if a.modality == "audio":
         return mix.items_mean * audio_clip_flops(a, llm_hidden, mix.frames) if mix.frames else 0.0
     return mix.tokens_mean * encoder_flops_per_token(a, llm_hidden, mix.tokens_per_item)
+
+
+def sample_flops_by_module(preset: ModelArch, mixes: tuple, seq_length: int) -> tuple[dict, SampleFlops]:
+    """(module name -> its training FLOPs per sample, the sample's SampleFlops: every encoder module's
+    together, and the LLM's over seq_length tokens)."""
+    hl = preset.llm.hidden_size
+    per = {n: module_flops(a, m, hl) for (n, a), m in zip(preset.named_encoders, mixes)}
+    llm = flops_per_sample(ModelArch(preset.name, None, preset.llm), seq_length, 0.0).llm
+    return per, SampleFlops(sum(per.values()), llm)

@@ -21,6 +21,8 @@ from mimo_jobs.model.arch import EncoderArch, LLMArch, ModelArch, padded_vocab
 from mimo_jobs.model.audio_arch import CONVS, AudioArch, audio_params
 from mimo_jobs.model.splits import experts_apart
 
+from .modmix import by_module
+
 
 @dataclass(frozen=True)
 class Tensor:
@@ -210,12 +212,6 @@ def module_params(arch, llm_hidden: int) -> int:
     return (audio_params(arch) if arch.modality == "audio" else vit_params(arch)) + proj
 
 
-def _several(preset: ModelArch) -> bool:
-    # several encoders, or one that is not an image encoder: each module under its name
-    encs = preset.named_encoders
-    return len(encs) > 1 or any(a.modality != "image" for _, a in encs)
-
-
 def model_summary(preset: ModelArch) -> list[str]:
     """One line per module naming it with its parameters, e.g. "llm qwen3-30b-a3b: 30.5B total, 3.3B
     active" (totals unpadded; the encoder's include its projector; a text-only model says it has none;
@@ -224,7 +220,7 @@ def model_summary(preset: ModelArch) -> list[str]:
     llm = f"llm {p.name or preset.name}: {_billions(llm_params(p))} total"
     if p.num_experts:
         llm += f", {_billions(llm_active_params(p))} active"
-    if _several(preset):
+    if by_module(preset):
         return [
             f"encoder {n} ({a.modality}) {a.name or a.kind}: {_billions(module_params(a, p.hidden_size))}"
             for n, a in preset.named_encoders
@@ -240,7 +236,7 @@ def model_json(preset: ModelArch) -> dict:
     for a text-only model; several encoders: `encoders`, one entry per module, and encoder null)."""
     p = preset.llm
     llm = {"name": p.name or preset.name, "params": llm_params(p), "active_params": llm_active_params(p)}
-    if _several(preset):
+    if by_module(preset):
         encs = [
             {
                 "module": n,

@@ -1,4 +1,4 @@
-"""Memory per rank class and iteration time of a model priced module by module (modmix.apart: several
+"""Memory per rank class and iteration time of a model priced module by module (modmix.by_module: several
 encoders, or an audio one), with the one-encoder formulas of memory.py, activations.py and steptime.py
 applied to each module on its own ranks (topology.module_ranges).
 
@@ -25,10 +25,10 @@ from mimo_jobs.study.topology import module_ranges
 
 from . import activations as A
 from . import comm
-from .flops import SampleFlops, flops_per_sample
+from .flops import SampleFlops
 from .hardware import GPU
 from .memory import MemoryPlan, ModuleMemory, RankClass, _held, _state_key, encoder_memory, llm_memory
-from .modmix import module_flops
+from .modmix import sample_flops_by_module
 from .params import module_tensors
 from .run import RunShape
 from .steptime import Efficiency, StepTime, _bw, _encoder_mb, _llm_mb, _optimizer_s
@@ -132,13 +132,10 @@ def memory_plan(rs: RunShape, gpu: GPU) -> MemoryPlan:
     return MemoryPlan(classes, gpu.memory_bytes)
 
 
-def _module_mb(rs: RunShape, gpu: GPU, eff: Efficiency, i: int) -> tuple[dict, float]:
-    """(one microbatch of module `i` on its ranks, by part; its FLOPs per sample). An audio module runs
-    steptime's encoder formula with its own FLOPs and tokens (its TP all-reduces over its positions)."""
-    _, arch = rs.preset.named_encoders[i]
-    view = _view(rs, i)
-    fl = module_flops(arch, rs.modules[i], rs.preset.llm.hidden_size)
-    return _encoder_mb(view, gpu, eff, SampleFlops(fl, 0.0)), fl
+def _module_mb(rs: RunShape, gpu: GPU, eff: Efficiency, i: int, flops: float) -> dict:
+    """One microbatch of module `i` on its ranks, by part (`flops`: its FLOPs per sample). An audio module
+    runs steptime's encoder formula with its own FLOPs and tokens."""
+    return _encoder_mb(_view(rs, i), gpu, eff, SampleFlops(flops, 0.0))
 
 
 def _dp_s(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> tuple[float, float]:
@@ -166,11 +163,8 @@ def _dp_s(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> tuple[flo
 
 def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepTime:
     lay = rs.layout
-    names = [n for n, _ in rs.preset.named_encoders]
-    mods = [_module_mb(rs, gpu, eff, i) for i in range(len(names))]
-    encs = {n: parts for n, (parts, _) in zip(names, mods)}
-    enc_fl = sum(f for _, f in mods)  # the encoders' FLOPs per sample, every module
-    fl = SampleFlops(enc_fl, flops_per_sample(ModelArch("", None, rs.preset.llm), rs.seq_length, 0.0).llm)
+    per, fl = sample_flops_by_module(rs.preset, rs.modules, rs.seq_length)
+    encs = {n: _module_mb(rs, gpu, eff, i, per[n]) for i, n in enumerate(per)}
     llm = _llm_mb(rs, gpu, eff, fl)
     times = {n: sum(p.values()) for n, p in encs.items()}
     l_ = sum(llm.values())
