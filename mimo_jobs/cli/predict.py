@@ -280,7 +280,8 @@ def predict(
         out.print(_check_table(cal))
         out.print(_calibration_line(cal), markup=False)
     sources = dict.fromkeys(p.shape.data_source for p in preds)  # say which data priced the image tokens
-    out.print("image tokens: " + "; ".join(sources), markup=False)
+    what = "encoder tokens" if any(p.shape.modules for p in preds) else "image tokens"
+    out.print(f"{what}: " + "; ".join(sources), markup=False)
     ranges = dict.fromkeys(p.shape.image_range for p in preds if p.shape.image_range)
     if ranges:  # the stated prior priced them: every figure of time rests on it
         from mimo_jobs.predict.assumed import range_words

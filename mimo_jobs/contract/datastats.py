@@ -53,6 +53,10 @@ class DataStats:
     tiles_max: int
     tokens_per_tile: float  # E[n^2]/E[n] over encoder samples
     geometry: dict
+    # audio (absent from a file of image data alone: zeros): tokens a sample's clips hand the LLM, and clips
+    audio_tokens_mean: float = 0.0
+    audio_tokens_max: int = 0
+    audio_clips_mean: float = 0.0
 
     def geometry_problem(self, geometry: Any) -> str | None:
         """Why these counts do not hold for `geometry` (None: they do)."""
@@ -113,7 +117,28 @@ def parse_stats(doc: Any, where: str) -> DataStats:
         tiles_max=_number(doc, "tiles.max", int, where),
         tokens_per_tile=_number(doc, "tokens_per_tile", float, where),
         geometry={k: geom[k] for k in GEOMETRY_FIELDS},
+        **_audio(doc, where),
     )
+
+
+def _audio(doc: dict, where: str) -> dict:
+    """The audio fields of a stats document (none: an older file, or data without audio)."""
+    if "audio_tokens" not in doc:
+        return {}
+    clips = doc.get("audio_clips_per_sample")
+    if not isinstance(clips, dict) or not all(
+        k.isdigit() and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in clips.items()
+    ):
+        raise StatsFileError(
+            f"{where}: field 'audio_clips_per_sample' must map clip counts to sample counts, e.g. "
+            '{"0": 10, "1": 90}'
+        )
+    n = sum(clips.values())
+    return {
+        "audio_tokens_mean": _number(doc, "audio_tokens.mean", float, where),
+        "audio_tokens_max": _number(doc, "audio_tokens.max", int, where),
+        "audio_clips_mean": sum(int(k) * v for k, v in clips.items()) / n if n else 0.0,
+    }
 
 
 def read_stats(path: str | Path) -> DataStats:

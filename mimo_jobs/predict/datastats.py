@@ -53,7 +53,8 @@ def _read(path: str, mtime_ns: int) -> DataStats:
     return read_stats(path)
 
 
-def _stats(path: Path) -> DataStats:
+def stats_at(path: Path) -> DataStats:
+    """The statistics file at `path`, read once per change of it."""
     try:
         mtime = path.stat().st_mtime_ns
     except OSError:
@@ -135,7 +136,7 @@ def data_mix(data, enc: EncoderArch, seq_length: int | None = None) -> DataMix:
     )
     if path is not None and (named or path.is_file()):
         try:
-            st = _stats(path)
+            st = stats_at(path)
             problem = st.geometry_problem(geom)
         except StatsFileError as e:
             problem = str(e)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import several
 from .cost import Cost, cost_of, iterations_of, to_budget
 from .hardware import GPU
 from .memory import MemoryPlan, memory_plan
+from .modmix import module_flops
 from .run import RunShape, shape_of
 from .steptime import Efficiency, StepTime, efficiency_for, step_time
 
@@ -65,6 +67,9 @@ class Prediction:
 
 
 def predict_shape(rs: RunShape, gpu: GPU, eff: Efficiency, name: str = "", run_id: str = "") -> Prediction:
+    if rs.modules:  # priced module by module (several encoders, or an audio one)
+        mem = several.memory_plan(rs, gpu)
+        return Prediction(name, run_id, rs, gpu, mem, several.step_time(rs, mem, gpu, eff))
     mem = memory_plan(rs, gpu)
     return Prediction(name, run_id, rs, gpu, mem, step_time(rs, mem, gpu, eff))
 
@@ -134,4 +139,23 @@ def to_json(p: Prediction, tokens: float | None = None) -> dict:
         "ranks": ranks,
         "flops_per_iteration": p.flops_per_iteration,
         "cost": cost_json(p, tokens),
+        **({"modules": modules_json(p)} if p.shape.modules else {}),
     }
+
+
+def modules_json(p: Prediction) -> list[dict]:
+    """Several encoders: each encoder module's tokens per sample (and where they come from), FLOPs per
+    iteration and one microbatch's seconds on its ranks, then the LLM's (one stage)."""
+    gbs, t = p.shape.layout.gbs, p.time
+    out = [
+        {
+            "module": m.name,
+            "modality": m.modality,
+            "tokens": {"mean": m.tokens_mean, "max": m.tokens_max, "source": m.source, "assumed": m.assumed},
+            "flops_per_iteration": gbs * module_flops(a, m, p.shape.preset.llm.hidden_size),
+            "microbatch_s": t.modules.get(m.name),
+        }
+        for m, (_, a) in zip(p.shape.modules, p.shape.preset.named_encoders)
+    ]
+    llm = {"module": "llm", "flops_per_iteration": gbs * t.flops.llm, "microbatch_s": t.modules.get("llm")}
+    return out + [llm]

@@ -14,6 +14,11 @@ dense and MoE layers as moe_layer_pattern says, plus the logits 2 h V per token 
 the output layer computes). The encoder, per image: its ViT layers over the image's patches plus its class
 token (bidirectional: the core is not halved), the patch embedding 2 C p^2 h_e per patch, and the projector
 2 (s^2 h_e h_l + h_l^2) per token it hands the LLM (s x s patches per token after the pixel shuffle).
+The audio encoder (model/audio_arch.py), per clip of F mel frames: conv1 2 * 3 m h per frame (m mel bins),
+conv2 2 * 3 h^2 per output step (T = ceil(F / 2) steps), its transformer layers over the T steps
+(bidirectional), and the projector per token it hands the LLM (T / pooling). Backward is 2x forward, but
+conv1's input (the spectrogram) needs no gradient, so conv1 costs 2x its forward in all (torch's
+FlopCounterMode counts the same).
 A text-only model (no encoder) has the LLM's FLOPs alone.
 """
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mimo_jobs.model.arch import EncoderArch, LLMArch, ModelArch, padded_vocab
+from mimo_jobs.model.audio_arch import CONVS, AudioArch, conv_frames
 
 
 def mlp_matrices(gated: bool) -> int:
@@ -80,6 +86,26 @@ def encoder_flops_per_token(e: EncoderArch, llm_hidden: int, tokens_per_image: f
     patch = patches * 2 * e.channels * e.patch_size**2 * h
     projector = tokens_per_image * 2 * (s2 * h * llm_hidden + llm_hidden * llm_hidden)
     return 3 * (e.num_layers * layer + patch + projector) / tokens_per_image if tokens_per_image else 0.0
+
+
+def projector_flops_per_token(width: int, llm_hidden: int) -> float:
+    """Forward FLOPs of the MLP projector (width -> LLM width -> LLM width) per token it hands the LLM."""
+    return 2 * (width * llm_hidden + llm_hidden * llm_hidden)
+
+
+def audio_clip_flops(a: AudioArch, llm_hidden: int, mel_frames: int) -> float:
+    """Training FLOPs of one clip of `mel_frames` log-mel frames through the audio encoder and its
+    projector (module docstring)."""
+    h, f = a.hidden_size, a.ffn_hidden_size
+    c1, c2 = CONVS
+    steps1 = c1.out_frames(mel_frames)
+    n = conv_frames(mel_frames)
+    conv1 = steps1 * 2 * c1.kernel * a.num_mel_bins * h
+    conv2 = n * 2 * c2.kernel * h * h
+    layer = n * (2 * h * 3 * h + 2 * h * h + 2 * mlp_matrices(False) * h * f) + 4 * n * n * h
+    tokens = a.tokens_for_frames(mel_frames)
+    projector = tokens * projector_flops_per_token(a.out_width, llm_hidden)
+    return 2 * conv1 + 3 * (conv2 + a.num_layers * layer + projector)
 
 
 def full_image_tokens(e: EncoderArch) -> int:

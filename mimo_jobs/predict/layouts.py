@@ -7,11 +7,20 @@ there only), memory.py drops what does not fit, steptime.py ranks the rest.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 
 from mimo_jobs.study.spec import RecomputeSpec
-from mimo_jobs.study.topology import PACKAGED, Layout, Trainer, check, derive_llm_dp
+from mimo_jobs.study.topology import (
+    PACKAGED,
+    Layout,
+    ModuleShape,
+    Trainer,
+    check,
+    derive_llm_dp,
+    derive_llm_dp_after,
+)
 
 from .estimate import Prediction, predict_shape
 from .hardware import GPU
@@ -40,7 +49,7 @@ def candidate_layouts(base: Layout, nodes: int, who: Trainer = PACKAGED) -> list
     """Every feasible layout of `base`'s model and batch on `nodes` nodes (heterogeneous and colocated), for
     the model and trainer `who` (a text-only model of a study's own command: pipelined, interleaved and
     context-parallel layouts too, as Megatron-LM runs them)."""
-    out = _split_and_colocated(base, nodes)
+    out = _several_split_and_colocated(base, nodes) if base.several else _split_and_colocated(base, nodes)
     if who.text_only and not who.packaged:
         out += _text_only_megatron(base, nodes)
     return [lay for lay in out if not check(lay, who)]
@@ -129,6 +138,58 @@ def _split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
                                     llm_etp=etp_,
                                 )
                             )
+    return out
+
+
+# Several encoders: the shapes tried per encoder module are its TP (a divisor of the GPUs per node) times
+# its DP (a divisor of the global batch), fewer ranks than the world, at most MAX_MODULE_SHAPES of them:
+# TP 1 at every DP first (an encoder splits its weights only when they do not fit), then TP 2, ... So the
+# split search prices at most (TPs x PPs x EPs) x MAX_MODULE_SHAPES^N heterogeneous layouts for N encoders
+# before topology.check drops those that do not tile (one encoder: _split_and_colocated, every shape).
+MAX_MODULE_SHAPES = 24
+
+
+def module_shapes(base: Layout, nodes: int) -> list[tuple[int, int]]:
+    """(tp, dp) tried for one encoder module of `base`'s batch on `nodes` nodes (MAX_MODULE_SHAPES)."""
+    world = nodes * base.gpus_per_node
+    shapes = [
+        (tp, dp) for tp in _divisors(base.gpus_per_node) for dp in _divisors(base.gbs) if tp * dp < world
+    ]
+    return shapes[:MAX_MODULE_SHAPES]
+
+
+def _several_split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
+    """_split_and_colocated over N+1 modules: every encoder module its own TP and DP on its own ranks (the
+    LLM's DP the rest of the world), or every module on every rank with the LLM's TP and DP."""
+    gpn, experts, world = base.gpus_per_node, base.num_experts, nodes * base.gpus_per_node
+    names = [m.name for m in base.encoders]
+    pps = [p for p in _divisors(base.llm_layers or 1) if p <= MAX_PP]
+    eps = _divisors(experts) if experts else [1]
+    shapes = module_shapes(base, nodes)
+    combos = [c for c in itertools.product(shapes, repeat=len(names)) if sum(t * d for t, d in c) < world]
+    common = {"nodes": nodes, "llm_cp": 1}
+    out = []
+    for ltp in _divisors(gpn):
+        for pp in pps:
+            for ep, etp_ in ((ep, e) for ep in eps for e in sorted({1, ltp} if experts else {1})):
+                llm = {"llm_tp": ltp, "llm_ep": ep, "llm_etp": etp_}
+                colo_dp = derive_llm_dp_after(nodes, gpn, 0, ltp, pp)
+                if colo_dp and pp == 1:
+                    mods = tuple(ModuleShape(n, ltp, 1, colo_dp) for n in names)
+                    out.append(
+                        replace(
+                            base, **common, **llm, encoders=mods, colocated=True, llm_pp=1, llm_dp=colo_dp
+                        )
+                    )
+                for c in combos:
+                    dp = derive_llm_dp_after(nodes, gpn, sum(t * d for t, d in c), ltp, pp)
+                    if dp:
+                        mods = tuple(ModuleShape(n, t, 1, d) for n, (t, d) in zip(names, c))
+                        out.append(
+                            replace(
+                                base, **common, **llm, encoders=mods, colocated=False, llm_pp=pp, llm_dp=dp
+                            )
+                        )
     return out
 
 
@@ -242,8 +303,11 @@ def split_label(lay: Layout, text_only: bool = False) -> str:
         if text_only:
             return f"LLM on all {_count(lay.nodes, 'node')} (text-only)"
         return f"colocated: encoder and LLM on all {_count(lay.nodes, 'node')}"
-    enc = lay.enc_tp * lay.enc_pp * lay.enc_dp
+    enc = lay.encoder_ranks
     llm = lay.world - enc
+    if lay.several:  # each module's GPUs
+        mods = " + ".join(f"{m.name} {_count(m.ranks, 'GPU')}" for m in lay.encoders)
+        return f"encoders {mods} | LLM {_count(llm, 'GPU')}"
     if enc % gpn or llm % gpn:
         return f"encoder {_count(enc, 'GPU')} | LLM {_count(llm, 'GPU')}"
     return f"encoder {_count(enc // gpn, 'node')} ({_count(enc, 'GPU')}) | LLM {_count(llm // gpn, 'node')}"
@@ -257,13 +321,16 @@ def colocated_gbs(base: Layout, nodes: int) -> list[int]:
     for tp in _divisors(gpn):
         dp = nodes * gpn // tp
         for ep in _divisors(base.num_experts) if base.num_experts else [1]:
+            mods = (
+                {"encoders": tuple(ModuleShape(m.name, tp, 1, dp) for m in base.encoders)}
+                if base.several
+                else {"enc_tp": tp, "enc_pp": 1, "enc_dp": dp}
+            )
             probe = replace(
                 base,
                 nodes=nodes,
                 colocated=True,
-                enc_tp=tp,
-                enc_pp=1,
-                enc_dp=dp,
+                **mods,
                 llm_tp=tp,
                 llm_pp=1,
                 llm_dp=dp,
@@ -282,7 +349,12 @@ def colocated_gbs(base: Layout, nodes: int) -> list[int]:
 
 
 def point_name(lay: Layout) -> str:
-    enc = "colo" if lay.colocated else f"e{lay.enc_tp}x{lay.enc_dp}"
+    if lay.colocated:
+        enc = "colo"
+    elif lay.several:
+        enc = "-".join(f"{m.name}{m.tp}x{m.dp}" for m in lay.encoders)
+    else:
+        enc = f"e{lay.enc_tp}x{lay.enc_dp}"
     pp = (f"p{lay.llm_pp}" if lay.llm_pp > 1 else "") + (f"t{lay.llm_etp}" if lay.llm_etp > 1 else "")
     pp += (f"v{lay.llm_vp}" if lay.llm_vp > 1 else "") + (f"c{lay.llm_cp}" if lay.llm_cp > 1 else "")
     return f"{lay.nodes}n-{enc}-l{lay.llm_tp}x{lay.llm_ep}x{lay.llm_dp}{pp}-g{lay.gbs}"
@@ -305,6 +377,8 @@ def point_dict(lay: Layout) -> dict:
     point: dict = {"nodes": lay.nodes}
     if lay.colocated:
         point["colocated"] = True
+    elif lay.several:
+        point["encoders"] = {m.name: {"tp": m.tp, "dp": m.dp} for m in lay.encoders}
     else:
         point["encoder"] = {"tp": lay.enc_tp, "dp": lay.enc_dp}
     point["llm"] = llm

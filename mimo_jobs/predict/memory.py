@@ -179,8 +179,8 @@ def all_shards(buf: Buffer) -> list[tuple[int, int]]:
 
 
 def buffers_of(tensors: list[Tensor], dp: int, edp: int, distributed: bool) -> list[Buffer]:
-    dense = [t.numel for t in tensors if not t.expert]
-    expert = [t.numel for t in tensors if t.expert]
+    dense = [t.numel for t in tensors if not t.expert and not t.frozen]  # a frozen tensor has no gradient
+    expert = [t.numel for t in tensors if t.expert and not t.frozen]
     return [buffer_of(dense, dp, distributed)] + ([buffer_of(expert, edp, distributed)] if expert else [])
 
 

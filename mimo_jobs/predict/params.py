@@ -18,13 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mimo_jobs.model.arch import EncoderArch, LLMArch, ModelArch, padded_vocab
+from mimo_jobs.model.audio_arch import CONVS, AudioArch, audio_params
 from mimo_jobs.model.splits import experts_apart
+
+from .modmix import by_module
 
 
 @dataclass(frozen=True)
 class Tensor:
     numel: int
     expert: bool = False  # held in the expert gradient buffer (model/splits.experts_apart)
+    frozen: bool = False  # never trained (no gradient, no optimizer state): the audio position table
 
 
 def _norm(h: int, kind: str) -> list[Tensor]:
@@ -125,8 +129,35 @@ def vit_tensors(e: EncoderArch, tp: int) -> list[Tensor]:
 
 def projector_tensors(preset: ModelArch, tp: int) -> list[Tensor]:
     """MLP(encoder width x downsample^2 -> LLM width -> LLM width), column- then row-parallel."""
-    hin, hl = preset.encoder.projector_input, preset.llm.hidden_size
+    return projector_of(preset.encoder.projector_input, preset.llm.hidden_size, tp)
+
+
+def projector_of(hin: int, hl: int, tp: int) -> list[Tensor]:
+    """The projector MLP of input width `hin` into an LLM of width `hl` on one TP rank."""
     return [Tensor(hl * hin // tp), Tensor(hl // tp), Tensor(hl * hl // tp), Tensor(hl)]
+
+
+def audio_tensors(a: AudioArch, tp: int) -> list[Tensor]:
+    """The audio encoder on one TP rank, as trainer/model/audio_encoder.py registers it: the frozen position
+    table (the module's own parameter), conv1 and conv2 whole on every rank, the layers (the ViT's layer:
+    LayerNorm, attention with a fused QKV bias, a GELU MLP with biases), the final LayerNorm."""
+    h, (c1, c2) = a.hidden_size, CONVS
+    out = [Tensor(a.max_source_positions * h, frozen=True)]
+    out += [Tensor(h * a.num_mel_bins * c1.kernel), Tensor(h), Tensor(h * h * c2.kernel), Tensor(h)]
+    for _ in range(a.num_layers):
+        out += _norm(h, "LayerNorm")
+        out += _attention(
+            h, a.num_attention_heads, a.num_attention_heads, a.head_dim, tp, "", True, True, False
+        )
+        out += _norm(h, "LayerNorm") + _mlp(h, a.ffn_hidden_size, tp, True, False)
+    return out + _norm(h, "LayerNorm")
+
+
+def module_tensors(arch, llm_hidden: int, tp: int) -> list[Tensor]:
+    """One encoder module (its encoder and projector) on one TP rank, by its architecture's modality."""
+    if arch.modality == "audio":
+        return audio_tensors(arch, tp) + projector_of(arch.out_width, llm_hidden, tp)
+    return vit_tensors(arch, tp) + projector_of(arch.out_width, llm_hidden, tp)
 
 
 def encoder_tensors(preset: ModelArch, tp: int) -> list[Tensor]:
@@ -174,13 +205,27 @@ def _billions(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
 
 
+def module_params(arch, llm_hidden: int) -> int:
+    """One encoder module's parameters as HuggingFace counts its encoder, plus its projector (an audio
+    encoder's without the k bias rows the trainer's fused QKV also holds)."""
+    proj = sum(t.numel for t in projector_of(arch.out_width, llm_hidden, 1))
+    return (audio_params(arch) if arch.modality == "audio" else vit_params(arch)) + proj
+
+
 def model_summary(preset: ModelArch) -> list[str]:
     """One line per module naming it with its parameters, e.g. "llm qwen3-30b-a3b: 30.5B total, 3.3B
-    active" (totals unpadded; the encoder's include its projector; a text-only model says it has none)."""
-    e, p = preset.encoder, preset.llm
+    active" (totals unpadded; the encoder's include its projector; a text-only model says it has none;
+    several encoders: one line each, under its module name)."""
+    p = preset.llm
     llm = f"llm {p.name or preset.name}: {_billions(llm_params(p))} total"
     if p.num_experts:
         llm += f", {_billions(llm_active_params(p))} active"
+    if by_module(preset):
+        return [
+            f"encoder {n} ({a.modality}) {a.name or a.kind}: {_billions(module_params(a, p.hidden_size))}"
+            for n, a in preset.named_encoders
+        ] + [llm]
+    e = preset.encoder
     if e is None:
         return ["encoder: none (text-only)", llm]
     return [f"encoder {e.name or preset.name}: {_billions(encoder_params(preset))}", llm]
@@ -188,8 +233,21 @@ def model_summary(preset: ModelArch) -> list[str]:
 
 def model_json(preset: ModelArch) -> dict:
     """`predict --json`'s model section: each module's name and unpadded parameter totals (encoder null
-    for a text-only model)."""
-    e, p = preset.encoder, preset.llm
+    for a text-only model; several encoders: `encoders`, one entry per module, and encoder null)."""
+    p = preset.llm
+    llm = {"name": p.name or preset.name, "params": llm_params(p), "active_params": llm_active_params(p)}
+    if by_module(preset):
+        encs = [
+            {
+                "module": n,
+                "modality": a.modality,
+                "name": a.name or a.kind,
+                "params": module_params(a, p.hidden_size),
+            }
+            for n, a in preset.named_encoders
+        ]
+        return {"name": preset.name, "encoder": None, "encoders": encs, "llm": llm}
+    e = preset.encoder
     return {
         "name": preset.name,
         "encoder": None if e is None else {"name": e.name or preset.name, "params": encoder_params(preset)},

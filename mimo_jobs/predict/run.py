@@ -12,6 +12,7 @@ from mimo_jobs.study.topology import Layout, Trainer, rank_layout
 
 from .datastats import DataMix, data_mix
 from .flops import SampleFlops, flops_per_sample
+from .modmix import by_module, module_mixes, sample_flops_by_module
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,10 @@ class RunShape:
     # under the backward of the last microbatch and the forward of the first; the packaged trainer runs
     # without (trainer/build.py)
     overlap_dp: bool = False
+    # a model priced module by module (modmix.by_module: several encoders, or an audio one): each encoder
+    # module's tokens per sample (modmix.ModuleMix), in rank order; the image_tokens_* fields above then
+    # hold all modules' tokens together (what the LLM receives). Empty: the one image encoder of the rest
+    modules: tuple = ()
 
 
 TEXT_ONLY = "no images (a text-only model)"
@@ -103,6 +108,8 @@ def image_mix(data, enc: EncoderArch | None, seq_length: int | None = None) -> t
 def sample_flops(preset: ModelArch, seq_length: int, data) -> SampleFlops:
     """Training FLOPs of one sample (row) of a study's data (None: data unknown, the stated prior; none for a
     text-only model): the one way image tokens reach the FLOPs formula."""
+    if by_module(preset):
+        return sample_flops_by_module(preset, module_mixes(data, preset, seq_length), seq_length)[1]
     mean, per_image, _ = image_mix(data, preset.encoder, seq_length)
     return flops_per_sample(preset, seq_length, mean, per_image)
 
@@ -111,6 +118,8 @@ def shape_of(layout: Layout, trainer, point_command: str | None = None, checked:
     """A RunShape from a layout and a spec.TrainerSpec (and the point's own command, if any). `checked`
     False: the layout is only where the model, cluster and batch are read (a plan's start), not checked."""
     preset = arch_of(trainer.model)
+    if by_module(preset):
+        return _by_module_shape(layout, trainer, preset, point_command, checked)
     mix = model_mix(trainer.data, preset.encoder, trainer.seq_length)
     shape = RunShape(
         layout=layout,
@@ -133,6 +142,33 @@ def shape_of(layout: Layout, trainer, point_command: str | None = None, checked:
         train_samples=trainer.train_samples,
         assumed_ends=mix.ends if mix.assumed else None,
         packaged=not (point_command or trainer.command),
+    )
+    return on_layout(shape, layout) if checked else shape
+
+
+def _by_module_shape(layout: Layout, trainer, preset: ModelArch, point_command, checked: bool) -> RunShape:
+    """shape_of for a model priced module by module: every module's mix, their tokens summed."""
+    mixes = module_mixes(trainer.data, preset, trainer.seq_length)
+    shape = RunShape(
+        layout=layout,
+        preset=preset,
+        seq_length=trainer.seq_length,
+        microbatches=0,
+        bf16=trainer.precision == "bf16",
+        distributed_optimizer=trainer.use_distributed_optimizer,
+        optimizer=trainer.optimizer.name,
+        encoder_inflight=trainer.encoder_inflight,
+        recompute=RecomputeSpec.of(trainer.recompute),
+        image_tokens_mean=sum(m.tokens_mean for m in mixes),
+        tokens_per_image=0.0,
+        image_tokens_max=sum(m.tokens_max for m in mixes),
+        frozen_encoder=trainer.freeze.encoder,
+        frozen_llm=trainer.freeze.llm,
+        data_source="; ".join(f"{m.name}: {m.source}" for m in mixes),
+        train_iters=trainer.train_iters,
+        train_samples=trainer.train_samples,
+        packaged=not (point_command or trainer.command),
+        modules=mixes,
     )
     return on_layout(shape, layout) if checked else shape
 

@@ -103,6 +103,8 @@ class StepTime:
     flops: SampleFlops | None = None  # per sample
     encoder_compute_s: float = 0.0  # parts["compute"] split by module (calibrate.py fits each)
     llm_compute_s: float = 0.0
+    # several encoders (several.py): one microbatch's seconds per module ("llm": one stage), in rank order
+    modules: dict = field(default_factory=dict)
 
     @property
     def network_s(self) -> float:

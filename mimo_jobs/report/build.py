@@ -13,6 +13,7 @@ from mimo_jobs.contract.iteration import PHASES
 from mimo_jobs.errors import MimoJobsError
 
 from . import compare, cost, external, figures, fmt, queries
+from .encphases import encoder_phase_rows
 from .memory import memory_rows
 from .model import ParityRow, Report, RunRow, StudyInfo, TriageRow
 from .modules import bound_rows, module_rows
@@ -83,7 +84,18 @@ def build(
     )
     rep.modules = module_rows(rep.rank_memory, rows)
     rep.bounds = bound_rows(rep.modules, rows, rep.predicted)
+    rep.encoder_phases = _encoder_phases(con, data, rows, rep.predicted)
     return rep
+
+
+def _encoder_phases(con, data, rows: list[RunRow], predicted) -> list:
+    """Each module's forward and backward of the runs of several encoder modules (report/encphases.py); a
+    run of one encoder has them in its phases and bounds sections already."""
+    names = {r["run_id"]: [m.module for m in r.get("modules") or []] for r in data.runs}
+    several = {rid: c for rid, c in data.cut.items() if len(names.get(rid, [])) > 1}
+    if not several:
+        return []
+    return encoder_phase_rows(rows, names, queries.phase_means(con, several), predicted)
 
 
 # -- reading

@@ -260,6 +260,11 @@ class Report:
     program_pairs: list[ProgramPairRow] = field(default_factory=list)  # own command vs packaged trainer
     modules: list = field(default_factory=list)  # modules.ModuleRow: each module's phases, own timers
     bounds: list = field(default_factory=list)  # modules.BoundRow: which side bounds each run's step
+    # encphases.EncoderPhaseRow: each module's forward and backward, runs of several encoder modules
+    encoder_phases: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not d["encoder_phases"]:  # a study of one encoder per run reads as it always did
+            del d["encoder_phases"]
+        return d

@@ -434,3 +434,26 @@ def logged_extras(con, cut: dict[str, int]) -> dict[str, dict[str, float]]:
         if mean is not None and math.isfinite(mean):
             out.setdefault(rid, {})[key] = mean
     return out
+
+
+def phase_means(con, cut: dict[str, int]) -> dict[str, dict[str, float]]:
+    """Per run of `cut` (run -> first iteration of its window): the mean over the window of every phase its
+    iteration records time (the `phases` JSON, whatever its keys: a module's `<module>_fwd` and `_bwd`
+    included, report/encphases.py)."""
+    if not cut:
+        return {}
+    vals, params = _values(list(cut.items()), "run_id, cutoff")
+    out: dict[str, dict[str, float]] = {}
+    for rid, key, mean in con.execute(
+        f"""WITH x AS (
+                SELECT i.run_id, i.phases::JSON AS e FROM iterations i JOIN {vals} ON i.run_id = w.run_id
+                WHERE i.iteration >= w.cutoff AND i.phases IS NOT NULL AND NOT coalesce(i.superseded, false)
+                  AND json_type(i.phases::JSON) = 'OBJECT')
+            SELECT run_id, k, avg(TRY_CAST(e->>k AS DOUBLE)) FROM (
+                SELECT run_id, e, unnest(json_keys(e)) AS k FROM x)
+            GROUP BY run_id, k HAVING count(TRY_CAST(e->>k AS DOUBLE)) > 0 ORDER BY run_id, k""",
+        params,
+    ).fetchall():
+        if mean is not None and math.isfinite(mean):
+            out.setdefault(rid, {})[key] = mean
+    return out

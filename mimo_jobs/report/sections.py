@@ -136,6 +136,24 @@ def bounds(report: Report) -> Section | None:
     return Section("Which side bounds the step (measured against the planner)", heads, rows, lines)
 
 
+def encoder_phases(report: Report) -> Section | None:
+    if not report.encoder_phases:
+        return None
+    rows = [
+        [e.study, e.name, e.module, fmt.num(e.fwd_ms), fmt.num(e.bwd_ms), fmt.num(e.busy_ms),
+         "yes" if e.bounds else "", e.predicted_bottleneck or "-"]
+        for e in report.encoder_phases
+    ]  # fmt: skip
+    heads = ["study", "run", "module", "forward (ms)", "backward (ms)", "busy (ms)", "bounds the step",
+             "predicted bottleneck"]  # fmt: skip
+    lines = [
+        "per iteration, mean over the steady window of the iteration records' <module>_fwd and _bwd (enc_*: "
+        "the one encoder); the module with the most busy time bounds the step; the planner's bottleneck is "
+        "the module whose one microbatch takes longest"
+    ]
+    return Section("Encoder modules' phases (several encoders)", heads, rows, lines)
+
+
 def _pm(mean: float | None, ci: float | None, digits: int = 1) -> str:
     return (
         "-" if mean is None else fmt.num(mean, digits) + ("" if ci is None else f" ± {fmt.num(ci, digits)}")
@@ -270,6 +288,7 @@ def all_sections(report: Report) -> list[Section]:
         pairs(report),
         module_phases(report),
         bounds(report),
+        encoder_phases(report),
         repeats(report),
         cost(report),
         memory(report),

@@ -9,15 +9,10 @@ priced only when the study writes trainer.model, never as the default preset.
 from __future__ import annotations
 
 NO_MODEL = "no model given for this command"
-# the planner's model is one encoder and the LLM (predict/); a run of several encoder modules is validated,
-# rendered and recorded, and priced once the planner splits N+1 modules
-SEVERAL = "several encoders are not priced yet"
 
 
 def unpriced(run) -> str | None:
     """Why the planner does not price `run` (a runspec.RunSpec; None: it does)."""
-    if run.layout.several:
-        return SEVERAL
     # the run's own command as study/command.py's command_of reads it (imported by neither: runspec needs this)
     if (run.point.command or run.trainer.command) and not run.trainer.model_given:
         return NO_MODEL

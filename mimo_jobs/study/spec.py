@@ -534,16 +534,20 @@ class TrainerSpec(_Strict):
             from mimo_jobs.model.resolve import arch_of
             from mimo_jobs.model.tiling import ImageGeometry
 
-            enc = arch_of(model).encoder
-            if enc is None:
+            arch = arch_of(model)
+            if arch.text_only:
                 raise ValueError(
                     "stats: dataset statistics count image tokens, and trainer.model is text-only (no "
                     "encoder); remove trainer.data.stats"
                 )
-            geom = ImageGeometry.of(enc, v.max_tiles, v.thumbnail)
-            problem = read_stats(v.stats).geometry_problem(geom)
-            if problem:
-                raise ValueError(f"stats: {problem}")
+            # each image encoder's geometry (several encoders: the audio ones count clips, not pixels)
+            for _, enc in arch.named_encoders:
+                if enc.modality != "image":
+                    continue
+                geom = ImageGeometry.of(enc, v.max_tiles, v.thumbnail)
+                problem = read_stats(v.stats).geometry_problem(geom)
+                if problem:
+                    raise ValueError(f"stats: {problem}")
         return v
 
     @field_validator("model")
