@@ -78,7 +78,10 @@ def tree(pid: int) -> list[int]:
 def kill_runner(ws, row: dict) -> list[int]:
     """kill -9 the job's runner; return the job's processes (launch.sh and its sleep), which live on."""
     state = json.loads((Path(row["run_dir"]) / "logs" / f"local-{row['job_id']}.json").read_text())
-    job = tree(state["child_pid"])
+    job, deadline = tree(state["child_pid"]), time.monotonic() + 30
+    while len(job) < 2 and time.monotonic() < deadline:  # launch.sh may not have started its sleep yet
+        time.sleep(0.05)
+        job = tree(state["child_pid"])
     ws["procs"].extend(job)
     os.kill(state["runner_pid"], signal.SIGKILL)
     deadline = time.monotonic() + 120  # a hang guard

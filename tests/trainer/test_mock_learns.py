@@ -24,17 +24,18 @@ from mimo_jobs.study.runspec import run_yaml_doc
 
 # The trainer with every mock image multiplied by 0: the tokens, counts and masks stay as they are.
 _ZEROED_IMAGES = """
+import dataclasses
 import sys
 import mimo_jobs.data.mock as data
 from mimo_jobs.trainer.main import main
 
-sample = data.MockProvider.sample
+draw = data.MockProvider.draw
 
 def zeroed(self, index):
-    key, tokens, n_img, n_real, image = sample(self, index)
-    return key, tokens, n_img, n_real, None if image is None else image * 0
+    s = draw(self, index)
+    return s if s.image is None else dataclasses.replace(s, image=s.image * 0)
 
-data.MockProvider.sample = zeroed
+data.MockProvider.draw = zeroed
 sys.exit(main(sys.argv[1:]))
 """
 
