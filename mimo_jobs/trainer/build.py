@@ -142,8 +142,12 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
             device,
         )
     params = [p for m in (*encoders, language) if m is not None for p in m.core.parameters()]
+    meter = SavedTensorMeter(params)
+    for m in (*encoders, language):
+        if m is not None:  # each module's own activation peak (memory facts per module)
+            meter.watch(m.name, m.core)
     return TrainState(
-        meter=SavedTensorMeter(params),
+        meter=meter,
         link=_stage_link(run, preset, llm_s, role, prec, device, reference),
         run=run,
         plan=plan,

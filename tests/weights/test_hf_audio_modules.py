@@ -2,7 +2,8 @@
 the tiny ViT and the tiny-audio Whisper-class encoder): `trainer.init.encoders.audio` names a tiny random
 Whisper model written by transformers' own save_pretrained. The module built the trainer's way
 (build._build_encoders) computes transformers' encoder output on the mock data's clip lengths (fp32); a
-colocated run starts from the directory, trains with the audio module frozen and exports every module,
+colocated run starts from the directory, trains with the audio module frozen (its memory facts: no
+optimizer state, nothing kept for backward, each module's activations apart) and exports every module,
 the audio one as a WhisperEncoder directory bit-identical to the weights it started from; a module name the
 model does not have is one line and exit 2, from validate and the trainer's preflight alike."""
 
@@ -119,6 +120,19 @@ def test_a_colocated_run_starts_from_the_directory_and_exports_every_module(tmp_
     p = run_torchrun(y, 2, run / "metrics.jsonl")
     assert_ok(p, "a colocated vision + audio run from HF audio weights")
     assert "saved checkpoint" in p.stdout
+    # memory facts per module: the frozen audio module has no optimizer state and keeps nothing for backward
+    facts = json.loads((run / "memory" / "rank-00000.json").read_text())
+    mods = facts["modules"]
+    assert set(mods) == {"encoder", "encoder.audio", "language"}, mods
+    assert mods["encoder.audio"]["optimizer_state_bytes"] == 0 < mods["encoder"]["optimizer_state_bytes"]
+    assert (
+        mods["encoder.audio"]["saved_activation_peak_bytes"]
+        == 0
+        < mods["language"]["saved_activation_peak_bytes"]
+    )
+    assert all(
+        m["saved_activation_peak_bytes"] <= facts["saved_activation_peak_bytes"] for m in mods.values()
+    )
 
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "mimo_jobs.cli", "export", str(run / "checkpoints"), str(out), "--to", "hf"]
