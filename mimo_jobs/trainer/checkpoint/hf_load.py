@@ -284,10 +284,23 @@ def load_audio(init, arch, name: str, encoder, cut: dict) -> int:
     found = module_source(init, arch, name)
     if found is None:
         return 0
-    from mimo_jobs.trainer.model.audio_encoder import load_hf
-
     path, where = found
-    return load_hf(encoder, path, cut, where)
+    return load_audio_dir(encoder, path, cut, where)
+
+
+def load_audio_dir(encoder, path, cut: dict, where: str) -> int:
+    """A Whisper directory (model/hf_check.py's check_audio against `encoder.arch`) into this rank's shard
+    of the audio encoder, slice by slice (names and layouts: model/families/whisper.py)."""
+    from mimo_jobs.model.families import whisper
+    from mimo_jobs.trainer.model.models import param_shards
+
+    h, prefix = hf_check.check_audio(path, encoder.arch, where)
+    src = HFSource.of(h)
+    try:
+        layout = whisper.audio_layout(encoder.arch, prefix)
+        return load_into(encoder, layout, src, param_shards(encoder, **cut), skip=())
+    finally:
+        src.close()
 
 
 POSITIONS = "vit.position_embeddings"

@@ -164,18 +164,9 @@ def load_hf(module: AudioEncoder, path, cut: dict, where: str = "audio encoder w
     Its config must describe the module's encoder (the first differing field is named) and every tensor
     must be there with its shape (model/hf_check.py's check_audio, which validate applies too). Returns the
     number of parameters loaded."""
-    from mimo_jobs.model.hf_check import check_audio
-    from mimo_jobs.trainer.checkpoint.hf_load import HFSource, load_into
-    from mimo_jobs.trainer.model.models import param_shards
+    from mimo_jobs.trainer.checkpoint.hf_load import load_audio_dir
 
-    h, prefix = check_audio(path, module.arch, where)
-    src = HFSource.of(h)
-    try:
-        return load_into(
-            module, whisper.audio_layout(module.arch, prefix), src, param_shards(module, **cut), skip=()
-        )
-    finally:
-        src.close()
+    return load_audio_dir(module, path, cut, where)
 
 
 def full_parameters(module: AudioEncoder, cut: dict, tp_group) -> dict[str, torch.Tensor]:
