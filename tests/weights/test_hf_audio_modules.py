@@ -82,22 +82,30 @@ def _tensors(d: Path) -> dict:
     return out
 
 
-def test_the_audio_module_built_from_its_directory_computes_transformers_encoder(tmp_path, whisper_dir):
-    frames = sorted(set(OMNI_DATA["audio_frames"])) + [
-        64,
-        7,
-    ]  # the mock data's clips, the longest, an odd one
-    spec = {"dir": str(whisper_dir), "tp": 1, "frames": frames, "model": MODEL}
+def _built(tmp_path: Path, whisper_dir: Path, tp: int) -> None:
+    from helpers.launch import torchrun
+
+    # the mock data's clips, the longest, an odd one
+    frames = [*sorted(set(OMNI_DATA["audio_frames"])), 64, 7]
+    spec = {"dir": str(whisper_dir), "tp": tp, "frames": frames, "model": MODEL}
     f = tmp_path / "spec.json"
     f.write_text(json.dumps(spec))
-    p = subprocess.run(
-        [sys.executable, str(WORKER), str(f)], capture_output=True, text=True, timeout=600, env=worker_env()
-    )
+    cmd = torchrun(tp, WORKER, f) if tp > 1 else [sys.executable, str(WORKER), str(f)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=worker_env())
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
     (r,) = [json.loads(ln[len("RESULT ") :]) for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     a = AUDIO_ENCODERS["tiny-audio"]
     assert r["rows"] == [a.tokens_for_frames(n) for n in frames]
     assert all(rel <= TOL for rel in r["rel"]), r
+
+
+def test_the_audio_module_built_from_its_directory_computes_transformers_encoder(tmp_path, whisper_dir):
+    _built(tmp_path, whisper_dir, 1)
+
+
+@pytest.mark.slow
+def test_the_same_at_encoder_tp2(tmp_path, whisper_dir):
+    _built(tmp_path, whisper_dir, 2)  # the packaged study's second point: the encoders over the TP pair
 
 
 def test_a_colocated_run_starts_from_the_directory_and_exports_every_module(tmp_path, whisper_dir):
