@@ -1,5 +1,6 @@
 """`mimo-jobs export CHECKPOINT --to hf OUT`: a mimo-jobs checkpoint of any layout as HuggingFace directories
-(OUT/llm, OUT/encoder: config.json + safetensors that transformers loads; OUT/projector). docs/weights.md.
+(OUT/llm, OUT/encoder and every other encoder module's OUT/<name>: config.json + safetensors that transformers
+loads; each encoder's projector beside it). docs/weights.md.
 
 The work needs torch, so it runs as its own process (mimo_jobs.trainer.checkpoint.hf_export), like the
 trainer. Exit codes: 0 written, 2 bad input (nothing written at OUT), 1 failed.
@@ -30,7 +31,7 @@ def export_cmd(
         None, "--dtype", help="float32, bfloat16 or float16 (default: the run's precision)."
     ),
 ) -> None:
-    """Write a checkpoint as HuggingFace directories: OUT/llm and OUT/encoder load in transformers."""
+    """Write a checkpoint as HuggingFace directories: OUT/llm, OUT/encoder and OUT/<module> load in transformers."""
     if to not in FORMATS:
         fail(f"--to {to!r}: the formats are {', '.join(FORMATS)}")
     cmd = [sys.executable, "-m", "mimo_jobs.trainer.checkpoint.hf_export", str(checkpoint), str(out)]

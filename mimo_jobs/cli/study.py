@@ -147,14 +147,18 @@ def _path_problems(diag: Diagnosis) -> list:
     # a side already reported missing, or one this machine cannot see (inside the container's image), is
     # not opened: the trainer's preflight judges what validate cannot
     bad = {p.path for p in found}
-    init = init.model_copy(
-        update={
-            side: None
-            for side in ("llm", "encoder")
-            if isinstance(getattr(init, side), str)
-            and (f"trainer.init.{side}" in bad or on_this_host(diag.study, getattr(init, side)) is None)
+
+    def unseen(where: str, path) -> bool:
+        return isinstance(path, str) and (where in bad or on_this_host(diag.study, path) is None)
+
+    update: dict = {
+        side: None for side in ("llm", "encoder") if unseen(f"trainer.init.{side}", getattr(init, side))
+    }
+    if init.encoders:
+        update["encoders"] = {
+            n: d for n, d in init.encoders.items() if not unseen(f"trainer.init.encoders.{n}", d)
         }
-    )
+    init = init.model_copy(update=update)
     from mimo_jobs.model.hf_check import hf_init_problems
     from mimo_jobs.model.resolve import arch_of
 

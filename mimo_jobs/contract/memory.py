@@ -41,12 +41,15 @@ _OPTIONAL = (
 
 @dataclass(frozen=True)
 class ModuleMemory:
-    """What one module (encoder, language) holds on the rank after sharding."""
+    """What one module (an encoder module, language) holds on the rank after sharding."""
 
     params: int
     param_bytes: int
     grad_buffer_bytes: int
     optimizer_state_bytes: int = 0
+    # what autograd kept for backward of this module's forward, at its peak over the run (None: written
+    # before the trainer measured it per module; the rank's own figure is MemoryFacts')
+    saved_activation_peak_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,9 @@ class MemoryFacts:
         for k in _OPTIONAL:
             if out[k] is None:
                 del out[k]  # not measured (a CPU run has no CUDA peaks): the file has no such key
+        for m in out["modules"].values():
+            if m["saved_activation_peak_bytes"] is None:
+                del m["saved_activation_peak_bytes"]
         return out
 
     @classmethod
@@ -86,7 +92,10 @@ class MemoryFacts:
                 *(
                     _count(m, k, f"modules.{name}.", required=k != "optimizer_state_bytes") or 0
                     for k in MODULE_FIELDS
-                )
+                ),
+                saved_activation_peak_bytes=_count(
+                    m, "saved_activation_peak_bytes", f"modules.{name}.", required=False
+                ),
             )
         return cls(
             rank=_count(d, "rank"),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model import families, hf
-from mimo_jobs.model.arch import ArchError, EncoderArch, LLMArch
+from mimo_jobs.model.arch import VISION, ArchError, EncoderArch, LLMArch
 from mimo_jobs.model.hf_weights import HFLayout
 
 CONFIG = "config.json"
@@ -245,11 +245,12 @@ def check_llm(path, p: LLMArch, tp: int) -> tuple[HFHeaders, str]:
     return src, fam
 
 
-def check_encoder(path, e: EncoderArch) -> tuple[HFHeaders, str, EncoderArch]:
+def check_encoder(
+    path, e: EncoderArch, where: str = "trainer.init.encoder", model_field: str = "trainer.model.encoder"
+) -> tuple[HFHeaders, str, EncoderArch]:
     """trainer.init.encoder against the run's encoder: (its headers, the vision tower's tensor prefix, the
     encoder its weights describe). Every field must equal the run's but image_size, which may differ (the
     trainer resamples the position table as it loads); the patch size must be the weights' own."""
-    where = "trainer.init.encoder"
     src = read_source(path, where)
     try:
         got = hf.encoder_fields(src.config)
@@ -257,12 +258,12 @@ def check_encoder(path, e: EncoderArch) -> tuple[HFHeaders, str, EncoderArch]:
         raise HFInitError(f"{src.path / CONFIG}: {err.describe()}", where) from None
     if got["patch_size"] != e.patch_size:
         raise HFInitError(
-            f"{src.path / CONFIG} has patch_size={got['patch_size']}, trainer.model.encoder has "
+            f"{src.path / CONFIG} has patch_size={got['patch_size']}, {model_field} has "
             f"patch_size={e.patch_size}: the patch embedding is learned for its own patch size (only the "
             f"position table is resampled to another image_size); keep patch_size {got['patch_size']}",
             where,
         )
-    _check_arch(src, got | {"image_size": e.image_size}, e.to_dict(), where, "trainer.model.encoder")
+    _check_arch(src, got | {"image_size": e.image_size}, e.to_dict(), where, model_field)
     try:  # downsample changes no weight shape; the weights' grid need not be a multiple of it
         weights = EncoderArch.from_dict(e.to_dict() | {"image_size": got["image_size"], "downsample": 1})
     except ArchError as err:
@@ -270,6 +271,85 @@ def check_encoder(path, e: EncoderArch) -> tuple[HFHeaders, str, EncoderArch]:
     prefix = vision_prefix(src, where, families.vision(weights.kind).patch_tensor())
     _check_tensors(src, hf.encoder_layout(weights, prefix), where)
     return src, prefix, weights
+
+
+def check_audio(path, a, where: str) -> tuple[HFHeaders, str]:
+    """A Whisper HF directory (a WhisperModel, WhisperForConditionalGeneration or WhisperEncoder save) against
+    the run's audio encoder `a` (an AudioArch): (its headers, the encoder's tensor prefix). Its config must
+    describe `a` (the first differing field is named) and every tensor must be there with its shape, in
+    floating point."""
+    from mimo_jobs.model.families import whisper
+
+    h = read_source(path, where)
+    try:
+        got = whisper.audio_arch(h.config, a.name, a.source, a.pooling)
+        prefix = whisper.encoder_prefix(h.shapes)
+    except ArchError as err:
+        raise HFInitError(f"{h.path / CONFIG}: {err}", where) from None
+    for k, want in a.to_dict().items():
+        if getattr(got, k) != want:
+            raise HFInitError(
+                f"{h.path / CONFIG} describes another encoder: {k}={getattr(got, k)!r}, the model has "
+                f"{k}={want!r}",
+                where,
+            )
+    layout = whisper.audio_layout(a, prefix)
+    for name, shape in layout.hf_shapes.items():
+        if h.shapes.get(name) != shape:
+            have = list(h.shapes[name]) if name in h.shapes else "no such tensor"
+            raise HFInitError(f"{h.path}: tensor {name}: {have}, the encoder needs {list(shape)}", where)
+        dtype = h.dtypes.get(name)
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            raise HFInitError(
+                f"{h.files[name]}: tensor {name} is {dtype}, not floating-point weights "
+                f"({', '.join(sorted(FLOAT_DTYPES))})",
+                where,
+            )
+    return h, prefix
+
+
+def encoder_sources(init, arch) -> dict[str, tuple[str, str]]:
+    """Module name -> (its HuggingFace directory, where trainer.init names it) of `init` (a spec.InitSpec or
+    None) for `arch`'s encoder modules: `encoder:` is the module `vision`, `encoders:` names each. A name
+    the model has no module of, or `vision` given both ways, is HFInitError."""
+    if init is None:
+        return {}
+    have = [n for n, _ in arch.named_encoders]
+    out: dict[str, tuple[str, str]] = {}
+    if init.encoder is not None:
+        out[VISION] = (init.encoder, "trainer.init.encoder")
+    for name, d in (init.encoders or {}).items():
+        where = f"trainer.init.encoders.{name}"
+        if name not in have:
+            modules = ", ".join(have) or "none: a text-only model"
+            raise HFInitError(f"the model has no encoder module {name!r} (its modules: {modules})", where)
+        if name in out:
+            raise HFInitError(
+                f"the module {name!r} is given twice: trainer.init.encoder is the module {VISION!r}; "
+                "give it once",
+                where,
+            )
+        out[name] = (d, where)
+    if VISION in out and out[VISION][1] == "trainer.init.encoder" and VISION not in have:
+        modules = ", ".join(have) or "none: a text-only model"
+        raise HFInitError(
+            f"the model has no encoder module {VISION!r} (its modules: {modules}); name the module in "
+            "trainer.init.encoders",
+            "trainer.init.encoder",
+        )
+    return out
+
+
+def check_module(path, name: str, e, where: str):
+    """One encoder module's HuggingFace directory against its architecture, by its modality: an image
+    module's is check_encoder's (headers, prefix, the encoder its weights describe), an audio module's
+    check_audio's (headers, prefix)."""
+    if e.modality == "audio":
+        return check_audio(path, e, where)
+    model_field = (
+        "trainer.model.encoder" if where == "trainer.init.encoder" else f"trainer.model.encoders.{name}"
+    )
+    return check_encoder(path, e, where, model_field)
 
 
 def hf_init_problems(init, arch, llm_tp: int) -> list[HFInitError]:
@@ -283,9 +363,14 @@ def hf_init_problems(init, arch, llm_tp: int) -> list[HFInitError]:
             check_llm(init.llm, arch.llm, llm_tp)
         except HFInitError as e:
             out.append(e)
-    if init.encoder is not None and arch.encoder is not None:
+    try:
+        sources = encoder_sources(init, arch)
+    except HFInitError as e:
+        return [*out, e]
+    mods = arch.encoders
+    for name, (path, where) in sources.items():
         try:
-            check_encoder(init.encoder, arch.encoder)
+            check_module(path, name, mods[name], where)
         except HFInitError as e:
             out.append(e)
     return out

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mimo_jobs.model.arch import EncoderArch
 from mimo_jobs.model.cuts import strided_blocks
 
 # TE's fused layer norm + linear (GPU runs) holds the norm inside the next linear: the same tensor
@@ -102,12 +101,12 @@ class Builder:
         return HFLayout(self.targets, self.hf, self.family)
 
 
-def projector_layout(e: EncoderArch, llm_hidden: int) -> HFLayout:
-    """The MLP projector (encoder -> LLM width), which no HF vision model has: exported under its own
-    megatron-core names so a later run can keep it."""
+def projector_layout(e, llm_hidden: int) -> HFLayout:
+    """The MLP projector (encoder -> LLM width) of an encoder of any modality (its `out_width`), which no HF
+    model has: exported under its own megatron-core names so a later run can keep it."""
     b = Builder("projector")
     n = "projector.encoder."
-    b.same(n + "linear_fc1.weight", n + "linear_fc1.weight", (llm_hidden, e.projector_input), split=0)
+    b.same(n + "linear_fc1.weight", n + "linear_fc1.weight", (llm_hidden, e.out_width), split=0)
     b.same(n + "linear_fc1.bias", n + "linear_fc1.bias", (llm_hidden,), split=0)
     b.same(n + "linear_fc2.weight", n + "linear_fc2.weight", (llm_hidden, llm_hidden), split=1)
     b.same(n + "linear_fc2.bias", n + "linear_fc2.bias", (llm_hidden,))

@@ -65,6 +65,8 @@ def study_paths(study: StudySpec) -> list[StudyPath]:
             out.append(
                 StudyPath("trainer.init.encoder", init.encoder, "dir", "a HuggingFace model directory")
             )
+        for name, d in (init.encoders or {}).items():
+            out.append(StudyPath(f"trainer.init.encoders.{name}", d, "dir", "a HuggingFace model directory"))
         if init.checkpoint is not None:
             out.append(
                 StudyPath(
@@ -172,4 +174,7 @@ def id_paths(trainer_payload: dict, study_dir: str | None) -> dict:
                 init[k] = id_path(v, study_dir, inside_only=False)
             elif isinstance(v, dict) and isinstance(v.get("megatron"), str):
                 v["megatron"] = id_path(v["megatron"], study_dir, inside_only=False)
+        mods = init.get("encoders")
+        if isinstance(mods, dict):
+            init["encoders"] = {n: id_path(d, study_dir, inside_only=False) for n, d in mods.items()}
     return trainer_payload

@@ -425,10 +425,15 @@ def _beside_study(path: str, info: ValidationInfo, follow_links: bool = True) ->
 class InitSpec(_Strict):
     """Where the run's weights start (docs/weights.md). Unset: every parameter from (seed, name, shape)."""
 
+    ID_LATER: ClassVar[frozenset[str]] = frozenset({"encoders"})
     # a HuggingFace directory (config.json + *.safetensors, with or without an index), or a Megatron checkpoint
     llm: str | MegatronCheckpoint | None = None
-    # a HuggingFace directory of the vision model, or of a full CLIP/SigLIP model (its vision tower is read)
+    # a HuggingFace directory of the vision model, or of a full CLIP/SigLIP model (its vision tower is read):
+    # the encoder module `vision`
     encoder: str | None = None
+    # module name -> its HuggingFace directory (a vision model, or a Whisper model or encoder for an audio
+    # module); which names the model has is model/hf_check.py's `encoder_sources` (it needs the model)
+    encoders: dict[str, str] | None = None
     # any mimo-jobs checkpoint (a checkpoints directory or one iter_N in it), of any layout: continue from it
     checkpoint: str | None = Field(None, min_length=1, max_length=4096)
     # iteration 0, a fresh optimizer and scheduler (Megatron's --finetune); HF and Megatron sources always are
@@ -443,6 +448,11 @@ class InitSpec(_Strict):
             return MegatronCheckpoint(megatron=_beside_study(v.megatron, info))
         return v if v is None else _beside_study(v, info)
 
+    @field_validator("encoders")
+    @classmethod
+    def _module_dirs(cls, v: dict[str, str] | None, info: ValidationInfo) -> dict[str, str] | None:
+        return v if v is None else {n: _beside_study(d, info) for n, d in v.items()}
+
     @field_validator("checkpoint")
     @classmethod
     def _checkpoint_dir(cls, v: str | None, info: ValidationInfo) -> str | None:
@@ -450,14 +460,15 @@ class InitSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> InitSpec:
-        if self.checkpoint is not None and (self.llm is not None or self.encoder is not None):
+        hf = self.llm is not None or self.encoder is not None or bool(self.encoders)
+        if self.checkpoint is not None and hf:
             raise ValueError(
-                "give trainer.init.checkpoint (both modules from a mimo-jobs checkpoint) or trainer.init.llm/"
-                "encoder (weights from HuggingFace or Megatron), not both"
+                "give trainer.init.checkpoint (every module from a mimo-jobs checkpoint) or trainer.init.llm/"
+                "encoder/encoders (weights from HuggingFace or Megatron), not both"
             )
-        if self.checkpoint is None and self.llm is None and self.encoder is None:
+        if self.checkpoint is None and not hf:
             raise ValueError(
-                "trainer.init names no source: give llm, encoder or checkpoint (or leave init out)"
+                "trainer.init names no source: give llm, encoder, encoders or checkpoint (or leave init out)"
             )
         return self
 

@@ -142,8 +142,12 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
             device,
         )
     params = [p for m in (*encoders, language) if m is not None for p in m.core.parameters()]
+    meter = SavedTensorMeter(params)
+    for m in (*encoders, language):
+        if m is not None:  # each module's own activation peak (memory facts per module)
+            meter.watch(m.name, m.core)
     return TrainState(
-        meter=SavedTensorMeter(params),
+        meter=meter,
         link=_stage_link(run, preset, llm_s, role, prec, device, reference),
         run=run,
         plan=plan,
@@ -234,18 +238,28 @@ def _build_encoders(preset: ModelArch, t, pgc, shape: G.ModuleShape, prec: Preci
             out.append(_build_audio(name, e, preset, t, pgc, shape, prec))
         else:
             one = preset if preset.single_vision else ModelArch(preset.name, encoder=e, llm=preset.llm)
-            out.append(_build_encoder(name, one, t, pgc, shape, prec))
+            out.append(_build_encoder(name, one, t, pgc, shape, prec, preset))
     return out
 
 
-def _build_encoder(name: str, preset: ModelArch, t, pgc, shape: G.ModuleShape, prec: Precision) -> Module:
-    """An image encoder (`preset` is the model with it as its one encoder)."""
+def _build_encoder(
+    name: str,
+    preset: ModelArch,
+    t,
+    pgc,
+    shape: G.ModuleShape,
+    prec: Precision,
+    whole: ModelArch | None = None,
+) -> Module:
+    """An image encoder (`preset` is the model with it as its one encoder, `whole` the model of every module,
+    which trainer.init's module names are read against)."""
     vit_cfg, proj_cfg = M.encoder_configs(preset, shape.tp, prec, RecomputeSpec.of(t.recompute).encoder)
     enc = M.build_encoder(preset, vit_cfg, proj_cfg, pgc, prec)
     cut = {"tp_rank": pgc.tp.rank(), "tp_size": pgc.tp.size()}
     tag = G.encoder_module(name)
     M.canonical_init_(enc, t.seed, tag, **cut)
-    hf_load.load_encoder(t.init, preset.encoder, enc, cut)  # trainer.init.encoder, when it names HF weights
+    # trainer.init.encoder / encoders.<name>, when it names HF weights
+    hf_load.load_encoder(t.init, preset.encoder, enc, cut, whole or preset, name)
     if prec.use_gpu:
         enc.cuda()
     mod = _wrap(tag, enc, vit_cfg, pgc, shape, t.freeze.frozen(name), t, "image")
@@ -264,6 +278,7 @@ def _build_audio(name: str, a, preset: ModelArch, t, pgc, shape: G.ModuleShape, 
     tag = G.encoder_module(name)
     M.canonical_init_(tower, t.seed, tag, **cut)
     tower.encoder.reset_positions_()  # the frozen sinusoidal table, which the random init overwrote
+    hf_load.load_audio(t.init, preset, name, tower.encoder, cut)  # trainer.init.encoders.<name>: HF weights
     if prec.use_gpu:
         tower.cuda()
     mod = _wrap(tag, tower, cfg, pgc, shape, t.freeze.frozen(name), t, "audio")

@@ -45,6 +45,17 @@ def test_the_record_round_trips():
     assert MemoryFacts.from_json(rec.to_json()) == rec
 
 
+def test_a_module_activation_peak_round_trips_and_a_record_without_one_reads():
+    per_module = FACTS | {
+        "modules": {"language": FACTS["modules"]["language"] | {"saved_activation_peak_bytes": 700}}
+    }
+    rec = MemoryFacts.from_json(per_module)
+    assert rec.modules["language"].saved_activation_peak_bytes == 700
+    assert rec.to_json() == per_module and MemoryFacts.from_json(rec.to_json()) == rec
+    old = MemoryFacts.from_json(FACTS)  # written before the trainer measured it per module
+    assert old.modules["language"].saved_activation_peak_bytes is None and old.to_json() == FACTS
+
+
 @pytest.mark.parametrize(
     "change, says",
     [

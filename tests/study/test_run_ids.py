@@ -7,7 +7,7 @@ from test_study import minimal
 
 from mimo_jobs.study.expand import id_payload, runs_of
 from mimo_jobs.study.load import parse_study
-from mimo_jobs.study.spec import DataSpec, PointSpec, StudySpec, TrainerSpec
+from mimo_jobs.study.spec import DataSpec, InitSpec, PointSpec, StudySpec, TrainerSpec
 
 
 def _ids(doc: dict) -> list[str]:
@@ -31,5 +31,18 @@ def test_setting_a_later_field_changes_the_id():
 
 
 def test_every_later_field_names_a_real_field():
-    for cls in (TrainerSpec, PointSpec, StudySpec, DataSpec):
+    for cls in (TrainerSpec, PointSpec, StudySpec, DataSpec, InitSpec):
         assert cls.ID_LATER <= set(cls.model_fields), cls
+
+
+def test_init_of_one_encoder_keeps_its_ids_and_a_named_module_changes_them(tmp_path):
+    (tmp_path / "vit").mkdir()
+    (tmp_path / "whisper").mkdir()
+    doc = minimal()
+    doc["trainer"]["init"] = {"encoder": str(tmp_path / "vit")}
+    one = parse_study(doc).trainer.init
+    # the payload of `encoder:` alone is what it was before trainer.init.encoders existed
+    assert set(id_payload(one)) == {"llm", "encoder", "checkpoint", "weights_only"}
+    base = _ids(doc)
+    doc["trainer"]["init"]["encoders"] = {"audio": str(tmp_path / "whisper")}
+    assert all(a != b for a, b in zip(base, _ids(doc), strict=True))

@@ -127,3 +127,24 @@ def test_the_meter_counts_each_storage_once_and_releases_it_with_the_graph():
     loss.backward()
     del loss, z, y
     assert meter.live == 0 and meter.peak == want
+
+
+def test_the_meter_counts_what_each_watched_module_saves_to_it_too():
+    import torch
+
+    a, b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 32)
+    meter = SavedTensorMeter([*a.parameters(), *b.parameters()])
+    meter.watch("encoder.audio", a)
+    meter.watch("language", b)
+    x = torch.randn(16, 64, requires_grad=True)
+    with meter.hooks():
+        h = a(x)  # saves x: the audio module's
+        y = b(h)  # saves h: the LLM's
+        loss = (y * y).sum()  # saves y: neither module's, the rank's only
+    assert meter.module_peak == {"encoder.audio": x.numel() * 4, "language": h.numel() * 4}
+    assert meter.peak == meter.live == sum(meter.module_peak.values()) + y.numel() * 4
+    loss.backward()
+    del loss, y, h
+    assert meter.module_live == {"encoder.audio": 0, "language": 0} and meter.live == 0
+    assert meter.module_peak == {"encoder.audio": x.numel() * 4, "language": 16 * 64 * 4}
+    assert meter.peak == (16 * 64 + 16 * 64 + 16 * 32) * 4

@@ -140,7 +140,7 @@ def run_encoder(spec: dict) -> dict:
     t = _trainer_spec(spec)
     arch = arch_of(t.model)
     prec = M.Precision(use_gpu=False, bf16=False)
-    mod = _build_encoder(arch, t, grids.encoder.pgc, enc_s, prec)
+    mod = _build_encoder("vision", arch, t, grids.encoder.pgc, enc_s, prec)
     enc = mod.core.eval()
     e = arch.encoder
     g = torch.Generator().manual_seed(1)

@@ -1,8 +1,11 @@
 """A mimo-jobs checkpoint (any layout) -> HuggingFace directories that transformers loads:
 
     OUT/llm/        config.json + model.safetensors (or model-0000k-of-0000n.safetensors + index)
-    OUT/encoder/    the vision tower as a CLIPVisionModel / SiglipVisionModel directory
-    OUT/projector/  the MLP projector under its megatron-core names (no HF model has it)
+    OUT/encoder/    the vision tower (the module `vision`, or the one encoder of `encoder:`) as a
+                    CLIPVisionModel / SiglipVisionModel directory
+    OUT/projector/  its MLP projector under its megatron-core names (no HF model has it)
+    OUT/<name>/     every other encoder module: an audio module as a WhisperEncoder directory, an image
+                    module as the vision tower's; OUT/<name>-projector/ its projector
 
 When the run names a HuggingFace tokenizer (trainer.data.tokenizer), its tokenizer files are copied into
 OUT/llm, so `AutoTokenizer.from_pretrained(OUT/llm)` gives the tokenizer the model was trained with.
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mimo_jobs.contract.manifest import CheckpointError, resolve_source
+from mimo_jobs.model.arch import VISION
 from mimo_jobs.model.hf import encoder_config, encoder_layout, export_llm_family, llm_config, llm_layout
 from mimo_jobs.model.hf_weights import HFLayout, projector_layout
 
@@ -59,7 +63,7 @@ class ExportError(CheckpointError):
 class Exported:
     out: Path
     iteration: int
-    dirs: dict[str, list[str]]  # "llm"/"encoder"/"projector" -> files written
+    dirs: dict[str, list[str]]  # "llm"/"encoder"/"projector"/<module>/<module>-projector -> files written
 
 
 def export_hf(
@@ -99,17 +103,19 @@ def export_hf(
     dtype = dtype or ("bfloat16" if run.trainer.precision == "bf16" else "float32")
     if dtype not in DTYPES:
         raise ExportError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    tp = int(info.layout.get("llm_tp", 1))
     try:
-        llm_cfg = llm_config(arch.llm, dtype)
-        enc_cfg = encoder_config(arch.encoder, dtype)
+        sides = {
+            "llm": (
+                "language",
+                llm_layout(arch.llm, export_llm_family(arch.llm), tp),
+                llm_config(arch.llm, dtype),
+            )
+        }
+        for name, e in arch.named_encoders:
+            sides |= encoder_sides(name, e, arch.llm.hidden_size, dtype)
     except ArchError as e:
         raise ExportError(f"{run_yaml}: trainer.model.{e.describe()}") from None
-    tp = int(info.layout.get("llm_tp", 1))
-    sides = {
-        "llm": ("language", llm_layout(arch.llm, export_llm_family(arch.llm), tp), llm_cfg),
-        "encoder": ("encoder", encoder_layout(arch.encoder), enc_cfg),
-        "projector": ("encoder", projector_layout(arch.encoder, arch.llm.hidden_size), None),
-    }
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     written: dict[str, list[str]] = {}
@@ -132,6 +138,31 @@ def export_hf(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return Exported(out, info.iteration, written)
+
+
+def encoder_dirs(name: str) -> tuple[str, str]:
+    """(module directory, projector directory) of encoder module `name` under OUT: `encoder` and `projector`
+    for `vision` (what every one-encoder export has written), `<name>` and `<name>-projector` for another
+    (module names are letters, digits and `_`, so neither meets another module's)."""
+    return ("encoder", "projector") if name == VISION else (name, f"{name}-projector")
+
+
+def encoder_sides(name: str, e, llm_hidden: int, dtype: str) -> dict:
+    """OUT directory -> (checkpoint module, HF layout, config.json or None) of one encoder module, by its
+    modality: an audio encoder as a WhisperEncoder save (model/families/whisper.py), an image encoder as its
+    vision family's model."""
+    from mimo_jobs.trainer.parallel.grids import encoder_module
+
+    module = encoder_module(name)
+    enc, proj = encoder_dirs(name)
+    if e.modality == "audio":
+        from mimo_jobs.model.families import whisper
+
+        # the audio module holds the encoder under `encoder.` beside its projector (audio_encoder.AudioTower)
+        body = (module, whisper.audio_layout(e, "", into="encoder."), whisper.audio_config(e, dtype))
+    else:
+        body = (module, encoder_layout(e), encoder_config(e, dtype))
+    return {enc: body, proj: (module, projector_layout(e, llm_hidden), None)}
 
 
 def _tokenizer_files(configured: str | None, doc: dict, run_yaml: Path) -> list[Path]:

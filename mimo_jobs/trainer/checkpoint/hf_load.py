@@ -21,12 +21,21 @@ import sys
 from dataclasses import dataclass, field
 
 from mimo_jobs.model import hf_check
-from mimo_jobs.model.arch import EncoderArch, LLMArch
+from mimo_jobs.model.arch import VISION, EncoderArch, LLMArch
 from mimo_jobs.model.hf import encoder_layout, llm_layout
 from mimo_jobs.model.hf_check import HFHeaders, HFInitError
 from mimo_jobs.model.hf_weights import HFLayout, piece_reads, shard_rows
 
-__all__ = ["HFInitError", "HFSource", "check_encoder", "check_init", "check_llm", "load_encoder", "load_llm"]
+__all__ = [
+    "HFInitError",
+    "HFSource",
+    "check_encoder",
+    "check_init",
+    "check_llm",
+    "load_audio",
+    "load_encoder",
+    "load_llm",
+]
 
 
 @dataclass
@@ -55,15 +64,21 @@ class HFSource(HFHeaders):
 
 @dataclass
 class Checked:
-    """What check_init found: each side's source and layout (None: that side is not loaded from HF)."""
+    """What check_init found: the LLM's source and family, and each encoder module's checked source by its
+    name (a side absent: not loaded from HF)."""
 
     llm: tuple[HFSource, str] | None = None  # (source, family)
-    encoder: EncoderSource | None = None
+    encoders: dict[str, ModuleSource] = field(default_factory=dict)
 
     def notes(self, arch) -> list[str]:
         """What loading changes in the weights (said in the trainer's first line)."""
-        why = self.encoder.resampled(arch.encoder) if self.encoder is not None else None
-        return [f"trainer.init.encoder: {why}"] if why else []
+        out = []
+        mods = arch.encoders
+        for name, ms in self.encoders.items():
+            why = ms.source.resampled(mods[name]) if isinstance(ms.source, EncoderSource) else None
+            if why:
+                out.append(f"{ms.where}: {why}")
+        return out
 
 
 def check_llm(path, p: LLMArch, tp: int) -> tuple[HFSource, str]:
@@ -88,9 +103,37 @@ class EncoderSource:
         return f"position embeddings resampled from {g}x{g} to {n}x{n} (bicubic)"
 
 
-def check_encoder(path, e: EncoderArch) -> EncoderSource:
-    h, prefix, weights = hf_check.check_encoder(path, e)
+def check_encoder(
+    path, e: EncoderArch, where: str = "trainer.init.encoder", model_field=None
+) -> EncoderSource:
+    h, prefix, weights = hf_check.check_encoder(path, e, where, *([model_field] if model_field else []))
     return EncoderSource(HFSource.of(h), prefix, weights)
+
+
+@dataclass(frozen=True)
+class AudioSource:
+    """A checked Whisper directory: its source and the encoder's tensor-name prefix."""
+
+    src: HFSource
+    prefix: str
+
+
+@dataclass(frozen=True)
+class ModuleSource:
+    """One encoder module's checked HF source and where trainer.init names it."""
+
+    where: str
+    source: EncoderSource | AudioSource
+
+
+def check_module(path, name: str, e, where: str) -> ModuleSource:
+    """One encoder module's directory against its architecture, by modality (model/hf_check.py's rules)."""
+    got = hf_check.check_module(path, name, e, where)
+    if e.modality == "audio":
+        h, prefix = got
+        return ModuleSource(where, AudioSource(HFSource.of(h), prefix))
+    h, prefix, weights = got
+    return ModuleSource(where, EncoderSource(HFSource.of(h), prefix, weights))
 
 
 def check_init(init, arch, llm_tp: int) -> Checked:
@@ -105,8 +148,9 @@ def check_init(init, arch, llm_tp: int) -> Checked:
         from mimo_jobs.trainer.checkpoint.megatron_load import check_source
 
         check_source(init.llm.megatron)
-    if init.encoder is not None:
-        out.encoder = check_encoder(init.encoder, arch.encoder)
+    mods = arch.encoders
+    for name, (path, where) in hf_check.encoder_sources(init, arch).items():
+        out.encoders[name] = check_module(path, name, mods[name], where)
     return out
 
 
@@ -196,13 +240,27 @@ def load_llm(init, p: LLMArch, gpt, cut: dict) -> int:
         src.close()
 
 
-def load_encoder(init, e: EncoderArch, enc, cut: dict) -> int:
-    """trainer.init.encoder into this rank's encoder (the ViT; the projector keeps its init)."""
-    if init is None or init.encoder is None:
+def module_source(init, arch, name: str) -> tuple[str, str] | None:
+    """(HF directory, where trainer.init names it) of encoder module `name`, or None: it does not start from
+    HF weights."""
+    if init is None:
+        return None
+    return hf_check.encoder_sources(init, arch).get(name)
+
+
+def load_encoder(init, e: EncoderArch, enc, cut: dict, arch=None, name: str = VISION) -> int:
+    """trainer.init's weights of the image module `name` (`encoder:` is `vision`) into this rank's encoder
+    (the ViT; the projector keeps its init). `arch`: the whole model (default: `e` as its one encoder)."""
+    found = module_source(init, arch, name) if arch is not None else _single(init)
+    if found is None:
         return 0
     from mimo_jobs.trainer.model.models import param_shards
 
-    es = check_encoder(init.encoder, e)
+    path, where = found
+    model_field = (
+        "trainer.model.encoder" if where == "trainer.init.encoder" else f"trainer.model.encoders.{name}"
+    )
+    es = check_encoder(path, e, where, model_field)
     src, shards = es.src, list(param_shards(enc, **cut))
     try:
         if es.resampled(e) is None:
@@ -212,6 +270,35 @@ def load_encoder(init, e: EncoderArch, enc, cut: dict) -> int:
         rest = [s for s in shards if s[2].cname != POSITIONS]
         n = load_into(enc, encoder_layout(es.weights, es.prefix), src, rest)
         return n + _load_positions(es, e, pos)
+    finally:
+        src.close()
+
+
+def _single(init) -> tuple[str, str] | None:
+    return None if init is None or init.encoder is None else (init.encoder, "trainer.init.encoder")
+
+
+def load_audio(init, arch, name: str, encoder, cut: dict) -> int:
+    """trainer.init's weights of the audio module `name` into this rank's audio encoder (audio_encoder.
+    AudioEncoder; its projector keeps its init)."""
+    found = module_source(init, arch, name)
+    if found is None:
+        return 0
+    path, where = found
+    return load_audio_dir(encoder, path, cut, where)
+
+
+def load_audio_dir(encoder, path, cut: dict, where: str) -> int:
+    """A Whisper directory (model/hf_check.py's check_audio against `encoder.arch`) into this rank's shard
+    of the audio encoder, slice by slice (names and layouts: model/families/whisper.py)."""
+    from mimo_jobs.model.families import whisper
+    from mimo_jobs.trainer.model.models import param_shards
+
+    h, prefix = hf_check.check_audio(path, encoder.arch, where)
+    src = HFSource.of(h)
+    try:
+        layout = whisper.audio_layout(encoder.arch, prefix)
+        return load_into(encoder, layout, src, param_shards(encoder, **cut), skip=())
     finally:
         src.close()
 

@@ -158,41 +158,15 @@ def build_audio_tower(
 # ------------------------------------------------------------------------------ HuggingFace weights
 
 
-def load_hf(module: AudioEncoder, path, cut: dict) -> int:
+def load_hf(module: AudioEncoder, path, cut: dict, where: str = "audio encoder weights") -> int:
     """A Whisper HF directory (a WhisperModel, WhisperForConditionalGeneration or WhisperEncoder save) into
     this rank's shard of `module`; `cut` is models.param_shards' keyword arguments (tp_rank, tp_size).
     Its config must describe the module's encoder (the first differing field is named) and every tensor
-    must be there with its shape. Returns the number of parameters loaded."""
-    from mimo_jobs.model.arch import ArchError
-    from mimo_jobs.model.hf_check import HFInitError, read_source
-    from mimo_jobs.trainer.checkpoint.hf_load import HFSource, load_into
-    from mimo_jobs.trainer.model.models import param_shards
+    must be there with its shape (model/hf_check.py's check_audio, which validate applies too). Returns the
+    number of parameters loaded."""
+    from mimo_jobs.trainer.checkpoint.hf_load import load_audio_dir
 
-    where = "audio encoder weights"
-    h = read_source(path, where)
-    a = module.arch
-    try:
-        got = whisper.audio_arch(h.config, a.name, a.source, a.pooling)
-        prefix = whisper.encoder_prefix(h.shapes)
-    except ArchError as err:
-        raise HFInitError(f"{h.path / 'config.json'}: {err}", where) from None
-    for field, want in a.to_dict().items():
-        if getattr(got, field) != want:
-            raise HFInitError(
-                f"{h.path / 'config.json'} describes another encoder: {field}={getattr(got, field)!r}, "
-                f"the model has {field}={want!r}",
-                where,
-            )
-    layout = whisper.audio_layout(a, prefix)
-    for name, shape in layout.hf_shapes.items():
-        if h.shapes.get(name) != shape:
-            have = list(h.shapes[name]) if name in h.shapes else "no such tensor"
-            raise HFInitError(f"{h.path}: tensor {name}: {have}, the encoder needs {list(shape)}", where)
-    src = HFSource.of(h)
-    try:
-        return load_into(module, layout, src, param_shards(module, **cut), skip=())
-    finally:
-        src.close()
+    return load_audio_dir(module, path, cut, where)
 
 
 def full_parameters(module: AudioEncoder, cut: dict, tp_group) -> dict[str, torch.Tensor]:

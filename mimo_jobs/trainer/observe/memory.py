@@ -2,7 +2,10 @@
 
 - `SavedTensorMeter` counts the bytes autograd keeps for backward (activations), live and peak, with
   torch's saved-tensor hooks: each storage once however many saved tensors view it, parameters not at all
-  (they are counted as parameters), released when autograd drops the graph.
+  (they are counted as parameters), released when autograd drops the graph. A storage first saved inside
+  a watched module's forward (`watch`: each encoder module and the LLM) counts to that module too, so each
+  module has its own peak over the run (what the step saves outside every module, the loss's, counts only
+  to the rank's).
 - `rank_facts` sums what the rank's modules hold after sharding: parameters, gradient buffers, optimizer
   state, and on a GPU the allocator's peaks. Written by every rank to `<run dir>/memory/rank-<r>.json`
   (`write_facts`) at the end of a run and at each checkpoint; ingest stores them per run and rank.
@@ -37,8 +40,25 @@ class SavedTensorMeter:
     def __init__(self, params=()) -> None:
         self.live = 0
         self.peak = 0
-        self._refs: dict[Any, list[int]] = {}  # storage -> [bytes, saved tensors viewing it]
+        self._refs: dict[Any, list] = {}  # storage -> [bytes, saved tensors viewing it, owning module]
         self._params = {self._key(p) for p in params}
+        self._inside: list[str] = []  # the watched modules whose forward is running, innermost last
+        self.module_live: dict[str, int] = {}
+        self.module_peak: dict[str, int] = {}  # per watched module: the most it held at once, over the run
+
+    def watch(self, name: str, module) -> None:
+        """Count what `module`'s forward saves to `name` as well (forward pre- and post-hooks)."""
+        self.module_live.setdefault(name, 0)
+        self.module_peak.setdefault(name, 0)
+
+        def enter(*_) -> None:
+            self._inside.append(name)
+
+        def leave(*_) -> None:  # returns None: a forward hook's result would replace the module's output
+            self._inside.pop()
+
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(leave)
 
     @staticmethod
     def _key(t):
@@ -59,9 +79,13 @@ class SavedTensorMeter:
         entry = self._refs.get(key)
         if entry is None:
             nbytes = t.untyped_storage().nbytes()
-            self._refs[key] = [nbytes, 1]
+            owner = self._inside[-1] if self._inside else None
+            self._refs[key] = [nbytes, 1, owner]
             self.live += nbytes
             self.peak = max(self.peak, self.live)
+            if owner is not None:
+                self.module_live[owner] += nbytes
+                self.module_peak[owner] = max(self.module_peak[owner], self.module_live[owner])
         else:
             entry[1] += 1
         return _Saved(self, key, t)
@@ -78,6 +102,8 @@ class SavedTensorMeter:
         if entry[1] == 0:
             del self._refs[key]
             self.live -= entry[0]
+            if entry[2] is not None:
+                self.module_live[entry[2]] -= entry[0]
 
 
 def _tensor_bytes(t) -> int:
@@ -126,6 +152,8 @@ def rank_facts(st, meter: SavedTensorMeter, inflight_peak: int) -> dict:
         f = module_facts(mod)
         opt = st.optimizer.optimizers.get(mod.name)
         f["optimizer_state_bytes"] = optimizer_state_bytes(opt) if opt is not None else 0
+        if mod.name in meter.module_peak:
+            f["saved_activation_peak_bytes"] = meter.module_peak[mod.name]
         modules[mod.name] = f
     own = st.llm_shape if st.role.is_language else st.enc_shape
     out = {
