@@ -128,7 +128,7 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
     enc_s, enc_plan = encs[own], G.module_plan(plan, own)
     _seed_megatron(grids, t.seed)
     # each encoder module on ranks of its own: an encoder rank builds its module alone
-    only = list(preset.encoders)[own] if len(encs) > 1 else None
+    only = plan.layout.encoders[own].name if len(encs) > 1 else None
     encoders = _build_encoders(preset, t, grids.encoder.pgc, enc_s, prec, only) if role.is_encoder else []
     language = _build_language(preset, t, grids.language.pgc, llm_s, prec, role) if role.is_language else None
     slots = [G.encoder_module(n) for n in preset.encoders] or [G.ENCODER]
@@ -171,7 +171,8 @@ def _bridges(plan: RankLayout, preset: ModelArch, encs, llm_s, grids, role, prec
     """One bridge per encoder module into the LLM's first stage, on the ranks that talk over it: the
     module's own and the LLM's."""
     out = []
-    for i, ((_name, arch), shape) in enumerate(zip(preset.named_encoders, encs)):
+    for i, (m, shape) in enumerate(zip(plan.layout.encoders, encs)):  # the layout's order is the ranks'
+        arch = preset.encoders[m.name]
         mine = role.is_encoder and shape.contains(role.rank)
         if not (mine or role.is_language):
             continue
