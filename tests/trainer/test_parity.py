@@ -285,6 +285,9 @@ def test_the_vision_and_audio_study_matches_the_reference(shared_runs, tmp_path,
     assert abs(h[0]["loss"] - math.log(128)) < 0.1
     assert [int(x[0]) for x in NO_MFU_LINE_RE.findall(p.stdout)] == [1, 2, 3], p.stdout[-3000:]
     assert "vision:tp=" in p.stdout and "audio:tp=" in p.stdout and "bridge none (colocated" in p.stdout
+    # each module's forward timed under its own name (the one-encoder record's enc_fwd is not written)
+    assert all({"vision_fwd", "audio_fwd"} <= set(x["phases_ms"]) for x in h), h[0]["phases_ms"]
+    assert not any("enc_fwd" in x["phases_ms"] for x in h)
     kinds, audio = _sample_kinds(ry)
     assert kinds == {(True, True), (True, False), (False, True), (False, False)}
     for kind in ("image_tokens", "audio_tokens"):
