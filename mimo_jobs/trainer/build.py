@@ -46,6 +46,7 @@ class Module:
     # init and the checkpoints' resharding read the same)
     shard_args: dict = field(default_factory=dict)
     modality: str = ""  # an encoder module's: what it embeds (image, audio); the LLM's: ""
+    label: str = ""  # an encoder module's name in the study (vision, audio): its phases' prefix
 
     @property
     def core(self):
@@ -68,7 +69,7 @@ class TrainState:
     optimizer: Any
     schedule: Any
     provider: Any
-    bridge: Any
+    bridge: Any  # an encoder rank's bridge (of its module), or the one bridge of a one-encoder model
     image_token_id: int
     audio_token_id: int | None = None  # the provider's audio placeholder (None: no audio module)
     iteration: int = 0
@@ -77,6 +78,10 @@ class TrainState:
     meter: Any = None  # memory.SavedTensorMeter: activations kept for backward
     link: Any = None  # pipeline.StageLink to the neighbouring LLM stages (llm.pp > 1)
     inflight_peak: int = 0  # most encoder microbatches whose backward was still to come
+    # every bridge this rank talks over, in the model's order: an LLM rank one per encoder module, an encoder
+    # rank its own module's (none colocated or in the reference)
+    bridges: list = field(default_factory=list)
+    enc_plan: Any = None  # the plan as this rank's encoder module meets the LLM (grids.module_plan)
 
     @property
     def encoder(self) -> Module | None:
@@ -116,31 +121,26 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
     if t.freeze.llm and t.freeze.every_encoder(t.model):
         raise ValueError("trainer.freeze: every encoder and the llm are frozen; nothing to train")
     enc_s, llm_s = G.single_process_shapes(plan) if reference else G.module_shapes(plan)
-    grids = G.build_grids(enc_s, llm_s, "nccl" if prec.use_gpu else "gloo", timeout)
+    encs = (enc_s,) if reference else G.encoder_shapes(plan)
+    grids = G.build_grids(encs, llm_s, "nccl" if prec.use_gpu else "gloo", timeout)
     role = grids.role
+    own = 0 if reference else G.own_encoder(encs, role.rank)
+    enc_s, enc_plan = encs[own], G.module_plan(plan, own)
     _seed_megatron(grids, t.seed)
-    encoders = _build_encoders(preset, t, grids.encoder.pgc, enc_s, prec) if role.is_encoder else []
+    # each encoder module on ranks of its own: an encoder rank builds its module alone
+    only = plan.layout.encoders[own].name if len(encs) > 1 else None
+    encoders = _build_encoders(preset, t, grids.encoder.pgc, enc_s, prec, only) if role.is_encoder else []
     language = _build_language(preset, t, grids.language.pgc, llm_s, prec, role) if role.is_language else None
     slots = [G.encoder_module(n) for n in preset.encoders] or [G.ENCODER]
     optimizer = _build_optimizer(t, prec, device, slots, [*encoders, language], reference)
     total_samples = run_samples(t.train_iters, t.train_samples, run.layout.gbs)
     schedule = from_spec(t.lr, total_samples)
     provider = make_provider(
-        run, plan, rank_lanes(plan, role, reference), need_images=role.is_encoder, need_text=True
+        run, plan, rank_lanes(enc_plan, role, reference), need_images=role.is_encoder, need_text=True
     )
-    bridge = None
+    bridges = []
     if not reference and not plan.layout.colocated:  # colocated: both modules on this rank, no bridge
-        bridge = Bridge(
-            plan,
-            enc_s,
-            llm_s,
-            role,
-            grids.encoder.pgc.tp if role.is_encoder else None,
-            grids.language.pgc.tp if role.is_language else None,
-            preset.llm.hidden_size,
-            prec.dtype,
-            device,
-        )
+        bridges = _bridges(plan, preset, encs, llm_s, grids, role, prec, device)
     params = [p for m in (*encoders, language) if m is not None for p in m.core.parameters()]
     meter = SavedTensorMeter(params)
     for m in (*encoders, language):
@@ -157,16 +157,44 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
         reference=reference,
         role=role,
         enc_shape=enc_s,
+        enc_plan=enc_plan,
         llm_shape=llm_s,
         encoders=encoders,
         language=language,
         optimizer=optimizer,
         schedule=schedule,
         provider=provider,
-        bridge=bridge,
+        bridge=next((b for b in bridges if b.enc.contains(role.rank)), bridges[0] if bridges else None),
+        bridges=bridges,
         image_token_id=provider.image_token_id,
         audio_token_id=provider.audio_token_id,
     )
+
+
+def _bridges(plan: RankLayout, preset: ModelArch, encs, llm_s, grids, role, prec, device) -> list:
+    """One bridge per encoder module into the LLM's first stage, on the ranks that talk over it: the
+    module's own and the LLM's."""
+    out = []
+    for i, (m, shape) in enumerate(zip(plan.layout.encoders, encs)):  # the layout's order is the ranks'
+        arch = preset.encoders[m.name]
+        mine = role.is_encoder and shape.contains(role.rank)
+        if not (mine or role.is_language):
+            continue
+        out.append(
+            Bridge(
+                G.module_plan(plan, i),
+                shape,
+                llm_s,
+                role,
+                grids.encoders[i].pgc.tp if mine else None,
+                grids.language.pgc.tp if role.is_language else None,
+                preset.llm.hidden_size,
+                prec.dtype,
+                device,
+                modality=arch.modality,
+            )
+        )
+    return out
 
 
 def _stage_link(
@@ -229,11 +257,15 @@ def _wrap(
     return Module(name, ddp, False, pgc, shape, ddp, modality=modality)
 
 
-def _build_encoders(preset: ModelArch, t, pgc, shape: G.ModuleShape, prec: Precision) -> list[Module]:
-    """Every encoder module of the model, in its order, each with its own projector into the LLM's width,
-    all on this rank's encoder grid (several encoders run colocated or in the reference: the same ranks)."""
+def _build_encoders(
+    preset: ModelArch, t, pgc, shape: G.ModuleShape, prec: Precision, only: str | None = None
+) -> list[Module]:
+    """Every encoder module of the model (or the one named `only`, on ranks of its own), in its order, each
+    with its own projector into the LLM's width, on this rank's encoder grid."""
     out = []
     for name, e in preset.named_encoders:
+        if only is not None and name != only:
+            continue
         if e.modality == "audio":
             out.append(_build_audio(name, e, preset, t, pgc, shape, prec))
         else:
@@ -263,7 +295,7 @@ def _build_encoder(
     if prec.use_gpu:
         enc.cuda()
     mod = _wrap(tag, enc, vit_cfg, pgc, shape, t.freeze.frozen(name), t, "image")
-    mod.shard_args = cut
+    mod.shard_args, mod.label = cut, name
     return mod
 
 
@@ -282,7 +314,7 @@ def _build_audio(name: str, a, preset: ModelArch, t, pgc, shape: G.ModuleShape, 
     if prec.use_gpu:
         tower.cuda()
     mod = _wrap(tag, tower, cfg, pgc, shape, t.freeze.frozen(name), t, "audio")
-    mod.shard_args = cut
+    mod.shard_args, mod.label = cut, name
     return mod
 
 

@@ -78,19 +78,27 @@ def kernel_problem(run, kernels) -> str | None:
     return None
 
 
+def _modules_problem(arch, lay, reference: bool) -> str | None:
+    """Why several encoder modules, each on ranks of its own, cannot train (None: they can). The LLM's first
+    stage places each module's embeddings at its modality's placeholders, so two modules of one modality
+    would fill the same ones."""
+    if reference or lay.colocated or not lay.several:
+        return None
+    kinds = [e.modality for _n, e in arch.named_encoders]
+    twice = sorted({k for k in kinds if kinds.count(k) > 1})
+    if twice:
+        names = [n for n, e in arch.named_encoders if e.modality in twice]
+        return (
+            f"trainer.model.encoders: {', '.join(names)} all embed {', '.join(twice)}: on ranks of their own "
+            "the packaged trainer runs one encoder module per modality (one image, one audio)"
+        )
+    return None
+
+
 def preflight(run, doc: dict, reference: bool) -> list[str]:
     """Every check that needs no collective. Raises PreflightError with one specific message. Returns what
     loading trainer.init changes in the weights (for the first line)."""
     lay = run.layout
-    if lay.several and not lay.colocated and not reference:
-        # each encoder on its own ranks needs a bridge per module, which the trainer does not have yet: say so
-        # before any rule reads one encoder
-        raise PreflightError(
-            f"run.yaml: {len(lay.encoders)} encoders ({', '.join(m.name for m in lay.encoders)}) on ranks of "
-            "their own: the packaged trainer runs several encoders colocated (every module on every rank, "
-            "colocated: true) or in --reference; a heterogeneous several-encoder run is validated, rendered "
-            "and recorded, not trained yet"
-        )
     viol = topology.check(lay)
     if viol:
         raise PreflightError("run.yaml: infeasible layout: " + "; ".join(str(v) for v in viol))
@@ -107,7 +115,7 @@ def preflight(run, doc: dict, reference: bool) -> list[str]:
     found = runtime_problems(t, run.cluster.accelerator, package_installed, arch)
     if found:
         raise PreflightError(f"run.yaml: {found[0]}")
-    why = unsupported(arch, lay)
+    why = unsupported(arch, lay) or _modules_problem(arch, lay, reference)
     if why:
         raise PreflightError(f"run.yaml: {why}")
     try:  # HF sources of trainer.init: config, files and every tensor's shape, before any collective

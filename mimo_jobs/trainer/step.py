@@ -15,9 +15,11 @@ Per iteration:
   optimizer MimoOptimizer (global norm, world-wide skip agreement), LR by consumed samples.
 The reference runs the same functions in one process: encoder replicas and lanes in a loop, the encoder
 output handed to the LLM directly (no bridge), one backward per microbatch.
-Several encoder modules (a vision tower and an audio encoder) run colocated or in the reference: each embeds
-its own inputs of the microbatch (images, audio clips), the LLM scatters each module's embeddings at its own
-placeholders (image_token_id, audio_token_id), and one backward reaches every module.
+Several encoder modules (a vision tower and an audio encoder) run colocated, in the reference, or each on
+ranks of its own with a bridge of its own into the LLM's first stage: each embeds its own inputs of the
+microbatch (images, audio clips), the LLM scatters each module's embeddings at its own placeholders
+(image_token_id, audio_token_id), and one backward reaches every module. The phases of such a model are
+per module (`<module>_fwd`, `<module>_bwd`); a model of one encoder records `enc_fwd`/`enc_bwd`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from mimo_jobs.trainer.build import TrainState, rank_lanes
-from mimo_jobs.trainer.parallel.bridge import segments_of_encoder
+from mimo_jobs.trainer.parallel.bridge import segments_of_encoder, token_counts
 from mimo_jobs.trainer.parallel.pipeline import first_stage_bridge, interleaved, one_f_one_b
 
 
@@ -209,16 +211,32 @@ def _module_forward(st: TrainState, mod, inputs: list):
     return mod.model(inputs)
 
 
-def _encoder_samples(st: TrainState, lane_batches: dict, segs):
-    """This encoder replica's samples of one microbatch, in global order: (images, keys, counts)."""
-    images, keys, counts = [], [], []
+def _encoder_samples(st: TrainState, lane_batches: dict, segs, modality: str = "image"):
+    """This encoder replica's samples of one microbatch, in global order: (inputs, keys, counts), the
+    inputs and placeholder counts of its module's modality (images; per sample None or its audio clips)."""
+    inputs, keys, counts = [], [], []
     for g in segs:
         b = lane_batches[g.lane]
         sl = slice(g.lane_start, g.lane_start + g.n)
-        images += (b.images or [None] * len(b.sample_keys))[sl]
+        own = b.audio if modality == "audio" else b.images
+        inputs += (own or [None] * len(b.sample_keys))[sl]
         keys += b.sample_keys[sl]
-        counts += b.image_token_counts[sl]
-    return images, keys, counts
+        counts += token_counts(b, modality)[sl]
+    return inputs, keys, counts
+
+
+def _embed(st: TrainState, modality: str, inputs: list):
+    """This rank's module of `modality` on its inputs: [sum N_i, H]."""
+    return audio_forward(st, inputs) if modality == "audio" else encoder_forward(st, inputs)
+
+
+def enc_phase(st: TrainState, modality: str, which: str) -> str:
+    """The phase an encoder module's forward or backward (`which`: fwd, bwd) is timed under: `enc_fwd` of
+    the one encoder (what older records have), `<module>_fwd` of each of several (vision_fwd, audio_fwd)."""
+    if not st.plan.layout.several:
+        return f"enc_{which}"
+    mod = st.module_of(modality)
+    return f"{mod.label if mod is not None else modality}_{which}"
 
 
 def _zero_grads(st: TrainState) -> None:
@@ -380,7 +398,7 @@ def _draw_microbatch(st: TrainState, tm: PhaseTimer) -> dict:
     """This rank's next microbatch, {lane: LaneBatch}, alignment-checked (lanes are drawn in order, so
     drawing a microbatch at a time gives the same samples as drawing the iteration at once)."""
     a = tm.mark()
-    mb = {lane: st.provider.next(lane) for lane in rank_lanes(st.plan, st.role, st.reference)}
+    mb = {lane: st.provider.next(lane) for lane in rank_lanes(st.enc_plan or st.plan, st.role, st.reference)}
     for b in mb.values():
         check_alignment(b, st.image_token_id, st.audio_token_id)
     tm.add("data", a)
@@ -419,8 +437,11 @@ def _reference_microbatches(st: TrainState, batches: list[dict], n_tokens: float
         a = tm.mark()
         per_lane = _reference_encoder_forward(st, mb, tally)
         total = None
+        if st.plan.layout.several:
+            tm.add(enc_phase(st, "image", "fwd"), a)
+            a = tm.mark()
         aud = {lane: audio_forward(st, mb[lane].audio) for lane in range(st.plan.layout.llm_dp)}
-        tm.add("enc_fwd", a)
+        tm.add(enc_phase(st, "audio", "fwd"), a)
         a = tm.mark()
         for lane in range(st.plan.layout.llm_dp):
             x = torch.cat(per_lane[lane]) if per_lane.get(lane) else None
@@ -470,9 +491,12 @@ def _colocated_microbatches(st: TrainState, batches: list[dict], n_tokens: float
         b = mb[lane]
         a = tm.mark()
         flat = encoder_forward(st, b.images or [None] * len(b.sample_keys))
+        if st.plan.layout.several:
+            tm.add(enc_phase(st, "image", "fwd"), a)
+            a = tm.mark()
         aud = audio_forward(st, b.audio)
         tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
-        tm.add("enc_fwd", a)
+        tm.add(enc_phase(st, "audio", "fwd"), a)
         tally.image_tokens += flat.shape[0]
         tally.audio_tokens += 0 if aud is None else aud.shape[0]
         a = tm.mark()
@@ -491,22 +515,25 @@ def _encoder_microbatches(st: TrainState, tm: PhaseTimer) -> _Tally:
     """Encoder ranks: the compute of each microbatch (draw, forward; backward from its gradient) under
     run_encoder's schedule and exchanges."""
     tally = _Tally()
-    segs = segments_of_encoder(st.plan, st.role.dp_rank)
+    segs = segments_of_encoder(st.enc_plan, st.role.dp_rank)
+    modality = st.bridge.modality  # this rank's module (of several, each on ranks of its own) embeds its own
+    mod = st.module_of(modality)
+    fwd, bwd = enc_phase(st, modality, "fwd"), enc_phase(st, modality, "bwd")
 
     def forward(m: int):
         mb = _draw_microbatch(st, tm)
         a = tm.mark()
-        images, keys, counts = _encoder_samples(st, mb, segs)
-        flat = encoder_forward(st, images)
+        inputs, keys, counts = _encoder_samples(st, mb, segs, modality)
+        flat = _embed(st, modality, inputs)
         tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
-        tm.add("enc_fwd", a)
+        tm.add(fwd, a)
         return flat, keys, counts  # only the embeddings' graph is kept, for the backward
 
     def backward(flat, g) -> None:
         a = tm.mark()
-        if st.encoder is not None and not st.encoder.frozen and flat.shape[0] > 0:
+        if mod is not None and not mod.frozen and flat.shape[0] > 0:
             flat.backward(g.to(flat.dtype))
-        tm.add("enc_bwd", a)
+        tm.add(bwd, a)
 
     tally.inflight_peak = run_encoder(st, forward, backward, tm)
     return tally
@@ -588,17 +615,20 @@ class _StageWork:
         return self.batches[m][self.st.role.dp_rank]
 
     def forward(self, m: int, emb, hidden):
-        """Forward of microbatch m from the image embeddings (first stage) or the previous stage's output.
-        Returns (what its backward needs, the output to send to the next stage or None on the last)."""
+        """Forward of microbatch m from the encoder modules' embeddings (first stage: {modality: [rows, H]},
+        one entry per bridge) or the previous stage's output. Returns (what its backward needs, the output
+        to send to the next stage or None on the last)."""
         st, b = self.st, self.batch(m)
         if emb is not None and _grads_come_back(st):
-            emb = emb.detach().requires_grad_(True)
+            emb = {k: v.detach().requires_grad_(True) for k, v in emb.items()}
         a = self.tm.mark()
-        out = llm_forward(st, b, emb, hidden)
+        emb = emb or {}
+        out = llm_forward(st, b, emb.get("image"), hidden, aud_emb=emb.get("audio"))
         to_next = None
         if st.role.is_last_stage:
             self.tally.loss_sum += float(out.detach())
             self.tally.image_tokens += sum(b.image_token_counts)
+            self.tally.audio_tokens += b.num_audio_tokens
             out = out / max(self.n_tokens, 1.0)
         else:
             to_next = out
@@ -607,8 +637,8 @@ class _StageWork:
 
     def backward(self, item: tuple, grad):
         """Backward of a forward's item, from the loss on the last stage, else from the next stage's
-        gradient. Returns (the input's gradient for the previous stage, the image embeddings' gradient for
-        the bridge), None where there is no such receiver."""
+        gradient. Returns (the input's gradient for the previous stage, the embeddings' gradients for the
+        bridges, {modality: [rows, H]}), None where there is no such receiver."""
         out, hidden, emb = item
         a = self.tm.mark()
         if out.requires_grad:
@@ -618,7 +648,7 @@ class _StageWork:
         if hidden is not None:
             to_prev = hidden.grad if hidden.grad is not None else torch.zeros_like(hidden)
         if self.st.role.is_first_stage and _grads_come_back(self.st):
-            to_bridge = emb.grad if emb.grad is not None else torch.zeros_like(emb)
+            to_bridge = {k: v.grad if v.grad is not None else torch.zeros_like(v) for k, v in emb.items()}
         return to_prev, to_bridge
 
 
@@ -634,7 +664,8 @@ def run_stage(st, work, microbatches: int, tm: PhaseTimer) -> None:
     produced: dict = {}
     if st.role.is_first_stage:
         lane = [work.batch(m) for m in range(microbatches)]
-        st.bridge.language_expect(st.iteration, [(b.sample_keys, b.image_token_counts) for b in lane])
+        for br in st.bridges:
+            br.language_expect(st.iteration, [(b.sample_keys, token_counts(b, br.modality)) for b in lane])
     got = _stage_exchange(st, work, produced, sched[0], tm)
     for i, (kind, m) in enumerate(sched):
         if kind == "F":
@@ -646,7 +677,8 @@ def run_stage(st, work, microbatches: int, tm: PhaseTimer) -> None:
         got = _stage_exchange(st, work, produced, sched[i + 1] if i + 1 < len(sched) else None, tm)
     if st.link is not None:
         _timed(tm, "pipeline_wait", st.link.finish)
-    _timed(tm, "bridge_wait", st.bridge.finish)
+    for br in st.bridges:
+        _timed(tm, "bridge_wait", br.finish)
 
 
 def _stage_exchange(st, work, produced: dict, nxt, tm: PhaseTimer) -> dict:
@@ -656,16 +688,7 @@ def _stage_exchange(st, work, produced: dict, nxt, tm: PhaseTimer) -> dict:
     wants_f, wants_b = nxt is not None and nxt[0] == "F", nxt is not None and nxt[0] == "B"
     got = {"emb": None, "hidden": None, "grad": None}
     if role.is_first_stage:
-        send = recv = None
-        if produced.get("bridge") is not None:
-            m, g = produced["bridge"]
-            b = work.batch(m)
-            send = (m, g, b.sample_keys, b.image_token_counts)
-        if wants_f:
-            b = work.batch(nxt[1])
-            recv = (nxt[1], b.sample_keys, b.image_token_counts)
-        if send is not None or recv is not None:
-            got["emb"] = _timed(tm, "bridge_wait", st.bridge.language_exchange, st.iteration, send, recv)
+        got["emb"] = bridge_exchanges(st, work, produced.get("bridge"), nxt[1] if wants_f else None, tm)
     if st.link is not None:
         to_next, to_prev = produced.get("next"), produced.get("prev")
         recv_prev, recv_next = wants_f and not role.is_first_stage, wants_b and not role.is_last_stage
@@ -674,6 +697,28 @@ def _stage_exchange(st, work, produced: dict, nxt, tm: PhaseTimer) -> dict:
                 tm, "pipeline_wait", st.link.exchange, to_next, to_prev, recv_prev, recv_next
             )
     return got
+
+
+def bridge_exchanges(st, work, grads, m_next: int | None, tm: PhaseTimer) -> dict | None:
+    """The first stage's bridge traffic at one boundary, one exchange per encoder module in the model's
+    order: each sends its module's gradient of the backward just run (`grads`: (microbatch, {modality:
+    gradient}) or None) with the receive of its embeddings for the forward to come (`m_next`), in one
+    group, as that module's encoder posts them (run_encoder). Returns {modality: embeddings} (None when
+    nothing is received). Each module's exchange completes before the next module's is posted: a module's
+    encoder ranks wait for no other module, so the modules' exchanges cannot wait on each other."""
+    got = {}
+    for br in st.bridges:
+        send = recv = None
+        if grads is not None:
+            m, g = grads
+            b = work.batch(m)
+            send = (m, g[br.modality], b.sample_keys, token_counts(b, br.modality))
+        if m_next is not None:
+            b = work.batch(m_next)
+            recv = (m_next, b.sample_keys, token_counts(b, br.modality))
+        if send is not None or recv is not None:
+            got[br.modality] = _timed(tm, "bridge_wait", br.language_exchange, st.iteration, send, recv)
+    return got if m_next is not None else None
 
 
 def _stage(st) -> int:

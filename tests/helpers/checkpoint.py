@@ -38,11 +38,15 @@ def make_run(
     checkpoint_dir: str | None = None,
     colocated: bool = False,
     init: dict | None = None,
+    encoders: dict | None = None,
 ) -> Path:
     """A one-node CPU run (processes = ranks) rendered to <root>/runs/<name>/<run>/run.yaml (colocated: the
-    LLM's ranks run the encoder too; enc_tp/enc_dp are ignored)."""
+    LLM's ranks run the encoder too; enc_tp/enc_dp are ignored; `encoders` sizes each of several encoder
+    modules on ranks of its own, in place of enc_tp/enc_dp)."""
     llm = llm_tp * llm_pp * llm_dp
     world = llm if colocated else enc_tp * enc_dp + llm
+    if encoders and not colocated:  # several encoder modules, each on ranks of its own: {name: {tp, dp}}
+        world = llm + sum(m.get("tp", 1) * m.get("dp", 1) for m in encoders.values())
     point = {
         "nodes": 1,
         "llm": {"tp": llm_tp, "pp": llm_pp, "dp": llm_dp, "ep": llm_ep},
@@ -51,6 +55,8 @@ def make_run(
     }
     if colocated:
         point["colocated"] = True
+    elif encoders:
+        point["encoders"] = encoders
     else:
         point["encoder"] = {"tp": enc_tp, "dp": enc_dp}
     trainer = {

@@ -27,7 +27,7 @@ import torch
 
 import mimo_jobs.study.topology as topology
 from mimo_jobs.trainer.parallel import grids as G
-from mimo_jobs.trainer.parallel.bridge import Bridge, segments_of_encoder
+from mimo_jobs.trainer.parallel.bridge import Bridge, segments_of_encoder, token_counts
 from mimo_jobs.trainer.parallel.p2p import Exchanger
 from mimo_jobs.trainer.parallel.pipeline import stage_link
 from mimo_jobs.trainer.step import PhaseTimer, _encoder_samples, run_encoder, run_stage
@@ -224,6 +224,9 @@ def lane_batch(lane: int, m: int, mbs: int):
         sample_keys=[f"{m}/{lane * mbs + j}" for j in range(mbs)],
         image_token_counts=_counts(lane, m, mbs),
         images=None,
+        # the audio module's placeholders (a model of two encoder modules): varied, other zeros than the image's
+        audio_token_counts=_counts(lane, m + 1, mbs),
+        audio=None,
     )
 
 
@@ -242,7 +245,9 @@ class StubStage:
         compute_collective(self.st, self.st.llm_shape)
         role = self.st.role
         if role.is_first_stage:
-            assert emb.shape == (sum(self.batch(m).image_token_counts), HIDDEN), (role.rank, m, emb.shape)
+            assert set(emb) == {br.modality for br in self.st.bridges}, (role.rank, m, set(emb))
+            for k, v in emb.items():
+                assert v.shape == (sum(token_counts(self.batch(m), k)), HIDDEN), (role.rank, m, k, v.shape)
         else:
             assert hidden.shape == self.st.link.shape, (role.rank, m)
         to_next = None if role.is_last_stage else torch.zeros(self.st.link.shape)
@@ -257,18 +262,19 @@ class StubStage:
         assert (grad is None) == role.is_last_stage, (role.rank, m)
         to_prev = None if hidden is None else torch.zeros_like(hidden)
         back = role.is_first_stage and not self.st.run.trainer.freeze.encoder
-        return to_prev, (torch.zeros_like(emb) if back else None)
+        return to_prev, ({k: torch.zeros_like(v) for k, v in emb.items()} if back else None)
 
 
 def _encoder_stub(st, mbs: int, trace: list | None):
-    segs = segments_of_encoder(st.plan, st.role.dp_rank)
+    segs = segments_of_encoder(st.enc_plan, st.role.dp_rank)
+    modality = st.bridge.modality
 
     def forward(m: int):
         if trace is not None:
             trace.append(("compute", "F", m))
         compute_collective(st, st.enc_shape)
         mb = {g.lane: lane_batch(g.lane, m, mbs) for g in segs}
-        _images, keys, counts = _encoder_samples(st, mb, segs)
+        _inputs, keys, counts = _encoder_samples(st, mb, segs, modality)
         return torch.zeros(sum(counts), HIDDEN), keys, counts
 
     def backward(flat, grad) -> None:
@@ -281,15 +287,26 @@ def _encoder_stub(st, mbs: int, trace: list | None):
 
 
 def rank_states(
-    enc_dp: int, llm_dp: int, pp: int, mbs: int, microbatches: int, inflight: int, tp: int = 1, frozen=False
+    enc_dp: int,
+    llm_dp: int,
+    pp: int,
+    mbs: int,
+    microbatches: int,
+    inflight: int,
+    tp: int = 1,
+    frozen=False,
+    audio_dp: int | None = None,
 ):
-    """One fake TrainState per rank of the layout, with the real Bridge and StageLink on a Recorder."""
+    """One fake TrainState per rank of the layout, with the real Bridges and StageLink on a Recorder. With
+    `audio_dp` the model has two encoder modules, each on ranks of its own: vision (enc_dp replicas) then
+    audio (audio_dp replicas), each with its own bridge into the LLM's first stage."""
+    mods = [topology.ModuleShape("vision", tp, 1, enc_dp)]
+    if audio_dp is not None:
+        mods.append(topology.ModuleShape("audio", tp, 1, audio_dp))
     lay = topology.Layout(
         nodes=1,
-        gpus_per_node=tp * enc_dp + tp * pp * llm_dp,
-        enc_tp=tp,
-        enc_pp=1,
-        enc_dp=enc_dp,
+        gpus_per_node=sum(m.ranks for m in mods) + tp * pp * llm_dp,
+        encoders=tuple(mods),
         llm_tp=tp,
         llm_pp=pp,
         llm_dp=llm_dp,
@@ -297,16 +314,38 @@ def rank_states(
         mbs=mbs,
     )
     plan = topology.rank_layout(lay)
-    enc, llm = G.module_shapes(plan)
+    encs, llm = G.encoder_shapes(plan), G.module_shapes(plan)[1]
+    modality = ("image", "audio")
     net = Network()
     run = SimpleNamespace(
-        trainer=SimpleNamespace(encoder_inflight=inflight, freeze=SimpleNamespace(encoder=frozen))
+        trainer=SimpleNamespace(
+            encoder_inflight=inflight,
+            freeze=SimpleNamespace(encoder=frozen, every_encoder=lambda _model: frozen),
+            model=None,
+        )
     )
     states = []
     for rank in range(lay.world):
-        role = G.role_of(rank, enc, llm)
+        own = G.own_encoder(encs, rank)
+        role = G.role_of(rank, encs[own], llm)
         rec = Recorder(net, rank)
-        bridge = Bridge(plan, enc, llm, role, None, None, HIDDEN, torch.float32, "cpu", p2p=Exchanger(rec))
+        bridges = [
+            Bridge(
+                G.module_plan(plan, i),
+                shape,
+                llm,
+                role,
+                None,
+                None,
+                HIDDEN,
+                torch.float32,
+                "cpu",
+                p2p=Exchanger(rec),
+                modality=modality[i],
+            )
+            for i, shape in enumerate(encs)
+            if role.is_language or shape.contains(rank)
+        ]
         link = None
         if role.is_language and pp > 1:
             link = stage_link(llm, role, (SEQ, mbs, HIDDEN), torch.float32, "cpu", p2p=Exchanger(rec))
@@ -314,10 +353,12 @@ def rank_states(
             SimpleNamespace(
                 run=run,
                 plan=plan,
+                enc_plan=G.module_plan(plan, own),
                 role=role,
-                enc_shape=enc,
+                enc_shape=encs[own],
                 llm_shape=llm,
-                bridge=bridge,
+                bridge=bridges[0],
+                bridges=bridges,
                 link=link,
                 iteration=3,
             )

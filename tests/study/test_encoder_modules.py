@@ -275,22 +275,31 @@ def test_the_flat_encoder_sizes_of_several_encoders_are_refused_naming_the_rule(
     assert module_ranges(one)[0].fan == "out"
 
 
-def test_the_trainer_preflight_refuses_several_encoders_on_ranks_of_their_own_in_one_line():
+def test_the_trainer_preflight_takes_one_module_per_modality_on_ranks_of_their_own():
     pytest.importorskip("torch")
     from mimo_jobs.trainer.main import PreflightError, preflight
 
+    # TWO's modules are both image encoders: on ranks of their own they would fill the same placeholders
     runs = runs_of(parse_study(TWO))
     het = next(r for r in runs if not r.layout.colocated)
     with pytest.raises(
         PreflightError,
-        match=r"run\.yaml: 2 encoders \(vision, audio\) on ranks of their own: the packaged trainer runs several "
-        r"encoders colocated",
+        match=r"^run\.yaml: trainer\.model\.encoders: vision, audio all embed image: on ranks of their own the "
+        r"packaged trainer runs one encoder module per modality \(one image, one audio\)$",
     ):
         preflight(het, {}, reference=False)
     # what runs: the colocated point, and the one-process reference of either
     col = next(r for r in runs if r.layout.colocated)
     assert preflight(col, {}, reference=True) == []
     assert preflight(het, {}, reference=True) == []
+    # a vision tower and an audio encoder on ranks of their own pass every check of the run itself: what is
+    # left is this process's launch (no torchrun world here)
+    omni = two(**{"trainer/model/encoders": {"vision": {"preset": "tiny"}, "audio": "tiny-audio"}})
+    het = next(r for r in runs_of(parse_study(omni)) if not r.layout.colocated)
+    with pytest.raises(
+        PreflightError, match=r"^world size mismatch: launched with WORLD_SIZE=1 but run\.yaml"
+    ):
+        preflight(het, {}, reference=False)
 
 
 def test_freezing_a_module_the_model_lacks_is_one_line_and_exit_2(tmp_path):

@@ -68,14 +68,24 @@ COLOCATED_RESUMES = {
         "files": ["encoder.audio/model-00000.pt", "encoder.audio/optim-00000.pt"],
         "reshard": {"llm_dp": 1, "llm_tp": 2},
     },
+    # the same modules each on ranks of its own (vision on rank 0, audio on rank 1, both fanning out to LLM
+    # DP 2, a bridge each): each module's shards written by its own rank
+    "vision-audio-own-ranks": {
+        "model": OMNI,
+        "data": OMNI_DATA,
+        "colocated": False,
+        "encoders": {"vision": {"dp": 1}, "audio": {"dp": 1}},
+        "files": ["encoder/model-00000.pt", "encoder.audio/model-00001.pt", "encoder.audio/optim-00001.pt"],
+    },
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(COLOCATED_RESUMES))
 def test_colocated_kill9_then_resume_is_exact(tmp_path, case):
-    """Every module's shards on every rank: a job killed after iteration 3 resumes from checkpoint 2 and ends
-    with every iteration equal, bit for bit, to a straight run of the same run.yaml."""
+    """Every module's shards on every rank (or, each module on ranks of its own, on its ranks): a job killed
+    after iteration 3 resumes from checkpoint 2 and ends with every iteration equal, bit for bit, to a
+    straight run of the same run.yaml."""
     kw = {"enc_dp": 0, "llm_dp": 2, "gbs": 4, "iters": 4, "colocated": True, **COLOCATED_RESUMES[case]}
     files, reshard = kw.pop("files", []), kw.pop("reshard", None)
     straight = H.make_run(tmp_path / "straight", **kw)

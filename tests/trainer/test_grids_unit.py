@@ -3,7 +3,17 @@
 import pytest
 
 import mimo_jobs.study.topology as topology
-from mimo_jobs.trainer.parallel.grids import LANGUAGE, ModuleShape, module_shapes, role_of
+from mimo_jobs.trainer.parallel.bridge import segments_of_encoder, segments_of_lane
+from mimo_jobs.trainer.parallel.grids import (
+    ENCODER,
+    LANGUAGE,
+    ModuleShape,
+    encoder_shapes,
+    module_plan,
+    module_shapes,
+    own_encoder,
+    role_of,
+)
 from mimo_jobs.trainer.step import check_alignment
 
 
@@ -27,6 +37,33 @@ def test_roles_follow_the_plan():
         (0, 0, 2),
         (1, 0, 2),
     ]
+
+
+def test_several_encoder_modules_each_have_their_ranks_roles_and_bridge_plan():
+    # 7 ranks: vision TP1 DP4 on [0, 4), audio TP1 DP1 on [4, 5), LLM DP2 on [5, 7): vision fans in 2->1 per
+    # lane, audio fans out 1->2
+    mods = (topology.ModuleShape("vision", 1, 1, 4), topology.ModuleShape("audio", 1, 1, 1))
+    plan = topology.rank_layout(
+        topology.Layout(nodes=1, gpus_per_node=7, encoders=mods, llm_dp=2, gbs=4, mbs=2)
+    )
+    encs, llm = encoder_shapes(plan), module_shapes(plan)[1]
+    assert [(e.offset, e.size) for e in encs] == [(0, 4), (4, 1)] and (llm.offset, llm.size) == (5, 2)
+    assert [own_encoder(encs, r) for r in range(7)] == [0, 0, 0, 0, 1, 0, 0]
+    r = role_of(3, encs[own_encoder(encs, 3)], llm)
+    assert r.modules == (ENCODER,) and r.dp_rank == 3 and r.is_leader
+    audio = role_of(4, encs[1], llm)
+    assert audio.modules == (ENCODER,) and audio.dp_rank == 0
+    vision_plan, audio_plan = module_plan(plan, 0), module_plan(plan, 1)
+    assert (vision_plan.fan, vision_plan.encoders_per_lane) == ("in", 2)
+    assert (audio_plan.fan, audio_plan.lanes_per_encoder) == ("out", 2)
+    assert audio_plan.lanes_of_encoder(0) == [0, 1] and vision_plan.lanes_of_encoder(3) == [1]
+    # each module's replicas cover every lane's samples once
+    for p, replicas in ((vision_plan, 4), (audio_plan, 1)):
+        for lane in range(2):
+            segs = segments_of_lane(p, lane)
+            assert sorted((g.lane_start, g.n) for g in segs) == [(g.lane_start, g.n) for g in segs]
+            assert sum(g.n for g in segs) == 2
+        assert sum(g.n for e in range(replicas) for g in segments_of_encoder(p, e)) == 4
 
 
 def test_a_rank_in_no_grid_is_refused():

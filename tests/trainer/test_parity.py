@@ -5,6 +5,7 @@ replicas, so a wrong split, a wrong gradient scale or a misaligned sample shows 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -12,7 +13,17 @@ import pytest
 import yaml
 
 from helpers.runs import reference_key
-from helpers.trainer import OMNI_STUDY, assert_ok, iterations, make_run_yaml, run_reference, study_run_yaml
+from helpers.trainer import (
+    OMNI,
+    OMNI_DATA,
+    OMNI_STUDY,
+    assert_ok,
+    iterations,
+    make_run_yaml,
+    run_reference,
+    study_run_yaml,
+)
+from mimo_jobs.contract.memory import facts_path
 from mimo_jobs.data.mock import MockProvider, mock_config
 from mimo_jobs.study.runspec import load_run_yaml
 from mimo_jobs.trainer.parallel.bridge import segments_of_encoder
@@ -274,6 +285,9 @@ def test_the_vision_and_audio_study_matches_the_reference(shared_runs, tmp_path,
     assert abs(h[0]["loss"] - math.log(128)) < 0.1
     assert [int(x[0]) for x in NO_MFU_LINE_RE.findall(p.stdout)] == [1, 2, 3], p.stdout[-3000:]
     assert "vision:tp=" in p.stdout and "audio:tp=" in p.stdout and "bridge none (colocated" in p.stdout
+    # each module's forward timed under its own name (the one-encoder record's enc_fwd is not written)
+    assert all({"vision_fwd", "audio_fwd"} <= set(x["phases_ms"]) for x in h), h[0]["phases_ms"]
+    assert not any("enc_fwd" in x["phases_ms"] for x in h)
     kinds, audio = _sample_kinds(ry)
     assert kinds == {(True, True), (True, False), (False, True), (False, False)}
     for kind in ("image_tokens", "audio_tokens"):
@@ -286,3 +300,51 @@ def test_the_vision_and_audio_study_matches_the_reference(shared_runs, tmp_path,
     f = shared_runs.reference(fy).ok("reference, audio frozen").iterations()
     assert f[0]["loss"] == pytest.approx(r[0]["loss"], rel=1e-9)
     assert f[0]["grad_norm"] < r[0]["grad_norm"] * (1 - 1e-3)
+
+
+# Several encoder modules, each on ranks of its own (vision first, then audio, then the LLM), each with its
+# own bridge into the LLM's first stage: the vision+audio model of studies/cpu_omni.yaml at 4-5 processes.
+# Both 1:1 into LLM TP 2 (the LLM's TP pair starts on an even rank: tp-within-node), vision fan-in with
+# audio 1:1 into LLM PP 2, and both fanning out into an MoE LLM at EP 2.
+OMNI_MOE = {**OMNI, "llm": "tiny-moe"}
+MODULE_CASES = [
+    (
+        OMNI,
+        {"gpn": 4, "enc": {"vision": {"dp": 1}, "audio": {"dp": 1}}, "llm": {"tp": 2}},
+        ["vision 1:1", "audio 1:1", "tp=2"],
+    ),
+    (
+        OMNI,
+        {"gpn": 5, "mbs": 2, "enc": {"vision": {"dp": 2}, "audio": {"dp": 1}}, "llm": {"pp": 2}},
+        ["vision fan-in 2->1", "audio 1:1", "pp=2"],
+    ),
+    (
+        OMNI_MOE,
+        {"gpn": 4, "enc": {"vision": {"dp": 1}, "audio": {"dp": 1}}, "llm": {"dp": 2, "ep": 2}},
+        ["vision fan-out 1->2", "audio fan-out 1->2", "ep=2"],
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "kw", "shows"), MODULE_CASES, ids=["tp2", "fan-in-pp2", "fan-out-moe-ep2"])
+def test_vision_and_audio_on_ranks_of_their_own_match_the_reference(shared_runs, tmp_path, model, kw, shows):
+    ry, r, h, het = _parity(
+        shared_runs, tmp_path, kw["gpn"], line_re=NO_MFU_LINE_RE, gbs=4, model=model, data=OMNI_DATA, **kw
+    )
+    assert all(s in het.stdout for s in shows), het.stdout[:3000]
+    for kind in ("image_tokens", "audio_tokens"):
+        assert sum(x["extras"][kind] for x in h) == sum(x["extras"][kind] for x in r) > 0
+    _kinds, audio = _sample_kinds(ry)
+    assert sum(x["extras"]["audio_tokens"] for x in h) == audio  # every clip's tokens reached the LLM
+    if model is OMNI_MOE:
+        for a, b in zip(r, h):
+            assert b["moe_aux_loss"] == pytest.approx(a["moe_aux_loss"], rel=RTOL)
+    # each encoder rank times its own module's phases (the record's last LLM rank has none of them)
+    run, _ = load_run_yaml(ry)
+    for m in run.rank_layout().encoders:
+        for rank in range(m.rank_start, m.rank_end):
+            facts = json.loads(facts_path(het.run_dir, rank).read_text())
+            assert {f"{m.name}_fwd", f"{m.name}_bwd"} <= set(facts["phases_s"]), (m.name, facts["phases_s"])
+            others = {"enc_fwd", "vision_fwd", "audio_fwd"} - {f"{m.name}_fwd"}
+            assert not others & set(facts["phases_s"]), (m.name, facts["phases_s"])

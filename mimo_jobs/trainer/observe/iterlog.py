@@ -25,13 +25,17 @@ def layout_line(run, plan, mode: str, backend: str, kernels: str = "", notes=())
     """The run's first line: the resolved layout, the communication backend, (`kernels`, from
     model/kernels.py) the layer backend and fused kernels, and `notes` (what loading trainer.init changed)."""
     lay = plan.layout
-    fan = {
-        "out": f"fan-out 1->{plan.lanes_per_encoder} (each encoder replica serves {plan.lanes_per_encoder} "
-        "LLM lanes)",
-        "in": f"fan-in {plan.encoders_per_lane}->1 ({plan.encoders_per_lane} encoder replicas per LLM lane)",
-        "1:1": "1:1",
-        "colocated": "none (colocated: every rank runs the encoder and the LLM)",
-    }[plan.fan]
+    if plan.fan == "modules":  # several encoder modules, each on ranks of its own: a bridge each
+        bridge = "per module " + ", ".join(
+            f"{m.name} {_fan(m.fan, m.lanes_per_encoder, m.encoders_per_lane)}, "
+            f"{m.samples_per_encoder_microbatch} samples per encoder microbatch"
+            for m in plan.encoders
+        )
+    else:
+        bridge = (
+            f"{_fan(plan.fan, plan.lanes_per_encoder, plan.encoders_per_lane)}, "
+            f"{plan.samples_per_encoder_microbatch} samples per encoder microbatch"
+        )
     moe = (
         f" ep={lay.llm_ep} etp={lay.llm_etp} experts={lay.num_experts} expert-dp={plan.expert_dp}"
         if lay.num_experts
@@ -42,14 +46,22 @@ def layout_line(run, plan, mode: str, backend: str, kernels: str = "", notes=())
         f"{'| ' + kernels + ' ' if kernels else ''}| world {plan.world} = {lay.nodes} nodes x {lay.gpus_per_node} | encoder ranks "
         f"[{plan.enc_rank_start},{plan.enc_rank_end}) {_encoder_sizes(lay)} | "
         f"llm ranks [{plan.llm_rank_start},{plan.llm_rank_end}) tp={lay.llm_tp} pp={lay.llm_pp} "
-        f"dp={lay.llm_dp}{moe} | bridge {fan}, {plan.samples_per_encoder_microbatch} samples per encoder "
-        f"microbatch | gbs={lay.gbs} mbs={lay.mbs} microbatches={plan.num_microbatches} | model "
+        f"dp={lay.llm_dp}{moe} | bridge {bridge} | gbs={lay.gbs} mbs={lay.mbs} microbatches={plan.num_microbatches} | model "
         f"{run.trainer.model} seq={run.trainer.seq_length} precision={run.trainer.precision} "
         f"freeze(encoder={run.trainer.freeze.encoder}, llm={run.trainer.freeze.llm}"
         + "".join(f", {n}={v}" for n, v in run.trainer.freeze.encoders.items())
         + ")"
         + "".join(f" | {n}" for n in notes)
     )
+
+
+def _fan(fan: str, lanes_per_encoder: int, encoders_per_lane: int) -> str:
+    return {
+        "out": f"fan-out 1->{lanes_per_encoder} (each encoder replica serves {lanes_per_encoder} LLM lanes)",
+        "in": f"fan-in {encoders_per_lane}->1 ({encoders_per_lane} encoder replicas per LLM lane)",
+        "1:1": "1:1",
+        "colocated": "none (colocated: every rank runs the encoder and the LLM)",
+    }[fan]
 
 
 def _encoder_sizes(lay) -> str:

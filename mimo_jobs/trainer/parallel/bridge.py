@@ -82,6 +82,13 @@ def segments_of_lane(plan: RankLayout, lane: int) -> list[Segment]:
     return [g for g in segments(plan) if g.lane == lane]
 
 
+def token_counts(batch, modality: str) -> list[int]:
+    """A lane batch's per-sample placeholder counts of one modality: what a bridge of that module carries."""
+    if modality == "audio":
+        return list(batch.audio_token_counts or [0] * len(batch.sample_keys))
+    return list(batch.image_token_counts)
+
+
 def keys_hash(keys: list[str]) -> int:
     return zlib.crc32("\x1f".join(keys).encode()) & 0x7FFFFFFF
 
@@ -144,7 +151,9 @@ class Incoming:
 
 
 class Bridge:
-    """Point-to-point exchange over the world group between replica leaders, TP broadcast on arrival.
+    """Point-to-point exchange over the world group between replica leaders, TP broadcast on arrival. One
+    bridge per encoder module: a model of several, each on ranks of its own, has one from each module into
+    the LLM's first stage.
 
     A posted group holds both directions, headers and payloads (p2p.py); the receiver sizes each payload
     from its own batch and checks the headers on arrival. The first LLM stage calls `language_exchange`
@@ -164,8 +173,12 @@ class Bridge:
         dtype,
         device,
         p2p: Exchanger | None = None,
+        modality: str = "image",
     ):
+        # plan: as this bridge's encoder module meets the LLM (grids.module_plan); modality: what the module
+        # embeds, whose placeholder counts size every message (image_token_counts, audio_token_counts)
         self.plan, self.enc, self.llm, self.role = plan, enc, llm, role
+        self.modality = modality
         self.enc_tp_group, self.llm_tp_group = enc_tp_group, llm_tp_group
         self.hidden, self.dtype, self.device = hidden, dtype, device
         self.p2p = p2p or Exchanger()

@@ -4,13 +4,14 @@
 every rank, so all ranks must create the same groups in the same order or the world deadlocks.
 `build_grids` is therefore the only place that creates groups, and it creates all of them on every rank.
 
-Rank layout (topology.py): encoder ranks [0, E), LLM ranks [E, world); inside a module tp is the fastest
+Rank layout (topology.py): encoder ranks [0, E), LLM ranks [E, world); several encoder modules each take
+their own range of [0, E), in the model's order (topology.module_ranges); inside a module tp is the fastest
 dimension, then pp, then dp. HyperCommGrid orders dims with the first name fastest, hence [tp, cp, pp, dp].
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch.distributed as dist
@@ -18,7 +19,7 @@ from megatron.core.hyper_comm_grid import HyperCommGrid
 from megatron.core.process_groups_config import ProcessGroupCollection
 
 from mimo_jobs.model.arch import VISION
-from mimo_jobs.study.topology import RankLayout
+from mimo_jobs.study.topology import RankLayout, module_ranges
 
 ENCODER, LANGUAGE = "encoder", "language"
 
@@ -66,8 +67,10 @@ class ModuleShape:
 
 def module_shapes(plan: RankLayout) -> tuple[ModuleShape, ModuleShape]:
     lay = plan.layout
-    # colocated, every encoder module takes the LLM's TP and DP on the same ranks: one grid serves them all
-    m = lay.encoders[0] if lay.colocated else lay.single
+    """(the first encoder module's shape, the LLM's): colocated, every encoder module takes the LLM's TP and
+    DP on the same ranks, so one grid serves them all; each on ranks of its own, the first module starts at
+    rank 0 (encoder_shapes has them all)."""
+    m = lay.encoders[0] if lay.colocated or lay.several else lay.single
     enc = ModuleShape(ENCODER, 0, m.tp, m.pp, m.dp, 1, m.tp)
     llm = ModuleShape(
         LANGUAGE,
@@ -79,6 +82,38 @@ def module_shapes(plan: RankLayout) -> tuple[ModuleShape, ModuleShape]:
         lay.llm_etp if lay.num_experts else 1,
     )
     return enc, llm
+
+
+def encoder_shapes(plan: RankLayout) -> tuple[ModuleShape, ...]:
+    """Every encoder module's shape, in the model's order: each on its own ranks (topology.module_ranges),
+    or, colocated or with one module, the one shape `module_shapes` gives."""
+    lay = plan.layout
+    if lay.colocated or not lay.several:
+        return (module_shapes(plan)[0],)
+    return tuple(ModuleShape(ENCODER, r.rank_start, r.tp, r.pp, r.dp, 1, r.tp) for r in module_ranges(lay))
+
+
+def own_encoder(shapes: tuple[ModuleShape, ...], rank: int) -> int:
+    """The index of the encoder module whose ranks hold `rank` (0 off every encoder's ranks)."""
+    return next((i for i, s in enumerate(shapes) if s.contains(rank)), 0)
+
+
+def module_plan(plan: RankLayout, index: int) -> RankLayout:
+    """The plan as one encoder module meets the LLM: its own sizes and fan (topology.module_ranges), so the
+    bridge's segments and an encoder replica's lanes are that module's."""
+    lay = plan.layout
+    if not lay.several or lay.colocated:
+        return plan
+    r = module_ranges(lay)[index]
+    one = replace(lay, encoders=(lay.encoders[index],))
+    return replace(
+        plan,
+        layout=one,
+        fan=r.fan,
+        lanes_per_encoder=r.lanes_per_encoder,
+        encoders_per_lane=r.encoders_per_lane,
+        samples_per_encoder_microbatch=r.samples_per_encoder_microbatch,
+    )
 
 
 def single_process_shapes(plan: RankLayout) -> tuple[ModuleShape, ModuleShape]:
@@ -205,15 +240,20 @@ def _pgc(shape: ModuleShape, backend: str, timeout) -> ModuleGroups:
 
 @dataclass
 class Grids:
-    encoder: ModuleGroups
+    encoder: ModuleGroups  # this rank's encoder module (the first one off the encoders' ranks)
     language: ModuleGroups
     role: RankRole
+    encoders: tuple = ()  # every encoder module's groups, in the model's order
 
 
-def build_grids(enc: ModuleShape, llm: ModuleShape, backend: str, timeout) -> Grids:
-    """Encoder grid first, then the language grid, on every rank. The bridge itself needs no extra group:
-    it uses point-to-point messages on the world group between replica leaders (see bridge.py)."""
-    role = role_of(dist.get_rank(), enc, llm)
-    e = _pgc(enc, backend, timeout)
+def build_grids(enc: ModuleShape | tuple[ModuleShape, ...], llm: ModuleShape, backend: str, timeout) -> Grids:
+    """Every encoder module's grid first (in the model's order), then the language grid, on every rank. The
+    bridges need no extra group: they use point-to-point messages on the world group between replica
+    leaders (see bridge.py)."""
+    encs = enc if isinstance(enc, tuple) else (enc,)
+    rank = dist.get_rank()
+    own = own_encoder(encs, rank)
+    role = role_of(rank, encs[own], llm)
+    es = tuple(_pgc(e, backend, timeout) for e in encs)
     lm = _pgc(llm, backend, timeout)
-    return Grids(e, lm, role)
+    return Grids(es[own], lm, role, es)
