@@ -340,8 +340,7 @@ class ModelArch:
             raise ArchError(
                 "encoders",
                 f"{len(self.named_encoders)} encoders ({', '.join(self.encoders)}); this part of mimo-jobs "
-                "runs one encoder (the several-encoder layout is validated, rendered and stored, not yet "
-                "trained or priced)",
+                "reads one encoder, not several",
             )
         return self.named_encoders[0][1]
 

@@ -192,8 +192,8 @@ def _single(mods: tuple, why: str) -> ModuleShape:
             [
                 Violation(
                     "encoders",
-                    f"{len(mods)} encoders ({', '.join(m.name for m in mods)}): {why}; the several-encoder "
-                    "layout is validated, rendered and stored, not yet trained or priced",
+                    f"{len(mods)} encoders ({', '.join(m.name for m in mods)}): {why}; what handles several "
+                    "reads each module (Layout.encoders, module_ranges)",
                 )
             ]
         )

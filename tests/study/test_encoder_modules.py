@@ -295,6 +295,7 @@ def test_the_trainer_preflight_takes_one_module_per_modality_on_ranks_of_their_o
     # a vision tower and an audio encoder on ranks of their own pass every check of the run itself: what is
     # left is this process's launch (no torchrun world here)
     omni = two(**{"trainer/model/encoders": {"vision": {"preset": "tiny"}, "audio": "tiny-audio"}})
+    omni["trainer"].setdefault("data", {}).update(audio_fraction=0.5, audio_frames=[16])
     het = next(r for r in runs_of(parse_study(omni)) if not r.layout.colocated)
     with pytest.raises(
         PreflightError, match=r"^world size mismatch: launched with WORLD_SIZE=1 but run\.yaml"
