@@ -69,13 +69,15 @@ COLOCATED_RESUMES = {
         "reshard": {"llm_dp": 1, "llm_tp": 2},
     },
     # the same modules each on ranks of its own (vision on rank 0, audio on rank 1, both fanning out to LLM
-    # DP 2, a bridge each): each module's shards written by its own rank
+    # DP 2, a bridge each): each module's shards written by its own rank; checkpoint 2 also continues with
+    # the audio encoder alone on two replicas (1:1 with the LLM's lanes), every other module as it was
     "vision-audio-own-ranks": {
         "model": OMNI,
         "data": OMNI_DATA,
         "colocated": False,
         "encoders": {"vision": {"dp": 1}, "audio": {"dp": 1}},
         "files": ["encoder/model-00000.pt", "encoder.audio/model-00001.pt", "encoder.audio/optim-00001.pt"],
+        "reshard": {"encoders": {"vision": {"dp": 1}, "audio": {"dp": 2}}},
     },
 }
 
