@@ -73,7 +73,9 @@ def _scatter(batch, image_id: int, img_emb: torch.Tensor) -> torch.Tensor:
     core = SimpleNamespace(
         embedding=SimpleNamespace(word_embeddings=emb), config=SimpleNamespace(sequence_parallel=False)
     )
-    st = SimpleNamespace(language=SimpleNamespace(core=core), device="cpu", image_token_id=image_id)
+    st = SimpleNamespace(
+        language=SimpleNamespace(core=core), device="cpu", image_token_id=image_id, audio_token_id=None
+    )
     with torch.no_grad():
         return _decoder_input(st, batch, img_emb).transpose(0, 1)
 

@@ -245,6 +245,8 @@ def test_the_trainer_refuses_a_directory_that_is_not_a_checkpoint_with_exit_2(tm
         gpn=2,
         gbs=2,
         model="tiny-swiglu",
+        # image sides the tiny-swiglu encoder takes (patch 8): the run is sound but for its init source
+        data={"image_sizes": [8, 16]},
         trainer={"init": {"llm": {"megatron": str(tmp_path)}}},
     )
     p = run_reference(run_yaml, tmp_path / "m.jsonl")
