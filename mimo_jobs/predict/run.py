@@ -122,26 +122,13 @@ def shape_of(layout: Layout, trainer, point_command: str | None = None, checked:
         return _by_module_shape(layout, trainer, preset, point_command, checked)
     mix = model_mix(trainer.data, preset.encoder, trainer.seq_length)
     shape = RunShape(
-        layout=layout,
-        preset=preset,
-        seq_length=trainer.seq_length,
-        microbatches=0,
-        bf16=trainer.precision == "bf16",
-        distributed_optimizer=trainer.use_distributed_optimizer,
-        optimizer=trainer.optimizer.name,
-        encoder_inflight=trainer.encoder_inflight,
-        recompute=RecomputeSpec.of(trainer.recompute),
+        **_run_fields(layout, trainer, preset, point_command),
         image_tokens_mean=mix.image_tokens_mean,
         tokens_per_image=mix.tokens_per_image,
         image_tokens_max=mix.image_tokens_max,
-        frozen_encoder=trainer.freeze.encoder,
-        frozen_llm=trainer.freeze.llm,
         data_source=mix.source,
         text_tokens_mean=mix.text_tokens_mean,
-        train_iters=trainer.train_iters,
-        train_samples=trainer.train_samples,
         assumed_ends=mix.ends if mix.assumed else None,
-        packaged=not (point_command or trainer.command),
     )
     return on_layout(shape, layout) if checked else shape
 
@@ -150,6 +137,19 @@ def _by_module_shape(layout: Layout, trainer, preset: ModelArch, point_command, 
     """shape_of for a model priced module by module: every module's mix, their tokens summed."""
     mixes = module_mixes(trainer.data, preset, trainer.seq_length)
     shape = RunShape(
+        **_run_fields(layout, trainer, preset, point_command),
+        image_tokens_mean=sum(m.tokens_mean for m in mixes),
+        tokens_per_image=0.0,
+        image_tokens_max=sum(m.tokens_max for m in mixes),
+        data_source="; ".join(f"{m.name}: {m.source}" for m in mixes),
+        modules=mixes,
+    )
+    return on_layout(shape, layout) if checked else shape
+
+
+def _run_fields(layout: Layout, trainer, preset: ModelArch, point_command) -> dict:
+    """The RunShape fields the trainer section gives, whatever the model's data mix."""
+    return dict(
         layout=layout,
         preset=preset,
         seq_length=trainer.seq_length,
@@ -159,18 +159,12 @@ def _by_module_shape(layout: Layout, trainer, preset: ModelArch, point_command, 
         optimizer=trainer.optimizer.name,
         encoder_inflight=trainer.encoder_inflight,
         recompute=RecomputeSpec.of(trainer.recompute),
-        image_tokens_mean=sum(m.tokens_mean for m in mixes),
-        tokens_per_image=0.0,
-        image_tokens_max=sum(m.tokens_max for m in mixes),
         frozen_encoder=trainer.freeze.encoder,
         frozen_llm=trainer.freeze.llm,
-        data_source="; ".join(f"{m.name}: {m.source}" for m in mixes),
         train_iters=trainer.train_iters,
         train_samples=trainer.train_samples,
         packaged=not (point_command or trainer.command),
-        modules=mixes,
     )
-    return on_layout(shape, layout) if checked else shape
 
 
 def trainer_of(shape: RunShape) -> Trainer:
