@@ -49,6 +49,9 @@ class Row:
     figure: dict
     peak_memory_gib: float | None
     in_fit: bool = True  # runs.yaml's `fit: false` (with not_fitted_because) keeps a row out
+    # runs.yaml's `memory_not_described`: why the memory model cannot describe what the run kept (its
+    # verdict is printed, not held to "fits")
+    memory_not_described: str | None = None
 
     @property
     def fitted(self) -> bool:
@@ -116,6 +119,9 @@ def _shape(arch: ModelArch, seq: int, lay: dict, precision: str) -> RunShape:
         image_tokens_max=0,
         virtual_stages=lay.get("vp", 1),
         overlap_dp=bool(lay.get("overlap_dp", False)),
+        sp=bool(lay.get("sequence_parallel", False)),
+        fsdp=bool(lay.get("fsdp", False)),
+        grad_reduce_bytes={"fp32": 4, "bf16": 2}[lay.get("grad_reduce", "fp32")],
     )
     # on_layout takes the virtual stages from the layout it is given (the flat one has none): the row's own
     return replace(
@@ -157,6 +163,7 @@ def load_rows(path: Path = DATA) -> tuple[dict, list[Row]]:
                 r["figure"],
                 r.get("peak_memory_gib"),
                 r.get("fit", True),
+                r.get("memory_not_described"),
             )
         )
     return doc, rows
@@ -234,6 +241,11 @@ def memory_of(r: Row) -> dict[str, float]:
     }
 
 
+def memory_verdict(r: Row) -> str:
+    """The planner's verdict on the row's layout on its GPU: `fits, ... free` or `over by ...`."""
+    return predict_shape(r.shape, GPUS[r.gpu], Efficiency()).memory.verdict()
+
+
 def _stats(errs: list[float]) -> str:
     a = [abs(e) for e in errs]
     return f"median |error| {statistics.median(a):6.1%}, worst {max(a):6.1%} ({len(a)} rows)"
@@ -287,6 +299,12 @@ def main(argv: list[str]) -> None:
         errs = [a for r, a in zip(rows, after, strict=True) if keep(r)]
         if errs:
             print(f"{label} (not fitted), fitted efficiencies: {_stats(errs)}")
+    print()
+    print("memory verdicts: every row ran on its GPU, so each row the memory model describes must fit")
+    for r in rows:
+        v = memory_verdict(r)
+        note = f"  (not described: {r.memory_not_described})" if r.memory_not_described else ""
+        print(f"{r.id:38} {r.gpu:5} {memory_of(r)['total']:7.1f} GiB  {v}{note}")
     memory_rows = [r for r in rows if r.peak_memory_gib is not None]
     if memory_rows:
         print()

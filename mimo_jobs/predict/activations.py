@@ -23,6 +23,8 @@ hardware.GPU.layers) keeps the scores' probabilities, and in 16-bit precision an
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mimo_jobs.model.arch import LLMArch, padded_vocab
 
 from .run import RunShape
@@ -96,8 +98,20 @@ def llm_layer_bytes_per_token(rs: RunShape, fused: bool, moe: bool | None = None
     return replicated + shard
 
 
-def llm_bytes(rs: RunShape, stage: int, fused: bool) -> int:
-    """One microbatch on LLM pipeline stage `stage`."""
+@dataclass(frozen=True)
+class StageActivations:
+    """What one LLM pipeline stage keeps: `chunk` bytes per microbatch and model chunk (a stage runs
+    `virtual_stages` chunks of its layers), `extra` bytes per microbatch outside the layers (mask, token ids,
+    logits), and `workspace` bytes held once whatever the microbatches in flight: under full recompute, the
+    one layer being recomputed for its backward."""
+
+    chunk: float
+    extra: float
+    workspace: float
+
+
+def llm_stage(rs: RunShape, stage: int, fused: bool) -> StageActivations:
+    """One microbatch on LLM pipeline stage `stage`, split as the schedule holds it."""
     p, lay, d = rs.preset.llm, rs.layout, rs.dtype_bytes
     s, b, tp = rs.seq_length, lay.mbs, lay.llm_tp
     tokens = s * b / lay.llm_cp  # context parallelism: each rank keeps its 1/cp of every sequence
@@ -105,8 +119,10 @@ def llm_bytes(rs: RunShape, stage: int, fused: bool) -> int:
     mine = range(stage * layers, (stage + 1) * layers)
     per = [llm_layer_bytes_per_token(rs, fused, p.is_moe_layer(i)) for i in mine]
     sp = tp if rs.sequence_parallel else 1
+    workspace = 0.0
     if rs.recompute.llm == "full":
-        body = tokens * (layers * d * p.hidden_size / sp + max(per))
+        body = tokens * layers * d * p.hidden_size / sp  # each layer's input
+        workspace = tokens * max(per)
     else:
         body = tokens * sum(per)
     extra = s * s / lay.llm_cp  # the boolean causal mask each stage builds (its queries' rows)
@@ -117,7 +133,23 @@ def llm_bytes(rs: RunShape, stage: int, fused: bool) -> int:
         vocab = padded_vocab(p.vocab_size, tp)
         rms = not fused and p.normalization == "RMSNorm"
         extra += tokens * (((2 + rms) * d * p.hidden_size + _stats(p) // 2) / sp + 4 * vocab / tp + 9)
-    return int(body + extra)
+    return StageActivations(body / max(1, rs.virtual_stages), extra, workspace)
+
+
+def inflight_chunks(pp: int, vp: int, microbatches: int, stage: int) -> int:
+    """Model chunks whose activations stage `stage` holds at its peak under megatron-core's 1F1B schedule
+    (pipeline_parallel/schedules.py): without interleaving, the pp - stage - 1 warm-up forwards and the one in
+    flight; interleaved with vp chunks per stage, (pp - stage - 1) * 2 + (vp - 1) * pp warm-up chunk forwards
+    and the one in flight, at most every chunk of every microbatch."""
+    if vp <= 1:
+        return max(1, min(microbatches, pp - stage))
+    return max(1, min(microbatches * vp, (pp - stage - 1) * 2 + (vp - 1) * pp + 1))
+
+
+def llm_bytes(rs: RunShape, stage: int, fused: bool) -> int:
+    """One microbatch on LLM pipeline stage `stage` (every chunk of it), with full recompute's workspace."""
+    a = llm_stage(rs, stage, fused)
+    return int(a.chunk * max(1, rs.virtual_stages) + a.extra + a.workspace)
 
 
 def encoder_bytes(rs: RunShape, fused: bool) -> int:

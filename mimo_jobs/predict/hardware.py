@@ -83,7 +83,7 @@ GENERATION = {"A100": "ampere", "H100": "hopper", "H200": "hopper", "GH200": "ho
 # H200, torch 2.11.0+cu130, megatron-core 0.19.2, no Transformer Engine): the dense-1b run fixes the compute
 # share, the 4-layer moe-8x1b run the experts share. One GPU and one run per model kind: every generation is
 # priced with these shares (docs/predict.md, "Transformer Engine or local layers").
-LOCAL_COMPUTE_SHARE = 0.236
+LOCAL_COMPUTE_SHARE = 0.239
 LOCAL_EXPERTS_SHARE = 0.137
 
 # (compute, network, GEMM half width) per generation: steptime.Efficiency's llm (and encoder) and network
@@ -93,8 +93,8 @@ LOCAL_EXPERTS_SHARE = 0.137
 # steptime.Efficiency's defaults.
 FITTED_EFFICIENCY: dict[str, tuple[float, float, float]] = {
     "ampere": (0.740, 0.540, 320.0),
-    "blackwell": (0.650, 0.500, 0.0),
-    "hopper": (0.320, 0.795, 0.0),
+    "blackwell": (0.352, 0.500, 0.0),
+    "hopper": (0.316, 0.815, 0.0),
 }
 
 

@@ -2,12 +2,14 @@
 
 Per module on a rank (docs/predict.md has the sources and the derivation):
   weights     parameters after sharding (params.py) x bytes of the parameter dtype;
-  gradients   megatron DDP's gradient buffer, fp32 (grad_reduce_in_fp32), padded for the distributed
-              optimizer as megatron-core pads it;
+  gradients   megatron DDP's gradient buffer in the dtype the run reduces in (RunShape.grad_reduce_bytes:
+              fp32 in the packaged trainer), padded for the distributed optimizer as megatron-core pads it;
   optimizer   Adam: fp32 exp_avg + exp_avg_sq (+ a 4-byte step counter per tensor), plus fp32 main params
               under bf16; the distributed optimizer keeps only this rank's shard of the buffer (the dense
-              buffer over the DP group, the expert buffer over the expert-DP group);
-  activations bytes autograd keeps per microbatch (activations.py) x the microbatches in flight;
+              buffer over the DP x CP group, the expert buffer over the expert-DP group);
+  activations bytes autograd keeps per microbatch and model chunk (activations.py) x the chunks the
+              pipeline schedule holds at its peak (1F1B, interleaved with virtual stages), plus full
+              recompute's one-layer workspace once;
   bridge      the image embeddings in flight and their gradients.
 Plus a fixed framework allowance per GPU (hardware.GPU.framework_bytes).
 """
@@ -21,10 +23,11 @@ from dataclasses import dataclass
 
 from . import activations as A
 from .hardware import GIB, GPU
-from .params import Tensor, encoder_tensors, llm_tensors
+from .params import Tensor, encoder_tensors, llm_layer_tensors, llm_tensors
 from .run import RunShape
 
-GRAD_BYTES = 4  # grad_reduce_in_fp32 in trainer/build.py
+GRAD_BYTES = 4  # the packaged trainer's gradient buffer: grad_reduce_in_fp32 in trainer/build.py
+MOMENTUM_BYTES = 4  # SGD's fp32 momentum buffer
 ADAM_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
 STEP_BYTES = 4  # torch Adam's per-tensor step counter (a float32 scalar tensor)
 MAIN_PARAM_BYTES = 4  # fp32 master copy under bf16
@@ -143,7 +146,7 @@ def shard_of(buf: Buffer, dp_rank: int) -> tuple[int, int]:
 def _state_bytes(elements: int, pieces: int, optimizer: str, bf16: bool) -> int:
     main = MAIN_PARAM_BYTES * elements if bf16 else 0
     if optimizer == "sgd":
-        return GRAD_BYTES * elements + main  # the momentum buffer
+        return MOMENTUM_BYTES * elements + main  # the momentum buffer
     return ADAM_STATE_BYTES * elements + STEP_BYTES * pieces + main
 
 
@@ -189,10 +192,10 @@ def buffers_of(tensors: list[Tensor], dp: int, edp: int, distributed: bool) -> l
 
 def _held(tensors: list[Tensor], dp: int, edp: int, state: tuple, frozen: bool) -> tuple[int, int, int]:
     """(parameters, gradient bytes, optimizer bytes) of one rank's tensors; `state`: _state_key."""
-    distributed, optimizer, bf16 = state
+    distributed, optimizer, bf16, grad_bytes = state
     params = sum(t.numel for t in tensors)
     bufs = buffers_of(tensors, dp, edp, distributed)
-    grads = 0 if frozen else sum(b.size for b in bufs) * GRAD_BYTES
+    grads = 0 if frozen else sum(b.size for b in bufs) * grad_bytes
     opt = 0 if frozen else optimizer_bytes(bufs, distributed, optimizer, bf16)
     return params, grads, opt
 
@@ -216,7 +219,7 @@ def _llm_stage_tensors(preset, tp, ep, etp, pp, stage) -> tuple:
 
 
 def _state_key(rs: RunShape) -> tuple:
-    return (rs.distributed_optimizer, rs.optimizer, rs.bf16)
+    return (rs.distributed_optimizer, rs.optimizer, rs.bf16, rs.grad_reduce_bytes)
 
 
 def _module(rs: RunShape, module: str, stage: int, ranks, held, act, bridge, inflight) -> ModuleMemory:
@@ -239,16 +242,47 @@ def encoder_memory(rs: RunShape, gpu: GPU) -> ModuleMemory:
 def llm_memory(rs: RunShape, gpu: GPU, stage: int) -> ModuleMemory:
     lay = rs.layout
     tp, pp, dp = lay.llm_tp, lay.llm_pp, lay.llm_dp
-    edp = tp * dp // (lay.llm_ep * lay.llm_etp) if rs.preset.llm.num_experts else dp
-    keep = min(rs.microbatches, pp - stage)  # 1F1B: stage s of p runs p - s - 1 warm-up forwards
-    per_mb = A.llm_bytes(rs, stage, gpu.fused_attention)
+    # megatron-core reduces gradients and shards the distributed optimizer over DP x CP (the data-parallel
+    # group with context parallelism, parallel_state's get_data_parallel_group(with_context_parallel=True));
+    # the expert buffer over the expert-DP group, TP x CP x DP / (EP x ETP)
+    shard = dp * lay.llm_cp
+    edp = tp * shard // (lay.llm_ep * lay.llm_etp) if rs.preset.llm.num_experts else shard
+    keep = max(1, min(rs.microbatches, pp - stage))  # 1F1B: stage s of p runs p - s - 1 warm-up forwards
+    a = A.llm_stage(rs, stage, gpu.fused_attention)
+    chunks = A.inflight_chunks(pp, rs.virtual_stages, rs.microbatches, stage)
+    act = int(chunks * a.chunk + keep * a.extra + a.workspace)
     bridge = 2 * keep * A.embedding_bytes(rs, lay.mbs) if stage == 0 and not lay.colocated else 0
     first = lay.llm_offset + tp * stage
     last = first + tp * pp * (dp - 1) + tp - 1
+    if rs.fsdp:
+        return _fsdp_module(rs, stage, (first, last), shard, act, bridge, keep)
     held = _llm_held(
-        _state_key(rs), rs.preset, tp, lay.llm_ep, lay.llm_etp, pp, stage, dp, edp, rs.frozen_llm
+        _state_key(rs), rs.preset, tp, lay.llm_ep, lay.llm_etp, pp, stage, shard, edp, rs.frozen_llm
     )
-    return _module(rs, "llm", stage, (first, last), held, keep * per_mb, bridge, keep)
+    return _module(rs, "llm", stage, (first, last), held, act, bridge, keep)
+
+
+FSDP_GATHERED_LAYERS = (
+    2  # the layer computing and the one FSDP2 prefetches (torch's default forward prefetch)
+)
+
+
+def _fsdp_module(
+    rs: RunShape, stage: int, ranks, shard: int, act: int, bridge: int, keep: int
+) -> ModuleMemory:
+    """A stage under FSDP with mixed precision, as torch's FSDP2 keeps it: the parameters sharded over DP
+    in fp32 (they are the main copy), their gradients sharded in the reduce dtype, Adam's two fp32 states
+    sharded; and, unsharded in the compute dtype, the parameters of the layers being computed and the
+    gradients of the layer being reduced."""
+    lay, p = rs.layout, rs.preset.llm
+    tensors = _llm_stage_tensors(rs.preset, lay.llm_tp, lay.llm_ep, lay.llm_etp, lay.llm_pp, stage)
+    params = sum(t.numel for t in tensors)
+    layer = sum(t.numel for t in llm_layer_tensors(p, stage * (p.num_layers // lay.llm_pp), lay.llm_tp, 1, 1))
+    sharded = -(-params // shard)
+    weights = MAIN_PARAM_BYTES * sharded + FSDP_GATHERED_LAYERS * layer * rs.dtype_bytes
+    grads = 0 if rs.frozen_llm else rs.grad_reduce_bytes * sharded + layer * rs.dtype_bytes
+    opt = 0 if rs.frozen_llm else ADAM_STATE_BYTES * sharded + STEP_BYTES * len(tensors)
+    return ModuleMemory("llm", stage, ranks, params, weights, grads, opt, act, bridge, keep)
 
 
 def memory_plan(rs: RunShape, gpu: GPU) -> MemoryPlan:

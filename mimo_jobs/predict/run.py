@@ -69,8 +69,22 @@ class RunShape:
 
     @property
     def sequence_parallel(self) -> bool:
-        """models.py turns sequence parallelism on for MoE with TP > 1 only."""
+        """The run's own setting where it states one (`sp`); else what the packaged trainer does: models.py
+        turns sequence parallelism on for MoE with TP > 1 only."""
+        if self.sp is not None:
+            return self.sp and self.layout.llm_tp > 1
         return bool(self.preset.llm.num_experts) and self.layout.llm_tp > 1
+
+    # bytes per element of the DDP gradient buffer: 4 with grad_reduce_in_fp32 (the packaged trainer,
+    # trainer/build.py), 2 where a run reduces in bf16 (Megatron-Bridge's performance recipes turn
+    # grad_reduce_in_fp32 off: scripts/performance/utils/helpers.py, set_basic_perf_overrides)
+    grad_reduce_bytes: int = 4  # memory.GRAD_BYTES
+    # FSDP with parameters, gradients and optimizer state sharded over DP (torch's FSDP2 as torchtitan runs
+    # it, ZeRO-3), where a run says so; the packaged trainer runs megatron's DDP
+    fsdp: bool = False
+    # sequence parallelism as a run states it (a published run, a study's own command); None: as the
+    # packaged trainer runs it
+    sp: bool | None = None
 
     encoder_samples_per_microbatch: int = 0  # samples one encoder replica embeds per LLM microbatch
     # model chunks per LLM pipeline stage (Megatron's interleaved 1F1B, --num-layers-per-virtual-pipeline-stage):

@@ -197,9 +197,12 @@ def _dp_s(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> tuple[flo
             dp = lay.enc_dp if m.module == "encoder" else lay.llm_dp
             span = m.ranks[1] - m.ranks[0] + 1
             bw = _bw(span, lay.gpus_per_node, gpu, eff)
-            if rs.distributed_optimizer:
-                t += comm.reduce_scatter_s(m.grad_bytes, dp, bw)
-                t += comm.reduce_scatter_s(m.weight_bytes, dp, bw)  # the parameter all-gather
+            # what crosses the network: every gradient in the reduce dtype and, sharded, every parameter in
+            # the compute dtype; under FSDP the rank holds only its shard, not what it moves
+            grads = m.grad_bytes if not rs.fsdp else (m.params * rs.grad_reduce_bytes if m.grad_bytes else 0)
+            if rs.distributed_optimizer or rs.fsdp:
+                t += comm.reduce_scatter_s(grads, dp, bw)
+                t += comm.reduce_scatter_s(m.params * rs.dtype_bytes, dp, bw)  # the parameter all-gather
                 steps += 2 * comm.ring_steps(dp)
             else:
                 t += comm.all_reduce_s(m.grad_bytes, dp, bw)
