@@ -225,6 +225,22 @@ def held_out(rows: list[Row], parts: list[Decomposed]) -> list[float | None]:
     return out
 
 
+def held_out_bands(rows: list[Row], held: list[float | None]) -> dict[str, tuple[float, float, int, int]]:
+    """Per generation, as hardware.HELD_OUT stores it: (median |error|, worst |error|, rows, sources) of its
+    fitted rows priced by a fit without their source."""
+    out = {}
+    for g in sorted({generation(r.gpu) for r in rows}):
+        errs = [
+            (abs(e), r.source)
+            for r, e in zip(rows, held, strict=True)
+            if e is not None and generation(r.gpu) == g
+        ]
+        if errs:
+            a = [e for e, _ in errs]
+            out[g] = (round(statistics.median(a), 3), round(max(a), 3), len(a), len({s for _, s in errs}))
+    return out
+
+
 def memory_of(r: Row) -> dict[str, float]:
     """The planner's memory for the row's fullest rank (predict/memory.py), in GiB: weights, gradients and
     optimizer state; activations; and the framework allowance (CUDA context, NCCL buffers, allocator)."""
@@ -324,6 +340,12 @@ def main(argv: list[str]) -> None:
         )
         for g, e in sorted(fresh_fit(rows, parts).items()):
             print(f'    "{g}": ({e.llm:.3f}, {e.network:.3f}, {e.gemm_half_width:.0f}.0),')
+        print()
+        print(
+            "held out by source per generation, as hardware.HELD_OUT stores it (median, worst, rows, sources):"
+        )
+        for g, b in held_out_bands(rows, held_out(rows, parts)).items():
+            print(f'    "{g}": {b},')
 
 
 if __name__ == "__main__":

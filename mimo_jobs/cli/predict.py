@@ -225,6 +225,7 @@ def predict(
     """Memory per rank class, iteration time and cost (GPU-hours for the study's length, and to a token
     budget) of every run of a study, before submitting."""
     from mimo_jobs.model.resolve import arch_of
+    from mimo_jobs.predict.band import band_json
     from mimo_jobs.predict.estimate import predict_run, to_json
     from mimo_jobs.predict.hardware import layers_note
     from mimo_jobs.predict.params import model_json, model_summary
@@ -251,6 +252,7 @@ def predict(
             "gpu": g.name,
             "layers": g.layers,
             "model": model_json(arch_of(diag.study.trainer.model)) if priced else None,
+            "band": None if cal else band_json(g),
         }
         doc["runs"] = [to_json(p, budget) for p in preds]
         doc["unpriced"] = [{"name": r.name, "run_id": r.run_id, "why": skipped[r.run_id]} for r in shown
@@ -279,6 +281,10 @@ def predict(
     if cal is not None:
         out.print(_check_table(cal))
         out.print(_calibration_line(cal), markup=False)
+    else:
+        from mimo_jobs.predict.band import band_note
+
+        out.print(band_note(g), markup=False)  # how far such a time held on runs nobody fitted
     sources = dict.fromkeys(p.shape.data_source for p in preds)  # say which data priced the image tokens
     what = "encoder tokens" if any(p.shape.modules for p in preds) else "image tokens"
     out.print(f"{what}: " + "; ".join(sources), markup=False)

@@ -91,6 +91,16 @@ LOCAL_EXPERTS_SHARE = 0.137
 # benchmarks/published/ by `python benchmarks/published.py --fit` (least squares on log error;
 # docs/predict.md, "Checked against published GPU runs"). A generation missing here (the CPU) keeps
 # steptime.Efficiency's defaults.
+# How far the fit above holds on runs it was not fitted on, per generation: (median |error|, worst |error|,
+# rows, sources) of each generation's fitted published rows priced by a fit made without their source
+# (`python benchmarks/published.py --fit` prints it; band.py turns it into the band every predicted time
+# carries). A generation with one source has no figure: nothing is left to hold out against.
+HELD_OUT: dict[str, tuple[float, float, int, int]] = {
+    "ampere": (0.137, 0.262, 9, 2),
+    "blackwell": (0.157, 0.157, 1, 1),
+    "hopper": (0.308, 0.722, 7, 2),
+}
+
 FITTED_EFFICIENCY: dict[str, tuple[float, float, float]] = {
     "ampere": (0.740, 0.540, 320.0),
     "blackwell": (0.352, 0.500, 0.0),

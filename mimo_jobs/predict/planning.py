@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .assumed import EndsVerdict, ends_verdict, range_words
+from .band import band_for, band_json, band_note
 from .cost import Cost, gpu_hours_text, tokens_text
 from .estimate import Prediction, cost_json
 from .hardware import FITTED_EFFICIENCY, GIB, GPU, generation, layers_note
@@ -268,6 +269,7 @@ def plan_json(r: PlanResult) -> dict:
             for p in r.summary_order()
         ],
         "flags": [{"kind": f.kind, "nodes": f.nodes, "gbs": f.gbs, "message": f.message} for f in r.flags],
+        "band": None if r.calibrated else band_json(r.gpu),
     }
 
 
@@ -378,6 +380,28 @@ def plan_text(r: PlanResult, study: str, measure: str = "mimo-jobs data stats") 
         lines.append(f"# flag {f.kind}: {f.message}")
     for kind in sorted({f.kind for f in r.flags}):
         lines.append(f"# {kind}: {FLAG_MEANING[kind]}")
+    return lines + ([] if r.calibrated else band_lines(r))
+
+
+def band_lines(r: PlanResult) -> list[str]:
+    """What the times above can and cannot decide: the band of the GPU's generation (band.py), the layouts
+    inside it of each node count's best, and whether splitting the encoders off beats colocating them by more
+    than it."""
+    b = band_for(r.gpu)
+    if b is None:
+        return [f"# band: {band_note(r.gpu)}"]
+    lines = [f"# band: times are {b.text()}; layouts closer than that are not told apart by the model"]
+    for p in r.plans:
+        if not p.best:
+            continue
+        inside = sum(b.contains(c.prediction.time.iteration_s, _t(p)) for c in p.ranked)
+        words = [f"{inside} of the {len(p.ranked)} shown within the band of the best"]
+        het, colo = p.best_heterogeneous, p.best_colocated
+        if het and colo:
+            h, c = het.prediction.time.iteration_s, colo.prediction.time.iteration_s
+            gap = f"split {h:.4g} vs colocated {c:.4g} s/iter ({h / c - 1:+.1%})"
+            words.append(f"{gap}: {'not decided (inside the band)' if b.contains(h, c) else 'decided'}")
+        lines.append(f"# band {p.nodes} node(s), gbs {p.gbs}: " + "; ".join(words))
     return lines
 
 
