@@ -27,19 +27,14 @@ preprocessor_config.json says otherwise, defaults to CLIP's constants instead.
 from __future__ import annotations
 
 from mimo_jobs.model.arch import ArchError, EncoderArch
-from mimo_jobs.model.families.base import Pixels, register, req
-from mimo_jobs.model.families.vit import ACT_OUT, VisionFamily
+from mimo_jobs.model.families.base import Pixels, register
+from mimo_jobs.model.families.vit import VisionFamily, key, square
 
 _NORMS = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm"}
 
 
-def _square(cfg: dict, key: str) -> int:
-    v = req(cfg, key)
-    if isinstance(v, (list, tuple)):
-        if len(v) != 2 or v[0] != v[1]:
-            raise ArchError(key, f"{list(v)}: the trainer's ViT takes square sizes only")
-        v = v[0]
-    return int(v)
+def _pair(v: int) -> list[int]:
+    return [v, v]
 
 
 @register
@@ -54,6 +49,15 @@ class InternViT(VisionFamily):
     vision_model_type = "internvl_vision"
     pixels = Pixels(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     batched = True
+    # InternVLVisionConfig's defaults; sizes as [h, w] pairs
+    overrides = (
+        key("activation", default="gelu"),
+        key("norm_epsilon", default=1e-6),
+        key("patch_size", read=square("patch_size"), write=_pair),
+        key("image_size", read=square("image_size"), write=_pair),
+    )
+    fixed = {"class_token": True, "pre_norm": False, "patch_bias": True, "layer_scale": True}
+    constants = {"attention_bias": True, "use_qk_norm": False}
     hf = {
         "patch": "embeddings.patch_embeddings.projection",
         "class_token": "embeddings.cls_token",
@@ -72,16 +76,15 @@ class InternViT(VisionFamily):
         "scale2": "lambda_2",
     }
 
-    def fields(self, cfg: dict) -> dict:
-        cfg = self.vision_config(cfg)
+    def refuse(self, cfg: dict) -> None:
         refused = {
             "use_qk_norm": "an RMSNorm over all heads' queries and keys (InternViT-6B's qk_normalization), which "
             "megatron-core's per-head q/k norm is not",
             "use_mask_token": "a mask token for masked image modeling, which a VLM's ViT does not use",
         }
-        for key, what in refused.items():
-            if cfg.get(key):
-                raise ArchError(key, f"true: {what}; the trainer cannot build it")
+        for k, what in refused.items():
+            if cfg.get(k):
+                raise ArchError(k, f"true: {what}; the trainer cannot build it")
         if not cfg.get("attention_bias", False):
             raise ArchError(
                 "attention_bias",
@@ -93,6 +96,9 @@ class InternViT(VisionFamily):
             raise ArchError(
                 "use_absolute_position_embeddings", "false: the trainer's ViT has a position table"
             )
+
+    def read_more(self, cfg: dict) -> dict:
+        """The layers' norm (`norm_type`) and the final one (a LayerNorm unless `use_mean_pooling`)."""
         norm_type = cfg.get("norm_type", "layer_norm")
         if norm_type not in _NORMS:
             raise ArchError("norm_type", f"{norm_type!r} is not one of {', '.join(_NORMS)}")
@@ -103,44 +109,10 @@ class InternViT(VisionFamily):
                 "false with norm_type rms_norm: the final norm is a LayerNorm and the layers' RMSNorm, and "
                 "the trainer's ViT has one normalization",
             )
-        return {
-            "kind": self.name,
-            "num_layers": int(req(cfg, "num_hidden_layers")),
-            "hidden_size": int(req(cfg, "hidden_size")),
-            "num_attention_heads": int(req(cfg, "num_attention_heads")),
-            "ffn_hidden_size": int(req(cfg, "intermediate_size")),
-            "patch_size": _square(cfg, "patch_size"),
-            "image_size": _square(cfg, "image_size"),
-            "channels": int(cfg.get("num_channels", 3)),
-            "class_token": True,
-            "activation": self.activation(cfg, "gelu"),
-            "normalization": _NORMS[norm_type],
-            "norm_epsilon": float(cfg.get("layer_norm_eps", 1e-6)),
-            "pre_norm": False,
-            "final_norm": final,
-            "patch_bias": True,
-            "layer_scale": True,
-        }
+        return {"normalization": _NORMS[norm_type], "final_norm": final}
 
-    def hf_config(self, e: EncoderArch, dtype: str = "float32") -> dict:
-        self.check_exportable(e, dict(class_token=True, pre_norm=False, patch_bias=True, layer_scale=True))
+    def write_more(self, e: EncoderArch) -> dict:
         if e.final_norm and e.normalization != "LayerNorm":
             raise ArchError("final_norm", "InternViT's final norm is a LayerNorm")
-        return {
-            "architectures": [self.vision_architecture],
-            "model_type": self.vision_model_type,
-            "hidden_size": e.hidden_size,
-            "intermediate_size": e.ffn_hidden_size,
-            "num_hidden_layers": e.num_layers,
-            "num_attention_heads": e.num_attention_heads,
-            "patch_size": [e.patch_size, e.patch_size],
-            "image_size": [e.image_size, e.image_size],
-            "num_channels": e.channels,
-            "hidden_act": ACT_OUT[e.activation],
-            "norm_type": "layer_norm" if e.normalization == "LayerNorm" else "rms_norm",
-            "layer_norm_eps": e.norm_epsilon,
-            "attention_bias": True,
-            "use_qk_norm": False,
-            "use_mean_pooling": not e.final_norm,
-            "torch_dtype": dtype,
-        }
+        norm_type = "layer_norm" if e.normalization == "LayerNorm" else "rms_norm"
+        return {"norm_type": norm_type, "use_mean_pooling": not e.final_norm}

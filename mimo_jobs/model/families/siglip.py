@@ -5,9 +5,8 @@ states. Pixels: SiglipImageProcessor's mean 0.5 / std 0.5 (transformers' IMAGENE
 
 from __future__ import annotations
 
-from mimo_jobs.model.arch import EncoderArch
-from mimo_jobs.model.families.base import Pixels, register, req
-from mimo_jobs.model.families.vit import ACT_OUT, VisionFamily
+from mimo_jobs.model.families.base import Pixels, register
+from mimo_jobs.model.families.vit import VisionFamily, key
 
 
 @register
@@ -23,6 +22,17 @@ class SigLIP(VisionFamily):
     vision_architecture = "SiglipVisionModel"
     vision_model_type = "siglip_vision_model"
     pixels = Pixels(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    # SiglipVisionConfig's defaults
+    overrides = (key("activation", default="gelu_pytorch_tanh"), key("norm_epsilon", default=1e-6))
+    fixed = {
+        "class_token": False,
+        "normalization": "LayerNorm",
+        "pre_norm": False,
+        "final_norm": True,
+        "patch_bias": True,
+        "layer_scale": False,
+    }
+    constants = {"vision_use_head": False}  # the attention-pooling head is not part of the trainer's ViT
     hf = {
         "patch": "embeddings.patch_embedding",
         "positions": "embeddings.position_embedding.weight",
@@ -37,42 +47,3 @@ class SigLIP(VisionFamily):
         "fc1": "mlp.fc1",
         "fc2": "mlp.fc2",
     }
-
-    def fields(self, cfg: dict) -> dict:
-        cfg = self.vision_config(cfg)
-        return {
-            "kind": self.name,
-            "num_layers": int(req(cfg, "num_hidden_layers")),
-            "hidden_size": int(req(cfg, "hidden_size")),
-            "num_attention_heads": int(req(cfg, "num_attention_heads")),
-            "ffn_hidden_size": int(req(cfg, "intermediate_size")),
-            "patch_size": int(req(cfg, "patch_size")),
-            "image_size": int(req(cfg, "image_size")),
-            "channels": int(cfg.get("num_channels", 3)),
-            "class_token": False,
-            "activation": self.activation(cfg, "gelu_pytorch_tanh"),
-            "normalization": "LayerNorm",
-            "norm_epsilon": float(cfg.get("layer_norm_eps", 1e-6)),
-            "pre_norm": False,
-            "final_norm": True,
-            "patch_bias": True,
-        }
-
-    def hf_config(self, e: EncoderArch, dtype: str = "float32") -> dict:
-        want = dict(class_token=False, pre_norm=False, final_norm=True, patch_bias=True, layer_scale=False)
-        self.check_exportable(e, want | {"normalization": "LayerNorm"})
-        return {
-            "architectures": [self.vision_architecture],
-            "model_type": self.vision_model_type,
-            "hidden_size": e.hidden_size,
-            "intermediate_size": e.ffn_hidden_size,
-            "num_hidden_layers": e.num_layers,
-            "num_attention_heads": e.num_attention_heads,
-            "patch_size": e.patch_size,
-            "image_size": e.image_size,
-            "num_channels": e.channels,
-            "hidden_act": ACT_OUT[e.activation],
-            "layer_norm_eps": e.norm_epsilon,
-            "torch_dtype": dtype,
-            "vision_use_head": False,  # the attention-pooling head is not part of the trainer's ViT
-        }

@@ -13,16 +13,69 @@ A family's `hf` table names its tensors by role (None: the family has no such te
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from mimo_jobs.model.arch import ArchError, EncoderArch, image_tokens
-from mimo_jobs.model.families.base import Family, Pixels
+from mimo_jobs.model.families.base import Family, Pixels, req
 from mimo_jobs.model.hf_weights import Builder, HFLayout, Piece
 
 LAYER = "vit.decoder.layers.{i}."
 # encoder activation: HF hidden_act <-> EncoderArch.activation
 ACT_IN = {"quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 ACT_OUT = {v: k for k, v in ACT_IN.items()}
+
+
+def _activation(value) -> str:
+    if value not in ACT_IN:
+        raise ArchError("hidden_act", f"{value!r} is not one of {', '.join(ACT_IN)}")
+    return ACT_IN[value]
+
+
+def square(key: str) -> Callable:
+    """A reader of a size that a config.json writes as one number or as [h, w] (square only)."""
+
+    def read(v) -> int:
+        if isinstance(v, (list, tuple)):
+            if len(v) != 2 or v[0] != v[1]:
+                raise ArchError(key, f"{list(v)}: the trainer's ViT takes square sizes only")
+            v = v[0]
+        return int(v)
+
+    return read
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One row of a family's two-way config table: the description's `field` is config.json's `hf` key, read
+    with `read` (a missing key: `default`, or an error when there is none) and written back with `write` (the
+    idea of Megatron-Bridge's CONFIG_MAPPING: one table serves both directions)."""
+
+    field: str
+    hf: str
+    read: Callable = int
+    write: Callable = lambda v: v
+    default: object = None
+
+
+def key(field: str, **changes) -> ConfigKey:
+    """VIT_KEYS' row of `field` with a family's changes (its default, its reader and writer)."""
+    return replace(next(k for k in VIT_KEYS if k.field == field), **changes)
+
+
+# The rows every ViT family shares; a family replaces a row by its field (its own default, its own reader).
+VIT_KEYS = (
+    ConfigKey("num_layers", "num_hidden_layers"),
+    ConfigKey("hidden_size", "hidden_size"),
+    ConfigKey("num_attention_heads", "num_attention_heads"),
+    ConfigKey("ffn_hidden_size", "intermediate_size"),
+    ConfigKey("patch_size", "patch_size"),
+    ConfigKey("image_size", "image_size"),
+    ConfigKey("channels", "num_channels", default=3),
+    ConfigKey("activation", "hidden_act", _activation, ACT_OUT.__getitem__),
+    ConfigKey("norm_epsilon", "layer_norm_eps", float),
+)
 
 
 class VisionFamily(Family):
@@ -51,12 +104,44 @@ class VisionFamily(Family):
         archs = cfg.get("architectures") or []
         return bool(archs) and archs[0] in self.architectures and archs[0] != self.vision_architecture
 
-    @staticmethod
-    def activation(cfg: dict, default: str) -> str:
-        act = cfg.get("hidden_act", default)
-        if act not in ACT_IN:
-            raise ArchError("hidden_act", f"{act!r} is not one of {', '.join(ACT_IN)}")
-        return ACT_IN[act]
+    # The family's config table: its rows (VIT_KEYS with the family's own `overrides`), the structure every
+    # model of the family has (`fixed`: description fields, set on reading and required on export) and the
+    # constant keys an export writes (`constants`).
+    overrides: ClassVar[tuple[ConfigKey, ...]] = ()
+    fixed: ClassVar[dict] = {}
+    constants: ClassVar[dict] = {}
+
+    def config_keys(self) -> tuple[ConfigKey, ...]:
+        mine = {k.field: k for k in self.overrides}
+        return tuple(mine.pop(k.field, k) for k in VIT_KEYS) + tuple(mine.values())
+
+    def fields(self, cfg: dict) -> dict:
+        cfg = self.vision_config(cfg)
+        self.refuse(cfg)
+        out = {"kind": self.name}
+        for k in self.config_keys():
+            v = cfg.get(k.hf)
+            if v is None:
+                v = req(cfg, k.hf) if k.default is None else k.default
+            out[k.field] = k.read(v)
+        return out | dict(self.fixed) | self.read_more(cfg)
+
+    def hf_config(self, e: EncoderArch, dtype: str = "float32") -> dict:
+        self.check_exportable(e, dict(self.fixed))
+        out = {"architectures": [self.vision_architecture], "model_type": self.vision_model_type}
+        out |= {k.hf: k.write(getattr(e, k.field)) for k in self.config_keys()}
+        return out | self.write_more(e) | dict(self.constants) | {"torch_dtype": dtype}
+
+    def refuse(self, cfg: dict) -> None:
+        """Refuse, by the key that names it, what the trainer cannot build (none by default)."""
+
+    def read_more(self, cfg: dict) -> dict:
+        """Description fields a family reads beyond its table (none by default)."""
+        return {}
+
+    def write_more(self, e: EncoderArch) -> dict:
+        """config.json keys a family writes beyond its table (none by default)."""
+        return {}
 
     def check_exportable(self, e: EncoderArch, want: dict) -> None:
         for f, v in want.items():
