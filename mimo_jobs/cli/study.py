@@ -285,10 +285,13 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
     shown = {r.run_id for r in runs}
     problems, priced = [], {}
     if out is not None and any(unpriced(r) is None for r in runs):
+        from mimo_jobs.predict.band import band_for
         from mimo_jobs.predict.hardware import layers_note
 
         where = "" if gpu.name == "cpu" else " (cluster.hardware.layers)"
-        out.print(f"memory and time on {gpu.name} {layers_note(gpu)}{where}", markup=False)
+        band = band_for(gpu)  # how far such a time held on published runs nobody fitted
+        held = f"; times {band.text()}" if band else ""
+        out.print(f"memory and time on {gpu.name} {layers_note(gpu)}{where}{held}", markup=False)
     for r in diag.runs:
         why = unpriced(r)
         if why:  # a run of its own command without a model: nothing to price it as
@@ -303,7 +306,7 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
             cost = pred.run_cost()
             length = (
                 f"; {gpu_hours_text(cost.gpu_hours)} GPU-h for {pred.iterations:,} iterations "
-                f"({pred.time.iteration_s:.3g} s/iter predicted{_band_words(gpu)})"
+                f"({pred.time.iteration_s:.3g} s/iter predicted)"
                 if pred.memory.fits and pred.iterations
                 else ""
             )
@@ -374,11 +377,3 @@ def study_or_fail(study_file: Path) -> Diagnosis:
 def register(app: typer.Typer) -> None:
     app.command("validate")(reports_errors(validate))
     app.command("render")(reports_errors(render))
-
-
-def _band_words(gpu) -> str:
-    """`, ±31% held out over 7 hopper runs of 2 sources` where published runs check the pricing."""
-    from mimo_jobs.predict.band import band_for
-
-    b = band_for(gpu)
-    return f", {b.text()}" if b else ""

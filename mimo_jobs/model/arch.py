@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
 
-from mimo_jobs.model.audio_arch import AudioArch, audio_kinds
+from mimo_jobs.model.audio_arch import AUDIO_KINDS, AudioArch
 from mimo_jobs.model.fields import (
     ArchError,
     check_choice,
@@ -25,16 +25,7 @@ from mimo_jobs.model.fields import (
 LLM_ACTIVATIONS = ("gelu", "silu")
 ENC_ACTIVATIONS = ("gelu", "quick_gelu", "gelu_tanh")
 NORMS = ("LayerNorm", "RMSNorm")
-
-
-def encoder_kinds() -> tuple[str, ...]:
-    """The image encoder kinds: every image family of model/families (the registry is the one list), and
-    "radio", megatron-core's RADIO ViT built from a preset, which no HuggingFace family describes."""
-    from mimo_jobs.model import families  # the families import this module: asked for at call time
-
-    return tuple(f.name for f in families.of_modality("image")) + ("radio",)
-
-
+ENC_KINDS = ("clip", "siglip", "internvit", "radio")
 ROUTER_SCORES = ("softmax", "sigmoid")
 # The vocabulary tables are padded to a multiple of this (Megatron-LM's make_vocab_size_divisible_by
 # default), or of VOCAB_MULTIPLE * tp when tp does not divide that, so every TP size splits them evenly.
@@ -93,7 +84,7 @@ class EncoderArch:
     LATER: ClassVar[tuple[str, ...]] = ("layer_scale",)
 
     def __post_init__(self):
-        check_choice("kind", self.kind, encoder_kinds())
+        check_choice("kind", self.kind, ENC_KINDS)
         check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
         check_positive(self, ("patch_size", "image_size", "channels", "downsample"))
         check_finite_positive(self, ("norm_epsilon",))
@@ -292,7 +283,7 @@ def encoder_arch_from_dict(d: dict):
     """An encoder architecture's fields read back as the class its `kind` names: an audio kind as AudioArch
     (model/audio_arch.py), anything else as an image encoder (EncoderArch names what is wrong)."""
     kind = d.get("kind") if isinstance(d, dict) else None
-    return (AudioArch if kind in audio_kinds() else EncoderArch).from_dict(d)
+    return (AudioArch if kind in AUDIO_KINDS else EncoderArch).from_dict(d)
 
 
 @dataclass(frozen=True, init=False)

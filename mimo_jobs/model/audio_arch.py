@@ -21,14 +21,7 @@ from mimo_jobs.model.fields import (
     known_fields,
 )
 
-
-def audio_kinds() -> tuple[str, ...]:
-    """The audio encoder kinds: the audio families of model/families (the registry is the one list)."""
-    from mimo_jobs.model import families  # the families import this module: asked for at call time
-
-    return tuple(f.name for f in families.of_modality("audio"))
-
-
+AUDIO_KINDS = ("whisper",)
 AUDIO_ACTIVATIONS = ("gelu",)
 
 
@@ -83,7 +76,7 @@ class AudioArch:
     source: str = ""
 
     def __post_init__(self):
-        check_choice("kind", self.kind, audio_kinds())
+        check_choice("kind", self.kind, AUDIO_KINDS)
         check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
         check_positive(self, ("num_mel_bins", "max_source_positions", "pooling"))
         check_finite_positive(self, ("norm_epsilon",))
