@@ -278,12 +278,11 @@ def check_audio(path, a, where: str) -> tuple[HFHeaders, str]:
     the run's audio encoder `a` (an AudioArch): (its headers, the encoder's tensor prefix). Its config must
     describe `a` (the first differing field is named) and every tensor must be there with its shape, in
     floating point."""
-    from mimo_jobs.model.families import whisper
-
+    family = families.audio(a.kind)
     h = read_source(path, where)
     try:
-        got = whisper.audio_arch(h.config, a.name, a.source, a.pooling)
-        prefix = whisper.encoder_prefix(h.shapes)
+        got = family.arch(h.config, a.name, a.source, a.pooling)
+        prefix = family.encoder_prefix(h.shapes)
     except ArchError as err:
         raise HFInitError(f"{h.path / CONFIG}: {err}", where) from None
     for k, want in a.to_dict().items():
@@ -293,7 +292,7 @@ def check_audio(path, a, where: str) -> tuple[HFHeaders, str]:
                 f"{k}={want!r}",
                 where,
             )
-    layout = whisper.audio_layout(a, prefix)
+    layout = family.layout(a, prefix)
     for name, shape in layout.hf_shapes.items():
         if h.shapes.get(name) != shape:
             have = list(h.shapes[name]) if name in h.shapes else "no such tensor"

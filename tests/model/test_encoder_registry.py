@@ -56,3 +56,23 @@ def test_a_config_of_no_audio_family_reads_as_an_image_encoder(tmp_path):
     with pytest.raises(ArchError, match="model_type 'wav2vec2'.*supported: CLIPVisionModel") as e:
         arch_of({"encoders": {"audio": {"hf_config": "config.json"}}, "llm": "tiny"}, tmp_path)
     assert e.value.field == "encoders.audio.hf_config"
+
+
+def test_audio_families_are_reached_through_the_registry():
+    """Code outside model/families/ asks the registry for an audio encoder's family (families.audio(kind)), so
+    a second audio family is a module there, not a new import at every call site."""
+    from pathlib import Path
+
+    import mimo_jobs
+    from mimo_jobs.model import families
+
+    root = Path(mimo_jobs.__file__).parent
+    named = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if "families" not in p.parts
+        and ("families import whisper" in p.read_text() or "families.whisper" in p.read_text())
+    ]
+    assert named == [], named
+    fam = families.audio("whisper")
+    assert fam.modality == "audio" and {"arch", "layout", "encoder_prefix", "hf_config"} <= set(dir(fam))

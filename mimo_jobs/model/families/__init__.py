@@ -15,7 +15,17 @@ import pkgutil
 from mimo_jobs.model.arch import ArchError
 from mimo_jobs.model.families.base import REGISTRY, Family, Pixels
 
-__all__ = ["REGISTRY", "Family", "Pixels", "audio_of", "by_name", "of_config", "of_modality", "vision"]
+__all__ = [
+    "REGISTRY",
+    "Family",
+    "Pixels",
+    "audio",
+    "audio_of",
+    "by_name",
+    "of_config",
+    "of_modality",
+    "vision",
+]
 
 # the package's modules that hold no family
 _ENGINES = {"base", "vit", "decoder", "docs"}
@@ -59,6 +69,12 @@ def by_name(name: str, modality: str | None = None) -> Family:
 def vision(kind: str) -> Family:
     """The image family of an EncoderArch.kind."""
     return by_name(kind, "image")
+
+
+def audio(kind: str) -> Family:
+    """The audio family of an AudioArch.kind: its config reader (`arch`), tensor names (`layout`,
+    `encoder_prefix`) and export (`hf_config`)."""
+    return by_name(kind, "audio")
 
 
 def of_modality(modality: str | None) -> list[Family]:

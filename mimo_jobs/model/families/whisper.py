@@ -225,6 +225,15 @@ class Whisper(Family):
     def tokens_for_frames(self, a: AudioArch, mel_frames: int) -> int:
         return tokens_for_frames(a, mel_frames)
 
+    def arch(self, cfg: dict, name: str = "", source: str = "", pooling: int = 1) -> AudioArch:
+        return audio_arch(cfg, name, source, pooling)
+
+    def encoder_prefix(self, names) -> str:
+        return encoder_prefix(names)
+
+    def layout(self, a: AudioArch, prefix: str = "", into: str = "") -> HFLayout:
+        return audio_layout(a, prefix, into)
+
     def doc_rows(self) -> list[tuple[str, str, str]]:
         """(trainer parameter, HuggingFace tensor, layout) as audio_layout maps them (docs/weights.md)."""
         layer, lay = "`layers.i.", "`decoder.layers.i."

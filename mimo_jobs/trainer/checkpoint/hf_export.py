@@ -156,10 +156,11 @@ def encoder_sides(name: str, e, llm_hidden: int, dtype: str) -> dict:
     module = encoder_module(name)
     enc, proj = encoder_dirs(name)
     if e.modality == "audio":
-        from mimo_jobs.model.families import whisper
+        from mimo_jobs.model import families
 
         # the audio module holds the encoder under `encoder.` beside its projector (audio_encoder.AudioTower)
-        body = (module, whisper.audio_layout(e, "", into="encoder."), whisper.audio_config(e, dtype))
+        family = families.audio(e.kind)
+        body = (module, family.layout(e, "", into="encoder."), family.hf_config(e, dtype))
     else:
         body = (module, encoder_layout(e), encoder_config(e, dtype))
     return {enc: body, proj: (module, projector_layout(e, llm_hidden), None)}

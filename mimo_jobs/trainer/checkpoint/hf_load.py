@@ -291,13 +291,13 @@ def load_audio(init, arch, name: str, encoder, cut: dict) -> int:
 def load_audio_dir(encoder, path, cut: dict, where: str) -> int:
     """A Whisper directory (model/hf_check.py's check_audio against `encoder.arch`) into this rank's shard
     of the audio encoder, slice by slice (names and layouts: model/families/whisper.py)."""
-    from mimo_jobs.model.families import whisper
+    from mimo_jobs.model import families
     from mimo_jobs.trainer.model.models import param_shards
 
     h, prefix = hf_check.check_audio(path, encoder.arch, where)
     src = HFSource.of(h)
     try:
-        layout = whisper.audio_layout(encoder.arch, prefix)
+        layout = families.audio(encoder.arch.kind).layout(encoder.arch, prefix)
         return load_into(encoder, layout, src, param_shards(encoder, **cut), skip=())
     finally:
         src.close()

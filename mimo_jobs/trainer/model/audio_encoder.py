@@ -23,8 +23,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from mimo_jobs.model import families
 from mimo_jobs.model.audio_arch import CONVS, AudioArch
-from mimo_jobs.model.families import whisper
 from mimo_jobs.model.hf_weights import HFLayout
 from mimo_jobs.trainer.model.models import Precision, _base_kwargs, encoder_layer_specs, recompute_kwargs
 
@@ -214,4 +214,6 @@ def hf_tensors(layout: HFLayout, full: dict[str, torch.Tensor]) -> dict[str, tor
 def export_hf(module: AudioEncoder, cut: dict, tp_group, prefix: str = "") -> dict[str, torch.Tensor]:
     """This module as HF Whisper encoder tensors (names under `prefix`, "" for a WhisperEncoder save);
     every TP rank of `tp_group` must call it."""
-    return hf_tensors(whisper.audio_layout(module.arch, prefix), full_parameters(module, cut, tp_group))
+    return hf_tensors(
+        families.audio(module.arch.kind).layout(module.arch, prefix), full_parameters(module, cut, tp_group)
+    )
