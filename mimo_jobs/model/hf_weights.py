@@ -101,15 +101,17 @@ class Builder:
         return HFLayout(self.targets, self.hf, self.family)
 
 
-def projector_layout(e, llm_hidden: int) -> HFLayout:
+def projector_layout(e, llm_hidden: int, module: str = "") -> HFLayout:
     """The MLP projector (encoder -> LLM width) of an encoder of any modality (its `out_width`), which no HF
-    model has: exported under its own megatron-core names so a later run can keep it."""
+    model has: exported under its own megatron-core names so a later run can keep it, after `module.` (the
+    trainer's name of the encoder module it belongs to), so two modules' projectors never share a name."""
     b = Builder("projector")
     n = "projector.encoder."
-    b.same(n + "linear_fc1.weight", n + "linear_fc1.weight", (llm_hidden, e.out_width), split=0)
-    b.same(n + "linear_fc1.bias", n + "linear_fc1.bias", (llm_hidden,), split=0)
-    b.same(n + "linear_fc2.weight", n + "linear_fc2.weight", (llm_hidden, llm_hidden), split=1)
-    b.same(n + "linear_fc2.bias", n + "linear_fc2.bias", (llm_hidden,))
+    h = f"{module}.{n}" if module else n
+    b.same(n + "linear_fc1.weight", h + "linear_fc1.weight", (llm_hidden, e.out_width), split=0)
+    b.same(n + "linear_fc1.bias", h + "linear_fc1.bias", (llm_hidden,), split=0)
+    b.same(n + "linear_fc2.weight", h + "linear_fc2.weight", (llm_hidden, llm_hidden), split=1)
+    b.same(n + "linear_fc2.bias", h + "linear_fc2.bias", (llm_hidden,))
     return b.layout()
 
 

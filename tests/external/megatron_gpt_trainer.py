@@ -47,6 +47,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--sleep-per-iter", type=float, default=0.0, help="stretch iterations (time-limit tests)")
     p.add_argument(
+        "--sleep-until-resumed",
+        action="store_true",
+        help="stretch iterations only while no checkpoint was loaded (a resumed attempt runs at full speed)",
+    )
+    p.add_argument(
         "--no-requeue-contract",
         action="store_true",
         help="ignore warning signals and the deadline, like a program that only saves periodically",
@@ -224,7 +229,8 @@ def main(argv: list[str]) -> int:
         opt.step()
         dist.all_reduce(total, group=ps.get_data_parallel_group())
         consumed += args.global_batch_size
-        time.sleep(args.sleep_per_iter)
+        if start == 0 or not args.sleep_until_resumed:
+            time.sleep(args.sleep_per_iter)
         dt = time.time() - t0
         if dist.get_rank() == 0 and it % args.log_interval == 0:
             tflops = 6 * params * args.global_batch_size * args.seq_length / dt / world / 1e12

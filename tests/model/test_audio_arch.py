@@ -112,7 +112,8 @@ def test_a_whisper_config_is_read_from_its_encoder_fields_and_written_back():
     a = whisper.audio_arch(cfg, name="audio")
     assert a == AudioArch(**TINY, name="audio")
     back = whisper.audio_config(a)
-    assert whisper.audio_fields(back) == whisper.audio_fields(cfg)
+    # and the pooling, which Whisper's config has not: a model read from the export pools as the trainer did
+    assert whisper.audio_fields(back) == whisper.audio_fields(cfg) | {"pooling": a.pooling}
     T = pytest.importorskip("transformers")
     again = json.loads(T.WhisperConfig(**back).to_json_string(use_diff=False))  # transformers reads it
     assert whisper.audio_arch(again, name="audio") == a
@@ -131,6 +132,10 @@ def test_what_a_whisper_config_cannot_be_is_refused_by_name():
     with pytest.raises(ArchError) as e:
         whisper.audio_fields(cfg)
     assert e.value.field == "encoder_ffn_dim" and "missing" in str(e.value)
+    for bad in (0, True, 2.5, "2"):
+        with pytest.raises(ArchError) as e:
+            whisper.audio_fields(_config(pooling=bad))
+        assert e.value.field == "pooling" and "at least 1" in str(e.value), bad
     with pytest.raises(ArchError) as e:
         whisper.audio_config(AudioArch(**TINY, norm_epsilon=1e-6))
     assert e.value.field == "norm_epsilon" and "Whisper's LayerNorms use 1e-05" in str(e.value)

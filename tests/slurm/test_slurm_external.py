@@ -29,7 +29,7 @@ def test_own_program_reaching_the_time_limit_is_requeued_from_its_own_checkpoint
             "partition": slurm_cluster["partition"],
             "accelerator": "cpu",
             "gpus_per_node": 2,
-            "time_limit": "00:01:00",
+            "time_limit": "00:02:00",
             "exclusive": False,
             "requeue": False,
             "max_retries": 0,
@@ -39,11 +39,14 @@ def test_own_program_reaching_the_time_limit_is_requeued_from_its_own_checkpoint
         "trainer": {
             "seq_length": 32,
             "train_iters": ITERS,
-            # 5 s per iteration: 16 (80 s) never fit in the one-minute limit, however fast the start-up
+            # Until it has resumed from a checkpoint of its own, 10 s per iteration: 16 (160 s) never fit in the two-minute
+            # limit, however fast the start-up, and its first save (iteration 2, 20 s) fits with 100 s to spare
+            # for starting under load. Resumed, it runs at full speed: the rest fits in any later attempt,
+            # far inside the policy's bound on timeouts.
             "command": f"{{{{ python }}}} {TRAINER} --tensor-model-parallel-size {{{{ llm.tp }}}}"
             " --global-batch-size {{ gbs }} --micro-batch-size {{ mbs }} --seq-length {{ seq_length }}"
             " --train-iters {{ train_iters }} --save {{ checkpoint_dir }} --load {{ checkpoint_dir }}"
-            " --save-interval 2 --sleep-per-iter 5 --no-requeue-contract",
+            " --save-interval 2 --sleep-per-iter 10 --sleep-until-resumed --no-requeue-contract",
         },
         "matrix": {"points": [{"nodes": 1, "colocated": True, "gbs": 4, "llm": {"tp": 1}}]},
     }
@@ -53,7 +56,7 @@ def test_own_program_reaching_the_time_limit_is_requeued_from_its_own_checkpoint
     assert out.count("as slurm job") == 1
 
     rows = wait_until(
-        db, "sl_external", lambda rs: all_ended(rs) and rs[-1]["action"] in ("done", "final"), 900, every=3
+        db, "sl_external", lambda rs: all_ended(rs) and rs[-1]["action"] in ("done", "final"), 1800, every=3
     )
     first, *_, last = rows
     assert (first["state"], first["action"]) == ("TIMEOUT", "requeue"), rows

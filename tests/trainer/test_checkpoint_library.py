@@ -19,7 +19,11 @@ HERE = Path(__file__).parent
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     out = tmp_path_factory.mktemp("libckpt")
-    env = worker_env()
+    # One thread (worker_env) is not all a bitwise claim needs: MKL's BLAS may round a product differently
+    # with the alignment of its arrays in memory, which varies from run to run; its conditional numerical
+    # reproducibility in strict mode fixes the arithmetic for a fixed thread count ("Obtaining Numerically
+    # Reproducible Results", Intel oneMKL Developer Guide; MKL_CBWR=AUTO,STRICT).
+    env = worker_env({"MKL_CBWR": "AUTO,STRICT"})
     r = subprocess.run(
         [sys.executable, str(HERE / "ckpt_lib_worker.py"), str(out)],
         capture_output=True,
@@ -84,6 +88,17 @@ def test_keep_k_and_damaged_file(worker):
     assert "language/optim-00000.pt: 100 bytes" in res["damaged"] and "damaged" in res["damaged"]
 
 
+def _same_steps(got: list, want: list) -> bool:
+    """[loss, grad norm, frozen output] per step: the loss and the frozen module's output bitwise, the grad
+    norm to float32's rounding. Megatron's grad norm is float32 arithmetic over the gradient buffer's pieces
+    (a norm per piece, then the norm of those: megatron.core.utils.local_multi_tensor_l2_norm on the CPU),
+    and the two layer backends lay the buffer out differently, so its last bit (1.2e-7 relative) is not
+    fixed by the weights; a tensor not restored moves the loss itself, far above that."""
+    return len(got) == len(want) and all(
+        g[0] == w[0] and g[2] == w[2] and g[1] == pytest.approx(w[1], rel=1e-6) for g, w in zip(got, want)
+    )
+
+
 def test_a_checkpoint_moves_between_layer_backends_and_optimizers(worker):
     """Layers that name their norms as Transformer Engine does (linear_qkv.layer_norm_weight) and an Adam that
     keeps its step in its param groups (TE's FusedAdam) resume the local layers' checkpoint of the same layout
@@ -94,7 +109,7 @@ def test_a_checkpoint_moves_between_layer_backends_and_optimizers(worker):
     assert res["te_names"][0].endswith("self_attention.linear_qkv.layer_norm_weight")
     assert res["te_resumed"] == [3, 6, 3]
     assert res["te_group_steps"] == [3]
-    assert res["te_cont"] == res["ref"]
+    assert _same_steps(res["te_cont"], res["ref"])
     assert res["te_manifest_layers"] == "te" and res["local_manifest_layers"] == "local"
     # export and resharding find the fused norms under the local names
     assert res["te_table_norms"] == [
@@ -103,6 +118,6 @@ def test_a_checkpoint_moves_between_layer_backends_and_optimizers(worker):
         for w in ("bias", "weight")
     ]
     first, then = res["local_from_te"], res["te_more"]
-    assert first[0] == then[0]
+    assert _same_steps(first[:1], then[:1])
     for got, want in zip(first[1], then[1]):
         assert got == pytest.approx(want, rel=1e-6)

@@ -23,6 +23,7 @@ from helpers.trainer import OMNI_DATA, OMNI_STUDY, assert_ok, run_reference, run
 pytest.importorskip("transformers")
 
 from mimo_jobs.model.presets import AUDIO_ENCODERS  # noqa: E402
+from mimo_jobs.model.resolve import arch_of  # noqa: E402
 
 HERE = Path(__file__).parent
 WORKER = HERE / "audio_modules_worker.py"
@@ -162,8 +163,23 @@ def test_a_colocated_run_starts_from_the_directory_and_exports_every_module(tmp_
     back = T.models.whisper.modeling_whisper.WhisperEncoder.from_pretrained(out / "audio")
     for k, v in back.state_dict().items():
         assert torch.equal(v, want[k]), k
+    # each projector under its own module's name (the trainer's: encoder.audio, encoder), never a shared one
     proj = _tensors(out / "audio-projector")
-    assert proj["projector.encoder.linear_fc1.weight"].shape[1] == AUDIO_ENCODERS["tiny-audio"].out_width
+    assert proj["encoder.audio.projector.encoder.linear_fc1.weight"].shape[1] == (
+        AUDIO_ENCODERS["tiny-audio"].out_width
+    )
+    assert {k.removeprefix("encoder.audio.") for k in proj} == {
+        k.removeprefix("encoder.") for k in _tensors(out / "projector")
+    } and not set(proj) & set(_tensors(out / "projector"))
+    # the audio pooling travels in the config: transformers keeps it, and a model described from the export
+    # gives the trainer's tokens per clip
+    a = AUDIO_ENCODERS["tiny-audio"]
+    assert T.WhisperConfig.from_pretrained(out / "audio").pooling == a.pooling == 2
+    again = arch_of(
+        {"encoders": {"audio": {"hf_config": str(out / "audio" / "config.json")}}, "llm": "tiny-swiglu"}
+    )
+    assert again.encoders["audio"].pooling == a.pooling
+    assert again.encoders["audio"].tokens_for_frames(64) == a.tokens_for_frames(64)
     assert (out / "encoder" / "config.json").is_file() and (out / "projector" / "model.safetensors").is_file()
 
 

@@ -68,17 +68,26 @@ def audio_fields(cfg: dict) -> dict:
             f"{act!r} is not an activation the trainer's audio encoder has; it has {', '.join(ACTIVATIONS)}",
         )
     out["activation"] = ACTIVATIONS[act]
+    if "pooling" in cfg:  # not Whisper's: what an export of this project writes (audio_config)
+        pooling = cfg["pooling"]
+        if not isinstance(pooling, int) or isinstance(pooling, bool) or pooling < 1:
+            raise ArchError("pooling", f"{pooling!r} is not a whole number of frames of at least 1")
+        out["pooling"] = pooling
     return out
 
 
 def audio_arch(cfg: dict, name: str = "", source: str = "", pooling: int = 1) -> AudioArch:
-    """The AudioArch a Whisper config.json describes (`pooling` is not part of Whisper's config)."""
-    return AudioArch(**audio_fields(cfg), pooling=pooling, name=name, source=source)
+    """The AudioArch a Whisper config.json describes, pooled by the run's `pooling` (the encoder's weights
+    do not depend on it; an exported config's own `pooling` says what the run that wrote it used)."""
+    return AudioArch(**(audio_fields(cfg) | {"pooling": pooling}), name=name, source=source)
 
 
 def audio_config(a: AudioArch, dtype: str = "float32") -> dict:
     """A config.json for the encoder alone (`WhisperEncoder.from_pretrained` reads it; audio_fields reads it
-    back to the same fields). The decoder's fields keep WhisperConfig's defaults: no decoder is written."""
+    back to the same fields). The decoder's fields keep WhisperConfig's defaults: no decoder is written.
+    `pooling`, which Whisper has not, is kept as a key of its own (transformers keeps a config's unknown keys
+    as attributes): the encoder's output is average-pooled over time by it, so a model that reads the export
+    gets the trainer's token count per clip from the config (AudioArch.tokens_for_frames)."""
     if a.kind != FAMILY:
         raise ArchError("kind", f"{a.kind!r} is not a Whisper encoder")
     if a.norm_epsilon != 1e-5:
@@ -86,7 +95,12 @@ def audio_config(a: AudioArch, dtype: str = "float32") -> dict:
     cfg = {"architectures": ["WhisperEncoder"], "model_type": MODEL_TYPE}
     cfg |= {key: getattr(a, field) for field, key in _FIELDS.items()}
     act = next(k for k, v in ACTIVATIONS.items() if v == a.activation)
-    return cfg | {"activation_function": act, "scale_embedding": False, "torch_dtype": dtype}
+    return cfg | {
+        "activation_function": act,
+        "scale_embedding": False,
+        "torch_dtype": dtype,
+        "pooling": a.pooling,
+    }
 
 
 def encoder_prefix(names) -> str:

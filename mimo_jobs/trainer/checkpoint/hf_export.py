@@ -3,9 +3,10 @@
     OUT/llm/        config.json + model.safetensors (or model-0000k-of-0000n.safetensors + index)
     OUT/encoder/    the vision tower (the module `vision`, or the one encoder of `encoder:`) as a
                     CLIPVisionModel / SiglipVisionModel directory
-    OUT/projector/  its MLP projector under its megatron-core names (no HF model has it)
+    OUT/projector/  its MLP projector under its megatron-core names after its module's (`encoder.`;
+                    no HF model has it)
     OUT/<name>/     every other encoder module: an audio module as a WhisperEncoder directory, an image
-                    module as the vision tower's; OUT/<name>-projector/ its projector
+                    module as the vision tower's; OUT/<name>-projector/ its projector (`encoder.<name>.`)
 
 When the run names a HuggingFace tokenizer (trainer.data.tokenizer), its tokenizer files are copied into
 OUT/llm, so `AutoTokenizer.from_pretrained(OUT/llm)` gives the tokenizer the model was trained with.
@@ -163,7 +164,7 @@ def encoder_sides(name: str, e, llm_hidden: int, dtype: str) -> dict:
         body = (module, family.layout(e, "", into="encoder."), family.hf_config(e, dtype))
     else:
         body = (module, encoder_layout(e), encoder_config(e, dtype))
-    return {enc: body, proj: (module, projector_layout(e, llm_hidden), None)}
+    return {enc: body, proj: (module, projector_layout(e, llm_hidden, module), None)}
 
 
 def _tokenizer_files(configured: str | None, doc: dict, run_yaml: Path) -> list[Path]:

@@ -2,10 +2,15 @@
 
 Each module's optimizer sees only its own ranks, but clipping needs the global grad norm and a skipped
 step must be skipped everywhere, so `step()` agrees world-wide:
-  1. prepare_grads on each active optimizer; found_inf all-reduced (MAX) over the world -> skip together;
-  2. norm^2 per module in a fixed slot vector, all-reduced with MAX (every rank of a module holds the same
-     module norm, other ranks hold 0), global norm = sqrt(sum of slots);
-  3. clip every module by the global norm; step; success all-reduced with MIN.
+  1. prepare_grads on each active optimizer, then each module's grad norm;
+  2. one world all-reduce (MAX) of [non-finite seen, norm^2 per module in a fixed slot vector]: the first slot
+     is 1 when any rank's grad scaler found an inf or any rank's module norm is NaN/inf, else 0; a module's
+     slot holds its norm^2 on its ranks (all equal) and 0 elsewhere. A non-finite norm is never put in a
+     slot: a float MAX does not carry NaN (gloo returns another rank's value unless rank 0 holds it; NCCL's
+     float max is fmaxf, which returns the non-NaN operand: src/device/reduce_kernel.h of NVIDIA/nccl), so
+     only the 0/1 flag decides the skip;
+  3. skip together when the flag is set; else global norm = sqrt(sum of slots), clip every module by it,
+     step, success all-reduced with MIN.
 """
 
 from __future__ import annotations
@@ -92,24 +97,30 @@ class MimoOptimizer:
         dist.all_reduce(t, op=op)
         return t.tolist()
 
-    def grad_norm(self) -> float:
-
+    def _module_norms(self) -> tuple[bool, list[float]]:
+        """(this rank saw a non-finite grad norm, norm^2 per slot with 0 for the non-finite and absent ones)."""
+        bad = False
         sq = [0.0] * len(self.slots)
         for i, name in enumerate(self.slots):
             if name in self.optimizers:
                 n = float(self.optimizers[name].get_grad_norm() or 0.0)
-                sq[i] = n * n
-        return math.sqrt(sum(self._all_reduce(sq, dist.ReduceOp.MAX)))
+                if math.isfinite(n):
+                    sq[i] = n * n
+                else:
+                    bad = True
+        return bad, sq
 
     def step(self, clip_grad: float) -> StepResult:
 
         found = False
         for o in self.optimizers.values():  # every optimizer prepares (no short-circuit)
             found |= bool(o.prepare_grads())
-        if self._all_reduce([1.0 if found else 0.0], dist.ReduceOp.MAX)[0] > 0:
+        bad, sq = self._module_norms()
+        agreed = self._all_reduce([1.0 if (found or bad) else 0.0, *sq], dist.ReduceOp.MAX)
+        if agreed[0] > 0:
             return StepResult(False, None, True, True)
-        norm = self.grad_norm()
-        if not math.isfinite(norm):
+        norm = math.sqrt(sum(agreed[1:]))
+        if not math.isfinite(norm):  # finite module norms whose squares overflow: the same on every rank
             return StepResult(False, norm, True, True)
         if clip_grad > 0:
             for o in self.optimizers.values():
