@@ -71,8 +71,8 @@ def check_energon_data(run_spec: Any) -> None:
         return
     check_data_path(str(d.path))
     geom = geometry_of_preset(t.model)
-    need = geom.max_tokens + 2  # BOS + the largest image + at least EOS
-    if need > t.seq_length:
+    need = (geom.max_tokens if geom is not None else 0) + 2  # BOS + the largest image + at least EOS
+    if geom is not None and need > t.seq_length:
         raise DataError(
             f"trainer.seq_length={t.seq_length} cannot hold the largest image of preset {t.model!r} "
             f"({geom.image_size}x{geom.image_size} px = {geom.max_tokens} tokens) plus BOS/EOS; "

@@ -54,7 +54,7 @@ class LoaderConfig:
     mbs: int
     num_microbatches: int
     seq_length: int
-    geometry: ImageGeometry
+    geometry: ImageGeometry | None  # the image module's; None: no image module, images are refused
     vocab_size: int
     image_token_id: int = -1  # -1: image_token_id(vocab_size)
     tokenizer: str | None = None

@@ -20,7 +20,15 @@ import io
 
 from mimo_jobs.model.tiling import ImageGeometry, ImagePlan
 
-__all__ = ["ImageGeometry", "ImagePlan", "decode", "encoder_inputs", "geometry_of_preset", "header_size"]
+__all__ = [
+    "ImageGeometry",
+    "ImagePlan",
+    "decode",
+    "encoder_inputs",
+    "geometry_of_preset",
+    "header_size",
+    "image_module_of",
+]
 
 
 def pixels_of(kind: str):
@@ -31,15 +39,23 @@ def pixels_of(kind: str):
     return families.REGISTRY.get(kind, families.REGISTRY["clip"]).pixels
 
 
-def geometry_of_preset(model, max_tiles: int = 1, thumbnail: bool = False) -> ImageGeometry:
-    """The geometry of a trainer.model value (a preset name or a description), with tiling settings."""
+def image_module_of(arch):
+    """The encoder a model's images go to: its first module whose modality is "image" (beside it the model
+    may have an audio one), or None when no module reads images (text-only or audio-only models)."""
+    return next((e for e in arch.encoders.values() if e.modality == "image"), None)
+
+
+def geometry_of_preset(model, max_tiles: int = 1, thumbnail: bool = False) -> ImageGeometry | None:
+    """The geometry of a trainer.model value (a preset name or a description), with tiling settings; None
+    when the model has no image module (a sample with an image is then refused)."""
     from mimo_jobs.model.resolve import arch_of
 
-    return ImageGeometry.of(arch_of(model).encoder, max_tiles, thumbnail)
+    enc = image_module_of(arch_of(model))
+    return None if enc is None else ImageGeometry.of(enc, max_tiles, thumbnail)
 
 
-def geometry_of_data(model, data) -> ImageGeometry:
-    """The geometry a study's trainer.data (spec.DataSpec) trains with."""
+def geometry_of_data(model, data) -> ImageGeometry | None:
+    """The geometry a study's trainer.data (spec.DataSpec) trains with (None: no image module)."""
     return geometry_of_preset(model, getattr(data, "max_tiles", 1), getattr(data, "thumbnail", False))
 
 

@@ -47,6 +47,7 @@ from mimo_jobs.contract.mocktokens import (  # noqa: F401 - the ids are part of 
 )
 from mimo_jobs.data.audio import AudioSpec, audio_spec_of
 from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, Provider, audio_token_id
+from mimo_jobs.data.images import image_module_of
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model.arch import image_tokens
 from mimo_jobs.model.resolve import arch_of
@@ -279,7 +280,7 @@ def mock_config(run_spec, plan) -> MockConfig:
     t = run_spec.trainer
     audio = audio_spec_of(p)
     # the image encoder decides the images' sizes and tokens (beside it the model may have an audio one)
-    image = next((e for e in p.encoders.values() if e.modality == "image"), None) or p.encoder
+    image = image_module_of(p) or p.encoder
     c = MockConfig(
         seed=t.seed,
         seq_length=t.seq_length,

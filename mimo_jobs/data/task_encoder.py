@@ -51,7 +51,7 @@ MAX_CONSECUTIVE_SKIPS = 1000
 @dataclass(frozen=True)
 class EncodeConfig:
     seq_length: int
-    geometry: ImageGeometry
+    geometry: ImageGeometry | None  # None: the model has no image module (images refused)
     need_images: bool = True  # decode pixels (encoder ranks); LLM ranks only need token counts
     on_bad_sample: Literal["error", "skip"] = "error"
     truncate_text: bool = False  # True: cut overlong text to fit (counted); images are never cut
@@ -270,6 +270,12 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             h, w = header_size(bytes(image))
         except Exception as e:  # noqa: BLE001 -- PIL raises many types for broken files
             self._bad(sample, "image", f"corrupt image ({type(e).__name__}: {e})")
+        if self.cfg.geometry is None:
+            # a setting that fits no image sample: skipping would only hide it
+            raise DataError(
+                f"{describe(*_source(sample))}: the sample has an image but the model has no image encoder "
+                "(add one to trainer.model, or train on data without images)"
+            )
         return self.cfg.geometry.tokens(h, w)
 
     def _clip_tokens(self, sample: Sample, clip: Any) -> int:
