@@ -146,6 +146,42 @@ def modality_problems(data, encoders: dict) -> list[RuntimeProblem]:
     return out
 
 
+def audio_clip_problems(data, encoders: dict) -> list[RuntimeProblem]:
+    """Each mock clip length against each audio module's window (the family's token rule refuses a clip
+    longer than the encoder takes, or one too short to give a token): the mock provider draws every listed
+    length, so one that no module takes fails the job at its first audio sample."""
+    if data.provider != "mock" or not data.audio_fraction:
+        return []
+    out, seen = [], set()
+    for encoder in (e for e in encoders.values() if e.modality == "audio"):
+        for frames in data.audio_frames:
+            try:
+                encoder.tokens_for_frames(frames)
+            except ValueError as e:  # ArchError: the family's own words, with what would fit
+                msg, _, fit = str(e).partition("; ")
+                if msg not in seen:
+                    seen.add(msg)
+                    out.append(RuntimeProblem("trainer.data.audio_frames", "audio-clip", msg, fit))
+    return out
+
+
+def modality_twice_problem(encoders: dict) -> RuntimeProblem | None:
+    """Two encoder modules of one modality: the step hands the LLM one embedding set per modality (its
+    placeholder token), so the second module would be built and priced but never run, in any layout."""
+    kinds = [e.modality for e in encoders.values()]
+    twice = sorted({k for k in kinds if kinds.count(k) > 1})
+    if not twice:
+        return None
+    names = [n for n, e in encoders.items() if e.modality in twice]
+    return RuntimeProblem(
+        "trainer.model.encoders",
+        "module-kind",
+        f"{', '.join(names)} all embed {', '.join(twice)}: the packaged trainer runs one encoder module per "
+        "modality (one image, one audio)",
+        "keep one module of each modality",
+    )
+
+
 def runtime_problems(
     trainer, accelerator: str, installed: Callable[[str], bool], model=None
 ) -> list[RuntimeProblem]:
@@ -184,7 +220,10 @@ def runtime_problems(
                 d.text_only_fraction,
             )
     if model is not None:
+        twice = modality_twice_problem(encoders)
+        out += [twice] if twice else []
         out += modality_problems(trainer.data, encoders)
+        out += audio_clip_problems(trainer.data, encoders)
     return out + tracker_problems(trainer, installed)
 
 

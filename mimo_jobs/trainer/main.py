@@ -78,23 +78,6 @@ def kernel_problem(run, kernels) -> str | None:
     return None
 
 
-def _modules_problem(arch, lay, reference: bool) -> str | None:
-    """Why several encoder modules, each on ranks of its own, cannot train (None: they can). The LLM's first
-    stage places each module's embeddings at its modality's placeholders, so two modules of one modality
-    would fill the same ones."""
-    if reference or lay.colocated or not lay.several:
-        return None
-    kinds = [e.modality for _n, e in arch.named_encoders]
-    twice = sorted({k for k in kinds if kinds.count(k) > 1})
-    if twice:
-        names = [n for n, e in arch.named_encoders if e.modality in twice]
-        return (
-            f"trainer.model.encoders: {', '.join(names)} all embed {', '.join(twice)}: on ranks of their own "
-            "the packaged trainer runs one encoder module per modality (one image, one audio)"
-        )
-    return None
-
-
 def preflight(run, doc: dict, reference: bool) -> list[str]:
     """Every check that needs no collective. Raises PreflightError with one specific message. Returns what
     loading trainer.init changes in the weights (for the first line)."""
@@ -115,7 +98,7 @@ def preflight(run, doc: dict, reference: bool) -> list[str]:
     found = runtime_problems(t, run.cluster.accelerator, package_installed, arch)
     if found:
         raise PreflightError(f"run.yaml: {found[0]}")
-    why = unsupported(arch, lay) or _modules_problem(arch, lay, reference)
+    why = unsupported(arch, lay)
     if why:
         raise PreflightError(f"run.yaml: {why}")
     try:  # HF sources of trainer.init: config, files and every tensor's shape, before any collective

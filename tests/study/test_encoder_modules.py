@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 
@@ -25,9 +26,10 @@ TWO = {
     "cluster": {"gpus_per_node": 8},
     "trainer": {
         "model": {
-            "encoders": {"vision": {"preset": "tiny"}, "audio": {"preset": "tiny"}},
+            "encoders": {"vision": {"preset": "tiny"}, "audio": "tiny-audio"},
             "llm": {"preset": "tiny"},
         },
+        "data": {"audio_fraction": 0.5, "audio_frames": [16]},
         "train_iters": 5,
     },
     "matrix": {
@@ -164,7 +166,7 @@ def test_a_two_encoder_study_renders_scripts_bash_and_shellcheck_accept(tmp_path
         ("vision", 0, 4, "out"),
         ("audio", 4, 8, "out"),
     ]
-    assert json.loads(json.dumps(spec.catalog_fields()["modules"]))[1]["kind"] == "image"
+    assert json.loads(json.dumps(spec.catalog_fields()["modules"]))[1]["kind"] == "audio"
 
 
 # ---------------------------------------------------------------- run names and ids
@@ -275,28 +277,34 @@ def test_the_flat_encoder_sizes_of_several_encoders_are_refused_naming_the_rule(
     assert module_ranges(one)[0].fan == "out"
 
 
-def test_the_trainer_preflight_takes_one_module_per_modality_on_ranks_of_their_own():
+def test_two_modules_of_one_modality_are_refused_in_every_layout_by_validate_and_the_preflight(tmp_path):
     pytest.importorskip("torch")
     from mimo_jobs.trainer.main import PreflightError, preflight
 
-    # TWO's modules are both image encoders: on ranks of their own they would fill the same placeholders
+    # two image towers: the step hands the LLM one embedding set per modality, so the second is never run
+    doc = two(**{"trainer/model/encoders/audio": {"preset": "tiny"}, "trainer/data": None})
+    words = (
+        "vision, audio all embed image: the packaged trainer runs one encoder module per modality (one "
+        "image, one audio)"
+    )
+    r = validate(doc, tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = f"trainer.model.encoders: [module-kind] {words}"
+    assert len([x for x in r.stderr.splitlines() if line in x]) == 1, r.stderr  # once for both layouts
+    line = f"trainer.model.encoders: {words}"
+    runs = runs_of(parse_study(doc))
+    assert {r.layout.colocated for r in runs} == {True, False}
+    for run in runs:
+        for reference in (True, False):
+            with pytest.raises(PreflightError, match="^run\\.yaml: " + re.escape(line)):
+                preflight(run, {}, reference=reference)
     runs = runs_of(parse_study(TWO))
     het = next(r for r in runs if not r.layout.colocated)
-    with pytest.raises(
-        PreflightError,
-        match=r"^run\.yaml: trainer\.model\.encoders: vision, audio all embed image: on ranks of their own the "
-        r"packaged trainer runs one encoder module per modality \(one image, one audio\)$",
-    ):
-        preflight(het, {}, reference=False)
-    # what runs: the colocated point, and the one-process reference of either
     col = next(r for r in runs if r.layout.colocated)
     assert preflight(col, {}, reference=True) == []
     assert preflight(het, {}, reference=True) == []
     # a vision tower and an audio encoder on ranks of their own pass every check of the run itself: what is
     # left is this process's launch (no torchrun world here)
-    omni = two(**{"trainer/model/encoders": {"vision": {"preset": "tiny"}, "audio": "tiny-audio"}})
-    omni["trainer"].setdefault("data", {}).update(audio_fraction=0.5, audio_frames=[16])
-    het = next(r for r in runs_of(parse_study(omni)) if not r.layout.colocated)
     with pytest.raises(
         PreflightError, match=r"^world size mismatch: launched with WORLD_SIZE=1 but run\.yaml"
     ):

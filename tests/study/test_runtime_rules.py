@@ -1,6 +1,7 @@
 """What the trainer refuses at start-up, `validate` refuses first (mimo_jobs/study/runtime_rules.py owns each
 rule): mock image sizes against the encoder's patch, both modules frozen, bf16 on CPU, a tracker whose package
-is missing, an encoder module the data gives nothing of its kind. Each rule on a study that passes and on the
+is missing, an encoder module the data gives nothing of its kind, two modules of one modality, a mock clip outside an audio
+module's window. Each rule on a study that passes and on the
 same study changed to break it."""
 
 from __future__ import annotations
@@ -151,3 +152,52 @@ def test_tracker_rule_asks_the_environment():
     doc["trainer"]["wandb"]["mode"] = "disabled"
     doc["trainer"]["tensorboard"] = False
     assert tracker_problems(diagnose_data(doc, "s", env={}).runs[0].trainer, lambda name: False) == []
+
+
+# every start-up refusal of a vision + audio model: the `validate` line and the trainer preflight's words
+OMNI_BREAKS = {
+    # the feature extractor's 30 s padding: 3000 frames, far above tiny-audio's window
+    "audio-clip": (
+        lambda d: d["trainer"]["data"].update(audio_frames=[16, 3000]),
+        "trainer.data.audio_frames: [audio-clip] a clip of 3000 mel frames is longer than the encoder takes",
+    ),
+    "audio-clip-short": (
+        lambda d: d["trainer"]["data"].update(audio_frames=[1]),
+        "trainer.data.audio_frames: [audio-clip] a clip of 1 mel frames gives 1 time steps, fewer than the "
+        "pooling stride 2: no audio token",
+    ),
+    "module-kind": (
+        lambda d: d["trainer"]["model"]["encoders"].update(audio="tiny"),
+        "trainer.model.encoders: [module-kind] vision, audio all embed image",
+    ),
+    "module-data": (
+        lambda d: d["trainer"]["data"].update(audio_fraction=0.0),
+        "trainer.data.audio_fraction: [module-data] the encoder module 'audio' (audio) gets no audio",
+    ),
+}
+
+
+def _omni_broken(case: str) -> dict:
+    doc = copy.deepcopy(yaml.safe_load(OMNI.read_text()))
+    OMNI_BREAKS[case][0](doc)
+    return doc
+
+
+@pytest.mark.parametrize("case", sorted(OMNI_BREAKS))
+def test_validate_refuses_each_omni_start_up_refusal_once(tmp_path, case):
+    r = _validate(tmp_path, _omni_broken(case))
+    assert r.exit_code == 2, r.output
+    assert " ".join(r.output.split()).count(OMNI_BREAKS[case][1]) == 1, r.output
+
+
+@pytest.mark.parametrize("case", sorted(OMNI_BREAKS))
+def test_the_preflight_refuses_each_omni_case_with_validates_words(case):
+    pytest.importorskip("torch")
+    from mimo_jobs.trainer.main import PreflightError, preflight
+
+    path, _, words = OMNI_BREAKS[case][1].partition(": [")
+    words = words.partition("] ")[2]
+    for run in diagnose_data(_omni_broken(case), "s", env={}).runs:
+        with pytest.raises(PreflightError) as e:
+            preflight(run, {}, reference=True)
+        assert str(e.value).startswith(f"run.yaml: {path}: {words}"), str(e.value)
