@@ -7,7 +7,7 @@ import warnings
 
 from mimo_jobs.contract.events import TRAINER_ERROR
 from mimo_jobs.trainer.device import prepare
-from mimo_jobs.trainer.stack import stack_problem
+from mimo_jobs.trainer.stack import stack_problem, te_import_problem
 
 if __name__ == "__main__":
     problem = stack_problem()
@@ -18,6 +18,13 @@ if __name__ == "__main__":
     # megatron-core warns at import that TE/apex are absent (expected on CPU): keep logs readable
     warnings.filterwarnings("ignore", message=r".*(Apex|apex|Transformer Engine|TE) .*")
 
-    from mimo_jobs.trainer.main import main
+    try:
+        from mimo_jobs.trainer.main import main
+    except Exception as e:  # noqa: BLE001 - only a broken Transformer Engine is reported here; the rest re-raised
+        te = te_import_problem(e)
+        if te is None:
+            raise
+        print(f"{TRAINER_ERROR}{te}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
     sys.exit(main())

@@ -9,6 +9,8 @@ names the megatron-core call sites that fail without it:
   tensor factories     device='cuda' literals in megatron modules become 'cpu'
   tensor methods       Tensor.cuda() is the identity, Tensor.type() names CPU tensors as CUDA ones
   process groups       groups and subgroups asked for with backend='nccl' use gloo
+  optimizers           torch's AdamW/SGD, even where Transformer Engine is installed (megatron-core picks
+                       TE's FusedAdam at import, whose constructor allocates on CUDA)
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ def install() -> None:
     _tensor_factories(torch)
     _tensor_methods(torch)
     _process_groups()
+    _torch_optimizers()
     _INSTALLED = True
 
 
@@ -213,3 +216,17 @@ def _process_groups() -> None:
 
     dist.new_subgroups_by_enumeration = _nsbe
     dist.new_group = _new_group
+
+
+def _torch_optimizers() -> None:
+    """megatron-core 0.19 chooses its optimizer classes when it is imported: Transformer Engine's FusedAdam and
+    FusedSGD whenever TE imports (megatron/core/optimizer/__init__.py), built in get_megatron_optimizer; TE's
+    constructor allocates on "cuda" and its kernels are CUDA-only. Put back the choice megatron makes without TE
+    and apex, torch's AdamW and SGD, with the flags that decide the distributed optimizer's step bookkeeping
+    (per-parameter "step" tensors for torch's Adam: megatron/core/optimizer/distrib_optimizer.py)."""
+    import megatron.core.optimizer as mopt
+    import megatron.core.optimizer.distrib_optimizer as mdist
+
+    mopt.Adam, mopt.SGD, mopt.USING_PYTORCH_OPTIMIZER = torch.optim.AdamW, torch.optim.SGD, True
+    mdist.Adam, mdist.HAVE_APEX_OR_TE = torch.optim.Adam, False
+    mdist.USING_TE_OPTIMIZER = mdist.USING_APEX_OPTIMIZER = False

@@ -19,6 +19,33 @@ from mimo_jobs.trainer import cuda_shims
 from mimo_jobs.trainer.model.kernels import installed, kernels_for
 
 
+def gelu_gap(preset, pgc, kernels) -> dict[str, float]:
+    """The encoder built in fp32 with a GPU run's kernels: for every megatron MLP (the ViT's, the projector),
+    the largest |MLP(x) - fc2(F.gelu(fc1(x) + b1))| by top-level module, at inputs spread over GELU's range.
+    megatron's fused bias-GELU (the tanh approximation) is up to ~5e-4 off exact GELU."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.mlp import MLP
+
+    prec = M.Precision(use_gpu=True, bf16=False, kernels=kernels)
+    vit_cfg, proj_cfg = M.encoder_configs(preset, 1, prec)
+    vit_cfg.use_cpu_initialization = proj_cfg.use_cpu_initialization = True
+    enc = M.build_encoder(preset, vit_cfg, proj_cfg, pgc, prec)
+    gaps: dict[str, float] = {}
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, m in enc.named_modules():
+            if not isinstance(m, MLP) or m.config.activation_func is not F.gelu:
+                continue
+            x = 3 * torch.randn(16, 2, m.linear_fc1.input_size)
+            got, _ = m(x)
+            h, b1 = m.linear_fc1(x)
+            ref, _ = m.linear_fc2(F.gelu(h if b1 is None else h + b1))
+            key = name.split(".")[0] or "mlp"
+            gaps[key] = max(gaps.get(key, 0.0), float((got - ref).abs().max()))
+    return gaps
+
+
 def main(model: str) -> dict:
     cuda_shims.install()
     os.environ.update(WORLD_SIZE="1", RANK="0")
@@ -52,6 +79,7 @@ def main(model: str) -> dict:
             {type(m).__name__ for n, m in gpt.named_modules() if n.endswith("mlp.experts")}
         ),
         "layer_classes": sorted({type(m).__name__ for m in gpt.modules() if "Linear" in type(m).__name__}),
+        "gelu_gap": gelu_gap(preset, grids.encoder.pgc, prec.kernels),
     }
     dist.destroy_process_group()
     return out

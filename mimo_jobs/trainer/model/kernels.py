@@ -10,8 +10,8 @@ Requirements are megatron-core 0.19's (restated from its sources):
   masked softmax fusion        the scaled_masked_softmax_cuda, scaled_upper_triang_masked_softmax_cuda and
                                scaled_softmax_cuda kernels (fusions/fused_softmax.py imports the one its
                                mask type and shape take at the first forward: all three must be there)
-  bias-activation fusion       jit-fused on any GPU; TransformerConfig refuses it for a plain GELU MLP
-                               without biases (the MoE LLM has add_bias_linear=False)
+  bias-activation fusion       jit-fused on any GPU, for SwiGLU only here: megatron's GELU kernels are the
+                               tanh approximation (see bias_activation_fusion)
   bias-dropout fusion          jit-fused on any GPU
   cross-entropy fusion         the native implementation on CPU and GPU (it honours pg_collection)
 """
@@ -84,18 +84,17 @@ def fusions(on_gpu: bool, have: Installed) -> dict[str, bool]:
 def bias_activation_fusion(
     on: bool,
     gated_linear_unit: bool,
-    add_bias_linear: bool,
     activation: str = "gelu",
     grouped_experts: bool = False,
 ) -> bool:
-    """megatron-core's MLP has fused kernels for GELU with a bias or gated (GeGLU), and for gated SiLU
-    (SwiGLU); any other activation (quick-GELU, tanh-GELU, plain SiLU) runs unfused. Transformer Engine's
+    """megatron-core's MLP fuses gated SiLU (SwiGLU) exactly. Its GELU kernels, with a bias
+    (fusions/fused_bias_gelu.py) and gated (fused_bias_geglu.py), compute the tanh approximation, not the exact
+    GELU ("gelu") the projectors, ViTs, Whisper and InternViT use (their references: F.gelu, HF "gelu"): exact
+    GELU stays unfused, as any other activation (quick-GELU, tanh-GELU, plain SiLU). Transformer Engine's
     grouped experts (TEGroupedMLP, megatron/core/transformer/moe/experts.py) fuse only SwiGLU and gated
-    quick-GELU and raise on any other fused activation, gated GELU included."""
+    quick-GELU and raise on any other fused activation."""
     if grouped_experts:
         return on and gated_linear_unit and activation in ("silu", "quick_gelu")
-    if activation == "gelu":
-        return on and (gated_linear_unit or add_bias_linear)
     return on and activation == "silu" and gated_linear_unit
 
 

@@ -88,7 +88,7 @@ def _base_kwargs(
         "cross_entropy_fusion_impl": "native",
         "gradient_accumulation_fusion": on.get("gradient_accumulation_fusion", False),
         "bias_activation_fusion": bias_activation_fusion(
-            on.get("bias_activation_fusion", False), gated, add_bias_linear, activation, grouped_experts
+            on.get("bias_activation_fusion", False), gated, activation, grouped_experts
         ),
         "masked_softmax_fusion": on.get("masked_softmax_fusion", False),
         "bias_dropout_fusion": on.get("bias_dropout_fusion", False),
