@@ -161,6 +161,9 @@ step dense-1b-eager 150 bash -c "$launch_all"
 step dense-1b-predict 30 bash -c 'mj predict benchmarks/gpu/dense_1b.yaml'
 step dense-1b-times 10 bash -c "grep -h -E 'iteration|peak' $out/dense_1b_compiled/*/logs/* $dense/*/logs/* | tail -n 12"
 
+# 7. the operator tables (GEMM and attention by shape; copy into benchmarks/measured/ when they come back)
+step ops 180 python3 benchmarks/gpu/ops.py --budget-s 150 --out "$out/ops_h200.yaml"
+
 tar czf "$out/runs.tgz" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.distcp' runs 2>/dev/null
 echo "=== summary"
 printf '%s\n' "${summary[@]}"

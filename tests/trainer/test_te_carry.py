@@ -176,3 +176,36 @@ def test_the_device_scripts_parse_and_pass_shellcheck(script):
     assert sc, "shellcheck missing: tests/run.sh installs the Debian package"
     r = subprocess.run([sc, "--shell=bash", "--severity=warning", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_operator_tables_run_at_tiny_shapes_on_cpu(tmp_path):
+    """benchmarks/gpu/ops.py --device cpu --quick: the table the device run writes, its FLOP rates recomputed
+    here from each shape and time."""
+    import yaml
+
+    out = tmp_path / "ops.yaml"
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "gpu" / "ops.py"),
+            "--device",
+            "cpu",
+            "--quick",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = yaml.safe_load(out.read_text())
+    assert doc["device"] == "cpu" and doc["dtype"] == "float32" and doc["skipped"] == []
+    assert [(r["m"], r["n"], r["k"]) for r in doc["gemm"]] == [(64, 32, 48), (128, 64, 64)]
+    for r in doc["gemm"]:
+        assert r["ms"] > 0
+        assert r["tflops"] == pytest.approx(2 * r["m"] * r["n"] * r["k"] / (r["ms"] * 1e-3) / 1e12, rel=1e-3)
+    assert [r["causal"] for r in doc["attention"]] == [True, False]
+    for r in doc["attention"]:
+        flops = 4 * r["b"] * r["h"] * r["s"] ** 2 * r["d"] * (0.5 if r["causal"] else 1)
+        assert r["tflops"] == pytest.approx(flops / (r["ms"] * 1e-3) / 1e12, rel=1e-3)
