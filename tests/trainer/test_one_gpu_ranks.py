@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from helpers import REPO
-from helpers.launch import free_port, worker_env
+from helpers.launch import torchrun, worker_env
 from helpers.trainer import iterations, make_run_yaml
 
 WRAPPER = REPO / "benchmarks" / "gpu" / "one_gpu_rank.sh"
@@ -35,10 +35,7 @@ def test_ranks_launched_through_the_one_gpu_wrapper_train_as_the_reference(share
     env = worker_env(zygote=False)
     env["PATH"] = os.pathsep.join([str(shim), env["PATH"]])
     metrics = tmp_path / "metrics.jsonl"
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), "--no-python", "bash", str(WRAPPER), str(ry), "--metrics", str(metrics),
-    ]  # fmt: skip
+    cmd = torchrun(2, "--no-python", "bash", WRAPPER, ry, "--metrics", metrics)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
     got = iterations(metrics)
@@ -47,7 +44,7 @@ def test_ranks_launched_through_the_one_gpu_wrapper_train_as_the_reference(share
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     # what the wrapper sets, seen by each rank (the same environment the trainer got)
     ids = subprocess.run(
-        [*cmd[:9], "--no-python", "bash", "-c", f"source <(grep '^export ' {WRAPPER}); python3 {probe}"],
+        torchrun(2, "--no-python", "bash", "-c", f"source <(grep '^export ' {WRAPPER}); python3 {probe}"),
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert ids.returncode == 0, ids.stderr[-3000:]
