@@ -9,6 +9,7 @@ names the megatron-core call sites that fail without it:
   tensor factories     device='cuda' literals in megatron modules become 'cpu'
   tensor methods       Tensor.cuda() is the identity, Tensor.type() names CPU tensors as CUDA ones
   process groups       groups and subgroups asked for with backend='nccl' use gloo
+  uneven collectives   all_gather / reduce_scatter of differently sized splits (MoE at expert-TP > 1)
   optimizers           torch's AdamW/SGD, even where Transformer Engine is installed (megatron-core picks
                        TE's FusedAdam at import, whose constructor allocates on CUDA)
 """
@@ -110,6 +111,7 @@ def install() -> None:
     _tensor_factories(torch)
     _tensor_methods(torch)
     _process_groups()
+    _uneven_collectives()
     _torch_optimizers()
     _INSTALLED = True
 
@@ -216,6 +218,41 @@ def _process_groups() -> None:
 
     dist.new_subgroups_by_enumeration = _nsbe
     dist.new_group = _new_group
+
+
+def _pad_rows(t, n: int):
+    """`t` with zero rows appended along dim 0 up to `n` rows."""
+    return t if t.shape[0] == n else torch.cat([t, t.new_zeros((n - t.shape[0], *t.shape[1:]))])
+
+
+def _uneven_collectives() -> None:
+    """megatron-core's alltoall token dispatcher at expert-TP > 1 gathers and reduce-scatters splits of
+    different sizes over the expert-TP group (tensor_parallel/mappings.py, output_split_sizes /
+    input_split_sizes: each rank routes its own token count); gloo's all_gather wants equal sizes and gloo has
+    no reduce_scatter. Uneven splits go through even collectives: padded to the largest split, then sliced
+    (the reduce-scatter as an all-reduce of every rank's padded splits, of which each keeps its own)."""
+    orig_all_gather, orig_reduce_scatter = dist.all_gather, dist.reduce_scatter
+
+    def _all_gather(tensor_list, tensor, group=None, async_op=False):
+        if async_op or all(t.shape == tensor.shape for t in tensor_list):
+            return orig_all_gather(tensor_list, tensor, group=group, async_op=async_op)
+        n = max(t.shape[0] for t in tensor_list)
+        padded = [tensor.new_empty((n, *tensor.shape[1:])) for _ in tensor_list]
+        orig_all_gather(padded, _pad_rows(tensor.contiguous(), n), group=group)
+        for out, got in zip(tensor_list, padded):
+            out.copy_(got[: out.shape[0]])
+        return None
+
+    def _reduce_scatter(output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if async_op or all(t.shape == output.shape for t in input_list):
+            return orig_reduce_scatter(output, input_list, op=op, group=group, async_op=async_op)
+        n = max(t.shape[0] for t in input_list)
+        stacked = torch.stack([_pad_rows(t, n) for t in input_list])
+        dist.all_reduce(stacked, op=op, group=group)
+        output.copy_(stacked[dist.get_rank(group)][: output.shape[0]])
+        return None
+
+    dist.all_gather, dist.reduce_scatter = _all_gather, _reduce_scatter
 
 
 def _torch_optimizers() -> None:

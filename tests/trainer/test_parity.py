@@ -348,3 +348,24 @@ def test_vision_and_audio_on_ranks_of_their_own_match_the_reference(shared_runs,
             assert {f"{m.name}_fwd", f"{m.name}_bwd"} <= set(facts["phases_s"]), (m.name, facts["phases_s"])
             others = {"enc_fwd", "vision_fwd", "audio_fwd"} - {f"{m.name}_fwd"}
             assert not others & set(facts["phases_s"]), (m.name, facts["phases_s"])
+
+
+@pytest.mark.slow
+def test_moe_expert_tp2_colocated(shared_runs, tmp_path):
+    # expert-TP 2: the alltoall dispatcher gathers and reduce-scatters the expert-TP ranks' uneven token counts
+    # (gloo takes them through the CPU shims' padded collectives); the gated fc1 cut with stride 2
+    _, r, _, het = _parity(
+        shared_runs,
+        tmp_path,
+        4,
+        gpn=4,
+        gbs=8,
+        mbs=2,
+        model="tiny-moe-shared",
+        colocated=True,
+        llm={"tp": 2, "ep": 2, "etp": 2},
+    )
+    assert "ep=2 etp=2" in het.stdout
+    h = iterations(het.metrics)
+    for a, b in zip(r, h):
+        assert b["moe_aux_loss"] == pytest.approx(a["moe_aux_loss"], rel=RTOL)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import tomllib
 
@@ -74,7 +75,7 @@ def test_a_te_that_does_not_import_is_named_with_what_to_do(tmp_path):
     """megatron-core guards its Transformer Engine imports with `except ModuleNotFoundError` in places
     (megatron/core/tensor_parallel/random.py): an installed TE that fails otherwise crashes `import
     megatron.core`. The trainer says so in one line and exits 2."""
-    from helpers.launch import worker_env
+    from helpers.launch import trainer, worker_env
 
     te = _broken_te(
         tmp_path / "site",
@@ -83,7 +84,7 @@ def test_a_te_that_does_not_import_is_named_with_what_to_do(tmp_path):
     env = worker_env(zygote=False)
     env["PYTHONPATH"] = os.pathsep.join([str(te), env["PYTHONPATH"]])
     r = subprocess.run(
-        [sys.executable, "-m", "mimo_jobs.trainer", "run.yaml"],
+        trainer(Path("run.yaml")),
         capture_output=True,
         text=True,
         cwd=tmp_path,
