@@ -38,7 +38,7 @@ from mimo_jobs.trainer.device import runs_on_cpu
 from mimo_jobs.trainer.model.kernels import installed, kernels_for
 from mimo_jobs.trainer.model.models import unsupported
 from mimo_jobs.trainer.model.packed import packing_problem
-from mimo_jobs.trainer.observe.iterlog import IterLogger, layout_line
+from mimo_jobs.trainer.observe.iterlog import IterLogger, init_lines, layout_line
 from mimo_jobs.trainer.observe.memory import rank_facts, write_facts
 from mimo_jobs.trainer.observe.profile import RankProfile
 from mimo_jobs.trainer.observe.trackers import Trackers, trackers_for
@@ -287,7 +287,8 @@ def _iteration_logger(
         provenance=doc.get("provenance"),
         trackers=_trackers(run, paths, reference, last),
     )
-    log.start(layout_line(run, plan, mode, backend, kernels, notes), mode, backend)
+    sources = init_lines(run.trainer.init, arch_of(run.trainer.model))
+    log.start(layout_line(run, plan, mode, backend, kernels, notes), mode, backend, sources)
     return log
 
 
