@@ -204,8 +204,8 @@ def run_training(
     ckpt.resume(st)
     prof = RankProfile()
     stop = _train_loop(st, n_iters, log, ckpt, prof, lambda: _write_memory_facts(st, doc, reference, prof))
-    if n_iters == 0 and ckpt.enabled and ckpt.last_saved != 0:
-        ckpt.save(st)  # train_iters 0: trainer.init's weights saved as iteration 0 in this run's layout
+    if stop is None:
+        ckpt.at_end(st)
     ckpt.settle()  # completed, or stopped and saved: a stop signal from here on changes nothing
     _write_memory_facts(st, doc, reference, prof)
     if stop is not None:
