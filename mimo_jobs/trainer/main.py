@@ -38,7 +38,7 @@ from mimo_jobs.trainer.device import runs_on_cpu
 from mimo_jobs.trainer.model.kernels import installed, kernels_for
 from mimo_jobs.trainer.model.models import unsupported
 from mimo_jobs.trainer.model.packed import packing_problem
-from mimo_jobs.trainer.observe.iterlog import IterLogger, layout_line
+from mimo_jobs.trainer.observe.iterlog import IterLogger, init_lines, layout_line
 from mimo_jobs.trainer.observe.memory import rank_facts, write_facts
 from mimo_jobs.trainer.observe.profile import RankProfile
 from mimo_jobs.trainer.observe.trackers import Trackers, trackers_for
@@ -187,8 +187,8 @@ def run_training(
     ckpt.resume(st)
     prof = RankProfile()
     stop = _train_loop(st, n_iters, log, ckpt, prof, lambda: _write_memory_facts(st, doc, reference, prof))
-    if n_iters == 0 and ckpt.enabled and ckpt.last_saved != 0:
-        ckpt.save(st)  # train_iters 0: trainer.init's weights saved as iteration 0 in this run's layout
+    if stop is None:
+        ckpt.at_end(st)
     ckpt.settle()  # completed, or stopped and saved: a stop signal from here on changes nothing
     _write_memory_facts(st, doc, reference, prof)
     if stop is not None:
@@ -270,7 +270,8 @@ def _iteration_logger(
         provenance=doc.get("provenance"),
         trackers=_trackers(run, paths, reference, last),
     )
-    log.start(layout_line(run, plan, mode, backend, kernels, notes), mode, backend)
+    sources = init_lines(run.trainer.init, arch_of(run.trainer.model))
+    log.start(layout_line(run, plan, mode, backend, kernels, notes), mode, backend, sources)
     return log
 
 

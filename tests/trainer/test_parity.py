@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -23,6 +24,7 @@ from helpers.trainer import (
     run_reference,
     study_run_yaml,
 )
+from mimo_jobs.contract.manifest import latest_checkpoint
 from mimo_jobs.contract.memory import facts_path
 from mimo_jobs.data.mock import MockProvider, mock_config
 from mimo_jobs.study.runspec import load_run_yaml
@@ -72,6 +74,11 @@ def test_fan_out_enc_dp1_to_llm_dp2(shared_runs, tmp_path):
     _, _, h, het = _parity(shared_runs, tmp_path, 3, gpn=3, gbs=4, enc={"dp": 1}, llm={"dp": 2})
     assert "fan-out 1->2" in het.stdout
     assert all(x["phases_ms"]["llm_fwd"] > 0 and "bridge_wait" in x["phases_ms"] for x in h)
+    # no save_interval: the run still ends with a checkpoint of its last iteration (what a continued run
+    # starts from)
+    saved = re.findall(r"saved checkpoint (\S+) \(iteration (\d+),", het.stdout)
+    assert [int(i) for _, i in saved] == [3], het.stdout[-3000:]
+    assert latest_checkpoint(Path(saved[0][0]).parent).iteration == 3
 
 
 @pytest.mark.slow

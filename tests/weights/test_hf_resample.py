@@ -140,3 +140,10 @@ def test_the_trainer_trains_at_another_size_and_says_so_in_its_first_line(tmp_pa
     first = p.stdout.splitlines()[0]
     assert first.startswith("mimo-jobs trainer: run ")
     assert "| trainer.init.encoder: position embeddings resampled from 4x4 to 8x8 (bicubic)" in first
+    # the model in a few words (its whole description is in run.yaml), then where each module starts from
+    assert "{" not in first
+    assert "| model siglip[downsample=2][image_size=32] (encoder inline, llm inline) seq=" in first
+    assert p.stdout.splitlines()[1:3] == [
+        f"mimo-jobs trainer: vision: loaded from {d}",
+        "mimo-jobs trainer: llm: random init",
+    ]

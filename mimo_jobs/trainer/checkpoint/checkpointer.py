@@ -164,6 +164,13 @@ class Checkpointer:
             )
         return r
 
+    def at_end(self, st) -> None:
+        """Collective, when the loop ended without a stop for requeue: the run's last state saved, with or
+        without save_interval, unless it was just saved (or resumed at it). A resubmitted or continued run
+        starts from it; with train_iters 0, it is trainer.init's weights as iteration 0 in this layout."""
+        if self.enabled and self.last_saved != st.iteration:
+            self.save(st)
+
     def settle(self) -> None:
         """How the run ends is decided: later stop signals are ignored (signals.PreemptionWatch.settle)."""
         if self.watch is not None:

@@ -47,12 +47,55 @@ def layout_line(run, plan, mode: str, backend: str, kernels: str = "", notes=())
         f"[{plan.enc_rank_start},{plan.enc_rank_end}) {_encoder_sizes(lay)} | "
         f"llm ranks [{plan.llm_rank_start},{plan.llm_rank_end}) tp={lay.llm_tp} pp={lay.llm_pp} "
         f"dp={lay.llm_dp}{moe} | bridge {bridge} | gbs={lay.gbs} mbs={lay.mbs} microbatches={plan.num_microbatches} | model "
-        f"{run.trainer.model} seq={run.trainer.seq_length} precision={run.trainer.precision} "
+        f"{model_summary(run.trainer.model)} seq={run.trainer.seq_length} precision={run.trainer.precision} "
         f"freeze(encoder={run.trainer.freeze.encoder}, llm={run.trainer.freeze.llm}"
         + "".join(f", {n}={v}" for n, v in run.trainer.freeze.encoders.items())
         + ")"
         + "".join(f" | {n}" for n in notes)
     )
+
+
+def model_summary(model) -> str:
+    """trainer.model in a few words: a preset's name, or a description's name and each side's preset (or
+    `hf_config` file, or `inline`); the whole description is in run.yaml."""
+    if not isinstance(model, dict):
+        return str(model)
+
+    def side(v) -> str:
+        if isinstance(v, dict):
+            if v.get("preset"):
+                return str(v["preset"])
+            return Path(str(v["hf_config"])).name if v.get("hf_config") else "inline"
+        return str(v)
+
+    parts = [f"encoder {side(model['encoder'])}"] if model.get("encoder") is not None else []
+    parts += [f"{n} {side(v)}" for n, v in (model.get("encoders") or {}).items()]
+    if model.get("llm") is not None:
+        parts.append(f"llm {side(model['llm'])}")
+    return f"{model.get('name') or 'custom'} ({', '.join(parts)})"
+
+
+def init_lines(init, arch) -> list[str]:
+    """One line per module: where its weights start (trainer.init), before any resume from this run's own
+    checkpoint (said apart when it happens)."""
+    from mimo_jobs.model.hf_check import encoder_sources
+
+    if init is not None and init.checkpoint:
+        how = "weights only" if init.weights_only else "weights, optimizer and position"
+        return [f"every module: from the checkpoint {init.checkpoint} ({how})"]
+    found = encoder_sources(init, arch) if init is not None else {}
+    out = [
+        f"{n}: " + (f"loaded from {found[n][0]}" if n in found else "random init")
+        for n, _ in arch.named_encoders
+    ]
+    llm = init.llm if init is not None else None
+    if llm is None:
+        out.append("llm: random init")
+    elif isinstance(llm, str):
+        out.append(f"llm: loaded from {llm}")
+    else:
+        out.append(f"llm: loaded from the Megatron checkpoint {llm.megatron}")
+    return out
 
 
 def _fan(fan: str, lanes_per_encoder: int, encoders_per_lane: int) -> str:
@@ -204,7 +247,8 @@ class IterLogger:
         base.update(kw)
         return IterationRecord(**base)
 
-    def start(self, line: str, mode: str, backend: str) -> None:
+    def start(self, line: str, mode: str, backend: str, sources: list[str] = ()) -> None:
+        """The first line (`line`: layout_line) and one line per module of `sources` (init_lines)."""
         if not self.active:
             return
         env = _environment(self.provenance)
@@ -213,6 +257,8 @@ class IterLogger:
             f"{(env['image'] or {}).get('base_image', 'none')} torch {env['torch']} gpu {env['gpu'] or 'none'}",
             flush=True,
         )
+        for s in sources:
+            print(f"mimo-jobs trainer: {s}", flush=True)
         self._write(
             self._rec(
                 "start",
