@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,16 @@ def geometry_record(geometry: Any) -> dict:
 
 
 @dataclass(frozen=True)
+class ModuleStats:
+    """One encoder module's counts (the file's `modules: {name: ...}` map): the items it encodes per sample
+    (images, clips) and the tokens a sample's items hand the LLM."""
+
+    items_mean: float
+    tokens_mean: float
+    tokens_max: int
+
+
+@dataclass(frozen=True)
 class DataStats:
     path: str
     samples: int
@@ -57,6 +67,7 @@ class DataStats:
     audio_tokens_mean: float = 0.0
     audio_tokens_max: int = 0
     audio_clips_mean: float = 0.0
+    modules: dict = field(default_factory=dict)  # module name -> ModuleStats (a per-module file)
 
     def geometry_problem(self, geometry: Any) -> str | None:
         """Why these counts do not hold for `geometry` (None: they do)."""
@@ -118,7 +129,41 @@ def parse_stats(doc: Any, where: str) -> DataStats:
         tokens_per_tile=_number(doc, "tokens_per_tile", float, where),
         geometry={k: geom[k] for k in GEOMETRY_FIELDS},
         **_audio(doc, where),
+        modules=_modules(doc, where),
     )
+
+
+def _items_mean(items: Any, where: str) -> float:
+    """Items per sample: a number, or a map of item counts to sample counts ({"0": 10, "1": 90})."""
+    if isinstance(items, dict) and all(
+        k.isdigit() and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in items.items()
+    ):
+        n = sum(items.values())
+        return sum(int(k) * v for k, v in items.items()) / n if n else 0.0
+    return _number({"items": items}, "items", float, where)
+
+
+def _modules(doc: dict, where: str) -> dict:
+    """The per-module counts (none: a file written before they were per module)."""
+    mods = doc.get("modules")
+    if mods is None:
+        return {}
+    if not isinstance(mods, dict) or not all(isinstance(v, dict) for v in mods.values()):
+        raise StatsFileError(
+            f"{where}: field 'modules' must map module names to their counts, e.g. "
+            '{"audio": {"items": 0.5, "tokens": {"mean": 75, "max": 150}}}'
+        )
+    out = {}
+    for name, m in mods.items():
+        at = f"{where}: modules.{name}"
+        if "items" not in m:
+            raise StatsFileError(f"{at}: field 'items' is missing (items per sample, or counts of samples)")
+        out[name] = ModuleStats(
+            _items_mean(m["items"], at),
+            _number(m, "tokens.mean", float, at),
+            _number(m, "tokens.max", int, at),
+        )
+    return out
 
 
 def _audio(doc: dict, where: str) -> dict:

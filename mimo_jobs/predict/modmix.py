@@ -4,11 +4,14 @@ the one rule of its training FLOPs per sample.
 
 - an image module: datastats.data_mix's rule (the mock provider's images, dataset statistics, or the stated
   prior of prior.py);
-- an audio module (model/audio_arch.py): dataset statistics (`audio_tokens` and `audio_clips_per_sample`
-  of the file `mimo-jobs data stats` writes) give the tokens per sample and the clips per sample; the clips
+- an audio module (model/audio_arch.py): dataset statistics (the module's own entry of the file's
+  `modules:` map when it has one, else `audio_tokens` and `audio_clips_per_sample` of the file
+  `mimo-jobs data stats` writes) give the tokens per sample and the clips per sample; the clips
   are priced as clips of one length, the mean tokens per clip turned back into mel frames by the module's
-  token rule. Without statistics (the mock provider and energon alike) the stated prior AUDIO_PRIOR: one
-  full-length clip (max_frames mel frames, Whisper's 30 s) per sample, marked assumed.
+  token rule. The mock provider's mix is the study's own (`audio_fraction` of the samples carry one clip, its
+  length drawn evenly from `audio_frames`), priced the same way. Without either (energon data with no
+  statistics) the stated prior AUDIO_PRIOR: one full-length clip (max_frames mel frames, Whisper's 30 s)
+  per sample, marked assumed.
 """
 
 from __future__ import annotations
@@ -60,8 +63,36 @@ def frames_for_tokens(a, tokens: float) -> int:
     return int(min(max(frames, a.min_frames), a.max_frames))
 
 
+def mock_audio_mix(name: str, a, data) -> ModuleMix | None:
+    """The mock provider's audio mix (data/mock.py draws it): `audio_fraction` of the samples carry one clip
+    of a length drawn evenly from `audio_frames`; None when the study states no clip."""
+    if data is None or getattr(data, "provider", "mock") != "mock":
+        return None
+    fraction, lengths = float(data.audio_fraction or 0.0), list(data.audio_frames or ())
+    if not fraction or not lengths:
+        return None
+    tokens = [a.tokens_for_frames(f) for f in lengths]
+    per_clip = sum(tokens) / len(tokens)
+    frames = frames_for_tokens(a, per_clip)
+    return ModuleMix(
+        name,
+        "audio",
+        fraction * per_clip,
+        float(a.tokens_for_frames(frames)),
+        max(tokens),
+        f"the mock provider's clips ({fraction:g} of the samples, {', '.join(map(str, lengths))} mel frames: "
+        f"{per_clip:.4g} tokens a clip)",
+        items_mean=fraction,
+        frames=frames,
+    )
+
+
 def audio_mix(name: str, a, data) -> ModuleMix:
-    """An audio module's mix: dataset statistics when the study's data has them, else the stated prior."""
+    """An audio module's mix: dataset statistics when the study's data has them, the mock provider's stated
+    clips, else the stated prior."""
+    mock = mock_audio_mix(name, a, data)
+    if mock is not None:
+        return mock
     path = None
     if data is not None and getattr(data, "provider", "mock") != "mock":
         named = bool(data.stats)
@@ -74,18 +105,26 @@ def audio_mix(name: str, a, data) -> ModuleMix:
             st = stats_at(path)
         except StatsFileError as e:
             st, note = None, f"; passed over {path}: {e}"
-        if st is not None and st.audio_clips_mean > 0:
-            per_clip = st.audio_tokens_mean / st.audio_clips_mean
+        own = st.modules.get(name) if st is not None else None
+        clips, tokens_mean, tokens_max, which = (
+            (own.items_mean, own.tokens_mean, own.tokens_max, f" module {name!r}")
+            if own is not None
+            else (st.audio_clips_mean, st.audio_tokens_mean, st.audio_tokens_max, "")
+            if st is not None
+            else (0.0, 0.0, 0, "")
+        )
+        if clips > 0:
+            per_clip = tokens_mean / clips
             frames = frames_for_tokens(a, per_clip)
             return ModuleMix(
                 name,
                 "audio",
-                st.audio_tokens_mean,
+                tokens_mean,
                 float(a.tokens_for_frames(frames)),
-                st.audio_tokens_max,
-                f"dataset statistics {st.path} ({st.samples} samples, {st.audio_clips_mean:.3g} clips a "
-                f"sample of {frames} mel frames)",
-                items_mean=st.audio_clips_mean,
+                tokens_max,
+                f"dataset statistics {st.path}{which} ({st.samples} samples, {clips:.3g} clips a sample of "
+                f"{frames} mel frames)",
+                items_mean=clips,
                 frames=frames,
             )
         if st is not None:

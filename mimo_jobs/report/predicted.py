@@ -125,18 +125,34 @@ def _time_row(row: RunRow, p) -> PredictedRow:
     )
 
 
-def _measured_by_class(ranks: list[dict]) -> dict[tuple[str, int], list[int]]:
+def _rank_kind(rank: int, mods: set, lay) -> str:
+    """A rank's class by the layout's module ranges (study/topology.py module_ranges): a rank with several
+    modules is colocated; an encoder module's rank is that module's (a one-encoder layout's: `encoder`), the
+    rest the LLM's. The stored module names (`encoder`, `encoder.audio`, `language`) say no more."""
+    from mimo_jobs.study.topology import module_ranges
+
+    if len(mods) > 1:
+        return "encoder+llm"
+    if not lay.colocated:
+        several = len(lay.encoders) > 1
+        for m in module_ranges(lay):
+            if m.rank_start <= rank < m.rank_end:
+                return m.name if several else "encoder"
+    return "encoder" if mods == {"encoder"} else "llm"
+
+
+def _measured_by_class(ranks: list[dict], lay) -> dict[tuple[str, int], list[int]]:
     """(class, stage) -> each rank's measured total. A colocated rank has a row per module; its saved
     activation peak is the rank's (both modules), so it counts once."""
     by_rank: dict[int, list[dict]] = {}
     for x in ranks:
         by_rank.setdefault(x["rank"], []).append(x)
     out: dict[tuple[str, int], list[int]] = {}
-    for rows in by_rank.values():
+    for rank, rows in by_rank.items():
         mods = {x["module"] for x in rows}
         lang = [x for x in rows if x["module"] == "language"]
         stage = int(lang[0].get("pp_rank") or 0) if lang else 0
-        kind = "encoder+llm" if len(mods) > 1 else ("encoder" if mods == {"encoder"} else "llm")
+        kind = _rank_kind(int(rank), mods, lay)
         total = sum(int(x[k] or 0) for x in rows for k in _MEASURED)
         total += max(int(x["saved_activation_peak_bytes"] or 0) for x in rows)
         out.setdefault((kind, stage), []).append(total)
@@ -144,7 +160,7 @@ def _measured_by_class(ranks: list[dict]) -> dict[tuple[str, int], list[int]]:
 
 
 def _memory_rows(row: RunRow, p, ranks: list[dict]) -> list[PredictedMemoryRow]:
-    measured = _measured_by_class(ranks)
+    measured = _measured_by_class(ranks, p.shape.layout)
     pp = p.shape.layout.llm_pp
     out = []
     for cls in p.memory.classes:

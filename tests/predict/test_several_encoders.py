@@ -277,3 +277,46 @@ def test_a_one_encoder_model_is_priced_as_it_always_was(tmp_path):
     p = predict_shape(rs, H100, efficiency_for(H100))
     assert [m.module for c in p.memory.classes for m in c.modules] == ["encoder", "llm"]
     assert p.time.modules == {} and p.time.bottleneck in ("encoder", "llm")
+
+
+def test_the_mock_audio_mix_a_study_states_is_priced(tmp_path):
+    """Half the samples with a 10 s clip (1000 mel frames) against one 30 s clip (3000) per sample: fewer
+    audio tokens and less audio time, by the family's token rule (model/audio_arch.py)."""
+
+    tmp = tmp_path
+    full = study(tmp, data={"audio_fraction": 1.0, "audio_frames": [3000]})
+    half = study(tmp, data={"audio_fraction": 0.5, "audio_frames": [1000]})
+    p_full, p_half = (predict_run(_runs(d)["split"], H100) for d in (full, half))
+    (a_full,) = [m for m in p_full.shape.modules if m.name == "audio"]
+    (a_half,) = [m for m in p_half.shape.modules if m.name == "audio"]
+    a = p_half.shape.preset.encoders["audio"]
+    assert not a_half.assumed and a_half.source.startswith("the mock provider's clips (0.5 of the samples")
+    assert (a_full.tokens_mean, a_full.frames, a_full.items_mean) == (a.tokens_for_frames(3000), 3000, 1.0)
+    assert (a_half.tokens_mean, a_half.frames, a_half.items_mean) == (
+        0.5 * a.tokens_for_frames(1000),
+        1000,
+        0.5,
+    )
+    assert a_half.tokens_max == a.tokens_for_frames(1000)
+    assert p_half.time.modules["audio"] < p_full.time.modules["audio"] / 2
+    hl = p_half.shape.preset.llm.hidden_size
+    (got,) = [m for m in modules_json(p_half) if m["module"] == "audio"]
+    assert got["flops_per_iteration"] == 32 * 0.5 * audio_clip_flops(a, hl, 1000)
+    assert got["tokens"]["source"] == a_half.source
+
+
+def test_a_per_module_statistics_entry_prices_its_module_and_is_named(tmp_path):
+    """A stats file with a `modules:` map: the audio module's own entry wins over the older flat audio keys
+    (here the flat keys say one 30 s clip a sample), and the source says which entry priced it."""
+    stats = _stats(tmp_path, {"1": 100}, 1500.0, 1500)
+    doc = json.loads(stats.read_text())
+    doc["modules"] = {"audio": {"items": {"0": 50, "1": 25, "2": 25}, "tokens": {"mean": 75.0, "max": 200}}}
+    stats.write_text(json.dumps(doc))
+    run = _runs(study(tmp_path, data={"provider": "energon", "path": str(tmp_path), "stats": str(stats)}))
+    (aud,) = [m for m in predict_run(run["split"], H100).shape.modules if m.name == "audio"]
+    assert aud.source.startswith(f"dataset statistics {stats} module 'audio' (")
+    assert (aud.items_mean, aud.tokens_per_item, aud.frames, aud.tokens_max) == (0.75, 100, 200, 200)
+    doc["modules"] = {"audio": {"tokens": {"mean": 75.0, "max": 200}}}
+    stats.write_text(json.dumps(doc))
+    (aud,) = [m for m in predict_run(run["split"], H100).shape.modules if m.name == "audio"]
+    assert aud.assumed and "modules.audio: field 'items' is missing" in aud.source
