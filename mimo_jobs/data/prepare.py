@@ -10,9 +10,9 @@ The JSONL is read one line at a time and each sample is written as soon as it is
 grow with the file. Records are dealt to train/val/test so that after every record each split's count is
 as close as can be to its share (exact to one sample, the same for the same file). A bad record (not JSON,
 turns the task encoder would refuse, `<image>` markers that do not fit, an image that is missing, not a
-file, unreadable, damaged or not PNG/JPEG/WebP: data/image_file.py) stops the command naming the file and line, or with `skip_bad` is
-counted and listed in prepare.json. Everything is written into a staging folder beside OUT and renamed to
-OUT at the end: a failure leaves nothing at OUT.
+file, unreadable, damaged or not PNG/JPEG/WebP: image_file.py) stops the command naming the file and
+line, or with `skip_bad` is counted and listed in prepare.json. Everything is written into a staging folder
+of this prepare's own beside OUT and renamed to OUT at the end: a failure leaves nothing at OUT.
 """
 
 from __future__ import annotations
