@@ -30,7 +30,7 @@ from mimo_jobs.errors import MimoJobsError
 FORMAT_VERSION = 1
 LATEST = "latest"
 MANIFEST = "manifest.json"
-_ITER_RE = re.compile(r"^iter_(\d{7,})$")
+_ITER_RE = re.compile(r"^iter_(\d{7,})\Z")
 # Layout fields that decide how a checkpoint's files are cut: when they all match, a rank loads its own files
 # (the fast path); otherwise the checkpoint is resharded (trainer/checkpoint/reshard.py).
 LAYOUT_KEYS = (

@@ -14,6 +14,7 @@ relative to the image folder and stays inside it (no absolute path, no `..`).
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -49,12 +50,37 @@ def _image_paths(value: object) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse_record(line: str) -> Record:
-    """The record of one non-blank JSONL line; BadRecord naming the field and the rule."""
+def _json(line: str) -> object:
+    """The line's JSON value; BadRecord for what is not JSON or cannot be a record's text."""
     try:
         doc = json.loads(line)
     except json.JSONDecodeError as e:
         raise BadRecord(f"not JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise BadRecord(
+            "JSON nested too deep for Python to read; a record is a flat object of turns"
+        ) from None
+    except ValueError:  # the only other ValueError: an integer beyond Python's digit limit
+        raise BadRecord(
+            f"a JSON integer of more than {sys.get_int_max_str_digits():,} digits; no record field needs one"
+        ) from None
+    try:
+        json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise BadRecord(
+            "JSON nested too deep for Python to read; a record is a flat object of turns"
+        ) from None
+    except UnicodeEncodeError as e:
+        raise BadRecord(
+            f"a lone surrogate {e.object[e.start]!r} in its text (a \\ud800-\\udfff escape not in a "
+            "pair): no tokenizer can encode it"
+        ) from None
+    return doc
+
+
+def parse_record(line: str) -> Record:
+    """The record of one non-blank JSONL line; BadRecord naming the field and the rule."""
+    doc = _json(line)
     if not isinstance(doc, dict):
         raise BadRecord(f'a JSON {type(doc).__name__}, expected an object with "conversations"')
     if "conversations" not in doc:

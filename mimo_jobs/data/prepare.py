@@ -10,9 +10,9 @@ The JSONL is read one line at a time and each sample is written as soon as it is
 grow with the file. Records are dealt to train/val/test so that after every record each split's count is
 as close as can be to its share (exact to one sample, the same for the same file). A bad record (not JSON,
 turns the task encoder would refuse, `<image>` markers that do not fit, an image that is missing, not a
-file, unreadable or not PNG/JPEG/WebP) stops the command naming the file and line, or with `skip_bad` is
-counted and listed in prepare.json. Everything is written into a staging folder beside OUT and renamed to
-OUT at the end: a failure leaves nothing at OUT.
+file, unreadable, damaged or not PNG/JPEG/WebP: image_file.py) stops the command naming the file and
+line, or with `skip_bad` is counted and listed in prepare.json. Everything is written into a staging folder
+of this prepare's own beside OUT and renamed to OUT at the end: a failure leaves nothing at OUT.
 """
 
 from __future__ import annotations
@@ -20,18 +20,19 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import DataError
+from .image_file import image_member
 from .llava import BadRecord, parse_record
 from .shards import SPLITS, ShardWriter, prepare
 from .synth import CONVERSATION
 
 MAX_LINE = 16 << 20  # bytes of one JSONL record: a record is text and image paths, never image data
 LISTED_SKIPS = 100  # skipped records listed in prepare.json (all are counted)
-FORMATS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp"}  # what samples.NUMBERED_IMAGE reads
 MANIFEST = "prepare.json"
 
 
@@ -46,6 +47,9 @@ class PrepareConfig:
             raise DataError(f"split {self.split}: three shares (train, val, test), each >= 0")
         if self.split[0] <= 0:
             raise DataError(f"split {self.split}: the train share must be above 0 (the trainer reads train)")
+        total = sum(self.split)
+        if not math.isfinite(total) or not all(math.isfinite(r / total) for r in self.split):
+            raise DataError(f"split {self.split}: the shares' sum is not a finite number; give e.g. 8,1,1")
         if self.samples_per_shard < 1:
             raise DataError(f"samples per shard = {self.samples_per_shard}: need at least 1")
 
@@ -88,43 +92,6 @@ def deal(counts: dict[str, int], shares: tuple[float, ...]) -> str:
     return max(SPLITS, key=lambda s: (shares[SPLITS.index(s)] * n - counts[s], -SPLITS.index(s)))
 
 
-def _image_member(images: Path, rel: str) -> tuple[str, bytes]:
-    """(member extension, bytes) of one image of a record; BadRecord when it cannot be a training image."""
-    from .images import header_size
-
-    path = images / rel
-    if not path.exists():
-        raise BadRecord(f"image {rel!r}: no such file {path}")
-    if not path.is_file():  # a directory, or a FIFO that would block the read
-        raise BadRecord(f"image {rel!r}: {path} is not a regular file")
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise BadRecord(f"image {rel!r}: cannot read {path} ({e.strerror or e})") from None
-    fmt = _format(data)
-    if fmt not in FORMATS:
-        raise BadRecord(
-            f"image {rel!r}: {path} is {fmt or 'not an image PIL reads'}; convert it to PNG or JPEG (or WebP)"
-        )
-    try:
-        header_size(data)  # the check the task encoder makes of every image
-    except Exception as e:  # noqa: BLE001 - PIL raises many types for a damaged file
-        raise BadRecord(f"image {rel!r}: {path} is damaged ({type(e).__name__}: {e})") from None
-    return FORMATS[fmt], data
-
-
-def _format(data: bytes) -> str | None:
-    import io
-
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            return im.format
-    except (UnidentifiedImageError, OSError, ValueError):
-        return None
-
-
 def _lines(jsonl: Path, progress: Callable[[int], None]):
     """(line number, text) of every non-blank line, read one at a time; a line that is not UTF-8 or longer
     than MAX_LINE comes as a BadRecord instead of its text."""
@@ -163,6 +130,8 @@ def check_paths(jsonl: Path, images: Path, out: Path) -> None:
         raise DataError(f"{jsonl}: not a regular file (give the JSONL file)")
     if not images.is_dir():
         raise DataError(f"--images {images}: not a directory (the folder the records' image paths start at)")
+    if out.is_symlink():  # the staging folder is renamed onto OUT at the end, which a symlink cannot take
+        raise DataError(f"--out {out}: a symlink (to {out.resolve()}); give the directory itself")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         what = "a file" if not out.is_dir() else "not empty"
         raise DataError(f"--out {out}: {what}; give a new or empty directory")
@@ -180,9 +149,10 @@ def prepare_jsonl(
     cfg.check()
     check_paths(jsonl, images, out)
     out = out.absolute()
-    stage = out.parent / f".{out.name}.prepare-staging"
-    shutil.rmtree(stage, ignore_errors=True)  # what a killed run left
-    stage.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A folder of this prepare's own: another prepare into the same OUT, running or later, never touches it.
+    stage = out.parent / f".{out.name}.prepare-staging-{uuid.uuid4().hex[:12]}"
+    stage.mkdir()  # the umask's permissions, as OUT would have had
     try:
         res = _write(jsonl, images, stage, cfg, progress or (lambda n: None))
         if out.exists():
@@ -204,7 +174,7 @@ def _write(jsonl: Path, images: Path, stage: Path, cfg: PrepareConfig, progress)
                 if isinstance(line, BadRecord):
                     raise line
                 rec = parse_record(line)
-                members = [_image_member(images, rel) for rel in rec.images]
+                members = [image_member(images, rel) for rel in rec.images]
             except BadRecord as e:
                 if not cfg.skip_bad:
                     raise DataError(f"{jsonl}:{n}: {e} (or give --skip-bad to skip bad records)") from None
@@ -223,6 +193,11 @@ def _write(jsonl: Path, images: Path, stage: Path, cfg: PrepareConfig, progress)
             res.shards[s] = w.close()
     if not res.total:
         raise DataError(f"{jsonl}: no record could be prepared ({res.skipped} skipped as bad)")
+    if not res.samples["train"]:
+        raise DataError(
+            f"{jsonl}: the train split got none of the {res.total} record(s) (shares "
+            f"{', '.join(f'{r:.3g}' for r in cfg.shares)}); raise the train share (the trainer reads train)"
+        )
     shards = [name for s in SPLITS for name in res.shards[s]]
     prepare(stage, shards, {"sample_type": CONVERSATION["sample_type"]}, res.shards, "conversation_images")
     manifest = {

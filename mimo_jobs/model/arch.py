@@ -265,7 +265,7 @@ class LLMArch:
 
 # A module's name in a study (trainer.model.encoders, a point's encoders, run names, the store): letters,
 # digits and `_`, a letter first. `encoder:` is the one module of this name.
-MODULE_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
+MODULE_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}\Z")
 VISION = "vision"
 
 

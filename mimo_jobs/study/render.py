@@ -39,13 +39,13 @@ PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = base + job id % span (per j
 # Run directory paths appear in #SBATCH headers ('%' is a SLURM pattern there) and in pyxis mount lists
 # (',' and ':' are separators), so they are limited to characters that need neither; a space is quoted in
 # an #SBATCH line (sbatch_value) and in the shell (shq).
-RUN_PATH_RE = re.compile(r"^[A-Za-z0-9_./@+=~ -]+$")
-_SBATCH_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=+/@%~-]+$")
+RUN_PATH_RE = re.compile(r"^[A-Za-z0-9_./@+=~ -]+\Z")
+_SBATCH_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=+/@%~-]+\Z")
 # What a double-quoted #SBATCH value may hold: slurm's src/sbatch/opt.c (_get_argument) splits an #SBATCH
 # line at whitespace outside double quotes and drops the quotes, while a quote, a backslash (an escape in
 # later releases) or an unquoted '#' (a comment) would change the argument; so only spaces are quoted.
-_SBATCH_QUOTABLE_RE = re.compile(r"^[A-Za-z0-9_.,:=+/@%~ -]+$")
-_SHELL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SBATCH_QUOTABLE_RE = re.compile(r"^[A-Za-z0-9_.,:=+/@%~ -]+\Z")
+_SHELL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class TemplatesNotFound(MimoJobsError, FileNotFoundError):

@@ -11,7 +11,7 @@ import re
 
 MAX_SECONDS = 365 * 24 * 3600
 FORMATS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
-_RE = re.compile(r"^(?:(\d{1,3})-)?(\d{1,6})(?::(\d{1,2}))?(?::(\d{1,2}))?$")
+_RE = re.compile(r"^(?:(\d{1,3})-)?(\d{1,6})(?::(\d{1,2}))?(?::(\d{1,2}))?\Z")
 
 
 def seconds(text: str) -> int:

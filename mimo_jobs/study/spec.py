@@ -26,9 +26,9 @@ from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model.arch import ArchError, module_name_problem
 from mimo_jobs.model.resolve import resolved_field
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=+/-]{1,128}$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=+/-]{1,128}\Z")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # Sizes beyond any real cluster or run: a value past them is a typo (or hostile), and planning it would
 # only spend memory and time. The largest machines have about 10^4 nodes and 10^5 GPUs.
 MAX_NODES = 100_000
@@ -79,10 +79,10 @@ def _is_number(annotation: Any) -> bool:
 
 # Paths and image references reach srun flags (pyxis splits mounts on ',' and ':'), so they are
 # restricted to characters that need no quoting and carry no separator.
-PATH_WORD_RE = re.compile(r"^[A-Za-z0-9_./@+=~-]+$")
-IMAGE_RE = re.compile(r"^[A-Za-z0-9_./@+=~#:-]+$")
-MOUNT_RE = re.compile(r"^[A-Za-z0-9_./@+=~-]+(?::[A-Za-z0-9_./@+=~-]+(?::[a-z+]+)?)?$")
-ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:=+/@%-]+)?$")
+PATH_WORD_RE = re.compile(r"^[A-Za-z0-9_./@+=~-]+\Z")
+IMAGE_RE = re.compile(r"^[A-Za-z0-9_./@+=~#:-]+\Z")
+MOUNT_RE = re.compile(r"^[A-Za-z0-9_./@+=~-]+(?::[A-Za-z0-9_./@+=~-]+(?::[a-z+]+)?)?\Z")
+ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:=+/@%-]+)?\Z")
 
 
 class ContainerSpec(_Strict):
@@ -176,7 +176,7 @@ class ClusterSpec(_Strict):
     @field_validator("signal")
     @classmethod
     def _signal(cls, v: str) -> str:
-        if not re.match(r"^(B:)?(USR1|USR2|TERM|INT)@\d{1,5}$", v):
+        if not re.match(r"^(B:)?(USR1|USR2|TERM|INT)@\d{1,5}\Z", v):
             raise ValueError(f"{v!r} is not a signal spec like USR2@120 or B:USR1@90")
         return v
 

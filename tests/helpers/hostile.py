@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from helpers import REPO
+
 
 @dataclass(frozen=True)
 class Case:
@@ -46,6 +48,8 @@ def run_case(case: Case, tmp: Path) -> str:
         case.setup(tmp)
     argv = [a.replace("{tmp}", str(tmp)) for a in case.argv]
     env = {**os.environ, "COLUMNS": "", "MIMO_JOBS_DB": str(tmp / "default.duckdb"), **case.env}
+    # this checkout's code, never a second installed copy of mimo_jobs (as helpers/launch.py does)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     try:
         p = subprocess.run(
             [sys.executable, "-m", "mimo_jobs.cli", *argv],

@@ -109,6 +109,10 @@ CASES = [
          files={"s.yaml": edit("warmup_samples: 12", "warmup_samples: 200")}),
     Case("warmup-beyond-decay-samples", V, 2, ("trainer.lr.warmup_samples=50 is beyond the decay end at 40",),
          files={"s.yaml": edit("warmup_samples: 12", "warmup_samples: 50\n    decay_samples: 40")}),
+    # `$` matches before a final newline: every validator must match the whole text
+    Case("env-key-newline", V, 2, ("environment variable name 'FOO\\n' is not a valid shell identifier",),
+         files={"s.yaml": edit("    OMP_NUM_THREADS: 1\n", '    OMP_NUM_THREADS: 1\n    "FOO\\n": x\n')}),
+    Case("name-newline", V, 2, ("name",), files={"s.yaml": edit("name: cpu_local\n", 'name: "cpu_local\\n"\n')}),
     Case("unset-variable", V, 2, ("environment variable ${NO_SUCH_VAR_X} is not set",),
          files={"s.yaml": edit('  model: tiny', '  model: "${NO_SUCH_VAR_X}"')}),
 ]  # fmt: skip
