@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from mimo_jobs.model.arch import EncoderArch, LLMArch, ModelArch, padded_vocab
 from mimo_jobs.model.audio_arch import CONVS, AudioArch, audio_params
 from mimo_jobs.model.splits import experts_apart
+from mimo_jobs.textsafe import visible
 
 from .modmix import by_module
 
@@ -216,19 +217,22 @@ def model_summary(preset: ModelArch) -> list[str]:
     """One line per module naming it with its parameters, e.g. "llm qwen3-30b-a3b: 30.5B total, 3.3B
     active" (totals unpadded; the encoder's include its projector; a text-only model says it has none;
     several encoders: one line each, under its module name)."""
+    # a description's names are whatever a study or --model said: shown with their control characters and
+    # bidi overrides made visible, never written raw to a terminal
     p = preset.llm
-    llm = f"llm {p.name or preset.name}: {_billions(llm_params(p))} total"
+    llm = f"llm {visible(p.name or preset.name)}: {_billions(llm_params(p))} total"
     if p.num_experts:
         llm += f", {_billions(llm_active_params(p))} active"
     if by_module(preset):
         return [
-            f"encoder {n} ({a.modality}) {a.name or a.kind}: {_billions(module_params(a, p.hidden_size))}"
+            f"encoder {visible(n)} ({a.modality}) {visible(a.name or a.kind)}: "
+            f"{_billions(module_params(a, p.hidden_size))}"
             for n, a in preset.named_encoders
         ] + [llm]
     e = preset.encoder
     if e is None:
         return ["encoder: none (text-only)", llm]
-    return [f"encoder {e.name or preset.name}: {_billions(encoder_params(preset))}", llm]
+    return [f"encoder {visible(e.name or preset.name)}: {_billions(encoder_params(preset))}", llm]
 
 
 def model_json(preset: ModelArch) -> dict:

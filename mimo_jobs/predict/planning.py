@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from mimo_jobs.textsafe import visible
+
 from .assumed import EndsVerdict, ends_verdict, range_words
 from .band import band_for, band_json, band_note
 from .cost import Cost, gpu_hours_text, tokens_text
@@ -317,8 +319,8 @@ def plan_text(r: PlanResult, study: str, measure: str = "mimo-jobs data stats") 
     )
     # Transformer Engine's layers are what the fitted efficiencies describe: only the other backend is named
     layers = f", {layers_note(r.gpu)}" if r.gpu.layers != "te" and r.gpu.name != "cpu" else ""
-    lines = [
-        f"# {study} on {r.gpu.name} ({cal if cal.endswith('runs') else cal + ' efficiencies'}){layers}, "
+    lines = [  # the study's name, or the --model text as typed: shown with its control characters visible
+        f"# {visible(study)} on {r.gpu.name} ({cal if cal.endswith('runs') else cal + ' efficiencies'}){layers}, "
         f"headroom {r.headroom_bytes / GIB:.1f} GiB",
         f"# the study's trainer: {settings} (a point's comment names any setting it needs instead)",
     ]
