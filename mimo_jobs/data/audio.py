@@ -101,6 +101,9 @@ def load_clip(data: bytes):
 
     npy_shape(data)
     arr = np.load(io.BytesIO(data), allow_pickle=False)
+    if not np.isfinite(arr).all():  # a NaN or inf feature would reach the loss and the gradients
+        bad = int(arr.size - np.isfinite(arr).sum())
+        raise ValueError(f"audio clip has {bad} NaN or infinite value(s); log-mel features are finite")
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
 
 

@@ -54,8 +54,8 @@ def parse_tokens(text: str) -> float:
     if not m:
         raise ValueError(f"{text!r} is not a token count (e.g. 1T, 500B, 2.5e12)")
     n = float(m.group(1)) * _SUFFIX[m.group(2).upper()]
-    if not 0 < n < 1e18:
-        raise ValueError(f"{text!r}: give a positive token count below 1e18")
+    if not 1 <= n < 1e18:  # a budget is whole tokens: 1e-300 is no budget at all
+        raise ValueError(f"{text!r}: give a token count of at least 1 and below 1e18")
     return n
 
 

@@ -56,7 +56,7 @@ def test_token_counts_read_as_written(text, n):
     assert parse_tokens(tokens_text(n)) == pytest.approx(n)
 
 
-@pytest.mark.parametrize("text", ["", "T", "1X", "-1T", "0", "1e30", "nan"])
+@pytest.mark.parametrize("text", ["", "T", "1X", "-1T", "0", "1e30", "nan", "1e-300", "0.5"])
 def test_bad_token_counts_are_refused(text):
     with pytest.raises(ValueError):
         parse_tokens(text)
