@@ -8,7 +8,8 @@ not grow with the lanes), which yields each lane exactly the samples of that lan
 dataset, same WorkerConfig, same TaskEncoder logic -> identical keys in identical order on both sides of
 the bridge. Only encoder ranks (need_images) decode pixels.
 
-State: the energon loader state (pickled to bytes so any checkpoint format can hold it), per lane or of the
+State: the energon loader state (pickled to bytes so any checkpoint format can hold it; read back as data
+only, loader_state.py), per lane or of the
 multiplexed loader, plus per lane the count of microbatches consumed and the counted outcomes
 (skips/truncations) so totals survive a restart.
 """
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import pickle
 import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from mimo_jobs.data.batch import LaneBatch, Provider, audio_token_id
 
+from . import loader_state
 from .audio import AudioSpec, audio_spec_of
 from .check import check_data_path
 from .errors import DataError
@@ -204,10 +205,10 @@ class _Lane:
     def save(self) -> dict:
         # Safe with workers: the iterator (if any) has yielded at least once (pitfall: saving between
         # iter() and the first next() hangs); without an iterator energon returns None = initial state.
-        return {"loader": pickle.dumps(self.loader.save_state_rank())}
+        return {"loader": loader_state.dumps(self.loader.save_state_rank())}
 
     def restore(self, state: dict) -> None:
-        self.loader.restore_state_rank(pickle.loads(state["loader"]))
+        self.loader.restore_state_rank(loader_state.loads(state["loader"]))
 
     def close(self) -> None:
         from .mux import stop_loader
