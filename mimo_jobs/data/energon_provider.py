@@ -68,6 +68,7 @@ class LoaderConfig:
     packing: bool = False  # several samples per row (task_encoder.PackingTaskEncoder)
     packing_buffer_size: int = 32  # samples the packer chooses among at a time
     audio: AudioSpec | None = None  # the model's audio encoder (token rule); None: clips are refused
+    trust_dataset_code: bool = False  # the dataset's own .nv-meta loader code may run (check.py)
 
     @classmethod
     def from_run(cls, run_spec: Any, plan: Any) -> LoaderConfig:
@@ -95,6 +96,7 @@ class LoaderConfig:
             packing=d.packing,
             packing_buffer_size=d.packing_buffer_size,
             audio=audio_spec_of(preset),
+            trust_dataset_code=d.trust_dataset_code,
         )
 
 
@@ -274,7 +276,7 @@ class EnergonProvider(Provider):
         load the audio clips (None: where the images are decoded)."""
         from .task_encoder import EncodeConfig
 
-        check_data_path(cfg.path)
+        check_data_path(cfg.path, cfg.trust_dataset_code)
         bad = [x for x in lanes if not 0 <= x < cfg.llm_dp]
         if bad or not lanes:
             raise DataError(f"lanes {lanes} must be a non-empty subset of [0, llm_dp={cfg.llm_dp})")
