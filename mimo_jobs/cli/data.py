@@ -317,6 +317,11 @@ def stats_cmd(
         "inside the dataset folder).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of the tables."),
+    trust_dataset_code: bool = typer.Option(
+        False,
+        "--trust-dataset-code",
+        help="This dataset is code: let energon run its own .nv-meta loader (as trainer.data.trust_dataset_code).",
+    ),
 ) -> None:
     """Per-sample image tokens (after tiling and downsampling), text tokens, images, tiles and packing
     efficiency of a dataset; `trainer.data.stats` (or the file's default place) lets predict and plan use it."""
@@ -358,7 +363,12 @@ def stats_cmd(
         if out is not None and out.is_dir():
             raise DataError(f"--out {out}: a directory; give the JSON file to write")
         samples, skipped = scan(
-            str(data_path.resolve()), measured.geometry, measured.vocab_size, tok, measured.audio
+            str(data_path.resolve()),
+            measured.geometry,
+            measured.vocab_size,
+            tok,
+            measured.audio,
+            trust_dataset_code or measured.trust_code,
         )
         if not samples:
             raise DataError(f"{data_path}: no sample could be read ({skipped} skipped as bad)")
@@ -402,6 +412,7 @@ class _Measured:
     tokenizer_field: str = "--tokenizer"
     stats: Path | None = None  # the study's trainer.data.stats
     audio: object = None  # mimo_jobs.data.audio.AudioSpec of the model's audio encoder, if it has one
+    trust_code: bool = False  # the study's trainer.data.trust_dataset_code
 
 
 def _argument_settings(path, model, seq_length, tokenizer, max_tiles, thumbnail) -> _Measured:
@@ -455,6 +466,7 @@ def _study_settings(study: Path) -> _Measured:
         tokenizer_field=f"{where}.data.tokenizer",
         stats=stats,
         audio=audio_spec_of(arch),
+        trust_code=data.trust_dataset_code,
     )
 
 

@@ -19,6 +19,7 @@ only the trainer and the `data` commands load):
   task_encoder   energon TaskEncoder: placeholders, labels, loss mask, flat variable-length image batches
   energon_provider  the trainer's Provider: one savable energon loader per LLM DP lane, exact resume
   mux            one energon loader for the several lanes an encoder replica serves
+  loader_state   the checkpointed energon loader state, pickled and read back as data only
   packing        sequence packing (pure): which samples share a row, and where each sits
   check          cheap checks of an energon data setting before any loader exists (no energon import)
   errors         DataError: names the dataset, shard and sample a problem is in

@@ -8,7 +8,8 @@ not grow with the lanes), which yields each lane exactly the samples of that lan
 dataset, same WorkerConfig, same TaskEncoder logic -> identical keys in identical order on both sides of
 the bridge. Only encoder ranks (need_images) decode pixels.
 
-State: the energon loader state (pickled to bytes so any checkpoint format can hold it), per lane or of the
+State: the energon loader state (pickled to bytes so any checkpoint format can hold it; read back as data
+only, loader_state.py), per lane or of the
 multiplexed loader, plus per lane the count of microbatches consumed and the counted outcomes
 (skips/truncations) so totals survive a restart.
 """
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import pickle
 import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from mimo_jobs.data.batch import LaneBatch, Provider, audio_token_id
 
+from . import loader_state
 from .audio import AudioSpec, audio_spec_of
 from .check import check_data_path
 from .errors import DataError
@@ -67,6 +68,7 @@ class LoaderConfig:
     packing: bool = False  # several samples per row (task_encoder.PackingTaskEncoder)
     packing_buffer_size: int = 32  # samples the packer chooses among at a time
     audio: AudioSpec | None = None  # the model's audio encoder (token rule); None: clips are refused
+    trust_dataset_code: bool = False  # the dataset's own .nv-meta loader code may run (check.py)
 
     @classmethod
     def from_run(cls, run_spec: Any, plan: Any) -> LoaderConfig:
@@ -94,6 +96,7 @@ class LoaderConfig:
             packing=d.packing,
             packing_buffer_size=d.packing_buffer_size,
             audio=audio_spec_of(preset),
+            trust_dataset_code=d.trust_dataset_code,
         )
 
 
@@ -204,10 +207,10 @@ class _Lane:
     def save(self) -> dict:
         # Safe with workers: the iterator (if any) has yielded at least once (pitfall: saving between
         # iter() and the first next() hangs); without an iterator energon returns None = initial state.
-        return {"loader": pickle.dumps(self.loader.save_state_rank())}
+        return {"loader": loader_state.dumps(self.loader.save_state_rank())}
 
     def restore(self, state: dict) -> None:
-        self.loader.restore_state_rank(pickle.loads(state["loader"]))
+        self.loader.restore_state_rank(loader_state.loads(state["loader"]))
 
     def close(self) -> None:
         from .mux import stop_loader
@@ -273,7 +276,7 @@ class EnergonProvider(Provider):
         load the audio clips (None: where the images are decoded)."""
         from .task_encoder import EncodeConfig
 
-        check_data_path(cfg.path)
+        check_data_path(cfg.path, cfg.trust_dataset_code)
         bad = [x for x in lanes if not 0 <= x < cfg.llm_dp]
         if bad or not lanes:
             raise DataError(f"lanes {lanes} must be a non-empty subset of [0, llm_dp={cfg.llm_dp})")

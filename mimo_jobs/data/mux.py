@@ -17,7 +17,6 @@ taken when lanes were drawn unevenly restores exactly too.
 from __future__ import annotations
 
 import contextlib
-import pickle
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from megatron.energon import SavableDataset, WorkerConfig, get_savable_loader
 from megatron.energon.flavors.base_dataset import PinMemoryMixin
 from megatron.energon.wrappers.base import BaseWrapperDataset
 
+from . import loader_state
 from .errors import DataError
 
 
@@ -154,8 +154,8 @@ class MuxReader:
         # None = the initial state.
         return {
             "lanes": list(self.lanes),
-            "loader": pickle.dumps(self.loader.save_state_rank()),
-            "pending": {x: pickle.dumps(list(q)) for x, q in self.pending.items()},
+            "loader": loader_state.dumps(self.loader.save_state_rank()),
+            "pending": {x: loader_state.dumps(list(q)) for x, q in self.pending.items()},
         }
 
     def restore(self, state: dict) -> None:
@@ -165,8 +165,8 @@ class MuxReader:
                 f"checkpointed data state is one multiplexed loader for lanes {list(state['lanes'])}; this "
                 f"rank reads lanes {self.lanes}: resume with the same layout"
             )
-        self.loader.restore_state_rank(pickle.loads(state["loader"]))
-        self.pending = {x: deque(pickle.loads(state["pending"][x])) for x in self.lanes}
+        self.loader.restore_state_rank(loader_state.loads(state["loader"]))
+        self.pending = {x: deque(loader_state.loads(state["pending"][x])) for x in self.lanes}
 
     @property
     def started(self) -> bool:

@@ -45,10 +45,12 @@ def scan(
     vocab_size: int | None,
     tokenizer: str | None,
     audio: AudioSpec | None = None,
+    trust_code: bool = False,
 ) -> tuple[list[SampleStat], int]:
     """(per-sample stats in the dataset's order, samples skipped as bad). vocab_size None (an image encoder
     without its LLM): the tokenizer's own ids, the placeholders after them; token counts do not depend
-    on the vocabulary's size. `audio`: the audio encoder's token rule (None: a clip stops the pass)."""
+    on the vocabulary's size. `audio`: the audio encoder's token rule (None: a clip stops the pass).
+    `trust_code`: the dataset's own loader code may run (check.py)."""
     if vocab_size is None:
         vocab_size = BUILTIN_VOCAB + (audio is not None) if tokenizer is None else NO_LIMIT
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
@@ -59,7 +61,7 @@ def scan(
         def batch(self, samples: list[Any]) -> list[SampleStat]:
             return [_stat(s, geometry) for s in samples]
 
-    check_data_path(path)
+    check_data_path(path, trust_code)
     aud_id = audio_token_id(vocab_size) if audio is not None else None
     tok = load_tokenizer(tokenizer, vocab_size, image_token_id(vocab_size), aud_id)
     enc = _Counting(

@@ -270,6 +270,7 @@ class DataSpec(_Strict):
             "stats",
             "audio_fraction",
             "audio_frames",
+            "trust_dataset_code",
         }
     )
     provider: Literal["mock", "energon"] = "mock"
@@ -281,6 +282,8 @@ class DataSpec(_Strict):
     tokenizer: str | None = None
     # energon: a corrupt/incomplete/too-long sample stops the run naming shard and key, or is skipped and counted
     on_bad_sample: Literal["error", "skip"] = "error"
+    # energon: a dataset whose .nv-meta loader is not this package's own is code; read it only when true
+    trust_dataset_code: bool = False
     truncate_text: bool = False  # energon: cut text that does not fit seq_length (counted); images never cut
     shuffle_buffer_size: int | None = Field(100, ge=1)  # energon sample shuffle buffer (None: no shuffle)
     max_samples_per_sequence: int | None = Field(100, ge=1)  # energon: samples read in a row from one shard

@@ -493,7 +493,7 @@ def _restore_rank(
     if provider is not None:
         if own["provider"] is None:
             raise CheckpointMismatch(f"{d / rank_file(rank)}: no data-provider state saved")
-        provider.load_state_dict(own["provider"])
+        R.load_provider_state(provider, own["provider"], d / rank_file(rank))
     S.set_rng_state(own["rng"])
     return Resumed(
         path=d,

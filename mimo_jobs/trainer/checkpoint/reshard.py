@@ -339,6 +339,17 @@ def data_state(info: CheckpointInfo, provider, gbs: int) -> dict | None:
     )
 
 
+def load_provider_state(provider, state: dict, source: Path) -> None:
+    """The provider continues from `state`, read from `source`; loader state that is not data (a crafted
+    pickle) is refused naming the checkpoint it came from."""
+    from mimo_jobs.data.loader_state import LoaderStateRefused
+
+    try:
+        provider.load_state_dict(state)
+    except LoaderStateRefused as e:
+        raise CheckpointError(f"{source}: {e}") from None
+
+
 def _same_lanes(info: CheckpointInfo, provider, gbs: int) -> bool:
     cfg = provider.cfg
     lanes = getattr(cfg, "lanes", None)
@@ -360,5 +371,5 @@ def restore_rank(info: CheckpointInfo, modules: list, provider: Any, gbs: int, w
     if provider is not None:
         st = data_state(info, provider, gbs)
         if st is not None:
-            provider.load_state_dict(st)
+            load_provider_state(provider, st, info.path)
     return info.iteration, info.consumed_samples
