@@ -113,3 +113,80 @@ def test_the_reference_trains_vision_and_audio_on_energon(omni_data, tmp_path):
     rows = [json.loads(x) for x in (rd.root / "metrics.reference.jsonl").read_text().splitlines()]
     it = next(r for r in rows if r["kind"] == "iteration")
     assert it["loss"] > 0 and it["extras"]["image_tokens"] > 0
+
+
+def _members(root) -> dict[str, int]:
+    """Image and clip members of the shards, counted from the tar files: {"image": n, "audio": n}."""
+    import tarfile
+
+    out = {"image": 0, "audio": 0}
+    for shard in sorted(root.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                out["image"] += m.name.endswith(".png")
+                out["audio"] += m.name.endswith(".npy")
+    return out
+
+
+def _stats(*args):
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.cli", "data", "stats", *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_data_stats_measures_each_module(omni_data, tmp_path):
+    """`data stats` of a vision + audio model, from --model and from a study: each module's items and tokens
+    under `modules`, the one-image-encoder keys the planner reads kept; an audio-only model names the image
+    sample it cannot embed."""
+    import yaml
+
+    from mimo_jobs.contract.datastats import read_stats
+
+    want = _members(omni_data)
+    out = tmp_path / "stats.json"
+    model = json.dumps(OMNI)
+    r = _stats(omni_data, "--seq-length", 64, "--model", model, "--out", out)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    mods = doc["modules"]
+    assert list(mods) == ["vision", "audio"]
+    assert (mods["vision"]["items"], mods["audio"]["items"]) == (want["image"], want["audio"])
+    per = doc["per_sample"]
+    assert mods["vision"]["tokens"]["max"] == max(s["image_tokens"] for s in per) > 0
+    assert mods["audio"]["tokens"]["max"] == max(s["audio_tokens"] for s in per) > 0
+    assert "module audio (audio): " in r.stdout
+    read_stats(out)  # the planner's reader takes the file as before
+
+    study = tmp_path / "omni.yaml"
+    study.write_text(
+        yaml.safe_dump(
+            {
+                "name": "omnistats",
+                "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": 1},
+                "trainer": {
+                    "model": OMNI,
+                    "seq_length": 64,
+                    "train_iters": 1,
+                    "data": {
+                        "provider": "energon",
+                        "path": str(omni_data),
+                        "stats": str(tmp_path / "s2.json"),
+                    },
+                },
+                "matrix": {"points": [{"nodes": 1, "colocated": True, "llm": {"dp": 1}, "gbs": 4, "mbs": 4}]},
+            }
+        )
+    )
+    r = _stats("--study", study)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "s2.json").read_text())["modules"] == mods
+
+    r = _stats(omni_data, "--seq-length", 64, "--model", json.dumps(AUDIO_ONLY), "--out", out)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "has an image but the model has no image encoder" in r.stderr + r.stdout
