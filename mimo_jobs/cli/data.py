@@ -232,6 +232,11 @@ def prepare_cmd(
     skip_bad: bool = typer.Option(
         False, "--skip-bad", help="Skip (and count) bad records instead of stopping at the first."
     ),
+    n_mels: int = typer.Option(
+        80,
+        "--n-mels",
+        help="Mel bins of the audio clips: the audio encoder's num_mel_bins (Whisper: 80 or 128).",
+    ),
 ) -> None:
     """Write OUT as an energon dataset of conversations (ConversationSample, the images' own bytes): use it
     as trainer.data.path, with a tokenizer that has a chat template."""
@@ -239,12 +244,13 @@ def prepare_cmd(
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mimo_jobs.data.errors import DataError
+    from mimo_jobs.data.llava import KNOWN_KEYS
     from mimo_jobs.data.prepare import PrepareConfig, check_paths, parse_split, prepare_jsonl
     from mimo_jobs.textsafe import visible
 
     folder = images if images is not None else jsonl.parent
     try:
-        cfg = PrepareConfig(parse_split(split), samples_per_shard, skip_bad)
+        cfg = PrepareConfig(parse_split(split), samples_per_shard, skip_bad, n_mels)
         cfg.check()
         check_paths(jsonl, folder, out)
     except DataError as e:
@@ -267,7 +273,16 @@ def prepare_cmd(
         fail(f"{e.filename or out}: {e.strerror or e}", code=1)
     per = ", ".join(f"{s} {n}" for s, n in res.samples.items())
     shards = sum(len(v) for v in res.shards.values())
-    typer.echo(f"{out}: {res.total} samples ({per}) with {res.images} images in {shards} shard(s)")
+    typer.echo(
+        f"{out}: {res.total} samples ({per}) with {res.images} images and {res.audio} audio clips "
+        f"in {shards} shard(s)"
+    )
+    for key, n in res.unknown_keys.items():
+        typer.echo(
+            f"warning: {n} record(s) have the key {visible(repr(key))}, which nothing reads (known: "
+            f"{', '.join(KNOWN_KEYS)}); it is not in the dataset",
+            err=True,
+        )
     if res.skipped:
         first = res.skipped_lines[0]
         typer.echo(

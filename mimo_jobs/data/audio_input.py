@@ -23,6 +23,7 @@ from mimo_jobs.model.families.whisper import MelFeatures
 from .audio import npy_bytes, npy_shape
 
 AUDIO_SUFFIXES = (".npy", ".wav", ".flac")
+MAX_FILE_BYTES = 256 << 20  # one audio file (600 s of 16 kHz 32-bit stereo is under 80 MiB)
 MAX_SECONDS = 600  # one clip of a record; longer audio is cut into clips before it is prepared
 _LOG_FLOOR = 1e-10  # the extractor's mel floor
 _DYNAMIC_RANGE = 8.0  # log10 units kept below the clip's maximum
@@ -134,3 +135,25 @@ def clip_member(path: Path, f: MelFeatures) -> bytes:
     raise AudioFileError(
         f"{path}: audio is read from {', '.join(AUDIO_SUFFIXES)} files, not {suffix or 'no suffix'}"
     )
+
+
+def record_clip(folder: Path, rel: str, f: MelFeatures) -> bytes:
+    """The `.npy` member of one audio path of a record (relative to `folder`, kept inside it); ValueError
+    naming the path and the rule (data prepare turns it into a refused record)."""
+    path = folder / rel
+    try:
+        inside = path.resolve().is_relative_to(folder.resolve())
+    except OSError as e:
+        raise AudioFileError(f"audio {rel!r}: cannot resolve {path} ({e.strerror or e})") from None
+    if not inside:
+        raise AudioFileError(f"audio {rel!r}: {path} leads out of {folder}")
+    if not path.exists():
+        raise AudioFileError(f"audio {rel!r}: no such file {path}")
+    if not path.is_file():
+        raise AudioFileError(f"audio {rel!r}: {path} is not a regular file")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise AudioFileError(f"audio {rel!r}: {path} is over {MAX_FILE_BYTES >> 20} MiB")
+    try:
+        return clip_member(path, f)
+    except OSError as e:
+        raise AudioFileError(f"audio {rel!r}: cannot read {path} ({e.strerror or e})") from None
