@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 import typer
@@ -231,6 +232,11 @@ def prepare_cmd(
     skip_bad: bool = typer.Option(
         False, "--skip-bad", help="Skip (and count) bad records instead of stopping at the first."
     ),
+    n_mels: int = typer.Option(
+        80,
+        "--n-mels",
+        help="Mel bins of the audio clips: the audio encoder's num_mel_bins (Whisper: 80 or 128).",
+    ),
 ) -> None:
     """Write OUT as an energon dataset of conversations (ConversationSample, the images' own bytes): use it
     as trainer.data.path, with a tokenizer that has a chat template."""
@@ -238,12 +244,13 @@ def prepare_cmd(
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mimo_jobs.data.errors import DataError
+    from mimo_jobs.data.llava import KNOWN_KEYS
     from mimo_jobs.data.prepare import PrepareConfig, check_paths, parse_split, prepare_jsonl
     from mimo_jobs.textsafe import visible
 
     folder = images if images is not None else jsonl.parent
     try:
-        cfg = PrepareConfig(parse_split(split), samples_per_shard, skip_bad)
+        cfg = PrepareConfig(parse_split(split), samples_per_shard, skip_bad, n_mels)
         cfg.check()
         check_paths(jsonl, folder, out)
     except DataError as e:
@@ -266,7 +273,16 @@ def prepare_cmd(
         fail(f"{e.filename or out}: {e.strerror or e}", code=1)
     per = ", ".join(f"{s} {n}" for s, n in res.samples.items())
     shards = sum(len(v) for v in res.shards.values())
-    typer.echo(f"{out}: {res.total} samples ({per}) with {res.images} images in {shards} shard(s)")
+    typer.echo(
+        f"{out}: {res.total} samples ({per}) with {res.images} images and {res.audio} audio clips "
+        f"in {shards} shard(s)"
+    )
+    for key, n in res.unknown_keys.items():
+        typer.echo(
+            f"warning: {n} record(s) have the key {visible(repr(key))}, which nothing reads (known: "
+            f"{', '.join(KNOWN_KEYS)}); it is not in the dataset",
+            err=True,
+        )
     if res.skipped:
         first = res.skipped_lines[0]
         typer.echo(
@@ -381,8 +397,8 @@ def stats_cmd(
         "model": measured.model,
         **({"study": str(study)} if study is not None else {}),
         "tokenizer": tok or "builtin-char",
-        "geometry": geometry_record(measured.geometry),
-        **summarize(samples, measured.seq_length, skipped),
+        **({"geometry": geometry_record(measured.geometry)} if measured.geometry is not None else {}),
+        **summarize(samples, measured.seq_length, skipped, measured.modules),
     }
     dest = out or measured.stats or stats_file_for(data_path)
     try:
@@ -405,7 +421,7 @@ class _Measured:
 
     path: Path
     model: object  # as the document records it: the --model argument, or the study's trainer.model
-    geometry: object  # mimo_jobs.model.tiling.ImageGeometry
+    geometry: object  # mimo_jobs.model.tiling.ImageGeometry of the image module; None: no image module
     vocab_size: int | None  # None: an encoder without its LLM (scan.py)
     seq_length: int
     tokenizer: str | None
@@ -413,12 +429,13 @@ class _Measured:
     stats: Path | None = None  # the study's trainer.data.stats
     audio: object = None  # mimo_jobs.data.audio.AudioSpec of the model's audio encoder, if it has one
     trust_code: bool = False  # the study's trainer.data.trust_dataset_code
+    modules: dict | None = None  # encoder module name -> its modality, in the model's order
 
 
 def _argument_settings(path, model, seq_length, tokenizer, max_tiles, thumbnail) -> _Measured:
     from mimo_jobs.model.arch import ArchError
-    from mimo_jobs.model.resolve import image_model
-    from mimo_jobs.model.tiling import MAX_TILES, ImageGeometry
+    from mimo_jobs.model.resolve import data_model
+    from mimo_jobs.model.tiling import MAX_TILES
     from mimo_jobs.textsafe import visible
 
     if path is None:
@@ -428,19 +445,42 @@ def _argument_settings(path, model, seq_length, tokenizer, max_tiles, thumbnail)
     if seq_length < 1:
         fail(f"--seq-length={seq_length}: must be >= 1")
     try:
-        enc, llm = image_model(model or "tiny", Path.cwd())
+        encoders, llm = data_model(model or "tiny", Path.cwd())
     except ArchError as e:
         fail(visible(e.describe()), where="--model")
     if not 1 <= max_tiles <= MAX_TILES:
         fail(f"--max-tiles={max_tiles}: must be between 1 and {MAX_TILES}")
-    geometry = ImageGeometry.of(enc, max_tiles, thumbnail)
-    return _Measured(path, model or "tiny", geometry, llm.vocab_size if llm else None, seq_length, tokenizer)
+    return _measured_modules(
+        encoders,
+        max_tiles,
+        thumbnail,
+        path=path,
+        model=model or "tiny",
+        vocab_size=llm.vocab_size if llm else None,
+        seq_length=seq_length,
+        tokenizer=tokenizer,
+    )
+
+
+def _measured_modules(encoders: dict, max_tiles: int, thumbnail: bool, **fields) -> _Measured:
+    """What a model's encoder modules give the measurement: the image module's geometry (None without one),
+    the audio module's token rule, each module's modality."""
+    from mimo_jobs.data.audio import audio_spec_of
+    from mimo_jobs.data.images import image_module_of
+    from mimo_jobs.model.tiling import ImageGeometry
+
+    holder = SimpleNamespace(encoders=encoders)
+    image = image_module_of(holder)
+    return _Measured(
+        geometry=None if image is None else ImageGeometry.of(image, max_tiles, thumbnail),
+        audio=audio_spec_of(holder),
+        modules={n: e.modality for n, e in encoders.items()},
+        **fields,
+    )
 
 
 def _study_settings(study: Path) -> _Measured:
-    from mimo_jobs.data.audio import audio_spec_of
     from mimo_jobs.model.resolve import arch_of
-    from mimo_jobs.model.tiling import ImageGeometry
 
     diag, stats = _load_study(study)
     if not diag.runs:
@@ -454,18 +494,21 @@ def _study_settings(study: Path) -> _Measured:
             "there is no dataset to measure (set provider: energon and data.path)"
         )
     arch = arch_of(trainer.model)
-    if arch.encoder is None:
-        fail(f"{where}.model is text-only (no image encoder): a dataset's image tokens mean nothing to it")
-    return _Measured(
+    if not arch.encoders:
+        fail(
+            f"{where}.model is text-only (no encoder module): a dataset's image or audio tokens mean nothing to it"
+        )
+    return _measured_modules(
+        arch.encoders,
+        data.max_tiles,
+        data.thumbnail,
         path=Path(data.path),
         model=trainer.model,
-        geometry=ImageGeometry.of(arch.encoder, data.max_tiles, data.thumbnail),
         vocab_size=arch.llm.vocab_size,
         seq_length=trainer.seq_length,
         tokenizer=data.tokenizer,
         tokenizer_field=f"{where}.data.tokenizer",
         stats=stats,
-        audio=audio_spec_of(arch),
         trust_code=data.trust_dataset_code,
     )
 
@@ -529,12 +572,23 @@ def _print_stats(doc: dict) -> None:
             "audio clips per sample: "
             + ", ".join(f"{k}: {v}" for k, v in doc["audio_clips_per_sample"].items())
         )
-    g = doc["geometry"]
-    tiling = f"up to {g['max_tiles']} tiles" + (" + thumbnail" if g["thumbnail"] else "")
-    con.print(
-        f"image geometry: {g['image_size']} px pieces of {g['patch_size']} px patches, downsample "
-        f"{g['downsample']}, {tiling}; tokens per encoder sample E[n^2]/E[n] {doc['tokens_per_tile']:.1f}"
-    )
+    g = doc.get("geometry")
+    if g is not None:
+        tiling = f"up to {g['max_tiles']} tiles" + (" + thumbnail" if g["thumbnail"] else "")
+        con.print(
+            f"image geometry: {g['image_size']} px pieces of {g['patch_size']} px patches, downsample "
+            f"{g['downsample']}, {tiling}; tokens per encoder sample E[n^2]/E[n] {doc['tokens_per_tile']:.1f}"
+        )
+    for name, m in doc.get("modules", {}).items():
+        if "items_go_to" in m:
+            con.print(f"module {name} ({m['modality']}): its items go to module {m['items_go_to']}")
+            continue
+        item = "image(s)" if m["modality"] == "image" else "clip(s)"
+        con.print(
+            f"module {name} ({m['modality']}): {m['items']} {item} in {m['samples_with']} sample(s); tokens "
+            f"per sample mean {m['tokens']['mean']:.1f}, max {m['tokens']['max']}; "
+            f"{m['token_share']:.1%} of the LLM's real tokens"
+        )
     width = max((b["count"] for b in doc["tokens_histogram"]), default=1)
     for b in doc["tokens_histogram"]:
         bar = "#" * max(1 if b["count"] else 0, round(40 * b["count"] / width))

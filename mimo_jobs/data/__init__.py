@@ -16,6 +16,7 @@ only the trainer and the `data` commands load):
   scan, stats    `data stats`: one pass through the task encoder (energon), and its summary (pure)
   images         image size -> patch-token count and pixel preprocessing shared with the trainer's encoder
   audio          audio clips (log-mel `.npy` members): header checks, loading, the audio encoder's token rule
+  audio_input    audio files (`.npy`, PCM `.wav`) -> log-mel clips as Whisper's feature extractor makes them
   task_encoder   energon TaskEncoder: placeholders, labels, loss mask, flat variable-length image batches
   energon_provider  the trainer's Provider: one savable energon loader per LLM DP lane, exact resume
   mux            one energon loader for the several lanes an encoder replica serves

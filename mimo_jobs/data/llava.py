@@ -3,12 +3,14 @@
 A record is a JSON object on one line:
 
   {"id": "...", "image": "rel/path.jpg" (optional; or a list of paths),
+   "audio": "rel/clip.npy" (optional; or a list; `.npy` log-mel or `.wav`: data/audio_input.py),
    "conversations": [{"from": "human", "value": "<image>\\nWhat ...?"}, {"from": "gpt", "value": "..."}]}
 
 The turns must be what the task encoder trains on (chat.normalize_turns: roles human/gpt/system or
 user/assistant, text content, an assistant turn), and the `<image>` markers must fit the images
 (chat.place_images: one per image, or none and they go before the first user text). An image path is
-relative to the image folder and stays inside it (no absolute path, no `..`).
+relative to the image folder and stays inside it (no absolute path, no `..`); so is an audio path, and the
+`<audio>` markers must be one per clip (never placed by guess). Any other key is reported in `unknown`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from .audio import AUDIO_MARKER
 from .chat import normalize_turns, place_images
 
 
@@ -30,17 +33,24 @@ class Record:
     id: object  # the record's own "id" (any JSON value), kept in the sample's JSON member
     conversations: list  # as written: LLaVA's {"from", "value"} turns
     images: tuple[str, ...]  # paths relative to the image folder, in marker order
+    audio: tuple[
+        str, ...
+    ] = ()  # audio files (.npy log-mel, .wav), relative to the same folder, in marker order
+    unknown: tuple[str, ...] = ()  # keys the record has that nothing reads (warned about, never silent)
 
 
-def _image_paths(value: object) -> tuple[str, ...]:
+KNOWN_KEYS = ("id", "image", "audio", "conversations")
+
+
+def _image_paths(value: object, key: str = "image") -> tuple[str, ...]:
     if value is None:
         return ()
     paths = value if isinstance(value, list) else [value]
     if not paths:
-        raise BadRecord('field "image" is an empty list; leave it out for a text-only record')
+        raise BadRecord(f'field "{key}" is an empty list; leave it out for a record without one')
     out = []
     for i, p in enumerate(paths):
-        where = 'field "image"' + (f" item {i}" if isinstance(value, list) else "")
+        where = f'field "{key}"' + (f" item {i}" if isinstance(value, list) else "")
         if not isinstance(p, str) or not p.strip():
             raise BadRecord(f"{where} is {p!r}; expected a path relative to the image folder")
         pp = PurePosixPath(p.replace("\\", "/"))
@@ -86,9 +96,18 @@ def parse_record(line: str) -> Record:
     if "conversations" not in doc:
         raise BadRecord('no "conversations" field (a list of {"from", "value"} turns)')
     images = _image_paths(doc.get("image"))
+    audio = _image_paths(doc.get("audio"), "audio")
     try:
         turns = normalize_turns(doc["conversations"])
         place_images(turns, len(images))
     except ValueError as e:
         raise BadRecord(str(e).replace("field 'conversation'", 'field "conversations"')) from None
-    return Record(doc.get("id"), doc["conversations"], images)
+    # one marker per clip, as the task encoder checks (chat.check_audio_markers): a clip is never placed by guess
+    n = sum(t["content"].count(AUDIO_MARKER) for t in turns)
+    if n != len(audio):
+        raise BadRecord(
+            f'the text has {n} {AUDIO_MARKER} marker(s) but field "audio" gives {len(audio)} clip(s); '
+            f"write one {AUDIO_MARKER} where each clip goes"
+        )
+    unknown = tuple(k for k in doc if k not in KNOWN_KEYS)
+    return Record(doc.get("id"), doc["conversations"], images, audio, unknown)

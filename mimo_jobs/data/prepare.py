@@ -41,6 +41,7 @@ class PrepareConfig:
     split: tuple[float, float, float] = (1.0, 0.0, 0.0)  # train, val, test shares (normalized)
     samples_per_shard: int = 1000
     skip_bad: bool = False
+    n_mels: int = 80  # mel bins of the log-mel clips (the audio encoder's num_mel_bins; Whisper's 80 or 128)
 
     def check(self) -> None:
         if len(self.split) != 3 or not all(math.isfinite(r) and r >= 0 for r in self.split):
@@ -50,6 +51,8 @@ class PrepareConfig:
         total = sum(self.split)
         if not math.isfinite(total) or not all(math.isfinite(r / total) for r in self.split):
             raise DataError(f"split {self.split}: the shares' sum is not a finite number; give e.g. 8,1,1")
+        if not 1 <= self.n_mels <= 512:
+            raise DataError(f"--n-mels={self.n_mels}: mel bins from 1 to 512 (Whisper reads 80 or 128)")
         if self.samples_per_shard < 1:
             raise DataError(f"samples per shard = {self.samples_per_shard}: need at least 1")
 
@@ -65,6 +68,8 @@ class PrepareResult:
     samples: dict[str, int]  # per split
     shards: dict[str, list[str]]
     images: int = 0
+    audio: int = 0  # audio clips written
+    unknown_keys: dict[str, int] = field(default_factory=dict)  # record keys nothing reads -> records
     skipped: int = 0
     skipped_lines: list[dict] = field(default_factory=list)  # the first LISTED_SKIPS: {line, reason}
 
@@ -165,6 +170,20 @@ def prepare_jsonl(
     return res
 
 
+def _clips(folder: Path, rec, cfg: PrepareConfig) -> list[bytes]:
+    """The record's audio clips as `.npy` members (data/audio_input.py reads and converts them)."""
+    if not rec.audio:
+        return []
+    from mimo_jobs.model.families.whisper import MelFeatures
+
+    from .audio_input import AudioFileError, record_clip
+
+    try:
+        return [record_clip(folder, rel, MelFeatures(n_mels=cfg.n_mels)) for rel in rec.audio]
+    except AudioFileError as e:
+        raise BadRecord(str(e)) from None
+
+
 def _write(jsonl: Path, images: Path, stage: Path, cfg: PrepareConfig, progress) -> PrepareResult:
     res = PrepareResult(stage, {s: 0 for s in SPLITS}, {s: [] for s in SPLITS})
     writers = {s: ShardWriter(stage, s, cfg.samples_per_shard) for s in SPLITS}
@@ -175,6 +194,7 @@ def _write(jsonl: Path, images: Path, stage: Path, cfg: PrepareConfig, progress)
                     raise line
                 rec = parse_record(line)
                 members = [image_member(images, rel) for rel in rec.images]
+                clips = _clips(images, rec, cfg)
             except BadRecord as e:
                 if not cfg.skip_bad:
                     raise DataError(f"{jsonl}:{n}: {e} (or give --skip-bad to skip bad records)") from None
@@ -184,10 +204,14 @@ def _write(jsonl: Path, images: Path, stage: Path, cfg: PrepareConfig, progress)
                 continue
             files = {"json": json.dumps({"id": rec.id, "conversation": rec.conversations}).encode()}
             files |= {f"{j}.{ext}": data for j, (ext, data) in enumerate(members)}
+            files |= {f"{j}.npy": data for j, data in enumerate(clips)}
             split = deal(res.samples, cfg.shares)
             writers[split].add(f"l{n:09d}", files)
             res.samples[split] += 1
             res.images += len(members)
+            res.audio += len(clips)
+            for k in rec.unknown:
+                res.unknown_keys[k] = res.unknown_keys.get(k, 0) + 1
     finally:
         for s, w in writers.items():
             res.shards[s] = w.close()
@@ -207,6 +231,8 @@ def _write(jsonl: Path, images: Path, stage: Path, cfg: PrepareConfig, progress)
         "samples_per_shard": cfg.samples_per_shard,
         "samples": res.samples,
         "images_written": res.images,
+        "audio_written": res.audio,
+        "unknown_keys": res.unknown_keys,
         "skipped": res.skipped,
         "skipped_lines": res.skipped_lines,
     }

@@ -89,7 +89,48 @@ def tokens_per_tile(samples: list[SampleStat]) -> float:
     return sum(s.tile_tokens_sq for s in samples) / n if n else 0.0
 
 
-def summarize(samples: list[SampleStat], seq_length: int, skipped: int = 0) -> dict:
+def module_summary(samples: list[SampleStat], modality: str, seq_length: int) -> dict:
+    """One encoder module's share of the dataset: its items (images, or audio clips) and the LLM tokens they
+    become, per sample, and the share of the LLM's real token slots they fill (the packing figures of the
+    whole sequence are the summary's)."""
+    items = [s.images if modality == "image" else s.audio_clips for s in samples]
+    tokens = [s.image_tokens if modality == "image" else s.audio_tokens for s in samples]
+    total = sum(min(s.tokens, seq_length) for s in samples)
+    per: dict[int, int] = {}
+    for n in items:
+        per[n] = per.get(n, 0) + 1
+    out = {
+        "modality": modality,
+        "items": sum(items),
+        "samples_with": sum(1 for n in items if n),
+        "items_per_sample": {str(k): v for k, v in sorted(per.items())},
+        "tokens": describe_values(tokens),
+        "token_share": sum(tokens) / total if total else 0.0,
+    }
+    if modality == "image":
+        out["tiles"] = describe_values([s.tiles for s in samples])
+        out["tokens_per_tile"] = tokens_per_tile(samples)
+    return out
+
+
+def _modules(samples: list[SampleStat], modules: dict[str, str], seq_length: int) -> dict:
+    first: dict[str, str] = {}  # modality -> the module its items go to (the first of that modality)
+    out = {}
+    for name, modality in modules.items():
+        if modality in first:
+            out[name] = {"modality": modality, "items": 0, "samples_with": 0, "items_go_to": first[modality]}
+            continue
+        first[modality] = name
+        out[name] = module_summary(samples, modality, seq_length)
+    return out
+
+
+def summarize(
+    samples: list[SampleStat], seq_length: int, skipped: int = 0, modules: dict[str, str] | None = None
+) -> dict:
+    """The summary; `modules` (encoder module name -> its modality, in the model's order) adds `modules`:
+    each one's module_summary (a second module of one modality counts nothing: the data routes those items to the first, named in
+    its `items_go_to`)."""
     if seq_length < 1:
         raise ValueError(f"seq_length={seq_length}: must be >= 1")
     lengths = [s.tokens for s in samples]
@@ -120,5 +161,6 @@ def summarize(samples: list[SampleStat], seq_length: int, skipped: int = 0) -> d
             "packed_efficiency": total / (packed * seq_length) if packed else 0.0,
         },
         "tokens_histogram": histogram(lengths),
+        **({"modules": _modules(samples, modules, seq_length)} if modules else {}),
         "per_sample": [asdict(s) for s in samples],
     }

@@ -264,6 +264,20 @@ def _is_file(text: str) -> bool:
         return False
 
 
+def data_model(text: str, base_dir: str | Path | None = None) -> tuple[dict, LLMArch | None]:
+    """The encoder modules (name -> arch, in the model's order) and LLM a command-line model argument names:
+    a description with `encoders:` gives its modules (several, or an audio encoder alone), any other form the
+    one image encoder of `image_model` as the module `vision`."""
+    stripped = text.strip()
+    if stripped.startswith("{") and len(stripped) <= MAX_ARGUMENT:
+        value = _mapping(stripped, MODEL_ARGUMENT_FORMS)
+        if "encoders" in value:
+            a = arch_of(value, base_dir)
+            return a.encoders, a.llm
+    enc, llm = image_model(text, base_dir)
+    return {"vision": enc}, llm
+
+
 def _with_encoder(a: ModelArch) -> tuple[EncoderArch, LLMArch]:
     if a.encoder is None:
         raise ArchError(

@@ -31,7 +31,7 @@ def omni_data(tmp_path_factory):
     return root
 
 
-def _colocated(path, model):
+def _colocated(path, model, tokenizer=None):
     from mimo_jobs.study.expand import runs_of
     from mimo_jobs.study.load import parse_study
 
@@ -43,7 +43,11 @@ def _colocated(path, model):
             "seq_length": 64,
             "train_iters": 1,
             "seed": 7,
-            "data": {"provider": "energon", "path": str(path)},
+            "data": {
+                "provider": "energon",
+                "path": str(path),
+                **({"tokenizer": str(tokenizer)} if tokenizer else {}),
+            },
         },
         "matrix": {"points": [{"nodes": 1, "colocated": True, "llm": {"dp": 1}, "gbs": 4, "mbs": 4}]},
     }
@@ -113,3 +117,216 @@ def test_the_reference_trains_vision_and_audio_on_energon(omni_data, tmp_path):
     rows = [json.loads(x) for x in (rd.root / "metrics.reference.jsonl").read_text().splitlines()]
     it = next(r for r in rows if r["kind"] == "iteration")
     assert it["loss"] > 0 and it["extras"]["image_tokens"] > 0
+
+
+def _members(root) -> dict[str, int]:
+    """Image and clip members of the shards, counted from the tar files: {"image": n, "audio": n}."""
+    import tarfile
+
+    out = {"image": 0, "audio": 0}
+    for shard in sorted(root.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                out["image"] += m.name.endswith(".png")
+                out["audio"] += m.name.endswith(".npy")
+    return out
+
+
+def _stats(*args):
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.cli", "data", "stats", *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_data_stats_measures_each_module(omni_data, tmp_path):
+    """`data stats` of a vision + audio model, from --model and from a study: each module's items and tokens
+    under `modules`, the one-image-encoder keys the planner reads kept; an audio-only model names the image
+    sample it cannot embed."""
+    import yaml
+
+    from mimo_jobs.contract.datastats import read_stats
+
+    want = _members(omni_data)
+    out = tmp_path / "stats.json"
+    model = json.dumps(OMNI)
+    r = _stats(omni_data, "--seq-length", 64, "--model", model, "--out", out)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    mods = doc["modules"]
+    assert list(mods) == ["vision", "audio"]
+    assert (mods["vision"]["items"], mods["audio"]["items"]) == (want["image"], want["audio"])
+    per = doc["per_sample"]
+    assert mods["vision"]["tokens"]["max"] == max(s["image_tokens"] for s in per) > 0
+    assert mods["audio"]["tokens"]["max"] == max(s["audio_tokens"] for s in per) > 0
+    assert "module audio (audio): " in r.stdout
+    read_stats(out)  # the planner's reader takes the file as before
+
+    study = tmp_path / "omni.yaml"
+    study.write_text(
+        yaml.safe_dump(
+            {
+                "name": "omnistats",
+                "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": 1},
+                "trainer": {
+                    "model": OMNI,
+                    "seq_length": 64,
+                    "train_iters": 1,
+                    "data": {
+                        "provider": "energon",
+                        "path": str(omni_data),
+                        "stats": str(tmp_path / "s2.json"),
+                    },
+                },
+                "matrix": {"points": [{"nodes": 1, "colocated": True, "llm": {"dp": 1}, "gbs": 4, "mbs": 4}]},
+            }
+        )
+    )
+    r = _stats("--study", study)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "s2.json").read_text())["modules"] == mods
+
+    r = _stats(omni_data, "--seq-length", 64, "--model", json.dumps(AUDIO_ONLY), "--out", out)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "has an image but the model has no image encoder" in r.stderr + r.stdout
+
+
+def _journey_jsonl(root):
+    """A ShareGPT-style JSONL (line by line: image only, audio only, both, neither, a `.wav` clip with an
+    extra key) beside its PNG files, `.npy` log-mel clips (16 mel bins: tiny-audio's) and one PCM `.wav`."""
+    import wave
+
+    import numpy as np
+    from PIL import Image
+
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for i, side in enumerate((8, 16)):
+        Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)).save(root / f"im{i}.png")
+    clips = {f"c{i}.npy": rng.standard_normal((16, f)).astype(np.float32) for i, f in enumerate((20, 33))}
+    for name, c in clips.items():
+        np.save(root / name, c)
+    pcm = np.round(np.sin(np.arange(8000) / 7.0) * 12000).astype("<i2")  # 0.5 s at 16 kHz: 50 frames
+    with wave.open(str(root / "s.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm.tobytes())
+
+    def turn(q, a="fine."):
+        return [{"from": "human", "value": q}, {"from": "gpt", "value": a}]
+
+    records = [
+        {"id": 0, "image": "im0.png", "conversations": turn("<image>\nwhat is it?")},
+        {"id": 1, "audio": "c0.npy", "conversations": turn("<audio>\nwhat is said?")},
+        {"id": 2, "image": "im1.png", "audio": ["c1.npy"], "conversations": turn("<image> and <audio>?")},
+        {"id": 3, "conversations": turn("hello there")},
+        {"id": 4, "audio": "s.wav", "lang": "en", "conversations": turn("<audio> transcribe")},
+    ]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return clips, pcm
+
+
+def _prepare(*args):
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.cli", "data", "prepare", *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_prepare_carries_audio_to_the_audio_module(tmp_path, hf_tokenizer):
+    """JSONL with images and audio -> `data prepare --n-mels 16` -> the energon provider of a vision + audio
+    model gives each clip (`.npy` as given, the `.wav` as its log-mel) at its markers -> `data stats
+    --study` counts them per module."""
+    import numpy as np
+    import yaml
+
+    from mimo_jobs.data.audio_input import log_mel
+    from mimo_jobs.data.energon_provider import make_energon_provider
+    from mimo_jobs.model.families.whisper import MelFeatures
+
+    src = tmp_path / "src"
+    clips, pcm = _journey_jsonl(src)
+    out = tmp_path / "ds"
+    r = _prepare(src / "train.jsonl", "-o", out, "--n-mels", 16)
+    assert r.returncode == 0, r.stderr
+    assert "5 samples (train 5, val 0, test 0) with 2 images and 3 audio clips" in r.stdout
+    assert "warning: 1 record(s) have the key 'lang', which nothing reads" in r.stderr
+
+    want = {
+        "1": [clips["c0.npy"]],
+        "2": [clips["c1.npy"]],
+        "4": [log_mel(pcm / 32768.0, MelFeatures(n_mels=16))],
+    }
+    spec = _colocated(out, OMNI, hf_tokenizer)
+    p = make_energon_provider(spec, spec.rank_layout(), [0], True, True)
+    got = {}
+    try:
+        for _ in range(2):
+            b = p.next(0)
+            for i, key in enumerate(b.sample_keys):
+                n = int((b.tokens[i] == p.audio_token_id).sum())
+                assert n == b.audio_token_counts[i]
+                if b.audio[i] is not None:
+                    got[key] = [c.numpy() for c in b.audio[i]]
+    finally:
+        p.close()
+    by_id = {str(int(k[1:])): v for k, v in got.items()}  # keys are l<line>: line n holds id n-1
+    by_id = {str(int(k) - 1): v for k, v in by_id.items()}
+    assert set(by_id) == set(want)
+    for k, cs in want.items():
+        for a, b in zip(by_id[k], cs, strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=0)
+
+    study = tmp_path / "s.yaml"
+    study.write_text(
+        yaml.safe_dump(
+            {
+                "name": "journey",
+                "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": 1},
+                "trainer": {
+                    "model": OMNI,
+                    "seq_length": 64,
+                    "train_iters": 1,
+                    "data": {"provider": "energon", "path": str(out), "tokenizer": str(hf_tokenizer)},
+                },
+                "matrix": {"points": [{"nodes": 1, "colocated": True, "llm": {"dp": 1}, "gbs": 4, "mbs": 4}]},
+            }
+        )
+    )
+    r = _stats("--study", study)
+    assert r.returncode == 0, r.stderr
+    mods = json.loads((out / "stats.json").read_text())["modules"]
+    assert (mods["vision"]["items"], mods["audio"]["items"]) == (2, 3)
+
+
+def test_prepare_refuses_audio_that_does_not_fit_by_file_and_line(tmp_path):
+    src = tmp_path / "src"
+    _journey_jsonl(src)
+    r = _prepare(src / "train.jsonl", "-o", tmp_path / "b", "--n-mels", 80)  # the clips have 16 bins
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert (
+        "train.jsonl:2: " in r.stderr
+        and "c0.npy holds an array of shape [16, 20]; expected [80, frames]" in r.stderr
+    )
+    lines = (src / "train.jsonl").read_text().splitlines()
+    bad = json.loads(lines[1])
+    bad["conversations"][0]["value"] = "no marker here"
+    lines[1] = json.dumps(bad)
+    (src / "train.jsonl").write_text("\n".join(lines) + "\n")
+    r = _prepare(src / "train.jsonl", "-o", tmp_path / "a", "--n-mels", 16)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert 'train.jsonl:2: the text has 0 <audio> marker(s) but field "audio" gives 1 clip(s)' in r.stderr
+    r = _prepare(src / "train.jsonl", "-o", tmp_path / "c", "--n-mels", 16, "--skip-bad")
+    assert r.returncode == 0, r.stderr
+    assert "4 samples" in r.stdout and "2 audio clips" in r.stdout and "skipped 1 bad record(s)" in r.stdout

@@ -107,7 +107,10 @@ def prepared(source, tmp_path_factory):
 def test_prepare_writes_every_record_with_its_own_image_bytes(source, prepared):
     _, jsonl, images, records, _, lines = source
     out, p = prepared
-    assert f"{out}: 12 samples (train 12, val 0, test 0) with 12 images in 3 shard(s)" in p.stdout
+    assert (
+        f"{out}: 12 samples (train 12, val 0, test 0) with 12 images and 0 audio clips in 3 shard(s)"
+        in p.stdout
+    )
     assert sorted(x.name for x in out.glob("*.tar")) == [
         "train-000000.tar",
         "train-000001.tar",
