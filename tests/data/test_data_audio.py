@@ -392,3 +392,16 @@ def test_a_conversation_places_each_clip_at_its_marker(tmp_path, hf_tokenizer):
             assert b.audio_token_counts[r] == 15 and [c.shape[1] for c in b.audio[r]] == [20, 41]
     finally:
         p.close()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_clip_with_a_non_finite_value_is_refused_where_it_is_read(bad):
+    import numpy as np
+
+    from mimo_jobs.data.audio import load_clip, npy_bytes
+
+    feats = np.zeros((8, 20), dtype=np.float32)
+    assert load_clip(npy_bytes(feats)).shape == (8, 20)
+    feats[3, 7] = bad
+    with pytest.raises(ValueError, match="1 NaN or infinite value"):
+        load_clip(npy_bytes(feats))
