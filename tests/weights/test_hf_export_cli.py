@@ -107,6 +107,7 @@ def test_an_export_is_readable_by_the_group_and_carries_the_runs_tokenizer(tmp_p
     from helpers.trainer import assert_ok, make_run_yaml, run_torchrun
 
     tok = _tokenizer(tmp_path / "tok")
+    (tok / "tokenizer_config.json").chmod(0o600)  # kept private: the copy must not be more readable
     trainer = {
         "save_interval": 1,
         "data": {"tokenizer": str(tok), "image_sizes": [8, 16]},
@@ -127,7 +128,9 @@ def test_an_export_is_readable_by_the_group_and_carries_the_runs_tokenizer(tmp_p
     assert p.returncode == 0, p.stderr[-3000:]
     files = [f for f in out.rglob("*") if f.is_file()]
     assert any(f.suffix == ".safetensors" for f in files)
-    assert {oct(f.stat().st_mode & 0o777) for f in files} == {"0o644"}
+    private = out / "llm" / "tokenizer_config.json"
+    assert oct(private.stat().st_mode & 0o777) == "0o600"
+    assert {oct(f.stat().st_mode & 0o777) for f in files if f != private} == {"0o644"}
     assert {oct(d.stat().st_mode & 0o777) for d in [out, *(f.parent for f in files)]} == {"0o755"}
     copied = {f.name for f in (out / "llm").iterdir()} - {"config.json", "model.safetensors"}
     assert copied == set(os.listdir(tok)) - {"config.json", "model.safetensors"}
@@ -160,3 +163,43 @@ def test_a_tokenizer_gone_since_the_run_is_one_line_and_nothing_is_written(tmp_p
     out = tmp_path / "out"
     line = _error_line(_export(str(ckpts), str(out), "--to", "hf"))
     assert f"trainer.data.tokenizer {str(tok)!r} does not exist any more" in line and not out.exists()
+
+
+def _run_naming(tmp_path: Path, tokenizer: Path) -> Path:
+    """A checkpoint whose run.yaml names `tokenizer` as trainer.data.tokenizer (a run.yaml someone handed over)."""
+    from helpers.trainer import make_run_yaml
+
+    ckpts = _checkpoint(tmp_path)
+    y = make_run_yaml(
+        tmp_path / "run",
+        gpn=2,
+        gbs=2,
+        iters=1,
+        model="tiny-swiglu",
+        trainer={"data": {"tokenizer": str(tokenizer)}, "lr": {"schedule": "constant"}},
+    )
+    (ckpts / "iter_0000002" / "run.yaml").write_text(y.read_text())
+    return ckpts
+
+
+def test_a_file_named_as_the_tokenizer_that_is_no_tokenizer_file_is_not_copied(tmp_path):
+    key = tmp_path / "id_rsa"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    key.chmod(0o600)
+    out = tmp_path / "out"
+    line = _error_line(_export(str(_run_naming(tmp_path, key)), str(out), "--to", "hf"))
+    assert f"{str(key)!r} is a file that no HuggingFace tokenizer is made of" in line
+    assert not out.exists()
+
+
+def test_a_tokenizer_file_linking_outside_its_directory_is_not_copied(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not a vocabulary")
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    (tok / "vocab.json").symlink_to(secret)
+    out = tmp_path / "out"
+    line = _error_line(_export(str(_run_naming(tmp_path, tok)), str(out), "--to", "hf"))
+    assert f"vocab.json is a link to {secret}, outside the tokenizer's directory" in line
+    assert not out.exists()

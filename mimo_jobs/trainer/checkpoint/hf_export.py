@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,6 +133,10 @@ def export_hf(
             shutil.copyfile(f, tmp / "llm" / f.name)
             written["llm"].append(f.name)
         _user_modes(tmp)
+        for f in tokenizer:  # never more readable than the user kept the original
+            os.chmod(
+                tmp / "llm" / f.name, stat.S_IMODE(os.stat(tmp / "llm" / f.name).st_mode) & f.stat().st_mode
+            )
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
@@ -174,7 +179,15 @@ def _tokenizer_files(configured: str | None, doc: dict, run_yaml: Path) -> list[
         return []
     where = Path((doc.get("paths") or {}).get("run_dir") or run_yaml.parent)
     p = where / Path(configured).expanduser()
+    named = f"{run_yaml}: trainer.data.tokenizer {str(p)!r}"
     if p.is_file():
+        # a run.yaml is handed over with its checkpoint: it names what it likes, and only a tokenizer file
+        # travels with the weights (never, say, a private key named as the tokenizer)
+        if p.name not in TOKENIZER_FILES:
+            raise ExportError(
+                f"{named} is a file that no HuggingFace tokenizer is made of (its files are "
+                f"{', '.join(TOKENIZER_FILES[:3])}, ...); the export copies tokenizer files only"
+            )
         return [p]
     if not p.is_dir():
         raise ExportError(
@@ -182,6 +195,12 @@ def _tokenizer_files(configured: str | None, doc: dict, run_yaml: Path) -> list[
             "run's tokenizer: put it back there (or export from a run.yaml naming where it is now)"
         )
     found = [p / n for n in TOKENIZER_FILES if (p / n).is_file()]
+    outside = [f for f in found if f.resolve().parent != p.resolve()]
+    if outside:  # a tokenizer file that is a link to somewhere else is not the tokenizer's to give
+        raise ExportError(
+            f"{named}: {outside[0].name} is a link to {outside[0].resolve()}, outside the tokenizer's "
+            "directory; the export copies the directory's own files only"
+        )
     if not found:
         raise ExportError(
             f"{run_yaml}: trainer.data.tokenizer {str(p)!r} holds none of the files of a HuggingFace "
