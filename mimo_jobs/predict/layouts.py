@@ -147,15 +147,28 @@ def _split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
 # split search prices at most (TPs x PPs x EPs) x MAX_MODULE_SHAPES^N heterogeneous layouts for N encoders
 # before topology.check drops those that do not tile (one encoder: _split_and_colocated, every shape).
 MAX_MODULE_SHAPES = 24
+# The combinations of the encoder modules' shapes are a product, which grows 24x with every module (five
+# modules: 8 million before the LLM's own shapes): the search prices at most MAX_SHAPE_COMBOS of them, as many
+# shapes per module as that allows (two modules keep all 24; three 8 each; five 3 each), and says so.
+MAX_SHAPE_COMBOS = MAX_MODULE_SHAPES**2
 
 
-def module_shapes(base: Layout, nodes: int) -> list[tuple[int, int]]:
-    """(tp, dp) tried for one encoder module of `base`'s batch on `nodes` nodes (MAX_MODULE_SHAPES)."""
+def shapes_per_module(modules: int) -> int:
+    """How many of its shapes each of `modules` encoder modules is tried with: the most k <= MAX_MODULE_SHAPES
+    with k ** modules <= MAX_SHAPE_COMBOS (at least 1)."""
+    k = MAX_MODULE_SHAPES
+    while k > 1 and k ** max(1, modules) > MAX_SHAPE_COMBOS:
+        k -= 1
+    return k
+
+
+def module_shapes(base: Layout, nodes: int, limit: int = MAX_MODULE_SHAPES) -> list[tuple[int, int]]:
+    """(tp, dp) tried for one encoder module of `base`'s batch on `nodes` nodes (the first `limit`)."""
     world = nodes * base.gpus_per_node
     shapes = [
         (tp, dp) for tp in _divisors(base.gpus_per_node) for dp in _divisors(base.gbs) if tp * dp < world
     ]
-    return shapes[:MAX_MODULE_SHAPES]
+    return shapes[:limit]
 
 
 def _several_split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
@@ -165,7 +178,7 @@ def _several_split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
     names = [m.name for m in base.encoders]
     pps = [p for p in _divisors(base.llm_layers or 1) if p <= MAX_PP]
     eps = _divisors(experts) if experts else [1]
-    shapes = module_shapes(base, nodes)
+    shapes = module_shapes(base, nodes, shapes_per_module(len(names)))
     combos = [c for c in itertools.product(shapes, repeat=len(names)) if sum(t * d for t, d in c) < world]
     common = {"nodes": nodes, "llm_cp": 1}
     out = []

@@ -15,6 +15,8 @@ from .cost import Cost, gpu_hours_text, tokens_text
 from .estimate import Prediction, cost_json
 from .hardware import FITTED_EFFICIENCY, GIB, GPU, generation, layers_note
 from .layouts import (
+    MAX_MODULE_SHAPES,
+    MAX_SHAPE_COMBOS,
     TIE,
     Candidate,
     colocated_gbs,
@@ -23,6 +25,7 @@ from .layouts import (
     price_layouts,
     price_with_savers,
     recompute_dict,
+    shapes_per_module,
     split_label,
     trainer_changes,
     trainer_words,
@@ -324,6 +327,13 @@ def plan_text(r: PlanResult, study: str, measure: str = "mimo-jobs data stats") 
         f"headroom {r.headroom_bytes / GIB:.1f} GiB",
         f"# the study's trainer: {settings} (a point's comment names any setting it needs instead)",
     ]
+    n_modules = len(r.shape.layout.encoders)
+    if shapes_per_module(n_modules) < MAX_MODULE_SHAPES:  # the search was bounded: say how
+        lines.append(
+            f"# search bounded: {n_modules} encoder modules, each tried with {shapes_per_module(n_modules)} of "
+            f"its {MAX_MODULE_SHAPES} shapes (TP 1 at the smallest DPs first; at most {MAX_SHAPE_COMBOS} "
+            "combinations): a split outside them is not priced"
+        )
     if r.shape.image_range:
         lines.append(
             f"# image tokens {r.shape.data_source}; {range_words(r.shape.image_range)}: every verdict "
