@@ -116,7 +116,16 @@ def test_an_export_is_readable_by_the_group_and_carries_the_runs_tokenizer(tmp_p
     y = make_run_yaml(tmp_path / "run", gpn=2, gbs=2, iters=1, model="tiny-swiglu", trainer=trainer)
     assert_ok(run_torchrun(y, 2, tmp_path / "run" / "metrics.jsonl"), "one iteration")
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "mimo_jobs.cli", "export", str(tmp_path / "run" / "checkpoints"), str(out)]
+    out.mkdir()  # an empty directory, named through a link: the export goes where the link points
+    (tmp_path / "link").symlink_to(out)
+    cmd = [
+        sys.executable,
+        "-m",
+        "mimo_jobs.cli",
+        "export",
+        str(tmp_path / "run" / "checkpoints"),
+        str(tmp_path / "link"),
+    ]
     env = worker_env()
     p = subprocess.run(
         ["sh", "-c", 'umask 022 && exec "$@"', "sh", *cmd, "--to", "hf"],

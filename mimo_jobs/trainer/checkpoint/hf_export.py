@@ -83,12 +83,7 @@ def export_hf(
     out = Path(out)
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: the dtypes are {', '.join(DTYPES)}")
-    if out.is_symlink() and not out.exists():
-        raise ExportError(
-            f"{out}: a symbolic link to {os.readlink(out)}, which does not exist; choose a directory"
-        )
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ExportError(f"{out}: already exists and is not empty; choose a new directory")
+    out = _output_dir(out)
     info = resolve_source(checkpoint)
     ckpts = info.path.resolve().parent
     if out.resolve().is_relative_to(ckpts):
@@ -170,6 +165,17 @@ def encoder_sides(name: str, e, llm_hidden: int, dtype: str) -> dict:
     else:
         body = (module, encoder_layout(e), encoder_config(e, dtype))
     return {enc: body, proj: (module, projector_layout(e, llm_hidden, module), None)}
+
+
+def _output_dir(out: Path) -> Path:
+    """Where the export goes: `out`, new or an empty directory; through a link to one, where it points."""
+    if out.is_symlink() and not out.exists():
+        raise ExportError(
+            f"{out}: a symbolic link to {os.readlink(out)}, which does not exist; choose a directory"
+        )
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"{out}: already exists and is not empty; choose a new directory")
+    return out.resolve() if out.is_symlink() else out
 
 
 def _tokenizer_files(configured: str | None, doc: dict, run_yaml: Path) -> list[Path]:
