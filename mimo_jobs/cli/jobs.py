@@ -68,8 +68,9 @@ def _refresh(con, study: str | None) -> list[str]:
     return service.refresh(con, study, service.Follow(ingest=_ingest_runs, explain=_explain))
 
 
-def status_table(statuses, title: str, failing: dict | None = None):
-    """The runs' table; `failing`: (run id, job id) -> the failing line triage found in the job's events.
+def status_table(statuses, title: str, failing: dict | None = None, problems: dict | None = None):
+    """The runs' table; `failing`: (run id, job id) -> the failing line triage found in the job's events;
+    `problems`: run id -> what is wrong with the run's own files (a damaged submit intent), in its row.
     A name that several runs share (a resubmission) gets a run id column; a superseded run says so."""
     from rich.table import Table
     from rich.text import Text
@@ -108,6 +109,8 @@ def status_table(statuses, title: str, failing: dict | None = None):
             state = Text("superseded", style="dim")
             was = j.state if j else "not submitted"
             reason = f"{was}; latest attempt: run {s.superseded_by}"
+        if (problems or {}).get(s.run_id):
+            reason = (reason + " | " if reason else "") + problems[s.run_id]
         t.add_row(
             _plain(s.run if len(statuses) < 2 or s.study == statuses[0].study else f"{s.study}/{s.run}"),
             *((_plain(s.run_id),) if repeated else ()),
@@ -426,6 +429,7 @@ def status(
     """State, attempt, elapsed time, last iteration and loss of every run (polls the scheduler, ingests
     finished runs)."""
     from mimo_jobs.store.connection import db_path
+    from mimo_jobs.submit import service
     from mimo_jobs.submit import status as run_status
     from mimo_jobs.submit.lineage import study_links
     from mimo_jobs.textsafe import visible
@@ -442,7 +446,8 @@ def status(
     _refresh(con, name)
     statuses = run_status.run_statuses(con, name)
     out = console()
-    out.print(status_table(statuses, title, failing_lines(con, statuses)))
+    problems = service.intent_problems(con, name)
+    out.print(status_table(statuses, title, failing_lines(con, statuses), problems))
     for link in study_links(con, name):  # runs that started from another run's checkpoint
         out.print(visible(f"lineage: {link.line()}"), markup=False, soft_wrap=True)
     for cmd in run_status.tensorboard_commands(statuses):

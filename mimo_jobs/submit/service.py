@@ -323,20 +323,54 @@ def _run_dirs(con, study: str | None = None) -> dict[str, tuple[RunDir, str]]:
     }
 
 
+_INTENT_FIELDS = {"executor": str, "attempt": int, "time": (int, float)}
+
+
+def read_intent(rd: RunDir) -> tuple[dict | None, str | None]:
+    """The run dir's submit intent (None when there is none) and what is wrong with it (None when it is
+    usable): a file someone damaged or wrote by hand is this run's problem, never every study's."""
+    ip = rd.submit_intent
+    try:
+        it = json.loads(ip.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as e:
+        return None, f"{ip}: unreadable ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})"
+    if not isinstance(it, dict):
+        return None, f"{ip}: not a JSON object; delete it if no submission of this run is under way"
+    for k, t in _INTENT_FIELDS.items():
+        if not isinstance(it.get(k), t) or isinstance(it.get(k), bool):
+            return None, (
+                f"{ip}: field {k!r} missing or not a {t.__name__ if isinstance(t, type) else 'number'}; "
+                "delete it if no submission of this run is under way"
+            )
+    try:
+        executor(it["executor"])
+    except ValueError as e:
+        return None, f"{ip}: {e}"
+    return it, None
+
+
+def intent_problems(con, study: str | None = None) -> dict[str, str]:
+    """run id -> what is wrong with its submit intent, for the runs whose intent cannot be read."""
+    out = {}
+    for rid, (rd, _) in _run_dirs(con, study).items():
+        _, problem = read_intent(rd)
+        if problem:
+            out[rid] = problem
+    return out
+
+
 def reconcile(con, study: str | None = None, rdirs: dict | None = None) -> list[tuple[str, str]]:
     """Record jobs whose submission crashed before its store write (intent file left behind)."""
     from mimo_jobs.store.connection import transaction
 
     adopted = []
     for rid, (rd, _) in (rdirs if rdirs is not None else _run_dirs(con, study)).items():
+        it, problem = read_intent(rd)
+        if it is None:
+            continue  # none, or unreadable: `intent_problems` shows it in the run's row, other runs go on
         ip = rd.submit_intent
-        if not ip.exists():
-            continue
-        try:
-            it = json.loads(ip.read_text())
-        except (OSError, ValueError):
-            ip.unlink(missing_ok=True)
-            continue
         ex = executor(it["executor"])
         known = {r.job_id for r in jobs_table.jobs_of_run(con, rid)}
         found = [f for f in ex.find(rd, it["time"]) if f.job_id not in known]

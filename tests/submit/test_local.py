@@ -295,3 +295,38 @@ def test_status_of_unknown_study_names_the_known_ones(ws):
     p = cli("status", "nosuch", "--db", ws["db"], env=ws["env"])
     assert p.returncode == 2 and "loc_known" in p.stderr
     wait_until(ws["db"], "loc_known", all_ended, 60, ws["env"])
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [("[1, 2]", "not a JSON object"), ('{"executor": "local"}', "field 'attempt'"), ("{", "unreadable")],
+)
+def test_a_damaged_submit_intent_is_its_runs_problem_not_every_studys(ws, text, says):
+    """A `.submit-intent.json` someone damaged (or wrote by hand) shows in its own run's row; `status` of
+    every study still answers, and the other study's runs are unaffected."""
+    from mimo_jobs.contract.rundir import SUBMIT_INTENT
+
+    a = write_study(ws["dir"] / "a.yaml", "loc_intent_a", [{"nodes": 1}], env={"FAKE_SLEEP": 0})
+    b = write_study(ws["dir"] / "b.yaml", "loc_intent_b", [{"nodes": 1}], env={"FAKE_SLEEP": 0})
+    submit(ws, a)
+    submit(ws, b)
+    wait_until(ws["db"], "loc_intent_a", all_ended, 60, ws["env"])
+    wait_until(ws["db"], "loc_intent_b", all_ended, 60, ws["env"])
+    (run_a,) = [d for d in (ws["runs"] / "loc_intent_a").iterdir() if d.is_dir()]
+    (run_a / SUBMIT_INTENT).write_text(text)
+    p = cli("status", "--db", ws["db"], env=ws["env"])
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+    lines = [ln for ln in p.stdout.splitlines() if "1n-e1x1" in ln]
+    assert len(lines) == 2 and all("COMPLETED" in ln for ln in lines), p.stdout
+    (first_a,) = [
+        i for i, ln in enumerate(p.stdout.splitlines()) if "1n-e1x1" in ln and "loc_intent_b" not in ln
+    ]
+    (first_b,) = [i for i, ln in enumerate(p.stdout.splitlines()) if "loc_intent_b/1n-e1x1" in ln]
+    row_a = "".join(
+        ln.split("│")[-2].strip() for ln in p.stdout.splitlines()[first_a:first_b] if ln.count("│") > 5
+    )  # the reason column, folded over the row's lines
+    assert says in row_a and SUBMIT_INTENT in row_a, p.stdout
+    row_b = "".join(ln.split("│")[-2].strip() for ln in p.stdout.splitlines()[first_b:] if ln.count("│") > 5)
+    assert row_b == "", p.stdout
+    assert (run_a / SUBMIT_INTENT).exists()  # kept for its owner to look at, not deleted
