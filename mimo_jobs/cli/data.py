@@ -7,6 +7,9 @@ Exit codes: 0 ok, 2 bad input (nothing written). energon is imported only inside
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -378,14 +381,15 @@ def stats_cmd(
             )
         if out is not None and out.is_dir():
             raise DataError(f"--out {out}: a directory; give the JSON file to write")
-        samples, skipped = scan(
-            str(data_path.resolve()),
-            measured.geometry,
-            measured.vocab_size,
-            tok,
-            measured.audio,
-            trust_dataset_code or measured.trust_code,
-        )
+        with stdout_to_stderr():  # what the loader prints (energon's notes on a bad sample) is not our output
+            samples, skipped = scan(
+                str(data_path.resolve()),
+                measured.geometry,
+                measured.vocab_size,
+                tok,
+                measured.audio,
+                trust_dataset_code or measured.trust_code,
+            )
         if not samples:
             raise DataError(f"{data_path}: no sample could be read ({skipped} skipped as bad)")
     except DataError as e:
@@ -413,6 +417,22 @@ def stats_cmd(
         return
     _print_stats(doc)
     typer.echo(f"wrote {dest}")
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Everything written to standard output inside, by Python or by a library writing to file descriptor 1,
+    goes to standard error: `data stats --json` prints one JSON document on stdout and nothing else."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @dataclass(frozen=True)

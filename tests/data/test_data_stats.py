@@ -140,3 +140,21 @@ def test_cli_stats_writes_json_beside_the_blend_and_refuses_bad_input(instruct_d
     ]:
         bad = subprocess.run(base + args, capture_output=True, text=True, check=False)
         assert bad.returncode == 2 and msg in bad.stderr, bad.stderr
+
+
+def test_what_is_written_to_stdout_while_scanning_goes_to_stderr():
+    """`data stats --json` prints one JSON document on stdout: whatever the loader writes meanwhile, through
+    Python's sys.stdout or straight to file descriptor 1 (a child process, a C library), goes to stderr."""
+    script = (
+        "import os, subprocess, sys\n"
+        "from mimo_jobs.cli.data import stdout_to_stderr\n"
+        "with stdout_to_stderr():\n"
+        "    print('python note')\n"
+        "    os.write(1, b'fd note\\n')\n"
+        "    subprocess.run(['echo', 'child note'])\n"
+        "print('{\"json\": 1}')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == {"json": 1}
+    assert all(n in p.stderr for n in ("python note", "fd note", "child note"))
