@@ -235,6 +235,16 @@ class _Pending:
     seen: int = 0
 
 
+_OWN_EXCEPTION = re.compile(r"^mimo_jobs(?:\.\w+)+\.(\w+(?:Error|Exception)\b)")
+
+
+def shown_exception(line: str) -> str:
+    """A traceback's exception line as people read it: this package's own exception classes by their name
+    alone (`ArchError: ...`, not `mimo_jobs.model.fields.ArchError: ...`, a path inside the package);
+    others' as Python prints them (`torch.OutOfMemoryError: ...` says where it came from)."""
+    return _OWN_EXCEPTION.sub(r"\1", line, count=1)
+
+
 class TracebackTracker:
     """Follows Python tracebacks per writer (interleaved multi-rank output keeps one state per origin).
 
@@ -276,7 +286,7 @@ class TracebackTracker:
         if s.startswith("^") or s.lstrip().startswith("~"):
             return None
         del self.pending[key]
-        return p.start_line, Event(K.TRACEBACK, s.strip()[:500], p.time)
+        return p.start_line, Event(K.TRACEBACK, shown_exception(s.strip())[:500], p.time)
 
     def cut(self, key: object, why: str) -> tuple[int, Event] | None:
         """End the writer's open traceback without its exception line (None when none is open)."""

@@ -242,3 +242,18 @@ def test_nccl_lines_behind_a_timestamp_name_their_device(tmp_path, scanner):
     assert kinds(evs) == [(2, "peer_lost", 1, 0), (3, "oom", 3, 0)]
     v = triage(evs, world=8)
     assert (v.kind, v.rank) == ("failed", 3) and "Cuda failure 2 'out of memory'" in v.reason
+
+
+def test_our_own_exception_is_named_without_its_module_path():
+    """A trainer rank's traceback ending in this package's exception reads `ArchError: ...` in status and
+    report, not the path inside the package; another library's keeps its module (torch.OutOfMemoryError)."""
+    trace = (
+        "Traceback (most recent call last):\n"
+        '  File "/opt/mimo_jobs/trainer/main.py", line 358, in main\n'
+        "    return run_training(a.run_yaml, a.reference, a.metrics, a.iters, a.quiet)\n"
+        "{exc}\n"
+    )
+    own = trace.format(exc="mimo_jobs.model.fields.ArchError: 2 encoders (vision, audio)")
+    assert first_error(own) == "ArchError: 2 encoders (vision, audio)"
+    torch_oom = trace.format(exc="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert first_error(torch_oom).startswith("torch.OutOfMemoryError: CUDA out of memory")
