@@ -13,6 +13,7 @@ from .audio import AudioSpec
 from .batch import audio_token_id
 from .check import check_data_path
 from .energon_provider import image_token_id
+from .errors import DataError
 from .images import ImageGeometry, header_size
 from .stats import SampleStat
 from .tokenizer import PRINTABLE, load_tokenizer
@@ -73,7 +74,16 @@ def scan(
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0, global_error_handler=enc.on_error)
     ds = get_val_dataset(path, split_part="train", worker_config=wc, batch_size=1, task_encoder=enc)
     out: list[SampleStat] = []
-    for batch in get_loader(ds):
-        out += batch
+    try:
+        for batch in get_loader(ds):
+            out += batch
+    except ValueError as e:  # energon's reader on a shard shorter than its index says
+        if "end of tar file" not in str(e):
+            raise
+        shard = str(e).rsplit(":", 1)[-1].strip()
+        raise DataError(
+            f"{path}: shard {shard} ends before the samples its index lists (a copy or a write that did "
+            "not finish): copy or prepare the dataset again"
+        ) from None
     skipped = sum(1 for e in enc._events if e["kind"] == "skipped")
     return out, skipped

@@ -158,3 +158,25 @@ def test_what_is_written_to_stdout_while_scanning_goes_to_stderr():
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout) == {"json": 1}
     assert all(n in p.stderr for n in ("python note", "fd note", "child note"))
+
+
+def test_a_shard_cut_short_is_one_line_naming_it(tmp_path):
+    """A shard shorter than its index (a copy that did not finish) stops `data stats` with one line that
+    names the shard and exit 2, not energon's traceback."""
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "mimo_jobs.cli", "data", *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    assert cli("synth", str(tmp_path / "d"), "-n", "32").returncode == 0
+    shard = next((tmp_path / "d" / "caps").glob("*.tar"))
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    p = cli("stats", str(tmp_path / "d" / "caps"), "--model", "tiny", "--seq-length", "64")
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    assert f"shard {shard.name} ends before the samples its index lists" in p.stderr
