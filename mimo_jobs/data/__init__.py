@@ -10,6 +10,7 @@ only the trainer and the `data` commands load):
   shards         the one writer of energon datasets: webdataset shards, index, split.yaml, dataset.yaml
   llava          one LLaVA/ShareGPT-style JSONL record, checked (pure)
   prepare        `data prepare`: a JSONL file and its images -> an energon dataset, streamed
+  image_file     one image of a record checked before it is read: where it is, its size, a full decode
   tokenizer      built-in character tokenizer (synthetic data) or a local HuggingFace tokenizer
   chat           plain and chat-template layouts: token ids and which tokens carry loss (pure)
   samples        JSON-member decoding, the ConversationSample and MediaSample types, sample loaders (energon)

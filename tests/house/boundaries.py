@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("contract", ("errors",)),
     ("model", ("errors",)),
     ("study", ("contract", "model", "errors", "image")),
-    ("predict", ("study", "model", "contract", "errors")),
+    ("predict", ("study", "model", "contract", "errors", "textsafe")),
     ("store", ("contract", "errors")),
     ("data", ("contract", "model", "errors", "study")),
     ("trainer", ("data", "study", "predict", "model", "contract", "errors", "image")),
