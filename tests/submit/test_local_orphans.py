@@ -173,14 +173,16 @@ def test_orphaned_job_still_ends_at_its_time_limit_before_any_retry(ws):
         "orph_limit",
         [{"nodes": 1}],
         max_retries=1,
-        time_limit="00:00:04",
+        # long enough that the runner is still there to be killed however slowly the job starts on a busy
+        # machine (at 4 s it could reach the limit and end on its own first)
+        time_limit="00:00:20",
         signal="USR2@0",
         env={"FAKE_SLEEP": 120},
     )
     submit(ws, study)
     (row,) = wait_until(ws["db"], "orph_limit", started, 30, ws["env"], every=0.3)
     job = kill_runner(ws, row)
-    rows = wait_until(ws["db"], "orph_limit", all_ended, 60, ws["env"], every=0.5)
+    rows = wait_until(ws["db"], "orph_limit", all_ended, 180, ws["env"], every=0.5)
     assert not any(running(p) for p in job)
     assert [(r["state"], r["action"]) for r in rows] == [("TIMEOUT", "final")], rows
     assert "no checkpoint" in rows[0]["reason"]
