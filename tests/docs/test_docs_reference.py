@@ -24,6 +24,8 @@ MODELS = {
     for name in (
         "StudySpec",
         "ClusterSpec",
+        "SlurmSection",
+        "KubernetesSection",
         "ContainerSpec",
         "HardwareSpec",
         "TrainerSpec",
