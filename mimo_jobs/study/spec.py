@@ -177,8 +177,7 @@ class ClusterSpec(_Strict):
         entry = registry.REGISTRY[self.executor]
         if entry.section_required and getattr(self, self.executor) is None:
             raise ValueError(
-                f"executor {self.executor!r} needs its section cluster.{self.executor} "
-                f"(docs/{entry.doc})"
+                f"executor {self.executor!r} needs its section cluster.{self.executor} (docs/{entry.doc})"
             )
         return self
 

@@ -58,7 +58,7 @@ class KubernetesExecutor:
             )
         doc = M.trainjob(spec, rd, 0)
         schema.check(doc, f"{spec.name}: TrainJob")
-        return {rd.trainjob_yaml: yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)}
+        return {rd.trainjob_yaml: yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)}
 
     def problems(self, runs: list) -> list[str]:
         out = []
@@ -84,7 +84,9 @@ class KubernetesExecutor:
             doc = yaml.safe_load(rd.trainjob_yaml.read_text())
             run = yaml.safe_load(rd.run_yaml.read_text()) or {}
         except (OSError, yaml.YAMLError) as e:
-            raise SubmitError(f"{rd.root}: cannot read the rendered TrainJob ({e}); render the run again") from None
+            raise SubmitError(
+                f"{rd.root}: cannot read the rendered TrainJob ({e}); render the run again"
+            ) from None
         context = (((run.get("cluster") or {}).get("kubernetes")) or {}).get("context")
         return doc, context
 
@@ -116,7 +118,9 @@ class KubernetesExecutor:
             if missing_ok and e.status == 404:
                 return None
             body = (e.body or "")[:500] if isinstance(e.body, str) else ""
-            raise SubmitError(f"{what}: the API server answered {e.status} {e.reason}: {body}".rstrip(": ")) from None
+            raise SubmitError(
+                f"{what}: the API server answered {e.status} {e.reason}: {body}".rstrip(": ")
+            ) from None
         except OSError as e:  # urllib3's connection errors are OSErrors
             raise SubmitError(f"{what}: cannot reach the Kubernetes API server: {e}") from None
         except Exception as e:
@@ -140,10 +144,16 @@ class KubernetesExecutor:
     def _pods(self, job_id: str, ns: str, context: str | None) -> list[dict]:
         api, _, core = self._api(context)
         selector = f"{M.JOBSET_NAME_LABEL}={job_id}"
-        got = self._call(f"list the pods of {ns}/{job_id}", core.list_namespaced_pod, ns, label_selector=selector)
+        got = self._call(
+            f"list the pods of {ns}/{job_id}", core.list_namespaced_pod, ns, label_selector=selector
+        )
         pods = [api.sanitize_for_serialization(p) for p in got.items]
         # the selector is the server's to apply; a pod of another job is never counted as this one's
-        return [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(M.JOBSET_NAME_LABEL) == job_id]
+        return [
+            p
+            for p in pods
+            if ((p.get("metadata") or {}).get("labels") or {}).get(M.JOBSET_NAME_LABEL) == job_id
+        ]
 
     # ------------------------------------------------------------------------------ the job side
 
@@ -181,7 +191,9 @@ class KubernetesExecutor:
             raise SubmitError(f"create TrainJob {ns}/{name}: the API server answered {e.status} {e.reason}: "
                               f"{(e.body or '')[:500]}") from None  # fmt: skip
         except OSError as e:
-            raise SubmitError(f"create TrainJob {ns}/{name}: cannot reach the Kubernetes API server: {e}") from None
+            raise SubmitError(
+                f"create TrainJob {ns}/{name}: cannot reach the Kubernetes API server: {e}"
+            ) from None
         return name
 
     def job_facts(self, job_id: str, rd: RunDir) -> JobFacts:
@@ -199,7 +211,9 @@ class KubernetesExecutor:
     def poll(self, rds: dict[str, RunDir]) -> dict[str, JobFacts]:
         return {job_id: self.job_facts(job_id, rd) for job_id, rd in rds.items()}
 
-    def save_logs(self, job_id: str, rd: RunDir, pods: list[dict], ns: str, context: str | None) -> list[Path]:
+    def save_logs(
+        self, job_id: str, rd: RunDir, pods: list[dict], ns: str, context: str | None
+    ) -> list[Path]:
         """Each node rank's pod log (its `node` container) into the run directory, replaced atomically."""
         _, _, core = self._api(context)
         out = []

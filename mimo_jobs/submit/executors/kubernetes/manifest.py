@@ -4,7 +4,8 @@ A run's job on Kubernetes is a TrainJob on the runtime the study names (default:
 ClusterTrainingRuntime, whose one replicated job and its container are both called `node`):
 
 - `spec.trainer`: numNodes (the run's nodes), numProcPerNode and resourcesPerNode (its GPUs), the image,
-  and the command `bash <run dir>/launch.sh`: the same torchrun launch SLURM starts on every node. The
+  and the command `<run dir>/launch.sh` (under POD_SHELL): the same torchrun launch SLURM starts on every
+  node. The
   runtime's torch plugin sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK (the pod's completion index),
   PET_MASTER_ADDR and PET_MASTER_PORT; launch.sh passes them to torchrun with `--node-rank`, so global
   rank = node rank x GPUs per node + local rank, the layout SLURM gives.
@@ -46,6 +47,15 @@ RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 # Variables the Trainer's torch plugin owns: its webhook refuses a TrainJob whose env sets them
 RESERVED_ENV_PREFIX = "PET_"
+
+
+# The container's command: launch.sh under a shell that passes the kubelet's SIGTERM on. In a pod only the
+# main process gets it (SLURM signals every process of the step); launch.sh runs in a session of its own
+# and gets TERM on its whole group, so torchrun forwards it to the trainer, which saves a checkpoint.
+POD_SHELL = (
+    'setsid bash "$1" & pid=$!; trap \'kill -TERM -- "-$pid" 2>/dev/null\' TERM; '
+    'while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || exit "$rc"; done'
+)
 
 
 def job_name(run_id: str, attempt: int) -> str:
@@ -107,7 +117,7 @@ def _trainer(spec, rd, name: str, attempt: int) -> dict[str, Any]:
         "numNodes": spec.layout.nodes,
         "numProcPerNode": c.gpus_per_node,
         "image": k.image,
-        "command": ["bash", str(rd.launch_sh)],
+        "command": ["bash", "-c", POD_SHELL, "mimo-jobs-node", str(rd.launch_sh)],
         "env": [
             {"name": "MIMO_JOBS_JOB_ID", "value": name},
             {"name": "MIMO_JOBS_ATTEMPT", "value": str(attempt)},

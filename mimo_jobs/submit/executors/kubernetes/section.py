@@ -74,7 +74,9 @@ class KubernetesSection(BaseModel):
     @classmethod
     def _image(cls, v: str) -> str:
         if not IMAGE_RE.match(v):
-            raise ValueError(f"{v!r} is not an image reference (e.g. registry.example.com/team/mimo-jobs:0.1)")
+            raise ValueError(
+                f"{v!r} is not an image reference (e.g. registry.example.com/team/mimo-jobs:0.1)"
+            )
         return v
 
     @field_validator("gpu_resource")
@@ -89,14 +91,18 @@ class KubernetesSection(BaseModel):
     def _resources(cls, v: dict[str, str]) -> dict[str, str]:
         for k, q in v.items():
             if not RESOURCE_RE.match(k) or not QUANTITY_RE.match(str(q)):
-                raise ValueError(f"resources.{k}: {q!r} is not a resource name and quantity (e.g. memory: 64Gi)")
+                raise ValueError(
+                    f"resources.{k}: {q!r} is not a resource name and quantity (e.g. memory: 64Gi)"
+                )
         return v
 
     @field_validator("node_selector")
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
         for k, x in v.items():
-            if not RESOURCE_RE.match(k) or (x and not re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$", x)):
+            if not RESOURCE_RE.match(k) or (
+                x and not re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$", x)
+            ):
                 raise ValueError(f"node_selector {k}={x!r} is not a label key and value")
         return v
 

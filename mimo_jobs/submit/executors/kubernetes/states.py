@@ -31,7 +31,6 @@ How the facts map onto the states the SLURM path reports (and so onto the same p
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
 
 from mimo_jobs.contract import jobstates as S
 from mimo_jobs.submit.jobs_table import JobFacts
@@ -67,6 +66,7 @@ def node_rank(pod: dict) -> int:
 
 def latest_pods(pods: list[dict]) -> list[dict]:
     """The pods of the JobSet's latest restart attempt, by node rank."""
+
     def attempt(p: dict) -> int:
         v = ((p.get("metadata") or {}).get("labels") or {}).get(RESTART_ATTEMPT_LABEL, "0")
         return int(v) if str(v).isdigit() else 0
@@ -132,17 +132,25 @@ def failure(pods: list[dict], failed: dict) -> tuple[str, int | None, str]:
     if codes:
         code, p = codes[0]
         return S.FAILED, code, f"{_where(p)} exited {code}: {failed.get('message') or failed.get('reason')}"
-    return S.FAILED, None, f"TrainJob failed: {failed.get('reason')}: {failed.get('message') or ''}".rstrip(": ")
+    return (
+        S.FAILED,
+        None,
+        f"TrainJob failed: {failed.get('reason')}: {failed.get('message') or ''}".rstrip(": "),
+    )
 
 
 def facts(job_id: str, trainjob: dict | None, pods: list[dict]) -> JobFacts:
     """The job's facts from its TrainJob (None: gone) and the pods JobSet made for it."""
     if trainjob is None:
-        return JobFacts(job_id, S.UNKNOWN, reason="TrainJob not found (deleted, or another cluster/namespace)")
+        return JobFacts(
+            job_id, S.UNKNOWN, reason="TrainJob not found (deleted, or another cluster/namespace)"
+        )
     pods = latest_pods(pods)
     meta = trainjob.get("metadata") or {}
     submitted = api_time(meta.get("creationTimestamp"))
-    started = min((t for p in pods if (t := api_time((p.get("status") or {}).get("startTime")))), default=None)
+    started = min(
+        (t for p in pods if (t := api_time((p.get("status") or {}).get("startTime")))), default=None
+    )
     nodes = ",".join(n for p in pods if (n := (p.get("spec") or {}).get("nodeName"))) or None
 
     def out(state: str, code: int | None = None, end: datetime | None = None, reason: str | None = None):
@@ -157,7 +165,9 @@ def facts(job_id: str, trainjob: dict | None, pods: list[dict]) -> JobFacts:
         return out(state, code, api_time(failed.get("lastTransitionTime")), why)
     suspended = condition(trainjob, "Suspended")
     if suspended:
-        return out(S.PENDING, reason=f"suspended: {suspended.get('message') or 'waiting for admission by Kueue'}")
+        return out(
+            S.PENDING, reason=f"suspended: {suspended.get('message') or 'waiting for admission by Kueue'}"
+        )
     waiting = _waiting(pods)
     if waiting and waiting[0] in NEVER_STARTS:
         return out(S.BOOT_FAIL, reason=f"{waiting[0]}: {waiting[1]}".rstrip(": "))
@@ -168,7 +178,10 @@ def facts(job_id: str, trainjob: dict | None, pods: list[dict]) -> JobFacts:
     if waiting:
         return out(S.PENDING, reason=f"{waiting[0]}: {waiting[1]}".rstrip(": "))
     for p in pods:
-        c = next((c for c in (p.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+        c = next(
+            (c for c in (p.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"),
+            None,
+        )
         if c and c.get("status") == "False":
             return out(S.PENDING, reason=f"{c.get('reason')}: {c.get('message') or ''}".rstrip(": "))
     if pods and all(ph in ("Succeeded", "Failed") for ph in phases):

@@ -20,8 +20,8 @@ from mimo_jobs.contract import jobstates
 from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.submit.jobs_table import JobFacts
 
-from . import sacct
 from ..base import SubmitError
+from . import sacct
 
 SACCT_FIELDS = ",".join(sacct.POLL_COLUMNS)
 SQUEUE_FORMAT = "%i|%T|%V|%S|%N|%r|%Z"
