@@ -254,3 +254,32 @@ def test_pet_mode_launches_torchrun_with_slurms_node_layout(tmp_path):
                          "PET_MASTER_ADDR": "a", "PET_MASTER_PORT": "1", "MIMO_JOBS_JOB_ID": "j"},
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert bad.returncode == 2 and "planned for 2 node(s) but its job has 3" in bad.stderr
+
+
+PROBE = """
+import sys
+from mimo_jobs.cli.app import app
+try:
+    app(sys.argv[1:], standalone_mode=False)
+except SystemExit:
+    pass
+print("LOADED", sorted(m for m in ("kubernetes", "kubeflow_trainer_api") if m in sys.modules))
+"""
+
+
+def test_validating_a_kubernetes_study_loads_no_client(tmp_path):
+    study = tmp_path / "k8s.yaml"
+    doc = study_doc("cpu_local.yaml")
+    doc["cluster"]["executor"] = "kubernetes"
+    study.write_text(yaml.safe_dump(doc))
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-c", PROBE, "validate", str(study)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "LOADED []" in p.stdout, p.stdout + p.stderr
+    assert "OK, 4 run(s) feasible" in " ".join(p.stdout.split())

@@ -12,6 +12,8 @@ the retry policy and `status` do not care which one ran a job.
                state file next to its log; jobs queue for a machine-wide slot
 - kubernetes/  a Kubeflow Trainer `TrainJob` per job (`<run dir>/trainjob.yaml`), queued by Kueue; state
                from its conditions and its pods, logs per node rank copied into the run directory
+- registry     every executor by name: its job side and its study section
+- base         the Executor protocol and SubmitError
 """
 
 from __future__ import annotations
