@@ -202,7 +202,7 @@ class KubernetesExecutor:
         tj = self._trainjob(job_id, ns, context)
         pods = self._pods(job_id, ns, context) if tj is not None else []
         f = states.facts(job_id, tj, pods)
-        if not jobstates.is_active(f.state) and f.state != jobstates.UNKNOWN:
+        if tj is not None and not jobstates.is_active(f.state):
             self.save_logs(job_id, rd, pods, ns, context)
             if f.state == jobstates.BOOT_FAIL:  # ended for us: nothing of it may wait on the cluster
                 self._delete(job_id, ns, context)

@@ -26,6 +26,7 @@ How the facts map onto the states the SLURM path reports (and so onto the same p
 | a container in CrashLoopBackOff                             | RUNNING        | reason says so (restarting)    |
 | a pod Running                                               | RUNNING        |                                |
 | no pods yet, or pods Pending                                | PENDING        | reason: unschedulable etc.     |
+| the TrainJob is gone (deleted by `cancel` or by hand)       | CANCELLED      |                                |
 """
 
 from __future__ import annotations
@@ -141,9 +142,12 @@ def failure(pods: list[dict], failed: dict) -> tuple[str, int | None, str]:
 
 def facts(job_id: str, trainjob: dict | None, pods: list[dict]) -> JobFacts:
     """The job's facts from its TrainJob (None: gone) and the pods JobSet made for it."""
-    if trainjob is None:
+    if trainjob is None:  # created before submit returned, so gone means deleted: by `cancel`, or by hand
         return JobFacts(
-            job_id, S.UNKNOWN, reason="TrainJob not found (deleted, or another cluster/namespace)"
+            job_id,
+            S.CANCELLED,
+            end_time=datetime.now(timezone.utc).replace(tzinfo=None),
+            reason="TrainJob deleted (mimo-jobs cancel, or kubectl delete)",
         )
     pods = latest_pods(pods)
     meta = trainjob.get("metadata") or {}
