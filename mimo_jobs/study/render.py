@@ -496,8 +496,11 @@ def render_study(
     templates_dir: str | Path | None = None,
     only: list[str] | None = None,
     source: str = "<study>",
+    pet_rendezvous: bool = False,
+    artefacts: Artefacts | None = None,
 ) -> list[RenderedRun]:
-    """Render every run of a study (or those named in `only`, by run name or run id)."""
+    """Render every run of a study (or those named in `only`, by run name or run id), with what its executor
+    adds (`pet_rendezvous`, `artefacts`: see plan_runs)."""
     runs = runs_of(study, source)
     if only:
         known = {r.name for r in runs} | {r.run_id for r in runs}
@@ -515,7 +518,7 @@ def render_study(
                 ]
             )
         runs = [r for r in runs if r.name in only or r.run_id in only]
-    return render_runs(runs, runs_root, templates_dir)
+    return render_runs(runs, runs_root, templates_dir, pet_rendezvous, artefacts)
 
 
 def _encoder_sizes(lay) -> dict:

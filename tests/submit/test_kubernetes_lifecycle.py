@@ -18,9 +18,7 @@ logs). Two runs of one study:
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +28,7 @@ import pytest
 import yaml
 
 from helpers.fake_kube import FakeApiServer, now
+from helpers.launch import free_port, worker_env
 from helpers.submit import cli, query, write_study
 
 pytest.importorskip("kubernetes")
@@ -39,12 +38,6 @@ pytestmark = pytest.mark.slow
 NS = "ml"
 ITERS = 30  # at 0.5 s a step (the test hook), far longer than the steps before the preemption
 G, V, P = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:
@@ -98,7 +91,8 @@ class Cluster:
     def run_container(self, tj: str, pod: str, tmp: Path) -> None:
         """The kubelet: the TrainJob's command and env, plus the torch plugin's PET_* variables."""
         trainer = self.trainjobs()[tj]["spec"]["trainer"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MIMO_JOBS_", "PET_"))}
+        base = worker_env(zygote=False)  # this checkout's code, one thread a rank, as every test process
+        env = {k: v for k, v in base.items() if not k.startswith(("SLURM", "MIMO_JOBS_", "PET_"))}
         env.update({e["name"]: e["value"] for e in trainer["env"]})
         env.update(PET_NNODES=str(trainer["numNodes"]), PET_NPROC_PER_NODE=str(trainer["numProcPerNode"]),
                    PET_NODE_RANK="0", PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(free_port()))  # fmt: skip

@@ -283,3 +283,29 @@ def test_validating_a_kubernetes_study_loads_no_client(tmp_path):
     )
     assert "LOADED []" in p.stdout, p.stdout + p.stderr
     assert "OK, 4 run(s) feasible" in " ".join(p.stdout.split())
+
+
+def test_dry_run_writes_the_manifests_and_nothing_else_and_render_writes_what_they_run(tmp_path):
+    from helpers.submit import cli
+
+    study, runs, db = tmp_path / "k8s.yaml", tmp_path / "runs", tmp_path / "store.duckdb"
+    doc = study_doc("cpu_local.yaml")
+    doc["cluster"]["executor"] = "kubernetes"
+    study.write_text(yaml.safe_dump(doc))
+    p = cli("submit", study, "--dry-run", "--runs-dir", runs, "--db", db, check=True)
+    written = sorted(f.relative_to(runs) for f in runs.rglob("*") if f.is_file())
+    assert [f.name for f in written] == ["trainjob.yaml"] * 4 and not db.exists()
+    assert "$ kubectl create -f" in p.stdout and "nothing submitted" in p.stdout
+    dry = {f: (runs / f).read_text() for f in written}
+    # `render` writes the same manifests and the launch.sh they run, in its pod mode
+    cli("render", study, "-o", runs, check=True)
+    for f, text in dry.items():
+        assert (runs / f).read_text() == text
+        assert 'NODE_RANK="$PET_NODE_RANK"' in ((runs / f).parent / "launch.sh").read_text()
+    # rendered for SLURM, the same study's launch.sh has no pod mode (as its golden files say)
+    doc["cluster"]["executor"] = "slurm"
+    study.write_text(yaml.safe_dump(doc))
+    cli("render", study, "-o", tmp_path / "slurm", check=True)
+    launches = list((tmp_path / "slurm").rglob("launch.sh"))
+    assert len(launches) == 4 and not any("PET_" in f.read_text() for f in launches)
+    assert not list((tmp_path / "slurm").rglob("trainjob.yaml"))
