@@ -17,6 +17,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -26,7 +27,6 @@ from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model.arch import ArchError, module_name_problem
 from mimo_jobs.model.resolve import resolved_field
 from mimo_jobs.submit.executors import registry
-from mimo_jobs.submit.executors.registry import KubernetesSection, SlurmSection
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -138,10 +138,8 @@ class HardwareSpec(_Strict):
     layers: Literal["te", "local"] = "te"
 
 
-class ClusterSpec(_Strict):
-    """What every executor reads of the cluster, plus one section per executor (`cluster.slurm`,
-    `cluster.kubernetes`: mimo_jobs/submit/executors/registry.py names them). Studies written before the
-    sections give SLURM's keys flat under `cluster:`; they are read into `cluster.slurm`."""
+class _ClusterCommon(_Strict):
+    """What every executor reads of the cluster; ClusterSpec adds one section per executor."""
 
     executor: str = "slurm"  # a name of the executor registry
     time_limit: str = "01:00:00"
@@ -157,8 +155,6 @@ class ClusterSpec(_Strict):
     max_retries: int = Field(2, ge=0, le=20)  # retries for flaky failures (watchdog timeouts, node failure)
     python: str = "python3"
     hardware: HardwareSpec | None = None  # the planner's GPU and its overrides
-    slurm: SlurmSection = Field(default_factory=SlurmSection)
-    kubernetes: KubernetesSection | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -173,7 +169,7 @@ class ClusterSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _section_of_executor(self) -> ClusterSpec:
+    def _section_of_executor(self) -> _ClusterCommon:
         entry = registry.REGISTRY[self.executor]
         if entry.section_required and getattr(self, self.executor) is None:
             raise ValueError(
@@ -241,6 +237,18 @@ class ClusterSpec(_Strict):
 
     def time_limit_seconds(self) -> int:
         return slurm_time.seconds(self.time_limit)
+
+
+# The cluster: the common keys, plus one section per executor of the registry (`cluster.slurm`,
+# `cluster.kubernetes`, ...), so a new executor's section needs no edit here. Studies written before the
+# sections give SLURM's keys flat under `cluster:`; they are read into `cluster.slurm`.
+ClusterSpec = create_model(
+    "ClusterSpec",
+    __base__=_ClusterCommon,
+    __module__=__name__,
+    __doc__="The study's `cluster:` section (docs/study-file.md).",
+    **registry.section_fields(),
+)
 
 
 # ---------------------------------------------------------------- trainer

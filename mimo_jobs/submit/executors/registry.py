@@ -54,6 +54,19 @@ def load(name: str):
     return getattr(importlib.import_module(module), cls)()
 
 
+def section_fields() -> dict[str, tuple[Any, Any]]:
+    """The cluster schema's field of each executor section: a flat one always there (its keys had defaults
+    before it was a section), the others unset unless a study gives them."""
+    from pydantic import Field
+
+    out: dict[str, tuple[Any, Any]] = {}
+    for name, e in REGISTRY.items():
+        if e.section is None:
+            continue
+        out[name] = (e.section, Field(default_factory=e.section)) if e.flat else (e.section | None, None)
+    return out
+
+
 def _flat_sections() -> dict[str, type[BaseModel]]:
     return {n: e.section for n, e in REGISTRY.items() if e.flat and e.section is not None}
 
