@@ -92,7 +92,12 @@ class KubernetesExecutor:
 
     def _api(self, context: str | None):
         if context not in self._apis:
-            from kubernetes import client, config
+            try:
+                from kubernetes import client, config
+            except ImportError:
+                raise SubmitError(
+                    "the Kubernetes executor needs the `kubernetes` client: pip install 'mimo-jobs[kubernetes]'"
+                ) from None
 
             try:
                 if context is None and not _kubeconfig_exists() and "KUBERNETES_SERVICE_HOST" in os.environ:
