@@ -309,3 +309,20 @@ def test_dry_run_writes_the_manifests_and_nothing_else_and_render_writes_what_th
     launches = list((tmp_path / "slurm").rglob("launch.sh"))
     assert len(launches) == 4 and not any("PET_" in f.read_text() for f in launches)
     assert not list((tmp_path / "slurm").rglob("trainjob.yaml"))
+
+
+def test_an_unreachable_api_server_is_a_clear_refusal_and_nothing_is_recorded(tmp_path):
+    from helpers.fake_kube import FakeApiServer
+    from helpers.submit import cli, query
+
+    with FakeApiServer() as server:  # a kubeconfig for a server that is gone by the time we submit
+        kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
+    doc = study_doc("cpu_local.yaml")
+    doc["cluster"].update(executor="kubernetes")
+    doc["cluster"]["kubernetes"]["context"] = "fake"
+    study, db = tmp_path / "k8s.yaml", tmp_path / "store.duckdb"
+    study.write_text(yaml.safe_dump(doc))
+    p = cli("submit", study, "--db", db, "--runs-dir", tmp_path / "runs", env={"KUBECONFIG": str(kubeconfig)})
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "cannot reach the Kubernetes API server" in p.stderr and "submitted before it: none" in p.stderr
+    assert query(db, "SELECT count(*) FROM jobs") == [(0,)]

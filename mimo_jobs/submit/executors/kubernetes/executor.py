@@ -113,25 +113,25 @@ class KubernetesExecutor:
             self._apis[context] = (api, client.CustomObjectsApi(api), client.CoreV1Api(api))
         return self._apis[context]
 
-    def _call(self, what: str, fn, *args, missing_ok: bool = False, **kw):
-        """One API call; its errors as SubmitError (404 as None when `missing_ok`)."""
+    def _call(self, what: str, fn, *args, missing_ok: bool = False, conflict: str | None = None, **kw):
+        """One API call; its errors as SubmitError naming `what` (404 as None when `missing_ok`; 409 as
+        `conflict` when given)."""
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
         try:
             return fn(*args, _request_timeout=REQUEST_TIMEOUT_S, **kw)
         except ApiException as e:
             if missing_ok and e.status == 404:
                 return None
-            body = (e.body or "")[:500] if isinstance(e.body, str) else ""
+            if conflict and e.status == 409:
+                raise SubmitError(conflict) from None
+            body = e.body[:500] if isinstance(e.body, str) else ""
             raise SubmitError(
                 f"{what}: the API server answered {e.status} {e.reason}: {body}".rstrip(": ")
             ) from None
-        except OSError as e:  # urllib3's connection errors are OSErrors
+        except (OSError, HTTPError) as e:  # connection refused, DNS, TLS, timeouts
             raise SubmitError(f"{what}: cannot reach the Kubernetes API server: {e}") from None
-        except Exception as e:
-            if type(e).__module__.startswith("urllib3"):
-                raise SubmitError(f"{what}: cannot reach the Kubernetes API server: {e}") from None
-            raise
 
     def _trainjob(self, job_id: str, ns: str, context: str | None) -> dict | None:
         _, co, _ = self._api(context)
@@ -180,25 +180,12 @@ class KubernetesExecutor:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         rd.logs.mkdir(parents=True, exist_ok=True)
         _, co, _ = self._api(context)
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            co.create_namespaced_custom_object(
-                M.GROUP, M.VERSION, ns, M.PLURAL, body, field_validation="Strict",
-                _request_timeout=REQUEST_TIMEOUT_S,
-            )  # fmt: skip
-        except ApiException as e:
-            if e.status == 409:
-                raise SubmitError(
-                    f"TrainJob {ns}/{name} already exists (a job of this run submitted from another store?); "
-                    f"delete it first: kubectl delete trainjob -n {ns} {name}"
-                ) from None
-            raise SubmitError(f"create TrainJob {ns}/{name}: the API server answered {e.status} {e.reason}: "
-                              f"{(e.body or '')[:500]}") from None  # fmt: skip
-        except OSError as e:
-            raise SubmitError(
-                f"create TrainJob {ns}/{name}: cannot reach the Kubernetes API server: {e}"
-            ) from None
+        self._call(
+            f"create TrainJob {ns}/{name}", co.create_namespaced_custom_object, M.GROUP, M.VERSION, ns, M.PLURAL,
+            body, field_validation="Strict",
+            conflict=f"TrainJob {ns}/{name} already exists (a job of this run submitted from another store?); "
+            f"delete it first: kubectl delete trainjob -n {ns} {name}",
+        )  # fmt: skip
         return name
 
     def job_facts(self, job_id: str, rd: RunDir) -> JobFacts:
