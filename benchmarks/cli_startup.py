@@ -29,6 +29,8 @@ HEAVY = (
     "numpy",
     "einops",
     "duckdb",
+    "kubernetes",  # the Kubernetes executor imports its client when a job is submitted or followed
+    "kubeflow_trainer_api",
 )
 
 # Runs the CLI in-process (as the console script does), then reports which heavy modules got imported.

@@ -262,7 +262,9 @@ def submit(
         None, "--only", help="Submit only this run (name or run id); repeatable."
     ),
     executor_name: Optional[str] = typer.Option(  # noqa: UP045
-        None, "--executor", help="slurm or local (default: the study's cluster.executor)."
+        None,
+        "--executor",
+        help="slurm, local or kubernetes (default: the study's cluster.executor).",
     ),
     force: bool = typer.Option(
         False, "--force", help="Submit runs that are pending, running or completed again."
@@ -299,8 +301,10 @@ def submit(
 
 
 def _executor_name(name: str) -> str:
-    if name not in ("slurm", "local"):
-        fail(f"--executor {name!r}: use slurm or local")
+    from mimo_jobs.submit.executors.registry import REGISTRY, names
+
+    if name not in REGISTRY:
+        fail(f"--executor {name!r}: use one of {names()}")
     return name
 
 
@@ -337,8 +341,9 @@ def _prepare(diag, runs: list, root: Path, ex_name: str, templates: Path | None)
 def _dry_run(
     diag, runs: list, root: Path, ex_name: str, templates: Path | None, db: Path | None, force: bool
 ) -> None:
-    """Print each script that would be submitted and the command that would submit it; write nothing
-    anywhere (no store, no run directory: the scripts are rendered in memory)."""
+    """Print each script that would be submitted and the command that would submit it. Scripts are rendered
+    in memory; only an executor's own manifests (the Kubernetes executor's trainjob.yaml) are written, into
+    the run directories, so they can be applied by hand; no store, nothing else."""
     from mimo_jobs.store.connection import connect, db_path
     from mimo_jobs.submit import service
 
@@ -357,6 +362,10 @@ def _dry_run(
     _print_kept(sel)
     out, ex = console(), service.executor(ex_name)
     for p in prepared:
+        for path, text in p.own_files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            out.print(f"wrote {path}", markup=False, soft_wrap=True)
         out.rule(f"{p.spec.name} ({p.spec.run_id}): {p.script}", characters="=")
         out.print("$ " + " ".join(ex.submit_command(p.rd)), markup=False, soft_wrap=True)
         out.print(p.text, markup=False, highlight=False, soft_wrap=True)

@@ -343,15 +343,24 @@ def render(
         None, "--only", help="Render only this run (name or run id); repeatable."
     ),
 ) -> None:
-    """Write run.yaml, launch.sh and sbatch.sh for every run of a study (nothing is written on any error)."""
+    """Write run.yaml, launch.sh and sbatch.sh for every run of a study, and what the study's executor adds
+    (the Kubernetes executor's trainjob.yaml); nothing is written on any error."""
     from rich.table import Table
 
     from mimo_jobs.study.render import RenderError, render_study
+    from mimo_jobs.submit.executors import get_executor
 
     diag = study_or_fail(study_file)
+    ex = get_executor(diag.study.cluster.executor)
     try:
         rendered = render_study(
-            diag.study, output, templates_dir=templates, only=only or None, source=diag.source
+            diag.study,
+            output,
+            templates_dir=templates,
+            only=only or None,
+            source=diag.source,
+            pet_rendezvous=ex.pet_rendezvous,
+            artefacts=ex.artefacts,
         )
     except RenderError as e:
         fail_problems(diag.source, e.problems)

@@ -5,6 +5,7 @@ runs/<study>/<run name>-<run id>/
   run.yaml            the trainer's complete input (RunSpec + plan + paths + provenance)
   launch.sh           one-node torchrun launch (run alone = local executor)
   sbatch.sh           the SLURM batch script (exactly what SLURM runs)
+  trainjob.yaml       the Kubernetes executor's TrainJob (runs rendered for it only)
   metrics.jsonl       one IterationRecord per iteration, appended by the last LLM rank (all attempts)
   .submit-intent.json submit's crash-recovery note while a submission is under way
   logs/               scheduler and per-rank output
@@ -13,6 +14,7 @@ runs/<study>/<run name>-<run id>/
     local-<jobid>.out         local executor's combined output
     local-<jobid>.json        local executor's job state
     runner-<jobid>.stderr     local runner's own errors
+    k8s-<jobid>.node-<n>.out  the Kubernetes executor's copy of node rank n's pod log
   checkpoints/        iter_<N>/ ... and `latest` (docs/checkpoints.md), unless trainer.checkpoint_dir says else
   memory/             per-rank measured memory (contract/memory.py names it)
   tensorboard/        TensorBoard event files
@@ -65,6 +67,10 @@ class RunDir:
         return self.root / "sbatch.sh"
 
     @property
+    def trainjob_yaml(self) -> Path:
+        return self.root / "trainjob.yaml"
+
+    @property
     def metrics(self) -> Path:
         return self.root / METRICS
 
@@ -102,6 +108,9 @@ class RunDir:
 
     def local_state(self, job_id: str) -> Path:
         return self.logs / f"local-{job_id}.json"
+
+    def pod_log(self, job_id: str, node_rank: int) -> Path:
+        return self.logs / f"k8s-{job_id}.node-{node_rank}.out"
 
     def runner_err(self, job_id: str) -> Path:
         # not *.out/.err/.log/.txt: ingest reads those as job logs

@@ -4,7 +4,8 @@
   writes `[defaultK]:` (the local rank); torch itself writes `[rankK]:` (the global rank). They nest, in
   any order.
 - torchrun's per-rank log files live at logs/job-<job>/node-<n>/<rdzv>/attempt_<k>/<local_rank>/
-  {stdout,stderr}.log; SLURM and the local executor write slurm-<job>.out / local-<job>.out.
+  {stdout,stderr}.log; SLURM and the local executor write slurm-<job>.out / local-<job>.out, the Kubernetes
+  executor one k8s-<job>.node-<n>.out per node rank (contract/rundir.py).
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ _RANK_PATH_RE = re.compile(
     r"(?:^|/)job-(?P<job>[^/]+)/node-(?P<node>\d+)/(?:[^/]+/)?attempt_(?P<attempt>\d+)/(?P<local>\d+)/"
     r"(?P<stream>stdout|stderr|error)\.(?:log|json)$"
 )
-_JOB_FILE_RE = re.compile(r"(?:^|/)(?:slurm|local)-(?P<job>[A-Za-z0-9_.\-]+?)(?:\.\d+)?\.(?:out|err|log)$")
+_JOB_FILE_RE = re.compile(
+    r"(?:^|/)(?:slurm|local|k8s)-(?P<job>[A-Za-z0-9_.\-]+?)(?:\.node-(?P<node>\d+)|\.\d+)?\.(?:out|err|log)$"
+)
 _JOB_DIR_RE = re.compile(r"(?:^|/)job-(?P<job>[^/]+)/")
 
 
@@ -97,7 +100,7 @@ def path_info(path: str) -> PathInfo:
         return PathInfo(m["job"], int(m["node"]), int(m["attempt"]), int(m["local"]), m["stream"])
     m = _JOB_FILE_RE.search(p)
     if m:
-        return PathInfo(m["job"])
+        return PathInfo(m["job"], int(m["node"]) if m["node"] else None)
     m = _JOB_DIR_RE.search(p)
     if m:
         return PathInfo(m["job"])

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mimo_jobs.store.connection import transaction
-from mimo_jobs.submit.executors.sacct import parse_dump
+from mimo_jobs.submit.executors.slurm.sacct import parse_dump
 
 from . import readers, sacct
 from .discover import IngestError, Target, discover

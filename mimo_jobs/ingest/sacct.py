@@ -5,7 +5,7 @@ event for a scheduler verdict. The dump is read by the one sacct parser (mimo_jo
 from __future__ import annotations
 
 from mimo_jobs.contract import jobstates
-from mimo_jobs.submit.executors.sacct import SacctRecord
+from mimo_jobs.submit.executors.slurm.sacct import SacctRecord
 
 from .timestamps import store_text
 

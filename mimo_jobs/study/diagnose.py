@@ -89,7 +89,7 @@ def diagnose_data(data: Any, source: str = "<study>", env: dict[str, str] | None
     try:
         study = StudySpec.model_validate(data, context=validation_context(source))
     except ValidationError as e:
-        problems += [Problem(p, "schema", m) for p, m in pydantic_problems(e)]
+        problems += [Problem(p, "schema", m) for p, m in pydantic_problems(e, data=data)]
     if problems and study is not None:
         study = None  # an unset variable was replaced by "": the spec is not what the user meant
     if study is not None:

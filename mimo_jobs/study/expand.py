@@ -73,7 +73,7 @@ def run_id_of(study: StudySpec, point: PointSpec, repeat: int) -> str:
     named relative to the study (study/paths.py)."""
     payload = {
         "study": study.name,
-        "cluster": study.cluster.model_dump(mode="json", exclude={"hardware"}),  # planning only
+        "cluster": study.cluster.id_payload(),
         "trainer": id_paths(id_payload(study.trainer), study.study_dir),
         "point": id_payload(point),
         "repeat": repeat,

@@ -11,6 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from mimo_jobs.study.spec import StudyError, StudySpec, validation_context
+from mimo_jobs.submit.executors.registry import written_path
 
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
@@ -52,10 +53,14 @@ def interpolate(node: Any, path: tuple, env: dict[str, str], problems: list[tupl
     return node
 
 
-def pydantic_problems(err: ValidationError, prefix: tuple = ()) -> list[tuple[str, str]]:
+def pydantic_problems(err: ValidationError, prefix: tuple = (), data: Any = None) -> list[tuple[str, str]]:
+    """Each error as (YAML path, message); with the study's `data`, at the path the study wrote (a SLURM key
+    written flat under `cluster:` is reported there, not at `cluster.slurm`)."""
     out = []
     for e in err.errors():
         loc = prefix + tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-")))
+        if data is not None:
+            loc = written_path(loc, data)
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
@@ -75,7 +80,7 @@ def parse_study(data: Any, source: str = "<study>", env: dict[str, str] | None =
     try:
         return StudySpec.model_validate(data, context=validation_context(source))
     except ValidationError as e:
-        raise StudyError(source, pydantic_problems(e)) from None
+        raise StudyError(source, pydantic_problems(e, data=data)) from None
 
 
 # What a study file may hold. A real study is a few KB and a few hundred YAML nodes; anchors and aliases

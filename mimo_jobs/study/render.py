@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -248,11 +249,14 @@ def provenance() -> dict:
     }
 
 
-def context(spec: RunSpec, rd: RunDir) -> dict:
+def context(spec: RunSpec, rd: RunDir, pet_rendezvous: bool = False) -> dict:
     """Everything the templates may use (StrictUndefined: anything else is an error). The run's layout and
     sizes are here raw (templates quote what they put in the shell); `command` is the run's own training
-    command already rendered as shell words (study/command.py), None for the packaged trainer."""
+    command already rendered as shell words (study/command.py), None for the packaged trainer.
+    `pet_rendezvous`: launch.sh also takes a node's rank and rendezvous from torchrun's PET_* variables (an
+    executor whose job object sets them, e.g. a Kubeflow Trainer TrainJob)."""
     c = spec.cluster
+    slurm = c.section("slurm")
     run_dir = str(rd.root)
     lay, t = spec.layout, spec.trainer
     container = None
@@ -284,15 +288,15 @@ def context(spec: RunSpec, rd: RunDir) -> dict:
         "gpus_per_node": c.gpus_per_node,
         "accelerator": c.accelerator,
         "time_limit": spec.time_limit,
-        "partition": c.partition,
-        "account": c.account,
-        "qos": c.qos,
-        "exclusive": c.exclusive,
+        "partition": slurm.partition,
+        "account": slurm.account,
+        "qos": slurm.qos,
+        "exclusive": slurm.exclusive,
         "signal": c.signal,
         "signal_name": c.signal.split("@")[0].removeprefix("B:"),
         "requeue": c.requeue,
-        "sbatch_args": list(c.sbatch_args),
-        "srun_args": list(c.srun_args),
+        "sbatch_args": list(slurm.sbatch_args),
+        "srun_args": list(slurm.srun_args),
         "env": sorted(c.env.items()),
         "setup": list(c.setup),
         "python": c.python,
@@ -322,6 +326,7 @@ def context(spec: RunSpec, rd: RunDir) -> dict:
             "dp": lay.llm_dp,
         },
         "command": render_command(spec, rd),
+        "pet_rendezvous": pet_rendezvous,
     }
 
 
@@ -337,8 +342,20 @@ class Planned:
         return self.files[path][0]
 
 
-def _plan_run(spec: RunSpec, rd: RunDir, env: jinja2.Environment, prov: dict) -> Planned:
-    ctx = context(spec, rd)
+# An executor's own files for a run (path -> text), rendered with its run.yaml and scripts (e.g. the
+# Kubernetes executor's trainjob.yaml); a ValueError says why the run cannot have them.
+Artefacts = Callable[[RunSpec, RunDir], dict[Path, str]]
+
+
+def _plan_run(
+    spec: RunSpec,
+    rd: RunDir,
+    env: jinja2.Environment,
+    prov: dict,
+    pet_rendezvous: bool = False,
+    artefacts: Artefacts | None = None,
+) -> Planned:
+    ctx = context(spec, rd, pet_rendezvous)
     files: dict[Path, tuple[str, int]] = {}
     doc = run_yaml_doc(spec, rd.root, prov)
     files[rd.run_yaml] = (yaml.safe_dump(doc, sort_keys=False, default_flow_style=False), 0o644)
@@ -354,6 +371,11 @@ def _plan_run(spec: RunSpec, rd: RunDir, env: jinja2.Environment, prov: dict) ->
                 [Problem(spec.name, "template", f"rendered {path.name} is not valid bash: {err}")]
             )
         files[path] = (text, 0o755)
+    if artefacts is not None:
+        try:
+            files.update({path: (text, 0o644) for path, text in artefacts(spec, rd).items()})
+        except ValueError as e:
+            raise RenderError([Problem(spec.name, "executor", str(e))]) from None
     return Planned(spec, rd, files)
 
 
@@ -427,7 +449,11 @@ def _write_files(p: Planned) -> RenderedRun:
 
 
 def plan_runs(
-    runs: list[RunSpec], runs_root: str | Path, templates_dir: str | Path | None = None
+    runs: list[RunSpec],
+    runs_root: str | Path,
+    templates_dir: str | Path | None = None,
+    pet_rendezvous: bool = False,
+    artefacts: Artefacts | None = None,
 ) -> list[Planned]:
     """Render `runs` in memory and check them (paths, setup lines, templates, `bash -n`); writes nothing.
     Raises RenderError with every problem found."""
@@ -440,16 +466,23 @@ def plan_runs(
         raise RenderError(problems)
     env = environment(templates_dir)
     prov = provenance()
-    return [_plan_run(s, RunDir.of(root, s.study, s.name, s.run_id), env, prov) for s in runs]
+    return [
+        _plan_run(s, RunDir.of(root, s.study, s.name, s.run_id), env, prov, pet_rendezvous, artefacts)
+        for s in runs
+    ]
 
 
 def render_runs(
-    runs: list[RunSpec], runs_root: str | Path, templates_dir: str | Path | None = None
+    runs: list[RunSpec],
+    runs_root: str | Path,
+    templates_dir: str | Path | None = None,
+    pet_rendezvous: bool = False,
+    artefacts: Artefacts | None = None,
 ) -> list[RenderedRun]:
     """Render and write `runs` under runs_root/<study>/<run name>-<run id>/. Everything is checked before
     anything is written; raises RenderError (with every problem found) and writes nothing when a check
     fails."""
-    return [_write(p) for p in plan_runs(runs, runs_root, templates_dir)]
+    return [_write(p) for p in plan_runs(runs, runs_root, templates_dir, pet_rendezvous, artefacts)]
 
 
 def render_run(spec: RunSpec, runs_root: str | Path, templates_dir: str | Path | None = None) -> RenderedRun:
@@ -463,8 +496,11 @@ def render_study(
     templates_dir: str | Path | None = None,
     only: list[str] | None = None,
     source: str = "<study>",
+    pet_rendezvous: bool = False,
+    artefacts: Artefacts | None = None,
 ) -> list[RenderedRun]:
-    """Render every run of a study (or those named in `only`, by run name or run id)."""
+    """Render every run of a study (or those named in `only`, by run name or run id), with what its executor
+    adds (`pet_rendezvous`, `artefacts`: see plan_runs)."""
     runs = runs_of(study, source)
     if only:
         known = {r.name for r in runs} | {r.run_id for r in runs}
@@ -482,7 +518,7 @@ def render_study(
                 ]
             )
         runs = [r for r in runs if r.name in only or r.run_id in only]
-    return render_runs(runs, runs_root, templates_dir)
+    return render_runs(runs, runs_root, templates_dir, pet_rendezvous, artefacts)
 
 
 def _encoder_sizes(lay) -> dict:

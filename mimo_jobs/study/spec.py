@@ -17,6 +17,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -25,9 +26,9 @@ import mimo_jobs.study.slurm_time as slurm_time
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model.arch import ArchError, module_name_problem
 from mimo_jobs.model.resolve import resolved_field
+from mimo_jobs.submit.executors import registry
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
-SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9_.,:=+/-]{1,128}\Z")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # Sizes beyond any real cluster or run: a value past them is a typo (or hostile), and planning it would
 # only spend memory and time. The largest machines have about 10^4 nodes and 10^5 GPUs.
@@ -82,7 +83,6 @@ def _is_number(annotation: Any) -> bool:
 PATH_WORD_RE = re.compile(r"^[A-Za-z0-9_./@+=~-]+\Z")
 IMAGE_RE = re.compile(r"^[A-Za-z0-9_./@+=~#:-]+\Z")
 MOUNT_RE = re.compile(r"^[A-Za-z0-9_./@+=~-]+(?::[A-Za-z0-9_./@+=~-]+(?::[a-z+]+)?)?\Z")
-ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:=+/@%-]+)?\Z")
 
 
 class ContainerSpec(_Strict):
@@ -138,34 +138,54 @@ class HardwareSpec(_Strict):
     layers: Literal["te", "local"] = "te"
 
 
-class ClusterSpec(_Strict):
-    executor: Literal["slurm", "local"] = "slurm"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
+class _ClusterCommon(_Strict):
+    """What every executor reads of the cluster; ClusterSpec adds one section per executor."""
+
+    executor: str = "slurm"  # a name of the executor registry
     time_limit: str = "01:00:00"
     gpus_per_node: int = Field(8, ge=1, le=64)
     accelerator: Literal["gpu", "cpu"] = "gpu"  # cpu: gpus_per_node means processes per node, gloo backend
-    exclusive: bool = True
     container: ContainerSpec | None = None
     env: dict[str, str] = Field(default_factory=dict)
     setup: list[str] = Field(
         default_factory=list
     )  # shell lines run before the launch (trusted, checked by bash -n)
-    sbatch_args: list[str] = Field(default_factory=list)  # extra "--key=value" headers
-    srun_args: list[str] = Field(default_factory=list)
     signal: str = "USR2@120"  # preemption/time-limit warning signal: the trainer checkpoints and exits
     requeue: bool = True
     max_retries: int = Field(2, ge=0, le=20)  # retries for flaky failures (watchdog timeouts, node failure)
     python: str = "python3"
     hardware: HardwareSpec | None = None  # the planner's GPU and its overrides
 
-    @field_validator("partition", "account", "qos")
+    @model_validator(mode="before")
     @classmethod
-    def _slurm_word(cls, v: str | None) -> str | None:
-        if v is not None and not SLURM_WORD_RE.match(v):
-            raise ValueError(f"{v!r} is not a valid SLURM name (letters, digits, _.,:=+/- only)")
+    def _flat_keys(cls, data: Any) -> Any:
+        return registry.nest_flat_keys(data)
+
+    @field_validator("executor")
+    @classmethod
+    def _executor(cls, v: str) -> str:
+        if v not in registry.REGISTRY:
+            raise ValueError(f"{v!r} is not an executor (one of: {', '.join(registry.REGISTRY)})")
         return v
+
+    @model_validator(mode="after")
+    def _section_of_executor(self) -> _ClusterCommon:
+        entry = registry.REGISTRY[self.executor]
+        if entry.section_required and getattr(self, self.executor) is None:
+            raise ValueError(
+                f"executor {self.executor!r} needs its section cluster.{self.executor} (docs/{entry.doc})"
+            )
+        return self
+
+    def id_payload(self) -> dict:
+        """The cluster as a run id hashes it (study/expand.py): planning-only `hardware` left out, SLURM's
+        keys flat as studies wrote them before executors had sections, and a section of another executor
+        only where it is set, so every run of an older study keeps its id."""
+        return registry.flat_payload(self.model_dump(mode="json", exclude={"hardware"}))
+
+    def section(self, name: str):
+        """An executor's section as given, or its defaults."""
+        return getattr(self, name) or registry.REGISTRY[name].section()
 
     @field_validator("time_limit")
     @classmethod
@@ -206,17 +226,6 @@ class ClusterSpec(_Strict):
             return out
         return v
 
-    @field_validator("sbatch_args", "srun_args")
-    @classmethod
-    def _args(cls, v: list[str], info) -> list[str]:
-        what = "sbatch" if info.field_name == "sbatch_args" else "srun"
-        for a in v:
-            if not ARG_RE.match(a):
-                raise ValueError(
-                    f"{what} arg {a!r} must look like --key or --key=value (no spaces or quotes)"
-                )
-        return v
-
     @field_validator("python")
     @classmethod
     def _python(cls, v: str) -> str:
@@ -228,6 +237,18 @@ class ClusterSpec(_Strict):
 
     def time_limit_seconds(self) -> int:
         return slurm_time.seconds(self.time_limit)
+
+
+# The cluster: the common keys, plus one section per executor of the registry (`cluster.slurm`,
+# `cluster.kubernetes`, ...), so a new executor's section needs no edit here. Studies written before the
+# sections give SLURM's keys flat under `cluster:`; they are read into `cluster.slurm`.
+ClusterSpec = create_model(
+    "ClusterSpec",
+    __base__=_ClusterCommon,
+    __module__=__name__,
+    __doc__="The study's `cluster:` section (docs/study-file.md).",
+    **registry.section_fields(),
+)
 
 
 # ---------------------------------------------------------------- trainer

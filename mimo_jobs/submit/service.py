@@ -1,10 +1,11 @@
 """Submission core: which runs of a study to submit, submitting them crash-safely, following them, applying the
 retry/requeue policy when a job ends, and cancelling.
 
-One script, one truth: `render` writes <run dir>/{run.yaml, launch.sh, sbatch.sh}; the slurm
-executor submits that sbatch.sh file itself (`sbatch --parsable --chdir=<run dir> sbatch.sh`) and the local
-executor runs that launch.sh (the script sbatch.sh starts on every node through srun). submitit supplies
-the SLURM job handles (cancel); state is read through sacct (see executors/slurm.py for why).
+One script, one truth: `render` writes <run dir>/{run.yaml, launch.sh, sbatch.sh} and the executor's own
+files; each executor submits its rendered file itself (`Executor.launch_file`): the slurm executor that
+sbatch.sh (`sbatch --parsable --chdir=<run dir> sbatch.sh`), the local executor that launch.sh (the script
+sbatch.sh starts on every node through srun), the Kubernetes executor that trainjob.yaml (whose pods run
+launch.sh). Executors are found by name in executors/registry.py.
 
 Store consistency (no job row without a scheduler job, nor the reverse):
 - a submission that the scheduler refuses writes nothing;
@@ -95,15 +96,11 @@ def select_runs(runs: list[RunSpec], only: list[str] | None, source: str) -> lis
 
 
 def check_executor(runs: list[RunSpec], executor_name: str) -> None:
-    """The local executor runs one node (launch.sh alone); a multi-node run needs SLURM."""
-    if executor_name == "local":
-        multi = [f"{r.name} ({r.layout.nodes} nodes)" for r in runs if r.layout.nodes > 1]
-        if multi:
-            raise LaunchError(
-                "--executor local runs one node; these runs need more: "
-                + ", ".join(multi)
-                + " (submit them to SLURM, or pick 1-node runs with --only)"
-            )
+    """What the executor says it cannot run (the local one runs one node; the Kubernetes one needs its
+    study section), all at once."""
+    problems = executor(executor_name).problems(runs)
+    if problems:
+        raise LaunchError("\n".join(problems))
 
 
 @dataclass
@@ -178,7 +175,7 @@ def _continuation(con, r: RunSpec, notes: list[str]) -> RunSpec:
 class Prepared:
     spec: RunSpec
     rd: RunDir
-    script: Path  # what the executor runs: sbatch.sh (slurm) or launch.sh (local)
+    script: Path  # what the executor submits (Executor.launch_file): sbatch.sh, launch.sh, trainjob.yaml
     sha256: str
 
 
@@ -191,17 +188,16 @@ def _sha(path: Path) -> str:
 def prepare(
     specs: list[RunSpec], runs_root: Path, executor_name: str, templates_dir: Path | None = None
 ) -> list[Prepared]:
-    """Render the runs (render checks all of them before writing any: run.yaml, launch.sh, sbatch.sh) and
-    name the script each executor runs."""
+    """Render the runs (render checks all of them before writing any: run.yaml, launch.sh, sbatch.sh and the
+    executor's own files) and name the file the executor submits."""
     import mimo_jobs.study.render as render
 
+    ex = executor(executor_name)
     out = []
-    for rr in render.render_runs(specs, runs_root, templates_dir):
+    for rr in render.render_runs(specs, runs_root, templates_dir, ex.pet_rendezvous, ex.artefacts):
         rd = RunDir(Path(rr.run_dir).resolve())
-        script = rd.sbatch_sh if executor_name == "slurm" else rd.launch_sh
-        out.append(
-            Prepared(rr.run, rd, script, rr.sbatch_sha256 if executor_name == "slurm" else _sha(script))
-        )
+        script = ex.launch_file(rd)
+        out.append(Prepared(rr.run, rd, script, _sha(script)))
     return out
 
 
@@ -214,6 +210,7 @@ class Preview:
     script: Path
     text: str
     command: str | None = None  # the run's own training command as launch.sh runs it (None: packaged)
+    own_files: dict[Path, str] = field(default_factory=dict)  # the executor's files (its manifests)
 
 
 def preview(
@@ -223,10 +220,12 @@ def preview(
     import mimo_jobs.study.render as render
     from mimo_jobs.study.command import render_command
 
+    ex = executor(executor_name)
     out = []
-    for p in render.plan_runs(specs, runs_root, templates_dir):
-        script = p.rd.sbatch_sh if executor_name == "slurm" else p.rd.launch_sh
-        out.append(Preview(p.spec, p.rd, script, p.text(script), render_command(p.spec, p.rd)))
+    for p in render.plan_runs(specs, runs_root, templates_dir, ex.pet_rendezvous, ex.artefacts):
+        script = ex.launch_file(p.rd)
+        own = {f: p.text(f) for f in ex.artefacts(p.spec, p.rd)}
+        out.append(Preview(p.spec, p.rd, script, p.text(script), render_command(p.spec, p.rd), own))
     return out
 
 
@@ -468,7 +467,7 @@ def settle(
             if not ex.reap(row.job_id, rd):
                 return None
             spec_obj = RunSpec.from_dict(spec)
-            script = rd.sbatch_sh if row.executor == "slurm" else rd.launch_sh
+            script = ex.launch_file(rd)
             p = Prepared(spec_obj, rd, script, _sha(script))
             try:
                 next_id = submit_prepared(con, ex, p, row.attempt + 1)

@@ -16,6 +16,7 @@ import pytest
 from mdblocks import prose_lines
 
 import mimo_jobs.study.spec as spec
+from mimo_jobs.submit.executors.registry import REGISTRY
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY_DOC = REPO / "docs" / "study-file.md"
@@ -37,6 +38,8 @@ MODELS = {
         "MatrixSpec",
     )
 }
+# each executor's study section (`cluster.slurm`, `cluster.kubernetes`), from the executor registry
+MODELS |= {e.section.__name__: e.section for e in REGISTRY.values() if e.section is not None}
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _TICKS = re.compile(r"`([^`]+)`")

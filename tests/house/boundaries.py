@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT_PACKAGE = "mimo_jobs"
 
 # Layers, bottom first; each package lists what it may import. An entry is a package ("store") or one module
-# of it ("submit.executors.sacct": that module only). The root module (`mimo_jobs`, which holds only
+# of it ("submit.executors.slurm.sacct": that module only). The root module (`mimo_jobs`, which holds only
 # __version__) may be imported by anyone and imports nothing.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("errors", ()),
@@ -27,13 +27,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("image", ()),
     ("contract", ("errors",)),
     ("model", ("errors",)),
-    ("study", ("contract", "model", "errors", "image")),
+    ("study", ("contract", "model", "errors", "image", "submit.executors.registry")),
     ("predict", ("study", "model", "contract", "errors", "textsafe")),
     ("store", ("contract", "errors")),
     ("data", ("contract", "model", "errors", "study")),
     ("trainer", ("data", "study", "predict", "model", "contract", "errors", "image")),
     ("submit", ("study", "store", "contract", "errors", "image")),
-    ("ingest", ("store", "study", "contract", "errors", "submit.executors.sacct")),
+    ("ingest", ("store", "study", "contract", "errors", "submit.executors.slurm.sacct")),
     ("report", ("store", "study", "predict", "model", "contract", "errors", "textsafe")),
 )
 # cli may import every package but the trainer: it starts the trainer as its own process.

@@ -71,11 +71,12 @@ SYNTHETIC = _tree(
         "store/connection.py": "from . import schema\n",
         "store/schema.py": "def f():\n    from mimo_jobs import __version__\n",
         "ingest/__init__.py": "",
-        "ingest/pipeline.py": "from mimo_jobs.submit.executors.sacct import parse\n",
+        "ingest/pipeline.py": "from mimo_jobs.submit.executors.slurm.sacct import parse\n",
         "submit/__init__.py": "",
         "submit/executors/__init__.py": "",
-        "submit/executors/sacct.py": "",
-        "submit/executors/slurm.py": "from .sacct import parse\nfrom ..service import go\n",
+        "submit/executors/slurm/__init__.py": "",
+        "submit/executors/slurm/sacct.py": "",
+        "submit/executors/slurm/executor.py": "from .sacct import parse\nfrom ...service import go\n",
         "submit/service.py": "import mimo_jobs.store.connection\n",
     }
 )
@@ -90,9 +91,9 @@ def test_checker_passes_a_clean_tree(tmp_path):
         ("mimo_jobs.contract.iteration", "mimo_jobs.errors"),
         ("mimo_jobs.store.connection", "mimo_jobs.store.schema"),
         ("mimo_jobs.store.schema", "mimo_jobs"),
-        ("mimo_jobs.ingest.pipeline", "mimo_jobs.submit.executors.sacct"),
-        ("mimo_jobs.submit.executors.slurm", "mimo_jobs.submit.executors.sacct"),
-        ("mimo_jobs.submit.executors.slurm", "mimo_jobs.submit.service"),
+        ("mimo_jobs.ingest.pipeline", "mimo_jobs.submit.executors.slurm.sacct"),
+        ("mimo_jobs.submit.executors.slurm.executor", "mimo_jobs.submit.executors.slurm.sacct"),
+        ("mimo_jobs.submit.executors.slurm.executor", "mimo_jobs.submit.service"),
         ("mimo_jobs.submit.service", "mimo_jobs.store.connection"),
     }
     assert B.crossings(imports, B.ALLOWED) == []

@@ -6,7 +6,7 @@ from datetime import datetime
 import pytest
 
 from mimo_jobs.ingest import events, iterline, origin
-from mimo_jobs.submit.executors import sacct
+from mimo_jobs.submit.executors.slurm import sacct
 
 REAL = (
     " [2024-04-06 03:02:12] iteration       71/     100 | consumed samples:         9088 | elapsed time per "

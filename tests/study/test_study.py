@@ -233,7 +233,7 @@ def test_env_interpolation_and_defaults():
     doc["cluster"]["partition"] = "${PART}"
     doc["cluster"]["env"] = {"X": "pre-${WHO:-nobody}-post"}
     s = parse_study(doc, env={"PART": "gpu"})
-    assert s.cluster.partition == "gpu" and s.cluster.env["X"] == "pre-nobody-post"
+    assert s.cluster.slurm.partition == "gpu" and s.cluster.env["X"] == "pre-nobody-post"
     s = parse_study(doc, env={"PART": "gpu", "WHO": "me"})
     assert s.cluster.env["X"] == "pre-me-post"
 
@@ -254,7 +254,7 @@ def test_unset_env_is_an_error_at_its_path():
 
 def test_production_study_reads_site_settings_from_env():
     s = load_study(PROD, env={"MIMO_JOBS_PARTITION": "prod", "MIMO_JOBS_IMAGE": "/img/x.sqsh"})
-    assert s.cluster.partition == "prod" and s.cluster.container.image == "/img/x.sqsh"
+    assert s.cluster.slurm.partition == "prod" and s.cluster.container.image == "/img/x.sqsh"
 
 
 # ---------------------------------------------------------------- expansion and run ids

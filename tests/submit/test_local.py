@@ -217,7 +217,7 @@ def test_bad_input_is_refused_before_anything_is_written(ws):
     p = submit(ws, study, check=False)  # the 2-node run cannot run on the local executor
     assert p.returncode == 2 and "2n-e1x1-l1x1x3-g6 (2 nodes)" in p.stderr
     p = submit(ws, study, "--executor", "pbs", check=False)
-    assert p.returncode == 2 and "use slurm or local" in p.stderr
+    assert p.returncode == 2 and "use one of slurm, local, kubernetes" in p.stderr
     assert not ws["db"].exists() and not ws["runs"].exists()
     p = cli("status", "--db", ws["db"])
     assert p.returncode == 2 and "no store" in p.stderr

@@ -10,7 +10,7 @@ import pytest
 from mimo_jobs.contract import events as K
 from mimo_jobs.ingest.events import classify_line, first_error
 from mimo_jobs.submit import jobs_table, policy, status
-from mimo_jobs.submit.executors.slurm import jobs_from_sacct, parse_squeue
+from mimo_jobs.submit.executors.slurm.executor import jobs_from_sacct, parse_squeue
 
 NCCL = (
     "[rank3]:[E ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation timeout: "

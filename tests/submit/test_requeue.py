@@ -69,7 +69,7 @@ def metrics_iteration(run_dir: Path) -> int:
 
 def test_signalled_local_run_is_requeued_and_resumes_to_one_curve(tmp_path):
     from mimo_jobs.contract.rundir import RunDir
-    from mimo_jobs.submit.executors.local import LocalExecutor
+    from mimo_jobs.submit.executors.local.executor import LocalExecutor
 
     straight, short = ws(tmp_path / "straight"), ws(tmp_path / "short")
     s_study = study_file(tmp_path / "straight.yaml", "00:10:00", {})

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.submit.jobs_table import JobFacts
+
+if TYPE_CHECKING:
+    from mimo_jobs.study.runspec import RunSpec
 
 
 class SubmitError(MimoJobsError, RuntimeError):
@@ -17,6 +21,18 @@ class SubmitError(MimoJobsError, RuntimeError):
 
 class Executor(Protocol):
     name: str
+    # launch.sh takes the node's rank and rendezvous from torchrun's PET_* variables (set by the job object's
+    # controller, e.g. Kubeflow Trainer's torch plugin) instead of SLURM's or the local defaults
+    pet_rendezvous: bool
+
+    def launch_file(self, rd: RunDir) -> Path:
+        """The rendered file this executor submits (its sha256 is recorded with the job; --dry-run shows it)."""
+
+    def artefacts(self, spec: RunSpec, rd: RunDir) -> dict[Path, str]:
+        """Files of its own rendered beside run.yaml and launch.sh (path -> text); none for most."""
+
+    def problems(self, runs: list[RunSpec]) -> list[str]:
+        """Why it cannot run some of these runs (each a sentence naming the run); empty when it can."""
 
     def submit_command(self, rd: RunDir, job_id: str | None = None) -> list[str]:
         """The command line that submits the run (shown by --dry-run)."""

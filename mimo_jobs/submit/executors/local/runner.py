@@ -1,4 +1,4 @@
-"""The local executor's job process: `python -m mimo_jobs.submit.executors.local_runner STATE_FILE ...`.
+"""The local executor's job process: `python -m mimo_jobs.submit.executors.local.runner STATE_FILE ...`.
 
 Started detached (own session) by `LocalExecutor.submit`, so the submitting CLI may exit while it runs. It
 records the same facts SLURM does in STATE_FILE (JSON, replaced atomically): PENDING while it waits for a

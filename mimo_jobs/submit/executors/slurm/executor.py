@@ -14,13 +14,14 @@ from __future__ import annotations
 import subprocess
 import time
 from datetime import datetime
+from pathlib import Path
 
 from mimo_jobs.contract import jobstates
 from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.submit.jobs_table import JobFacts
 
+from ..base import SubmitError
 from . import sacct
-from .base import SubmitError
 
 SACCT_FIELDS = ",".join(sacct.POLL_COLUMNS)
 SQUEUE_FORMAT = "%i|%T|%V|%S|%N|%r|%Z"
@@ -65,6 +66,16 @@ def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
 
 class SlurmExecutor:
     name = "slurm"
+    pet_rendezvous = False
+
+    def launch_file(self, rd: RunDir) -> Path:
+        return rd.sbatch_sh
+
+    def artefacts(self, spec, rd: RunDir) -> dict[Path, str]:
+        return {}  # sbatch.sh is rendered for every run (mimo_jobs/study/render.py)
+
+    def problems(self, runs: list) -> list[str]:
+        return []
 
     def __init__(self) -> None:
         self.sacct_s = 0.0  # time spent in sacct/squeue (the benchmark reports it apart)

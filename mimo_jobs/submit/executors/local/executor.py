@@ -1,11 +1,11 @@
-"""Local executor: one detached runner process per job (see local_runner.py) runs the run's launch.sh.
+"""Local executor: one detached runner process per job (see runner.py) runs the run's launch.sh.
 
 Why not submitit's LocalExecutor: its job handle lives in the submitting process (a Popen), so a later
 `mimo-jobs status` or `cancel` from another process could not follow the job, and it records no exit code or
 times for a command. The runner records the same facts SLURM would in logs/local-<job id>.json, and jobs
 queue for machine-wide slots (MIMO_JOBS_LOCAL_SLOTS, default 1) the way jobs queue for nodes.
 
-A job's processes outlive its runner (local_runner.job_processes finds them by the mark in their
+A job's processes outlive its runner (runner.job_processes finds them by the mark in their
 environment). When the runner is gone but they still run, the job is RUNNING (orphaned): `cancel` stops
 them (launch.sh's recorded process group and every marked process), its time limit is still enforced at
 each poll, and only once none is left is it NODE_FAIL (or TIMEOUT), so no retry starts beside it.
@@ -27,8 +27,8 @@ from mimo_jobs.contract import jobstates
 from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.submit.jobs_table import JobFacts
 
-from .base import SubmitError
-from .local_runner import KILL_WAIT_S, job_processes, signal_processes
+from ..base import SubmitError
+from .runner import KILL_WAIT_S, job_processes, signal_processes
 
 ORPHANED = (
     "local runner process disappeared; the job's processes still run (orphaned): "
@@ -82,6 +82,24 @@ def _alive(pid: int | None, job_id: str) -> bool:
 
 class LocalExecutor:
     name = "local"
+    pet_rendezvous = False
+
+    def launch_file(self, rd: RunDir) -> Path:
+        return rd.launch_sh
+
+    def artefacts(self, spec, rd: RunDir) -> dict[Path, str]:
+        return {}
+
+    def problems(self, runs: list) -> list[str]:
+        """The local executor runs one node (launch.sh alone)."""
+        multi = [f"{r.name} ({r.layout.nodes} nodes)" for r in runs if r.layout.nodes > 1]
+        if not multi:
+            return []
+        return [
+            "--executor local runs one node; these runs need more: "
+            + ", ".join(multi)
+            + " (submit them to SLURM, or pick 1-node runs with --only)"
+        ]
 
     def state_file(self, rd: RunDir, job_id: str) -> Path:
         return rd.local_state(job_id)
@@ -105,7 +123,7 @@ class LocalExecutor:
         return [
             sys.executable,
             "-m",
-            "mimo_jobs.submit.executors.local_runner",
+            "mimo_jobs.submit.executors.local.runner",
             str(self.state_file(rd, job_id)),
             "--launch",
             str(rd.launch_sh),
