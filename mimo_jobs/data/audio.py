@@ -54,8 +54,13 @@ def audio_spec_of(arch) -> AudioSpec | None:
     found = list(encoders.values()) if isinstance(encoders, dict) else [getattr(arch, "encoder", None)]
     for enc in found:
         if getattr(enc, "modality", None) == "audio":
-            return AudioSpec(tokens=enc.tokens_for_frames, n_mels=getattr(enc, "num_mel_bins", None))
+            return audio_spec_of_module(enc)
     return None
+
+
+def audio_spec_of_module(enc) -> AudioSpec:
+    """The AudioSpec of one audio encoder module (its family's token rule and mel bins)."""
+    return AudioSpec(tokens=enc.tokens_for_frames, n_mels=getattr(enc, "num_mel_bins", None))
 
 
 def npy_shape(data: bytes) -> tuple[int, ...]:

@@ -1,13 +1,15 @@
-"""The batch contract between data providers (mock, energon) and the trainer's step.
+"""The batch contract between data providers (mock, energon) and the trainer's step, keyed by encoder module.
 
-A provider yields, for one LLM DP lane and one microbatch, a LaneBatch of `mbs` samples. The encoder
-replica serving lanes [i*k, (i+1)*k) asks the provider for exactly those lanes' LaneBatches (same seeds,
-same order) and embeds their images; alignment is checked through `sample_keys` and `image_token_counts`.
+A provider yields, for one LLM DP lane and one microbatch, a LaneBatch of `mbs` samples. Each encoder module
+of the model has its entry in `LaneBatch.inputs` (`ModuleInputs`, by the module's name in the study, in the
+model's order): its placeholder token id, per sample how many placeholder tokens it fills (positions where
+tokens == that id) and, on the ranks that embed it, per sample its inputs in placeholder order (images,
+audio clips: whatever input kind the module's family consumes, `model.arch` `modality`). The encoder replica
+serving lanes [i*k, (i+1)*k) asks the provider for exactly those lanes' LaneBatches (same seeds, same order)
+and embeds its module's inputs; alignment is checked through `sample_keys` and each module's counts.
 
-Audio clips (log-mel features of a model with an audio encoder) travel the same way: per sample their
-placeholder tokens (`audio_token_counts`, positions where tokens == the provider's `audio_token_id`) and, on
-the ranks that embed audio, the clips themselves in placeholder order. Both default to none, so a consumer
-that knows nothing of audio reads image batches as before.
+Two modules of one input kind (two vision towers) each have an entry: the sample's image reaches both, and
+each module's embeddings go to its own placeholders (`placeholder_ids` gives every module its own id).
 """
 
 from __future__ import annotations
@@ -24,40 +26,96 @@ def audio_token_id(vocab_size: int) -> int:
     return vocab_size - 2
 
 
+def placeholder_ids(kinds: list[tuple[str, str]], vocab_size: int, own: dict[str, int] | None = None) -> dict:
+    """{module: placeholder token id} of a model's encoder modules, `kinds` = [(module, input kind)] in the
+    model's order. The first module of each kind takes its kind's id (`own[kind]` when the tokenizer has its
+    own, else image: the vocabulary's last id, audio: the second-to-last), so a model of one module per kind
+    keeps the ids it always had; every further module takes the next free id down from the vocabulary's end."""
+    own = {k: v for k, v in (own or {}).items() if v is not None}
+    default = {"image": vocab_size - 1, "audio": audio_token_id(vocab_size)}
+    out: dict[str, int] = {}
+    firsts = {}
+    for name, kind in kinds:
+        if kind not in firsts:
+            firsts[kind] = name
+            out[name] = own.get(kind, default.get(kind, -1))
+    taken = set(out.values()) | set(default.values())
+    nxt = vocab_size - 3
+    for name, _kind in kinds:
+        if name in out and out[name] >= 0:
+            continue
+        while nxt in taken:
+            nxt -= 1
+        out[name] = nxt
+        taken.add(nxt)
+    return {name: out[name] for name, _ in kinds}
+
+
+def flatten(items) -> list:
+    """Per-sample inputs of a module -> what it embeds, in placeholder order: None (nothing for it) gives
+    none, a [T, C, H, W] tensor its T tiles, a list or tuple its items in turn (several images, a sample's
+    clips, packed samples), any other tensor itself (an image [C, H, W], a clip [n_mels, frames])."""
+    out: list = []
+    for x in items:
+        if x is None:
+            continue
+        if isinstance(x, (list, tuple)):
+            out += flatten(x)
+        elif x.dim() == 4:
+            out += list(x.unbind(0))
+        else:
+            out.append(x)
+    return out
+
+
+@dataclass
+class ModuleInputs:
+    """One encoder module's share of a lane microbatch."""
+
+    token_id: int  # its placeholder in `LaneBatch.tokens`
+    counts: list[int]  # per sample its placeholder tokens (0: nothing for this module)
+    # per sample (encoder side only): None, or the module's inputs in placeholder order: one image (FloatTensor
+    # [C, H, W]; [T, C, H, W] for its tiles) or a list of them (several images, packed samples); for an audio
+    # module a list of clips (FloatTensor [n_mels, frames]). The module embeds them flattened in that order
+    # (`flatten`), the LLM scatters its rows back row-major
+    items: list[Any] | None = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.counts)
+
+
 @dataclass
 class LaneBatch:
     lane: int  # LLM DP rank this microbatch belongs to
     step: int  # global iteration (0-based)
     microbatch: int  # index within the iteration
     sample_keys: list[str]  # stable per-sample ids (checked on both sides of the bridge)
-    tokens: Any  # LongTensor [mbs, seq]; image positions hold the image placeholder token id
+    tokens: Any  # LongTensor [mbs, seq]; a module's positions hold its placeholder token id
     labels: Any  # LongTensor [mbs, seq]
-    loss_mask: Any  # FloatTensor [mbs, seq]; 0 on image positions and padding
+    loss_mask: Any  # FloatTensor [mbs, seq]; 0 on placeholder positions and padding
     position_ids: Any  # LongTensor [mbs, seq]
-    image_token_counts: list[int]  # per sample; 0 = text-only. == (tokens[i] == image_token_id).sum()
-    # per sample (encoder side only): None, one image (FloatTensor [C, H, W]; [T, C, H, W] for its tiles), or
-    # a list of them in placeholder order (several images, or packed samples); the encoder embeds them
-    # flattened in that order (images.encoder_inputs), the LLM scatters them back row-major
-    images: list[Any] | None = None
+    inputs: dict[str, ModuleInputs] = field(default_factory=dict)  # by encoder module, in the model's order
     meta: dict[str, Any] = field(default_factory=dict)
     # packed rows (LongTensor [mbs, seq]): which of the row's samples each position belongs to, padding -1;
     # attention never crosses two values and position_ids restart at each sample. None: one sample per row
     segment_ids: Any = None
-    # per sample its audio placeholder tokens (0 = no clip); == (tokens[i] == audio_token_id).sum(). None:
-    # the provider carries no audio
-    audio_token_counts: list[int] | None = None
-    # per sample (audio encoder side only): None or a list of clips, FloatTensor [n_mels, frames] each, in
-    # placeholder order; the audio encoder embeds them flattened in that order (audio.audio_inputs; padded
-    # with their lengths: audio.pad_clips), the LLM scatters them back row-major
-    audio: list[Any] | None = None
 
-    @property
-    def num_image_tokens(self) -> int:
-        return sum(self.image_token_counts)
+    def counts(self, module: str) -> list[int]:
+        """Per sample the placeholder tokens of `module` (zeros when the batch carries nothing for it)."""
+        got = self.inputs.get(module)
+        return list(got.counts) if got is not None else [0] * len(self.sample_keys)
 
-    @property
-    def num_audio_tokens(self) -> int:
-        return sum(self.audio_token_counts or ())
+    def items(self, module: str) -> list[Any]:
+        """Per sample the module's inputs (None entries: nothing for it, or not decoded on this rank)."""
+        got = self.inputs.get(module)
+        if got is None or got.items is None:
+            return [None] * len(self.sample_keys)
+        return list(got.items)
+
+    def kind_tokens(self, kinds: dict[str, str], kind: str) -> int:
+        """Placeholder tokens of every module whose input kind (`kinds`: module -> kind) is `kind`."""
+        return sum(m.tokens for name, m in self.inputs.items() if kinds.get(name) == kind)
 
 
 class Provider:
@@ -69,11 +127,9 @@ class Provider:
     Built by `mimo_jobs.data.mock.make_provider(run_spec, plan, lanes, need_images, need_text)`.
     """
 
-    #: the placeholder id at image positions in this provider's tokens (the tokenizer's own `<image>` when it
-    #: has one); the trainer scatters image embeddings where tokens == this id
-    image_token_id: int
-    #: the placeholder id at audio positions (None: no audio encoder, no audio placeholders)
-    audio_token_id: int | None = None
+    #: {encoder module: its placeholder id in this provider's tokens} (the tokenizer's own `<image>` for the
+    #: first image module when it has one); the trainer scatters a module's embeddings where tokens == its id
+    placeholders: dict[str, int]
 
     def next(self, lane: int) -> LaneBatch:  # the lane's next microbatch (mbs samples)
         raise NotImplementedError

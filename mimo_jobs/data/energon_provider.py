@@ -22,7 +22,7 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from mimo_jobs.data.batch import LaneBatch, Provider, audio_token_id
+from mimo_jobs.data.batch import LaneBatch, ModuleInputs, Provider, audio_token_id, placeholder_ids
 
 from . import loader_state
 from .audio import AudioSpec, audio_spec_of
@@ -69,6 +69,16 @@ class LoaderConfig:
     packing_buffer_size: int = 32  # samples the packer chooses among at a time
     audio: AudioSpec | None = None  # the model's audio encoder (token rule); None: clips are refused
     trust_dataset_code: bool = False  # the dataset's own .nv-meta loader code may run (check.py)
+    # the model's encoder modules, (name, input kind) in the model's order; a dataset's images go to its image
+    # module, its clips to its audio module (one module of each kind: study.runtime_rules). Empty: an image
+    # module "vision" when `geometry` is set, an audio module "audio" when `audio` is
+    modules: tuple = ()
+
+    def module_kinds(self) -> list[tuple[str, str]]:
+        if self.modules:
+            return [tuple(m) for m in self.modules]
+        own = [("vision", "image")] if self.geometry is not None else []
+        return own + ([("audio", "audio")] if self.audio is not None else [])
 
     @classmethod
     def from_run(cls, run_spec: Any, plan: Any) -> LoaderConfig:
@@ -97,6 +107,7 @@ class LoaderConfig:
             packing_buffer_size=d.packing_buffer_size,
             audio=audio_spec_of(preset),
             trust_dataset_code=d.trust_dataset_code,
+            modules=tuple((n, e.modality) for n, e in preset.encoders.items()),
         )
 
 
@@ -289,6 +300,9 @@ class EnergonProvider(Provider):
         self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.vocab_size, img_id, aud_id)
         self.image_token_id = self.tokenizer.image_token_id
         self.audio_token_id = self.tokenizer.audio_token_id
+        own = {"image": self.image_token_id, "audio": self.audio_token_id}
+        self.kinds = dict(cfg.module_kinds())
+        self.placeholders = placeholder_ids(list(self.kinds.items()), cfg.vocab_size, own)
         self.enc_cfg = EncodeConfig(
             seq_length=cfg.seq_length,
             geometry=cfg.geometry,
@@ -362,10 +376,7 @@ class EnergonProvider(Provider):
             loss_mask=b.loss_mask,
             position_ids=b.position_ids,
             segment_ids=b.segment_ids,
-            image_token_counts=list(b.image_token_counts),
-            images=list(b.images) if (self.need_images and b.images is not None) else None,
-            audio_token_counts=list(b.audio_token_counts) if self.cfg.audio is not None else None,
-            audio=list(b.audio) if b.audio is not None else None,
+            inputs=self._module_inputs(b),
             meta={
                 "events": list(b.events),
                 "image_token_id": self.image_token_id,
@@ -373,6 +384,21 @@ class EnergonProvider(Provider):
                 "subflavors": list(b.__subflavors__ or []),
             },
         )
+
+    def _module_inputs(self, b) -> dict:
+        """The task encoder's batch (one image field, one audio field) as the contract's per-module entries:
+        the images to the image module, the clips to the audio module."""
+        fields = {
+            "image": (b.image_token_counts, b.images if self.need_images else None),
+            "audio": (b.audio_token_counts, b.audio),
+        }
+        out = {}
+        for name, kind in self.kinds.items():
+            counts, items = fields[kind]
+            out[name] = ModuleInputs(
+                self.placeholders[name], list(counts), list(items) if items is not None else None
+            )
+        return out
 
     def state_dict(self) -> dict:
         lanes = {x: {"totals": asdict(self._totals[x])} for x in self.lanes}

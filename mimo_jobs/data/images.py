@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 
+from mimo_jobs.data.batch import flatten
 from mimo_jobs.model.tiling import ImageGeometry, ImagePlan
 
 __all__ = [
@@ -105,15 +106,6 @@ def decode(data: bytes, geom: ImageGeometry):
 
 def encoder_inputs(images) -> list:
     """Per-sample image entries -> the encoder's samples, in order: None (text-only) gives none, a [C, H, W]
-    tensor one, a [T, C, H, W] tensor its T tiles, a list or tuple its items in turn (several images)."""
-    out: list = []
-    for im in images:
-        if im is None:
-            continue
-        if isinstance(im, (list, tuple)):
-            out += encoder_inputs(im)
-        elif im.dim() == 4:
-            out += list(im.unbind(0))
-        else:
-            out.append(im)
-    return out
+    tensor one, a [T, C, H, W] tensor its T tiles, a list or tuple its items in turn (several images): the
+    batch contract's one rule (batch.flatten)."""
+    return flatten(images)

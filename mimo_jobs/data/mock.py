@@ -19,6 +19,11 @@ rule gives how many); a clip shows the class the caption names (the image's, or 
 an audio-only sample's caption can only be read from the audio. The audio draws use generators of their own,
 so with `audio_fraction` 0 every sample is what it was without audio.
 
+The placeholders are per encoder module (`MockConfig.towers`, the model's modules): every image module
+embeds the sample's image and fills its own placeholders (its own token rule, its own id: batch.
+placeholder_ids), image modules first, then audio modules, each kind in the model's order. A model of one
+module per kind has the samples it always had.
+
 Each sample is a pure function of (seed, global sample index), and lane l's microbatch m of iteration t
 holds the global samples t*gbs + m*mbs*llm_dp + l*mbs + [0, mbs): the encoder replica and the LLM lane that
 read the same lane get identical samples, and the global batch of an iteration is the same whatever the
@@ -45,13 +50,13 @@ from mimo_jobs.contract.mocktokens import (  # noqa: F401 - the ids are part of 
     WORD_LEN,
     vocab_problem,
 )
-from mimo_jobs.data.audio import AudioSpec, audio_spec_of
-from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, Provider, audio_token_id
+from mimo_jobs.data.audio import AudioSpec, audio_spec_of, audio_spec_of_module
+from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, ModuleInputs, Provider, placeholder_ids
 from mimo_jobs.data.images import image_module_of
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model.arch import image_tokens
 from mimo_jobs.model.resolve import arch_of
-from mimo_jobs.study.runtime_rules import image_size_problems
+from mimo_jobs.study.runtime_rules import image_size_problems, towers_room_problem
 
 IMAGE_NOISE = 0.5
 
@@ -81,6 +86,23 @@ def _seed_of(*parts) -> int:
     return zlib.crc32(":".join(str(p) for p in parts).encode()) & 0x7FFFFFFF
 
 
+@dataclass(frozen=True)
+class MockTower:
+    """One encoder module as the mock data sees it: its name, its input kind and its token rule (an image
+    module's patch and pixel shuffle, an audio module's AudioSpec)."""
+
+    name: str
+    kind: str  # image or audio
+    patch_size: int = 0
+    downsample: int = 1
+    audio: AudioSpec | None = None
+
+    def tokens(self, side: int = 0, frames: int = 0, n_mels: int = 80) -> int:
+        if self.kind == "audio":
+            return self.audio.clip_tokens((n_mels, frames)) if frames else 0
+        return image_tokens(side, side, self.patch_size, self.downsample) if side else 0
+
+
 @dataclass
 class MockConfig:
     seed: int
@@ -98,6 +120,18 @@ class MockConfig:
     audio_fraction: float = 0.0  # share of samples that also carry an audio clip
     audio_frames: tuple[int, ...] = ()  # clip lengths drawn from
     n_mels: int = 80  # Whisper's log-mel bins
+    # the model's encoder modules (placeholders in this order: image modules, then audio ones); empty: one
+    # image module "vision" of patch_size/downsample, and an audio module "audio" when `audio` is set
+    towers: tuple[MockTower, ...] = ()
+
+    def __post_init__(self):
+        if not self.towers:
+            own = [MockTower("vision", "image", self.patch_size, self.downsample)]
+            if self.audio is not None:
+                own.append(MockTower("audio", "audio", audio=self.audio))
+            self.towers = tuple(own)
+        order = {"image": 0, "audio": 1}
+        self.towers = tuple(sorted(self.towers, key=lambda t: order.get(t.kind, 2)))  # stable: model order
 
     @property
     def unit(self) -> int:
@@ -115,6 +149,9 @@ def check_mock_config(c: MockConfig, max_image_size: int) -> None:
     found = image_size_problems(
         c.image_sizes, c.unit, max_image_size, c.seq_length, c.text_only_fraction
     )  # the rules validate applies to a study
+    units = {t.name: t.patch_size * t.downsample for t in _of(c, "image")}
+    room = towers_room_problem(c.image_sizes, units, c.seq_length, c.text_only_fraction)
+    found += [room] if room is not None else []
     if found:
         raise DataConfigError(str(found[0]))
     if c.audio_fraction:
@@ -132,10 +169,10 @@ def _check_audio(c: MockConfig, max_image_size: int) -> None:
     if vocab_problem(c.vocab_size - 1):  # the audio placeholder takes one more id
         raise DataConfigError(f"with audio, {vocab_problem(c.vocab_size - 1)} plus the audio placeholder")
     try:
-        most = max(c.audio.clip_tokens((c.n_mels, f)) for f in c.audio_frames)
+        most = sum(max(t.tokens(frames=f, n_mels=c.n_mels) for f in c.audio_frames) for t in _of(c, "audio"))
     except ValueError as e:
         raise DataConfigError(f"audio_frames: {e}") from None
-    img = max((image_tokens(s, s, c.patch_size, c.downsample) for s in c.image_sizes), default=0)
+    img = _most_image_tokens(c)
     if img + most + 2 > c.seq_length:
         raise DataConfigError(
             f"seq_length={c.seq_length} cannot hold the largest image ({img} tokens) and clip ({most} tokens) "
@@ -143,23 +180,44 @@ def _check_audio(c: MockConfig, max_image_size: int) -> None:
         )
 
 
+def _of(c: MockConfig, kind: str) -> list[MockTower]:
+    return [t for t in c.towers if t.kind == kind]
+
+
+def _most_image_tokens(c: MockConfig) -> int:
+    """The placeholders of the largest image, summed over the image modules (each fills its own)."""
+    return max((sum(t.tokens(side=s) for t in _of(c, "image")) for s in c.image_sizes), default=0)
+
+
 @dataclass
 class MockSample:
     key: str
     tokens: Any  # LongTensor [seq_length]
-    n_img: int  # image placeholders (first)
-    n_aud: int  # audio placeholders (after the image's)
+    counts: dict  # per encoder module its placeholders (image modules first, then audio ones)
     n_real: int  # placeholders and text
     image: Any  # FloatTensor [C, side, side] or None
     clip: Any  # FloatTensor [n_mels, frames] or None
+    kinds: dict = None  # per encoder module its input kind
+
+    @property
+    def n_img(self) -> int:  # image placeholders, every image module's
+        return sum(n for m, n in self.counts.items() if self.kinds[m] == "image")
+
+    @property
+    def n_aud(self) -> int:  # audio placeholders
+        return sum(n for m, n in self.counts.items() if self.kinds[m] == "audio")
+
+    @property
+    def lead(self) -> int:  # the placeholders before the text
+        return sum(self.counts.values())
 
 
 class MockProvider(Provider):
     def __init__(self, cfg: MockConfig, lanes: list[int], need_images: bool, need_text: bool):
         self.cfg = cfg
         self.lanes = list(lanes)
-        self.image_token_id = image_token_id(cfg.vocab_size)
-        self.audio_token_id = audio_token_id(cfg.vocab_size) if cfg.audio_fraction else None
+        self.kinds = {t.name: t.kind for t in cfg.towers}
+        self.placeholders = placeholder_ids(list(self.kinds.items()), cfg.vocab_size)
         self.need_images = need_images
         self.need_text = need_text
         self.position = {lane: 0 for lane in self.lanes}  # microbatches already drawn per lane
@@ -171,21 +229,22 @@ class MockProvider(Provider):
         return step * c.gbs + mb * c.mbs * c.lanes + lane * c.mbs + j
 
     def sample(self, index: int):
-        """Global sample `index`: (key, tokens, n_image_tokens, n_real_tokens, image or None)."""
+        """Global sample `index`: (key, tokens, n_image_tokens (every image module's), n_real_tokens, image or
+        None)."""
         s = self.draw(index)
         return s.key, s.tokens, s.n_img, s.n_real, s.image
 
-    def _audio_draw(self, index: int) -> tuple[int, int, int | None]:
-        """(frames, tokens, its own class or None) of the sample's clip; (0, 0, None) without one."""
+    def _audio_draw(self, index: int) -> tuple[int, int | None]:
+        """(frames, its own class or None) of the sample's clip; (0, None) without one."""
         c = self.cfg
         if not c.audio_fraction:
-            return 0, 0, None
+            return 0, None
         ga = torch.Generator().manual_seed(_seed_of(c.seed, "audio-meta", index))
         if torch.rand((), generator=ga).item() >= c.audio_fraction:
-            return 0, 0, None
+            return 0, None
         frames = c.audio_frames[int(torch.randint(len(c.audio_frames), (), generator=ga))]
         k = int(torch.randint(N_CLASSES, (), generator=ga))
-        return frames, c.audio.clip_tokens((c.n_mels, frames)), k
+        return frames, k
 
     def draw(self, index: int) -> MockSample:
         """Global sample `index`, with its clip when it has one."""
@@ -195,9 +254,10 @@ class MockProvider(Provider):
         side = 0
         if u >= c.text_only_fraction and c.image_sizes:
             side = c.image_sizes[int(torch.randint(len(c.image_sizes), (), generator=g))]
-        n_img = image_tokens(side, side, c.patch_size, c.downsample) if side else 0
-        frames, n_aud, k = self._audio_draw(index)
-        room = c.seq_length - n_img - n_aud
+        frames, k = self._audio_draw(index)
+        counts = {t.name: t.tokens(side=side, frames=frames, n_mels=c.n_mels) for t in c.towers}
+        lead = sum(counts.values())
+        room = c.seq_length - lead
         n_text = int(torch.randint(max(2, room // 2), room + 1, (), generator=g))
         i = torch.arange(n_text)
         if side:
@@ -208,11 +268,11 @@ class MockProvider(Provider):
         else:
             start = int(torch.randint(TEXT_POOL, (), generator=g))
             text = TEXT_BASE + (start + i) % TEXT_POOL
-        lead = n_img + n_aud
         tokens = torch.full((c.seq_length,), PAD_ID, dtype=torch.long)
-        tokens[:n_img] = image_token_id(c.vocab_size)
-        if n_aud:
-            tokens[n_img:lead] = audio_token_id(c.vocab_size)
+        at = 0
+        for name, n in counts.items():  # each module's placeholders in turn, at its own id
+            tokens[at : at + n] = self.placeholders[name]
+            at += n
         tokens[lead : lead + n_text] = text
         image = clip = None
         if side and self.need_images:
@@ -220,12 +280,12 @@ class MockProvider(Provider):
             noise = torch.randn(c.channels, side, side, generator=gi)
             reps = side // c.patch_size
             image = class_tile(k, c.channels, c.patch_size).repeat(1, reps, reps) + IMAGE_NOISE * noise
-        if n_aud and self.need_images:
+        if frames and self.need_images:
             ga = torch.Generator().manual_seed(_seed_of(c.seed, "audio", index))
             clip = class_mel(k, c.n_mels).repeat(1, frames) + IMAGE_NOISE * torch.randn(
                 c.n_mels, frames, generator=ga
             )
-        return MockSample(f"mock/{c.seed}/{index}", tokens, n_img, n_aud, lead + n_text, image, clip)
+        return MockSample(f"mock/{c.seed}/{index}", tokens, counts, lead + n_text, image, clip, self.kinds)
 
     def next(self, lane: int) -> LaneBatch:
 
@@ -234,10 +294,10 @@ class MockProvider(Provider):
         c = self.cfg
         pos = self.position[lane]
         self.position[lane] = pos + 1
-        keys, toks, counts, images, masks, labels, aud_counts, clips = [], [], [], [], [], [], [], []
+        keys, toks, masks, labels, drawn = [], [], [], [], []
         for j in range(c.mbs):
             s = self.draw(self.global_index(lane, pos, j))
-            t, lead = s.tokens, s.n_img + s.n_aud
+            t, lead = s.tokens, s.lead
             lab = torch.full_like(t, IGNORE_INDEX)
             lab[:-1] = t[1:]
             m = torch.zeros(c.seq_length)
@@ -246,12 +306,9 @@ class MockProvider(Provider):
             lab[m == 0] = IGNORE_INDEX
             keys.append(s.key)
             toks.append(t)
-            counts.append(s.n_img)
-            images.append(s.image)
             masks.append(m)
             labels.append(lab)
-            aud_counts.append(s.n_aud)
-            clips.append([s.clip] if s.clip is not None else None)
+            drawn.append(s)
         pos_ids = torch.arange(c.seq_length).unsqueeze(0).expand(c.mbs, -1).contiguous()
         return LaneBatch(
             lane=lane,
@@ -262,11 +319,19 @@ class MockProvider(Provider):
             labels=torch.stack(labels),
             loss_mask=torch.stack(masks),
             position_ids=pos_ids,
-            image_token_counts=counts,
-            images=images if self.need_images else None,
-            audio_token_counts=aud_counts if c.audio_fraction else None,
-            audio=clips if (c.audio_fraction and self.need_images) else None,
+            inputs={t.name: self._module_inputs(t, drawn) for t in c.towers},
         )
+
+    def _module_inputs(self, tower: MockTower, drawn: list[MockSample]) -> ModuleInputs:
+        """One module's share of a microbatch: its placeholders per sample and, on ranks that embed, the
+        sample's image (an image module) or its clip (an audio module)."""
+        items = None
+        if self.need_images:
+            if tower.kind == "audio":
+                items = [[s.clip] if s.clip is not None else None for s in drawn]
+            else:
+                items = [s.image for s in drawn]
+        return ModuleInputs(self.placeholders[tower.name], [s.counts[tower.name] for s in drawn], items)
 
     def state_dict(self) -> dict:
         return {"kind": "mock", "position": dict(self.position)}
@@ -298,9 +363,21 @@ def mock_config(run_spec, plan) -> MockConfig:
         n_mels=(audio.n_mels if audio is not None and audio.n_mels else MockConfig.n_mels),
         audio_fraction=getattr(t.data, "audio_fraction", 0.0),
         audio_frames=tuple(getattr(t.data, "audio_frames", ())),
+        towers=towers_of(p),
     )
     check_mock_config(c, image.image_size)
     return c
+
+
+def towers_of(arch) -> tuple[MockTower, ...]:
+    """The model's encoder modules as the mock data sees them (model order; the kind is the family's)."""
+    out = []
+    for name, e in arch.encoders.items():
+        if e.modality == "audio":
+            out.append(MockTower(name, "audio", audio=audio_spec_of_module(e)))
+        else:
+            out.append(MockTower(name, e.modality, e.patch_size, e.downsample))
+    return tuple(out)
 
 
 def make_provider(run_spec, plan, lanes: list[int], need_images: bool, need_text: bool) -> Provider:

@@ -65,6 +65,26 @@ def image_size_problems(
     return out
 
 
+def towers_room_problem(
+    sizes, units: dict[str, int], seq_length: int, text_only: float
+) -> RuntimeProblem | None:
+    """Several image modules (`units`: module -> pixels per LLM token along a side) each fill their own
+    placeholders for the same image, so the largest image's placeholders of all of them, plus two text
+    tokens, must fit the sequence."""
+    if len(units) < 2 or text_only >= 1 or not sizes:
+        return None
+    most = max(sum((s // u) ** 2 for u in units.values()) for s in sizes)
+    if most + 2 <= seq_length:
+        return None
+    return RuntimeProblem(
+        "trainer.data.image_sizes",
+        "image-size",
+        f"the largest image is {most} placeholder tokens over the image modules {', '.join(units)}, which does "
+        f"not fit seq_length={seq_length} with text",
+        f"use smaller images or trainer.seq_length > {most + 1}",
+    )
+
+
 def freeze_problem(encoder: bool, llm: bool) -> RuntimeProblem | None:
     if encoder and llm:
         return RuntimeProblem(
@@ -165,9 +185,13 @@ def audio_clip_problems(data, encoders: dict) -> list[RuntimeProblem]:
     return out
 
 
-def modality_twice_problem(encoders: dict) -> RuntimeProblem | None:
-    """Two encoder modules of one modality: the step hands the LLM one embedding set per modality (its
-    placeholder token), so the second module would be built and priced but never run, in any layout."""
+def modality_twice_problem(encoders: dict, provider: str) -> RuntimeProblem | None:
+    """Two encoder modules of one input kind (two vision towers) each fill placeholders of their own. The
+    mock provider gives every module its own; a dataset's samples (energon) carry one placeholder run per
+    `<image>`/`<audio>` marker, which the energon provider hands to the first module of that kind only, so
+    there the second module would have nothing to embed."""
+    if provider == "mock":
+        return None
     kinds = [e.modality for e in encoders.values()]
     twice = sorted({k for k in kinds if kinds.count(k) > 1})
     if not twice:
@@ -176,9 +200,9 @@ def modality_twice_problem(encoders: dict) -> RuntimeProblem | None:
     return RuntimeProblem(
         "trainer.model.encoders",
         "module-kind",
-        f"{', '.join(names)} all embed {', '.join(twice)}: the packaged trainer runs one encoder module per "
-        "modality (one image, one audio)",
-        "keep one module of each modality",
+        f"{', '.join(names)} all embed {', '.join(twice)}: a dataset's samples (trainer.data.provider "
+        f"{provider}) carry one placeholder run per marker, for one module of each kind",
+        "keep one module of each kind with real data, or train the second module of a kind on the mock provider",
     )
 
 
@@ -211,7 +235,8 @@ def runtime_problems(
     encoders = {} if model is None else model.encoders
     if trainer.data.provider == "mock":
         d = trainer.data
-        for encoder in (e for e in encoders.values() if e.modality == "image"):
+        images = {n: e for n, e in encoders.items() if e.modality == "image"}
+        for encoder in images.values():
             out += image_size_problems(
                 d.image_sizes,
                 encoder.patch_size * encoder.downsample,
@@ -219,8 +244,22 @@ def runtime_problems(
                 trainer.seq_length,
                 d.text_only_fraction,
             )
+        units = {n: e.patch_size * e.downsample for n, e in images.items()}
+        room = towers_room_problem(d.image_sizes, units, trainer.seq_length, d.text_only_fraction)
+        out += [room] if room is not None and not out else []
+        if llm is not None and len(encoders) > 2 and not vocab_problem(llm.vocab_size):
+            why = vocab_problem(llm.vocab_size - len(encoders) + 1)
+            if why:
+                out.append(
+                    RuntimeProblem(
+                        "trainer.model.llm.vocab_size",
+                        "data",
+                        f"with {len(encoders)} encoder modules (one placeholder each), {why}",
+                        f"use a vocabulary of at least {MIN_VOCAB + len(encoders) - 1} tokens",
+                    )
+                )
     if model is not None:
-        twice = modality_twice_problem(encoders)
+        twice = modality_twice_problem(encoders, trainer.data.provider)
         out += [twice] if twice else []
         out += modality_problems(trainer.data, encoders)
         out += audio_clip_problems(trainer.data, encoders)

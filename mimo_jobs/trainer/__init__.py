@@ -1,4 +1,5 @@
-"""The heterogeneous MIMO trainer: an encoder and an LLM on disjoint ranks, joined by a bridge.
+"""The heterogeneous MIMO trainer: encoder modules and an LLM, each module on ranks of its own joined to the
+LLM by a bridge, or every module on every rank (colocated).
 
 Training code: its modules import torch and megatron-core at the top (the toolkit imports none of them).
 `python -m mimo_jobs.trainer` sets the device environment before torch is imported (device.py).
@@ -10,7 +11,8 @@ Modules, in the order a run uses them:
   main              entry point: preflight checks, the training loop
   cuda_shims        torch.cuda stand-ins megatron-core 0.19 needs for a CPU run
   build             builds one rank's TrainState: process groups, models, DDP, optimizers, data, bridge
-  step              one training iteration: data, encoder, bridge, LLM, gradient reduction, optimizer
+  step/             one training iteration (iteration), one program per rank role iterating the encoder
+                    modules by name (reference, colocated, encoder_rank, llm_stage; common: what they share)
   signals           preemption signals and time limits: one world-wide stop decision, the requeue marker
   parallel/
     grids           process groups of both modules, created in one fixed order on every rank; the rank's role

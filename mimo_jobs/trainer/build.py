@@ -70,8 +70,6 @@ class TrainState:
     schedule: Any
     provider: Any
     bridge: Any  # an encoder rank's bridge (of its module), or the one bridge of a one-encoder model
-    image_token_id: int
-    audio_token_id: int | None = None  # the provider's audio placeholder (None: no audio module)
     iteration: int = 0
     consumed_samples: int = 0
     extras: dict = field(default_factory=dict)
@@ -83,14 +81,16 @@ class TrainState:
     bridges: list = field(default_factory=list)
     enc_plan: Any = None  # the plan as this rank's encoder module meets the LLM (grids.module_plan)
 
-    @property
-    def encoder(self) -> Module | None:
-        """The image encoder module (the one module of a one-encoder model); None off the encoder ranks."""
-        return self.module_of("image")
+    def module_named(self, name: str) -> Module:
+        """This rank's encoder module of that study name (KeyError: not built on this rank)."""
+        for m in self.encoders:
+            if m.label == name:
+                return m
+        raise KeyError(f"encoder module {name!r} is not on rank {self.role.rank}")
 
-    def module_of(self, modality: str) -> Module | None:
-        """This rank's encoder module of that modality (None: none here)."""
-        return next((m for m in self.encoders if m.modality == modality), None)
+    def kind_of(self, name: str) -> str:
+        """The input kind an encoder module consumes (its family's modality: image, audio)."""
+        return self.preset.encoders[name].modality
 
     @property
     def modules(self) -> list[Module]:
@@ -166,8 +166,6 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
         provider=provider,
         bridge=next((b for b in bridges if b.enc.contains(role.rank)), bridges[0] if bridges else None),
         bridges=bridges,
-        image_token_id=provider.image_token_id,
-        audio_token_id=provider.audio_token_id,
     )
 
 
@@ -176,7 +174,6 @@ def _bridges(plan: RankLayout, preset: ModelArch, encs, llm_s, grids, role, prec
     module's own and the LLM's."""
     out = []
     for i, (m, shape) in enumerate(zip(plan.layout.encoders, encs)):  # the layout's order is the ranks'
-        arch = preset.encoders[m.name]
         mine = role.is_encoder and shape.contains(role.rank)
         if not (mine or role.is_language):
             continue
@@ -191,7 +188,7 @@ def _bridges(plan: RankLayout, preset: ModelArch, encs, llm_s, grids, role, prec
                 preset.llm.hidden_size,
                 prec.dtype,
                 device,
-                modality=arch.modality,
+                module=m.name,
             )
         )
     return out
@@ -294,7 +291,7 @@ def _build_encoder(
     hf_load.load_encoder(t.init, preset.encoder, enc, cut, whole or preset, name)
     if prec.use_gpu:
         enc.cuda()
-    mod = _wrap(tag, enc, vit_cfg, pgc, shape, t.freeze.frozen(name), t, "image")
+    mod = _wrap(tag, enc, vit_cfg, pgc, shape, t.freeze.frozen(name), t, preset.encoder.modality)
     mod.shard_args, mod.label = cut, name
     return mod
 

@@ -2,7 +2,7 @@
 
 `python packing_worker.py RUN_YAML OUT_JSON K` draws K samples one per row (one microbatch of K rows) and
 the packed rows that hold exactly those K samples (energon's packing over a buffer of K, one row per
-microbatch), runs the trainer's own encoder_forward/llm_forward and backward on each, and writes for every
+microbatch), runs the trainer's own embed/llm_forward and backward on each, and writes for every
 variant the summed loss and every parameter's gradient difference from the unpacked run:
   packed          the packed rows as the trainer gets them (block-diagonal mask, positions per sample)
   leaky           the same rows without segment_ids: causal over the whole row (attention and RoPE
@@ -24,7 +24,8 @@ def main(run_yaml: str, out: str, k: int) -> None:
     from mimo_jobs.data.energon_provider import EnergonProvider, LoaderConfig
     from mimo_jobs.trainer.build import build_state
     from mimo_jobs.trainer.main import _init_dist, _install_cpu_shims, _load_run
-    from mimo_jobs.trainer.step import _zero_grads, encoder_forward, llm_forward
+    from mimo_jobs.trainer.step.common import embed, llm_forward
+    from mimo_jobs.trainer.step.iteration import _zero_grads
 
     run, _doc = _load_run(Path(run_yaml))
     _install_cpu_shims(run)
@@ -46,7 +47,7 @@ def main(run_yaml: str, out: str, k: int) -> None:
 
     params = {
         f"{m.name}.{n}": p
-        for m in (st.encoder, st.language)
+        for m in (*st.encoders, st.language)
         for n, p in m.core.named_parameters()
         if p.requires_grad
     }
@@ -55,7 +56,7 @@ def main(run_yaml: str, out: str, k: int) -> None:
         _zero_grads(st)
         total = 0.0
         for b in batches:
-            loss = llm_forward(st, b, encoder_forward(st, b.images))
+            loss = llm_forward(st, b, {"vision": embed(st, st.module_named("vision"), b.items("vision"))})
             loss.backward()
             total += float(loss.detach())
         grads = {}
@@ -68,7 +69,7 @@ def main(run_yaml: str, out: str, k: int) -> None:
     result = {
         "rows": len(rows),
         "samples": k,
-        "image_tokens": sum(one.image_token_counts),
+        "image_tokens": sum(one.counts("vision")),
         "loss_tokens": float(one.loss_mask.sum()),
         "packed_loss_tokens": float(sum(b.loss_mask.sum() for b in rows)),
         "unpacked": {"loss": ref_loss},

@@ -122,15 +122,15 @@ def test_synth_audio_reads_back_with_each_clip_at_its_placeholders(audio_data, p
                     want += [(aud, whisper_tokens(f, pool=2)) for f in rec["frames"]]
                     kinds.add((bool(rec["images"]), bool(rec["frames"])))
                 assert _runs(row, {img, aud}) == want, joined
-                assert b.audio_token_counts[r] == sum(n for t, n in want if t == aud)
-                assert b.image_token_counts[r] == sum(n for t, n in want if t == img)
+                assert b.counts("audio")[r] == sum(n for t, n in want if t == aud)
+                assert b.counts("vision")[r] == sum(n for t, n in want if t == img)
                 # the clips the encoder side gets are the shards' arrays, in placeholder order
                 names = [
                     f"{key}.audio.npy" if len(record[key]["frames"]) == 1 else f"{key}.{j}.npy"
                     for key in keys
                     for j in range(len(record[key]["frames"]))
                 ]
-                clips = b.audio[r] or []
+                clips = b.inputs["audio"].items[r] or []
                 assert len(clips) == len(names)
                 for clip, name in zip(clips, names):
                     assert clip.dtype == torch.float32 and torch.equal(clip, torch.from_numpy(arrays[name]))
@@ -150,8 +150,12 @@ def test_the_llm_side_counts_clips_without_loading_them(audio_data):
     try:
         for _ in range(3):
             a, b = enc.next(0), llm.next(0)
-            assert a.sample_keys == b.sample_keys and a.audio_token_counts == b.audio_token_counts
-            assert torch.equal(a.tokens, b.tokens) and b.audio is None and b.images is None
+            assert a.sample_keys == b.sample_keys and a.counts("audio") == b.counts("audio")
+            assert (
+                torch.equal(a.tokens, b.tokens)
+                and b.inputs["audio"].items is None
+                and b.inputs["vision"].items is None
+            )
     finally:
         enc.close()
         llm.close()
@@ -260,23 +264,23 @@ def test_mock_audio_samples():
     check_mock_config(cfg, 16)
     enc, llm = MockProvider(cfg, [0], True, True), MockProvider(cfg, [0], False, True)
     plain = MockProvider(MockConfig(**base), [0], True, True)
-    img, aud = enc.image_token_id, enc.audio_token_id
+    img, aud = enc.placeholders["vision"], enc.placeholders["audio"]
     assert (img, aud) == (63, 62)
     kinds = set()
     for _ in range(4):
         b, lb, pb = enc.next(0), llm.next(0), plain.next(0)
-        assert torch.equal(b.tokens, lb.tokens) and b.audio_token_counts == lb.audio_token_counts
-        assert pb.audio_token_counts is None and pb.audio is None
+        assert torch.equal(b.tokens, lb.tokens) and b.counts("audio") == lb.counts("audio")
+        assert "audio" not in pb.inputs
         for r in range(8):
             row = b.tokens[r].tolist()
-            n_aud = b.audio_token_counts[r]
+            n_aud = b.counts("audio")[r]
             assert row.count(aud) == n_aud and n_aud in (0, 5, 10)
-            clips = b.audio[r]
+            clips = b.inputs["audio"].items[r]
             assert (clips is None) == (n_aud == 0)
             if clips:
                 assert whisper_tokens(clips[0].shape[1], 2) == n_aud and clips[0].shape[0] == 80
             assert b.loss_mask[r][torch.tensor(row) == aud].sum() == 0
-            kinds.add((b.image_token_counts[r] > 0, n_aud > 0))
+            kinds.add((b.counts("vision")[r] > 0, n_aud > 0))
             if not n_aud:  # a sample without a clip is what it was without audio
                 assert torch.equal(b.tokens[r], pb.tokens[r]) and torch.equal(b.labels[r], pb.labels[r])
     assert kinds == {(False, True), (True, False), (True, True), (False, False)}
@@ -389,7 +393,7 @@ def test_a_conversation_places_each_clip_at_its_marker(tmp_path, hf_tokenizer):
             labels = [t for t in b.labels[r].tolist() if t != IGNORE_INDEX]
             # the answers carry the loss (this small tokenizer decodes with a space between tokens)
             assert hf.decode(labels).replace(" ", "") == "red<|im_end|>\nblue<|im_end|>\n"
-            assert b.audio_token_counts[r] == 15 and [c.shape[1] for c in b.audio[r]] == [20, 41]
+            assert b.counts("audio")[r] == 15 and [c.shape[1] for c in b.inputs["audio"].items[r]] == [20, 41]
     finally:
         p.close()
 

@@ -55,7 +55,7 @@ def _rows(provider, batches):
         b = provider.next(0)
         for i, key in enumerate(b.sample_keys):
             out.append(
-                (key, b.tokens[i].tolist(), b.labels[i].tolist(), b.loss_mask[i], b.image_token_counts[i])
+                (key, b.tokens[i].tolist(), b.labels[i].tolist(), b.loss_mask[i], b.counts("vision")[i])
             )
     return out
 

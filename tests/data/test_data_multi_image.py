@@ -65,19 +65,18 @@ def _runs(row: list[int], image_id: int) -> list[tuple[int, int]]:
 
 
 def _scatter(batch, image_id: int, img_emb: torch.Tensor) -> torch.Tensor:
-    """The trainer's own scatter (step._decoder_input) with zero token embeddings: [b, s, h]."""
-    from mimo_jobs.trainer.step import _decoder_input
+    """The trainer's own scatter (step.common.decoder_input) with zero token embeddings: [b, s, h]."""
+    from mimo_jobs.trainer.step.common import decoder_input
 
     emb = torch.nn.Embedding(128, img_emb.shape[1])
     torch.nn.init.zeros_(emb.weight)
     core = SimpleNamespace(
         embedding=SimpleNamespace(word_embeddings=emb), config=SimpleNamespace(sequence_parallel=False)
     )
-    st = SimpleNamespace(
-        language=SimpleNamespace(core=core), device="cpu", image_token_id=image_id, audio_token_id=None
-    )
+    st = SimpleNamespace(language=SimpleNamespace(core=core), device="cpu")
+    assert batch.inputs["vision"].token_id == image_id
     with torch.no_grad():
-        return _decoder_input(st, batch, img_emb).transpose(0, 1)
+        return decoder_input(st, batch, {"vision": img_emb}).transpose(0, 1)
 
 
 def _check_batches(p: EnergonProvider, record: dict, n_batches: int) -> int:
@@ -88,7 +87,7 @@ def _check_batches(p: EnergonProvider, record: dict, n_batches: int) -> int:
     checked = 0
     for _ in range(n_batches):
         b = p.next(0)
-        flat = encoder_inputs(b.images)
+        flat = encoder_inputs(b.inputs["vision"].items)
         # image g's token j embeds as (g, j): recognisable wherever it lands
         counts = [GEOM.tokens_of_decoded(tuple(im.shape)) for im in flat]
         img_emb = torch.cat(
@@ -107,7 +106,7 @@ def _check_batches(p: EnergonProvider, record: dict, n_batches: int) -> int:
                     assert b.labels[r, start + j] == IGNORE_INDEX  # an image position carries no loss
                 g += 1
                 checked += 1
-            assert b.image_token_counts[r] == sum(n for _, n in runs)
+            assert b.counts("vision")[r] == sum(n for _, n in runs)
         assert g == len(flat)  # every image the encoder embeds has its run
     return checked
 
@@ -212,7 +211,7 @@ def test_the_trainer_takes_a_step_on_interleaved_samples(datasets, tmp_path):
     p = make_energon_provider(spec, spec.rank_layout(), [0], False, True)
     try:
         b = p.next(0)
-        want = (int(b.loss_mask.sum()), sum(b.image_token_counts))
+        want = (int(b.loss_mask.sum()), sum(b.counts("vision")))
     finally:
         p.close()
     assert (it["tokens"], it["extras"]["image_tokens"]) == want

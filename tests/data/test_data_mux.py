@@ -31,13 +31,16 @@ def _spec(path, fan_out: int, num_workers: int):
 
 
 def _record(b) -> tuple:
-    imgs = tuple(None if im is None else (tuple(im.shape), float(im.double().sum())) for im in b.images or [])
+    imgs = tuple(
+        None if im is None else (tuple(im.shape), float(im.double().sum()))
+        for im in b.inputs["vision"].items or []
+    )
     return (
         tuple(b.sample_keys),
         b.tokens.tolist(),
         b.labels.tolist(),
         b.loss_mask.tolist(),
-        tuple(b.image_token_counts),
+        tuple(b.counts("vision")),
         imgs,
         (b.step, b.microbatch),
         tuple(e["key"] for e in b.meta["events"]),

@@ -66,14 +66,16 @@ def test_each_module_gets_its_own_inputs_from_energon(omni_data):
             b = p.next(0)
             for i in range(len(b.sample_keys)):
                 # each placeholder count is its own module's, read off the tokens
-                assert int((b.tokens[i] == p.image_token_id).sum()) == b.image_token_counts[i]
-                assert int((b.tokens[i] == p.audio_token_id).sum()) == b.audio_token_counts[i]
-                assert (b.images[i] is not None) == bool(b.image_token_counts[i])
-                assert (b.audio[i] is not None) == bool(b.audio_token_counts[i])
-                if b.audio[i] is not None:
-                    assert all(c.shape[0] == 16 and isinstance(c, torch.Tensor) for c in b.audio[i])
+                assert int((b.tokens[i] == p.image_token_id).sum()) == b.counts("vision")[i]
+                assert int((b.tokens[i] == p.audio_token_id).sum()) == b.counts("audio")[i]
+                assert (b.inputs["vision"].items[i] is not None) == bool(b.counts("vision")[i])
+                assert (b.inputs["audio"].items[i] is not None) == bool(b.counts("audio")[i])
+                if b.inputs["audio"].items[i] is not None:
+                    assert all(
+                        c.shape[0] == 16 and isinstance(c, torch.Tensor) for c in b.inputs["audio"].items[i]
+                    )
                     seen["audio"] += 1
-                if b.images[i] is not None:
+                if b.inputs["vision"].items[i] is not None:
                     seen["image"] += 1
         assert seen["image"] and seen["audio"]
     finally:
@@ -276,9 +278,9 @@ def test_prepare_carries_audio_to_the_audio_module(tmp_path, hf_tokenizer):
             b = p.next(0)
             for i, key in enumerate(b.sample_keys):
                 n = int((b.tokens[i] == p.audio_token_id).sum())
-                assert n == b.audio_token_counts[i]
-                if b.audio[i] is not None:
-                    got[key] = [c.numpy() for c in b.audio[i]]
+                assert n == b.counts("audio")[i]
+                if b.inputs["audio"].items[i] is not None:
+                    got[key] = [c.numpy() for c in b.inputs["audio"].items[i]]
     finally:
         p.close()
     by_id = {str(int(k[1:])): v for k, v in got.items()}  # keys are l<line>: line n holds id n-1
@@ -330,3 +332,39 @@ def test_prepare_refuses_audio_that_does_not_fit_by_file_and_line(tmp_path):
     r = _prepare(src / "train.jsonl", "-o", tmp_path / "c", "--n-mels", 16, "--skip-bad")
     assert r.returncode == 0, r.stderr
     assert "4 samples" in r.stdout and "2 audio clips" in r.stdout and "skipped 1 bad record(s)" in r.stdout
+
+
+# A vision + audio model trained on data a team prepared itself (`data prepare`: PNG images, `.npy` and `.wav`
+# clips), each encoder on ranks of its own and the LLM at TP 2, exact against the one-process reference.
+@pytest.mark.slow
+def test_prepared_omni_data_trains_on_ranks_of_their_own_at_llm_tp2_like_the_reference(
+    shared_runs, tmp_path, hf_tokenizer
+):
+    from helpers.trainer import make_run_yaml
+
+    src = tmp_path / "src"
+    _journey_jsonl(src)
+    out = tmp_path / "ds"
+    r = _prepare(src / "train.jsonl", "-o", out, "--n-mels", 16)
+    assert r.returncode == 0, r.stderr
+    ry = make_run_yaml(
+        tmp_path / "run",
+        gpn=4,
+        gbs=4,
+        model=OMNI,
+        enc={"vision": {"dp": 1}, "audio": {"dp": 1}},
+        llm={"tp": 2},
+        trainer={"seq_length": 64, "seed": 7},
+        data={"provider": "energon", "path": str(out), "tokenizer": str(hf_tokenizer)},
+    )
+    ref = shared_runs.reference(ry).ok("reference").iterations()
+    world = shared_runs.world(ry, 4).ok("vision | audio | llm tp2")
+    got = world.iterations()
+    assert "vision 1:1" in world.stdout and "audio 1:1" in world.stdout and "tp=2" in world.stdout
+    assert [x["iteration"] for x in got] == [1, 2, 3] == [x["iteration"] for x in ref]
+    for a, b in zip(ref, got):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5), (a, b)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5), (a, b)
+        assert b["tokens"] == a["tokens"]
+    for kind in ("image_tokens", "audio_tokens"):  # both modules' embeddings reached the LLM
+        assert sum(x["extras"][kind] for x in got) == sum(x["extras"][kind] for x in ref) > 0

@@ -109,7 +109,11 @@ def test_packed_rows_hold_the_unpacked_samples_token_by_token(dataset):
             assert b.segment_ids is not None and b.segment_ids.shape == b.tokens.shape
             for r, joined in enumerate(b.sample_keys):
                 a = 0
-                images = b.images[r] if isinstance(b.images[r], list) else [b.images[r]]
+                images = (
+                    b.inputs["vision"].items[r]
+                    if isinstance(b.inputs["vision"].items[r], list)
+                    else [b.inputs["vision"].items[r]]
+                )
                 images = [im for im in images if im is not None]
                 n_images = 0
                 for s, key in enumerate(joined.split("+")):
@@ -122,8 +126,8 @@ def test_packed_rows_hold_the_unpacked_samples_token_by_token(dataset):
                     assert torch.equal(b.loss_mask[r, sl], one.loss_mask[i, :n]), key
                     assert b.position_ids[r, sl].tolist() == list(range(n)), key
                     assert b.segment_ids[r, sl].tolist() == [s] * n, key
-                    if one.image_token_counts[i]:  # this sample's image, in the row's order
-                        assert torch.equal(images[n_images], one.images[i]), key
+                    if one.counts("vision")[i]:  # this sample's image, in the row's order
+                        assert torch.equal(images[n_images], one.inputs["vision"].items[i]), key
                         n_images += 1
                     a += n
                     seen.append(key)
@@ -131,7 +135,7 @@ def test_packed_rows_hold_the_unpacked_samples_token_by_token(dataset):
                 assert (b.segment_ids[r, a:] == PAD_SEGMENT).all() and (b.tokens[r, a:] == pad).all()
                 assert (b.labels[r, a:] == IGNORE_INDEX).all()
                 assert a <= SEQ
-                assert b.image_token_counts[r] == int((b.tokens[r] == packed.image_token_id).sum())
+                assert b.counts("vision")[r] == int((b.tokens[r] == packed.image_token_id).sum())
         assert seen == one.sample_keys  # every sample of the buffer exactly once, in stream order
     finally:
         unpacked.close()

@@ -171,11 +171,11 @@ def test_the_trainers_provider_reads_it_back(source, prepared, hf_tokenizer):
                 rec = records[lines[ln]]
                 seen.add(key)
                 want = [GEOM.tokens(h, w) for h, w in sizes[ln]]
-                assert b.image_token_counts[r] == sum(want), key
+                assert b.counts("vision")[r] == sum(want), key
                 assert b.tokens[r].tolist().count(img_id) == sum(want), key
                 paths = rec.get("image", [])
                 paths = paths if isinstance(paths, list) else [paths]
-                got = b.images[r]
+                got = b.inputs["vision"].items[r]
                 got = [] if got is None else got if isinstance(got, list) else [got]
                 assert len(got) == len(paths), key
                 for pixels, rel in zip(got, paths, strict=True):

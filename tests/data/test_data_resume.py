@@ -22,7 +22,7 @@ def _draw(p, lanes, n):
     for _ in range(n):
         for lane in lanes:
             b = p.next(lane)
-            imgs = [None if im is None else float(im.sum()) for im in (b.images or [])]
+            imgs = [None if im is None else float(im.sum()) for im in (b.inputs["vision"].items or [])]
             out.append((lane, b.step, b.microbatch, tuple(b.sample_keys), b.tokens.tolist(), imgs))
     return out
 

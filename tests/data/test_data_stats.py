@@ -64,7 +64,7 @@ def test_scan_with_the_chat_tokenizer_counts_what_training_reads(instruct_data, 
         p.close()
     for i, key in enumerate(b.sample_keys):
         used = int((b.tokens[i] != p.tokenizer.pad_id).sum())
-        assert stats[key].tokens == used and stats[key].image_tokens == b.image_token_counts[i]
+        assert stats[key].tokens == used and stats[key].image_tokens == b.counts("vision")[i]
 
 
 def test_summary_by_hand():

@@ -189,8 +189,8 @@ def test_provider_cuts_tiles_and_counts_their_tokens(large_images):
     for b in batches:
         for i, key in enumerate(b.sample_keys):
             n = _expected_tokens(recorded, key)
-            assert b.image_token_counts[i] == n == int((b.tokens[i] == p.image_token_id).sum()), key
-            im = b.images[i]
+            assert b.counts("vision")[i] == n == int((b.tokens[i] == p.image_token_id).sum()), key
+            im = b.inputs["vision"].items[i]
             if n == 0:
                 assert im is None
                 continue

@@ -102,7 +102,7 @@ def _expected_counts(spec) -> dict[int, tuple[int, int]]:
                 for lane in lanes:
                     b = p.next(lane)
                     loss_toks += int(b.loss_mask.sum())
-                    img += sum(b.image_token_counts)
+                    img += sum(b.counts("vision"))
             out[it] = (loss_toks, img)
     finally:
         p.close()

@@ -51,13 +51,13 @@ def draw(provider, lanes, n):
             out[lane].append(
                 {
                     "keys": b.sample_keys,
-                    "counts": b.image_token_counts,
+                    "counts": b.counts("vision"),
                     "tokens": b.tokens.tolist(),
                     "labels": b.labels.tolist(),
                     "loss_mask": b.loss_mask.tolist(),
                     "images": None
-                    if b.images is None
-                    else [None if im is None else list(im.shape) for im in b.images],
+                    if b.inputs["vision"].items is None
+                    else [None if im is None else list(im.shape) for im in b.inputs["vision"].items],
                     "events": b.meta["events"],
                     "step": b.step,
                     "microbatch": b.microbatch,

@@ -1,7 +1,7 @@
 """The point-to-point traffic the trainer posts, recorded from its own schedule code, and a zero-buffer model
 of NCCL's ordering to check it against.
 
-Recording: every rank of a layout runs the trainer's real schedule (step.run_encoder / step.run_stage with
+Recording: every rank of a layout runs the trainer's real schedule (step/encoder_rank.run_encoder / step/llm_stage.run_stage with
 the real Bridge and StageLink) in a thread of one process, with stub compute and a `Recorder` as the
 communicator. The recorder delivers messages through unbounded mailboxes (so the run itself never blocks on
 ordering, as under gloo) and writes down, per rank, what was posted and waited for, in order.
@@ -26,11 +26,14 @@ from types import SimpleNamespace
 import torch
 
 import mimo_jobs.study.topology as topology
+from mimo_jobs.data.batch import LaneBatch, ModuleInputs
 from mimo_jobs.trainer.parallel import grids as G
 from mimo_jobs.trainer.parallel.bridge import Bridge, segments_of_encoder, token_counts
 from mimo_jobs.trainer.parallel.p2p import Exchanger
 from mimo_jobs.trainer.parallel.pipeline import stage_link
-from mimo_jobs.trainer.step import PhaseTimer, _encoder_samples, run_encoder, run_stage
+from mimo_jobs.trainer.step.common import PhaseTimer, replica_samples
+from mimo_jobs.trainer.step.encoder_rank import run_encoder
+from mimo_jobs.trainer.step.llm_stage import run_stage
 
 HIDDEN, SEQ = 4, 2
 TIMEOUT_S = 30.0
@@ -220,13 +223,20 @@ def _counts(lane: int, m: int, mbs: int) -> list[int]:
 
 
 def lane_batch(lane: int, m: int, mbs: int):
-    return SimpleNamespace(
+    return LaneBatch(
+        lane=lane,
+        step=0,
+        microbatch=m,
         sample_keys=[f"{m}/{lane * mbs + j}" for j in range(mbs)],
-        image_token_counts=_counts(lane, m, mbs),
-        images=None,
-        # the audio module's placeholders (a model of two encoder modules): varied, other zeros than the image's
-        audio_token_counts=_counts(lane, m + 1, mbs),
-        audio=None,
+        tokens=None,
+        labels=None,
+        loss_mask=None,
+        position_ids=None,
+        inputs={
+            "vision": ModuleInputs(127, _counts(lane, m, mbs)),
+            # the audio module's placeholders (a model of two encoder modules): other zeros than the image's
+            "audio": ModuleInputs(126, _counts(lane, m + 1, mbs)),
+        },
     )
 
 
@@ -245,7 +255,7 @@ class StubStage:
         compute_collective(self.st, self.st.llm_shape)
         role = self.st.role
         if role.is_first_stage:
-            assert set(emb) == {br.modality for br in self.st.bridges}, (role.rank, m, set(emb))
+            assert set(emb) == {br.module for br in self.st.bridges}, (role.rank, m, set(emb))
             for k, v in emb.items():
                 assert v.shape == (sum(token_counts(self.batch(m), k)), HIDDEN), (role.rank, m, k, v.shape)
         else:
@@ -267,14 +277,14 @@ class StubStage:
 
 def _encoder_stub(st, mbs: int, trace: list | None):
     segs = segments_of_encoder(st.enc_plan, st.role.dp_rank)
-    modality = st.bridge.modality
+    module = st.bridge.module
 
     def forward(m: int):
         if trace is not None:
             trace.append(("compute", "F", m))
         compute_collective(st, st.enc_shape)
         mb = {g.lane: lane_batch(g.lane, m, mbs) for g in segs}
-        _inputs, keys, counts = _encoder_samples(st, mb, segs, modality)
+        _inputs, keys, counts = replica_samples(mb, segs, module)
         return torch.zeros(sum(counts), HIDDEN), keys, counts
 
     def backward(flat, grad) -> None:
@@ -315,7 +325,7 @@ def rank_states(
     )
     plan = topology.rank_layout(lay)
     encs, llm = G.encoder_shapes(plan), G.module_shapes(plan)[1]
-    modality = ("image", "audio")
+    modules = ("vision", "audio")
     net = Network()
     run = SimpleNamespace(
         trainer=SimpleNamespace(
@@ -341,7 +351,7 @@ def rank_states(
                 torch.float32,
                 "cpu",
                 p2p=Exchanger(rec),
-                modality=modality[i],
+                module=modules[i],
             )
             for i, shape in enumerate(encs)
             if role.is_language or shape.contains(rank)

@@ -30,13 +30,13 @@ def main(run_yaml: str, out: str, seq: int, side: int) -> None:
     from mimo_jobs.trainer.build import build_state
     from mimo_jobs.trainer.main import _init_dist, _install_cpu_shims, _load_run
     from mimo_jobs.trainer.observe.memory import SavedTensorMeter
-    from mimo_jobs.trainer.step import _causal_mask
+    from mimo_jobs.trainer.step.common import _causal_mask
 
     run, _doc = _load_run(Path(run_yaml))
     _install_cpu_shims()
     _, timeout = _init_dist(run, True)
     st = build_state(run, run.rank_layout(), True, timeout)
-    enc, llm = st.encoder.core, st.language.core
+    enc, llm = st.encoders[0].core, st.language.core
     meter = SavedTensorMeter(list(enc.parameters()) + list(llm.parameters()))
     g = torch.Generator().manual_seed(0)
     vocab = st.preset.llm.vocab_size
@@ -54,7 +54,7 @@ def main(run_yaml: str, out: str, seq: int, side: int) -> None:
     img = torch.randn(st.preset.encoder.channels, side, side, generator=g)
 
     def enc_step():
-        return st.encoder.model([img]).float().sum()
+        return st.encoders[0].model([img]).float().sum()
 
     llm_flops, llm_peak = _measure(llm_step, meter)
     enc_flops, enc_peak = _measure(enc_step, meter)

@@ -277,24 +277,34 @@ def test_the_flat_encoder_sizes_of_several_encoders_are_refused_naming_the_rule(
     assert module_ranges(one)[0].fan == "out"
 
 
-def test_two_modules_of_one_modality_are_refused_in_every_layout_by_validate_and_the_preflight(tmp_path):
+def test_two_modules_of_one_kind_train_on_mock_data_and_are_refused_on_a_dataset_by_validate_and_the_preflight(
+    tmp_path,
+):
     pytest.importorskip("torch")
     from mimo_jobs.trainer.main import PreflightError, preflight
 
-    # two image towers: the step hands the LLM one embedding set per modality, so the second is never run
+    # two image towers: on mock data each fills placeholders of its own, in every layout
     doc = two(**{"trainer/model/encoders/audio": {"preset": "tiny"}, "trainer/data": None})
+    r = validate(doc, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = runs_of(parse_study(doc))
+    assert {r.layout.colocated for r in runs} == {True, False}
+    for run in runs:
+        assert preflight(run, {}, reference=True) == []
+    # a dataset's samples carry one placeholder run per marker: the second tower would get nothing
+    data = tmp_path / "data"
+    data.mkdir()
+    doc["trainer"]["data"] = {"provider": "energon", "path": str(data)}
     words = (
-        "vision, audio all embed image: the packaged trainer runs one encoder module per modality (one "
-        "image, one audio)"
+        "vision, audio all embed image: a dataset's samples (trainer.data.provider energon) carry one "
+        "placeholder run per marker, for one module of each kind"
     )
     r = validate(doc, tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
     line = f"trainer.model.encoders: [module-kind] {words}"
     assert len([x for x in r.stderr.splitlines() if line in x]) == 1, r.stderr  # once for both layouts
     line = f"trainer.model.encoders: {words}"
-    runs = runs_of(parse_study(doc))
-    assert {r.layout.colocated for r in runs} == {True, False}
-    for run in runs:
+    for run in runs_of(parse_study(doc)):
         for reference in (True, False):
             with pytest.raises(PreflightError, match="^run\\.yaml: " + re.escape(line)):
                 preflight(run, {}, reference=reference)

@@ -151,7 +151,7 @@ def as_core_batch(mb: dict, lane: int | None, image_token_id: int) -> dict:
 
     if lane is None:
         tokens = torch.cat([mb[k].tokens for k in sorted(mb)])
-        images = encoder_inputs([im for k in sorted(mb) for im in mb[k].images])
+        images = encoder_inputs([im for k in sorted(mb) for im in mb[k].items("vision")])
         return {
             "input_ids": tokens,
             "modality_inputs": {IMAGES: {"ours": {"images": images}}} if images else None,
@@ -182,7 +182,7 @@ def train(run, rank: int) -> list[float]:
     lane = None if on_encoder else rank - lay.enc_dp
     lanes = list(range(lay.llm_dp))
     provider = make_provider(run, plan, lanes, need_images=on_encoder, need_text=True)
-    model, grids, pgc = build(run, rank, provider.image_token_id)
+    model, grids, pgc = build(run, rank, provider.placeholders["vision"])
     own = model.modality_submodules[IMAGES] if on_encoder else model.language_model
 
     @contextmanager
@@ -228,7 +228,7 @@ def train(run, rank: int) -> list[float]:
 
         def step(data_iterator, model):
             mb = next(data_iterator)
-            out, _mask = model(**as_core_batch(mb, lane, provider.image_token_id))
+            out, _mask = model(**as_core_batch(mb, lane, provider.placeholders["vision"]))
 
             def loss_func(output):
                 s = (output.float() * mb[lane].loss_mask).sum()

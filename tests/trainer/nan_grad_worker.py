@@ -45,7 +45,7 @@ def _digest(st) -> str:
 def _install(digests: Path, nans: set[tuple[int, str, int]]) -> None:
     import math
 
-    from mimo_jobs.trainer import step
+    from mimo_jobs.trainer.step import iteration as step
 
     rank = int(os.environ.get("RANK", "0"))
     finalize, optimizer_step = step._finalize, step._optimizer_step

@@ -188,7 +188,7 @@ def _describe(arch: ModelArch) -> dict:
     import mimo_jobs.trainer.model.models as M
     import mimo_jobs.trainer.parallel.grids as G
     from mimo_jobs.trainer.build import _seed_megatron
-    from mimo_jobs.trainer.step import _causal_mask
+    from mimo_jobs.trainer.step.common import _causal_mask
 
     if not dist.is_initialized():
         os.environ.update(WORLD_SIZE="1", RANK="0")

@@ -100,11 +100,11 @@ def test_payload_sizes_are_agreed_before_any_payload_is_posted():
     for st in states:
         if st.role.is_language and st.role.is_first_stage:
             lane = [lane_batch(st.role.dp_rank, m, 2) for m in range(2)]
-            st.bridge.language_expect(3, [(b.sample_keys, b.image_token_counts) for b in lane])
+            st.bridge.language_expect(3, [(b.sample_keys, b.counts("vision")) for b in lane])
     enc.bridge.encoder_expect(3)
     batches = [lane_batch(lane, 1, 2) for lane in range(2)]
     keys = [k for b in batches for k in b.sample_keys]
-    counts = [c for b in batches for c in b.image_token_counts]
+    counts = [c for b in batches for c in b.counts("vision")]
     counts[0] += 1  # one more token than the lane sizes its receive for
     before = list(net.programs[enc.role.rank])
     with pytest.raises(BridgeError, match=r"forward mismatch from rank 0 to rank 1: tokens of sample 0"):

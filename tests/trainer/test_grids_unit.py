@@ -14,7 +14,7 @@ from mimo_jobs.trainer.parallel.grids import (
     own_encoder,
     role_of,
 )
-from mimo_jobs.trainer.step import check_alignment
+from mimo_jobs.trainer.step.common import check_alignment
 
 
 def test_roles_follow_the_plan():
@@ -74,7 +74,7 @@ def test_a_rank_in_no_grid_is_refused():
 def test_alignment_invariant_is_checked():
     import torch
 
-    from mimo_jobs.data.batch import LaneBatch
+    from mimo_jobs.data.batch import LaneBatch, ModuleInputs
 
     tok = torch.tensor([[127, 127, 5, 6], [4, 5, 6, 7]])
     b = LaneBatch(
@@ -86,11 +86,11 @@ def test_alignment_invariant_is_checked():
         labels=tok,
         loss_mask=tok,
         position_ids=tok,
-        image_token_counts=[2, 0],
+        inputs={"vision": ModuleInputs(127, [2, 0]), "audio": ModuleInputs(126, [0, 0])},
     )
-    check_alignment(b, 127)
-    b.image_token_counts = [1, 1]
+    check_alignment(b)
+    b.inputs["vision"].counts = [1, 1]
     with pytest.raises(
-        RuntimeError, match=r"image placeholder tokens per sample \[2, 0\] != image_token_counts"
+        RuntimeError, match=r"module 'vision' placeholder tokens per sample \[2, 0\] != its token counts"
     ):
-        check_alignment(b, 127)
+        check_alignment(b)

@@ -26,8 +26,8 @@ def test_same_lane_same_samples_whoever_reads_it():
     a, b = enc.next(1), llm.next(1)
     assert a.sample_keys == b.sample_keys
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.labels, b.labels)
-    assert a.image_token_counts == b.image_token_counts
-    assert b.images is None and len(a.images) == 2
+    assert a.counts("vision") == b.counts("vision")
+    assert b.inputs["vision"].items is None and len(a.inputs["vision"].items) == 2
 
 
 def test_token_counts_images_and_masks_agree():
@@ -36,9 +36,9 @@ def test_token_counts_images_and_masks_agree():
     img = image_token_id(CFG.vocab_size)
     for _ in range(30):
         b = p.next(0)
-        for i, n in enumerate(b.image_token_counts):
+        for i, n in enumerate(b.counts("vision")):
             assert int((b.tokens[i] == img).sum()) == n
-            im = b.images[i]
+            im = b.inputs["vision"].items[i]
             if n == 0:
                 assert im is None
                 text_only += 1

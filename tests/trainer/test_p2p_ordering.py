@@ -1,7 +1,7 @@
 """Every point-to-point exchange the trainer posts is deadlock-free under NCCL's rendezvous semantics.
 
 gloo buffers messages, so the torchrun tests cannot see an ordering that hangs NCCL. This test records the
-exact op sequence of every rank from the trainer's own schedule code (step.run_encoder / step.run_stage,
+exact op sequence of every rank from the trainer's own schedule code (step/encoder_rank.run_encoder / step/llm_stage.run_stage,
 the real Bridge and StageLink, stub compute) and runs it through the zero-buffer model in
 tests/helpers/p2p_model.py: pipeline stages 1..4, encoder_inflight 1..4, fan-out, fan-in and 1:1 bridges,
 mbs 1..2, a frozen encoder and TP 2; and a model of two encoder modules (vision, audio), each on ranks of its

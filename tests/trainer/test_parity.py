@@ -100,7 +100,7 @@ def test_fan_in_enc_dp2_to_llm_dp1_with_text_only_and_imageless_microbatches(sha
     run, _ = load_run_yaml(ry)
     plan = run.rank_layout()
     prov = MockProvider(mock_config(run, plan), [0], need_images=False, need_text=True)
-    counts = [prov.next(0).image_token_counts for _ in range(3 * plan.num_microbatches)]
+    counts = [prov.next(0).counts("vision") for _ in range(3 * plan.num_microbatches)]
     per_encoder = [
         sum(c[g.lane_start : g.lane_start + g.n])
         for c in counts
@@ -270,8 +270,8 @@ def _sample_kinds(ry) -> tuple[set[tuple[bool, bool]], int]:
     for _ in range(3 * plan.num_microbatches):
         for lane in lanes:
             b = prov.next(lane)
-            out |= {(i > 0, a > 0) for i, a in zip(b.image_token_counts, b.audio_token_counts)}
-            audio += b.num_audio_tokens
+            out |= {(i > 0, a > 0) for i, a in zip(b.counts("vision"), b.counts("audio"))}
+            audio += sum(b.counts("audio"))
     return out, audio
 
 

@@ -73,7 +73,7 @@ def run_llm(spec: dict) -> dict | None:
     import mimo_jobs.trainer.parallel.grids as G
     from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.trainer.build import _build_language
-    from mimo_jobs.trainer.step import _causal_mask
+    from mimo_jobs.trainer.step.common import _causal_mask
 
     tp, pp, ep, seq = spec.get("tp", 1), spec.get("pp", 1), spec.get("ep", 1), spec.get("seq", 16)
     grids, _, llm_s = _grids(tp, pp, ep)

@@ -82,11 +82,9 @@ def segments_of_lane(plan: RankLayout, lane: int) -> list[Segment]:
     return [g for g in segments(plan) if g.lane == lane]
 
 
-def token_counts(batch, modality: str) -> list[int]:
-    """A lane batch's per-sample placeholder counts of one modality: what a bridge of that module carries."""
-    if modality == "audio":
-        return list(batch.audio_token_counts or [0] * len(batch.sample_keys))
-    return list(batch.image_token_counts)
+def token_counts(batch, module: str) -> list[int]:
+    """A lane batch's per-sample placeholder counts of one encoder module: what that module's bridge carries."""
+    return batch.counts(module)
 
 
 def keys_hash(keys: list[str]) -> int:
@@ -158,7 +156,7 @@ class Bridge:
     A posted group holds both directions, headers and payloads (p2p.py); the receiver sizes each payload
     from its own batch and checks the headers on arrival. The first LLM stage calls `language_exchange`
     between two compute actions, with what the first produced (`send`) and what the second needs (`recv`).
-    An encoder rank posts the same messages in the same order with `encoder_post` (step.run_encoder) and
+    An encoder rank posts the same messages in the same order with `encoder_post` (step/encoder_rank.run_encoder) and
     collects each gradient when its backward needs it."""
 
     def __init__(
@@ -173,12 +171,12 @@ class Bridge:
         dtype,
         device,
         p2p: Exchanger | None = None,
-        modality: str = "image",
+        module: str = "vision",
     ):
-        # plan: as this bridge's encoder module meets the LLM (grids.module_plan); modality: what the module
-        # embeds, whose placeholder counts size every message (image_token_counts, audio_token_counts)
+        # plan: as this bridge's encoder module meets the LLM (grids.module_plan); module: the encoder module's
+        # name, whose placeholder counts (LaneBatch.inputs) size every message
         self.plan, self.enc, self.llm, self.role = plan, enc, llm, role
-        self.modality = modality
+        self.module = module
         self.enc_tp_group, self.llm_tp_group = enc_tp_group, llm_tp_group
         self.hidden, self.dtype, self.device = hidden, dtype, device
         self.p2p = p2p or Exchanger()

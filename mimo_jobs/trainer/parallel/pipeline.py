@@ -45,7 +45,7 @@ def first_stage_bridge(stages: int, microbatches: int, grads_back: bool) -> list
     """The first LLM stage's bridge exchanges in posting order, each as (microbatches whose embeddings it
     receives, microbatches whose embedding gradients it sends): at each boundary of its 1F1B schedule,
     the gradient of the backward just run and the embeddings of the forward to come. The encoder posts the
-    same messages in this order (step.run_encoder); messages between two ranks run in posting order under
+    same messages in this order (step/encoder_rank.run_encoder); messages between two ranks run in posting order under
     NCCL, so any other order can wait forever."""
     out = []
     for done, nxt in boundaries(one_f_one_b(0, stages, microbatches)):
