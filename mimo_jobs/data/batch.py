@@ -53,15 +53,16 @@ def placeholder_ids(kinds: list[tuple[str, str]], vocab_size: int, own: dict[str
 
 def flatten(items) -> list:
     """Per-sample inputs of a module -> what it embeds, in placeholder order: None (nothing for it) gives
-    none, a [T, C, H, W] tensor its T tiles, a list or tuple its items in turn (several images, a sample's
-    clips, packed samples), any other tensor itself (an image [C, H, W], a clip [n_mels, frames])."""
+    none, a [T, C, H, W] tensor its T tiles, a [1, F, C, H, W] tensor one video of F frames (its [F, C, H, W]
+    frames, embedded as one input), a list or tuple its items in turn (several images, a sample's clips,
+    packed samples), any other tensor itself (an image [C, H, W], a clip [n_mels, frames])."""
     out: list = []
     for x in items:
         if x is None:
             continue
         if isinstance(x, (list, tuple)):
             out += flatten(x)
-        elif x.dim() == 4:
+        elif x.dim() in (4, 5):  # tiles, or a video's frames: each along the first dimension is one input
             out += list(x.unbind(0))
         else:
             out.append(x)
@@ -75,7 +76,8 @@ class ModuleInputs:
     token_id: int  # its placeholder in `LaneBatch.tokens`
     counts: list[int]  # per sample its placeholder tokens (0: nothing for this module)
     # per sample (encoder side only): None, or the module's inputs in placeholder order: one image (FloatTensor
-    # [C, H, W]; [T, C, H, W] for its tiles) or a list of them (several images, packed samples); for an audio
+    # [C, H, W]; [T, C, H, W] for its tiles; [1, F, C, H, W] for a video of F frames) or a list of them
+    # (several images, packed samples); for an audio
     # module a list of clips (FloatTensor [n_mels, frames]). The module embeds them flattened in that order
     # (`flatten`), the LLM scatters its rows back row-major
     items: list[Any] | None = None

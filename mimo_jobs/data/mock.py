@@ -96,11 +96,15 @@ class MockTower:
     patch_size: int = 0
     downsample: int = 1
     audio: AudioSpec | None = None
+    temporal: int = 1  # an image module's temporal patch size (frames per patch in time)
 
-    def tokens(self, side: int = 0, frames: int = 0, n_mels: int = 80) -> int:
+    def tokens(self, side: int = 0, frames: int = 0, n_mels: int = 80, video: int = 0) -> int:
+        """Placeholders of a sample: an image module's for its image of `side` px (or its video of `video`
+        frames: one image's worth per temporal group), an audio module's for its clip of `frames` frames."""
         if self.kind == "audio":
             return self.audio.clip_tokens((n_mels, frames)) if frames else 0
-        return image_tokens(side, side, self.patch_size, self.downsample) if side else 0
+        groups = -(-video // self.temporal) if video else 1
+        return groups * image_tokens(side, side, self.patch_size, self.downsample) if side else 0
 
 
 @dataclass
@@ -123,6 +127,10 @@ class MockConfig:
     # the model's encoder modules (placeholders in this order: image modules, then audio ones); empty: one
     # image module "vision" of patch_size/downsample, and an audio module "audio" when `audio` is set
     towers: tuple[MockTower, ...] = ()
+    # the share of image samples whose picture is a video instead (every frame shows the sample's class), and
+    # the frame counts drawn from; each image module embeds it in temporal groups
+    video_fraction: float = 0.0
+    video_frames: tuple[int, ...] = ()
 
     def __post_init__(self):
         if not self.towers:
@@ -150,7 +158,9 @@ def check_mock_config(c: MockConfig, max_image_size: int) -> None:
         c.image_sizes, c.unit, max_image_size, c.seq_length, c.text_only_fraction
     )  # the rules validate applies to a study
     units = {t.name: t.patch_size * t.downsample for t in _of(c, "image")}
-    room = towers_room_problem(c.image_sizes, units, c.seq_length, c.text_only_fraction)
+    video = max(c.video_frames, default=0) if c.video_fraction else 0
+    temporal = {t.name: t.temporal for t in _of(c, "image")}
+    room = towers_room_problem(c.image_sizes, units, c.seq_length, c.text_only_fraction, video, temporal)
     found += [room] if room is not None else []
     if found:
         raise DataConfigError(str(found[0]))
@@ -185,8 +195,12 @@ def _of(c: MockConfig, kind: str) -> list[MockTower]:
 
 
 def _most_image_tokens(c: MockConfig) -> int:
-    """The placeholders of the largest image, summed over the image modules (each fills its own)."""
-    return max((sum(t.tokens(side=s) for t in _of(c, "image")) for s in c.image_sizes), default=0)
+    """The placeholders of the largest picture (image, or the longest video), summed over the image modules
+    (each fills its own)."""
+    video = max(c.video_frames, default=0) if c.video_fraction else 0
+    return max(
+        (sum(t.tokens(side=s, video=video) for t in _of(c, "image")) for s in c.image_sizes), default=0
+    )
 
 
 @dataclass
@@ -246,6 +260,17 @@ class MockProvider(Provider):
         k = int(torch.randint(N_CLASSES, (), generator=ga))
         return frames, k
 
+    def _video_draw(self, index: int) -> int:
+        """Frames of the sample's video (0: its picture is an image). Own generator: with video_fraction 0
+        every sample is what it was without video."""
+        c = self.cfg
+        if not c.video_fraction or not c.video_frames:
+            return 0
+        gv = torch.Generator().manual_seed(_seed_of(c.seed, "video-meta", index))
+        if torch.rand((), generator=gv).item() >= c.video_fraction:
+            return 0
+        return c.video_frames[int(torch.randint(len(c.video_frames), (), generator=gv))]
+
     def draw(self, index: int) -> MockSample:
         """Global sample `index`, with its clip when it has one."""
         c = self.cfg
@@ -255,7 +280,8 @@ class MockProvider(Provider):
         if u >= c.text_only_fraction and c.image_sizes:
             side = c.image_sizes[int(torch.randint(len(c.image_sizes), (), generator=g))]
         frames, k = self._audio_draw(index)
-        counts = {t.name: t.tokens(side=side, frames=frames, n_mels=c.n_mels) for t in c.towers}
+        video = self._video_draw(index) if side else 0
+        counts = {t.name: t.tokens(side=side, frames=frames, n_mels=c.n_mels, video=video) for t in c.towers}
         lead = sum(counts.values())
         room = c.seq_length - lead
         n_text = int(torch.randint(max(2, room // 2), room + 1, (), generator=g))
@@ -280,6 +306,11 @@ class MockProvider(Provider):
             noise = torch.randn(c.channels, side, side, generator=gi)
             reps = side // c.patch_size
             image = class_tile(k, c.channels, c.patch_size).repeat(1, reps, reps) + IMAGE_NOISE * noise
+            if video:  # the frames: the class's pattern under each frame's own noise
+                gv = torch.Generator().manual_seed(_seed_of(c.seed, "video", index))
+                moving = IMAGE_NOISE * torch.randn(video - 1, c.channels, side, side, generator=gv)
+                rest = class_tile(k, c.channels, c.patch_size).repeat(1, reps, reps) + moving
+                image = torch.cat([image.unsqueeze(0), rest]).unsqueeze(0)  # [1, F, C, H, W]
         if frames and self.need_images:
             ga = torch.Generator().manual_seed(_seed_of(c.seed, "audio", index))
             clip = class_mel(k, c.n_mels).repeat(1, frames) + IMAGE_NOISE * torch.randn(
@@ -364,6 +395,8 @@ def mock_config(run_spec, plan) -> MockConfig:
         audio_fraction=getattr(t.data, "audio_fraction", 0.0),
         audio_frames=tuple(getattr(t.data, "audio_frames", ())),
         towers=towers_of(p),
+        video_fraction=getattr(t.data, "video_fraction", 0.0),
+        video_frames=tuple(getattr(t.data, "video_frames", ())),
     )
     check_mock_config(c, image.image_size)
     return c
@@ -376,7 +409,9 @@ def towers_of(arch) -> tuple[MockTower, ...]:
         if e.modality == "audio":
             out.append(MockTower(name, "audio", audio=audio_spec_of_module(e)))
         else:
-            out.append(MockTower(name, e.modality, e.patch_size, e.downsample))
+            out.append(
+                MockTower(name, e.modality, e.patch_size, e.downsample, temporal=e.temporal_patch_size)
+            )
     return tuple(out)
 
 

@@ -79,14 +79,18 @@ class EncoderArch:
     layer_scale: bool = False
     name: str = ""
     source: str = ""
+    # frames one patch spans in time (Qwen2-VL's temporal_patch_size, its 3-D patch embedding): a video's
+    # frames go in groups of this many, an image is one group (its frame repeated, as Qwen2-VL's processor
+    # does); 1 is the 2-D ViT of CLIP and SigLIP
+    temporal_patch_size: int = 1
     # fields added after run ids were first hashed from run.yaml's trainer.model: recorded only when set
     # (`recorded`), so a description that leaves them at their default keeps its run id
-    LATER: ClassVar[tuple[str, ...]] = ("layer_scale",)
+    LATER: ClassVar[tuple[str, ...]] = ("layer_scale", "temporal_patch_size")
 
     def __post_init__(self):
         check_choice("kind", self.kind, ENC_KINDS)
         check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
-        check_positive(self, ("patch_size", "image_size", "channels", "downsample"))
+        check_positive(self, ("patch_size", "image_size", "channels", "downsample", "temporal_patch_size"))
         check_finite_positive(self, ("norm_epsilon",))
         check_choice("activation", self.activation, ENC_ACTIVATIONS)
         check_choice("normalization", self.normalization, NORMS)
@@ -121,6 +125,20 @@ class EncoderArch:
     def tokens_for(self, h_px: int, w_px: int) -> int:
         """Image tokens one h x w image gives the LLM: patches over downsample^2, class token dropped."""
         return image_tokens(h_px, w_px, self.patch_size, self.downsample)
+
+    def frame_groups(self, frames: int) -> int:
+        """Temporal patch groups of a clip of `frames` frames (the last group padded with its last frame)."""
+        return -(-frames // self.temporal_patch_size)
+
+    def video_tokens(self, frames: int, h_px: int, w_px: int) -> int:
+        """Tokens a video of `frames` h x w frames gives the LLM: each temporal group of
+        `temporal_patch_size` frames is one image's worth of patches."""
+        return self.frame_groups(frames) * self.tokens_for(h_px, w_px)
+
+    @property
+    def patch_inputs(self) -> int:
+        """Values one patch embeds: channels x temporal_patch_size x patch_size^2 (a 3-D patch)."""
+        return self.channels * self.temporal_patch_size * self.patch_size**2
 
     @property
     def tokens_per_image(self) -> int:

@@ -171,7 +171,7 @@ def encoder_bytes(rs: RunShape, fused: bool) -> int:
         body = tokens * (e.num_layers * d * h + per_layer)
     else:
         body = tokens * e.num_layers * per_layer
-    patch_inputs = patches * rs.encoder_samples_per_microbatch * d * e.channels * e.patch_size**2
+    patch_inputs = patches * rs.encoder_samples_per_microbatch * d * e.patch_inputs
     patch_and_projector = patch_inputs + out_tokens * d * (e.projector_input + 2 * hl / tp)
     masks = n * n * rs.encoder_samples_per_microbatch
     return int(body + patch_and_projector + masks)

@@ -116,17 +116,37 @@ def assumed_mix(
     return _mix(mean, source + note, assumed=True, ends=ends)
 
 
-def data_mix(data, enc: EncoderArch, seq_length: int | None = None) -> DataMix:
-    """The DataMix of a study's trainer.data (spec.DataSpec; None: unknown); packed rows are priced per row
-    of `seq_length` tokens (given by every caller that prices a run)."""
-    if data is not None and getattr(data, "provider", "mock") == "mock":
-        sizes = list(data.image_sizes) or [enc.image_size]
+def _mock_mix(data, enc: EncoderArch) -> DataMix:
+    """The mock provider's pictures (data/mock.py draws them): a side drawn evenly from `image_sizes`, and a
+    share `video_fraction` of them a video of a frame count drawn evenly from `video_frames`, which the
+    encoder embeds as one sample of one image's tokens per temporal group."""
+    sizes = list(data.image_sizes) or [enc.image_size]
+    share = float(getattr(data, "video_fraction", 0.0) or 0.0)
+    frames = list(getattr(data, "video_frames", ()) or ())
+    if not share or not frames:
         ns = [enc.tokens_for(s, s) for s in sizes]
         mean_n = sum(ns) / len(ns)
         per_image = sum(n * n for n in ns) / sum(ns) if sum(ns) else 0.0
         return DataMix(
             (1 - data.text_only_fraction) * mean_n, per_image, max(ns), "the mock provider's images"
         )
+    kinds = [(1 - share, 0)] + [(share / len(frames), f) for f in frames]
+    ns = [
+        (w / len(sizes), enc.video_tokens(f, s, s) if f else enc.tokens_for(s, s))
+        for w, f in kinds
+        for s in sizes
+    ]
+    mean_n = sum(w * n for w, n in ns)
+    per_image = sum(w * n * n for w, n in ns) / mean_n if mean_n else 0.0
+    words = f"the mock provider's images and videos ({share:g} of them)"
+    return DataMix((1 - data.text_only_fraction) * mean_n, per_image, max(n for _, n in ns), words)
+
+
+def data_mix(data, enc: EncoderArch, seq_length: int | None = None) -> DataMix:
+    """The DataMix of a study's trainer.data (spec.DataSpec; None: unknown); packed rows are priced per row
+    of `seq_length` tokens (given by every caller that prices a run)."""
+    if data is not None and getattr(data, "provider", "mock") == "mock":
+        return _mock_mix(data, enc)
     geom = ImageGeometry.of(enc, getattr(data, "max_tiles", 1), getattr(data, "thumbnail", False))
     packing_at = seq_length if getattr(data, "packing", False) else None
     note = ""

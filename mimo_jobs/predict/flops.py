@@ -83,7 +83,7 @@ def encoder_flops_per_token(e: EncoderArch, llm_hidden: int, tokens_per_image: f
     patches = tokens_per_image * s2
     n = patches + int(e.class_token)
     layer = n * (2 * h * 3 * h + 2 * h * h + 2 * mlp_matrices(False) * h * e.ffn_hidden_size) + 4 * n * n * h
-    patch = patches * 2 * e.channels * e.patch_size**2 * h
+    patch = patches * 2 * e.patch_inputs * h
     projector = tokens_per_image * 2 * (s2 * h * llm_hidden + llm_hidden * llm_hidden)
     return 3 * (e.num_layers * layer + patch + projector) / tokens_per_image if tokens_per_image else 0.0
 

@@ -107,7 +107,7 @@ def vit_tensors(e: EncoderArch, tp: int) -> list[Tensor]:
     out = [Tensor(h)] if e.class_token else []
     out.append(Tensor(e.grid**2 * h))
     out += [Tensor(h)] if e.class_token else []  # the class token's position row
-    out += [Tensor(h // tp * e.channels * e.patch_size**2)] + ([Tensor(h // tp)] if e.patch_bias else [])
+    out += [Tensor(h // tp * e.patch_inputs)] + ([Tensor(h // tp)] if e.patch_bias else [])
     out += _norm(h, e.normalization) if e.pre_norm else []
     out += _norm(h, e.normalization) if e.final_norm else []
     for _ in range(e.num_layers):

@@ -66,23 +66,52 @@ def image_size_problems(
 
 
 def towers_room_problem(
-    sizes, units: dict[str, int], seq_length: int, text_only: float
+    sizes,
+    units: dict[str, int],
+    seq_length: int,
+    text_only: float,
+    video: int = 0,
+    temporal: dict | None = None,
 ) -> RuntimeProblem | None:
-    """Several image modules (`units`: module -> pixels per LLM token along a side) each fill their own
-    placeholders for the same image, so the largest image's placeholders of all of them, plus two text
-    tokens, must fit the sequence."""
-    if len(units) < 2 or text_only >= 1 or not sizes:
+    """The largest picture's placeholders, plus two text tokens, must fit the sequence: several image
+    modules (`units`: module -> pixels per LLM token along a side) each fill their own for the same image,
+    and a video of `video` frames gives each module one image's worth per temporal group (`temporal`:
+    module -> its temporal patch size)."""
+    if (len(units) < 2 and not video) or text_only >= 1 or not sizes:
         return None
-    most = max(sum((s // u) ** 2 for u in units.values()) for s in sizes)
+    temporal = temporal or {}
+    groups = {n: (-(-video // temporal.get(n, 1)) if video else 1) for n in units}
+    most = max(sum(groups[n] * (s // u) ** 2 for n, u in units.items()) for s in sizes)
     if most + 2 <= seq_length:
         return None
+    what = f"a {video}-frame video" if video else "the largest image"
     return RuntimeProblem(
-        "trainer.data.image_sizes",
+        "trainer.data.video_frames" if video else "trainer.data.image_sizes",
         "image-size",
-        f"the largest image is {most} placeholder tokens over the image modules {', '.join(units)}, which does "
+        f"{what} is {most} placeholder tokens over the image modules {', '.join(units)}, which does "
         f"not fit seq_length={seq_length} with text",
-        f"use smaller images or trainer.seq_length > {most + 1}",
+        f"use {'fewer frames, ' if video else ''}smaller images or trainer.seq_length > {most + 1}",
     )
+
+
+def video_problems(data, encoders: dict, seq_length: int) -> list[RuntimeProblem]:
+    """Mock videos (`video_fraction` of the image samples): frame counts to draw from, an image module to
+    embed them, and room in the sequence for the longest one at the largest side."""
+    if data.provider != "mock" or not data.video_fraction:
+        return []
+    images = {n: e for n, e in encoders.items() if e.modality == "image"}
+    if not images or not data.video_frames:
+        why = "trainer.model has no image module" if not images else "video_frames is empty"
+        fit = "add an image module" if not images else "give video_frames, e.g. [4, 8]"
+        return [
+            RuntimeProblem("trainer.data.video_fraction", "module-data", f"{data.video_fraction}: {why}", fit)
+        ]
+    units = {n: e.patch_size * e.downsample for n, e in images.items()}
+    temporal = {n: e.temporal_patch_size for n, e in images.items()}
+    room = towers_room_problem(
+        data.image_sizes, units, seq_length, data.text_only_fraction, max(data.video_frames), temporal
+    )
+    return [room] if room is not None else []
 
 
 def freeze_problem(encoder: bool, llm: bool) -> RuntimeProblem | None:
@@ -263,6 +292,7 @@ def runtime_problems(
         out += [twice] if twice else []
         out += modality_problems(trainer.data, encoders)
         out += audio_clip_problems(trainer.data, encoders)
+        out += video_problems(trainer.data, encoders, trainer.seq_length)
     return out + tracker_problems(trainer, installed)
 
 

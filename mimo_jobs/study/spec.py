@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import typing
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -291,6 +291,8 @@ class DataSpec(_Strict):
             "stats",
             "audio_fraction",
             "audio_frames",
+            "video_fraction",
+            "video_frames",
             "trust_dataset_code",
         }
     )
@@ -323,6 +325,10 @@ class DataSpec(_Strict):
     # clip lengths in mel frames drawn from (data/mock.py)
     audio_fraction: float = Field(0.0, ge=0, le=1)
     audio_frames: list[int] = Field(default_factory=list, max_length=64)
+    # mock provider: the share of image samples whose picture is a video instead, and its frame counts drawn
+    # from (each image module embeds a video in groups of its temporal_patch_size frames)
+    video_fraction: float = Field(0.0, ge=0, le=1)
+    video_frames: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default_factory=list, max_length=64)
 
     @field_validator("path", "tokenizer")
     @classmethod

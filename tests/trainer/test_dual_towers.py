@@ -1,7 +1,9 @@
-"""Two encoder modules of one input kind: a CLIP-style tower (patch 4) and a SigLIP-style tower (patch 8) both
-embed every image, each into placeholders of its own (the batch contract keys inputs and placeholders by
-module), as dual-encoder VLMs do. Colocated and with each tower on ranks of its own, exact against the
-one-process reference; and the second tower's embeddings reach the loss."""
+"""Two encoder modules of one input kind: a CLIP-style tower (patch 4, a temporal patch of 2 frames) and a
+SigLIP-style tower (patch 8) both embed every picture, each into placeholders of its own (the batch contract
+keys inputs and placeholders by module), as dual-encoder VLMs do. Half the pictures are videos of 3 or 4
+frames, which each tower embeds by its own token rule (tests/trainer/test_video.py holds the video rule
+itself). Colocated and with each tower on ranks of its own, exact against the one-process reference; and the
+second tower's embeddings reach the loss."""
 
 import json
 
@@ -16,12 +18,12 @@ RTOL = 1e-5
 DUAL = {
     "name": "tiny-dual",
     "encoders": {
-        "vision": "tiny",
+        "vision": {"preset": "tiny", "temporal_patch_size": 2},
         "siglip": {"preset": "tiny", "kind": "siglip", "patch_size": 8, "num_layers": 1},
     },
     "llm": "tiny",
 }
-DATA = {"text_only_fraction": 0.25, "image_sizes": [8, 16]}
+DATA = {"text_only_fraction": 0.25, "image_sizes": [8, 16], "video_fraction": 0.5, "video_frames": [3, 4]}
 LAYOUTS = {
     "colocated-dp2": ({"gpn": 2, "llm": {"dp": 2}, "colocated": True}, 2),
     "own-ranks": ({"gpn": 3, "enc": {"vision": {"dp": 1}, "siglip": {"dp": 1}}, "llm": {"dp": 1}}, 3),
@@ -29,7 +31,8 @@ LAYOUTS = {
 
 
 def _run_yaml(tmp_path, kw: dict, **extra):
-    return make_run_yaml(tmp_path, gbs=4, model=DUAL, data=DATA, **kw, **extra)
+    trainer = {"seq_length": 64, **extra.pop("trainer", {})}
+    return make_run_yaml(tmp_path, gbs=4, model=DUAL, data=DATA, trainer=trainer, **kw, **extra)
 
 
 def _tower_tokens(ry) -> dict[str, int]:
@@ -54,17 +57,20 @@ def test_each_tower_has_its_own_placeholders_and_token_rule(tmp_path):
     plan = run.rank_layout()
     prov = MockProvider(mock_config(run, plan), [0], need_images=True, need_text=True)
     seen = set()
-    for _ in range(8):
+    for _ in range(24):
         b = prov.next(0)
         for i, image in enumerate(b.items("vision")):
             side = 0 if image is None else image.shape[-1]
-            # the CLIP tower's patch 4 and the SigLIP tower's patch 8 over the same image
-            assert b.counts("vision")[i] == (side // 4) ** 2 and b.counts("siglip")[i] == (side // 8) ** 2
-            assert b.items("siglip")[i] is image  # the same image reaches both towers
+            frames = image.shape[1] if image is not None and image.dim() == 5 else 1
+            # the CLIP tower's patch 4 over 2-frame groups and the SigLIP tower's patch 8 over single frames,
+            # over the same picture
+            assert b.counts("vision")[i] == -(-frames // 2) * (side // 4) ** 2
+            assert b.counts("siglip")[i] == frames * (side // 8) ** 2
+            assert b.items("siglip")[i] is image  # the same picture reaches both towers
             for name in ("vision", "siglip"):
                 assert int((b.tokens[i] == b.inputs[name].token_id).sum()) == b.counts(name)[i]
-            seen.add(side)
-    assert seen == {0, 8, 16}
+            seen.add((side, frames))
+    assert {0, 8, 16} == {side for side, _ in seen} and {1, 3, 4} <= {f for _, f in seen}
 
 
 @pytest.mark.slow

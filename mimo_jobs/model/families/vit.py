@@ -127,7 +127,8 @@ class VisionFamily(Family):
         return out | dict(self.fixed) | self.read_more(cfg)
 
     def hf_config(self, e: EncoderArch, dtype: str = "float32") -> dict:
-        self.check_exportable(e, dict(self.fixed))
+        # a 2-D family's config has no temporal patch: a 3-D patch embedding would be written as a 2-D one
+        self.check_exportable(e, dict(self.fixed) | {"temporal_patch_size": 1})
         out = {"architectures": [self.vision_architecture], "model_type": self.vision_model_type}
         out |= {k.hf: k.write(getattr(e, k.field)) for k in self.config_keys()}
         return out | self.write_more(e) | dict(self.constants) | {"torch_dtype": dtype}

@@ -355,6 +355,7 @@ class VarResViT(RADIOViTModel):
             embedder_bias=e.patch_bias,
             pg_collection=pgc,
         )
+        self.temporal = e.temporal_patch_size
         # the class token's position row (RADIO gives the class token none; CLIP's table has one)
         self.class_position = (
             torch.nn.Parameter(torch.zeros(1, cfg.hidden_size, dtype=cfg.params_dtype))
@@ -367,13 +368,23 @@ class VarResViT(RADIOViTModel):
                 add_layer_scale_(layer.mlp, cfg)
 
     def forward(self, x, attention_mask=None):
-        """[b, C, H, W] -> [b, n, h]: n = (H/p)(W/p) patch tokens, after the class token when there is one."""
-        p = self.patch_dim
-        b, c, hh, ww = x.shape
-        py, px = hh // p, ww // p
-        x = x.reshape(b, c, py, p, px, p).permute(0, 2, 4, 1, 3, 5).reshape(b, py * px, c * p * p)
+        """[b, C, H, W] images or [b, T, C, H, W] clips (T a multiple of the temporal patch size) -> [b, n, h]:
+        n = (T/t)(H/p)(W/p) patch tokens (t frames by p x p pixels each, in time, row, column order), after
+        the class token when there is one. Every temporal group takes the same position rows."""
+        p, t = self.patch_dim, self.temporal
+        if x.dim() == 4:
+            x = x.unsqueeze(1)
+        b, frames, c, hh, ww = x.shape
+        g, py, px = frames // t, hh // p, ww // p
+        # a patch's values in (channel, time, row, column) order: Qwen2-VL's 3-D patch layout
+        x = (
+            x.reshape(b, g, t, c, py, p, px, p)
+            .permute(0, 1, 4, 6, 3, 2, 5, 7)
+            .reshape(b, g * py * px, c * t * p * p)
+        )
         x, _ = self.embedder(x)
-        x = x + self._get_pos_embeddings(b, (py, px))
+        pos = self._get_pos_embeddings(b, (py, px))
+        x = x + (pos.repeat(1, g, 1) if g > 1 else pos)
         if self.add_class_token:
             cls = (self.class_token + self.class_position).expand(b, -1, -1)
             x = torch.cat([cls, x], dim=1)
@@ -424,10 +435,11 @@ class Encoder(MegatronModule):
         self.patch = e.patch_size
         self.downsample = e.downsample
         self.class_token = e.class_token
+        self.temporal = e.temporal_patch_size
         self.vit = VarResViT(vit_cfg, spec, e, norm, pgc)
         # RADIO builds its patch embedder without tp_group (radio.py:129): rebuild it on our TP group.
         self.vit.embedder = ColumnParallelLinear(
-            input_size=e.channels * e.patch_size**2,
+            input_size=e.patch_inputs,
             output_size=e.hidden_size,
             bias=e.patch_bias,
             config=vit_cfg,
@@ -442,13 +454,15 @@ class Encoder(MegatronModule):
         self.dtype = prec.dtype
 
     def forward(self, images: list):
-        """images: [C, H, W] tensors (H, W multiples of patch x downsample). Returns [sum_i N_i, H_llm] in
-        image order, N_i = EncoderArch.tokens_for(H, W). Same-size images run as one batch."""
+        """images: [C, H, W] images or [T, C, H, W] videos' frames (H, W multiples of patch x downsample).
+        Returns [sum_i N_i, H_llm] in input order, N_i = EncoderArch.tokens_for(H, W) for an image and
+        EncoderArch.video_tokens(T, H, W) for a video. Inputs of one shape run as one batch."""
         if not images:
             return None
+        clips = [self._clip(im) for im in images]
         order: dict[tuple, list[int]] = {}
-        for i, im in enumerate(images):
-            order.setdefault(tuple(im.shape), []).append(i)
+        for i, clip in enumerate(clips):
+            order.setdefault(tuple(clip.shape), []).append(i)
         outs: list = [None] * len(images)
         step = self.patch * self.downsample
         for shape, idx in order.items():
@@ -458,16 +472,28 @@ class Encoder(MegatronModule):
                     f"(patch_size {self.patch} x downsample {self.downsample}); the data must give sides "
                     f"that are multiples of {step}"
                 )
-            x = torch.stack([images[i] for i in idx]).to(self.dtype)
+            x = torch.stack([clips[i] for i in idx]).to(self.dtype)
             y = self.vit(x)  # [b, n (+1 class token), h_enc]
             if self.class_token:  # it attends inside the ViT; the LLM gets the patch tokens only
                 y = y[:, 1:]
             if self.downsample > 1:
-                y = pixel_shuffle(y, shape[-2] // self.patch, shape[-1] // self.patch, self.downsample)
+                g, py, px = shape[0] // self.temporal, shape[-2] // self.patch, shape[-1] // self.patch
+                y = pixel_shuffle(y.reshape(len(idx) * g, py * px, -1), py, px, self.downsample)
+                y = y.reshape(len(idx), g * y.shape[1], -1)
             for j, i in enumerate(idx):
                 outs[i] = y[j]
         flat = torch.cat(outs, dim=0).unsqueeze(1)  # [sum N, 1, h_in]: MLP works on [s, b, h]
         return self.projector(flat).squeeze(1)
+
+    def _clip(self, x):
+        """An input as [T, C, H, W] frames, T a multiple of the temporal patch size: an image repeated (one
+        temporal group), a video's frames with its last frame repeated to fill the last group (as Qwen2-VL's
+        processor pads)."""
+        t = self.temporal
+        if x.dim() == 3:
+            return x.unsqueeze(0).expand(t, *x.shape) if t > 1 else x.unsqueeze(0)
+        short = -x.shape[0] % t
+        return torch.cat([x, x[-1:].expand(short, *x.shape[1:])]) if short else x
 
 
 # ----------------------------------------------------------------------------------------------- init
