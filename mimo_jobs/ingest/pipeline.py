@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mimo_jobs.store.connection import transaction
+from mimo_jobs.store.errors import StoreFull, full_errno, out_of_room
 from mimo_jobs.submit.executors.slurm.sacct import parse_dump
 
 from . import readers, sacct
@@ -168,7 +169,25 @@ def _ingest_alone(s: _Session, t: Target) -> None:
     except IngestError as e:
         s.stats.problems.append(str(e))
     except OSError as e:
+        if full_errno(e) is not None:  # not this file's problem: every file after it would meet it too
+            raise _out_of_room(e, t) from None
         s.stats.problems.append(f"{t.path}: {e.strerror or e}")
+
+
+def _out_of_room(e: OSError, t: Target) -> StoreFull:
+    """A full disk or the file-size limit met by the staged rows (temporary CSV files): the command stops
+    and says so, as for the store itself (store/errors.py)."""
+    import errno
+    import tempfile
+
+    code = full_errno(e)
+    where = e.filename or tempfile.gettempdir()
+    todo = (
+        "raise the limit (ulimit -f)"
+        if code == errno.EFBIG
+        else "free space there, or set TMPDIR to a directory on another filesystem"
+    )
+    return StoreFull(out_of_room(code, f"staging the rows of {t.src} in {where}", todo), str(where))
 
 
 def _ingest_group(s: _Session, group: list[Target]) -> bool:

@@ -78,16 +78,26 @@ def is_lock(exc: BaseException) -> bool:
     return lock_holder(exc) is not None
 
 
-# errno -> what it means for the store, and what to do about it
+# errno -> (the kind, what it means for the store, what to do about it)
 _ROOM = "free space, or pass --db with a store on another filesystem"
 _FULL = {
-    errno.ENOSPC: ("disk full: no space left where the store is", _ROOM),
-    errno.EDQUOT: ("disk full: no space left where the store is (quota)", _ROOM),
+    errno.ENOSPC: ("disk full", "no space left where the store is", _ROOM),
+    errno.EDQUOT: ("disk full", "no space left where the store is (quota)", _ROOM),
     errno.EFBIG: (
-        "file size limit: the store reached this process's limit on a file's size",
+        "file size limit",
+        "the store reached this process's limit on a file's size",
         "raise the limit (ulimit -f), or pass --db with a store where larger files are allowed",
     ),
 }
+
+
+def out_of_room(code: int, what: str, todo: str | None = None) -> str:
+    """The message for a write refused with `code` (one of full_errno's) while writing `what`."""
+    kind, _, default = _FULL[code]
+    return (
+        f"{kind} ({os.strerror(code)}) while {what}; what it was writing was not kept and the store holds "
+        f"what it held before: {todo or default}"
+    )
 
 
 def _chain(exc: BaseException):
@@ -129,7 +139,8 @@ def explain(exc: BaseException, path: Path | str) -> StoreError:
         )
     code = full_errno(exc)
     if code is not None:
-        what, todo = _FULL[code]
+        kind, what, todo = _FULL[code]
+        what = f"{kind}: {what}"
         return StoreFull(
             f"{what} ({os.strerror(code)}); what this command was writing was not kept and the store holds "
             f"what it held before: {todo}",
