@@ -17,11 +17,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+
+from mimo_jobs.errors import MimoJobsError
 
 from .rundir import RunDir
 
@@ -48,8 +51,11 @@ def append(run_dir: Path, entry: Entry) -> None:
     if entry.event not in EVENTS:
         raise ValueError(f"submission event {entry.event!r} is not one of {EVENTS}")
     line = (json.dumps(asdict(entry), sort_keys=True) + "\n").encode()
-    fd = os.open(path_of(run_dir), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(path_of(run_dir), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line  # a line cut short (a crash mid-write) stays alone, this one whole
         os.write(fd, line)
         os.fsync(fd)
     finally:
@@ -109,15 +115,40 @@ def last_job(entries: list[Entry]) -> Entry | None:
     return next((e for e in reversed(entries) if e.job_id and e.event != "kept"), None)
 
 
+class SubmissionBusy(MimoJobsError):
+    """Another process held the run directory's submission lock for longer than this one waited."""
+
+    exit_code = 1
+
+
+LOCK_WAIT_S = (
+    120.0  # far above a submission's own time (an sbatch call); the bound keeps a command from hanging
+)
+
+
 @contextmanager
-def locked(run_dir: Path) -> Iterator[None]:
+def locked(run_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     """Hold the run directory's exclusive submission lock (flock(2) on `.submit.lock`): a second submit of
     the run, from this store or another sharing the runs root, waits here until the first has recorded its
-    job. The kernel drops the lock when the process ends, so a crashed submit never leaves it held (a lock
-    file created with O_EXCL would stay behind and need a staleness guess)."""
-    fd = os.open(RunDir(Path(run_dir)).submit_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    job (SubmissionBusy after `wait_s`). The kernel drops the lock when the process ends, so a crashed
+    submit never leaves it held (a lock file created with O_EXCL would stay behind and need a staleness
+    guess)."""
+    path = RunDir(Path(run_dir)).submit_lock
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise SubmissionBusy(
+                        f"another process has been submitting this run for {wait_s:.0f} s (it holds the "
+                        "lock); try again when it has finished",
+                        str(path),
+                    ) from None
+                time.sleep(0.1)
         yield
     finally:
         os.close(fd)

@@ -25,6 +25,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -260,9 +261,7 @@ def submit_prepared(con, ex: Executor, p: Prepared, attempt: int, event: str = "
     One live job per run, whichever store submits it: under the run directory's lock, the newest job its
     own record names (contract/submissions.py) must have ended, as its executor says, before another
     starts; the new job is in that record before the lock is released."""
-    from mimo_jobs.contract import submissions
-
-    with submissions.locked(p.rd.root):
+    with _run_lock(p.rd):
         _refuse_live_job(p.rd)
         pre_id = ex.new_job_id()  # local jobs are named before they start; SLURM names its own
         intent = _write_intent(p.rd, ex.name, attempt, pre_id)
@@ -279,6 +278,18 @@ def submit_prepared(con, ex: Executor, p: Prepared, attempt: int, event: str = "
             raise
         intent.unlink(missing_ok=True)
     return job_id
+
+
+@contextmanager
+def _run_lock(rd: RunDir):
+    """The run directory's submission lock; not getting it in time is a refused submission."""
+    from mimo_jobs.contract import submissions
+
+    try:
+        with submissions.locked(rd.root):
+            yield
+    except submissions.SubmissionBusy as e:
+        raise SubmitError(e.describe()) from None
 
 
 def _record_job(con, ex: Executor, p: Prepared, attempt: int, job_id: str, event: str) -> None:

@@ -100,3 +100,32 @@ def test_two_stores_on_one_runs_root_never_start_two_live_jobs_of_a_run(ws):
         cli("cancel", STUDY, "--db", other["db"], env=ws["env"], check=True)
     rows = wait_until(other["db"], STUDY, all_ended, 60, ws["env"])
     assert [r["state"] for r in rows] == ["CANCELLED"] and len(job_rows(ws["db"], STUDY)) == 1
+
+
+def test_the_record_reads_what_submit_wrote_and_skips_what_it_did_not(tmp_path):
+    """A line cut short by a crash or edited by hand names no submission; the others still count. A retry or
+    requeue continues an attempt: it starts a job (the live-job check reads it) but names nothing."""
+    from mimo_jobs.contract import submissions as sub
+
+    sub.append(tmp_path, sub.Entry(100.0, "submitted", "local", "local-1", 0))
+    sub.append(tmp_path, sub.Entry(150.0, "kept", "local", "local-1", 0))
+    with open(sub.path_of(tmp_path), "a") as f:  # the last one cut short by a crash
+        f.write('{"event": "submitted", "time": "yesterday"}\n[1, 2]\nnot json\n{"event": "kept", "ti')
+    sub.append(tmp_path, sub.Entry(200.0, "retry", "local", "local-2", 1))
+    entries = sub.read(tmp_path)
+    assert [e.event for e in entries] == ["submitted", "kept", "retry"]
+    assert sub.named_at(entries) == sub.as_utc(150.0)
+    assert sub.last_job(entries).job_id == "local-2"
+    with pytest.raises(ValueError):
+        sub.append(tmp_path, sub.Entry(300.0, "resubmitted"))
+
+
+def test_a_held_submission_lock_is_waited_for_within_a_bound(tmp_path):
+    from mimo_jobs.contract import submissions as sub
+
+    with sub.locked(tmp_path):
+        with pytest.raises(sub.SubmissionBusy, match="another process has been submitting this run"):
+            with sub.locked(tmp_path, wait_s=0.2):
+                pass
+    with sub.locked(tmp_path, wait_s=0.2):  # released: taken at once
+        pass
