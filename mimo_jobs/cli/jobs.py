@@ -267,7 +267,11 @@ def submit(
         help="slurm, local or kubernetes (default: the study's cluster.executor).",
     ),
     force: bool = typer.Option(
-        False, "--force", help="Submit runs that are pending, running or completed again."
+        False,
+        "--force",
+        help="Ask for every run again: a pending or running one is still kept, and a completed one is refused "
+        "with what to do instead (never run twice: its job would replace what it measured). Failed and "
+        "cancelled runs are submitted again without it.",
     ),
     runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help=RUNS_HELP),  # noqa: UP045
     db: Optional[Path] = typer.Option(None, "--db", help=DB_HELP),  # noqa: UP045
@@ -321,7 +325,11 @@ def _print_kept(sel) -> None:
     from mimo_jobs.contract import jobstates
 
     for r, j in sel.keep:
-        again = "" if j.state in jobstates.ACTIVE else " (--force submits it again)"
+        again = (
+            ""
+            if j.state in jobstates.ACTIVE
+            else " (the latest attempt of its point again; a completed run is not run twice)"
+        )
         console().print(f"skip {r.name}: job {j.job_id} is {j.state}{again}", markup=False)
     for note in sel.notes:  # runs that continue a completed one
         console().print(note, markup=False, soft_wrap=True)

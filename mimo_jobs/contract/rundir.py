@@ -8,6 +8,8 @@ runs/<study>/<run name>-<run id>/
   trainjob.yaml       the Kubernetes executor's TrainJob (runs rendered for it only)
   metrics.jsonl       one IterationRecord per iteration, appended by the last LLM rank (all attempts)
   .submit-intent.json submit's crash-recovery note while a submission is under way
+  submissions.jsonl   every time a submit named the run or started a job of it (contract/submissions.py)
+  .submit.lock        held (flock) while a job of the run is being submitted, by whichever store submits
   logs/               scheduler and per-rank output
     slurm-<jobid>.out         sbatch stdout/stderr (srun --label prefixes node task ids)
     job-<jobid>/node-<n>/     torchrun --log-dir for node n: <rdzv id>/attempt_<k>/<local rank>/{stdout,stderr}.log
@@ -33,6 +35,8 @@ METRICS = "metrics.jsonl"
 LOGS = "logs"
 CHECKPOINTS = "checkpoints"
 SUBMIT_INTENT = ".submit-intent.json"
+SUBMISSIONS = "submissions.jsonl"
+SUBMIT_LOCK = ".submit.lock"
 
 
 def dir_name(run_name: str, run_id: str) -> str:
@@ -94,6 +98,14 @@ class RunDir:
     @property
     def submit_intent(self) -> Path:
         return self.root / SUBMIT_INTENT
+
+    @property
+    def submissions(self) -> Path:
+        return self.root / SUBMISSIONS
+
+    @property
+    def submit_lock(self) -> Path:
+        return self.root / SUBMIT_LOCK
 
     @property
     def tensorboard(self) -> Path:

@@ -13,7 +13,9 @@
   re-reading never duplicates.
 - Each file commits in one transaction (rows + its ingested_files row); runs of small files (per-rank
   logs) share one, GROUP_FILES at a time, and a group with a failing file is redone file by file, so the
-  failure still costs only its own file. DuckDB lets one process write a store at a time; store.connect
+  failure still costs only its own file. The runs rows go into the first transaction that commits (runs.py
+  Registration): a failure of the store itself (a full disk, the file-size limit: store/errors.py) stops
+  the ingest and leaves the store as it was, with no run registered for rows it never got. DuckDB lets one process write a store at a time; store.connect
   waits for the lock, so two ingests at once serialize.
 - Attempts stitch: within a job a later attempt replaces an iteration it re-ran; across jobs of one run
   the older rows are marked `superseded`, and the report reads only the rest.
@@ -30,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mimo_jobs.store.connection import transaction
+from mimo_jobs.store.errors import StoreFull, full_errno, out_of_room
 from mimo_jobs.submit.executors.slurm.sacct import parse_dump
 
 from . import readers, sacct
@@ -38,7 +41,7 @@ from .lines import LineHandler
 from .metrics import metrics_rows
 from .origin import path_info
 from .readers import FileState, ScanError, ScanOptions
-from .runs import LogRunInfo, RunCtx, ctx_of, register_runs
+from .runs import LogRunInfo, Registration, RunCtx, ctx_of, register_runs
 from .staging import Stage
 
 __all__ = ["IngestError", "IngestStats", "LogRunInfo", "ScanOptions", "ingest_paths"]
@@ -86,6 +89,7 @@ class _Session:
 
     con: object
     ctx: dict  # register_runs' RunCtx by run dir / loose log
+    runs: Registration  # the runs rows, written by the first transaction that commits
     stats: IngestStats
     force: bool
     options: ScanOptions
@@ -110,18 +114,22 @@ def ingest_paths(
         raise IngestError(str(e)) from None
     found = discover([Path(p) for p in paths])
     stats = IngestStats()
-    with transaction(con):
-        ctx, stats.runs_registered = register_runs(con, found, log_run)
+    reg = register_runs(con, found, log_run)
+    stats.runs_registered = reg.new
     targets = [t for t in found if t.kind != "memory"]  # memory facts: _ingest_memory, per run
     sizes = [t.path.stat().st_size for t in targets]
     known = _known_files(con, [t.src for t in targets])
-    s = _Session(con, ctx, stats, force, options, _Progress(progress, sum(sizes)), known)
+    s = _Session(con, reg.ctx, reg, stats, force, options, _Progress(progress, sum(sizes)), known)
     for i, j in _batches(sizes):
         if j - i > 1 and _ingest_group(s, targets[i:j]):
             continue
         for t in targets[i:j]:  # a large file, or the files of a group that failed, one by one
             _ingest_alone(s, t)
     _ingest_memory(s)
+    if reg.writes:  # runs without a file that stored anything (a run dir holding only run.yaml)
+        with transaction(con):
+            reg.write(con)
+        reg.written()
     return stats
 
 
@@ -133,7 +141,9 @@ def _ingest_memory(s: _Session) -> None:
         if not isinstance(key, Path):  # loose logs have no run dir
             continue
         with transaction(s.con):
+            s.runs.write(s.con)
             n, problems = store_memory(s.con, key, rc.run_id)
+        s.runs.written()
         s.stats.memory_rows += n
         s.stats.problems += problems
 
@@ -159,7 +169,25 @@ def _ingest_alone(s: _Session, t: Target) -> None:
     except IngestError as e:
         s.stats.problems.append(str(e))
     except OSError as e:
+        if full_errno(e) is not None:  # not this file's problem: every file after it would meet it too
+            raise _out_of_room(e, t) from None
         s.stats.problems.append(f"{t.path}: {e.strerror or e}")
+
+
+def _out_of_room(e: OSError, t: Target) -> StoreFull:
+    """A full disk or the file-size limit met by the staged rows (temporary CSV files): the command stops
+    and says so, as for the store itself (store/errors.py)."""
+    import errno
+    import tempfile
+
+    code = full_errno(e)
+    where = e.filename or tempfile.gettempdir()
+    todo = (
+        "raise the limit (ulimit -f)"
+        if code == errno.EFBIG
+        else "free space there, or set TMPDIR to a directory on another filesystem"
+    )
+    return StoreFull(out_of_room(code, f"staging the rows of {t.src} in {where}", todo), str(where))
 
 
 def _ingest_group(s: _Session, group: list[Target]) -> bool:
@@ -169,6 +197,7 @@ def _ingest_group(s: _Session, group: list[Target]) -> bool:
     records: list = []
     try:
         with transaction(s.con):
+            s.runs.write(s.con)
             for t in group:
                 s.progress.name = t.path.name
                 _ingest_one(s, t, group=records)
@@ -179,6 +208,7 @@ def _ingest_group(s: _Session, group: list[Target]) -> bool:
             setattr(s.stats, f, getattr(before, f))
         s.progress.done = done
         return False
+    s.runs.written()
     return True
 
 
@@ -211,6 +241,8 @@ def _ingest_one(s: _Session, t: Target, group: list | None = None) -> None:
         # One transaction per file (its rows + its ingested_files row), open while scanning: the C path
         # stores each segment's rows while it scans the next. Small files share their group's.
         with transaction(con) if group is None else nullcontext():
+            if group is None:
+                s.runs.write(con)
             end_offset, partial = _read(s, t, ctx, offset, size, st, stage)
             if partial:
                 st.bad += 1  # truncated last line: counted; left unread so a growing file resumes cleanly
@@ -236,6 +268,8 @@ def _ingest_one(s: _Session, t: Target, group: list | None = None) -> None:
                 _record_files(con, [(record, bool(row))])
             else:
                 group.append((record, bool(row)))
+        if group is None:
+            s.runs.written()
         _count(s.stats, st, before, n_it, n_ev)
     finally:
         stage.close()

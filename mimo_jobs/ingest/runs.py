@@ -4,11 +4,14 @@ known only from logs (LogRunInfo says what the user told about them)."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.store import catalog
+from mimo_jobs.store.attempts import copy_named
 
 from .discover import IngestError, Target
 from .layout import Told
@@ -37,23 +40,39 @@ class RunCtx:
     nodes: int | None = None  # known from run.yaml or --nodes: on one node an NCCL device index is a rank
 
 
-def register_runs(con, targets: list[Target], log_run: LogRunInfo | None) -> tuple[dict, int]:
-    """Record the runs of `targets`: run dirs first (all run.yaml files parsed before anything is written),
-    then loose logs. Returns (RunCtx per run dir path and per loose log's resolved path, runs new to the
-    store)."""
+@dataclass
+class Registration:
+    """What register_runs found: the run of each file, how many runs are new to the store, and the writes
+    that record them, not yet made. They are made inside the first transaction that stores a file's rows
+    (`write`, again in the next one if that one is rolled back): an ingest stopped by the store itself (a
+    full disk, the file-size limit) leaves no run without the rows it was registered for."""
+
+    ctx: dict
+    new: int
+    writes: list[Callable[[object], None]] = field(default_factory=list)
+
+    def write(self, con) -> None:
+        for w in self.writes:
+            w(con)
+
+    def written(self) -> None:
+        """The transaction that made the writes committed."""
+        self.writes = []
+
+
+def register_runs(con, targets: list[Target], log_run: LogRunInfo | None) -> Registration:
+    """Find the runs of `targets`: run dirs first (all run.yaml files parsed before anything is decided),
+    then loose logs. Reads the store only; the records are Registration.writes (RunCtx per run dir path and
+    per loose log's resolved path)."""
     specs = _load_run_yamls(sorted({t.run_dir for t in targets if t.run_dir is not None}))
     ctx: dict[Path | str, RunCtx] = {}
-    new = 0
+    reg = Registration(ctx, 0)
     for rd, (spec, doc) in specs.items():
         if not _known(con, spec.run_id):
-            catalog.ensure_study(con, spec.study, description="(recorded by ingest from run.yaml)")
-            catalog.record_run(
-                con,
-                catalog.RunRecord(**spec.catalog_fields()),
-                str(rd.resolve()),
-                provenance=doc.get("provenance") or {},
-            )
-            new += 1
+            reg.writes.append(partial(_record_run_dir, rd=rd, spec=spec, doc=doc))
+            reg.new += 1
+        # the order of attempts is the run directory's record; the store keeps a copy (store/attempts.py)
+        reg.writes.append(partial(copy_named, run_id=spec.run_id, run_dir=rd))
         lay = spec.layout
         ctx[rd] = RunCtx(
             run_id=spec.run_id,
@@ -65,8 +84,18 @@ def register_runs(con, targets: list[Target], log_run: LogRunInfo | None) -> tup
     if log_run is not None and log_run.told is not None and not loose:
         raise IngestError("--layout/--model describe logs without a run.yaml; these paths are all run dirs")
     if loose:
-        new += _register_log_runs(con, loose, log_run or LogRunInfo(), ctx)
-    return ctx, new
+        reg.new += _register_log_runs(con, loose, log_run or LogRunInfo(), ctx, reg.writes)
+    return reg
+
+
+def _record_run_dir(con, rd: Path, spec, doc: dict) -> None:
+    catalog.ensure_study(con, spec.study, description="(recorded by ingest from run.yaml)")
+    catalog.record_run(
+        con,
+        catalog.RunRecord(**spec.catalog_fields()),
+        str(rd.resolve()),
+        provenance=doc.get("provenance") or {},
+    )
 
 
 def ctx_of(ctx: dict, t: Target) -> RunCtx | None:
@@ -96,10 +125,10 @@ def _log_run_id(t: Target, info: LogRunInfo) -> str:
     return "log-" + hashlib.sha1(ident.encode()).hexdigest()[:10]
 
 
-def _register_log_runs(con, loose: list[Target], info: LogRunInfo, ctx: dict) -> int:
-    """Record the runs of loose logs; fills `ctx` by resolved path, returns how many runs are new. A run
-    already in the store is only written again when the user tells something new about it (--nodes ...):
-    re-ingesting thousands of unchanged logs then costs no writes."""
+def _register_log_runs(con, loose: list[Target], info: LogRunInfo, ctx: dict, writes: list) -> int:
+    """Find the runs of loose logs; fills `ctx` by resolved path and `writes` with their records, returns
+    how many runs are new. A run already in the store is only written again when the user tells something
+    new about it (--nodes ...): re-ingesting thousands of unchanged logs then costs no writes."""
     ids = {t.src: _log_run_id(t, info) for t in loose}
     _refuse_moves(con, ids)
     known = _known_ids(con, set(ids.values()))
@@ -107,23 +136,14 @@ def _register_log_runs(con, loose: list[Target], info: LogRunInfo, ctx: dict) ->
         v is not None for v in (info.nodes, info.gpus_per_node, info.seq_length)
     )
     if len(known) < len(set(ids.values())):
-        catalog.ensure_study(con, info.study, description="(logs ingested without a run.yaml)")
+        writes.append(
+            partial(catalog.ensure_study, name=info.study, description="(logs ingested without a run.yaml)")
+        )
     new = 0
     for t in loose:
         rid = ids[t.src]
         if rid not in known or tells:
-            catalog.record_log_run(
-                con,
-                rid,
-                info.study,
-                info.name or t.path.stem,
-                str(Path(t.src).parent),
-                nodes=info.nodes,
-                gpus_per_node=info.gpus_per_node,
-                seq_length=info.seq_length,
-            )
-            if info.told is not None:
-                catalog.record_log_layout(con, rid, info.told.fields, _own_spec(info.told.spec, rid, info, t))
+            writes.append(partial(_record_log_run, rid=rid, info=info, t=t))
         if rid not in known:
             known.add(rid)
             new += 1
@@ -136,6 +156,21 @@ def _register_log_runs(con, loose: list[Target], info: LogRunInfo, ctx: dict) ->
             nodes=told.get("nodes", info.nodes),
         )
     return new
+
+
+def _record_log_run(con, rid: str, info: LogRunInfo, t: Target) -> None:
+    catalog.record_log_run(
+        con,
+        rid,
+        info.study,
+        info.name or t.path.stem,
+        str(Path(t.src).parent),
+        nodes=info.nodes,
+        gpus_per_node=info.gpus_per_node,
+        seq_length=info.seq_length,
+    )
+    if info.told is not None:
+        catalog.record_log_layout(con, rid, info.told.fields, _own_spec(info.told.spec, rid, info, t))
 
 
 def _own_spec(spec: dict | None, run_id: str, info: LogRunInfo, t: Target) -> dict | None:

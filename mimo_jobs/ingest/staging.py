@@ -3,6 +3,7 @@ the merge that adds them to `iterations` keeping (run_id, job_id, iteration) uni
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
@@ -301,8 +302,13 @@ class Stage:
         try:
             sel = _LOG_ITER_SELECT.replace("{src}", f"({_C_ROWS_SELECT})")
             merge(con, sel, [run_id, job, src, extras], dedupe=dupes, keys=[(run_id, job)], fresh=fresh)
-        finally:
-            con.unregister("_c_rows")
+        except BaseException:
+            # the failed write aborted the transaction, so unregistering fails too: the write's error (a
+            # full disk, the file-size limit) is the one to report
+            with contextlib.suppress(Exception):
+                con.unregister("_c_rows")
+            raise
+        con.unregister("_c_rows")
 
     def drain(self) -> None:
         """Wait for the batch in flight, ignoring its outcome (the caller is already failing)."""

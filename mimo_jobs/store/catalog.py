@@ -79,7 +79,7 @@ def record_run(
     """Insert the run if new (run ids are content hashes: the same id is the same run)."""
     r, prov = run, provenance or {}
     con.execute(
-        """INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        """INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)
            ON CONFLICT (run_id) DO UPDATE SET run_dir = excluded.run_dir,
              script_sha256 = coalesce(excluded.script_sha256, runs.script_sha256)""",
         [

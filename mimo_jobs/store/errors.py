@@ -3,10 +3,17 @@
 DuckDB reports every failure to open or read a file as an `IOException` (or, deeper in a damaged file, a
 `SerializationException` / `InternalException`); its message says which. `explain` is the one place that
 reads those messages: only a held lock is worth waiting for, every other cause is final.
+
+A write the filesystem refused for want of room (ENOSPC, EDQUOT) or past the process's file-size limit
+(EFBIG) damaged nothing: the errno decides, whether it comes as an OSError or as DuckDB's message (which
+carries the operating system's own text for it), and also when DuckDB's later "transaction is aborted" or
+"failed to rollback" is what reached the caller (the cause is then earlier in the exception's chain).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from pathlib import Path
 
@@ -45,7 +52,8 @@ class StoreReadOnly(StoreError):
 
 
 class StoreFull(StoreError):
-    """The store's filesystem ran out of space while a command wrote to it."""
+    """The store's filesystem ran out of space, or the store reached the process's file-size limit, while a
+    command wrote to it."""
 
 
 class StoreTooNew(StoreError):
@@ -70,6 +78,53 @@ def is_lock(exc: BaseException) -> bool:
     return lock_holder(exc) is not None
 
 
+# errno -> (the kind, what it means for the store, what to do about it)
+_ROOM = "free space, or pass --db with a store on another filesystem"
+_FULL = {
+    errno.ENOSPC: ("disk full", "no space left where the store is", _ROOM),
+    errno.EDQUOT: ("disk full", "no space left where the store is (quota)", _ROOM),
+    errno.EFBIG: (
+        "file size limit",
+        "the store reached this process's limit on a file's size",
+        "raise the limit (ulimit -f), or pass --db with a store where larger files are allowed",
+    ),
+}
+
+
+def out_of_room(code: int, what: str, todo: str | None = None) -> str:
+    """The message for a write refused with `code` (one of full_errno's) while writing `what`."""
+    kind, _, default = _FULL[code]
+    return (
+        f"{kind} ({os.strerror(code)}) while {what}; what it was writing was not kept and the store holds "
+        f"what it held before: {todo or default}"
+    )
+
+
+def _chain(exc: BaseException):
+    """The exception and what it was raised from or while handling, outermost first."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def full_errno(exc: BaseException) -> int | None:
+    """ENOSPC, EDQUOT or EFBIG when a write was refused for want of room or past the file-size limit,
+    anywhere in the exception's chain: an OSError's errno, or the operating system's text for it in a
+    DuckDB message."""
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in _FULL:
+            return e.errno
+        msg = str(e)
+        for code in _FULL:
+            if os.strerror(code) in msg:
+                return code
+        if "not enough space" in msg:  # DuckDB's own words when it checks the free space itself
+            return errno.ENOSPC
+    return None
+
+
 def explain(exc: BaseException, path: Path | str) -> StoreError:
     """The StoreError a DuckDB failure on `path` means."""
     msg = str(exc)
@@ -82,10 +137,13 @@ def explain(exc: BaseException, path: Path | str) -> StoreError:
             "this is not a mimo-jobs store (not a DuckDB database file); pass --db with a store path",
             where,
         )
-    if any(s in msg for s in ("No space left on device", "Disk quota exceeded", "not enough space")):
+    code = full_errno(exc)
+    if code is not None:
+        kind, what, todo = _FULL[code]
+        what = f"{kind}: {what}"
         return StoreFull(
-            f"no space left where the store is ({_first_line(msg)}); what this command was writing was not "
-            "kept: free space, or pass --db with a store on another filesystem",
+            f"{what} ({os.strerror(code)}); what this command was writing was not kept and the store holds "
+            f"what it held before: {todo}",
             where,
         )
     if "Read-only file system" in msg or "Permission denied" in msg or "read-only" in msg.lower():

@@ -20,7 +20,8 @@ from .tx import transaction
 # 6: iterations.tokens, carried_tokens, image_tokens (the global batch's token counts)
 # 7: rank_memory.role, timed_iterations, elapsed_s, <phase>_s (each rank's own phase timers)
 # 8: run_modules (each encoder module of a run by its name; runs.enc_* hold a run of one encoder only)
-SCHEMA_VERSION = 8
+# 9: runs.named_at (when a submit last named the run, from its run directory: the order of attempts)
+SCHEMA_VERSION = 9
 
 # the iterations table's measured values and phase times: the contract owns their names and types
 _VALUES = ",\n        ".join(f"{c} {sql}" for c, sql in VALUE_COLUMNS.items())
@@ -55,7 +56,8 @@ SCHEMA = [
         script_sha256 VARCHAR,        -- hash of the rendered sbatch.sh (or launch.sh for local)
         pkg_version VARCHAR, git_sha VARCHAR,
         created_at TIMESTAMP,
-        colocated BOOLEAN DEFAULT false)  -- every rank runs the encoder and the LLM (no bridge)""",
+        colocated BOOLEAN DEFAULT false,  -- every rank runs the encoder and the LLM (no bridge)
+        named_at TIMESTAMP)           -- when a submit last named it (its run dir's submissions.jsonl)""",
     """CREATE TABLE IF NOT EXISTS run_modules (
         run_id VARCHAR NOT NULL,
         module VARCHAR NOT NULL,      -- its name in the study: vision (what `encoder:` is), audio, ...
@@ -154,6 +156,7 @@ ADDED_COLUMNS = [
     ("jobs", "first_error", "VARCHAR"),
     ("jobs", "log_path", "VARCHAR"),
     ("runs", "colocated", "BOOLEAN DEFAULT false"),
+    ("runs", "named_at", "TIMESTAMP"),
     ("iterations", "pipeline_wait_ms", "DOUBLE"),
     ("iterations", "tokens", "BIGINT"),
     ("iterations", "carried_tokens", "BIGINT"),

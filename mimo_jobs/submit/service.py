@@ -25,6 +25,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,12 +113,25 @@ class Selection:
 
 
 def plan_submit(con, runs: list[RunSpec], force: bool) -> Selection:
-    """Runs whose newest job is pending, running or completed are kept unless --force; a changed run spec has
-    a new run id and so no jobs yet. A pending or running job is kept even with --force: a second job of the
-    run would write the same run and checkpoint directories beside it."""
+    """Runs whose newest job is pending, running or completed are kept; a changed run spec has a new run id
+    and so no jobs yet. A pending or running job is kept even with --force: a second job of the run would
+    write the same run and checkpoint directories beside it. A completed run is never run again
+    (store/attempts.py says why): --force naming one is refused, with what to do, before anything is
+    submitted."""
     from mimo_jobs.contract import jobstates
+    from mimo_jobs.store.attempts import rerun_refused
 
     latest = jobs_table.latest_jobs(con, [r.run_id for r in runs])
+    if force:
+        done = [
+            (r, latest[r.run_id])
+            for r in runs
+            if r.run_id in latest and latest[r.run_id].state in jobstates.SUCCESS
+        ]
+        if done:
+            raise LaunchError(
+                "--force: " + "\n".join(rerun_refused(r.name, r.run_id, j.job_id) for r, j in done)
+            )
     sel = Selection()
     for r in runs:
         j = latest.get(r.run_id)
@@ -240,28 +254,85 @@ def _write_intent(rd: RunDir, ex: str, attempt: int, job_id: str | None) -> Path
     return p
 
 
-def submit_prepared(con, ex: Executor, p: Prepared, attempt: int) -> str:
-    """Submit one rendered run and record its job (see the module doc for the consistency rules)."""
-    pre_id = ex.new_job_id()  # local jobs are named before they start; SLURM names its own
-    intent = _write_intent(p.rd, ex.name, attempt, pre_id)
-    try:
-        job_id = ex.submit(p.rd, attempt, _limit_s(p.spec), p.spec.cluster.signal, job_id=pre_id)
-    except SubmitError:
-        intent.unlink(missing_ok=True)  # refused: nothing to recover
-        raise
-    try:
-        from mimo_jobs.store.connection import transaction
+def submit_prepared(con, ex: Executor, p: Prepared, attempt: int, event: str = "submitted") -> str:
+    """Submit one rendered run and record its job (see the module doc for the consistency rules). `event`:
+    "submitted" when a submit of the study starts it, "retry"/"requeue" when the policy continues it.
 
-        with transaction(con):
-            jobs_table.insert_job(
-                con, p.spec.run_id, job_id, ex.name, attempt, p.sha256, ex.log_path(p.rd, job_id)
-            )
-    except BaseException:
-        ex.cancel(job_id, p.rd)  # no scheduler job without a row
+    One live job per run, whichever store submits it: under the run directory's lock, the newest job its
+    own record names (contract/submissions.py) must have ended, as its executor says, before another
+    starts; the new job is in that record before the lock is released."""
+    with _run_lock(p.rd):
+        _refuse_live_job(p.rd)
+        pre_id = ex.new_job_id()  # local jobs are named before they start; SLURM names its own
+        intent = _write_intent(p.rd, ex.name, attempt, pre_id)
+        try:
+            job_id = ex.submit(p.rd, attempt, _limit_s(p.spec), p.spec.cluster.signal, job_id=pre_id)
+        except SubmitError:
+            intent.unlink(missing_ok=True)  # refused: nothing to recover
+            raise
+        try:
+            _record_job(con, ex, p, attempt, job_id, event)
+        except BaseException:
+            ex.cancel(job_id, p.rd)  # no scheduler job without a row
+            intent.unlink(missing_ok=True)
+            raise
         intent.unlink(missing_ok=True)
-        raise
-    intent.unlink(missing_ok=True)
     return job_id
+
+
+@contextmanager
+def _run_lock(rd: RunDir):
+    """The run directory's submission lock; not getting it in time is a refused submission."""
+    from mimo_jobs.contract import submissions
+
+    try:
+        with submissions.locked(rd.root):
+            yield
+    except submissions.SubmissionBusy as e:
+        raise SubmitError(e.describe()) from None
+
+
+def _record_job(con, ex: Executor, p: Prepared, attempt: int, job_id: str, event: str) -> None:
+    """The job in the run directory's record (first: it is the record), then in the store, in one
+    transaction with the store's copy of when the run was named."""
+    from mimo_jobs.contract import submissions
+    from mimo_jobs.store.attempts import name_run
+    from mimo_jobs.store.connection import transaction
+
+    with transaction(con):
+        if event in submissions.NAMED:
+            row = jobs_table.JobRow(p.spec.run_id, job_id, ex.name, attempt, "SUBMITTED", *[None] * 7)
+            name_run(con, p.spec.run_id, p.rd.root, event, row)
+        else:
+            submissions.append(p.rd.root, submissions.Entry(time.time(), event, ex.name, job_id, attempt))
+        jobs_table.insert_job(
+            con, p.spec.run_id, job_id, ex.name, attempt, p.sha256, ex.log_path(p.rd, job_id)
+        )
+
+
+def _refuse_live_job(rd: RunDir) -> None:
+    """SubmitError when the newest job the run directory records is still pending or running (submitted
+    by this store or by another one sharing the runs root): two jobs of one run would write one run and
+    checkpoint directory. A job whose executor is not known here, or that its executor no longer knows,
+    does not hold the run."""
+    from mimo_jobs.contract import submissions
+
+    last = submissions.last_job(submissions.read(rd.root))
+    if last is None or last.executor is None or last.job_id is None:
+        return
+    try:
+        facts = executor(last.executor).poll({last.job_id: rd}).get(last.job_id)
+    except (ValueError, MimoJobsError):
+        return
+    # UNKNOWN: the scheduler has no word on it, just after submission (sacct lags) or long after (purged)
+    unknown = facts is not None and facts.state == "UNKNOWN" and time.time() - last.time > INTENT_MAX_AGE_S
+    if facts is not None and facts.active and not unknown:
+        raise SubmitError(
+            f"{rd.root}: job {last.job_id} ({last.executor}) of this run is {facts.state}, as its run "
+            f"directory's {rd.submissions.name} records (perhaps submitted with another --db on the same "
+            "runs root): not submitted beside it; wait for it to end or cancel it with the store that "
+            "submitted it"
+        )
 
 
 def _limit_s(spec: RunSpec) -> int:
@@ -297,6 +368,7 @@ def submit_runs(
             catalog.record_run(
                 con, catalog.RunRecord(**p.spec.catalog_fields()), str(p.rd.root), p.sha256, provenance()
             )
+        _name_kept(con, sel.keep)
     out = []
     for p in prepared:
         attempt = sel.attempts.get(p.spec.run_id, 0)
@@ -309,6 +381,25 @@ def submit_runs(
         if on_submit:
             on_submit(out[-1])
     return out
+
+
+def _name_kept(con, keep: list[tuple[RunSpec, jobs_table.JobRow]]) -> None:
+    """The study named these runs again and their jobs are kept: their run directories record it, so a
+    reverted study's point reports the completed run it equals again, not a later attempt of another
+    config (store/attempts.py)."""
+    from mimo_jobs.store.attempts import name_run
+
+    if not keep:
+        return
+    dirs = dict(
+        con.execute(
+            "SELECT run_id, run_dir FROM runs WHERE run_id IN (SELECT unnest(?::VARCHAR[]))",
+            [[r.run_id for r, _ in keep]],
+        ).fetchall()
+    )
+    for r, j in keep:
+        if dirs.get(r.run_id) and Path(dirs[r.run_id]).is_dir():
+            name_run(con, r.run_id, dirs[r.run_id], "kept", j)
 
 
 # ------------------------------------------------------------------------------------------- following
@@ -470,7 +561,7 @@ def settle(
             script = ex.launch_file(rd)
             p = Prepared(spec_obj, rd, script, _sha(script))
             try:
-                next_id = submit_prepared(con, ex, p, row.attempt + 1)
+                next_id = submit_prepared(con, ex, p, row.attempt + 1, d.action)
             except SubmitError as e:
                 d = policy.Decision("final", f"{d.reason}, but resubmission was refused: {e}")
                 why = f"{row.state}: {d.reason}"

@@ -26,6 +26,7 @@ def write_study(
     gpus_per_node: int = 2,
     train_iters: int = 2,
     signal: str = "USR2@60",
+    lr: float | None = None,
 ) -> Path:
     doc = {
         "name": name,
@@ -41,7 +42,7 @@ def write_study(
             "signal": signal,
             "env": {k: str(v) for k, v in (env or {}).items()},
         },
-        "trainer": {"model": "tiny", "train_iters": train_iters},
+        "trainer": {"model": "tiny", "train_iters": train_iters, **({"lr": {"max": lr}} if lr else {})},
         "matrix": {"defaults": {"gbs": 6, "encoder": {"tp": 1, "dp": 1}, "llm": {"tp": 1}}, "points": points},
     }
     if executor != "slurm":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -401,3 +402,66 @@ def test_a_full_disk_under_the_store_is_named_so_and_keeps_the_store(tmp_path: P
         assert after == before
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def _iteration_log(path: Path, n: int) -> Path:
+    """A Megatron-format log of n iteration lines (the fixture's line format)."""
+    with open(path, "w") as f:
+        for i in range(1, n + 1):
+            f.write(
+                f" [2026-03-02 10:00:05.120000] iteration {i:8d}/ {n:8d} | consumed samples: {8 * i:12d} | "
+                f"elapsed time per iteration (ms): {400 + i % 97}.0 | learning rate: 1.000000E-04 | global "
+                f"batch size:     8 | lm loss: {4.8 - i * 1e-6:.6E} | loss scale: 1.0 | grad norm: 3.0{i % 10} |\n"
+            )
+    return path
+
+
+@pytest.mark.parametrize("scanner", ["c", "python"])
+def test_the_file_size_limit_under_the_store_is_named_so_and_keeps_the_store(
+    scanner: str, tmp_path: Path
+) -> None:
+    """RLIMIT_FSIZE (SIGXFSZ ignored, so a write past it fails with EFBIG as on a filesystem's own limit)
+    just above the store's size: ingesting a larger log cannot grow the store (the compiled scanner writes
+    its rows into the store as it reads; the Python one stages them in a temporary file first, which meets
+    the limit). The command says which limit, names the file's place, exits 1, and the store keeps what it
+    held: no run without its rows."""
+    import duckdb
+
+    db = real_store(tmp_path)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    where = str(db) if scanner == "c" else str(staging)
+
+    def counts() -> tuple:
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            return tuple(
+                con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                for t in ("runs", "studies", "iterations", "ingested_files")
+            )
+        finally:
+            con.close()
+
+    before = counts()
+    big = _iteration_log(tmp_path / "big.log", 40_000)
+    limit = db.stat().st_size + 64 * 1024
+
+    def limited() -> None:
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    p = subprocess.run(
+        [sys.executable, "-m", "mimo_jobs.cli", "ingest", str(big), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limited,
+        env={**os.environ, "MIMO_JOBS_SCANNER": scanner, "TMPDIR": str(staging)},
+    )
+    out = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 1 and out.count("error:") == 1, out
+    assert f"{where}: file size limit" in out and "File too large" in out and "damaged" not in out, out
+    assert counts() == before

@@ -18,6 +18,7 @@ from helpers.submit import all_ended, cli, job_rows, query, submit_fake, wait_un
 BAD_INPUT_LOG = (Path(__file__).parent / "fixtures" / "torchrun_bad_input.log").read_text()
 BAD_INPUT = "mimo-jobs trainer: error: /runs/lm/1n-e1x1-l1x1x1-g6-0f3a2c1d/run.yaml: no such run.yaml"
 POINTS = [{"nodes": 1, "gbs": 6}, {"nodes": 1, "gbs": 12}]
+POINTS_NAME = "1n-e1x1-l1x1x1-g6"  # the name of POINTS[0]
 
 
 @pytest.fixture
@@ -26,9 +27,13 @@ def ws(tmp_path):
     return {"dir": tmp_path, "db": tmp_path / "store.duckdb", "runs": tmp_path / "runs", "env": env}
 
 
-def _status(ws) -> str:
+def _status_of(ws, study: str) -> str:
     # wide enough that no cell wraps: each run is one line
-    return cli("status", "fix", "--db", ws["db"], env={**ws["env"], "COLUMNS": "400"}, check=True).stdout
+    return cli("status", study, "--db", ws["db"], env={**ws["env"], "COLUMNS": "400"}, check=True).stdout
+
+
+def _status(ws) -> str:
+    return _status_of(ws, "fix")
 
 
 def test_a_failed_run_then_its_fix(ws):
@@ -98,3 +103,47 @@ def test_a_job_is_recorded_ended_only_after_its_iterations_are_ingested(ws, monk
         time.sleep(0.2)
     assert (state, iters) == ("COMPLETED", 3)
     assert seen and seen[0] in ("RUNNING", "PENDING", "SUBMITTED"), seen
+
+
+def test_a_reverted_study_reports_the_completed_run_it_equals_and_is_never_run_twice(ws):
+    """A completed config, then a broken change that fails, then the study reverted: the reverted point is
+    the completed run again (same config, same run id), so submitting it starts nothing, makes it the
+    latest attempt (in this store and in one rebuilt from the runs root) and `--wait` judges it; `--force`
+    does not run it again (its measurements would be replaced) and says what to do instead."""
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.store.attempts import superseded
+
+    def later(db) -> dict[str, str]:
+        con = store.connect(db, read_only=True)
+        try:
+            return superseded(con, "revert")
+        finally:
+            con.close()
+
+    good = {"FAKE_ITERS": 2}
+    study = write_study(ws["dir"] / "r.yaml", "revert", POINTS[:1], env=good)
+    submit_fake(ws, study, "--wait")
+    ((done,),) = query(ws["db"], "SELECT run_id FROM runs")
+    write_study(study, "revert", POINTS[:1], env={"FAKE_EXIT": 2, "FAKE_MESSAGE": BAD_INPUT_LOG})
+    assert submit_fake(ws, study, "--wait", check=False).returncode == 1
+    ((broken,),) = query(ws["db"], "SELECT run_id FROM runs WHERE run_id != ?", [done])
+    assert later(ws["db"]) == {done: broken}
+
+    write_study(study, "revert", POINTS[:1], env=good)  # reverted
+    again = submit_fake(ws, study, "--wait", check=False)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "submitted " not in again.stdout and f"skip {POINTS_NAME}: job" in again.stdout, again.stdout
+    assert later(ws["db"]) == {broken: done}
+    st = _status_of(ws, "revert")
+    assert "superseded" in next(ln for ln in st.splitlines() if broken in ln)
+    assert "COMPLETED" in next(ln for ln in st.splitlines() if done in ln and broken not in ln)
+    fresh = ws["dir"] / "fresh.duckdb"
+    cli("ingest", ws["runs"], "--db", fresh, env=ws["env"], check=True)
+    assert later(fresh) == {broken: done}
+
+    jobs = job_rows(ws["db"], "revert")
+    forced = submit_fake(ws, study, "--force", check=False)
+    assert forced.returncode == 2, forced.stdout + forced.stderr
+    msg = " ".join(forced.stderr.split())
+    assert f"({done}) completed" in msg and "is not run again" in msg and "repeats" in msg, forced.stderr
+    assert job_rows(ws["db"], "revert") == jobs  # nothing submitted, nothing rewritten

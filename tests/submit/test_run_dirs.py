@@ -1,6 +1,7 @@
 """A run directory belongs to one run for ever: submitting, changing (a new run id under the same run name),
 resubmitting and ingesting in any order never lets one run write into another's directory, so ingesting the
-runs root into a fresh store gives back exactly the runs, jobs and iterations the first store holds.
+runs root into a fresh store gives back exactly the runs, iterations and latest attempts the first store
+holds; `--force` never runs a completed run again.
 
 Real CLI, real local executor, real stores; the workload is the FAKE launch.sh (tests/submit/fake_templates),
 which prints FAKE_ITERS Megatron-format iteration lines. Changing FAKE_ITERS (or train_iters) keeps the run
@@ -30,6 +31,17 @@ def _runs(db: Path) -> set[tuple]:
     return set(query(db, "SELECT run_id, study, name FROM runs"))
 
 
+def _superseded(db: Path) -> dict[str, str]:
+    from mimo_jobs.store import connection as store
+    from mimo_jobs.store.attempts import superseded
+
+    con = store.connect(db, read_only=True)
+    try:
+        return superseded(con)
+    finally:
+        con.close()
+
+
 def _iterations(db: Path) -> set[tuple]:
     return set(query(db, "SELECT run_id, job_id, iteration, loss FROM iterations"))
 
@@ -57,8 +69,9 @@ def test_reingesting_the_runs_root_reproduces_the_store(tmp_path_factory, steps,
             iters += 1
             _study(study, iters)
             submit()
-        elif step == "force":
-            submit("--force")
+        elif step == "force":  # the latest config completed: refused, nothing started
+            forced = submit_fake(ws, study, "--force", check=False)
+            assert forced.returncode == 2 and "is not run again" in forced.stderr, forced.stderr
         elif step == "resubmit":
             submit()  # nothing new unless the latest config has no job yet
         else:
@@ -81,6 +94,8 @@ def test_reingesting_the_runs_root_reproduces_the_store(tmp_path_factory, steps,
     assert _runs(fresh) == _runs(ws["db"])
     assert _iterations(fresh) == _iterations(ws["db"])
     assert set(query(fresh, "SELECT DISTINCT run_id, job_id FROM iterations")) == jobs
+    # and the same latest attempt, read from the run directories' own record of their submissions
+    assert _superseded(fresh) == _superseded(ws["db"]) and len(_superseded(fresh)) == len(submitted) - 1
     # status shows every run, the changed ones beside the runs they replaced
     st_out = cli("status", "rd_prop", "--db", ws["db"], env=ws["env"], check=True).stdout
     assert st_out.count("1n-e1x1-l1x1x1-g6") == len(submitted)
