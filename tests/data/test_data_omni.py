@@ -334,37 +334,88 @@ def test_prepare_refuses_audio_that_does_not_fit_by_file_and_line(tmp_path):
     assert "4 samples" in r.stdout and "2 audio clips" in r.stdout and "skipped 1 bad record(s)" in r.stdout
 
 
-# A vision + audio model trained on data a team prepared itself (`data prepare`: PNG images, `.npy` and `.wav`
-# clips), each encoder on ranks of its own and the LLM at TP 2, exact against the one-process reference.
+# The new user's journey on an omni model and data a team prepared itself: JSONL with images and audio ->
+# `data prepare` -> `data stats` -> `validate` -> a run with each encoder on ranks of its own and the LLM at
+# TP 2, and a colocated one, trained on it through `submit` (the local executor, real torchrun jobs) ->
+# `ingest` -> `report` rows per module; the run on ranks of their own exact against the one-process reference.
 @pytest.mark.slow
-def test_prepared_omni_data_trains_on_ranks_of_their_own_at_llm_tp2_like_the_reference(
+def test_an_omni_team_trains_on_its_own_prepared_data_from_jsonl_to_the_report(
     shared_runs, tmp_path, hf_tokenizer
 ):
-    from helpers.trainer import make_run_yaml
+    import duckdb
+    import yaml
+
+    from helpers.submit import cli
+    from mimo_jobs.contract.rundir import RunDir
+    from mimo_jobs.study.expand import runs_of
+    from mimo_jobs.study.load import load_study
 
     src = tmp_path / "src"
     _journey_jsonl(src)
-    out = tmp_path / "ds"
-    r = _prepare(src / "train.jsonl", "-o", out, "--n-mels", 16)
+    data = tmp_path / "ds"
+    r = _prepare(src / "train.jsonl", "-o", data, "--n-mels", 16)
     assert r.returncode == 0, r.stderr
-    ry = make_run_yaml(
-        tmp_path / "run",
-        gpn=4,
-        gbs=4,
-        model=OMNI,
-        enc={"vision": {"dp": 1}, "audio": {"dp": 1}},
-        llm={"tp": 2},
-        trainer={"seq_length": 64, "seed": 7},
-        data={"provider": "energon", "path": str(out), "tokenizer": str(hf_tokenizer)},
+    study = tmp_path / "omni.yaml"
+    study.write_text(
+        yaml.safe_dump(
+            {
+                "name": "journey",
+                "cluster": {
+                    "executor": "local",
+                    "accelerator": "cpu",
+                    "gpus_per_node": 4,
+                    "time_limit": "00:10:00",
+                },
+                "trainer": {
+                    "model": OMNI,
+                    "seq_length": 64,
+                    "train_iters": 3,
+                    "seed": 7,
+                    "log_interval": 1,
+                    "timeout_s": 120,
+                    "data": {"provider": "energon", "path": str(data), "tokenizer": str(hf_tokenizer)},
+                },
+                "matrix": {
+                    "defaults": {"nodes": 1, "gbs": 4, "mbs": 1},
+                    "points": [
+                        {"encoders": {"vision": {"dp": 1}, "audio": {"dp": 1}}, "llm": {"tp": 2}},
+                        {"colocated": True, "llm": {"tp": 2, "dp": 2}},
+                    ],
+                },
+            },
+            sort_keys=False,
+        )
     )
-    ref = shared_runs.reference(ry).ok("reference").iterations()
-    world = shared_runs.world(ry, 4).ok("vision | audio | llm tp2")
-    got = world.iterations()
-    assert "vision 1:1" in world.stdout and "audio 1:1" in world.stdout and "tp=2" in world.stdout
-    assert [x["iteration"] for x in got] == [1, 2, 3] == [x["iteration"] for x in ref]
-    for a, b in zip(ref, got):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5), (a, b)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5), (a, b)
-        assert b["tokens"] == a["tokens"]
-    for kind in ("image_tokens", "audio_tokens"):  # both modules' embeddings reached the LLM
-        assert sum(x["extras"][kind] for x in got) == sum(x["extras"][kind] for x in ref) > 0
+    stats = cli("data", "stats", "--study", str(study), "--json")
+    assert stats.returncode == 0, stats.stderr
+    assert set(json.loads(stats.stdout)["modules"]) == {"vision", "audio"}
+    v = cli("validate", str(study))
+    assert v.returncode == 0 and "2 run(s) feasible" in v.stdout, v.stdout + v.stderr
+
+    db, runs = tmp_path / "store.duckdb", tmp_path / "runs"
+    env = {"MIMO_JOBS_LOCAL_SLOTS_DIR": str(tmp_path / "slots")}
+    sub = cli("submit", str(study), "--runs-dir", str(runs), "--db", str(db), "--wait", env=env, timeout=900)
+    assert sub.returncode == 0, sub.stdout[-4000:] + sub.stderr[-4000:]
+    ing = cli("ingest", str(runs), "--db", str(db))
+    assert ing.returncode == 0, ing.stdout + ing.stderr
+
+    # the run on ranks of their own, against the one-process reference of the same run.yaml
+    own = next(r for r in runs_of(load_study(study)) if not r.layout.colocated)
+    rd = RunDir.of(runs, own.study, own.name, own.run_id)
+    ref = shared_runs.reference(rd.run_yaml).ok("reference").iterations()
+    with duckdb.connect(str(db), read_only=True) as con:
+        got = con.execute(
+            "SELECT iteration, loss FROM iterations WHERE run_id = ? AND NOT superseded ORDER BY 1",
+            [own.run_id],
+        ).fetchall()
+        modules = con.execute(
+            "SELECT DISTINCT module FROM run_modules WHERE run_id = ? ORDER BY 1", [own.run_id]
+        ).fetchall()
+    assert [i for i, _ in got] == [1, 2, 3]
+    for (_, loss), a in zip(got, ref):
+        assert loss == pytest.approx(a["loss"], rel=1e-5), (loss, a)
+    assert {m for (m,) in modules} >= {"vision", "audio"}
+
+    rep = cli("report", "--db", str(db), "--format", "json")
+    assert rep.returncode == 0, rep.stderr
+    assert rep.stdout.count("vision") and rep.stdout.count("audio"), rep.stdout[:3000]
