@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 from mimo_jobs.errors import MimoJobsError
@@ -61,18 +62,18 @@ def json_text(text: str | bytes) -> Any:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise DocumentError(f"not UTF-8 text (byte 0x{text[e.start]:02x} at offset {e.start})") from None
+    if not _json_within_depth(text):
+        raise DocumentError(_too_deep())
     try:
         value = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as e:
         raise DocumentError(f"invalid JSON: {e.msg}", f"line {e.lineno}, column {e.colno}") from None
-    except RecursionError:  # the decoder recurses once per level
+    except RecursionError:  # the decoder recurses once per level (held off by the check above)
         raise DocumentError(_too_deep()) from None
     except DocumentError:  # a key given twice (_object)
         raise
     except ValueError as e:  # a number of more digits than Python converts
         raise DocumentError(f"invalid JSON: {e}") from None
-    if not _within_depth(value):
-        raise DocumentError(_too_deep())
     return value
 
 
@@ -81,27 +82,32 @@ def _too_deep() -> str:
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict:
-    out: dict = {}
-    for k, v in pairs:
-        if k in out:
-            raise DocumentError(f"key {k!r} appears twice in the same object; keep one")
-        out[k] = v
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise DocumentError(f"key {k!r} appears twice in the same object; keep one")
+            seen.add(k)
     return out
 
 
-def _within_depth(value: Any) -> bool:
-    """Whether no node of a decoded value lies deeper than MAX_DEPTH (the root at level 1), walked without
-    recursion."""
-    stack = [(value, 1)]
-    while stack:
-        v, level = stack.pop()
-        if level > MAX_DEPTH:
-            return False
-        if isinstance(v, dict):
-            stack.extend((c, level + 1) for c in v.values())
-        elif isinstance(v, list):
-            stack.extend((c, level + 1) for c in v)
-    return True
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\[\]|\{\}")
+
+
+def _json_within_depth(text: str) -> bool:
+    """Whether no array or object of a JSON text lies more than MAX_DEPTH levels deep, from its brackets
+    alone (strings taken out), before the decoder recurses into it: each pass takes out the innermost pairs,
+    one level. Unbalanced brackets pass: the decoder names that syntax error."""
+    s = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    for _ in range(MAX_DEPTH):
+        t = _INNERMOST.sub("", s)
+        if not t or len(t) == len(s):
+            return True
+        s = t
+    return False
 
 
 @functools.cache

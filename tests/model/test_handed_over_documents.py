@@ -97,6 +97,18 @@ def test_a_config_json_with_a_key_given_twice_names_the_file_and_key(tmp_path):
     assert "config.json: key 'num_hidden_layers' appears twice in the same object" in msg
 
 
+def test_the_depth_bound_is_exact_and_blind_to_brackets_in_strings():
+    from mimo_jobs import strictread
+
+    inner = "[" * 40 + '\\"{'  # brackets (and an escaped quote) inside a string are no nesting
+    value = strictread.json_text("[" * 32 + json.dumps(inner) + "]" * 32)
+    for _ in range(32):
+        (value,) = value
+    assert value == inner
+    with pytest.raises(strictread.DocumentError, match="nested more than 32 levels deep"):
+        strictread.json_text("[" * 33 + "1" + "]" * 33)
+
+
 def test_a_real_config_json_still_reads(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN))
     m = arch_of({"llm": {"hf_config": "config.json"}}, tmp_path)
