@@ -10,7 +10,9 @@
  * - in fast mode (no traceback or torchrun summary pending on the Python side) parses Megatron iteration
  *   lines itself into column buffers, with iterline's semantics (iteration_head, parse_fields,
  *   main_losses) on a strict subset of the syntax; any line outside that subset is declined;
- * - returns (line_start, line_end, line_no) of the next line Python must handle, or None at `end`.
+ * - returns (line_start, line_end, line_no) of the next line Python must handle, or None at `end`; with
+ *   `next`, that is the line at `start` whatever it holds (Python asks for the line after a cut iteration
+ *   line: its wrapped rest).
  * The Python side (readers.scan_compiled, lines.LineHandler) owns everything rare: events, tracebacks,
  * declined lines. The buffers are blocks of the file that Python read.
  */
@@ -910,8 +912,8 @@ static int iteration_line(Scanner *s, const unsigned char *b, Py_ssize_t ls, Py_
 static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, end;
-    int fast, fresh = 0;
-    if (!PyArg_ParseTuple(args, "y*nnp|p", &view, &start, &end, &fast, &fresh)) return NULL;
+    int fast, fresh = 0, next = 0;
+    if (!PyArg_ParseTuple(args, "y*nnp|pp", &view, &start, &end, &fast, &fresh, &next)) return NULL;
     if (start < 0 || end > view.len || start > end || (end > start && ((const char *)view.buf)[end - 1] != '\n')) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "scan: [start, end) must be complete lines of the buffer");
@@ -937,6 +939,16 @@ static PyObject *Scanner_scan(Scanner *s, PyObject *args) {
             s->acct_end = w;
         }
         Py_ssize_t wend = s->acct_end < end ? s->acct_end : end;
+        if (next) { /* the line at start, whatever it holds: the rest of a cut iteration line need hold no trigger */
+            const unsigned char *nl = memchr(b + pos, '\n', wend - pos);
+            if (!nl) {
+                err = 2;
+                break;
+            }
+            s->lines++;
+            ls = pos, le = nl - b, line_no = s->lines;
+            break;
+        }
         long long nls;
         Py_ssize_t hit = find_trigger(s, b, pos, wend, &nls);
         if (hit < 0) {
@@ -1109,8 +1121,9 @@ static PyGetSetDef Scanner_getset[] = {
 
 static PyMethodDef Scanner_methods[] = {
     {"scan", (PyCFunction)Scanner_scan, METH_VARARGS,
-     "scan(buf, start, end, fast, new_buffer=False) -> (line_start, line_end, line_no) of the next line for "
-     "Python, or None. new_buffer: the first call on this buffer (offsets restart)"},
+     "scan(buf, start, end, fast, new_buffer=False, next=False) -> (line_start, line_end, line_no) of the next "
+     "line for Python, or None. new_buffer: the first call on this buffer (offsets restart); next: the line at "
+     "start, whatever it holds"},
     {"take", (PyCFunction)Scanner_take, METH_VARARGS,
      "take(limit=-1): the first staged rows as column bytes, extras_id indexing the extras_dict list"},
     {NULL}};

@@ -69,6 +69,12 @@ EXCEPTION_TRIGGERS = ("Error", "Exception", "Interrupt", "SystemExit", "StopIter
 # Every substring that makes a line a candidate (iteration lines included): what both scanners search for.
 ALL_TRIGGERS = (ITERATION_TRIGGER, *TRIGGERS, *EXCEPTION_TRIGGERS)
 
+
+def holds_trigger(line: str) -> bool:
+    """Whether a line is a candidate (holds one of ALL_TRIGGERS)."""
+    return any(t in line for t in ALL_TRIGGERS)
+
+
 _SLURM_CANCEL_RE = re.compile(
     r"\*\*\* (?:JOB|STEP) ([\w.\[\]+-]+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))?"
     r"(?:,.*)? \*\*\*"

@@ -36,11 +36,14 @@ class LineHandler:
         # an entry of torchrun's summary being read, [line_no, kind, field lines]: the "Root Cause" entry
         # (child_failed) or one of its "Failures:" list (child_failed_other)
         self._entry: list | None = None
-        # an iteration line srun --label cut before its closing '|', waiting for the rest: (task, head, line,
-        # line number). srun splits a long line into two labelled lines; the second part comes next from
-        # that task (other tasks' lines may come between) and holds "iteration" (its "number of skipped
-        # iterations"), so both scanners hand it over.
+        # an iteration line of an srun --label log cut before its closing '|', waiting for the rest: (task,
+        # head, line, line number). Its rest is either the very next line without a label (a terminal
+        # wrapped the line and a paste kept the wrap: srun labels every line it writes, so an unlabelled
+        # line right after a cut one is its wrap) or the next line of that task (srun split a long line
+        # into two labelled lines; other tasks' lines may come between). Both scanners hand over the line
+        # after a cut one whatever it holds (wants_next), and any later candidate line.
         self._cut: tuple[int, tuple, str, int] | None = None
+        self._seen = 0  # the number of the last line handed over
         self._resume(st.open_blocks)
 
     def fast(self) -> bool:
@@ -48,10 +51,19 @@ class LineHandler:
         Not while a cut line waits: every candidate line must come here to be joined to it or end it."""
         return not self.tracker.pending and self._entry is None and self._cut is None
 
+    def wants_next(self) -> bool:
+        """Whether the next line of the file must be handed over whatever it holds: the line after a cut
+        iteration line may be its wrapped rest, which need hold no trigger."""
+        return self._cut is not None and self._cut[3] == self._seen
+
     def line(self, line_no: int, line: str) -> None:
-        """One candidate line (1-based number, no newline)."""
-        if self._continued(line) or self._fast_iteration(line_no, line):
+        """One candidate line (1-based number, no newline), or the line after a cut one (wants_next)."""
+        after_cut = self.wants_next()
+        self._seen = line_no
+        if self._continued(line_no, line) or self._fast_iteration(line_no, line):
             return
+        if after_cut and not events.holds_trigger(line):
+            return  # handed over only as a cut line's possible rest: nothing else to read in it
         origin, body = split_origin(line)
         if body.startswith(_LAUNCHER_WORDS):
             origin = Origin()  # srun labels what slurmstepd and srun print too: the label is no writer
@@ -118,19 +130,25 @@ class LineHandler:
         self._iteration(head, line, line_no)
         return True
 
-    def _continued(self, line: str) -> bool:
-        """Whether `line` is the rest of the waiting cut line (then the joined line is handled). A line of
-        the same task that is not ends the wait (the cut line is garbled); other tasks' lines pass."""
+    def _continued(self, line_no: int, line: str) -> bool:
+        """Whether `line` is the rest of the waiting cut line (then the joined line is handled): the very
+        next line without a label (a wrap), or the next line of the same task (an srun split). A line of the
+        same task that is not ends the wait (the cut line is garbled); other lines pass."""
         if self._cut is None:
             return False
-        task, head, cut, line_no = self._cut
+        task, head, cut, cut_no = self._cut
         label = srun_label(line)
-        if label is None or label[0] != task:
+        if label is None:
+            if line_no != cut_no + 1 or not _is_rest(line):
+                return False
+            rest = line
+        elif label[0] != task:
             return False
-        rest = label[1]
-        if iterline.iteration_head(rest) is not None or not rest.rstrip().endswith("|"):
+        elif not _is_rest(label[1]):
             self._end_cut()
             return False
+        else:
+            rest = label[1]
         self._cut = None
         self._iteration(head, cut + rest, line_no, joinable=False)
         return True
@@ -146,7 +164,7 @@ class LineHandler:
         st = self.st
         if joinable and self.want_iters and not text[end:].rstrip().endswith("|"):
             label = srun_label(text)
-            if label is not None:  # srun may have split it: its rest may follow (_continued)
+            if label is not None:  # srun split it or a terminal wrapped it: its rest may follow (_continued)
                 self._end_cut()
                 self._cut = (label[0], head, text, line_no)
                 return
@@ -241,6 +259,12 @@ class LineHandler:
         if rc:
             rank, ev = rc
             self._event(rank, None, line_no, ev)
+
+
+def _is_rest(text: str) -> bool:
+    """Whether `text` can be the rest of an iteration line cut before its closing '|': it starts no
+    iteration line of its own and ends with the '|'."""
+    return iterline.iteration_head(text) is None and text.rstrip().endswith("|")
 
 
 def _last_field(body: str) -> bool:

@@ -176,10 +176,11 @@ def _decode(block: bytes, st: FileState) -> str:
     return text
 
 
-def candidate_lines(text: str, first: int):
+def candidate_lines(text: str, first: int, wants_next: Callable[[], bool] = lambda: False):
     """(line number, line) of every line of a block holding a trigger: one substring scan per trigger (the
-    pure-Python scanner)."""
-    starts: set[int] = set()
+    pure-Python scanner); and the line after one whenever `wants_next()` says so once it was handled (the
+    compiled scanner's `next`)."""
+    starts: set[int] = {0} if wants_next() and text else set()
     for trig in ALL_TRIGGERS:
         pos = text.find(trig)
         while pos >= 0:
@@ -193,7 +194,11 @@ def candidate_lines(text: str, first: int):
     for ls in sorted(starts):
         line_no += text.count("\n", prev, ls)
         prev = ls
-        yield line_no + 1, text[ls : text.find("\n", ls)]
+        le = text.find("\n", ls)
+        yield line_no + 1, text[ls:le]
+        if wants_next() and le + 1 < len(text) and le + 1 not in starts:
+            line_no, prev = line_no + 1, le + 1
+            yield line_no + 1, text[le + 1 : text.find("\n", le + 1)]
 
 
 def scan_python(
@@ -207,7 +212,7 @@ def scan_python(
     """A log through the pure-Python scanner: each block's candidate lines go to `handler.line`."""
 
     def on_block(first: int, text: str) -> None:
-        for ln, line in candidate_lines(text, first):
+        for ln, line in candidate_lines(text, first, handler.wants_next):
             handler.line(ln, line)
 
     return read_blocks(path, offset, st, on_block, on_bytes, options.max_line)
@@ -258,7 +263,7 @@ def scan_compiled(
     def lines(buf: bytearray, end: int) -> None:
         """The complete lines buf[:end] of a freshly read buffer: Python handles what the scanner hands back."""
         p, fresh = 0, True
-        while (hit := cs.scan(buf, p, end, handler.fast(), fresh)) is not None:
+        while (hit := cs.scan(buf, p, end, handler.fast(), fresh, handler.wants_next())) is not None:
             fresh = False
             ls, le, line_no = hit
             _state_from_c(cs, st)

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mimo_jobs import strictread
+
 from .discover import IngestError
 from .layout import Told, parse_layout, place
 
@@ -134,8 +136,6 @@ def _model_value(text: str) -> tuple[Any, Path | None]:
     """(trainer.model's value, the directory its hf_config paths start from). A path is read (a directory:
     its config.json; a HuggingFace config alone is a text-only model's LLM); other text is YAML (JSON is
     YAML): a mapping is a description, a word a preset's name."""
-    import yaml
-
     p = Path(text).expanduser()
     if _is(p, Path.is_dir):
         if not (p / "config.json").is_file():
@@ -143,9 +143,11 @@ def _model_value(text: str) -> tuple[Any, Path | None]:
         p = p / "config.json"
     if _is(p, Path.is_file):
         try:
-            doc = yaml.safe_load(p.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            doc = strictread.yaml_text(p.read_text())
+        except (OSError, UnicodeDecodeError) as e:
             raise IngestError(f"--model {text!r}: {p} is not a readable JSON or YAML file: {e}") from None
+        except strictread.DocumentError as e:
+            raise IngestError(f"--model {text!r}: {p}: {e.describe()}") from None
         if isinstance(doc, dict) and ("architectures" in doc or "model_type" in doc):
             return {"llm": {"hf_config": str(p.resolve())}}, None  # HuggingFace: a text-only model
         if not isinstance(doc, dict):
@@ -155,10 +157,10 @@ def _model_value(text: str) -> tuple[Any, Path | None]:
             )
         return doc, p.parent
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
+        doc = strictread.yaml_text(text)
+    except strictread.DocumentError as e:
         raise IngestError(
-            f"--model {text!r}: neither a preset's name, a file nor a YAML/JSON mapping: {e}"
+            f"--model {text!r}: neither a preset's name, a file nor a YAML/JSON mapping: {e.describe()}"
         ) from None
     if isinstance(doc, dict):
         return doc, Path.cwd()

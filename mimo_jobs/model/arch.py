@@ -19,6 +19,7 @@ from mimo_jobs.model.fields import (
     check_choice,
     check_finite_positive,
     check_positive,
+    check_sizes,
     known_fields,
 )
 
@@ -91,6 +92,7 @@ class EncoderArch:
         check_choice("kind", self.kind, ENC_KINDS)
         check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
         check_positive(self, ("patch_size", "image_size", "channels", "downsample", "temporal_patch_size"))
+        check_sizes(self)
         check_finite_positive(self, ("norm_epsilon",))
         check_choice("activation", self.activation, ENC_ACTIVATIONS)
         check_choice("normalization", self.normalization, NORMS)
@@ -208,6 +210,7 @@ class LLMArch:
         check_positive(
             self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size")
         )
+        check_sizes(self)
         check_finite_positive(self, ("norm_epsilon", "rotary_base"))
         if self.add_bias_linear is None:
             object.__setattr__(self, "add_bias_linear", not self.num_experts)

@@ -18,6 +18,7 @@ from mimo_jobs.model.fields import (
     check_choice,
     check_finite_positive,
     check_positive,
+    check_sizes,
     known_fields,
 )
 
@@ -79,6 +80,7 @@ class AudioArch:
         check_choice("kind", self.kind, AUDIO_KINDS)
         check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
         check_positive(self, ("num_mel_bins", "max_source_positions", "pooling"))
+        check_sizes(self)
         check_finite_positive(self, ("norm_epsilon",))
         check_choice("activation", self.activation, AUDIO_ACTIVATIONS)
         if self.hidden_size % self.num_attention_heads:

@@ -33,6 +33,47 @@ def check_positive(obj, names) -> None:
             raise ArchError(n, f"must be a positive integer, got {v!r}")
 
 
+# The largest value each size field of a description may take. A description is data someone hands over, and
+# planning walks some fields one step at a time (layers, experts): 10**9 layers would never answer, and widths
+# of 10**30 give byte counts no report can hold. Each bound is far above the largest public model's value, so
+# no real model is refused: the deepest public LLMs have 126 layers (Llama 3.1 405B's config.json) and
+# Megatron-LM's 1T-parameter GPT example 128; the widest hidden size is that example's 25,600 (PaLM 540B:
+# 18,432), the widest FFN PaLM's 73,728; heads and KV groups at most 160; head_dim at most 256 (Gemma);
+# the largest vocabulary 256,000 (Gemma); the most routed experts 256 (DeepSeek-V3); images of at most a
+# few thousand pixels a side, in 3 channels, pixel-shuffled 2x2 to 4x4; Whisper's 128 mel bins and 1,500
+# positions. A bound is roughly 8x the largest of these or more.
+SIZE_LIMITS: dict[str, int] = {
+    "num_layers": 1_024,
+    "hidden_size": 1 << 18,
+    "ffn_hidden_size": 1 << 20,
+    "moe_ffn_hidden_size": 1 << 20,
+    "moe_shared_expert_intermediate_size": 1 << 20,
+    "num_attention_heads": 4_096,
+    "num_query_groups": 4_096,
+    "kv_channels": 1 << 14,
+    "vocab_size": 1 << 24,
+    "num_experts": 1 << 14,
+    "moe_router_topk": 1 << 14,
+    "image_size": 1 << 16,
+    "patch_size": 1 << 16,
+    "channels": 1 << 10,
+    "downsample": 1 << 8,
+    "temporal_patch_size": 1 << 8,  # Qwen2-VL uses 2
+    "num_mel_bins": 1 << 12,
+    "max_source_positions": 1 << 20,
+    "pooling": 1 << 20,
+}
+
+
+def check_sizes(obj) -> None:
+    """Every size field of `obj` named in SIZE_LIMITS at or below its bound (a field that is not an integer is
+    left to the other checks)."""
+    for n, most in SIZE_LIMITS.items():
+        v = getattr(obj, n, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > most:
+            raise ArchError(n, f"{v:,} is beyond any model this plans or trains; at most {most:,}")
+
+
 def check_finite_positive(obj, names) -> None:
     """Float fields a model cannot run without: finite and above 0 (a NaN epsilon or a negative rotary base
     would make every iteration NaN, found only after the job ran)."""

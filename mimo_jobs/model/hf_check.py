@@ -11,11 +11,11 @@ is read and nothing is unpickled.
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mimo_jobs import strictread
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model import families, hf
 from mimo_jobs.model.arch import VISION, ArchError, EncoderArch, LLMArch
@@ -87,9 +87,11 @@ def _read_config(d: Path, where: str) -> dict:
             f"{d}: no {CONFIG} (a HuggingFace directory holds config.json and *.safetensors)", where
         )
     try:
-        config = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as e:
-        raise HFInitError(f"{cfg_path}: not a readable JSON file: {e}", where) from None
+        config = strictread.json_text(cfg_path.read_bytes())
+    except OSError as e:
+        raise HFInitError(f"{cfg_path}: not a readable JSON file: {e.strerror or e}", where) from None
+    except strictread.DocumentError as e:
+        raise HFInitError(f"{cfg_path}: {e.describe()}", where) from None
     if not isinstance(config, dict):
         raise HFInitError(
             f"{cfg_path}: a JSON {type(config).__name__}, not a model config (an object)", where
@@ -114,8 +116,10 @@ def _tensor_files(d: Path, where: str) -> list[Path]:
             raise HFInitError(f"{d}: no *.safetensors files (and no {INDEX})", where)
         return paths
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        weight_map = strictread.json_text(index.read_bytes())["weight_map"]
+    except strictread.DocumentError as e:
+        raise HFInitError(f"{index}: not a safetensors index (a weight_map): {e.describe()}", where) from None
+    except (OSError, KeyError, TypeError) as e:
         raise HFInitError(f"{index}: not a safetensors index (a weight_map): {e}", where) from None
     if not isinstance(weight_map, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
@@ -132,11 +136,36 @@ def _tensor_files(d: Path, where: str) -> list[Path]:
 
 def safetensors_header(p: Path, where: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Each tensor's (dtype, shape) from a .safetensors file's JSON header; HFInitError when the header is
-    not one, or when its tensors reach past the end of the file (a truncated copy)."""
+    not one (read strictly: no key twice, bounded nesting), when a tensor reaches past the end of the file
+    (a truncated copy), or when two tensors share bytes."""
 
     def bad(why: str) -> HFInitError:
         return HFInitError(f"{p}: unreadable safetensors file (truncated or damaged?): {why}", where)
 
+    doc, size, n = _header_json(p, bad)
+    out, spans = {}, []
+    for name, t in doc.items():
+        if name != "__metadata__":
+            out[name], span = _tensor_entry(name, t, bad)
+            spans.append((*span, name))
+    far = max(spans, key=lambda s: s[1], default=None)
+    if far is not None and far[1] > size - 8 - n:
+        raise bad(
+            f"tensor {far[2]!r} (data_offsets [{far[0]}, {far[1]}]) reaches past the {size - 8 - n} bytes of "
+            f"data: its tensors need {8 + n + far[1]} bytes, the file has {size}"
+        )
+    shared = _shared_bytes(spans)
+    if shared:
+        (a, alo, ahi), (b, blo, bhi) = shared
+        raise bad(
+            f"tensors {a!r} (data_offsets [{alo}, {ahi}]) and {b!r} ([{blo}, {bhi}]) share bytes; each "
+            "tensor's bytes are its own"
+        )
+    return out
+
+
+def _header_json(p: Path, bad) -> tuple[dict, int, int]:
+    """(the JSON header, the file's size, the header's length) of a .safetensors file."""
     if not p.is_file():  # a pipe or device would block the read or never end
         raise bad("not a regular file")
     try:
@@ -148,35 +177,45 @@ def safetensors_header(p: Path, where: str) -> dict[str, tuple[str, tuple[int, .
             (n,) = struct.unpack("<Q", head)
             if n > min(MAX_HEADER, size - 8):
                 raise bad(f"a header of {n} bytes in a file of {size}")
-            doc = json.loads(f.read(n))
+            doc = strictread.json_text(f.read(n))
     except OSError as e:
         raise bad(e.strerror or str(e)) from None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise bad(f"the header is not JSON ({e})") from None
+    except strictread.DocumentError as e:
+        raise bad(f"its JSON header: {e.describe()}") from None
     if not isinstance(doc, dict):
         raise bad("the header is not a JSON object")
-    out, end = {}, 0
-    for name, t in doc.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (lo, hi) = t["dtype"], tuple(t["shape"]), t["data_offsets"]
-            ok = isinstance(dtype, str) and all(type(x) is int and x >= 0 for x in (*shape, lo, hi))
-        except (TypeError, KeyError, ValueError):
-            ok = False
-        if not ok or hi < lo:
-            raise bad(f"tensor {name!r} is not described by dtype, shape and data_offsets")
-        numel = 1
-        for s in shape:
-            numel *= s
-        if dtype in DTYPE_BYTES and hi - lo != numel * DTYPE_BYTES[dtype]:
-            raise bad(
-                f"tensor {name} holds {hi - lo} bytes, its {dtype} shape {list(shape)} needs more or less"
-            )
-        out[name], end = (dtype, shape), max(end, hi)
-    if end > size - 8 - n:
-        raise bad(f"its tensors need {8 + n + end} bytes, the file has {size}")
-    return out
+    return doc, size, n
+
+
+def _tensor_entry(name: str, t, bad) -> tuple[tuple[str, tuple[int, ...]], tuple[int, int]]:
+    """((dtype, shape), (lo, hi)) of one tensor's header entry, its byte count checked against its shape."""
+    try:
+        dtype, shape, (lo, hi) = t["dtype"], tuple(t["shape"]), t["data_offsets"]
+        ok = isinstance(dtype, str) and all(type(x) is int and x >= 0 for x in (*shape, lo, hi))
+    except (TypeError, KeyError, ValueError):
+        ok = False
+    if not ok or hi < lo:
+        raise bad(f"tensor {name!r} is not described by dtype, shape and data_offsets")
+    numel = 1
+    for s in shape:
+        numel *= s
+    if dtype in DTYPE_BYTES and hi - lo != numel * DTYPE_BYTES[dtype]:
+        raise bad(f"tensor {name} holds {hi - lo} bytes, its {dtype} shape {list(shape)} needs more or less")
+    return (dtype, shape), (lo, hi)
+
+
+def _shared_bytes(spans: list[tuple[int, int, str]]) -> tuple[tuple, tuple] | None:
+    """Two tensors whose data_offsets [lo, hi) share a byte, or None. The safetensors format gives every
+    tensor its own bytes (huggingface/safetensors' README: the byte buffer is entirely indexed and has no
+    holes; its loader refuses offsets that do not follow one another); two views of one span would load as
+    two tensors from the same numbers, and a shard written so is damaged or crafted."""
+    last: tuple[str, int, int] | None = None  # the tensor reaching furthest so far
+    for lo, hi, name in sorted(s for s in spans if s[1] > s[0]):  # an empty tensor holds no byte
+        if last is not None and lo < last[2]:
+            return last, (name, lo, hi)
+        if last is None or hi > last[2]:
+            last = (name, lo, hi)
+    return None
 
 
 def _first_difference(got: dict, want: dict) -> tuple[str, object, object] | None:

@@ -13,9 +13,10 @@ trainer.model.encoder accepts), since the encoder alone decides a dataset's imag
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 
+from mimo_jobs import strictread
 from mimo_jobs.model import families, hf
 from mimo_jobs.model.arch import (
     ArchError,
@@ -157,19 +158,45 @@ def _read_hf(path, base_dir, from_hf) -> dict:
     if not p.is_absolute() and base_dir is not None:
         p = Path(base_dir) / p
     if not p.is_file():
-        rel = (
-            f" (relative to {base_dir})" if base_dir is not None and not Path(str(path)).is_absolute() else ""
-        )
-        raise ArchError("hf_config", f"no such file: {path}{rel}")
-    try:
-        cfg = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise ArchError("hf_config", f"{path} is not a readable JSON file: {e}") from None
+        raise ArchError("hf_config", f"no such file: {path}{_relative_to(path, base_dir)}")
+    cfg = read_hf_config(p, str(path))
     try:
         fields = from_hf(cfg)
     except ArchError as e:
         raise ArchError("hf_config", f"{path}: {e.describe()}") from None
     return fields | {"source": str(path)}
+
+
+def _relative_to(path, base_dir) -> str:
+    """How a relative path was read, for the message of a missing one: the folder it was taken from, in
+    full (a study in the working directory has the base "."), as the study's other path errors name it."""
+    if base_dir is None or Path(str(path)).expanduser().is_absolute():
+        return ""
+    return f" (relative to {os.path.abspath(base_dir)})"
+
+
+# A HuggingFace config.json is a few KB; a much larger file is no model config (and is not read whole).
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def read_hf_config(p: Path, shown: str | None = None) -> dict:
+    """A HuggingFace config.json as a JSON object, read strictly (mimo_jobs/strictread.py: no key twice,
+    bounded nesting); ArchError on field hf_config naming the file (as `shown`) and what is wrong."""
+    shown = shown or str(p)
+    try:
+        size = p.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ArchError(
+                "hf_config", f"{shown}: {size:,} bytes; a config.json is at most {MAX_CONFIG_BYTES:,}"
+            )
+        cfg = strictread.json_text(p.read_bytes())
+    except OSError as e:
+        raise ArchError("hf_config", f"{shown} is not a readable JSON file: {e.strerror or e}") from None
+    except strictread.DocumentError as e:
+        raise ArchError("hf_config", f"{shown}: {e.describe()}") from None
+    if not isinstance(cfg, dict):
+        raise ArchError("hf_config", f"{shown}: a JSON {type(cfg).__name__}, not a model config (an object)")
+    return cfg
 
 
 MAX_ARGUMENT = 16_384  # characters of a command-line model argument
@@ -210,18 +237,22 @@ def image_model(text: str, base_dir: str | Path | None = None) -> tuple[EncoderA
 
 
 def _mapping(text: str, forms: str) -> dict:
-    """A `{...}` command-line argument read as a YAML mapping (data only; no anchors or aliases, bounded)."""
+    """A `{...}` command-line argument read as a YAML mapping (data only, strictly: no anchors or aliases,
+    no key given twice, bounded nesting)."""
     import yaml
 
     try:
         # anchors and aliases could expand a short text into a huge one: a description writes its fields
         if any(isinstance(t, (yaml.AnchorToken, yaml.AliasToken)) for t in yaml.scan(text)):
             raise ArchError("", "YAML anchors and aliases (& and *) are not read here; write the fields out")
-        value = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ArchError(
             "", f"{_shown(text)} is not a YAML mapping ({_first_line(e)}); give {forms}"
         ) from None
+    try:
+        value = strictread.yaml_text(text)
+    except strictread.DocumentError as e:
+        raise ArchError("", f"{_shown(text)} is not a YAML mapping ({e.describe()}); give {forms}") from None
     if not isinstance(value, dict):
         raise ArchError("", f"{_shown(text)} is not a mapping; give {forms}")
     return value

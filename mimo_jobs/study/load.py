@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from mimo_jobs import strictread
 from mimo_jobs.study.spec import StudyError, StudySpec, validation_context
 from mimo_jobs.submit.executors.registry import written_path
 
@@ -83,12 +83,9 @@ def parse_study(data: Any, source: str = "<study>", env: dict[str, str] | None =
         raise StudyError(source, pydantic_problems(e, data=data)) from None
 
 
-# What a study file may hold. A real study is a few KB and a few hundred YAML nodes; anchors and aliases
-# repeat their content wherever they are used, so a 3 KB file can stand for billions of nodes (an "alias
-# bomb"): the expanded size is counted before anything is built from it.
+# What a study file may hold: at most this many bytes; its nodes and nesting are bounded by the strict reader
+# (mimo_jobs/strictread.py), which refuses a key given twice too.
 MAX_FILE_BYTES = 1 << 20
-MAX_NODES = 100_000
-MAX_DEPTH = 32
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -97,21 +94,10 @@ def read_yaml(path: str | Path) -> Any:
     mapping, or more nodes / nesting than any study needs once aliases are expanded."""
     path = Path(path)
     text = _read_text(path)
-    loader = _StudyLoader(text)
     try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _check_size(node, str(path))
-        return loader.construct_document(node)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "<yaml>"
-        raise StudyError(str(path), [(where, f"invalid YAML: {getattr(e, 'problem', None) or e}")]) from None
-    except RecursionError:  # PyYAML composes recursively: thousands of nested brackets exhaust the stack
-        raise StudyError(str(path), [("<yaml>", f"nested more than {MAX_DEPTH} levels deep")]) from None
-    finally:
-        loader.dispose()
+        return strictread.yaml_text(text)
+    except strictread.DocumentError as e:
+        raise StudyError(str(path), [(e.where or "<yaml>", str(e))]) from None
 
 
 def _read_text(path: Path) -> str:
@@ -137,83 +123,6 @@ def _read_text(path: Path) -> str:
         raise StudyError(
             str(path), [(f"line {line}", f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})")]
         ) from None
-
-
-class _StudyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key that appears twice in one mapping (PyYAML keeps the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.setdefault(key, key_node)
-            except TypeError:  # an unhashable key: PyYAML's own error says so
-                break
-            if first is not key_node:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"key {key!r} appears twice in the same mapping (first on line "
-                    f"{first.start_mark.line + 1}); keep one",
-                    key_node.start_mark,
-                )
-        return super().construct_mapping(node, deep=deep)
-
-
-def _check_size(root, source: str) -> None:
-    """Refuse a document whose nodes, counted with every alias expanded, exceed MAX_NODES or nest deeper than
-    MAX_DEPTH; a node that contains itself (a recursive alias) is refused too. Shared nodes are counted once
-    per use but visited once (memoized), so the check itself stays linear in the file."""
-    sizes: dict[int, tuple[int, int]] = {}
-    active: set[int] = set()
-
-    def visit(node, level: int) -> tuple[int, int]:
-        key = id(node)
-        if key in sizes:
-            return sizes[key]
-        if level > MAX_DEPTH:
-            raise StudyError(source, [(_line(node), f"nested more than {MAX_DEPTH} levels deep")])
-        if key in active:
-            raise StudyError(source, [(_line(node), "a recursive alias (a node that contains itself)")])
-        children = _children(node)
-        active.add(key)
-        total, depth = 1, 1
-        for child in children:
-            n, d = visit(child, level + 1)
-            total, depth = total + n, max(depth, d + 1)
-            if total > MAX_NODES or depth > MAX_DEPTH:
-                break
-        active.discard(key)
-        if total > MAX_NODES:
-            raise StudyError(
-                source,
-                [
-                    (
-                        _line(node),
-                        f"the document expands to more than {MAX_NODES:,} YAML nodes (anchors and aliases "
-                        "repeat their content wherever they are used); a study needs far fewer",
-                    )
-                ],
-            )
-        if depth > MAX_DEPTH:
-            raise StudyError(source, [(_line(node), f"nested more than {MAX_DEPTH} levels deep")])
-        sizes[key] = (total, depth)
-        return sizes[key]
-
-    visit(root, 1)
-
-
-def _children(node) -> list:
-    if isinstance(node, yaml.MappingNode):
-        return [x for pair in node.value for x in pair]
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    return []
-
-
-def _line(node) -> str:
-    return f"line {node.start_mark.line + 1}"
 
 
 def load_study(path: str | Path, env: dict[str, str] | None = None) -> StudySpec:

@@ -1,7 +1,8 @@
 """Iteration lines as real logs show them: Megatron-LM's 2019 format (`lm loss 7.7E-02`, no colons) parses;
 a line wrapped in two at a terminal's width is counted as garbled and never stored with a cut number; a line
-srun --label split in two labelled lines is joined again (the rest is the next line of the same task);
-both scanners store the same rows; and the report gives the steady-state iteration time of a log without a
+srun --label split in two labelled lines is joined again (the rest is the next line of the same task), and
+so is a line of such a log a terminal wrapped in two (the rest is the very next line, without a label); both
+scanners store the same rows; and the report gives the steady-state iteration time of a log without a
 global batch size, saying why its throughput is missing."""
 
 from __future__ import annotations
@@ -69,9 +70,19 @@ def test_a_line_srun_split_in_two_is_joined(tmp_path, scanner):
     assert (st.iterations, st.bad_lines) == (5, 0)
 
 
+@pytest.mark.parametrize("scanner", ["python", "c"])
+def test_a_labelled_line_a_paste_wrapped_is_joined(tmp_path, scanner):
+    con, st, rows = _ingest(tmp_path / "wrapped", "paste_wrapped.log", scanner)
+    con.close()
+    whole, _, want = _ingest(tmp_path / "whole", "", scanner, FIXTURES / "megatron_upstream.log")
+    whole.close()
+    assert rows == want  # 70 and 71 broken mid-number, 72's rest holding no trigger word: all joined
+    assert (st.iterations, st.bad_lines) == (5, 0)
+
+
 def test_both_scanners_store_the_same_rows(tmp_path):
     require_ext()
-    for name in ("megatron_2019.log", "wrapped.log", "srun_label_split.log"):
+    for name in ("megatron_2019.log", "wrapped.log", "srun_label_split.log", "paste_wrapped.log"):
         got = {}
         for scanner in ("python", "c"):
             con, st, rows = _ingest(tmp_path / scanner / name, name, scanner)

@@ -55,7 +55,7 @@ def _iteration_line(r: random.Random, i: int, total: int, t: int) -> str:
 
 def _mutate(r: random.Random, line: str) -> str:
     """Odd but possible input: every branch of the C parser's strict syntax and its refusals."""
-    choice = r.randrange(14)
+    choice = r.randrange(15)
     if choice == 0:
         return line.replace("lm loss: ", "lm loss: nan ", 1)  # not a finite number
     if choice == 1:
@@ -82,6 +82,9 @@ def _mutate(r: random.Random, line: str) -> str:
         return line.replace("lm loss", 'lm "loss"')  # a key that needs JSON escapes
     if choice == 12:
         return line.replace(" | ", " | | ", 2)  # blank segments
+    if choice == 13:
+        k = r.randrange(20, len(line))
+        return line[:k] + "\n" + line[k:]  # wrapped by a terminal: the rest has no prefix
     return line.replace("consumed samples", "consumed_samples", 1)  # an unknown key: extras
 
 

@@ -77,3 +77,18 @@ def save_encoder(kind: str, out: Path, seed: int = 0) -> Path:
     randomize_(model, seed)
     model.save_pretrained(out)
     return out
+
+
+def share_bytes(src, d, a: str, b: str):
+    """A copy of the HF directory `src` whose safetensors header points tensor `b` at tensor `a`'s bytes."""
+    import json
+    import shutil
+
+    shutil.copytree(src, d)
+    raw = (d / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    header[b]["data_offsets"] = header[a]["data_offsets"]
+    text = json.dumps(header).encode()
+    (d / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n :])
+    return d

@@ -213,3 +213,11 @@ def test_nan_weights_are_named_and_the_run_stops_instead_of_completing(tmp_path,
         f"mimo-jobs trainer: warning: {d / 'model.safetensors'}: tensor {K} holds NaN or Inf values"
     ]
     assert "error: iterations 1-3 all had a NaN/Inf loss or gradient and were skipped" in p.stderr
+
+
+def test_tensors_sharing_bytes_are_refused_naming_the_file_and_both(llama, tmp_path):
+    a = "model.layers.0.self_attn.k_proj.weight"
+    d = hf_models.share_bytes(llama, tmp_path / "shared", a, K)
+    msg = _err(check_llm, d, _llm(), 1)
+    assert str(d / "model.safetensors") in msg and "share bytes" in msg
+    assert f"'{a}'" in msg and f"'{K}'" in msg

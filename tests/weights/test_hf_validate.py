@@ -99,6 +99,16 @@ def test_a_tensor_of_another_shape_and_a_truncated_file_are_each_one_problem(tmp
     assert f"tensor {name} has shape" in got["trainer.init.encoder"]
 
 
+def test_tensors_sharing_bytes_are_refused_before_the_job(tmp_path, sources):
+    a, b = "model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"
+    llm = hf_models.share_bytes(sources[0], tmp_path / "llm", a, b)
+    code, out = _validate(_study(tmp_path, (llm, sources[1])))
+    (p,) = [p for p in out["problems"] if p["rule"] == "init"]
+    assert code == 2 and p["path"] == "trainer.init.llm"
+    assert str(llm / "model.safetensors") in p["message"] and "share bytes" in p["message"]
+    assert f"'{a}'" in p["message"] and f"'{b}'" in p["message"]
+
+
 def test_a_missing_side_does_not_hide_the_other_sides_problem(tmp_path, sources):
     f = _study(tmp_path, sources)
     doc = yaml.safe_load(open(f).read())
