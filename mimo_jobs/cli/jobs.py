@@ -266,7 +266,8 @@ def submit(
     executor_name: Optional[str] = typer.Option(  # noqa: UP045
         None,
         "--executor",
-        help="slurm, local or kubernetes (default: the study's cluster.executor).",
+        help="An executor's name, e.g. slurm or local (another is refused with the list of them); default: "
+        "the study's cluster.executor.",
     ),
     force: bool = typer.Option(
         False, "--force", help="Submit runs that are pending, running or completed again."
