@@ -14,9 +14,10 @@ for a in "$@"; do
   if [[ "$a" == "--all" ]]; then all=1; else args+=("$a"); fi
 done
 
-# Debian packages the tests use (the SLURM cluster and container tests install their own daemons).
+# Debian packages the tests use (the SLURM cluster and container tests install their own daemons);
+# kubernetes-client is kubectl, which the Kubernetes executor's tests drive against their fake API server.
 need=()
-for pkg_cmd in shellcheck:shellcheck chromium:chromium gcc:cc; do
+for pkg_cmd in shellcheck:shellcheck chromium:chromium gcc:cc kubernetes-client:kubectl; do
   command -v "${pkg_cmd#*:}" >/dev/null 2>&1 || need+=("${pkg_cmd%%:*}")
 done
 if ((${#need[@]})); then

@@ -102,8 +102,10 @@ def status_table(statuses, title: str, failing: dict | None = None, problems: di
         if j is not None and not j.active and not _is_success(j.state):
             why = failing.get((s.run_id, j.job_id)) or j.first_error
             reason = (j.reason or "") + (f" | {why}" if why else "")
-        elif j is not None and j.active and j.executor == "local" and j.reason:
-            reason = j.reason  # a local job whose runner disappeared while its processes run on
+        elif j is not None and j.active and j.reason:
+            # why an active job waits or runs unusually, as its executor says: SLURM's pending reason,
+            # Kueue's or a pod's (ImagePullBackOff, CrashLoopBackOff), a local job's lost runner
+            reason = j.reason
         state = Text(j.state if j else "not submitted", style=_style(j.state if j else None))
         if s.shown_superseded:
             state = Text("superseded", style="dim")
@@ -264,7 +266,8 @@ def submit(
     executor_name: Optional[str] = typer.Option(  # noqa: UP045
         None,
         "--executor",
-        help="slurm, local or kubernetes (default: the study's cluster.executor).",
+        help="An executor's name, e.g. slurm or local (another is refused with the list of them); default: "
+        "the study's cluster.executor.",
     ),
     force: bool = typer.Option(
         False,

@@ -102,10 +102,13 @@ def insert_job(
 
 
 def update_facts(con, run_id: str, f: JobFacts) -> None:
+    """Record what the executor reports. The reason is its current one, replaced (a pending job's reason,
+    such as SLURM's `Priority` or Kueue's quota, no longer holds once it runs); the policy writes the
+    reason of an ended job when it settles it."""
     con.execute(
         """UPDATE jobs SET state = ?, exit_code = coalesce(?, exit_code), submit_time = coalesce(?, submit_time),
              start_time = coalesce(?, start_time), end_time = coalesce(?, end_time),
-             node_list = coalesce(?, node_list), reason = coalesce(?, reason), updated_at = ?
+             node_list = coalesce(?, node_list), reason = ?, updated_at = ?
            WHERE run_id = ? AND job_id = ?""",
         [
             f.state,

@@ -608,13 +608,14 @@ def _news(row: jobs_table.JobRow, f: jobs_table.JobFacts) -> bool:
     nothing)."""
     if f.state == "UNKNOWN" and row.state != "UNKNOWN":
         return False  # sacct lag right after sbatch: keep what we knew
-    same = (f.state, f.start_time, f.end_time, f.node_list) == (
+    same = (f.state, f.start_time, f.end_time, f.node_list, f.reason) == (
         row.state,
         row.start_time,
         row.end_time,
         row.node_list,
+        row.reason,
     )
-    return not (same and f.active and f.reason in (None, row.reason))
+    return not (same and f.active)
 
 
 def refresh(con, study: str | None = None, follow: Follow = Follow()) -> list[str]:

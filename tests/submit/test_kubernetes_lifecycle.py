@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers.fake_kube import FakeApiServer, now
+from helpers.fake_kube import KUEUE_NO_QUOTA, FakeApiServer, FakeCluster, now
 from helpers.launch import free_port, worker_env
 from helpers.submit import cli, query, write_study
 
@@ -37,37 +37,16 @@ pytestmark = pytest.mark.slow
 
 NS = "ml"
 ITERS = 30  # at 0.5 s a step (the test hook), far longer than the steps before the preemption
-G, V, P = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
 
 
-class Cluster:
+class Cluster(FakeCluster):
     """The controllers' side, done by the test through the REST API."""
 
     def __init__(self, server: FakeApiServer, kubeconfig: Path) -> None:
-        from kubernetes import client, config
-
+        super().__init__(kubeconfig, NS)
         self.server = server
-        api = config.new_client_from_config(config_file=str(kubeconfig), context="fake")
-        self.co, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
         self.procs: dict[str, subprocess.Popen] = {}
         self.outs: dict[str, Path] = {}
-
-    def trainjobs(self) -> dict[str, dict]:
-        return {t["metadata"]["name"]: t for t in self.co.list_namespaced_custom_object(G, V, NS, P)["items"]}
-
-    def condition(self, tj: str, kind: str, status: str, reason: str, message: str = "") -> None:
-        cond = {
-            "type": kind,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": now(),
-        }
-        old = [c for c in (self.co.get_namespaced_custom_object(G, V, NS, P, tj).get("status") or {}).get(
-            "conditions") or [] if c["type"] != kind]  # fmt: skip
-        self.co.patch_namespaced_custom_object_status(
-            G, V, NS, P, tj, {"status": {"conditions": [*old, cond]}}
-        )
 
     def pod(self, tj: str) -> str:
         """JobSet's pod for node rank 0 of the TrainJob, scheduled and running."""
@@ -184,10 +163,12 @@ def test_trainjob_lifecycle_on_a_fake_api_server(tmp_path):
 
         # Kueue holds them until there is quota
         for tj in (a, b, c):
-            k.condition(tj, "Suspended", "True", "Suspended", "waiting for quota in ClusterQueue team-a")
+            k.suspend(tj)
+            k.workload(tj, [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                             "message": KUEUE_NO_QUOTA}])  # fmt: skip
         st = status()
         assert {r[0]["state"] for r in st.values()} == {"PENDING"}
-        assert all("waiting for quota" in r[0]["reason"] for r in st.values())
+        assert all(r[0]["reason"] == f"suspended by Kueue: {KUEUE_NO_QUOTA}" for r in st.values()), st
 
         # admitted: JobSet makes the pods, the kubelet runs A's container (the real trainer)
         pods = {}

@@ -3,6 +3,8 @@ an earlier attempt logged (from metrics.jsonl while it runs, or from the store o
 
 from __future__ import annotations
 
+import os
+
 from helpers.ingest_runs import make_runs, record, write_jsonl
 from mimo_jobs.ingest import pipeline
 from mimo_jobs.store import connection as store
@@ -81,5 +83,36 @@ def test_a_completed_attempt_with_nothing_left_to_train_shows_where_the_run_ende
         jobs_table.update_facts(con, run.run_id, JobFacts("101", "COMPLETED", 0))
         (s,) = status.run_statuses(con, run.study)
         assert (s.job.job_id, s.iteration, s.loss, s.iter_source) == ("101", 20, 5.0 - 2.0, "store")
+    finally:
+        con.close()
+
+
+def test_the_status_table_shows_a_pending_jobs_reason_until_it_runs(tmp_path):
+    """SLURM's reason for a pending job (squeue/sacct `Reason`) is in its row while it waits; once the job
+    runs the reason no longer holds and is gone from the jobs table and the row."""
+    from rich.console import Console
+
+    from mimo_jobs.cli.jobs import status_table
+
+    ((run, rd),) = make_runs(tmp_path / "runs", nodes=(1,), train_iters=20)
+    con = store.connect(tmp_path / "store.duckdb")
+    try:
+        write_jsonl(
+            rd.metrics, [record(run, "100", 0, 1, 400.0, 5.0)]
+        )  # an earlier job: the run is in the store
+        pipeline.ingest_paths(con, [rd.root])
+        jobs_table.insert_job(con, run.run_id, "200", "slurm", 0, None, None, state="PENDING")
+
+        def row() -> str:
+            console = Console(width=250, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+            console.print(status_table(status.run_statuses(con, run.study), "t"))
+            (line,) = [ln for ln in console.export_text().splitlines() if " 200 " in ln]
+            return line
+
+        jobs_table.update_facts(con, run.run_id, JobFacts("200", "PENDING", reason="QOSMaxJobsPerUserLimit"))
+        assert "PENDING" in row() and "QOSMaxJobsPerUserLimit" in row()
+        jobs_table.update_facts(con, run.run_id, JobFacts("200", "RUNNING", node_list="node-[1-4]"))
+        assert "RUNNING" in row() and "QOSMaxJobsPerUserLimit" not in row()
+        assert jobs_table.jobs_of_run(con, run.run_id)[0].reason is None
     finally:
         con.close()

@@ -57,7 +57,9 @@ class Executor(Protocol):
         once nothing does."""
 
     def find(self, rd: RunDir, since_epoch: float) -> list[JobFacts]:
-        """Jobs of this run submitted since `since_epoch` (recovers a submission whose store write was lost)."""
+        """Jobs of this run submitted since `since_epoch`, ended or not, and the ones a scheduler still holds
+        however old (SLURM: squeue's; Kubernetes: TrainJobs not ended); never another run's. Recovers a
+        submission whose store write was lost."""
 
     def log_path(self, rd: RunDir, job_id: str) -> str:
         """The job's main output file."""

@@ -10,6 +10,8 @@ account), like kubectl does.
   (logs/k8s-<job>.node-<rank>.out) for `ingest`, beside torchrun's per-rank files on the PVC.
 - cancel: save the logs, then delete the TrainJob (JobSet deletes its pods); reap: delete, and report done
   once no pod of it is left, so another attempt never starts beside it.
+- find: the run's TrainJobs by its run-id label, as `find` of executors/base.py says.
+- status: a suspended TrainJob's reason is Kueue's, read from the Workload it gates it with (states.py).
 - requeue: a new attempt is a new TrainJob (`mj-<run id>-a<attempt>`) on the same run directory and PVC;
   the trainer resumes from the run's latest checkpoint as under SLURM.
 """
@@ -104,25 +106,35 @@ class KubernetesExecutor:
                     config.load_incluster_config()
                     api = client.ApiClient()
                 else:
-                    api = config.new_client_from_config(context=context)
+                    # $KUBECONFIG as it is now: the client's default is the one at its import
+                    api = config.new_client_from_config(config_file=_kubeconfig(), context=context)
             except Exception as e:  # noqa: BLE001 (the config loader raises several kinds)
                 raise SubmitError(
-                    f"no Kubernetes API to talk to (kubeconfig {os.environ.get('KUBECONFIG', '~/.kube/config')}"
+                    f"no Kubernetes API to talk to (kubeconfig {_kubeconfig()}"
                     f"{', context ' + context if context else ''}): {e}"
                 ) from None
             self._apis[context] = (api, client.CustomObjectsApi(api), client.CoreV1Api(api))
         return self._apis[context]
 
-    def _call(self, what: str, fn, *args, missing_ok: bool = False, conflict: str | None = None, **kw):
-        """One API call; its errors as SubmitError naming `what` (404 as None when `missing_ok`; 409 as
-        `conflict` when given)."""
+    def _call(
+        self,
+        what: str,
+        fn,
+        *args,
+        missing_ok: bool = False,
+        forbidden_ok: bool = False,
+        conflict: str | None = None,
+        **kw,
+    ):
+        """One API call; its errors as SubmitError naming `what` (404 as None when `missing_ok`, 403 when
+        `forbidden_ok`; 409 as `conflict` when given)."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         try:
             return fn(*args, _request_timeout=REQUEST_TIMEOUT_S, **kw)
         except ApiException as e:
-            if missing_ok and e.status == 404:
+            if (missing_ok and e.status == 404) or (forbidden_ok and e.status == 403):
                 return None
             if conflict and e.status == 409:
                 raise SubmitError(conflict) from None
@@ -160,6 +172,33 @@ class KubernetesExecutor:
             if ((p.get("metadata") or {}).get("labels") or {}).get(M.JOBSET_NAME_LABEL) == job_id
         ]
 
+    def _workload(self, trainjob: dict, ns: str, context: str | None) -> dict | None:
+        """The Workload Kueue gates the TrainJob with (by its uid label), in the first Kueue API version the
+        server serves; None without Kueue, or where the user may not read Workloads (the reason is then
+        the TrainJob's own)."""
+        uid = (trainjob.get("metadata") or {}).get("uid")
+        if not uid:
+            return None
+        _, co, _ = self._api(context)
+        selector = f"{M.KUEUE_JOB_UID_LABEL}={uid}"
+        for version in M.KUEUE_VERSIONS:
+            got = self._call(
+                f"list the Kueue Workloads of {ns}/{trainjob['metadata'].get('name')}",
+                co.list_namespaced_custom_object, M.KUEUE_GROUP, version, ns, M.KUEUE_PLURAL,
+                label_selector=selector, missing_ok=True, forbidden_ok=True,
+            )  # fmt: skip
+            if got is None:
+                continue  # this version is not served (or not readable): try the next
+            mine = [
+                w
+                for w in got.get("items") or []
+                if ((w.get("metadata") or {}).get("labels") or {}).get(M.KUEUE_JOB_UID_LABEL) == uid
+            ]
+            return max(
+                mine, key=lambda w: (w.get("metadata") or {}).get("creationTimestamp") or "", default=None
+            )
+        return None
+
     # ------------------------------------------------------------------------------ the job side
 
     def submit_command(self, rd: RunDir, job_id: str | None = None) -> list[str]:
@@ -193,7 +232,8 @@ class KubernetesExecutor:
         ns = doc["metadata"]["namespace"]
         tj = self._trainjob(job_id, ns, context)
         pods = self._pods(job_id, ns, context) if tj is not None else []
-        f = states.facts(job_id, tj, pods)
+        workload = self._workload(tj, ns, context) if states.held(tj) else None
+        f = states.facts(job_id, tj, pods, workload)
         if tj is not None and not jobstates.is_active(f.state):
             self.save_logs(job_id, rd, pods, ns, context)
             if f.state == jobstates.BOOT_FAIL:  # ended for us: nothing of it may wait on the cluster
@@ -245,6 +285,8 @@ class KubernetesExecutor:
         return not self._pods(job_id, ns, context)
 
     def find(self, rd: RunDir, since_epoch: float) -> list[JobFacts]:
+        """The run's TrainJobs (its run-id label) created since `since_epoch` (a minute's slack for the
+        clocks of two machines) and every one not ended, however old."""
         doc, context = self._target(rd)
         ns, run_id = doc["metadata"]["namespace"], doc["metadata"]["labels"][M.LABEL_RUN_ID]
         _, co, _ = self._api(context)
@@ -258,7 +300,8 @@ class KubernetesExecutor:
             if (meta.get("labels") or {}).get(M.LABEL_RUN_ID) != run_id:
                 continue
             created = states.api_time(meta.get("creationTimestamp"))
-            if created is None or created.replace(tzinfo=timezone.utc).timestamp() >= since_epoch - 60:
+            recent = created is None or created.replace(tzinfo=timezone.utc).timestamp() >= since_epoch - 60
+            if recent or not states.ended(tj):  # as SLURM's squeue: a live job of the run, however old
                 out.append(self.job_facts(meta["name"], rd))
         return out
 
@@ -266,9 +309,13 @@ class KubernetesExecutor:
         return str(rd.pod_log(job_id, 0))
 
 
+def _kubeconfig() -> str:
+    """The kubeconfig files kubectl would read: $KUBECONFIG (paths joined by os.pathsep), else ~/.kube/config."""
+    return os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+
+
 def _kubeconfig_exists() -> bool:
-    paths = os.environ.get("KUBECONFIG", "").split(os.pathsep) if os.environ.get("KUBECONFIG") else []
-    return any(Path(p).expanduser().is_file() for p in paths or ["~/.kube/config"])
+    return any(Path(p).expanduser().is_file() for p in _kubeconfig().split(os.pathsep) if p)
 
 
 def _write_atomic(path: Path, text: str) -> None:

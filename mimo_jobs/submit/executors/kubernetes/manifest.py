@@ -41,6 +41,10 @@ ANNOTATION_RUN = "mimo-jobs.io/run"
 ANNOTATION_RUN_DIR = "mimo-jobs.io/run-dir"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+# Kueue gates a TrainJob through a Workload it labels with the TrainJob's uid (sigs.k8s.io/kueue
+# pkg/controller/constants: JobUIDLabel); v1beta2 is its current API, v1beta1 the one before
+KUEUE_GROUP, KUEUE_VERSIONS, KUEUE_PLURAL = "kueue.x-k8s.io", ("v1beta2", "v1beta1"), "workloads"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 # Labels JobSet puts on every pod it creates (sigs.k8s.io/jobset), and the Job controller's index label
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"

@@ -20,13 +20,19 @@ How the facts map onto the states the SLURM path reports (and so onto the same p
 | Failed, otherwise                                           | FAILED         | with the node container's exit |
 |                                                             |                | code (75: the trainer asked    |
 |                                                             |                | for a requeue)                 |
-| Suspended (waiting for Kueue admission, or evicted by it)   | PENDING        | Kueue readmits it              |
+| Suspended (waiting for Kueue admission, or evicted by it)   | PENDING        | reason: Kueue's (its Workload) |
 | a container waiting ErrImagePull/ImagePullBackOff           | PENDING        | reason says so (may clear)     |
 | InvalidImageName, ErrImageNeverPull                         | BOOT_FAIL      | the pod can never start        |
 | a container in CrashLoopBackOff                             | RUNNING        | reason says so (restarting)    |
 | a pod Running                                               | RUNNING        |                                |
 | no pods yet, or pods Pending                                | PENDING        | reason: unschedulable etc.     |
 | the TrainJob is gone (deleted by `cancel` or by hand)       | CANCELLED      |                                |
+
+A suspended TrainJob's own condition says only that it is suspended ("TrainJob is suspended", Kubeflow
+Trainer pkg/constants); why it waits is on the Workload Kueue made for it: its `QuotaReserved` condition,
+False while it waits (reason `Pending` or `Inadmissible`, message e.g. "couldn't assign flavors to pod set
+node: insufficient unused quota for nvidia.com/gpu in flavor h100, 8 more needed"), and `Evicted`, True
+when Kueue took its quota back (message e.g. "Preempted to accommodate a higher priority Workload").
 """
 
 from __future__ import annotations
@@ -57,6 +63,28 @@ def condition(obj: dict | None, kind: str) -> dict | None:
         if c.get("type") == kind and c.get("status") == "True":
             return c
     return None
+
+
+def ended(trainjob: dict | None) -> bool:
+    """Whether the TrainJob has finished (its Complete or Failed condition is set)."""
+    return condition(trainjob, "Complete") is not None or condition(trainjob, "Failed") is not None
+
+
+def held(trainjob: dict | None) -> bool:
+    """Whether the TrainJob is suspended and not ended: Kueue's Workload says why (kueue_reason)."""
+    return condition(trainjob, "Suspended") is not None and not ended(trainjob)
+
+
+def kueue_reason(workload: dict | None) -> str | None:
+    """Why Kueue holds the job: its Workload's eviction, then what its quota reservation waits for."""
+    parts = []
+    evicted = condition(workload, "Evicted")
+    if evicted:
+        parts.append(f"evicted: {evicted.get('message') or evicted.get('reason')}")
+    for c in ((workload or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == "QuotaReserved" and c.get("status") == "False":
+            parts.append(c.get("message") or c.get("reason") or "waiting for quota")
+    return "; ".join(p for p in parts if p) or None
 
 
 def node_rank(pod: dict) -> int:
@@ -140,8 +168,9 @@ def failure(pods: list[dict], failed: dict) -> tuple[str, int | None, str]:
     )
 
 
-def facts(job_id: str, trainjob: dict | None, pods: list[dict]) -> JobFacts:
-    """The job's facts from its TrainJob (None: gone) and the pods JobSet made for it."""
+def facts(job_id: str, trainjob: dict | None, pods: list[dict], workload: dict | None = None) -> JobFacts:
+    """The job's facts from its TrainJob (None: gone), the pods JobSet made for it and, for a suspended
+    one, the Workload Kueue gates it with (None: none, or not readable)."""
     if trainjob is None:  # created before submit returned, so gone means deleted: by `cancel`, or by hand
         return JobFacts(
             job_id,
@@ -167,8 +196,11 @@ def facts(job_id: str, trainjob: dict | None, pods: list[dict]) -> JobFacts:
     if failed:
         state, code, why = failure(pods, failed)
         return out(state, code, api_time(failed.get("lastTransitionTime")), why)
-    suspended = condition(trainjob, "Suspended")
-    if suspended:
+    if held(trainjob):
+        suspended = condition(trainjob, "Suspended") or {}
+        why = kueue_reason(workload)
+        if why:
+            return out(S.PENDING, reason=f"suspended by Kueue: {why}")
         return out(
             S.PENDING, reason=f"suspended: {suspended.get('message') or 'waiting for admission by Kueue'}"
         )
