@@ -344,10 +344,13 @@ class LocalExecutor:
         return bool(pids)
 
     def find(self, rd: RunDir, since_epoch: float) -> list[JobFacts]:
+        """The contract (base.Executor.find): recent jobs, ended or not, and live ones however old."""
         out = []
         for sf in sorted(rd.logs.glob("local-*.json")):
-            if sf.stat().st_mtime >= since_epoch - 60:
-                out.append(self.facts(rd, sf.stem[len("local-") :]))
+            recent = sf.stat().st_mtime >= since_epoch - 60
+            facts = self.facts(rd, sf.stem[len("local-") :])
+            if recent or facts.active:
+                out.append(facts)
         return out
 
     def log_path(self, rd: RunDir, job_id: str) -> str:
