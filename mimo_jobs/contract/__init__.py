@@ -11,4 +11,5 @@ both sides import these modules, neither imports the other.
   jobstates    what each scheduler state means
   datastats    the dataset statistics file `data stats` writes and the planner reads
   mocktokens   the mock data's token ids and the vocabulary they need
+  modules      the study's module names against the trainer's slot names (one rule, both ways)
 """

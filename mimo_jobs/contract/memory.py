@@ -11,6 +11,7 @@ missing or not a number.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -113,6 +114,18 @@ class MemoryFacts:
             elapsed_s=_seconds(d.get("elapsed_s"), "elapsed_s"),
             phases_s=_phases(d.get("phases_s")),
         )
+
+
+def rank_phase_seconds(phases: dict[str, float], encoders: Iterable[str]) -> dict[str, float]:
+    """The rank's seconds per phase of contract.iteration.PHASES from its timers (`phases_s`). A rank of
+    several encoder modules times each module's forward and backward under its name (`vision_fwd`,
+    `audio_bwd`: trainer/step); they count to `enc_fwd`/`enc_bwd`, the encoder modules' forward and backward
+    on the rank (`encoders`: the study's names of the encoder modules it runs)."""
+    out = {p: phases.get(p, 0.0) for p in PHASES}
+    for name in encoders:
+        for side in ("fwd", "bwd"):
+            out[f"enc_{side}"] += phases.get(f"{name}_{side}", 0.0)
+    return out
 
 
 def facts_path(run_dir: Path, rank: int) -> Path:

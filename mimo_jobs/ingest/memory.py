@@ -1,7 +1,10 @@
 """Per-rank memory facts (`<run dir>/memory/rank-<r>.json`, written by the trainer) into `rank_memory`.
 
 The record is contract.memory.MemoryFacts. One row per run, rank and module the rank runs (a colocated rank
-runs both); the rank's own figures (activation peak, role, phase timers) are on each of its rows. A file
+runs every module), the module under the study's name (`vision`, `audio`, `llm`: contract/modules.py turns
+the trainer's slot names into them) with its own activation peak where the trainer measured it; the rank's
+own figures (activation peak, role, phase timers) are on each of its rows, a several-encoder rank's
+per-module forward and backward counted to the encoder phases (contract.memory.rank_phase_seconds). A file
 whose modification time is the one stored is not read again; a file that is not valid JSON of the expected
 shape is a problem of the ingest, named with its path, and leaves the run's other rows as they were.
 Phases a newer trainer times that contract.iteration.PHASES does not name are not stored.
@@ -12,14 +15,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mimo_jobs.contract.memory import MEMORY_DIR, PHASE_SECONDS, TIMING_COLUMNS, MemoryFacts
+from mimo_jobs.contract.memory import (
+    MEMORY_DIR,
+    PHASE_SECONDS,
+    TIMING_COLUMNS,
+    MemoryFacts,
+    rank_phase_seconds,
+)
+from mimo_jobs.contract.modules import LLM, study_name
 
 from .discover import IngestError
 
 _COLUMNS = (
     "run_id, rank, module, tp_rank, pp_rank, dp_rank, iteration, params, param_bytes, grad_buffer_bytes, "
-    "optimizer_state_bytes, saved_activation_peak_bytes, inflight_peak, cuda_max_allocated_bytes, "
-    "cuda_max_reserved_bytes, source_file, mtime, " + ", ".join(TIMING_COLUMNS)
+    "optimizer_state_bytes, saved_activation_peak_bytes, module_saved_activation_peak_bytes, inflight_peak, "
+    "cuda_max_allocated_bytes, cuda_max_reserved_bytes, source_file, mtime, " + ", ".join(TIMING_COLUMNS)
 )
 _N_COLUMNS = _COLUMNS.count(",") + 1
 
@@ -31,13 +41,12 @@ def memory_files(run_dir: Path) -> list[Path]:
 
 def rows_of(facts: MemoryFacts, run_id: str, source: str, mtime: float) -> list[tuple]:
     """The rank_memory rows of one rank's facts (pure: tested without a store)."""
-    phases = facts.phases_s
-    timing = (
-        facts.role,
-        facts.timed_iterations,
-        facts.elapsed_s,
-        *(None if phases is None else phases.get(p, 0.0) for p in PHASE_SECONDS),
-    )
+    modules = {study_name(slot): m for slot, m in facts.modules.items()}
+    if facts.phases_s is None:
+        phases = dict.fromkeys(PHASE_SECONDS)
+    else:
+        phases = rank_phase_seconds(facts.phases_s, [n for n in modules if n != LLM])
+    timing = (facts.role, facts.timed_iterations, facts.elapsed_s, *(phases[p] for p in PHASE_SECONDS))
     return [
         (
             run_id,
@@ -52,6 +61,7 @@ def rows_of(facts: MemoryFacts, run_id: str, source: str, mtime: float) -> list[
             m.grad_buffer_bytes,
             m.optimizer_state_bytes,
             facts.saved_activation_peak_bytes,
+            m.saved_activation_peak_bytes,
             facts.inflight_peak,
             facts.cuda_max_allocated_bytes,
             facts.cuda_max_reserved_bytes,
@@ -59,7 +69,7 @@ def rows_of(facts: MemoryFacts, run_id: str, source: str, mtime: float) -> list[
             mtime,
             *timing,
         )
-        for module, m in sorted(facts.modules.items())
+        for module, m in sorted(modules.items())
     ]
 
 

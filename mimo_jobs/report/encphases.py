@@ -6,7 +6,7 @@ pair per encoder module under its name in the study (e.g. `vision_fwd`, `audio_b
 `llm_fwd`/`llm_bwd`. A record of one encoder names it `enc_fwd`/`enc_bwd`: that is the run's one encoder
 module (`vision` for a run of `encoder:` and for records older than module names). The module with the most
 forward + backward time per iteration bounds the step; the planner's bottleneck (predict/several.py) is the
-module whose one microbatch takes longest ("encoder" for a one-encoder run).
+module whose one microbatch takes longest, by the study's name (report/predicted.py names it so).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class EncoderPhaseRow:
     fwd_ms: float | None
     bwd_ms: float | None
     bounds: bool  # the module with the most forward + backward time of the run
-    predicted_bottleneck: str | None  # the planner's, for the run (its module name; "encoder": the one)
+    predicted_bottleneck: str | None  # the planner's, for the run (a module's name in the study, or llm)
 
     @property
     def busy_ms(self) -> float:

@@ -142,7 +142,7 @@ class MemoryRow:
     study: str
     run_id: str
     name: str
-    module: str  # encoder | language
+    module: str  # its name in the study: vision, audio, ..., llm
     stage: int | None
     ranks: int
     params: int
@@ -152,6 +152,9 @@ class MemoryRow:
     saved_activation_peak_bytes: int
     inflight_peak: int
     cuda_max_allocated_bytes: int | None = None
+    # what autograd kept for this module's own forward at its peak (None: facts from before the trainer
+    # measured it per module); saved_activation_peak_bytes is its ranks' (every module on a colocated one)
+    module_activation_peak_bytes: int | None = None
 
 
 @dataclass
@@ -189,12 +192,18 @@ class PredictedMemoryRow:
     study: str
     run_id: str
     name: str
-    rank_class: str  # encoder | llm stage N | encoder+llm stage N (colocated)
+    rank_class: str  # a module's name in the study (vision, audio, llm [stage N]); vision+audio+llm [stage N]
+    # for the ranks that run every module (colocated)
     ranks: str  # first-last global rank (LLM stages are strided)
     predicted_bytes: int
     measured_bytes: int | None
     measured_ranks: int  # ranks of the class with measured facts
     error: float | None
+    # the activations alone: predicted (every module of the class), and the largest over its ranks of the
+    # saved-activation peak each measured (a rank's, every module it runs)
+    predicted_activation_bytes: int | None = None
+    measured_activation_bytes: int | None = None
+    activation_error: float | None = None
 
 
 @dataclass

@@ -1,8 +1,8 @@
-"""Both modules' phases, from every rank's own timers (rank_memory's timing columns, contract.memory): per run
-and module (the encoder's ranks; each LLM pipeline stage's; or the colocated ranks) how much of the step its
-ranks computed, how much they waited for the other side, the encoder's idle fraction, and which side bounds
-the step, beside the planner's bottleneck and predicted idle fraction (predict/steptime.py). Pure: rows in,
-rows out.
+"""Every module's phases, from every rank's own timers (rank_memory's timing columns, contract.memory): per
+run and module (each encoder module's ranks, under its name in the study: vision, audio; each LLM pipeline
+stage's; or the colocated ranks) how much of the step its ranks computed, how much they waited for the other
+side, its idle fraction, and which module bounds the step, beside the planner's bottleneck and predicted
+idle fraction (predict/steptime.py, predict/several.py). Pure: rows in, rows out.
 
 Per module, over its ranks (sums of the iterations each rank's job ran after its first):
   step     wall time per iteration, sum(elapsed) / sum(iterations);
@@ -13,8 +13,8 @@ Per module, over its ranks (sums of the iterations each rank's job ran after its
   idle     wait / (busy + wait): the share of its microbatch pipeline it spent waiting, the measured
            counterpart of the planner's idle fraction, 1 - min(e, l) / max(e, l) (e, l: one microbatch's
            time on the encoder and on an LLM stage).
-The side with the most busy time per iteration (the encoder, or the busiest LLM stage) bounds the step;
-the other side's idle fraction says how much of it waits.
+The module with the most busy time per iteration (an encoder module, or the busiest LLM stage) bounds the
+step; the other side's idle fraction says how much of it waits (the encoder side's pooled over its modules).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from mimo_jobs.contract.memory import PHASE_SECONDS
+from mimo_jobs.contract.modules import LLM
 
 from .model import PredictedRow, RunRow
 
@@ -38,7 +39,7 @@ class ModuleRow:
     study: str
     run_id: str
     name: str
-    module: str  # encoder | llm | llm stage <k> | colocated
+    module: str  # an encoder module's name in the study (vision, audio) | llm | llm stage <k> | colocated
     role: str  # contract.memory.ROLES
     stage: int | None  # the LLM pipeline stage (None for the encoder)
     ranks: int
@@ -57,7 +58,7 @@ class ModuleRow:
 
 @dataclass
 class BoundRow:
-    """Which side of a run bounds the step, measured and as the planner predicted it."""
+    """Which module of a run bounds the step, measured and as the planner predicted it."""
 
     study: str
     run_id: str
@@ -65,18 +66,18 @@ class BoundRow:
     colocated: bool
     bound: str | None  # the module with the most busy time per iteration (None: colocated, no sides)
     bound_side: str | None  # encoder | llm
-    encoder_busy_ms: float | None
+    encoder_busy_ms: float | None  # the busiest encoder module's
     llm_busy_ms: float | None  # the busiest LLM stage's
-    encoder_idle: float | None
+    encoder_idle: float | None  # over every encoder rank
     llm_idle: float | None  # over every LLM rank
     other_idle: float | None  # the idle fraction of the side that does not bound
-    predicted_bottleneck: str | None  # encoder | llm
+    predicted_bottleneck: str | None  # the planner's: an encoder module's name, or llm
     predicted_idle: float | None  # of the side that waits for it
-    agrees: bool | None  # the measured bounding side is the predicted one
+    agrees: bool | None  # the measured bounding module is the predicted one (an LLM stage: llm)
 
 
 def _rank_timings(ranks: list[dict]) -> dict[str, dict[int, dict]]:
-    """run_id -> rank -> its row with timings (a colocated rank's two module rows hold the same)."""
+    """run_id -> rank -> its row with timings (a colocated rank's module rows hold the same)."""
     out: dict[str, dict[int, dict]] = defaultdict(dict)
     for r in ranks:
         if r.get("role") and r.get("timed_iterations") and r.get("elapsed_s") is not None:
@@ -85,8 +86,10 @@ def _rank_timings(ranks: list[dict]) -> dict[str, dict[int, dict]]:
 
 
 def _module_of(r: dict, staged: bool) -> tuple[str, int | None]:
+    """The module row a rank's timings count to: an encoder rank's module (the store names it as the study
+    does), the LLM's stage, or the colocated ranks."""
     if r["role"] == "encoder":
-        return "encoder", None
+        return r["module"], None
     stage = int(r.get("pp_rank") or 0)
     label = r["role"] + (f" stage {stage}" if staged else "")
     return label, stage
@@ -118,12 +121,21 @@ def module_row(run: RunRow, module: str, role: str, stage: int | None, ranks: li
         wait_share=share(wait),
         rest_share=1.0 - share(busy) - share(wait),
         idle=wait / (busy + wait) if busy + wait > 0 else None,
-        phase_ms={p: v * per for p, v in ph.items() if v > 0},
+        phase_ms={_phase_name(p, module, role): v * per for p, v in ph.items() if v > 0},
     )
 
 
+def _phase_name(phase: str, module: str, role: str) -> str:
+    """An encoder module's own forward and backward under its name (vision_fwd), as the iteration records
+    of several encoders name them; every other phase as contract.iteration.PHASES does."""
+    if role == "encoder" and phase in ("enc_fwd", "enc_bwd"):
+        return f"{module}_{phase[4:]}"
+    return phase
+
+
 def module_rows(rank_memory: list[dict], runs: list[RunRow]) -> list[ModuleRow]:
-    """Per run (in the report's order) its modules: encoder, then LLM stages, or the colocated ranks."""
+    """Per run (in the report's order) its modules: encoder modules in rank order, then LLM stages, or the
+    colocated ranks."""
     timings = _rank_timings(rank_memory)
     out = []
     for run in runs:
@@ -134,9 +146,15 @@ def module_rows(rank_memory: list[dict], runs: list[RunRow]) -> list[ModuleRow]:
         groups: dict[tuple, list[dict]] = defaultdict(list)
         for r in by_rank.values():
             label, stage = _module_of(r, staged)
-            groups[(r["role"] != "encoder", stage or 0, label, r["role"])].append(r)
-        for (_, stage, label, role), rs in sorted(groups.items()):
-            out.append(module_row(run, label, role, None if role == "encoder" else stage, rs))
+            groups[(label, r["role"], stage or 0)].append(r)
+        # encoder modules by their first rank (the layout's order), then the LLM's stages
+        order = sorted(groups, key=lambda k: (k[1] != "encoder", k[2], min(x["rank"] for x in groups[k])))
+        for label, role, stage in order:
+            out.append(
+                module_row(
+                    run, label, role, None if role == "encoder" else stage, groups[(label, role, stage)]
+                )
+            )
     return out
 
 
@@ -156,15 +174,17 @@ def bound_row(run: RunRow, mods: list[ModuleRow], pred: PredictedRow | None) -> 
     row = BoundRow(run.study, run.run_id, run.name, run.colocated, None, None, None, None, None, None, None,
                    p_bottleneck, p_idle, None)  # fmt: skip
     if not enc or not llm:
-        return row  # colocated (every rank runs both), or one side's timers missing
+        return row  # colocated (every rank runs every module), or one side's timers missing
     busiest = max(llm, key=lambda m: m.busy_ms)
-    row.encoder_busy_ms, row.llm_busy_ms = enc[0].busy_ms, busiest.busy_ms
-    row.encoder_idle, row.llm_idle = enc[0].idle, _pooled_idle(llm)
-    if enc[0].busy_ms > busiest.busy_ms:
-        row.bound, row.bound_side, row.other_idle = "encoder", "encoder", row.llm_idle
+    slowest = max(enc, key=lambda m: m.busy_ms)
+    row.encoder_busy_ms, row.llm_busy_ms = slowest.busy_ms, busiest.busy_ms
+    row.encoder_idle, row.llm_idle = _pooled_idle(enc), _pooled_idle(llm)
+    if slowest.busy_ms > busiest.busy_ms:
+        row.bound, row.bound_side, row.other_idle = slowest.module, "encoder", row.llm_idle
     else:
         row.bound, row.bound_side, row.other_idle = busiest.module, "llm", row.encoder_idle
-    row.agrees = None if p_bottleneck is None else p_bottleneck == row.bound_side
+    if p_bottleneck is not None:
+        row.agrees = p_bottleneck == (LLM if row.bound_side == "llm" else row.bound)
     return row
 
 

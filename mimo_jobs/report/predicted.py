@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 
+from mimo_jobs.contract.modules import LLM, study_name
 from mimo_jobs.predict.calibrate import mean_abs, relative_error
 
 from .model import PredictedMemoryRow, PredictedRow, RunRow
@@ -104,7 +105,7 @@ def priced_on(gpu: str, layers: str) -> str:
     return f"{gpu} ({layers} layers)" if layers != "te" and gpu != "cpu" else gpu
 
 
-def _time_row(row: RunRow, p) -> PredictedRow:
+def _time_row(row: RunRow, p, encoders: list[str]) -> PredictedRow:
     measured = row.t_median_ms / 1000.0 if row.t_median_ms else None
     tok = p.tokens_per_s_per_gpu
     return PredictedRow(
@@ -118,61 +119,52 @@ def _time_row(row: RunRow, p) -> PredictedRow:
         tok,
         row.slots_per_s_per_gpu,
         relative_error(tok, row.slots_per_s_per_gpu),
-        p.time.bottleneck,
+        study_name(p.time.bottleneck, encoders),
         p.memory.verdict(),
         idle_fraction=p.time.idle_fraction,
         layers=p.gpu.layers,
     )
 
 
-def _rank_kind(rank: int, mods: set, lay) -> str:
-    """A rank's class by the layout's module ranges (study/topology.py module_ranges): a rank with several
-    modules is colocated; an encoder module's rank is that module's (a one-encoder layout's: `encoder`), the
-    rest the LLM's. The stored module names (`encoder`, `encoder.audio`, `language`) say no more."""
-    from mimo_jobs.study.topology import module_ranges
-
-    if len(mods) > 1:
-        return "encoder+llm"
-    if not lay.colocated:
-        several = len(lay.encoders) > 1
-        for m in module_ranges(lay):
-            if m.rank_start <= rank < m.rank_end:
-                return m.name if several else "encoder"
-    return "encoder" if mods == {"encoder"} else "llm"
+def class_label(modules: list[str], encoders: list[str]) -> str:
+    """A rank class by the study's names of the modules its ranks run: one (`vision`, `audio`, `llm`), or
+    every one joined, encoders in the run's order and the LLM last (`vision+audio+llm`: colocated)."""
+    order = {m: i for i, m in enumerate(encoders)}
+    return "+".join(sorted(modules, key=lambda m: (m == LLM, order.get(m, len(encoders)), m)))
 
 
-def _measured_by_class(ranks: list[dict], lay) -> dict[tuple[str, int], list[int]]:
-    """(class, stage) -> each rank's measured total. A colocated rank has a row per module; its saved
-    activation peak is the rank's (both modules), so it counts once."""
+def _measured_by_class(ranks: list[dict], encoders: list[str]) -> dict[tuple[str, int], list[dict]]:
+    """(class, stage) -> each rank's measured figures: its total (a colocated rank has a row per module;
+    its saved activation peak is the rank's, every module's, so it counts once) and that peak. The store
+    names each rank's modules as the study does, so a rank's class is the modules it runs."""
     by_rank: dict[int, list[dict]] = {}
     for x in ranks:
         by_rank.setdefault(x["rank"], []).append(x)
-    out: dict[tuple[str, int], list[int]] = {}
-    for rank, rows in by_rank.items():
-        mods = {x["module"] for x in rows}
-        lang = [x for x in rows if x["module"] == "language"]
+    out: dict[tuple[str, int], list[dict]] = {}
+    for rows in by_rank.values():
+        lang = [x for x in rows if x["module"] == LLM]
         stage = int(lang[0].get("pp_rank") or 0) if lang else 0
-        kind = _rank_kind(int(rank), mods, lay)
-        total = sum(int(x[k] or 0) for x in rows for k in _MEASURED)
-        total += max(int(x["saved_activation_peak_bytes"] or 0) for x in rows)
-        out.setdefault((kind, stage), []).append(total)
+        act = max(int(x["saved_activation_peak_bytes"] or 0) for x in rows)
+        total = sum(int(x[k] or 0) for x in rows for k in _MEASURED) + act
+        kind = class_label([x["module"] for x in rows], encoders)
+        out.setdefault((kind, stage), []).append({"total": total, "activations": act})
     return out
 
 
-def _memory_rows(row: RunRow, p, ranks: list[dict]) -> list[PredictedMemoryRow]:
-    measured = _measured_by_class(ranks, p.shape.layout)
+def _memory_rows(row: RunRow, p, ranks: list[dict], encoders: list[str]) -> list[PredictedMemoryRow]:
+    measured = _measured_by_class(ranks, encoders)
     pp = p.shape.layout.llm_pp
     out = []
     for cls in p.memory.classes:
-        llm = [m for m in cls.modules if m.module == "llm"]
+        llm = [m for m in cls.modules if m.module == LLM]
         stage = llm[0].stage if llm else 0
-        kind = "encoder+llm" if len(cls.modules) > 1 else cls.modules[0].module
+        kind = class_label([study_name(m.module, encoders) for m in cls.modules], encoders)
         label = kind + (f" stage {stage}" if llm and pp > 1 else "")
-        pred = sum(
-            m.weight_bytes + m.grad_bytes + m.optimizer_bytes + m.activation_bytes for m in cls.modules
-        )
+        acts = sum(m.activation_bytes for m in cls.modules)
+        pred = sum(m.weight_bytes + m.grad_bytes + m.optimizer_bytes for m in cls.modules) + acts
         got = measured.get((kind, stage), [])
-        top = max(got) if got else None
+        top = max((g["total"] for g in got), default=None)
+        top_act = max((g["activations"] for g in got), default=None)
         out.append(
             PredictedMemoryRow(
                 row.study,
@@ -184,6 +176,9 @@ def _memory_rows(row: RunRow, p, ranks: list[dict]) -> list[PredictedMemoryRow]:
                 top,
                 len(got),
                 relative_error(pred, top),
+                predicted_activation_bytes=acts,
+                measured_activation_bytes=top_act,
+                activation_error=relative_error(acts, top_act) if top_act else None,
             )
         )
     return out
@@ -226,9 +221,10 @@ def predicted_rows(
         if p is None:
             continue
         groups.setdefault((row.study, g.name, g.layers), []).append((len(times), spec, g))
-        times.append(_time_row(row, p))
+        encoders = [m.module for m in r.get("modules") or []]
+        times.append(_time_row(row, p, encoders))
         if r["run_id"] in ranks:
-            memory += _memory_rows(row, p, ranks[r["run_id"]])
+            memory += _memory_rows(row, p, ranks[r["run_id"]], encoders)
     for (study, gpu_name, backend), members in groups.items():
         notes.insert(0, _calibrate(times, members, f"{study} on {priced_on(gpu_name, backend)}"))
     return times, memory, notes

@@ -129,9 +129,9 @@ def bounds(report: Report) -> Section | None:
              "LLM idle", "idle of the other", "predicted bottleneck", "predicted idle of the other",
              "agrees"]  # fmt: skip
     lines = [
-        "measured: the side with the most busy time per iteration (the encoder, or the busiest LLM stage) "
-        "bounds the step; the planner's: one microbatch's time on the encoder against an LLM stage's, idle = "
-        "1 - shorter / longer"
+        "measured: the module with the most busy time per iteration (an encoder module, or the busiest LLM "
+        "stage) bounds the step; encoder busy is the busiest encoder module's, encoder idle over every encoder "
+        "rank; the planner's: the module whose one microbatch takes longest, idle = 1 - shortest / longest"
     ]
     return Section("Which side bounds the step (measured against the planner)", heads, rows, lines)
 
@@ -212,13 +212,20 @@ def memory(report: Report) -> Section | None:
     rows = [
         [m.name, m.module + ("" if m.stage is None else f" stage {m.stage}"), str(m.ranks), f"{m.params:,}",
          _gib(m.param_bytes), _gib(m.grad_buffer_bytes), _gib(m.optimizer_state_bytes),
-         _gib(m.saved_activation_peak_bytes), str(m.inflight_peak), _gib(m.cuda_max_allocated_bytes)]
+         _gib(m.module_activation_peak_bytes), _gib(m.saved_activation_peak_bytes), str(m.inflight_peak),
+         _gib(m.cuda_max_allocated_bytes)]
         for m in report.memory
     ]  # fmt: skip
     heads = ["run", "module", "ranks", "params", "weights", "grad buffers", "optimizer state",
-             "saved activations (peak)", "in flight", "CUDA max allocated"]  # fmt: skip
+             "module's activations (peak)", "rank's activations (peak)", "in flight",
+             "CUDA max allocated"]  # fmt: skip
+    lines = [
+        "activations: what autograd kept for backward at its peak, the module's own forward's and its ranks' "
+        "(every module a colocated rank runs, and the loss); '-': facts written before the trainer measured "
+        "each module"
+    ]
     return Section(
-        "Measured memory per rank (the largest over the ranks of each module and stage)", heads, rows, []
+        "Measured memory per rank (the largest over the ranks of each module and stage)", heads, rows, lines
     )
 
 
@@ -270,15 +277,22 @@ def predicted_memory(report: Report) -> Section | None:
         return None
     rows = [
         [m.name, m.rank_class, m.ranks, _gib(m.predicted_bytes), _gib(m.measured_bytes), str(m.measured_ranks),
-         _err(m.error)]
+         _err(m.error), _gib(m.predicted_activation_bytes), _gib(m.measured_activation_bytes),
+         _err(m.activation_error)]
         for m in report.predicted_memory
     ]  # fmt: skip
-    heads = ["run", "module", "ranks", "predicted", "measured (largest rank)", "ranks measured", "error"]
+    heads = ["run", "module", "ranks", "predicted", "measured (largest rank)", "ranks measured", "error",
+             "predicted activations", "measured activations", "activations error"]  # fmt: skip
+    lines = [
+        "module: the modules a class's ranks run, by the study's names (colocated ranks: every one, joined "
+        "by +); activations: the planner's for the class against the largest saved-activation peak its ranks "
+        "measured"
+    ]
     return Section(
         "Predicted vs measured memory per rank class (weights + gradients + optimizer state + activations)",
         heads,
         rows,
-        [],
+        lines,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-VISION = "vision"  # the one encoder's module name (study/topology.py VISION)
+from mimo_jobs.contract.modules import VISION
 
 
 @dataclass(frozen=True)

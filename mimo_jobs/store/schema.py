@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from mimo_jobs.contract.iteration import PHASE_COLUMNS, VALUE_COLUMNS
 from mimo_jobs.contract.memory import TIMING_COLUMNS
+from mimo_jobs.contract.modules import study_name
 
 from .tx import transaction
 
@@ -20,7 +21,9 @@ from .tx import transaction
 # 6: iterations.tokens, carried_tokens, image_tokens (the global batch's token counts)
 # 7: rank_memory.role, timed_iterations, elapsed_s, <phase>_s (each rank's own phase timers)
 # 8: run_modules (each encoder module of a run by its name; runs.enc_* hold a run of one encoder only)
-# 9: runs.named_at (when a submit last named the run, from its run directory: the order of attempts)
+# 9: runs.named_at (when a submit last named the run, from its run directory: the order of attempts);
+#    rank_memory.module by the study's module names (vision, audio, llm: contract/modules.py), not the
+#    trainer's (encoder, encoder.audio, language); rank_memory.module_saved_activation_peak_bytes
 SCHEMA_VERSION = 9
 
 # the iterations table's measured values and phase times: the contract owns their names and types
@@ -121,11 +124,13 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS rank_memory (
         run_id VARCHAR NOT NULL,
         rank INTEGER NOT NULL,
-        module VARCHAR NOT NULL,      -- encoder | language (a colocated rank has a row for each)
+        module VARCHAR NOT NULL,      -- its name in the study: vision, audio, ..., llm (a colocated rank
+                                      -- has a row for each module it runs)
         tp_rank INTEGER, pp_rank INTEGER, dp_rank INTEGER,
         iteration INTEGER,            -- when it was measured (the end of the run, or a requeue stop)
         params BIGINT, param_bytes BIGINT, grad_buffer_bytes BIGINT, optimizer_state_bytes BIGINT,
-        saved_activation_peak_bytes BIGINT,   -- the rank's, over every step (both modules together)
+        saved_activation_peak_bytes BIGINT,   -- the rank's, over every step (every module together)
+        module_saved_activation_peak_bytes BIGINT,  -- this module's own (NULL: facts from before it)
         inflight_peak INTEGER,
         cuda_max_allocated_bytes BIGINT, cuda_max_reserved_bytes BIGINT,
         source_file VARCHAR, mtime DOUBLE,
@@ -162,7 +167,10 @@ ADDED_COLUMNS = [
     ("iterations", "carried_tokens", "BIGINT"),
     ("iterations", "image_tokens", "BIGINT"),
     *(("rank_memory", c, sql) for c, sql in TIMING_COLUMNS.items()),
+    ("rank_memory", "module_saved_activation_peak_bytes", "BIGINT"),
 ]
+# The version from which rank_memory names modules as the study does (older ones: the trainer's slots).
+STUDY_MODULE_NAMES = 9
 
 
 class BadVersion(ValueError):
@@ -233,7 +241,8 @@ def foreign_tables(con) -> list[str]:
 def present_older(con, stored: str) -> None:
     """In `con`'s own (in-memory) catalog, the current schema over the store attached read-only as
     `stored`: each stored table as a view, a column its schema lacks read as its default (NULL unless the
-    DDL gives one), a table it lacks empty. Nothing is written to the store."""
+    DDL gives one), a table it lacks empty, rank_memory's trainer slot names (before schema 9) read as the
+    study's module names. Nothing is written to the store."""
     for stmt in SCHEMA:
         con.execute(stmt)
     here = con.execute("SELECT current_database()").fetchone()[0]
@@ -253,10 +262,46 @@ def present_older(con, stored: str) -> None:
         quoted = f'"{column}"'
         expr = quoted if (table, column) in have else f"CAST({default or 'NULL'} AS {typ}) AS {quoted}"
         by_table.setdefault(table, []).append(expr)
+    slots = ("rank_memory" in tables) and _stored_version(con, stored) < STUDY_MODULE_NAMES
     for table, exprs in by_table.items():
         if table in tables:
+            if table == "rank_memory" and slots:
+                named = _study_names_sql(con, f'"{stored}".rank_memory')
+                exprs = [f'{named} AS "module"' if e == '"module"' else e for e in exprs]
             con.execute(f"DROP TABLE {table}")
             con.execute(f'CREATE VIEW {table} AS SELECT {", ".join(exprs)} FROM "{stored}".{table}')
+
+
+def _stored_version(con, stored: str) -> int:
+    """The schema version of the store attached as `stored` (0: none that is a number)."""
+    v = con.execute(f"SELECT value FROM \"{stored}\".meta WHERE key = 'schema_version'").fetchall()
+    try:
+        return int(v[0][0]) if v else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _slot_names(con, table: str) -> list[tuple[str, str]]:
+    """(trainer slot name, the study's name) of each module name `table` holds that study_name renames."""
+    names = [r[0] for r in con.execute(f"SELECT DISTINCT module FROM {table}").fetchall()]
+    return [(n, study_name(n)) for n in names if study_name(n) != n]
+
+
+def _study_names_sql(con, table: str) -> str:
+    """`module` of an older store's rank_memory by the study's names: a CASE built from contract.modules'
+    rule over the names the table holds."""
+
+    def quote(x: str) -> str:
+        return "'" + x.replace("'", "''") + "'"
+
+    whens = " ".join(f"WHEN {quote(a)} THEN {quote(b)}" for a, b in _slot_names(con, table))
+    return f'CASE "module" {whens} ELSE "module" END' if whens else '"module"'
+
+
+def _rename_modules(con) -> None:
+    """Schema 8 -> 9: rank_memory's trainer slot names become the study's (contract.modules.study_name)."""
+    for old, new in _slot_names(con, "rank_memory"):
+        con.execute("UPDATE rank_memory SET module = ? WHERE module = ?", [new, old])
 
 
 def ensure(con) -> None:
@@ -274,8 +319,11 @@ def ensure(con) -> None:
         from .modules import backfill
 
         backfill(con)  # the one encoder of every run so far, from runs.enc_*
-    if version is not None and version < 7:
-        # facts files read before the timing columns existed may hold them: the next ingest reads them again
+    if version is not None and version < STUDY_MODULE_NAMES:
+        _rename_modules(con)
+    if version is not None and version < STUDY_MODULE_NAMES:
+        # facts files read before the timing columns (7) or each module's activation peak (9) existed may
+        # hold them: the next ingest reads them again
         con.execute("UPDATE rank_memory SET mtime = NULL")
     from mimo_jobs import __version__
 

@@ -30,13 +30,14 @@ def test_written_by_the_trainer_stored_by_ingest(tmp_path):
     try:
         n, problems = store_memory(con, tmp_path, "r1")
         row = con.execute(
-            "SELECT rank, module, params, optimizer_state_bytes, inflight_peak, cuda_max_allocated_bytes "
-            "FROM rank_memory"
+            "SELECT rank, module, params, optimizer_state_bytes, inflight_peak, cuda_max_allocated_bytes, "
+            "module_saved_activation_peak_bytes FROM rank_memory"
         ).fetchall()
     finally:
         con.close()
     assert (n, problems) == (1, [])
-    assert row == [(3, "language", 10, 80, 2, None)]
+    # the trainer's slot `language` is stored as the study names it; no per-module peak in this record
+    assert row == [(3, "llm", 10, 80, 2, None, None)]
 
 
 def test_the_record_round_trips():

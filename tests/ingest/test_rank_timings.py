@@ -99,7 +99,7 @@ def test_an_older_store_is_read_and_migrated(tmp_path):
     db = _timed_store(tmp_path)
     con = store.connect(db, read_only=True)
     try:
-        assert {m.module for m in build(con, "pairs").modules} == {"encoder", "llm"}
+        assert {m.module for m in build(con, "pairs").modules} == {"vision", "llm"}
     finally:
         con.close()
     _to_schema_6(db)
@@ -161,8 +161,8 @@ def test_the_real_trainer_times_both_modules(tmp_path_factory):
     finally:
         con.close()
     mods = {m.module: m for m in rep.modules if m.name == name}
-    assert sorted(mods) == ["encoder", "llm"] and mods["encoder"].ranks == mods["llm"].ranks == 2
-    for m, fs in ((mods["encoder"], facts[:2]), (mods["llm"], facts[2:])):
+    assert sorted(mods) == ["llm", "vision"] and mods["vision"].ranks == mods["llm"].ranks == 2
+    for m, fs in ((mods["vision"], facts[:2]), (mods["llm"], facts[2:])):
         elapsed = sum(f["elapsed_s"] for f in fs)
         busy = sum(f["phases_s"].get(p, 0.0) for f in fs for p in BUSY)
         wait = sum(f["phases_s"].get(p, 0.0) for f in fs for p in WAIT)
@@ -171,7 +171,7 @@ def test_the_real_trainer_times_both_modules(tmp_path_factory):
         assert m.busy_share + m.wait_share + m.rest_share == pytest.approx(1.0)
         assert m.idle == pytest.approx(wait / (busy + wait))
     (b,) = [x for x in rep.bounds if x.name == name]
-    slower = "encoder" if mods["encoder"].busy_ms > mods["llm"].busy_ms else "llm"
-    assert b.bound == slower and b.predicted_bottleneck in ("encoder", "llm")
+    slower = "vision" if mods["vision"].busy_ms > mods["llm"].busy_ms else "llm"
+    assert b.bound == slower and b.predicted_bottleneck in ("vision", "llm")
     (colo,) = {m.module for m in rep.modules if m.name == "1n-colo-l2x1x2-g6"}
     assert colo == "colocated"

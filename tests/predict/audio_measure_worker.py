@@ -4,7 +4,9 @@ and measure it.
 `python audio_measure_worker.py ARCH_JSON FRAMES OUT_JSON [TP]` writes the numel of each parameter in
 registration order (and whether it trains), and the FLOPs `torch.utils.flop_counter.FlopCounterMode` counts
 for one forward + backward of one clip of FRAMES log-mel frames through the encoder and a projector of the
-trainer's kind (megatron-core's MultimodalProjector, encoder width -> LLM width given in ARCH_JSON). Under
+trainer's kind (megatron-core's MultimodalProjector, encoder width -> LLM width given in ARCH_JSON), and the
+peak bytes the trainer's SavedTensorMeter sees autograd keep during that forward (the encoder's own share and
+the projector's). Under
 torchrun with TP ranks (a TP group of them), TP rank 0 writes its shard's parameters and FLOPs.
 """
 
@@ -28,6 +30,7 @@ def main(arch_json: str, frames: int, out: str, tp: int = 1) -> None:
     from mimo_jobs.model.audio_arch import AudioArch
     from mimo_jobs.trainer import cuda_shims
     from mimo_jobs.trainer.model.audio_encoder import audio_config, build_audio_encoder
+    from mimo_jobs.trainer.observe.memory import SavedTensorMeter
 
     cuda_shims.install()
     doc = json.loads(Path(arch_json).read_text())
@@ -48,7 +51,9 @@ def main(arch_json: str, frames: int, out: str, tp: int = 1) -> None:
     _, proj_sub, _ = M.encoder_layer_specs(prec)
     proj = MultimodalProjector(cfg, proj_sub, "mlp", input_size=a.out_width, tp_group=pgc.tp)
     clip = torch.randn(a.num_mel_bins, frames, generator=torch.Generator().manual_seed(0))
-    with FlopCounterMode(display=False) as fwd:
+    meter = SavedTensorMeter([*enc.parameters(), *proj.parameters()])
+    meter.watch("encoder", enc)
+    with FlopCounterMode(display=False) as fwd, meter.hooks():
         y = proj(enc([clip])[:, None]).float().sum()
     with FlopCounterMode(display=False) as bwd:
         y.backward()
@@ -60,6 +65,8 @@ def main(arch_json: str, frames: int, out: str, tp: int = 1) -> None:
                 "tensors": [[p.numel(), p.requires_grad] for p in enc.parameters()],
                 "projector": [p.numel() for p in proj.parameters()],
                 "flops": fwd.get_total_flops() + bwd.get_total_flops(),
+                "saved_peak_bytes": meter.peak,
+                "saved_encoder_peak_bytes": meter.module_peak["encoder"],
             }
         )
     )

@@ -2,7 +2,10 @@
 
 - the audio encoder's parameters (tensor by tensor, in registration order, the frozen position table
   apart) and FLOPs against the trainer's built module (trainer/model/audio_encoder.py) and torch's
-  FlopCounterMode, through the worker audio_measure_worker.py (one process; a TP2 group under torchrun);
+  FlopCounterMode, and its activation term (several.audio_bytes) within ACTIVATION_TOLERANCE of the bytes
+  the trainer's SavedTensorMeter counts autograd keep in the built encoder and projector, as the vision
+  encoder's is measured (test_predict_vs_trainer.py), through the worker audio_measure_worker.py (one
+  process; a TP2 group under torchrun);
 - a two-encoder study predicted: each module's rank class holds that module's tensors (the audio one's
   gradients and optimizer state without its frozen table), the vision module exactly as the one-encoder
   planner prices it on the same sizes, colocated ranks every module, the step bounded by the slowest module,
@@ -51,6 +54,9 @@ AUDIO = dict(
     max_source_positions=16,
 )
 LLM_HIDDEN = 48
+# the planner's audio activation bytes against the measured saved tensors: the formula counts per tensor
+# what autograd keeps; what it leaves out (a view's own storage, the loss's scalars) is a few percent
+ACTIVATION_TOLERANCE = 0.05
 
 
 def _measure(tmp_path: Path, a: AudioArch, frames: int, tp: int = 1) -> dict:
@@ -73,6 +79,36 @@ def test_audio_params_and_flops_equal_the_built_module(tmp_path, pooling, frames
     # the CPU attention is unfused and computes the whole n x n matrix, as the formula prices it (the
     # encoder is bidirectional); conv1's input needs no gradient, conv2's does
     assert audio_clip_flops(a, LLM_HIDDEN, frames) == got["flops"]
+    # one microbatch of one clip, fp32, the CPU's unfused attention, no recompute, TP 1
+    rs, mix = _audio_shape(a, frames)
+    predicted = several.audio_bytes(rs, rs.preset.encoders["audio"], mix, 1, 1, fused=False)
+    assert predicted == pytest.approx(got["saved_peak_bytes"], rel=ACTIVATION_TOLERANCE)
+
+
+def _audio_shape(a: AudioArch, frames: int):
+    """The planner's shape of a run of `a` feeding an LLM LLM_HIDDEN wide (an audio-only study, fp32), and
+    its audio module's mix at one clip of `frames` frames per sample."""
+    from dataclasses import replace
+
+    doc = {
+        "name": "a",
+        "cluster": {"executor": "local", "accelerator": "cpu", "gpus_per_node": 2},
+        "trainer": {
+            "model": {
+                "encoders": {"audio": a.to_dict()},
+                "llm": {"preset": "tiny", "hidden_size": LLM_HIDDEN, "num_attention_heads": 4},
+            },
+            "train_iters": 2,
+            "seq_length": 32,
+        },
+        "matrix": {"points": [{"nodes": 1, "encoders": {"audio": {"dp": 1}}, "llm": {"dp": 1}, "gbs": 1}]},
+    }
+    (run,) = runs_of(parse_study(doc, env={}))
+    rs = shape_of(run.layout, run.trainer, run.point.command)
+    assert rs.preset.encoders["audio"] == a and rs.dtype_bytes == 4 and rs.recompute.encoder == "none"
+    tokens = a.tokens_for_frames(frames)
+    (mix,) = rs.modules
+    return rs, replace(mix, frames=frames, tokens_max=tokens, tokens_per_item=tokens)
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ COLOCATED = {"enc_fwd": 0.2, "llm_fwd": 0.3, "llm_bwd": 0.35, "data": 0.05, "opt
 
 def _rank(run_id: str, rank: int, role: str, phases: dict, pp: int = 0, elapsed: float = 1.0) -> dict:
     """A rank_memory row's timing fields, as ingest stores them."""
-    return {"run_id": run_id, "rank": rank, "module": "encoder" if role == "encoder" else "language",
+    return {"run_id": run_id, "rank": rank, "module": "vision" if role == "encoder" else "llm",
             "pp_rank": pp, "role": role, "timed_iterations": 10, "elapsed_s": elapsed,
             **{f"{p}_s": phases.get(p, 0.0) for p in PHASES}}  # fmt: skip
 
@@ -58,7 +58,7 @@ def test_module_figures_by_hand():
         _rank("h", 3, "llm", stage1, pp=1),
     ]
     mods = module_rows(ranks, [_run("h")])
-    assert [(m.module, m.ranks) for m in mods] == [("encoder", 2), ("llm stage 0", 1), ("llm stage 1", 1)]
+    assert [(m.module, m.ranks) for m in mods] == [("vision", 2), ("llm stage 0", 1), ("llm stage 1", 1)]
     enc, s0, s1 = mods
     # encoder: 20 iterations, 2.1 s; busy 2 x 0.55 s, wait 0.3 + 0.4 s, optimizer 0.2 s
     assert enc.step_ms == pytest.approx(2100 / 20)
@@ -70,7 +70,7 @@ def test_module_figures_by_hand():
     assert enc.idle == pytest.approx(0.7 / 1.8)
     assert s1.busy_ms == pytest.approx(75.0) and s1.wait_ms == pytest.approx(10.0)  # pipeline waits count
     assert s0.idle == pytest.approx(0.2 / 0.85)
-    pred = PredictedRow("s", "h", "h", "cpu", 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, "encoder", "fits",
+    pred = PredictedRow("s", "h", "h", "cpu", 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, "vision", "fits",
                         idle_fraction=0.25)  # fmt: skip
     (b,) = bound_rows(mods, [_run("h")], [pred])
     # the busiest stage (75 ms) outworks the encoder (55 ms): the LLM bounds, the encoder waits
@@ -78,12 +78,12 @@ def test_module_figures_by_hand():
     assert b.encoder_busy_ms == pytest.approx(55.0) and b.llm_busy_ms == pytest.approx(75.0)
     assert b.other_idle == b.encoder_idle == pytest.approx(0.7 / 1.8)
     assert b.llm_idle == pytest.approx((0.2 + 0.1) / (0.65 + 0.2 + 0.75 + 0.1))  # over every LLM rank
-    assert (b.predicted_bottleneck, b.predicted_idle, b.agrees) == ("encoder", 0.25, False)
+    assert (b.predicted_bottleneck, b.predicted_idle, b.agrees) == ("vision", 0.25, False)
 
 
 def test_colocated_ranks_are_one_module_without_sides():
     ranks = [_rank("c", r, "colocated", COLOCATED) for r in (0, 1)]
-    ranks += [{**x, "module": "encoder"} for x in ranks]  # a colocated rank has a row per module
+    ranks += [{**x, "module": "vision"} for x in ranks]  # a colocated rank has a row per module
     (m,) = module_rows(ranks, [_run("c", colocated=True)])
     assert (m.module, m.ranks, m.iterations) == ("colocated", 2, 20)
     assert m.busy_share == pytest.approx(0.9) and m.wait_share == 0.0 and m.idle == 0.0
@@ -92,7 +92,7 @@ def test_colocated_ranks_are_one_module_without_sides():
 
 
 def test_ranks_without_timers_give_no_module_rows():
-    old = {"run_id": "o", "rank": 0, "module": "language", "pp_rank": 0, "role": None}
+    old = {"run_id": "o", "rank": 0, "module": "llm", "pp_rank": 0, "role": None}
     assert module_rows([old], [_run("o")]) == []
 
 
@@ -124,17 +124,17 @@ def _write_facts(timings: dict):
 
 @pytest.mark.parametrize(
     "timings, bound, other_idle",
-    [(SLOW_LLM, "llm", 0.3 / 0.85), (SLOW_ENCODER, "encoder", 0.45 / 0.85)],
+    [(SLOW_LLM, "llm", 0.3 / 0.85), (SLOW_ENCODER, "vision", 0.45 / 0.85)],
 )
 def test_a_real_store_names_the_slow_side(tmp_path, timings, bound, other_idle):
     times = {HET: 100.0, TP2: 120.0, DP2: 110.0}
     r = build_report(tmp_path, times, prepare=_write_facts(timings), gpu="H100")
     het = [m for m in r.modules if m.name == HET]
-    assert [(m.module, m.ranks) for m in het] == [("encoder", 1), ("llm", 1)]
+    assert [(m.module, m.ranks) for m in het] == [("vision", 1), ("llm", 1)]
     assert {m.name for m in r.modules if m.module == "colocated"} == {TP2, DP2}
     (b,) = [x for x in r.bounds if x.name == HET]
     assert b.bound == bound and b.other_idle == pytest.approx(other_idle)
-    assert b.predicted_bottleneck in ("encoder", "llm") and 0.0 <= b.predicted_idle < 1.0
+    assert b.predicted_bottleneck in ("vision", "llm") and 0.0 <= b.predicted_idle < 1.0
     assert b.agrees == (b.predicted_bottleneck == bound)
     # every format shows it
     for form in ("table", "md", "html"):

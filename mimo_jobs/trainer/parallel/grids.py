@@ -18,17 +18,16 @@ import torch.distributed as dist
 from megatron.core.hyper_comm_grid import HyperCommGrid
 from megatron.core.process_groups_config import ProcessGroupCollection
 
-from mimo_jobs.model.arch import VISION
+from mimo_jobs.contract.modules import TRAINER_ENCODER, TRAINER_LANGUAGE, trainer_slot
 from mimo_jobs.study.topology import RankLayout, module_ranges
 
-ENCODER, LANGUAGE = "encoder", "language"
+ENCODER, LANGUAGE = TRAINER_ENCODER, TRAINER_LANGUAGE
 
 
 def encoder_module(name: str) -> str:
     """The trainer's name of the encoder module a study names `name` (its checkpoint directory, optimizer
-    slot and canonical-init tag): `encoder` for `vision`, the one module of a model written with `encoder:`
-    (the name every single-encoder checkpoint and init has), `encoder.<name>` for any other."""
-    return ENCODER if name == VISION else f"{ENCODER}.{name}"
+    slot and canonical-init tag): contract/modules.py holds the rule, both ways."""
+    return trainer_slot(name)
 
 
 @dataclass(frozen=True)
