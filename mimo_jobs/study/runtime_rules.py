@@ -24,11 +24,17 @@ class RuntimeProblem:
 
 
 def image_size_problems(
-    sizes: list[int] | tuple[int, ...], unit: int, max_size: int, seq_length: int, text_only: float
+    sizes: list[int] | tuple[int, ...],
+    unit: int,
+    max_size: int,
+    seq_length: int,
+    text_only: float,
+    tokens: Callable[[int], int],
 ) -> list[RuntimeProblem]:
     """Mock image sides: each a multiple of `unit` (pixels per LLM token along a side: the encoder's patch
     times its downsample) between one unit and the preset's image_size, and small enough to leave two text
-    tokens (one to read, one to predict) in a sequence."""
+    tokens (one to read, one to predict) in a sequence; `tokens(side)` is the LLM tokens of a side x side
+    image (the encoder family's token rule)."""
     patch = unit
     out = []
     for s in sizes:
@@ -43,7 +49,7 @@ def image_size_problems(
                 )
             )
             continue
-        n = (s // patch) ** 2
+        n = tokens(s)
         if n + 2 > seq_length:
             out.append(
                 RuntimeProblem(
@@ -66,20 +72,20 @@ def image_size_problems(
 
 
 def towers_room_problem(
-    sizes, units: dict[str, int], seq_length: int, text_only: float
+    sizes, tokens: dict[str, Callable[[int], int]], seq_length: int, text_only: float
 ) -> RuntimeProblem | None:
-    """Several image modules (`units`: module -> pixels per LLM token along a side) each fill their own
-    placeholders for the same image, so the largest image's placeholders of all of them, plus two text
-    tokens, must fit the sequence."""
-    if len(units) < 2 or text_only >= 1 or not sizes:
+    """Several image modules (`tokens`: module -> the LLM tokens of a side x side image by its family's rule)
+    each fill their own placeholders for the same image, so the largest image's placeholders of all of them,
+    plus two text tokens, must fit the sequence."""
+    if len(tokens) < 2 or text_only >= 1 or not sizes:
         return None
-    most = max(sum((s // u) ** 2 for u in units.values()) for s in sizes)
+    most = max(sum(t(s) for t in tokens.values()) for s in sizes)
     if most + 2 <= seq_length:
         return None
     return RuntimeProblem(
         "trainer.data.image_sizes",
         "image-size",
-        f"the largest image is {most} placeholder tokens over the image modules {', '.join(units)}, which does "
+        f"the largest image is {most} placeholder tokens over the image modules {', '.join(tokens)}, which does "
         f"not fit seq_length={seq_length} with text",
         f"use smaller images or trainer.seq_length > {most + 1}",
     )
@@ -206,6 +212,11 @@ def modality_twice_problem(encoders: dict, provider: str) -> RuntimeProblem | No
     )
 
 
+def _square_tokens(encoder) -> Callable[[int], int]:
+    """The LLM tokens of a side x side image for an image encoder (its family's rule: EncoderArch.tokens_for)."""
+    return lambda side: encoder.tokens_for(side, side)
+
+
 def runtime_problems(
     trainer, accelerator: str, installed: Callable[[str], bool], model=None
 ) -> list[RuntimeProblem]:
@@ -243,9 +254,10 @@ def runtime_problems(
                 encoder.image_size,
                 trainer.seq_length,
                 d.text_only_fraction,
+                _square_tokens(encoder),
             )
-        units = {n: e.patch_size * e.downsample for n, e in images.items()}
-        room = towers_room_problem(d.image_sizes, units, trainer.seq_length, d.text_only_fraction)
+        tokens = {n: _square_tokens(e) for n, e in images.items()}
+        room = towers_room_problem(d.image_sizes, tokens, trainer.seq_length, d.text_only_fraction)
         out += [room] if room is not None and not out else []
         if llm is not None and len(encoders) > 2 and not vocab_problem(llm.vocab_size):
             why = vocab_problem(llm.vocab_size - len(encoders) + 1)
