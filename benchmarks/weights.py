@@ -2,7 +2,7 @@
 rank against the rank's shard (prints figures; never run by the tests).
 
 A synthetic Llama-style checkpoint (random tensors, written in ~0.5 GB files with an index, as
-save_pretrained shards) is loaded under torchrun (2 ranks, gloo) by trainer/checkpoint/hf_load.py, each rank
+save_pretrained shards) is loaded under torchrun (2 ranks, gloo) by trainer/weights/hf_load.py, each rank
 reading only its slices through safetensors' get_slice. Per rank:
   load s       the load (all of its parameters), after the model is built
   +load/shard  the private memory the load adds at its peak (RssAnon sampled every 2 ms) over the bytes of
@@ -101,7 +101,7 @@ def worker(d: Path, layers: int) -> None:
     from mimo_jobs.study.spec import InitSpec
     from mimo_jobs.trainer import cuda_shims
     from mimo_jobs.trainer.build import _seed_megatron
-    from mimo_jobs.trainer.checkpoint import hf_load
+    from mimo_jobs.trainer.weights import hf_load
 
     cuda_shims.install()
     dist.init_process_group("gloo")

@@ -2,7 +2,7 @@
 (OUT/llm, OUT/encoder and every other encoder module's OUT/<name>: config.json + safetensors that transformers
 loads; each encoder's projector beside it). docs/weights.md.
 
-The work needs torch, so it runs as its own process (mimo_jobs.trainer.checkpoint.hf_export), like the
+The work needs torch, so it runs as its own process (mimo_jobs.trainer.weights.hf_export), like the
 trainer. Exit codes: 0 written, 2 bad input (nothing written at OUT), 1 failed.
 """
 
@@ -34,7 +34,7 @@ def export_cmd(
     """Write a checkpoint as HuggingFace directories: OUT/llm, OUT/encoder and OUT/<module> load in transformers."""
     if to not in FORMATS:
         fail(f"--to {to!r}: the formats are {', '.join(FORMATS)}")
-    cmd = [sys.executable, "-m", "mimo_jobs.trainer.checkpoint.hf_export", str(checkpoint), str(out)]
+    cmd = [sys.executable, "-m", "mimo_jobs.trainer.weights.hf_export", str(checkpoint), str(out)]
     if dtype:
         cmd += ["--dtype", dtype]
     p = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -4,7 +4,7 @@ The LLM side needs only the token count of an image (read from the header, no de
 needs the pixels. Both must agree exactly, so the geometry is one pure rule,
 `mimo_jobs.model.tiling.ImageGeometry` (re-exported here): an image is one piece at dynamic resolution, or,
 with `max_tiles` > 1, larger images are cut into tiles of the encoder's image size plus an optional
-thumbnail; each piece's tokens are the encoder's own count (`mimo_jobs.model.arch.image_tokens`).
+thumbnail; each piece's tokens are the encoder family's count (model/families/vit.py `VisionFamily.tokens_for`).
 
 Pixels: RGB (or L when channels == 1), resized as the geometry says, float32, rescaled and standardized
 with the encoder family's per-channel mean/std, as its HuggingFace image processor does (model/families:
@@ -33,11 +33,10 @@ __all__ = [
 
 
 def pixels_of(kind: str):
-    """The preprocessing (families.base.Pixels) of an encoder kind: its family's, or CLIP's for "radio",
-    which has no HuggingFace family here (the trainer's original standardisation)."""
+    """The preprocessing (families.base.Pixels) of an encoder kind: its family's."""
     from mimo_jobs.model import families
 
-    return families.REGISTRY.get(kind, families.REGISTRY["clip"]).pixels
+    return families.vision(kind).pixels
 
 
 def image_module_of(arch):

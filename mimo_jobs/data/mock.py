@@ -1,7 +1,7 @@
 """Data providers for the trainer: the mock provider, and the branch to energon.
 
 Mock samples: an image of a random side from `data.image_sizes` (so a varying number of image tokens,
-(side/(patch x downsample))^2 by model.arch.image_tokens; sides never exceed the encoder's image size, so
+(side/(patch x downsample))^2 by the encoder family's token rule; sides never exceed the encoder's image size, so
 mock images are never tiled) or no image at all (share `data.text_only_fraction`), followed by text and padding. The
 text is learnable, and an image's caption can only be predicted by looking at the image:
 
@@ -54,7 +54,7 @@ from mimo_jobs.data.audio import AudioSpec, audio_spec_of, audio_spec_of_module
 from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, ModuleInputs, Provider, placeholder_ids
 from mimo_jobs.data.images import image_module_of
 from mimo_jobs.errors import MimoJobsError
-from mimo_jobs.model.arch import image_tokens
+from mimo_jobs.model import families
 from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.runtime_rules import image_size_problems, towers_room_problem
 
@@ -89,13 +89,14 @@ def _seed_of(*parts) -> int:
 @dataclass(frozen=True)
 class MockTower:
     """One encoder module as the mock data sees it: its name, its input kind and its token rule (an image
-    module's patch and pixel shuffle, an audio module's AudioSpec)."""
+    module's family, patch and pixel shuffle, an audio module's AudioSpec)."""
 
     name: str
     kind: str  # image or audio
     patch_size: int = 0
     downsample: int = 1
     audio: AudioSpec | None = None
+    family: str = "clip"  # an image module's family (EncoderArch.kind), whose token rule counts its tokens
     temporal: int = 1  # an image module's temporal patch size (frames per patch in time)
 
     def tokens(self, side: int = 0, frames: int = 0, n_mels: int = 80, video: int = 0) -> int:
@@ -104,7 +105,7 @@ class MockTower:
         if self.kind == "audio":
             return self.audio.clip_tokens((n_mels, frames)) if frames else 0
         groups = -(-video // self.temporal) if video else 1
-        return groups * image_tokens(side, side, self.patch_size, self.downsample) if side else 0
+        return groups * families.vision(self.family).tokens_for(self, side, side) if side else 0
 
 
 @dataclass
@@ -143,7 +144,7 @@ class MockConfig:
 
     @property
     def unit(self) -> int:
-        """Pixels per LLM token along a side (model.arch.image_tokens's rule)."""
+        """Pixels per LLM token along a side (patch x downsample)."""
         return self.patch_size * self.downsample
 
     @property
@@ -154,13 +155,15 @@ class MockConfig:
 def check_mock_config(c: MockConfig, max_image_size: int) -> None:
     if vocab_problem(c.vocab_size):
         raise DataConfigError(vocab_problem(c.vocab_size))
+    images = _of(c, "image")
+    first = images[0] if images else MockTower("vision", "image", c.patch_size, c.downsample)
     found = image_size_problems(
-        c.image_sizes, c.unit, max_image_size, c.seq_length, c.text_only_fraction
+        c.image_sizes, c.unit, max_image_size, c.seq_length, c.text_only_fraction, first.tokens
     )  # the rules validate applies to a study
-    units = {t.name: t.patch_size * t.downsample for t in _of(c, "image")}
     video = max(c.video_frames, default=0) if c.video_fraction else 0
-    temporal = {t.name: t.temporal for t in _of(c, "image")}
-    room = towers_room_problem(c.image_sizes, units, c.seq_length, c.text_only_fraction, video, temporal)
+    room = towers_room_problem(
+        c.image_sizes, {t.name: _tower_tokens(t) for t in images}, c.seq_length, c.text_only_fraction, video
+    )
     found += [room] if room is not None else []
     if found:
         raise DataConfigError(str(found[0]))
@@ -188,6 +191,11 @@ def _check_audio(c: MockConfig, max_image_size: int) -> None:
             f"seq_length={c.seq_length} cannot hold the largest image ({img} tokens) and clip ({most} tokens) "
             f"plus 2 text tokens; use seq_length >= {img + most + 2}"
         )
+
+
+def _tower_tokens(t: MockTower):
+    """(side, video frames) -> the tower's placeholders of such a picture (towers_room_problem's form)."""
+    return lambda side, video: t.tokens(side=side, video=video)
 
 
 def _of(c: MockConfig, kind: str) -> list[MockTower]:
@@ -410,7 +418,14 @@ def towers_of(arch) -> tuple[MockTower, ...]:
             out.append(MockTower(name, "audio", audio=audio_spec_of_module(e)))
         else:
             out.append(
-                MockTower(name, e.modality, e.patch_size, e.downsample, temporal=e.temporal_patch_size)
+                MockTower(
+                    name,
+                    e.modality,
+                    e.patch_size,
+                    e.downsample,
+                    family=e.kind,
+                    temporal=e.temporal_patch_size,
+                )
             )
     return tuple(out)
 

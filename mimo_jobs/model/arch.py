@@ -13,7 +13,8 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
 
-from mimo_jobs.model.audio_arch import AUDIO_KINDS, AudioArch
+from mimo_jobs.model import registry
+from mimo_jobs.model.audio_arch import AudioArch
 from mimo_jobs.model.fields import (
     ArchError,
     check_choice,
@@ -26,7 +27,6 @@ from mimo_jobs.model.fields import (
 LLM_ACTIVATIONS = ("gelu", "silu")
 ENC_ACTIVATIONS = ("gelu", "quick_gelu", "gelu_tanh")
 NORMS = ("LayerNorm", "RMSNorm")
-ENC_KINDS = ("clip", "siglip", "internvit", "radio")
 ROUTER_SCORES = ("softmax", "sigmoid")
 # The vocabulary tables are padded to a multiple of this (Megatron-LM's make_vocab_size_divisible_by
 # default), or of VOCAB_MULTIPLE * tp when tp does not divide that, so every TP size splits them evenly.
@@ -43,18 +43,10 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
     raise AssertionError("unreachable: a multiple of VOCAB_MULTIPLE * tp divides by tp")
 
 
-def image_tokens(h_px: int, w_px: int, patch_size: int, downsample: int) -> int:
-    """The one rule of how many tokens an encoder sample (an image or one tile of it) of h x w pixels hands
-    the LLM: its patch grid, s x s patches per token after the pixel shuffle (s = downsample), the class
-    token dropped. The encoder, both sides of the bridge, the mock provider and the planner all call it."""
-    s = patch_size * downsample
-    return (h_px // s) * (w_px // s)
-
-
 @dataclass(frozen=True)
 class EncoderArch:
-    # a vision family of model/families ("clip", "siglip", "internvit") or "radio"; the trainer builds all on
-    # megatron-core's RADIO ViT
+    # the name of an image family of model/families (model/registry.py holds them: "clip", "siglip",
+    # "internvit", "radio"); the trainer builds all on megatron-core's RADIO ViT
     kind: str
     num_layers: int
     hidden_size: int
@@ -89,7 +81,7 @@ class EncoderArch:
     LATER: ClassVar[tuple[str, ...]] = ("layer_scale", "temporal_patch_size")
 
     def __post_init__(self):
-        check_choice("kind", self.kind, ENC_KINDS)
+        check_choice("kind", self.kind, registry.kinds("image"))
         check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
         check_positive(self, ("patch_size", "image_size", "channels", "downsample", "temporal_patch_size"))
         check_sizes(self)
@@ -125,8 +117,8 @@ class EncoderArch:
         return (h_px // self.patch_size) * (w_px // self.patch_size) + int(self.class_token)
 
     def tokens_for(self, h_px: int, w_px: int) -> int:
-        """Image tokens one h x w image gives the LLM: patches over downsample^2, class token dropped."""
-        return image_tokens(h_px, w_px, self.patch_size, self.downsample)
+        """Image tokens one h x w image gives the LLM: its family's token rule (VisionFamily.tokens_for)."""
+        return registry.family(self.kind).tokens_for(self, h_px, w_px)
 
     def frame_groups(self, frames: int) -> int:
         """Temporal patch groups of a clip of `frames` frames (the last group padded with its last frame)."""
@@ -301,10 +293,10 @@ def module_name_problem(name) -> str | None:
 
 
 def encoder_arch_from_dict(d: dict):
-    """An encoder architecture's fields read back as the class its `kind` names: an audio kind as AudioArch
-    (model/audio_arch.py), anything else as an image encoder (EncoderArch names what is wrong)."""
+    """An encoder architecture's fields read back as the class its `kind` names: the kind of an audio family
+    as AudioArch (model/audio_arch.py), anything else as an image encoder (EncoderArch names what is wrong)."""
     kind = d.get("kind") if isinstance(d, dict) else None
-    return (AudioArch if kind in AUDIO_KINDS else EncoderArch).from_dict(d)
+    return (AudioArch if kind in registry.kinds("audio") else EncoderArch).from_dict(d)
 
 
 @dataclass(frozen=True, init=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from mimo_jobs.model import registry
 from mimo_jobs.model.fields import (
     ArchError,
     check_choice,
@@ -22,7 +23,6 @@ from mimo_jobs.model.fields import (
     known_fields,
 )
 
-AUDIO_KINDS = ("whisper",)
 AUDIO_ACTIVATIONS = ("gelu",)
 
 
@@ -60,7 +60,7 @@ def input_stride() -> int:
 
 @dataclass(frozen=True)
 class AudioArch:
-    kind: str  # "whisper"
+    kind: str  # the name of an audio family of model/families (model/registry.py): "whisper"
     num_layers: int
     hidden_size: int  # Whisper's d_model
     num_attention_heads: int
@@ -77,7 +77,7 @@ class AudioArch:
     source: str = ""
 
     def __post_init__(self):
-        check_choice("kind", self.kind, AUDIO_KINDS)
+        check_choice("kind", self.kind, registry.kinds("audio"))
         check_positive(self, ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"))
         check_positive(self, ("num_mel_bins", "max_source_positions", "pooling"))
         check_sizes(self)

@@ -2,7 +2,7 @@
 torch: its config.json must describe the model (the first differing field is named with both values), the
 index and the files it names must be there and whole, and every tensor the model needs must be there with
 its shape and a floating-point dtype. The one owner of these rules: `validate` calls them before a job is
-queued, the trainer's preflight (trainer/checkpoint/hf_load.py) on every rank before its first collective.
+queued, the trainer's preflight (trainer/weights/hf_load.py) on every rank before its first collective.
 
 Tensor shapes come from the safetensors headers, read as JSON by the format's own rule (huggingface/
 safetensors' README: an 8-byte little-endian header length, the JSON header, then the data): no tensor data

@@ -1,5 +1,5 @@
 """HuggingFace safetensors tensors <-> the trainer's megatron-core parameters: the engine the families'
-name tables build their mappings with (pure: no torch, no I/O; trainer/checkpoint/hf_load.py reads with it,
+name tables build their mappings with (pure: no torch, no I/O; trainer/weights/hf_load.py reads with it,
 hf_export.py writes with it). Which tensor is which is each family's (model/families/).
 
 Every trainer parameter is a `Target`: its canonical name (the name `models.param_shards` gives it: global

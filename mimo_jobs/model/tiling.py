@@ -19,8 +19,9 @@ on a tie the later (larger) grid wins when the image's area exceeds half of that
 (h*w > 0.5 * T^2 * cols * rows). Here the distances are compared exactly (fractions) and grids with the same
 tile count are ordered by cols: a tie between two such grids never decides (1 x 1 is always closer).
 
-Tokens: every encoder sample gives `mimo_jobs.model.arch.image_tokens` of its pixels, so a tiled image gives
-(cols*rows + thumbnail) x (T/u)^2 = tiles x (T/patch)^2 / downsample^2.
+Tokens: every encoder sample gives its family's token rule of its pixels (model/families/vit.py
+`VisionFamily.tokens_for`), so a tiled image gives (cols*rows + thumbnail) x (T/u)^2 = tiles x (T/patch)^2 /
+downsample^2.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from mimo_jobs.model.arch import image_tokens
+from mimo_jobs.model import families
 
 MAX_TILES = 64  # a study's trainer.data.max_tiles at most
 
@@ -87,8 +88,8 @@ class ImageGeometry:
     downsample: int = 1  # pixel shuffle: s x s patch tokens become one LLM token
     max_tiles: int = 1  # 1: never tile (dynamic resolution up to image_size)
     thumbnail: bool = False  # a tiled image also gives the whole image at tile size
-    # the encoder's family (EncoderArch.kind), whose pixels' mean/std the data path standardises with
-    # (model/families); not part of the geometry's identity
+    # the encoder's family (EncoderArch.kind), whose token rule counts each encoder sample and whose pixels'
+    # mean/std the data path standardises with (model/families); not part of the geometry's identity
     family: str = field(default="clip", compare=False)
 
     def __post_init__(self):
@@ -119,8 +120,8 @@ class ImageGeometry:
         return max(self.unit, self.image_size // self.unit * self.unit)
 
     def tokens_of_pixels(self, h_px: int, w_px: int) -> int:
-        """Tokens of one encoder sample already at its size (decoded pixels)."""
-        return image_tokens(h_px, w_px, self.patch_size, self.downsample)
+        """Tokens of one encoder sample already at its size (decoded pixels): its family's rule."""
+        return families.vision(self.family).tokens_for(self, h_px, w_px)
 
     def tokens_of_decoded(self, shape: tuple[int, ...]) -> int:
         """Tokens of a decoded image: [C, H, W] (one piece) or [T, C, H, W] (T tiles)."""

@@ -24,11 +24,17 @@ class RuntimeProblem:
 
 
 def image_size_problems(
-    sizes: list[int] | tuple[int, ...], unit: int, max_size: int, seq_length: int, text_only: float
+    sizes: list[int] | tuple[int, ...],
+    unit: int,
+    max_size: int,
+    seq_length: int,
+    text_only: float,
+    tokens: Callable[[int], int],
 ) -> list[RuntimeProblem]:
     """Mock image sides: each a multiple of `unit` (pixels per LLM token along a side: the encoder's patch
     times its downsample) between one unit and the preset's image_size, and small enough to leave two text
-    tokens (one to read, one to predict) in a sequence."""
+    tokens (one to read, one to predict) in a sequence; `tokens(side)` is the LLM tokens of a side x side
+    image (the encoder family's token rule)."""
     patch = unit
     out = []
     for s in sizes:
@@ -43,7 +49,7 @@ def image_size_problems(
                 )
             )
             continue
-        n = (s // patch) ** 2
+        n = tokens(s)
         if n + 2 > seq_length:
             out.append(
                 RuntimeProblem(
@@ -66,29 +72,22 @@ def image_size_problems(
 
 
 def towers_room_problem(
-    sizes,
-    units: dict[str, int],
-    seq_length: int,
-    text_only: float,
-    video: int = 0,
-    temporal: dict | None = None,
+    sizes, tokens: dict[str, Callable[[int, int], int]], seq_length: int, text_only: float, video: int = 0
 ) -> RuntimeProblem | None:
     """The largest picture's placeholders, plus two text tokens, must fit the sequence: several image
-    modules (`units`: module -> pixels per LLM token along a side) each fill their own for the same image,
-    and a video of `video` frames gives each module one image's worth per temporal group (`temporal`:
-    module -> its temporal patch size)."""
-    if (len(units) < 2 and not video) or text_only >= 1 or not sizes:
+    modules (`tokens`: module -> the LLM tokens of a side x side picture of `video` frames, 0 an image, by
+    its family's rule) each fill their own for the same picture, and a video gives each module one image's
+    worth per temporal group."""
+    if (len(tokens) < 2 and not video) or text_only >= 1 or not sizes:
         return None
-    temporal = temporal or {}
-    groups = {n: (-(-video // temporal.get(n, 1)) if video else 1) for n in units}
-    most = max(sum(groups[n] * (s // u) ** 2 for n, u in units.items()) for s in sizes)
+    most = max(sum(t(s, video) for t in tokens.values()) for s in sizes)
     if most + 2 <= seq_length:
         return None
     what = f"a {video}-frame video" if video else "the largest image"
     return RuntimeProblem(
         "trainer.data.video_frames" if video else "trainer.data.image_sizes",
         "image-size",
-        f"{what} is {most} placeholder tokens over the image modules {', '.join(units)}, which does "
+        f"{what} is {most} placeholder tokens over the image modules {', '.join(tokens)}, which does "
         f"not fit seq_length={seq_length} with text",
         f"use {'fewer frames, ' if video else ''}smaller images or trainer.seq_length > {most + 1}",
     )
@@ -106,10 +105,9 @@ def video_problems(data, encoders: dict, seq_length: int) -> list[RuntimeProblem
         return [
             RuntimeProblem("trainer.data.video_fraction", "module-data", f"{data.video_fraction}: {why}", fit)
         ]
-    units = {n: e.patch_size * e.downsample for n, e in images.items()}
-    temporal = {n: e.temporal_patch_size for n, e in images.items()}
+    tokens = {n: _picture_tokens(e) for n, e in images.items()}
     room = towers_room_problem(
-        data.image_sizes, units, seq_length, data.text_only_fraction, max(data.video_frames), temporal
+        data.image_sizes, tokens, seq_length, data.text_only_fraction, max(data.video_frames)
     )
     return [room] if room is not None else []
 
@@ -235,6 +233,19 @@ def modality_twice_problem(encoders: dict, provider: str) -> RuntimeProblem | No
     )
 
 
+def _square_tokens(encoder) -> Callable[[int], int]:
+    """The LLM tokens of a side x side image for an image encoder (its family's rule: EncoderArch.tokens_for)."""
+    return lambda side: encoder.tokens_for(side, side)
+
+
+def _picture_tokens(encoder) -> Callable[[int, int], int]:
+    """The LLM tokens of a side x side picture of `video` frames (0: an image) for an image encoder: its
+    family's rule per temporal group (EncoderArch.video_tokens)."""
+    return lambda side, video: (
+        encoder.video_tokens(video, side, side) if video else encoder.tokens_for(side, side)
+    )
+
+
 def runtime_problems(
     trainer, accelerator: str, installed: Callable[[str], bool], model=None
 ) -> list[RuntimeProblem]:
@@ -272,9 +283,10 @@ def runtime_problems(
                 encoder.image_size,
                 trainer.seq_length,
                 d.text_only_fraction,
+                _square_tokens(encoder),
             )
-        units = {n: e.patch_size * e.downsample for n, e in images.items()}
-        room = towers_room_problem(d.image_sizes, units, trainer.seq_length, d.text_only_fraction)
+        tokens = {n: _picture_tokens(e) for n, e in images.items()}
+        room = towers_room_problem(d.image_sizes, tokens, trainer.seq_length, d.text_only_fraction)
         out += [room] if room is not None and not out else []
         if llm is not None and len(encoders) > 2 and not vocab_problem(llm.vocab_size):
             why = vocab_problem(llm.vocab_size - len(encoders) + 1)

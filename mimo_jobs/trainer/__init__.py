@@ -21,6 +21,7 @@ Modules, in the order a run uses them:
   model/
     kernels         layer backend (Transformer Engine | local) and fused kernels, by device and packages
     models          the ViT encoder + projector and the GPT LLM (dense or MoE), layout-independent init
+    audio_encoder   the Whisper-class audio encoder and its projector (AudioTower)
     optimizer       MimoOptimizer: one megatron optimizer per module, world-wide grad norm and skip decision
     schedule        learning-rate schedules by consumed samples
   checkpoint/
@@ -28,8 +29,13 @@ Modules, in the order a run uses them:
     files           the collective, atomic save and load of a sharded checkpoint
     state           the torch state in a checkpoint: RNG, weights (dense | expert), optimizer state
     as_data         handed-over pickles (checkpoint parts, a torch_dist index) read as data, never as code
+    reshard         a checkpoint loaded under another layout, full tensors assembled from its shard table
+  weights/
     hf_load         trainer.init from HuggingFace safetensors: checked, then read shard by shard
     positions       a ViT's position table resampled to another image size (bicubic)
+    audio_hf        the audio encoder's HuggingFace weights: a Whisper directory in, a built module's out
+    hf_export       a checkpoint (any layout) -> HuggingFace directories (`mimo-jobs export`)
+    megatron_load   trainer.init.llm from a Megatron-LM distributed (torch_dist) checkpoint
   observe/
     iterlog         Megatron-format iteration lines and the metrics.jsonl records
     trackers        TensorBoard / W&B from the same records; a failing dashboard never stops training

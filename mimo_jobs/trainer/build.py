@@ -23,7 +23,6 @@ from mimo_jobs.study.lr_rules import run_samples
 from mimo_jobs.study.runspec import RunSpec
 from mimo_jobs.study.spec import RecomputeSpec
 from mimo_jobs.study.topology import RankLayout
-from mimo_jobs.trainer.checkpoint import hf_load, megatron_load
 from mimo_jobs.trainer.device import runs_on_cpu
 from mimo_jobs.trainer.model.kernels import installed, kernels_for
 from mimo_jobs.trainer.model.models import Precision
@@ -32,6 +31,7 @@ from mimo_jobs.trainer.model.schedule import from_spec
 from mimo_jobs.trainer.observe.memory import SavedTensorMeter
 from mimo_jobs.trainer.parallel.bridge import Bridge
 from mimo_jobs.trainer.parallel.pipeline import stage_link
+from mimo_jobs.trainer.weights import hf_load, megatron_load
 
 
 @dataclass

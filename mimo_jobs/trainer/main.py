@@ -32,8 +32,6 @@ from mimo_jobs.study.spec import StudyError
 from mimo_jobs.trainer import cuda_shims
 from mimo_jobs.trainer.build import build_state
 from mimo_jobs.trainer.checkpoint.checkpointer import Checkpointer, check_init_source
-from mimo_jobs.trainer.checkpoint.hf_load import HFInitError, check_init
-from mimo_jobs.trainer.checkpoint.megatron_load import MegatronInitError
 from mimo_jobs.trainer.device import runs_on_cpu
 from mimo_jobs.trainer.model.kernels import installed, kernels_for
 from mimo_jobs.trainer.model.models import unsupported
@@ -43,6 +41,8 @@ from mimo_jobs.trainer.observe.memory import rank_facts, write_facts
 from mimo_jobs.trainer.observe.profile import RankProfile
 from mimo_jobs.trainer.observe.trackers import Trackers, trackers_for
 from mimo_jobs.trainer.step import train_step
+from mimo_jobs.trainer.weights.hf_load import HFInitError, check_init
+from mimo_jobs.trainer.weights.megatron_load import MegatronInitError
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1

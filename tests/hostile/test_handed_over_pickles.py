@@ -62,7 +62,7 @@ def test_the_savers_own_state_still_loads(tmp_path):
 
 def test_a_crafted_megatron_index_is_refused_before_megatron_reads_it(tmp_path):
     pytest.importorskip("megatron.core")
-    from mimo_jobs.trainer.checkpoint.megatron_load import MegatronInitError, check_source
+    from mimo_jobs.trainer.weights.megatron_load import MegatronInitError, check_source
 
     good = check_source(MEGATRON)  # the real index of a real checkpoint reads
     assert good.shapes

@@ -8,8 +8,8 @@ import io
 
 import pytest
 
-from mimo_jobs.model import families, hf
-from mimo_jobs.model.arch import ENC_KINDS, ArchError, EncoderArch
+from mimo_jobs.model import families, hf, registry
+from mimo_jobs.model.arch import ArchError, EncoderArch
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,8 +42,8 @@ def test_each_vision_familys_pixels_are_its_image_processors(kind):
 
 def test_every_vision_family_is_tested_here_and_is_an_encoder_kind():
     image = {f.name for f in families.of_modality("image")}
-    assert image == {"clip", "siglip", "internvit"}
-    assert image <= set(ENC_KINDS)
+    assert image == {"clip", "siglip", "internvit", "radio"}
+    assert set(registry.kinds("image")) == image
     text = {f.name for f in families.of_modality("text")}
     assert text == {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"}
 
@@ -88,7 +88,7 @@ def test_look_ups_name_what_is_known():
     with pytest.raises(ArchError, match="InternVLVisionModel") as e:
         families.of_config({"architectures": ["ViTModel"]}, "image")
     assert e.value.field == "architectures"
-    with pytest.raises(ArchError, match="known: clip, internvit, siglip"):
+    with pytest.raises(ArchError, match="known: clip, internvit, radio, siglip"):
         families.vision("dino")
 
 
@@ -202,3 +202,56 @@ def _tiny_config(fam) -> dict:
     cfg |= {"num_attention_heads": 6, "intermediate_size": 96, "patch_size": 7, "image_size": 56}
     cfg |= {"num_channels": 1, "layer_norm_eps": 1e-3}
     return cfg | ({"attention_bias": True} if fam.name == "internvit" else {})
+
+
+def test_a_new_vision_family_is_its_module(monkeypatch):
+    """A vision family registered (here one whose rule adds an end-of-image token) is an encoder kind, and its
+    token rule is what the description, the image geometry of the data path and the mock data count with:
+    no list or rule elsewhere names it."""
+    from mimo_jobs.data.mock import towers_of
+    from mimo_jobs.model.arch import LLMArch, ModelArch, encoder_arch_from_dict
+    from mimo_jobs.model.families.clip import CLIP
+    from mimo_jobs.model.tiling import ImageGeometry
+
+    class Ended(CLIP):
+        name = "ended"
+        architectures = ()
+
+        def tokens_for(self, e, h_px, w_px):
+            return super().tokens_for(e, h_px, w_px) + 1
+
+    monkeypatch.setitem(registry.REGISTRY, Ended.name, Ended())
+    e = EncoderArch("ended", 1, 32, 4, 64, patch_size=4, image_size=16)
+    assert encoder_arch_from_dict(e.to_dict()) == e
+    assert e.tokens_for(16, 8) == 4 * 2 + 1 and e.tokens_per_image == 17
+    assert ImageGeometry.of(e).tokens(16, 16) == 17
+    (tower,) = towers_of(ModelArch("m", e, LLMArch(1, 32, 4, 64, 128)))
+    assert tower.tokens(side=16) == 17
+    assert families.vision("ended").pixels == CLIP.pixels
+
+
+def test_a_new_audio_family_is_an_audio_kind(monkeypatch):
+    """An audio family registered is an AudioArch kind, read back from run.yaml's inline form as audio."""
+    from mimo_jobs.model.arch import encoder_arch_from_dict
+    from mimo_jobs.model.audio_arch import AudioArch
+    from mimo_jobs.model.families.whisper import Whisper
+
+    class Other(Whisper):
+        name = "other_audio"
+        architectures = ()
+
+    monkeypatch.setitem(registry.REGISTRY, Other.name, Other())
+    a = AudioArch("other_audio", 1, 32, 4, 64, num_mel_bins=8, max_source_positions=16)
+    assert encoder_arch_from_dict(a.to_dict()) == a
+
+
+def test_radio_has_clip_pixels_and_no_huggingface_form():
+    """`radio`, the trainer's own ViT, is standardised as CLIP and refuses HuggingFace loading and export by
+    name."""
+    e = EncoderArch("radio", 1, 32, 4, 64, patch_size=4, image_size=16)
+    assert families.vision("radio").pixels == families.vision("clip").pixels
+    assert e.tokens_for(16, 16) == 16
+    for call in (lambda: hf.encoder_config(e), lambda: hf.encoder_layout(e)):
+        with pytest.raises(ArchError, match="'radio' has no HuggingFace form") as err:
+            call()
+        assert err.value.field == "kind"

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from helpers import REPO
 from mimo_jobs.cli.app import app
+from mimo_jobs.model.arch import EncoderArch
 from mimo_jobs.study.diagnose import diagnose_data
 from mimo_jobs.study.runtime_rules import (
     image_size_problems,
@@ -134,12 +135,16 @@ def test_model_numbers_the_trainer_cannot_run_are_refused(tmp_path, field, value
 
 
 def test_image_sizes_rule():
-    assert image_size_problems([8, 16], 8, 16, 64, 0.25) == []
-    (p,) = image_size_problems([12], 8, 16, 64, 0.25)
+    # patch 4 and a 2 x 2 pixel shuffle: 8 px a token along a side, by the family's rule
+    enc = EncoderArch("clip", 1, 32, 4, 64, patch_size=4, image_size=32, downsample=2)
+    tokens = lambda side: enc.tokens_for(side, side)  # noqa: E731
+    assert image_size_problems([8, 16], 8, 16, 64, 0.25, tokens) == []
+    (p,) = image_size_problems([12], 8, 16, 64, 0.25, tokens)
     assert "multiple of the encoder's patch x downsample (8 px)" in p.message and p.fit == "use 8"
-    (p,) = image_size_problems([32], 8, 32, 10, 0.25)  # 16 tokens leave no room for text in 10
+    (p,) = image_size_problems([32], 8, 32, 10, 0.25, tokens)  # 16 tokens leave no room for text in 10
     assert "does not fit seq_length=10" in p.message
-    assert image_size_problems([], 8, 16, 64, 1.0) == [] and image_size_problems([], 8, 16, 64, 0.5)
+    assert image_size_problems([], 8, 16, 64, 1.0, tokens) == []
+    assert image_size_problems([], 8, 16, 64, 0.5, tokens)
 
 
 def test_tracker_rule_asks_the_environment():

@@ -76,7 +76,7 @@ def run(spec: dict) -> dict | None:
     from safetensors.torch import load_file, save_file
 
     from mimo_jobs.model.families import whisper
-    from mimo_jobs.trainer.model.audio_encoder import export_hf, full_parameters, load_hf
+    from mimo_jobs.trainer.weights.audio_hf import export_hf, full_parameters, load_hf
 
     tp = spec.get("tp", 1)
     if "count" in spec:

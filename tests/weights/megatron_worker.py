@@ -233,7 +233,7 @@ def load(spec: dict) -> dict | None:
     from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.study.spec import TrainerSpec
     from mimo_jobs.trainer.build import _build_language, _seed_megatron
-    from mimo_jobs.trainer.checkpoint.megatron_load import MegatronInitError
+    from mimo_jobs.trainer.weights.megatron_load import MegatronInitError
 
     tp, pp, ep = spec.get("tp", 1), spec.get("pp", 1), spec.get("ep", 1)
     world = dist.get_world_size()

@@ -15,7 +15,7 @@ import hf_models  # noqa: E402
 
 from mimo_jobs.model import hf  # noqa: E402
 from mimo_jobs.model.arch import EncoderArch, LLMArch  # noqa: E402
-from mimo_jobs.trainer.checkpoint.hf_load import HFInitError, check_encoder, check_llm  # noqa: E402
+from mimo_jobs.trainer.weights.hf_load import HFInitError, check_encoder, check_llm  # noqa: E402
 
 
 def _llm(family="llama", **over) -> LLMArch:

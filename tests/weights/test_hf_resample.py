@@ -20,7 +20,7 @@ import hf_models  # noqa: E402
 from helpers.launch import worker_env  # noqa: E402
 from mimo_jobs.model import hf  # noqa: E402
 from mimo_jobs.model.arch import EncoderArch  # noqa: E402
-from mimo_jobs.trainer.checkpoint.hf_load import HFInitError, check_encoder  # noqa: E402
+from mimo_jobs.trainer.weights.hf_load import HFInitError, check_encoder  # noqa: E402
 
 WORKER = Path(__file__).parent / "hf_worker.py"
 
@@ -44,7 +44,7 @@ def _embeddings(kind: str):
 def test_resampling_equals_transformers_interpolate_pos_encoding(kind, image_size):
     import torch
 
-    from mimo_jobs.trainer.checkpoint.positions import resample_positions
+    from mimo_jobs.trainer.weights.positions import resample_positions
 
     emb, cfg = _embeddings(kind)
     cls = int(kind == "clip")
@@ -63,7 +63,7 @@ def test_resampling_equals_transformers_interpolate_pos_encoding(kind, image_siz
 def test_the_same_grid_is_the_table_itself_and_a_non_square_table_is_refused():
     import torch
 
-    from mimo_jobs.trainer.checkpoint.positions import resample_positions
+    from mimo_jobs.trainer.weights.positions import resample_positions
 
     t = torch.randn(17, 8)
     assert torch.equal(resample_positions(t, 4, class_rows=1), t)

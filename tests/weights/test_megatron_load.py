@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers.launch import worker_env
-from mimo_jobs.trainer.checkpoint.megatron_load import (
+from mimo_jobs.trainer.weights.megatron_load import (
     MegatronInitError,
     Source,
     check_source,

@@ -6,8 +6,8 @@ mapping between the trainer's parameters and the HuggingFace tensors (`layout`, 
 model/hf_weights.py's engine) and docs/weights.md's tables (`doc_rows`, families/docs.py). A vision family also owns its pixels' preprocessing (`pixels`: the mean,
 std and rescale of its image processor) and its token rule. `modality` says which kind of input a family
 encodes ("image", "audio") or "text" for a language model; code that needs per-kind behaviour dispatches on
-it. `REGISTRY` holds every family by name; families/__init__.py fills it from the package's modules and
-answers look-ups.
+it. `REGISTRY` (model/registry.py) holds every family by name, its name being the description's `kind`:
+families/__init__.py fills it from the package's modules and answers look-ups.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mimo_jobs.model.arch import ArchError
-
-REGISTRY: dict[str, Family] = {}
+from mimo_jobs.model.fields import ArchError
+from mimo_jobs.model.registry import REGISTRY
 
 
 def register(cls: type[Family]) -> type[Family]:

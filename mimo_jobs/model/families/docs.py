@@ -1,5 +1,5 @@
 """docs/weights.md's family tables, generated from the families' own tables: which `architectures` load and
-what each family reads, and every family's weight names (`Family.doc_rows`, from the `hf` name tables the
+what each family reads (the families read from HuggingFace: those naming `architectures`), and every family's weight names (`Family.doc_rows`, from the `hf` name tables the
 mappings are built from). `tests/docs/test_family_tables.py` holds the page to this text.
 
     python -m mimo_jobs.model.families.docs           prints the generated text
@@ -19,10 +19,15 @@ PAGE = Path(__file__).resolve().parents[3] / "docs" / "weights.md"
 _KINDS = (("text", "Language models"), ("image", "Vision encoders"), ("audio", "Audio encoders"))
 
 
+def _read(modality: str) -> list:
+    """The families of one modality read from HuggingFace (those naming `architectures`)."""
+    return [f for f in families.of_modality(modality) if f.architectures]
+
+
 def _loads_table() -> list[str]:
     out = ["| family | `architectures` | modality | read from its config |", "|---|---|---|---|"]
     for modality, _ in _KINDS:
-        for f in families.of_modality(modality):
+        for f in _read(modality):
             archs = ", ".join(f"`{a}`" for a in f.architectures)
             out.append(f"| {f.title} | {archs} | {f.modality} | {f.features} |")
     return out
@@ -31,10 +36,10 @@ def _loads_table() -> list[str]:
 def _names_table(modality: str) -> list[str]:
     """One row per (trainer parameter, HF tensor, layout), naming the families that have it."""
     rows: dict[tuple[str, str, str], list[str]] = {}
-    for f in families.of_modality(modality):
+    for f in _read(modality):
         for row in f.doc_rows():
             rows.setdefault(row, []).append(f.title)
-    every = len(families.of_modality(modality))
+    every = len(_read(modality))
     out = ["| trainer parameter | HuggingFace tensor(s) | layout | families |", "|---|---|---|---|"]
     for (trainer, hf, how), titles in rows.items():
         out.append(f"| {trainer} | {hf} | {how} | {'all' if len(titles) == every else ', '.join(titles)} |")
@@ -45,7 +50,7 @@ def text() -> str:
     """The generated part of docs/weights.md, markers included."""
     parts = [BEGIN, "", *_loads_table()]
     for modality, title in _KINDS:
-        if families.of_modality(modality):
+        if _read(modality):
             parts += ["", f"### {title}", "", *_names_table(modality)]
     return "\n".join([*parts, "", END])
 

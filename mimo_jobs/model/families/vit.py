@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from mimo_jobs.model.arch import ArchError, EncoderArch, image_tokens
+from mimo_jobs.model.arch import ArchError, EncoderArch
 from mimo_jobs.model.families.base import Family, Pixels, req
 from mimo_jobs.model.hf_weights import Builder, HFLayout, Piece
 
@@ -154,10 +154,15 @@ class VisionFamily(Family):
 
     # --------------------------------------------------------------------------------------- tokens
 
-    def tokens_for(self, e: EncoderArch, h_px: int, w_px: int) -> int:
-        """LLM tokens of one h x w encoder sample: the patch grid over downsample^2 (a class token attends
-        inside the ViT and is dropped: model/arch.py's image_tokens)."""
-        return image_tokens(h_px, w_px, e.patch_size, e.downsample)
+    def tokens_for(self, e, h_px: int, w_px: int) -> int:
+        """The one rule of how many tokens an encoder sample (an image or one tile of it) of h x w pixels
+        hands the LLM: its patch grid, s x s patches per token after the pixel shuffle (s = downsample), the
+        class token (which attends inside the ViT) dropped. `e` carries the encoder's patch_size and
+        downsample: its EncoderArch, or what holds its geometry (model/tiling.py ImageGeometry,
+        data/mock.py MockTower). The description, both sides of the bridge, the data path, the mock
+        provider and the planner all reach this through the family."""
+        s = e.patch_size * e.downsample
+        return (h_px // s) * (w_px // s)
 
     # ---------------------------------------------------------------------------------------- names
 

@@ -10,7 +10,8 @@ ProcessGroupCollection names; then the optional average pool and the final Layer
 Clips of different lengths are not padded: clips of one length run as one batch, each over the first rows
 of the position table, so a clip's output is exactly AudioArch.tokens_for_frames rows and no attention
 mask is needed (transformers' WhisperEncoder takes only full 3000-frame clips; a full clip gives the same
-rows here). Names and layouts against HuggingFace: mimo_jobs/model/families/whisper.py.
+rows here). Names and layouts against HuggingFace: mimo_jobs/model/families/whisper.py; its HuggingFace
+weights are loaded and exported by mimo_jobs/trainer/weights/ (audio_hf.py).
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from mimo_jobs.model import families
 from mimo_jobs.model.audio_arch import CONVS, AudioArch
-from mimo_jobs.model.hf_weights import HFLayout
 from mimo_jobs.trainer.model.models import Precision, _base_kwargs, encoder_layer_specs, recompute_kwargs
 
 
@@ -153,67 +152,3 @@ def build_audio_tower(
     from mimo_jobs.trainer.model.models import in_params_dtype
 
     return in_params_dtype(AudioTower(a, cfg, proj_cfg, pgc, prec), prec)
-
-
-# ------------------------------------------------------------------------------ HuggingFace weights
-
-
-def load_hf(module: AudioEncoder, path, cut: dict, where: str = "audio encoder weights") -> int:
-    """A Whisper HF directory (a WhisperModel, WhisperForConditionalGeneration or WhisperEncoder save) into
-    this rank's shard of `module`; `cut` is models.param_shards' keyword arguments (tp_rank, tp_size).
-    Its config must describe the module's encoder (the first differing field is named) and every tensor
-    must be there with its shape (model/hf_check.py's check_audio, which validate applies too). Returns the
-    number of parameters loaded."""
-    from mimo_jobs.trainer.checkpoint.hf_load import load_audio_dir
-
-    return load_audio_dir(module, path, cut, where)
-
-
-def full_parameters(module: AudioEncoder, cut: dict, tp_group) -> dict[str, torch.Tensor]:
-    """Every parameter whole (its TP shards gathered over `tp_group`), by canonical name."""
-    import torch.distributed as dist
-
-    from mimo_jobs.trainer.model.models import param_shards
-
-    out = {}
-    for _, p, sh in param_shards(module, **cut):
-        x = p.detach()
-        if sh.dim is not None:
-            parts = [torch.empty_like(x) for _ in range(sh.size)]
-            dist.all_gather(parts, x.contiguous(), group=tp_group)
-            # a rank holds its slice of each of `parts` blocks: put block b of every rank back together
-            blocks = [
-                torch.cat([r.chunk(sh.parts, sh.dim)[b] for r in parts], sh.dim) for b in range(sh.parts)
-            ]
-            x = torch.cat(blocks, sh.dim)
-        out[sh.cname] = x.clone()
-    return out
-
-
-def hf_tensors(layout: HFLayout, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The HF tensors of `layout` cut from whole parameters by canonical name. Rows with no HF tensor (the
-    k rows of Whisper's fused QKV bias) are dropped."""
-    out: dict[str, torch.Tensor] = {}
-    for t in layout.targets.values():
-        rows = full[t.name].reshape(t.rows_shape)
-        at = 0
-        for pc in t.pieces:
-            if pc.hf is not None:
-                shape = layout.hf_shapes[pc.hf]
-                if pc.hf not in out:
-                    out[pc.hf] = torch.empty(shape, dtype=rows.dtype)
-                part = rows[at : at + pc.rows]
-                if pc.whole:
-                    out[pc.hf].copy_(part.reshape(shape))
-                else:
-                    out[pc.hf][pc.start : pc.start + pc.rows] = part.reshape(pc.rows, *shape[1:])
-            at += pc.rows
-    return out
-
-
-def export_hf(module: AudioEncoder, cut: dict, tp_group, prefix: str = "") -> dict[str, torch.Tensor]:
-    """This module as HF Whisper encoder tensors (names under `prefix`, "" for a WhisperEncoder save);
-    every TP rank of `tp_group` must call it."""
-    return hf_tensors(
-        families.audio(module.arch.kind).layout(module.arch, prefix), full_parameters(module, cut, tp_group)
-    )

@@ -145,7 +145,7 @@ def check_init(init, arch, llm_tp: int) -> Checked:
     if isinstance(init.llm, str):
         out.llm = check_llm(init.llm, arch.llm, llm_tp)
     elif init.llm is not None:  # {megatron: DIR}: its directory, backend and tensor index
-        from mimo_jobs.trainer.checkpoint.megatron_load import check_source
+        from mimo_jobs.trainer.weights.megatron_load import check_source
 
         check_source(init.llm.megatron)
     mods = arch.encoders
@@ -312,7 +312,7 @@ def _load_positions(es: EncoderSource, e: EncoderArch, shards) -> int:
     TP rank)."""
     import torch
 
-    from mimo_jobs.trainer.checkpoint.positions import resample_positions
+    from mimo_jobs.trainer.weights.positions import resample_positions
 
     name = encoder_layout(es.weights, es.prefix).targets[POSITIONS].pieces[0].hf  # the HF table's name
     table = es.src.slice(name)[:]

@@ -12,9 +12,9 @@ When the run names a HuggingFace tokenizer (trainer.data.tokenizer), its tokeniz
 OUT/llm, so `AutoTokenizer.from_pretrained(OUT/llm)` gives the tokenizer the model was trained with.
 
 The checkpoint is read through its manifest and the per-rank files (the shard table every save records,
-reshard.py assembles full tensors from it, memory-mapped); names, layouts and config.json come from
-model/families (through model/hf.py). One full parameter is held at a time, and the output is written in shards of at most
-`max_shard_bytes`, so memory stays near one output shard. Everything is written into OUT.tmp-<pid> and
+trainer/checkpoint/reshard.py assembles full tensors from it, memory-mapped); names, layouts and config.json
+come from model/families (through model/hf.py). One full parameter is held at a time, and the output is
+written in shards of at most `max_shard_bytes`, so memory stays near one output shard. Everything is written into OUT.tmp-<pid> and
 renamed to OUT at the end: a failure leaves nothing at OUT. Files get the mode a new file of the user has
 (0644 under umask 022): safetensors writes its files private (0600), which would hide an export from the
 group it is written for.
@@ -312,14 +312,14 @@ def _numel(shape) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m mimo_jobs.trainer.checkpoint.hf_export CHECKPOINT OUT`: what `mimo-jobs export` runs (the
+    """`python -m mimo_jobs.trainer.weights.hf_export CHECKPOINT OUT`: what `mimo-jobs export` runs (the
     CLI starts it as its own process: it imports torch). Prints the summary as one JSON line."""
     import argparse
     import sys
 
     from mimo_jobs.errors import MimoJobsError
 
-    ap = argparse.ArgumentParser(prog="python -m mimo_jobs.trainer.checkpoint.hf_export")
+    ap = argparse.ArgumentParser(prog="python -m mimo_jobs.trainer.weights.hf_export")
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--dtype", default=None)  # export_hf names the ones it writes
