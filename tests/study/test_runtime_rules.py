@@ -1,6 +1,6 @@
 """What the trainer refuses at start-up, `validate` refuses first (mimo_jobs/study/runtime_rules.py owns each
 rule): mock image sizes against the encoder's patch, both modules frozen, bf16 on CPU, a tracker whose package
-is missing, an encoder module the data gives nothing of its kind, two modules of one modality, a mock clip outside an audio
+is missing, an encoder module the data gives nothing of its kind, two modules of one kind on a dataset, a mock clip outside an audio
 module's window. Each rule on a study that passes and on the
 same study changed to break it."""
 
@@ -171,9 +171,14 @@ OMNI_BREAKS = {
         "trainer.data.audio_frames: [audio-clip] a clip of 1 mel frames gives 1 time steps, fewer than the "
         "pooling stride 2: no audio token",
     ),
+    # two image modules each fill their own placeholders on mock data, but a dataset's samples carry one
+    # placeholder run per marker
     "module-kind": (
-        lambda d: d["trainer"]["model"]["encoders"].update(audio="tiny"),
-        "trainer.model.encoders: [module-kind] vision, audio all embed image",
+        lambda d: (
+            d["trainer"]["model"]["encoders"].update(audio="tiny"),
+            d["trainer"].update(data={"provider": "energon", "path": str(REPO)}),
+        ),
+        "trainer.model.encoders: [module-kind] vision, audio all embed image: a dataset's samples",
     ),
     "module-data": (
         lambda d: d["trainer"]["data"].update(audio_fraction=0.0),
