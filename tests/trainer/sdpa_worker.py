@@ -106,7 +106,31 @@ def _cases() -> dict:
         got = _run(sdpa_core, q, k, v, dy, mask)
         out[name] = _compare(ref, got)
     out["dropout"] = _dropout(s, hd)
+    out["masks"] = _masks(s, segments)
     return out
+
+
+def _masks(s: int, segments) -> dict:
+    """What each mask becomes, and that every layer of a forward gets the same additive mask object."""
+    import torch
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from mimo_jobs.trainer.model.packed import packed_mask
+    from mimo_jobs.trainer.model.sdpa import sdpa_mask
+    from mimo_jobs.trainer.step import _causal_mask
+
+    causal, none = AttnMaskType.causal, AttnMaskType.no_mask
+    packed = packed_mask(segments)
+    first, second = (sdpa_mask(packed, causal, s, s, torch.float32)[0] for _ in range(2))
+    return {
+        "causal": sdpa_mask(_causal_mask(s, "cpu"), causal, s, s) == (None, True),
+        "all_false": sdpa_mask(torch.zeros(1, 1, s, s, dtype=torch.bool), none, s, s) == (None, False),
+        "none_on_causal_layer": sdpa_mask(None, causal, s, s) == (None, True),
+        "none_on_unmasked_layer": sdpa_mask(None, none, s, s) == (None, False),
+        "packed_is_additive": bool((first == float("-inf")).eq(packed).all())
+        and first.dtype == torch.float32,
+        "packed_read_once": first is second,
+    }
 
 
 def _dropout(s: int, hd: int) -> dict:

@@ -42,6 +42,17 @@ def test_forward_and_backward_equal_the_unfused_attention(measured, case):
         assert diff < FP32_TOL, (case, name, diff)
 
 
+def test_each_mask_becomes_what_the_unfused_softmax_reads(measured):
+    assert measured["cases"]["masks"] == {
+        "causal": True,
+        "all_false": True,
+        "none_on_causal_layer": True,
+        "none_on_unmasked_layer": True,
+        "packed_is_additive": True,
+        "packed_read_once": True,
+    }
+
+
 def test_dropout_comes_from_the_config_and_only_in_training(measured):
     d = measured["cases"]["dropout"]
     assert d["p"] == 0.5
