@@ -15,10 +15,12 @@ QK-norm keeps its per-head inputs and statistics; MoE layers price each routed t
 3 tensors of f_e per copy, 2 more when gated), the shared experts like a dense MLP, and the router's
 fp32/int64 bookkeeping; dense and MoE layers as moe_layer_pattern says; the last stage keeps fp32 logits
 (padded vocabulary) for the cross entropy. The encoder's ViT runs over downsample^2 patches per LLM image
-token plus the class token. Transformer Engine's fused (flash) attention keeps no s x s scores, only fp32
-softmax statistics; megatron-core's local attention (the CPU, and a GPU without Transformer Engine:
-hardware.GPU.layers) keeps the scores' probabilities, and in 16-bit precision an fp32 copy of them too
-(score_bytes).
+token plus the class token. Transformer Engine's fused (flash) attention and torch's SDPA on the local
+layers (trainer.attention: sdpa, the default) keep no s x s scores, only fp32 softmax statistics, and read
+the query groups as they are; megatron-core's unfused local attention (trainer.attention: unfused, on the
+CPU or a GPU without Transformer Engine: hardware.GPU.layers) keeps the scores' probabilities, in 16-bit
+precision an fp32 copy of them too (score_bytes), K and V copied to every head, and the boolean mask.
+model/attention.py holds which keeps what.
 """
 
 from __future__ import annotations
