@@ -3,7 +3,8 @@
 - one process (the --reference build, measure_worker.py): parameter counts and FLOPs exact against the
   built modules and torch's FlopCounterMode, for the plain toys and for the features of today's open models
   (SwiGLU, RMSNorm, QK-norm, GQA, head_dim != hidden/heads; MoE with a shared expert and a dense first
-  layer; a pixel-shuffle encoder), saved-activation bytes within 15% of the trainer's SavedTensorMeter;
+  layer; a pixel-shuffle encoder), saved-activation bytes within 15% of the trainer's SavedTensorMeter
+  (byte for byte for `tiny`) under both core attentions of the local layers (trainer.attention);
 - torchrun (slow): per-rank parameter counts, gradient-buffer and optimizer-state bytes EXACT against the
   memory facts each rank writes, for TP2, EP2, PP2 and the distributed optimizer; the LLM ranks' measured
   saved-activation peak within 15% of the prediction.
