@@ -16,7 +16,7 @@ MoE record LOCAL_EXPERTS_SHARE with that compute share.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -50,7 +50,8 @@ def load_records(path: Path = DATA) -> list[Record]:
     for r in doc["records"]:
         study = load_study(REPO / r["study"])
         run = next(x for x in runs_of(study) if x.name == r["run"])
-        shape = shape_of(run.layout, run.trainer, run.point.command)
+        # the attention the run ran with (the records' runs predate trainer.attention: unfused)
+        shape = replace(shape_of(run.layout, run.trainer, run.point.command), attention=r["attention"])
         out.append(
             Record(r["id"], r["gpu"], r["fits"], shape, run.run_id, float(r["measured_s"]),
                    int(r["saved_activations_bytes"]))

@@ -15,10 +15,12 @@ QK-norm keeps its per-head inputs and statistics; MoE layers price each routed t
 3 tensors of f_e per copy, 2 more when gated), the shared experts like a dense MLP, and the router's
 fp32/int64 bookkeeping; dense and MoE layers as moe_layer_pattern says; the last stage keeps fp32 logits
 (padded vocabulary) for the cross entropy. The encoder's ViT runs over downsample^2 patches per LLM image
-token plus the class token. Transformer Engine's fused (flash) attention keeps no s x s scores, only fp32
-softmax statistics; megatron-core's local attention (the CPU, and a GPU without Transformer Engine:
-hardware.GPU.layers) keeps the scores' probabilities, and in 16-bit precision an fp32 copy of them too
-(score_bytes).
+token plus the class token. Transformer Engine's fused (flash) attention and torch's SDPA on the local
+layers (trainer.attention: sdpa, the default) keep no s x s scores, only fp32 softmax statistics, and read
+the query groups as they are; megatron-core's unfused local attention (trainer.attention: unfused, on the
+CPU or a GPU without Transformer Engine: hardware.GPU.layers) keeps the scores' probabilities, in 16-bit
+precision an fp32 copy of them too (score_bytes), K and V copied to every head, and the boolean mask.
+model/attention.py holds which keeps what.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mimo_jobs.model.arch import LLMArch, padded_vocab
+from mimo_jobs.model.attention import expands_groups, keeps_mask, keeps_scores
 
 from .run import RunShape
 
@@ -54,32 +57,45 @@ def score_bytes(d: int) -> int:
     return d + (4 if d < 4 else 0)
 
 
-def _attention(q: int, kv: int, heads: int, keys: int, tp: int, d: int, recompute: str, fused: bool) -> float:
-    """Per token: Q and K after RoPE, the QKV storage, the projection input, and the scores (q = heads x
-    head_dim channels, kv = query groups x head_dim)."""
+def mask_bytes(rs: RunShape, layers: str, n: int) -> int:
+    """The boolean n x n mask a sequence's attention keeps for backward (model/attention.py keeps_mask)."""
+    return n * n if keeps_mask(layers, rs.attention) else 0
+
+
+def _attention(rs: RunShape, layers: str, q: int, kv: int, heads: int, keys: int, tp: int) -> float:
+    """Per token: Q and K after RoPE, the QKV storage, the projection input (which a fused core's output
+    is), and the scores or their softmax statistics (q = heads x head_dim channels, kv = query groups x
+    head_dim)."""
+    d = rs.dtype_bytes
     shard = d * (q + kv + (q + 2 * kv) + q)
-    if not fused and kv < q:
+    if expands_groups(layers, rs.attention) and kv < q:
         shard += d * 2 * q  # the unfused core expands K and V from the query groups to every head
-    if fused:
-        shard += 4 * heads  # softmax statistics
-    elif recompute == "none":
-        shard += score_bytes(d) * heads * keys
+    shard += _core(rs, layers, heads, keys, rs.recompute.llm)
     return shard / tp
+
+
+def _core(rs: RunShape, layers: str, heads: int, keys: int, recompute: str) -> float:
+    """Per position, beside Q, K, V and the output: a fused core's fp32 log-sum-exp per head, or the
+    unfused core's scores unless recomputed (model/attention.py says which core keeps them)."""
+    if not keeps_scores(layers, rs.attention):
+        return 4 * heads
+    return score_bytes(rs.dtype_bytes) * heads * keys if recompute == "none" else 0
 
 
 def _stats(p: LLMArch) -> int:
     return RMS_STATS if p.normalization == "RMSNorm" else LN_STATS
 
 
-def llm_layer_bytes_per_token(rs: RunShape, fused: bool, moe: bool | None = None) -> float:
-    """One layer, per token (`moe`: an MoE layer; None: as the model's first MoE layer, if any)."""
+def llm_layer_bytes_per_token(rs: RunShape, layers: str, moe: bool | None = None) -> float:
+    """One layer, per token (`moe`: an MoE layer; None: as the model's first MoE layer, if any), on
+    `layers` ("te" or "local": hardware.GPU.layers)."""
     p, lay, d = rs.preset.llm, rs.layout, rs.dtype_bytes
     h, tp, heads, head = p.hidden_size, lay.llm_tp, p.num_attention_heads, p.head_dim
     q, kv = heads * head, p.query_groups * head
     # the unfused (local, CPU) RMSNorm is torch's composite one: it also keeps its normalised input
-    rms = not fused and p.normalization == "RMSNorm"
+    rms = layers != "te" and p.normalization == "RMSNorm"
     replicated = d * ((4 + 2 * rms) * h + 4 * head) + _stats(p)  # norm inputs, QKV/MLP inputs, RoPE cos/sin
-    shard = _attention(q, kv, heads, rs.seq_length, tp, d, rs.recompute.llm, fused)
+    shard = _attention(rs, layers, q, kv, heads, rs.seq_length, tp)
     if p.qk_layernorm:  # the per-head q and k inputs (and normalised copies) and their fp32 statistics
         shard += (d * (q + kv) * (1 + rms) + 4 * (heads + p.query_groups)) / tp
     m = mlp_tensors(p.gated_linear_unit)
@@ -110,28 +126,28 @@ class StageActivations:
     workspace: float
 
 
-def llm_stage(rs: RunShape, stage: int, fused: bool) -> StageActivations:
+def llm_stage(rs: RunShape, stage: int, layers: str) -> StageActivations:
     """One microbatch on LLM pipeline stage `stage`, split as the schedule holds it."""
     p, lay, d = rs.preset.llm, rs.layout, rs.dtype_bytes
     s, b, tp = rs.seq_length, lay.mbs, lay.llm_tp
     tokens = s * b / lay.llm_cp  # context parallelism: each rank keeps its 1/cp of every sequence
-    layers = p.num_layers // lay.llm_pp
-    mine = range(stage * layers, (stage + 1) * layers)
-    per = [llm_layer_bytes_per_token(rs, fused, p.is_moe_layer(i)) for i in mine]
+    n = p.num_layers // lay.llm_pp
+    mine = range(stage * n, (stage + 1) * n)
+    per = [llm_layer_bytes_per_token(rs, layers, p.is_moe_layer(i)) for i in mine]
     sp = tp if rs.sequence_parallel else 1
     workspace = 0.0
     if rs.recompute.llm == "full":
-        body = tokens * layers * d * p.hidden_size / sp  # each layer's input
+        body = tokens * n * d * p.hidden_size / sp  # each layer's input
         workspace = tokens * max(per)
     else:
         body = tokens * sum(per)
-    extra = s * s / lay.llm_cp  # the boolean causal mask each stage builds (its queries' rows)
+    extra = mask_bytes(rs, layers, s) / lay.llm_cp  # the causal mask each stage builds (its queries' rows)
     if stage == 0:
         extra += 8 * tokens  # the token ids the embedding keeps
     if stage == lay.llm_pp - 1:
         # final norm input + stats, output-layer input, fp32 logits, the loss's mask and labels
         vocab = padded_vocab(p.vocab_size, tp)
-        rms = not fused and p.normalization == "RMSNorm"
+        rms = layers != "te" and p.normalization == "RMSNorm"
         extra += tokens * (((2 + rms) * d * p.hidden_size + _stats(p) // 2) / sp + 4 * vocab / tp + 9)
     return StageActivations(body / max(1, rs.virtual_stages), extra, workspace)
 
@@ -146,13 +162,13 @@ def inflight_chunks(pp: int, vp: int, microbatches: int, stage: int) -> int:
     return max(1, min(microbatches * vp, (pp - stage - 1) * 2 + (vp - 1) * pp + 1))
 
 
-def llm_bytes(rs: RunShape, stage: int, fused: bool) -> int:
+def llm_bytes(rs: RunShape, stage: int, layers: str) -> int:
     """One microbatch on LLM pipeline stage `stage` (every chunk of it), with full recompute's workspace."""
-    a = llm_stage(rs, stage, fused)
+    a = llm_stage(rs, stage, layers)
     return int(a.chunk * max(1, rs.virtual_stages) + a.extra + a.workspace)
 
 
-def encoder_bytes(rs: RunShape, fused: bool) -> int:
+def encoder_bytes(rs: RunShape, layers: str) -> int:
     """One encoder microbatch: its samples' images at full size (the upper bound)."""
     e, lay, d = rs.preset.encoder, rs.layout, rs.dtype_bytes
     out_tokens = rs.image_tokens_max * rs.encoder_samples_per_microbatch  # what the projector sees
@@ -162,10 +178,7 @@ def encoder_bytes(rs: RunShape, fused: bool) -> int:
     tp, h, hl = lay.enc_tp, e.hidden_size, rs.preset.llm.hidden_size
     replicated = d * 4 * h + LN_STATS
     shard = d * (3 * h + h) + d * 2 * e.ffn_hidden_size
-    if fused:
-        shard += 4 * e.num_attention_heads
-    elif rs.recompute.encoder == "none":
-        shard += score_bytes(d) * e.num_attention_heads * n
+    shard += _core(rs, layers, e.num_attention_heads, n, rs.recompute.encoder)
     per_layer = replicated + shard / tp
     if rs.recompute.encoder == "full":
         body = tokens * (e.num_layers * d * h + per_layer)
@@ -173,7 +186,7 @@ def encoder_bytes(rs: RunShape, fused: bool) -> int:
         body = tokens * e.num_layers * per_layer
     patch_inputs = patches * rs.encoder_samples_per_microbatch * d * e.patch_inputs
     patch_and_projector = patch_inputs + out_tokens * d * (e.projector_input + 2 * hl / tp)
-    masks = n * n * rs.encoder_samples_per_microbatch
+    masks = mask_bytes(rs, layers, n) * rs.encoder_samples_per_microbatch
     return int(body + patch_and_projector + masks)
 
 

@@ -46,13 +46,9 @@ class GPU:
     framework_bytes: int  # CUDA context, NCCL buffers, allocator slack: not in any formula
     op_s: float = 5e-6  # one kernel launch / operator dispatch
     step_s: float = 5e-6  # one step of a ring collective, or one send
-    layers: str = "te"  # the layer backend its runs use (LAYERS); a CPU runs megatron-core's local layers
-
-    @property
-    def fused_attention(self) -> bool:
-        """Transformer Engine's fused (flash) attention keeps no s x s score matrix; megatron-core's local
-        DotProductAttention (every CPU run, and a GPU run without Transformer Engine) keeps it."""
-        return self.layers == "te"
+    # the layer backend its runs use (LAYERS); a CPU runs megatron-core's local layers. Whether the attention
+    # keeps its s x s scores depends on trainer.attention too: model/attention.py keeps_scores
+    layers: str = "te"
 
 
 GPUS: dict[str, GPU] = {

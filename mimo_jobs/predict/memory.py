@@ -232,7 +232,7 @@ def _module(rs: RunShape, module: str, stage: int, ranks, held, act, bridge, inf
 def encoder_memory(rs: RunShape, gpu: GPU) -> ModuleMemory:
     lay = rs.layout
     keep = 1 if lay.colocated else min(rs.microbatches, max(rs.encoder_inflight, lay.llm_pp))
-    per_mb = A.encoder_bytes(rs, gpu.fused_attention)
+    per_mb = A.encoder_bytes(rs, gpu.layers)
     bridge = 0 if lay.colocated else 2 * keep * A.embedding_bytes(rs, rs.encoder_samples_per_microbatch)
     last = lay.enc_ranks - 1 if not lay.colocated else lay.world - 1
     held = _encoder_held(_state_key(rs), rs.preset, lay.enc_tp, lay.enc_dp, rs.frozen_encoder)
@@ -248,7 +248,7 @@ def llm_memory(rs: RunShape, gpu: GPU, stage: int) -> ModuleMemory:
     shard = dp * lay.llm_cp
     edp = tp * shard // (lay.llm_ep * lay.llm_etp) if rs.preset.llm.num_experts else shard
     keep = max(1, min(rs.microbatches, pp - stage))  # 1F1B: stage s of p runs p - s - 1 warm-up forwards
-    a = A.llm_stage(rs, stage, gpu.fused_attention)
+    a = A.llm_stage(rs, stage, gpu.layers)
     chunks = A.inflight_chunks(pp, rs.virtual_stages, rs.microbatches, stage)
     act = int(chunks * a.chunk + keep * a.extra + a.workspace)
     bridge = 2 * keep * A.embedding_bytes(rs, lay.mbs) if stage == 0 and not lay.colocated else 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from mimo_jobs.model.arch import EncoderArch, ModelArch
+from mimo_jobs.model.attention import SDPA
 from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.spec import RecomputeSpec
 from mimo_jobs.study.topology import Layout, Trainer, rank_layout
@@ -36,6 +37,7 @@ class RunShape:
     text_tokens_mean: float | None = None
     train_iters: int | None = None  # the study's length: iterations, or samples (one of the two)
     train_samples: int | None = None
+    attention: str = SDPA  # trainer.attention: the local layers' core attention (model/attention.py)
 
     @property
     def carried_tokens_per_sample(self) -> float:
@@ -173,6 +175,7 @@ def _run_fields(layout: Layout, trainer, preset: ModelArch, point_command) -> di
         optimizer=trainer.optimizer.name,
         encoder_inflight=trainer.encoder_inflight,
         recompute=RecomputeSpec.of(trainer.recompute),
+        attention=trainer.attention,
         frozen_encoder=trainer.freeze.encoder,
         frozen_llm=trainer.freeze.llm,
         train_iters=trainer.train_iters,

@@ -21,6 +21,7 @@ import functools
 from dataclasses import replace
 
 from mimo_jobs.model.arch import ModelArch
+from mimo_jobs.model.attention import keeps_scores
 from mimo_jobs.study.topology import module_ranges
 
 from . import activations as A
@@ -51,7 +52,7 @@ def _view(rs: RunShape, i: int) -> RunShape:
     )
 
 
-def audio_bytes(rs: RunShape, a, mix, samples: int, tp: int, fused: bool) -> int:
+def audio_bytes(rs: RunShape, a, mix, samples: int, tp: int, layers: str) -> int:
     """One audio microbatch of `samples` samples, each at its most audio tokens (mix.tokens_max, in whole
     clips of mix.frames frames), as activations.encoder_bytes counts a ViT's: per layer and position the
     norm inputs and fp32 statistics, the QKV input, Q, K, V, the projection input, the MLP's two tensors of
@@ -65,7 +66,7 @@ def audio_bytes(rs: RunShape, a, mix, samples: int, tp: int, fused: bool) -> int
     positions = clips * n
     replicated = d * 4 * h + A.LN_STATS
     shard = d * (3 * h + h) + d * 2 * a.ffn_hidden_size
-    if fused:
+    if not keeps_scores(layers, rs.attention):
         shard += 4 * a.num_attention_heads
     elif rs.recompute.encoder == "none":
         shard += d * a.num_attention_heads * n
@@ -78,7 +79,7 @@ def audio_bytes(rs: RunShape, a, mix, samples: int, tp: int, fused: bool) -> int
     out_tokens = clips * (n // a.pooling)
     after = positions * d * h * (a.pooling > 1) + out_tokens * (d * h + A.LN_STATS // 2)
     projector = out_tokens * d * (a.out_width + 2 * hl / tp)
-    masks = clips * n * n
+    masks = clips * A.mask_bytes(rs, layers, n)
     return int(body + convs + after + projector + masks)
 
 
@@ -93,7 +94,7 @@ def _audio_memory(rs: RunShape, gpu: GPU, i: int) -> ModuleMemory:
     mix, mr = rs.modules[i], module_ranges(lay)[i]
     keep = 1 if lay.colocated else min(rs.microbatches, max(rs.encoder_inflight, lay.llm_pp))
     samples = mr.samples_per_encoder_microbatch
-    per_mb = audio_bytes(rs, a, mix, samples, mr.tp, gpu.fused_attention)
+    per_mb = audio_bytes(rs, a, mix, samples, mr.tp, gpu.layers)
     hl = rs.preset.llm.hidden_size
     bridge = 0 if lay.colocated else 2 * keep * int(samples * mix.tokens_max * hl * rs.dtype_bytes)
     params, grads, opt = _audio_held(_state_key(rs), a, hl, mr.tp, mr.dp, rs.frozen_encoder)

@@ -17,7 +17,7 @@ from .encphases import encoder_phase_rows
 from .memory import memory_rows
 from .model import ParityRow, Report, RunRow, StudyInfo, TriageRow
 from .modules import bound_rows, module_rows
-from .predicted import model_name, predicted_rows, priced_model, recorded_layers
+from .predicted import model_name, predicted_rows, priced_model, recorded_attention, recorded_layers
 from .queries import StoreData
 from .repeats import repeat_rows
 from .spec import run_spec
@@ -79,8 +79,9 @@ def build(
     rep.rank_memory = queries.rank_memory(con, [r.run_id for r in rows])
     rep.memory = memory_rows(rep.rank_memory, {r.run_id: r for r in rows})
     layers = {rid: recorded_layers(m) for rid, m in data.starts.items()}
+    attention = {rid: recorded_attention(m) for rid, m in data.starts.items()}
     rep.predicted, rep.predicted_memory, rep.predicted_notes = predicted_rows(
-        data.runs, rows, rep.rank_memory, gpu, gpu_names, layers
+        data.runs, rows, rep.rank_memory, gpu, gpu_names, layers, attention
     )
     rep.modules = module_rows(rep.rank_memory, rows)
     rep.bounds = bound_rows(rep.modules, rows, rep.predicted)

@@ -9,8 +9,9 @@ priced with the study's cluster.hardware figures.
 
 Each run is priced for the layers it ran with: the backend its trainer's first line names (`| layers local |`
 or `| layers te |`, in the start record ingest keeps as an event), else its study's cluster.hardware.layers;
-megatron-core's local layers are priced with their own efficiencies and unfused attention
-(docs/predict.md, "Transformer Engine or local layers").
+megatron-core's local layers are priced with their own efficiencies and the core attention the line names
+(`| attention sdpa |` or `| attention unfused |`; a line without it predates the choice and ran unfused),
+docs/predict.md, "Transformer Engine or local layers".
 
 Predictions use the default efficiencies. Their error against the measured time means something only once
 the efficiencies are fitted to the machine: with CALIBRATION_RUNS measured runs of a study priced on one
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 
 from mimo_jobs.contract.modules import LLM, study_name
 from mimo_jobs.predict.calibrate import mean_abs, relative_error
@@ -97,6 +99,34 @@ def recorded_layers(start_msgs: list[str]) -> str | None:
         if hit and hit.group(1) in LAYERS:
             return hit.group(1)
     return None
+
+
+# ... and, on the local layers, their core attention as `| attention <sdpa|unfused> |` (trainer.attention);
+# a trainer older than that setting ran megatron-core's unfused attention and wrote no such field.
+_ATTENTION_RE = re.compile(r"\| attention ([a-z]+) \|")
+
+
+def recorded_attention(start_msgs: list[str]) -> str | None:
+    """The core attention a run's start events say its local layers ran (model/attention.py), if they name
+    the local layers: the named one, or `unfused` where the line predates the setting."""
+    from mimo_jobs.model.attention import UNFUSED, Attention
+
+    if recorded_layers(start_msgs) != "local":
+        return None
+    for m in start_msgs:
+        hit = _ATTENTION_RE.search(m or "")
+        if hit and hit.group(1) in typing.get_args(Attention):
+            return hit.group(1)
+    return UNFUSED
+
+
+def as_ran(spec, attention: str | None):
+    """`spec` with the core attention its run ran with (recorded_attention), where the start events say."""
+    if attention is None or attention == spec.trainer.attention:
+        return spec
+    from dataclasses import replace
+
+    return replace(spec, trainer=spec.trainer.model_copy(update={"attention": attention}))
 
 
 def priced_on(gpu: str, layers: str) -> str:
@@ -191,9 +221,11 @@ def predicted_rows(
     gpu: str | None,
     gpu_names: dict,
     layers: dict | None = None,
+    attention: dict | None = None,
 ) -> tuple[list[PredictedRow], list[PredictedMemoryRow], list[str]]:
     """`runs`: the store's runs rows (spec_json, accelerator); `gpu_names`: run_id -> the GPU its start
-    events name; `layers`: run_id -> the layer backend they name (recorded_layers). Returns the time rows
+    events name; `layers`: run_id -> the layer backend they name (recorded_layers); `attention`: run_id -> the
+    local layers' core attention they name (recorded_attention). Returns the time rows
     (calibrated where the study has enough measured runs), the memory rows and the notes: per study, GPU and
     layers whether the times are calibrated, and each run not priced."""
     from mimo_jobs.predict.hardware import measured_gpu
@@ -209,6 +241,7 @@ def predicted_rows(
         row, spec = by_id.get(r["run_id"]), run_spec(r)
         if row is None or spec is None:
             continue
+        spec = as_ran(spec, (attention or {}).get(r["run_id"]))
         why = unpriced(spec)
         if why:
             notes.append(f"{row.study}/{row.name}: not priced: {why}")

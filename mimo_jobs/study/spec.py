@@ -25,6 +25,7 @@ from pydantic import (
 import mimo_jobs.study.slurm_time as slurm_time
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model.arch import ArchError, module_name_problem
+from mimo_jobs.model.attention import Attention
 from mimo_jobs.model.resolve import resolved_field
 from mimo_jobs.submit.executors import registry
 
@@ -504,7 +505,7 @@ class InitSpec(_Strict):
 
 
 class TrainerSpec(_Strict):
-    ID_LATER: ClassVar[frozenset[str]] = frozenset({"command", "init"})
+    ID_LATER: ClassVar[frozenset[str]] = frozenset({"command", "init", "attention"})
     # a preset's name, or {encoder, llm} described by presets, inline fields or HF configs (model/resolve.py);
     # validation replaces a description by its resolved inline fields, so the spec never depends on a file
     model: str | dict[str, Any] = "tiny"
@@ -534,6 +535,9 @@ class TrainerSpec(_Strict):
     # megatron-core's activation recompute: one value for both modules, or {encoder: full, llm: none};
     # RecomputeSpec.of gives the per-module settings
     recompute: Recompute | RecomputeSpec = "none"
+    # the core attention of megatron-core's local layers (model/attention.py): torch's fused SDPA, or
+    # megatron-core's DotProductAttention, which keeps every s x s score matrix; TE's layers run their own
+    attention: Attention = "sdpa"
     wandb: WandbSpec | None = None
     init: InitSpec | None = None  # pretrained or earlier weights to start from (docs/weights.md)
     # Another training program (study/command.py renders it): a Jinja template of the run's values, run by

@@ -211,7 +211,9 @@ def _precision_and_device(run: RunSpec):
     the layer backend and fused kernels by the device and what is installed (model/kernels.py)."""
     use_gpu = not runs_on_cpu(run.cluster.accelerator, torch.cuda.is_available())
     prec = Precision(
-        use_gpu=use_gpu, bf16=run.trainer.precision == "bf16", kernels=kernels_for(use_gpu, installed())
+        use_gpu=use_gpu,
+        bf16=run.trainer.precision == "bf16",
+        kernels=kernels_for(use_gpu, installed(), run.trainer.attention),
     )
     if prec.bf16 and not use_gpu:
         raise ValueError("trainer.precision=bf16 needs a GPU (accelerator=gpu); use fp32 on CPU")

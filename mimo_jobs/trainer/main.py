@@ -108,7 +108,7 @@ def preflight(run, doc: dict, reference: bool) -> list[str]:
     if t.data.provider == "mock":
         mock_config(run, plan)
     on_gpu = not runs_on_cpu(run.cluster.accelerator, torch.cuda.is_available())
-    why = kernel_problem(run, kernels_for(on_gpu, installed()))
+    why = kernel_problem(run, kernels_for(on_gpu, installed(), t.attention))
     if why:
         raise PreflightError(f"run.yaml: {why}")
     if reference:

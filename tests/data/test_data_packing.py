@@ -214,9 +214,11 @@ def test_packing_is_refused_where_the_attention_ignores_the_mask():
     assert packing_problem(kernels_for(False, Installed())) is None
     te = packing_problem(kernels_for(True, Installed(te=True)))
     assert "Transformer Engine" in te and "PackedSeqParams" in te
-    fused = packing_problem(kernels_for(True, Installed(softmax_ext=True)))
-    assert "fused causal softmax" in fused
-    assert packing_problem(kernels_for(True, Installed())) is None  # local layers, unfused softmax
+    fused = packing_problem(kernels_for(True, Installed(softmax_ext=True), "unfused"))
+    assert "fused causal softmax" in fused and "trainer.attention: sdpa" in fused
+    assert packing_problem(kernels_for(True, Installed(), "unfused")) is None  # local layers, unfused softmax
+    # torch's SDPA takes the mask whatever softmax kernels are installed
+    assert packing_problem(kernels_for(True, Installed(softmax_ext=True))) is None
 
 
 def test_packing_is_refused_before_the_job_trains():

@@ -30,6 +30,7 @@ def main(arch_json: str, frames: int, out: str, tp: int = 1) -> None:
     from mimo_jobs.model.audio_arch import AudioArch
     from mimo_jobs.trainer import cuda_shims
     from mimo_jobs.trainer.model.audio_encoder import audio_config, build_audio_encoder
+    from mimo_jobs.trainer.model.kernels import Installed, kernels_for
     from mimo_jobs.trainer.observe.memory import SavedTensorMeter
 
     cuda_shims.install()
@@ -37,7 +38,9 @@ def main(arch_json: str, frames: int, out: str, tp: int = 1) -> None:
     a, llm_hidden = AudioArch.from_dict(doc["audio"]), doc["llm_hidden"]
     grids, _, _ = _grids(tp, 1, 1)
     pgc = grids.encoder.pgc
-    prec = M.Precision(use_gpu=False, bf16=False)
+    # the unfused core attention: FlopCounterMode counts its matrix products, and has no formula for the CPU
+    # flash attention of trainer.attention: sdpa
+    prec = M.Precision(use_gpu=False, bf16=False, kernels=kernels_for(False, Installed(), "unfused"))
     enc = build_audio_encoder(a, audio_config(a, tp, prec), pgc, prec)
     # the projector's config as models.py builds the image encoder's
     cfg = TransformerConfig(

@@ -95,7 +95,7 @@ def test_transformer_engine_pricing_is_unchanged():
     # local-layer shares do not reach them (the fit moved from (0.320, 0.795) when the published runs' FSDP
     # and bf16 gradient reduction were priced as they ran)
     h200 = study_gpu(load_study(REPO / "benchmarks/gpu/dense_1b.yaml").cluster)
-    assert h200.layers == "te" and h200.fused_attention
+    assert h200.layers == "te"
     assert efficiency_for(h200) == Efficiency(encoder=0.316, llm=0.316, network=0.815)
     for study_file, was in (("benchmarks/gpu/dense_1b.yaml", 0.327), ("benchmarks/gpu/moe_4l.yaml", 0.0996)):
         study, run = _run(study_file, "1n-colo-l1x1x1-g8-m2")
@@ -129,7 +129,7 @@ def test_unfused_activations_against_the_measured_saved_peaks(records, bench):
 
 
 def test_cpu_stays_on_local_layers_and_layers_is_planning_only():
-    assert with_layers(GPUS["cpu"], "te").layers == "local" and not GPUS["cpu"].fused_attention
+    assert with_layers(GPUS["cpu"], "te").layers == "local"
     doc = {
         "name": "lay",
         "cluster": {

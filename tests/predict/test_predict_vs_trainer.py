@@ -3,7 +3,8 @@
 - one process (the --reference build, measure_worker.py): parameter counts and FLOPs exact against the
   built modules and torch's FlopCounterMode, for the plain toys and for the features of today's open models
   (SwiGLU, RMSNorm, QK-norm, GQA, head_dim != hidden/heads; MoE with a shared expert and a dense first
-  layer; a pixel-shuffle encoder), saved-activation bytes within 15% of the trainer's SavedTensorMeter;
+  layer; a pixel-shuffle encoder), saved-activation bytes within 15% of the trainer's SavedTensorMeter
+  (byte for byte for `tiny`) under both core attentions of the local layers (trainer.attention);
 - torchrun (slow): per-rank parameter counts, gradient-buffer and optimizer-state bytes EXACT against the
   memory facts each rank writes, for TP2, EP2, PP2 and the distributed optimizer; the LLM ranks' measured
   saved-activation peak within 15% of the prediction.
@@ -51,23 +52,33 @@ def _measure(tmp_path: Path, model: str) -> dict:
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-moe", "tiny-swiglu", "tiny-moe-shared"])
 def test_one_process_params_flops_and_activations(tmp_path, model):
-    got, ry = _measure(tmp_path, model)
+    both, ry = _measure(tmp_path, model)
     preset = PRESETS[model]
-    assert got["params"]["encoder"] == sum(t.numel for t in encoder_tensors(preset, 1))
-    assert got["params"]["llm"] == sum(t.numel for t in llm_tensors(preset, 1, 1, 1, 1, 0))
-    # the CPU attention is unfused and computes the whole s x s matrix: compare without the causal halving;
-    # FlopCounterMode counts the matrix products (2 per multiply-add), which is what the model prices
+    for got in both.values():
+        assert got["params"]["encoder"] == sum(t.numel for t in encoder_tensors(preset, 1))
+        assert got["params"]["llm"] == sum(t.numel for t in llm_tensors(preset, 1, 1, 1, 1, 0))
+    # the unfused attention computes the whole s x s matrix as matrix products: compare without the causal
+    # halving; FlopCounterMode counts the matrix products (2 per multiply-add), which is what the model
+    # prices (it has no formula for the CPU flash attention of trainer.attention: sdpa)
     tokens = preset.encoder.tokens_for(SIDE, SIDE)
     fl = flops_per_sample(preset, SEQ, tokens, causal_halved=False)
-    assert fl.llm == got["flops"]["llm"]
-    assert fl.encoder == got["flops"]["encoder"]
+    assert fl.llm == both["unfused"]["flops"]["llm"]
+    assert fl.encoder == both["unfused"]["flops"]["encoder"]
     run, _ = load_run_yaml(ry)
-    rs = shape_of(run.layout, run.trainer)
     from dataclasses import replace
 
-    rs = replace(rs, seq_length=SEQ, image_tokens_max=tokens)
-    assert A.llm_bytes(rs, 0, fused=False) == pytest.approx(got["saved_peak_bytes"]["llm"], rel=0.15)
-    assert A.encoder_bytes(rs, fused=False) == pytest.approx(got["saved_peak_bytes"]["encoder"], rel=0.15)
+    for attention, got in both.items():
+        rs = replace(
+            shape_of(run.layout, run.trainer), seq_length=SEQ, image_tokens_max=tokens, attention=attention
+        )
+        saved = got["saved_peak_bytes"]
+        assert A.llm_bytes(rs, 0, "local") == pytest.approx(saved["llm"], rel=0.15), attention
+        assert A.encoder_bytes(rs, "local") == pytest.approx(saved["encoder"], rel=0.15), attention
+        if model == "tiny":  # the plain model (no GQA, QK-norm or experts): byte for byte
+            assert (A.llm_bytes(rs, 0, "local"), A.encoder_bytes(rs, "local")) == (
+                saved["llm"],
+                saved["encoder"],
+            )
 
 
 def _facts(run_dir: Path) -> dict[int, dict]:

@@ -130,7 +130,7 @@ def test_distributed_optimizer_is_sharded_over_dp_times_cp(bench):
 
 def test_full_recompute_holds_one_layer_once_and_each_microbatch_its_inputs(bench):
     rs = replace(_gpt_shape(bench, 8, 4, 1, 2, 1, 64), recompute=RecomputeSpec(encoder="none", llm="full"))
-    stage = A.llm_stage(rs, 0, fused=True)
+    stage = A.llm_stage(rs, 0, "te")
     tokens, layers = rs.seq_length * rs.layout.mbs, GPT["layers"] // 4
     assert stage.chunk == pytest.approx(tokens * layers * 2 * GPT["hidden"] / 8)  # each layer's input, SP
     held = llm_memory(rs, GPUS["H100"], 0).activation_bytes

@@ -13,6 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from mimo_jobs.cli.app import app
+from mimo_jobs.model.attention import keeps_scores
 from mimo_jobs.predict import activations as A
 from mimo_jobs.predict.estimate import predict_shape
 from mimo_jobs.predict.hardware import GIB, get_gpu
@@ -81,14 +82,14 @@ def test_bad_recompute_is_named(value, words):
     assert path == "trainer.recompute" and words in msg and "{encoder: full, llm: none}" in msg
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_each_module_is_priced_with_its_own_setting(fused):
-    base = _shape()
+@pytest.mark.parametrize("layers, attention", [("local", "unfused"), ("local", "sdpa"), ("te", "sdpa")])
+def test_each_module_is_priced_with_its_own_setting(layers, attention):
+    base = replace(_shape(), attention=attention)
     uniform = {m: replace(base, recompute=RecomputeSpec.of(m)) for m in MODES}
     for enc, llm in itertools.product(MODES, MODES):
         rs = replace(base, recompute=RecomputeSpec(encoder=enc, llm=llm))
-        assert A.encoder_bytes(rs, fused) == A.encoder_bytes(uniform[enc], fused)
-        assert A.llm_bytes(rs, 0, fused) == A.llm_bytes(uniform[llm], 0, fused)
+        assert A.encoder_bytes(rs, layers) == A.encoder_bytes(uniform[enc], layers)
+        assert A.llm_bytes(rs, 0, layers) == A.llm_bytes(uniform[llm], 0, layers)
         p = predict_shape(rs, H100, Efficiency())
         pe, pl = (predict_shape(uniform[m], H100, Efficiency()) for m in (enc, llm))
         assert p.time.encoder_mb_s == pe.time.encoder_mb_s and p.time.llm_mb_s == pl.time.llm_mb_s
@@ -101,12 +102,12 @@ def test_each_module_is_priced_with_its_own_setting(fused):
         full_enc.time.encoder_mb_s > plain.time.encoder_mb_s and full_enc.time.llm_mb_s == plain.time.llm_mb_s
     )
     for m, nbytes in (
-        ("encoder", lambda r: A.encoder_bytes(r, fused)),
-        ("llm", lambda r: A.llm_bytes(r, 0, fused)),
+        ("encoder", lambda r: A.encoder_bytes(r, layers)),
+        ("llm", lambda r: A.llm_bytes(r, 0, layers)),
     ):
         assert nbytes(uniform["full"]) < nbytes(uniform["selective"]) <= nbytes(uniform["none"]), m
-    if not fused:  # the unfused attention keeps its s x s scores unless recomputed
-        assert A.llm_bytes(uniform["selective"], 0, fused) < A.llm_bytes(uniform["none"], 0, fused)
+    if keeps_scores(layers, attention):  # the unfused attention keeps its s x s scores unless recomputed
+        assert A.llm_bytes(uniform["selective"], 0, layers) < A.llm_bytes(uniform["none"], 0, layers)
 
 
 def _activations(p) -> dict[str, list[int]]:

@@ -14,7 +14,7 @@ from mimo_jobs.ingest import pipeline as ingest
 from mimo_jobs.predict.estimate import predict_run
 from mimo_jobs.predict.hardware import study_gpu
 from mimo_jobs.report import build, render
-from mimo_jobs.report.predicted import recorded_layers
+from mimo_jobs.report.predicted import as_ran, recorded_attention, recorded_layers
 from mimo_jobs.store import connection as store
 from mimo_jobs.study.expand import runs_of
 from mimo_jobs.study.load import parse_study
@@ -96,3 +96,32 @@ def test_the_layers_are_read_from_a_start_record_cut_short():
     assert recorded_layers([msg]) == "local"
     assert recorded_layers(['{"extras": {"layout": "| layers bogus | fused none"}}']) is None
     assert recorded_layers([]) is None
+
+
+def test_the_local_attention_is_read_from_the_first_line_and_priced_as_it_ran(store_):
+    from mimo_jobs.predict.hardware import with_layers
+    from mimo_jobs.trainer.model.kernels import Installed, kernels_for
+
+    def line(kernels) -> str:
+        return (
+            f'{{"extras": {{"layout": "mimo-jobs trainer: run r | backend nccl | {kernels.describe()} | world'
+        )
+
+    assert recorded_attention([line(kernels_for(True, Installed()))]) == "sdpa"
+    assert recorded_attention([line(kernels_for(True, Installed(), "unfused"))]) == "unfused"
+    # a trainer older than trainer.attention wrote no attention field: its local layers ran unfused
+    old = '{"extras": {"layout": "mimo-jobs trainer: run r | backend nccl | layers local | fused none | world'
+    assert recorded_attention([old]) == "unfused"
+    assert recorded_attention([line(kernels_for(True, Installed(te=True)))]) is None  # TE runs its own
+    assert recorded_attention([]) is None
+    _, spec, runs = store_
+    local = next(r for r in runs if r.layout.nodes == 1)
+    assert as_ran(local, None) is local and as_ran(local, "sdpa") is local
+    gpu = with_layers(study_gpu(spec.cluster), "local")
+
+    def held(run) -> int:
+        return max(sum(m.activation_bytes for m in c.modules) for c in predict_run(run, gpu).memory.classes)
+
+    # the unfused core keeps every score matrix: dense-1b at seq 2048 holds several times the activations
+    assert held(as_ran(local, "unfused")) > 2 * held(local)
+    assert as_ran(local, "unfused").trainer.attention == "unfused" and local.trainer.attention == "sdpa"

@@ -3,11 +3,12 @@ not use it unchanged (a completed run is never run again after an upgrade), and 
 
 from __future__ import annotations
 
+import pytest
 from test_study import minimal
 
 from mimo_jobs.study.expand import id_payload, runs_of
 from mimo_jobs.study.load import parse_study
-from mimo_jobs.study.spec import DataSpec, InitSpec, PointSpec, StudySpec, TrainerSpec
+from mimo_jobs.study.spec import DataSpec, InitSpec, PointSpec, StudyError, StudySpec, TrainerSpec
 
 
 def _ids(doc: dict) -> list[str]:
@@ -46,3 +47,16 @@ def test_init_of_one_encoder_keeps_its_ids_and_a_named_module_changes_them(tmp_p
     base = _ids(doc)
     doc["trainer"]["init"]["encoders"] = {"audio": str(tmp_path / "whisper")}
     assert all(a != b for a, b in zip(base, _ids(doc), strict=True))
+
+
+def test_trainer_attention_keeps_the_ids_at_its_default_and_changes_them_when_unfused():
+    doc = minimal()
+    base = _ids(doc)
+    assert "attention" not in id_payload(parse_study(doc).trainer)
+    doc["trainer"]["attention"] = "sdpa"  # written out at its default: the same runs
+    assert _ids(doc) == base
+    doc["trainer"]["attention"] = "unfused"
+    assert all(a != b for a, b in zip(base, _ids(doc), strict=True))
+    doc["trainer"]["attention"] = "flash"
+    with pytest.raises(StudyError, match=r"trainer.attention: Input should be 'sdpa' or 'unfused'"):
+        parse_study(doc)

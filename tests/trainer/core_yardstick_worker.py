@@ -95,7 +95,7 @@ def build(run, rank: int, image_token_id: int):
 
     t = run.trainer
     preset = arch_of(t.model)
-    prec = M.Precision(use_gpu=False, bf16=False, kernels=kernels_for(False, installed()))
+    prec = M.Precision(use_gpu=False, bf16=False, kernels=kernels_for(False, installed(), t.attention))
     lay = run.layout
     enc_grid, llm_grid = grid(0, lay.enc_dp), grid(lay.enc_dp, lay.llm_dp)
     pgc = pg_collection(enc_grid) or pg_collection(llm_grid)

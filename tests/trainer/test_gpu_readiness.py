@@ -106,7 +106,12 @@ def test_the_vit_attends_both_ways_whatever_the_softmax() -> None:
 
 
 def test_the_kernels_line_names_backend_and_fusions() -> None:
-    assert kernels_for(False, Installed()).describe() == "layers local | fused cross_entropy_loss_fusion"
+    assert kernels_for(False, Installed()).describe() == (
+        "layers local | attention sdpa | fused cross_entropy_loss_fusion"
+    )
+    assert (
+        kernels_for(False, Installed(), "unfused").describe().startswith("layers local | attention unfused |")
+    )
     assert kernels_for(True, EVERYTHING).describe().startswith("layers te | fused bias_activation_fusion,")
 
 

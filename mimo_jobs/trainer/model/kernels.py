@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from megatron.core.extensions import transformer_engine as mte
 
+from mimo_jobs.model.attention import SDPA, keeps_scores
+
 TE = "te"
 LOCAL = "local"
 # the fused softmax kernels megatron-core's FusedScaleMaskSoftmax imports: causal, masked, unmasked
@@ -48,6 +50,7 @@ class Kernels:
 
     backend: str = LOCAL
     fusions: tuple[tuple[str, bool], ...] = ()
+    attention: str = SDPA  # the local layers' core attention (trainer.attention; model/attention.py)
 
     @property
     def on(self) -> dict[str, bool]:
@@ -58,9 +61,15 @@ class Kernels:
         """TE's grouped GEMM for the experts (the local backend runs them one by one)."""
         return self.backend == TE
 
+    @property
+    def keeps_scores(self) -> bool:
+        """The core attention keeps every s x s score matrix (megatron-core's unfused DotProductAttention)."""
+        return keeps_scores(self.backend, self.attention)
+
     def describe(self) -> str:
         on = [k for k, v in self.fusions if v]
-        return f"layers {self.backend} | fused {','.join(on) if on else 'none'}"
+        att = f" | attention {self.attention}" if self.backend == LOCAL else ""
+        return f"layers {self.backend}{att} | fused {','.join(on) if on else 'none'}"
 
 
 def layer_backend(on_gpu: bool, have: Installed) -> str:
@@ -98,8 +107,10 @@ def bias_activation_fusion(
     return on and activation == "silu" and gated_linear_unit
 
 
-def kernels_for(on_gpu: bool, have: Installed) -> Kernels:
-    return Kernels(layer_backend(on_gpu, have), tuple(fusions(on_gpu, have).items()))
+def kernels_for(on_gpu: bool, have: Installed, attention: str = SDPA) -> Kernels:
+    """`attention`: trainer.attention, the local layers' core attention (Transformer Engine's layers run
+    their own)."""
+    return Kernels(layer_backend(on_gpu, have), tuple(fusions(on_gpu, have).items()), attention)
 
 
 CPU_KERNELS = kernels_for(False, Installed())

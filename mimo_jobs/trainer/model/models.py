@@ -35,10 +35,12 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mimo_jobs.model.arch import ModelArch, padded_vocab
+from mimo_jobs.model.attention import SDPA
 from mimo_jobs.model.cuts import strided_blocks
 from mimo_jobs.model.hf_weights import canonical_alias
 from mimo_jobs.model.splits import experts_apart, tp_problems
 from mimo_jobs.trainer.model.kernels import CPU_KERNELS, TE, Kernels, bias_activation_fusion
+from mimo_jobs.trainer.model.sdpa import SDPAttention
 
 INIT_STD = 0.02
 
@@ -240,6 +242,8 @@ def llm_layer_spec(cfg, prec: Precision, stage: int = 0):
     layers = get_gpt_decoder_layer_specs(cfg, prec.te, normalization=cfg.normalization)
     local = cfg.num_layers // cfg.pipeline_model_parallel_size
     layers = layers[stage * local : (stage + 1) * local]
+    for spec in {id(s): s for s in layers}.values():
+        with_core_attention_(spec, prec)
     final_norm = TENorm if prec.te else WrappedTorchNorm
     if not prec.te and cfg.sequence_parallel:
         for spec in {id(s): s for s in layers}.values():  # the dense and MoE specs, each changed once
@@ -316,6 +320,15 @@ def in_params_dtype(module, prec: Precision):
     return module
 
 
+def with_core_attention_(layer_spec, prec: Precision):
+    """A local layer spec's core attention as trainer.attention chooses (Kernels.attention): torch's SDPA
+    (sdpa.SDPAttention) or megatron-core's unfused DotProductAttention, which the local specs name.
+    Transformer Engine's specs keep their own. Returns the spec, changed in place."""
+    if not prec.te and prec.kernels.attention == SDPA:
+        layer_spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return layer_spec
+
+
 def encoder_layer_specs(prec: Precision):
     """(ViT layer spec, projector MLP submodules, norm) of the rank's backend."""
     if prec.te:
@@ -325,7 +338,7 @@ def encoder_layer_specs(prec: Precision):
             TENorm,
         )
     return (
-        get_vit_layer_with_local_spec(),
+        with_core_attention_(get_vit_layer_with_local_spec(), prec),
         MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
         WrappedTorchNorm,
     )

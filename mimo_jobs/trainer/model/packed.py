@@ -7,8 +7,9 @@ position belongs to. Two things make the row compute what each sample would alon
              row's; megatron-core's GPTModel takes RoPE from the row index, so `rotary_at` makes it read the
              position ids for that forward.
 
-Which attention honours the mask (megatron-core 0.19, restated from its sources): the local layers'
-DotProductAttention with the unfused softmax applies an explicit boolean mask (True = masked) to the
+Which attention honours the mask (megatron-core 0.19, restated from its sources): the local layers' torch
+SDPA core (sdpa.py) passes it to scaled_dot_product_attention; their DotProductAttention (trainer.attention:
+unfused) with the unfused softmax applies an explicit boolean mask (True = masked) to the
 scores; the fused causal softmax (fusions/fused_softmax.py, fp16/bf16 with scaled_masked_softmax_cuda)
 and Transformer Engine's causal attention build their own causal mask and ignore an explicit one. There a
 packed row would attend across samples, so `packing_problem` refuses them; megatron-core's PackedSeqParams
@@ -62,9 +63,10 @@ def packing_problem(kernels) -> str | None:
             "block-diagonal mask (it needs megatron-core's PackedSeqParams, not built); run packing on "
             "the local layers (a GPU without Transformer Engine, or the CPU)"
         )
-    if kernels.on.get("masked_softmax_fusion"):
+    if kernels.keeps_scores and kernels.on.get("masked_softmax_fusion"):
         return (
-            "trainer.data.packing: the fused causal softmax ignores the packed rows' block-diagonal mask; "
-            "run packing where scaled_masked_softmax_cuda is not installed"
+            "trainer.data.packing: the fused causal softmax of trainer.attention: unfused ignores the packed "
+            "rows' block-diagonal mask; use trainer.attention: sdpa (torch's fused attention takes the mask), "
+            "or run packing where scaled_masked_softmax_cuda is not installed"
         )
     return None
