@@ -58,7 +58,7 @@ def measure(core, s: int, heads: int, groups: int, head_dim: int) -> tuple[int, 
     from torch.utils.flop_counter import FlopCounterMode
 
     from mimo_jobs.trainer.observe.memory import SavedTensorMeter
-    from mimo_jobs.trainer.step import _causal_mask
+    from mimo_jobs.trainer.step.common import _causal_mask
 
     g = torch.Generator().manual_seed(s)
     q = torch.randn(s, 1, heads, head_dim, generator=g).requires_grad_()

@@ -93,8 +93,10 @@ def test_own_program_beside_the_packaged_trainer_end_to_end(tmp_path):
     assert pair["loss_max_rel_diff"] is not None  # both logged consumed samples
     assert own_row["program"] == "own command" and own_row["log_tflops_per_gpu"] is not None
 
-    # the dry run shows the command each node's torchrun would run
-    p = cli("submit", f, "--executor", "local", "--dry-run", "--force", *common, check=True)
+    # the dry run shows the command each node's torchrun would run (on a fresh store: completed runs are
+    # never submitted again, --force included)
+    fresh = ("--db", tmp_path / "dry.duckdb", "--runs-dir", tmp_path / "dry-runs")
+    p = cli("submit", f, "--executor", "local", "--dry-run", *fresh, check=True)
     assert "training command" in p.stdout and "--train-iters 4" in p.stdout
 
 

@@ -19,12 +19,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from helpers.launch import torchrun, worker_env
 from mimo_jobs.contract.datastats import geometry_record
+from mimo_jobs.model.attention import UNFUSED
 from mimo_jobs.model.audio_arch import AudioArch
 from mimo_jobs.model.presets import PRESETS
 from mimo_jobs.model.tiling import ImageGeometry
@@ -81,7 +83,8 @@ def test_audio_params_and_flops_equal_the_built_module(tmp_path, pooling, frames
     assert audio_clip_flops(a, LLM_HIDDEN, frames) == got["flops"]
     # one microbatch of one clip, fp32, the CPU's unfused attention, no recompute, TP 1
     rs, mix = _audio_shape(a, frames)
-    predicted = several.audio_bytes(rs, rs.preset.encoders["audio"], mix, 1, 1, fused=False)
+    rs = replace(rs, attention=UNFUSED)  # what audio_measure_worker builds
+    predicted = several.audio_bytes(rs, rs.preset.encoders["audio"], mix, 1, 1, "local")
     assert predicted == pytest.approx(got["saved_peak_bytes"], rel=ACTIVATION_TOLERANCE)
 
 

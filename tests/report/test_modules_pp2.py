@@ -50,13 +50,14 @@ def test_each_llm_stage_is_a_module_of_its_own_ranks(tmp_path):
     finally:
         con.close()
 
-    # one row per module: the encoder, then each LLM stage, each from exactly its own ranks' facts
-    own = {"encoder": [f for f in facts if f["role"] == "encoder"]}
+    # one row per module, by the study's names: the encoder module (vision), then each LLM stage, each from
+    # exactly its own ranks' facts
+    own = {"vision": [f for f in facts if f["role"] == "encoder"]}
     own.update(
         {f"llm stage {k}": [f for f in facts if f["role"] == "llm" and f["pp_rank"] == k] for k in (0, 1)}
     )
     mods = {m.module: m for m in rep.modules}
-    assert list(mods) == ["encoder", "llm stage 0", "llm stage 1"]
+    assert list(mods) == ["vision", "llm stage 0", "llm stage 1"]
     assert [mods[k].stage for k in mods] == [None, 0, 1]
     for key, m in mods.items():
         fs = own[key]
@@ -80,9 +81,9 @@ def test_each_llm_stage_is_a_module_of_its_own_ranks(tmp_path):
     busy = {key: _per_iteration(fs, BUSY) for key, fs in own.items()}
     (b,) = rep.bounds
     assert b.bound == max(busy, key=busy.get)
-    assert b.bound_side == ("encoder" if b.bound == "encoder" else "llm")
+    assert b.bound_side == ("encoder" if b.bound == "vision" else "llm")
     assert b.llm_busy_ms == pytest.approx(max(busy["llm stage 0"], busy["llm stage 1"]))
-    assert b.encoder_busy_ms == pytest.approx(busy["encoder"])
+    assert b.encoder_busy_ms == pytest.approx(busy["vision"])
     llm = own["llm stage 0"] + own["llm stage 1"]
     wait = _per_iteration(llm, WAIT)
     assert b.llm_idle == pytest.approx(wait / (_per_iteration(llm, BUSY) + wait))

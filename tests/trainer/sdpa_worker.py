@@ -83,7 +83,7 @@ def _cases() -> dict:
     from megatron.core.transformer.enums import AttnMaskType
 
     from mimo_jobs.trainer.model.packed import packed_mask
-    from mimo_jobs.trainer.step import _causal_mask
+    from mimo_jobs.trainer.step.common import _causal_mask
 
     s, hd = 24, 8
     segments = torch.tensor([[0] * 10 + [1] * 9 + [2] * 5, [0] * 3 + [1] * 21])  # two packed rows
@@ -117,7 +117,7 @@ def _masks(s: int, segments) -> dict:
 
     from mimo_jobs.trainer.model.packed import packed_mask
     from mimo_jobs.trainer.model.sdpa import sdpa_mask
-    from mimo_jobs.trainer.step import _causal_mask
+    from mimo_jobs.trainer.step.common import _causal_mask
 
     causal, none = AttnMaskType.causal, AttnMaskType.no_mask
     packed = packed_mask(segments)
@@ -139,7 +139,7 @@ def _dropout(s: int, hd: int) -> dict:
     import torch
     from megatron.core.transformer.enums import AttnMaskType
 
-    from mimo_jobs.trainer.step import _causal_mask
+    from mimo_jobs.trainer.step.common import _causal_mask
 
     ref_core, sdpa_core = _pair(_config(4, 4, hd, attention_dropout=0.5), AttnMaskType.causal)
     q, k, v, dy = _inputs(s, 1, 4, 4, hd, seed=99)
@@ -160,7 +160,7 @@ def _saved(seqs: tuple[int, ...]) -> dict:
     from megatron.core.transformer.enums import AttnMaskType
 
     from mimo_jobs.trainer.observe.memory import SavedTensorMeter
-    from mimo_jobs.trainer.step import _causal_mask
+    from mimo_jobs.trainer.step.common import _causal_mask
 
     heads, hd = 4, 16
     out: dict = {"unfused": {}, "sdpa": {}}

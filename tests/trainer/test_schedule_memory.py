@@ -55,6 +55,7 @@ def _check_ingested(tmp_path: Path, run_dir: Path, facts: dict[int, dict]) -> No
     """ingest stores every rank's facts as written; an unchanged file is not read again."""
     import duckdb
 
+    from mimo_jobs.contract.modules import trainer_slot
     from mimo_jobs.ingest.pipeline import ingest_paths
     from mimo_jobs.store.connection import connect
 
@@ -71,10 +72,12 @@ def _check_ingested(tmp_path: Path, run_dir: Path, facts: dict[int, dict]) -> No
         "FROM rank_memory ORDER BY rank"
     ).fetchall()
     con.close()
+    assert [module for _, module, *_ in rows] == ["vision", "llm", "llm"]  # the study's names
     for rank, module, params, opt_bytes, saved, inflight in rows:
         f = facts[rank]
-        assert params == f["modules"][module]["params"] > 0
-        assert opt_bytes == f["modules"][module]["optimizer_state_bytes"] > 0  # Adam's two moments at least
+        slot = trainer_slot(module)  # the trainer writes its facts under its slot names
+        assert params == f["modules"][slot]["params"] > 0
+        assert opt_bytes == f["modules"][slot]["optimizer_state_bytes"] > 0  # Adam's two moments at least
         assert (saved, inflight) == (f["saved_activation_peak_bytes"], f["inflight_peak"])
 
 
