@@ -1,0 +1,142 @@
+"""The operator-term time model (mimo_jobs/predict/operators.py) against the published runs
+(benchmarks/published/runs.yaml), beside the FLOPs-and-efficiency model (benchmarks/published.py).
+
+python benchmarks/operators.py        per row: published, operator model at its physical defaults and with the
+                                      stored residuals (opdata.FITTED_RESIDUAL), held out by source; then
+                                      median and worst |error| of both models (default, fitted, leave one
+                                      source out), the fp8 rows, and what each residual constant does to the
+                                      held-out error (fitted vs left at its physical default)
+python benchmarks/operators.py --fit  also the fresh fit per generation, as opdata.FITTED_RESIDUAL stores it
+
+The residuals (operators.Residual: gemm, comm) are fitted per GPU generation on the bf16/fp16 rows
+(published.Row.fitted) by a grid search on the sum of squared log errors; fp8 rows are priced (GEMMs at the
+FP8 peak, as Transformer Engine runs them) and shown, not fitted.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from published import Row, decomposed, load_rows, row_errors, summary  # noqa: E402
+
+from mimo_jobs.predict.estimate import predict_shape  # noqa: E402
+from mimo_jobs.predict.hardware import GPUS, generation  # noqa: E402
+from mimo_jobs.predict.operators import Residual  # noqa: E402
+from mimo_jobs.predict.optime import op_step, residual_for  # noqa: E402
+from mimo_jobs.predict.steptime import Efficiency  # noqa: E402
+
+# what the residuals can physically be: GEMMs at most at their peak; the links at most at their rates
+GEMM_GRID = tuple(round(0.30 + 0.025 * i, 3) for i in range(29))  # 0.30 .. 1.00
+COMM_GRID = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
+MIN_RUNS = 3  # a generation with fewer fitted rows fits its gemm residual alone, with the pooled comm
+
+
+class Priced:
+    """Each row's memory plan, computed once (the operator model reads its parameters per rank)."""
+
+    def __init__(self, rows: list[Row]):
+        self.rows = rows
+        self.mem = [predict_shape(r.shape, GPUS[r.gpu], Efficiency()).memory for r in rows]
+
+    def seconds(self, i: int, res: Residual) -> float:
+        r = self.rows[i]
+        return op_step(r.shape, self.mem[i], GPUS[r.gpu], res, fp8=r.precision == "fp8").iteration_s
+
+    def error(self, i: int, res: Residual) -> float:
+        return self.seconds(i, res) / self.rows[i].published_s - 1
+
+
+def _loss(pr: Priced, idx: list[int], res: Residual) -> float:
+    return sum(math.log(pr.seconds(i, res) / pr.rows[i].published_s) ** 2 for i in idx)
+
+
+def fit_one(pr: Priced, idx: list[int], free: tuple[str, ...] = ("gemm", "comm")) -> Residual:
+    """The residual minimising the squared log error on rows `idx`; constants not in `free` stay at 1."""
+    gs = GEMM_GRID if "gemm" in free else (1.0,)
+    cs = COMM_GRID if "comm" in free else (1.0,)
+    if not idx:
+        return Residual()
+    return min((Residual(g, c) for g in gs for c in cs), key=lambda r: _loss(pr, idx, r))
+
+
+def fit_generations(pr: Priced, keep: list[int], free=("gemm", "comm")) -> dict[str, Residual]:
+    """One residual per generation from the fitted rows in `keep`; a generation with no such row is left at
+    the pooled fit of all of them."""
+    fitted = [i for i in keep if pr.rows[i].fitted]
+    pooled = fit_one(pr, fitted, free)
+    out = {}
+    for g in sorted({generation(r.gpu) for r in pr.rows}):
+        idx = [i for i in fitted if generation(pr.rows[i].gpu) == g]
+        if len(idx) >= MIN_RUNS:
+            out[g] = fit_one(pr, idx, free)
+        elif idx and "gemm" in free:
+            out[g] = min((Residual(x, pooled.comm) for x in GEMM_GRID), key=lambda r: _loss(pr, idx, r))
+        else:
+            out[g] = pooled
+    return out
+
+
+def held_out(pr: Priced, free=("gemm", "comm")) -> list[float | None]:
+    """Leave one source out: fit without its rows, price its fitted rows."""
+    out: list[float | None] = [None] * len(pr.rows)
+    for src in sorted({r.source for r in pr.rows}):
+        train = [i for i, r in enumerate(pr.rows) if r.source != src]
+        res = fit_generations(pr, train, free)
+        for i, r in enumerate(pr.rows):
+            if r.source == src and r.fitted:
+                out[i] = pr.error(i, res[generation(r.gpu)])
+    return out
+
+
+def stats(errs) -> tuple[float, float, int]:
+    a = [abs(e) for e in errs if e is not None]
+    return statistics.median(a), max(a), len(a)
+
+
+def line(label: str, errs) -> str:
+    m, w, n = stats(errs)
+    return f"{label:52} median |error| {m:6.1%}, worst {w:6.1%} ({n} rows)"
+
+
+def main(argv: list[str]) -> None:
+    _, rows = load_rows()
+    pr = Priced(rows)
+    idx = range(len(rows))
+    default = [pr.error(i, Residual()) for i in idx]
+    stored = [pr.error(i, residual_for(GPUS[rows[i].gpu])) for i in idx]
+    lo = held_out(pr)
+    print(f"{'row':38} {'gpu':5} {'prec':5} {'published s':>11} {'default':>8} {'fitted':>8} {'held-out':>8}")
+    for r, d, s, h in zip(rows, default, stored, lo, strict=True):
+        ho = f"{h:+8.1%}" if h is not None else f"{'(no fit)':>8}"
+        print(f"{r.id:38} {r.gpu:5} {r.precision:5} {r.published_s:11.3f} {d:+8.1%} {s:+8.1%} {ho}")
+    fit_rows = [i for i, r in enumerate(rows) if r.fitted]
+    cur = summary(rows, row_errors(rows, decomposed(rows)))
+    print()
+    print(line("current model, default efficiencies:", cur["before"]))
+    print(line("current model, fitted (hardware.py):", cur["after"]))
+    print(line("current model, leave-one-source-out:", cur["held_out"]))
+    print(line("operator model, physical defaults:", [default[i] for i in fit_rows]))
+    print(line("operator model, fitted (opdata.FITTED_RESIDUAL):", [stored[i] for i in fit_rows]))
+    print(line("operator model, leave-one-source-out:", [lo[i] for i in fit_rows]))
+    fp8 = [i for i, r in enumerate(rows) if r.precision == "fp8"]
+    print(line("fp8 rows, operator model, physical defaults:", [default[i] for i in fp8]))
+    print(line("fp8 rows, operator model, fitted residuals:", [stored[i] for i in fp8]))
+    print()
+    print("what each residual does to the held-out error (the other fitted too / left at 1):")
+    for free, label in ((("gemm", "comm"), "both fitted"), (("gemm",), "gemm fitted, comm at 1"),
+                        (("comm",), "comm fitted, gemm at 1"), ((), "neither (physical defaults)")):  # fmt: skip
+        print(line(f"  leave-one-source-out, {label}:", [e for e in held_out(pr, free) if e is not None]))
+    if "--fit" in argv:
+        print()
+        print("fresh fit per generation, as opdata.FITTED_RESIDUAL stores it (gemm, comm):")
+        for g, r in fit_generations(pr, list(idx)).items():
+            print(f'    "{g}": ({r.gemm:.2f}, {r.comm:.2f}),')
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,370 @@
+"""Step time from operator terms: every GEMM, the fused attention, the element-wise kernels and every
+collective of one training iteration, each priced from published figures (opdata.py), summed as
+megatron-core schedules them (docs/predict.md, "The operator-term time model").
+
+  GEMM          2 M N K FLOPs at the dtype's tensor peak x the wave efficiency (tiles / (waves x SMs), an
+                output tile of opdata.TILE_M x TILE_N per SM), and never faster than its operands and
+                output at HBM bandwidth; backward two GEMMs of the same FLOPs (data and weight gradients)
+  attention     4 b a d s_q s_k FLOPs forward (QK^T and AV), halved under the causal mask, backward 2.5x
+                the forward (five products against two), at the generation's attention efficiency
+  element-wise  norms, residual adds, the MLP activation, rotary embedding, the loss: bytes moved / HBM
+                bandwidth (backward twice the forward's bytes)
+  collectives   the ring (alpha-beta) model: time = steps x alpha + bytes x factor / bus bandwidth, factor
+                2 (n - 1) / n for an all-reduce, (n - 1) / n for a reduce-scatter, all-gather or all-to-all
+                of the full buffer, 1 for a send (NVIDIA nccl-tests doc/PERFORMANCE.md: busbw = algbw x that
+                factor); the bus bandwidth NVLink's while the group stays in one node, the network's per GPU
+                once it spans nodes
+  pipeline      (microbatches + (pp - 1) / vp) x one stage's microbatch time (Narayanan et al. 2021,
+                "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", 2.2.2)
+  overlap       as megatron-core runs it: the DP gradient reduce-scatter and parameter all-gather (the
+                distributed optimizer, overlap_grad_reduce / overlap_param_gather) hide behind the last
+                microbatch's backward and the first one's forward, all but one bucket; the CP ring behind
+                the attention it feeds; TP and EP collectives and pipeline sends exposed
+  fp8           as Transformer Engine runs it: GEMMs at the FP8 peak (same wave efficiency), attention,
+                element-wise kernels and communication in bf16, plus the cast bytes of every GEMM input
+                (opdata.FP8_CAST_BYTES_PER_ELEMENT) and of the weights once per iteration
+Per transformer layer: QKV, attention, projection, MLP (gated or not) or MoE experts (grouped, per local
+expert), two norms, with TP splitting the heads and the MLP width, SP the element-wise tokens, CP the
+sequence, EP the experts. Full recompute adds each layer's forward again; selective adds the attention
+core's forward. The logits and the loss run on the last stage, the slowest.
+
+Two residual constants per generation scale what the published figures leave out (Residual): `gemm`
+divides every GEMM's and the attention's time (1: the peaks as the wave model gives them), `comm`
+multiplies the exposed communication (1: the links at their published rates).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .opdata import (
+    BUCKET_PARAMS,
+    BUCKET_PARAMS_PER_DP,
+    FP8_CAST_BYTES_PER_ELEMENT,
+    TILE_M,
+    TILE_N,
+    OpGPU,
+)
+
+BF16 = 2  # bytes per element of activations, gradients and collectives
+
+
+@dataclass(frozen=True)
+class Residual:
+    """What the fit sets per generation (module docstring); the defaults are the physical figures."""
+
+    gemm: float = 1.0
+    comm: float = 1.0
+
+
+# -- single operators
+
+
+def wave_efficiency(m: int, n: int, sms: int) -> float:
+    """Tiles / (waves x SMs): the share of the SMs a GEMM's output tiles keep busy over its waves (tile and
+    wave quantization)."""
+    tiles = math.ceil(m / TILE_M) * math.ceil(n / TILE_N)
+    waves = math.ceil(tiles / sms)
+    return (m * n) / (waves * sms * TILE_M * TILE_N)
+
+
+def gemm_s(m: float, n: float, k: float, gpu: OpGPU, fp8: bool = False, res: Residual = Residual()) -> float:
+    """One (M x K) @ (K x N) GEMM: its FLOPs at the peak x wave efficiency / res.gemm, or its bytes
+    (operands and output in bf16) at HBM bandwidth, whichever is longer."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    peak = gpu.fp8_flops if fp8 and gpu.has_fp8 else gpu.bf16_flops
+    m_i, n_i = max(1, round(m)), max(1, round(n))
+    compute = 2 * m * n * k / (peak * wave_efficiency(m_i, n_i, gpu.sms) * res.gemm)
+    nbytes = (m * k + k * n + m * n) * (1 if fp8 and gpu.has_fp8 else BF16)
+    return max(compute, nbytes / gpu.hbm_bytes_per_s)
+
+
+def gemm_train_s(m: float, n: float, k: float, gpu: OpGPU, fp8: bool, res: Residual) -> tuple[float, float]:
+    """(forward, backward) of one linear layer on M tokens: forward (M, N, K); backward the data gradient
+    (M, K, N) and the weight gradient (K, N, M)."""
+    fwd = gemm_s(m, n, k, gpu, fp8, res)
+    bwd = gemm_s(m, k, n, gpu, fp8, res) + gemm_s(k, n, m, gpu, fp8, res)
+    return fwd, bwd
+
+
+def attention_flops(batch: float, heads: float, head_dim: int, s_q: float, s_k: float, causal: bool) -> float:
+    """Forward FLOPs of QK^T and AV over `s_q` queries and `s_k` keys per sequence."""
+    return 4 * batch * heads * head_dim * s_q * s_k / (2 if causal else 1)
+
+
+ATTENTION_BACKWARD = 2.5  # backward / forward FLOPs of a fused attention (five products against two)
+
+
+def attention_s(flops_fwd: float, gpu: OpGPU, res: Residual = Residual()) -> tuple[float, float]:
+    """(forward, backward) seconds of a fused attention of `flops_fwd` forward FLOPs."""
+    rate = gpu.bf16_flops * gpu.attention_efficiency * res.gemm
+    return flops_fwd / rate, ATTENTION_BACKWARD * flops_fwd / rate
+
+
+def bytes_s(nbytes: float, gpu: OpGPU) -> float:
+    """An element-wise or norm kernel moving `nbytes` through HBM."""
+    return nbytes / gpu.hbm_bytes_per_s
+
+
+# -- collectives (nccl-tests doc/PERFORMANCE.md's bus bandwidth factors)
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """busbw / algbw for a collective over n ranks (nccl-tests doc/PERFORMANCE.md)."""
+    if n <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    if kind in ("reduce_scatter", "all_gather", "all_to_all"):
+        return (n - 1) / n
+    if kind == "p2p":
+        return 1.0
+    raise ValueError(f"unknown collective {kind!r}")
+
+
+def ring_steps(kind: str, n: int) -> int:
+    if n <= 1:
+        return 0
+    return {"all_reduce": 2 * (n - 1), "p2p": 1}.get(kind, n - 1)
+
+
+def link_bytes_per_s(span: int, gpus_per_node: int, gpu: OpGPU) -> float:
+    """The bus bandwidth of a group spanning `span` consecutive ranks: NVLink inside a node, else the
+    network per GPU (a ring across nodes runs at its slowest link)."""
+    return gpu.nvlink_bytes_per_s if span <= gpus_per_node else gpu.net_bytes_per_s
+
+
+def collective_s(kind: str, nbytes: float, n: int, bw: float, alpha_s: float = 0.0) -> float:
+    """One collective of `nbytes` (the full buffer: all-reduce's, the gathered all-gather's, the input of a
+    reduce-scatter or all-to-all, a send's) over n ranks at bus bandwidth `bw`."""
+    if kind != "p2p" and n <= 1:
+        return 0.0
+    return ring_steps(kind, max(n, 2)) * alpha_s + nbytes * bus_factor(kind, max(n, 2)) / bw
+
+
+def bubble_fraction(pp: int, vp: int, microbatches: int) -> float:
+    """The pipeline bubble against the microbatches' own time: (pp - 1) / (vp x m)."""
+    return (pp - 1) / (vp * microbatches)
+
+
+# -- one layer
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a layer's work divides over ranks: tensor, context, expert parallel, and sequence parallelism."""
+
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sp: bool = False
+
+
+@dataclass
+class Terms:
+    """Seconds of one microbatch on one rank, forward + backward, by kind; flops the model FLOPs counted
+    (Megatron's convention: backward 2x the forward)."""
+
+    gemm: float = 0.0
+    attention: float = 0.0
+    elementwise: float = 0.0
+    tp: float = 0.0
+    cp: float = 0.0  # exposed part of the CP ring
+    ep: float = 0.0
+    flops: float = 0.0
+    detail: dict = field(default_factory=dict)
+
+    def add(self, other: Terms, times: float = 1.0) -> None:
+        for k in ("gemm", "attention", "elementwise", "tp", "cp", "ep", "flops"):
+            setattr(self, k, getattr(self, k) + times * getattr(other, k))
+
+    @property
+    def compute(self) -> float:
+        return self.gemm + self.attention + self.elementwise
+
+    @property
+    def comm(self) -> float:
+        return self.tp + self.cp + self.ep
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.comm
+
+
+def _linear(t: Terms, m: float, n: float, k: float, gpu: OpGPU, fp8: bool, res: Residual, rc: float) -> None:
+    """A linear layer on M tokens into `t`: its GEMMs (forward x rc under recompute), FP8 casts, FLOPs."""
+    f, b = gemm_train_s(m, n, k, gpu, fp8, res)
+    t.gemm += rc * f + b
+    t.flops += 3 * 2 * m * n * k
+    if fp8 and gpu.has_fp8:  # the input cast forward, the output gradient's backward
+        t.elementwise += bytes_s((rc * m * k + m * n) * FP8_CAST_BYTES_PER_ELEMENT, gpu)
+
+
+def layer_terms(
+    p, mbs: int, seq: int, split: Split, gpu: OpGPU, moe: bool, recompute: str = "none",
+    fp8: bool = False, res: Residual = Residual(), gpus_per_node: int = 8, alpha_s: float = 0.0,
+) -> Terms:  # fmt: skip
+    """One transformer layer of LLM `p` (mimo_jobs.model.arch.LLMArch) for one microbatch on one rank."""
+    tp, cp, ep = split.tp, split.cp, split.ep
+    h, d = p.hidden_size, p.head_dim
+    q, kv = p.num_attention_heads * d, p.query_groups * d
+    tokens = mbs * seq / cp  # this rank's tokens of the microbatch (CP splits the sequence)
+    ew_tokens = tokens / tp if split.sp else tokens  # element-wise kernels: SP splits the tokens
+    rc = 2.0 if recompute == "full" else 1.0  # forward GEMMs and kernels run again before the backward
+    t = Terms()
+    # attention block: QKV, core, projection
+    _linear(t, tokens, (q + 2 * kv) / tp, h, gpu, fp8, res, rc)
+    core = attention_flops(mbs, p.num_attention_heads / tp, d, seq / cp, seq, causal=True)
+    af, ab = attention_s(core, gpu, res)
+    t.attention += af * (rc if recompute == "full" else 2.0 if recompute == "selective" else 1.0) + ab
+    t.flops += 3 * core
+    _linear(t, tokens, h, q / tp, gpu, fp8, res, rc)
+    # MLP or experts
+    m = 3 if p.gated_linear_unit else 2
+    if moe:
+        _linear(t, ew_tokens, p.num_experts, h, gpu, False, res, rc)  # the router, in bf16, on its tokens
+        local = max(1, p.num_experts // ep)
+        per_expert = tokens * p.moe_router_topk * ep / p.num_experts
+        e = Terms()
+        _linear(e, per_expert, (m - 1) * p.expert_ffn / tp, h, gpu, fp8, res, rc)
+        _linear(e, per_expert, h, p.expert_ffn / tp, gpu, fp8, res, rc)
+        t.add(e, local)
+        if p.moe_shared_expert_intermediate_size:
+            f_s = p.moe_shared_expert_intermediate_size
+            _linear(t, tokens, (m - 1) * f_s / tp, h, gpu, fp8, res, rc)
+            _linear(t, tokens, h, f_s / tp, gpu, fp8, res, rc)
+        act_width = per_expert * local * p.expert_ffn / tp
+    else:
+        _linear(t, tokens, (m - 1) * p.ffn_hidden_size / tp, h, gpu, fp8, res, rc)
+        _linear(t, tokens, h, p.ffn_hidden_size / tp, gpu, fp8, res, rc)
+        act_width = tokens * p.ffn_hidden_size / tp
+    # element-wise forward bytes: two norms (read, write), two residual adds (two reads, a write), the
+    # activation (gated: two reads, a write), rotary embedding on q and k (read, write); backward twice
+    fwd_bytes = BF16 * (2 * 2 * ew_tokens * h + 2 * 3 * ew_tokens * h + m * act_width)
+    fwd_bytes += BF16 * 2 * tokens * (q + kv) / tp
+    t.elementwise += bytes_s(fwd_bytes * (rc + 2), gpu)
+    _layer_comm(t, p, tokens, split, gpu, moe, gpus_per_node, alpha_s, res, af + ab)
+    return t
+
+
+def _layer_comm(t: Terms, p, tokens, split: Split, gpu: OpGPU, moe, gpn, alpha_s, res, attn_s) -> None:
+    """TP, CP and EP collectives of one layer and microbatch (exposed parts) into `t`."""
+    tp, cp, ep = split.tp, split.cp, split.ep
+    act = tokens * p.hidden_size * BF16
+    if tp > 1:
+        # two forward, two backward: all-reduces, or all-gather + reduce-scatter under SP (the same bytes)
+        bw = link_bytes_per_s(tp, gpn, gpu)
+        t.tp += 4 * collective_s("all_reduce", act, tp, bw, alpha_s) * res.comm
+    if cp > 1:
+        # the ring passes every rank's keys and values forward, keys, values and their gradients backward,
+        # behind the attention it feeds
+        kv = 2 * tokens * p.query_groups * p.head_dim * BF16 / tp
+        bw = link_bytes_per_s(cp * tp, gpn, gpu)
+        ring = 3 * (cp - 1) * (kv / bw + alpha_s) * res.comm
+        t.cp += max(0.0, ring - attn_s)
+    if moe and ep > 1:
+        routed = act * p.moe_router_topk / (tp if split.sp else 1)
+        bw = link_bytes_per_s(ep * tp, gpn, gpu)
+        t.ep += 4 * collective_s("all_to_all", routed, ep, bw, alpha_s) * res.comm
+
+
+def logits_terms(
+    p, mbs: int, seq: int, split: Split, gpu: OpGPU, fp8: bool, res: Residual, vocab: int
+) -> Terms:
+    """The output layer and the loss on the last stage: one GEMM (TE keeps it in bf16) and the fp32
+    softmax cross entropy (read and write the logits forward, twice backward)."""
+    tokens = mbs * seq / split.cp
+    t = Terms()
+    _linear(t, tokens, vocab / split.tp, p.hidden_size, gpu, False, res, 1.0)
+    t.elementwise += bytes_s(4 * 4 * tokens * vocab / split.tp, gpu)
+    if split.tp > 1:
+        t.tp += collective_s("all_reduce", tokens * 4 * 3, split.tp, gpu.nvlink_bytes_per_s) * res.comm
+    return t
+
+
+# -- one iteration
+
+
+@dataclass(frozen=True)
+class OpStep:
+    """One iteration by parts (seconds): the pipeline's compute and exposed communication, the exposed DP
+    transfers, the optimizer pass; and the per-microbatch stage terms it was built from."""
+
+    iteration_s: float
+    stage_mb_s: float
+    parts: dict
+    stage: Terms
+
+
+def dp_exposed_s(
+    grad_bytes: float, param_bytes: float, params: float, dp: int, bw: float, overlap: bool,
+    distributed_optimizer: bool, cover_s: float, alpha_s: float, res: Residual,
+) -> float:  # fmt: skip
+    """The DP transfers left on the critical path: everything without overlap; with it, the larger of one
+    bucket's share (the last to reduce, the first to gather) and what the cover cannot hide."""
+    if dp <= 1:
+        return 0.0
+    if distributed_optimizer:
+        full = collective_s("reduce_scatter", grad_bytes, dp, bw, alpha_s)
+        full += collective_s("all_gather", param_bytes, dp, bw, alpha_s)
+    else:
+        full = collective_s("all_reduce", grad_bytes, dp, bw, alpha_s)
+    full *= res.comm
+    if not overlap:
+        return full
+    bucket = min(1.0, max(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * dp) / max(params, 1.0))
+    return max(full * bucket, full - cover_s)
+
+
+def step(
+    p, *, seq: int, mbs: int, microbatches: int, tp: int, pp: int, cp: int, ep: int, dp: int, vp: int = 1,
+    sp: bool = False, recompute: str = "none", fp8: bool = False, gpu: OpGPU, gpus_per_node: int = 8,
+    params_per_rank: float, grad_reduce_bytes: int = 4, distributed_optimizer: bool = True,
+    overlap_dp: bool = False, optimizer_bytes_per_rank: float = 0.0, alpha_s: float = 0.0,
+    res: Residual = Residual(), vocab: int | None = None,
+) -> OpStep:  # fmt: skip
+    """One iteration of LLM `p` on a layout (module docstring)."""
+    split = Split(tp=tp, cp=cp, ep=ep, sp=sp and tp > 1)
+    layers_per_stage = p.num_layers / pp
+    moe_share = p.moe_layers / p.num_layers if p.num_experts else 0.0
+    stage = Terms()
+    if moe_share:
+        stage.add(
+            layer_terms(p, mbs, seq, split, gpu, True, recompute, fp8, res, gpus_per_node, alpha_s),
+            layers_per_stage * moe_share,
+        )
+    if moe_share < 1:
+        stage.add(
+            layer_terms(p, mbs, seq, split, gpu, False, recompute, fp8, res, gpus_per_node, alpha_s),
+            layers_per_stage * (1 - moe_share),
+        )
+    v = vocab if vocab is not None else p.vocab_size
+    stage.add(logits_terms(p, mbs, seq, split, gpu, fp8, res, v))
+    send_s = 0.0
+    if pp > 1:
+        # each model chunk sends its activations forward and receives their gradients back
+        act = mbs * seq / cp * p.hidden_size * BF16 / (tp if split.sp else 1)
+        bw = link_bytes_per_s(tp * cp * dp * 2, gpus_per_node, gpu)
+        send_s = 2 * vp * collective_s("p2p", act, 2, bw, alpha_s) * res.comm
+    mb_s = stage.total + send_s
+    pipe = (microbatches + (pp - 1) / vp) * mb_s
+    dp_span = tp * cp * dp  # DP ranks sit outside TP and CP in megatron-core's order
+    dp_bw = link_bytes_per_s(dp_span, gpus_per_node, gpu)
+    exposed_dp = dp_exposed_s(
+        params_per_rank * grad_reduce_bytes, params_per_rank * BF16, params_per_rank, dp * cp, dp_bw,
+        overlap_dp, distributed_optimizer, stage.compute, alpha_s, res,
+    )  # fmt: skip
+    optimizer = bytes_s(optimizer_bytes_per_rank, gpu)
+    if fp8 and gpu.has_fp8:  # weights cast to FP8 once per iteration
+        optimizer += bytes_s(params_per_rank * FP8_CAST_BYTES_PER_ELEMENT, gpu)
+    parts = {
+        "compute": (microbatches + (pp - 1) / vp) * stage.compute,
+        "tp": (microbatches + (pp - 1) / vp) * (stage.tp + send_s),
+        "cp": (microbatches + (pp - 1) / vp) * stage.cp,
+        "ep": (microbatches + (pp - 1) / vp) * stage.ep,
+        "dp": exposed_dp,
+        "optimizer": optimizer,
+    }
+    return OpStep(pipe + exposed_dp + optimizer, mb_s, parts, stage)

@@ -1,0 +1,82 @@
+"""A RunShape priced by the operator-term model (operators.py) as a steptime.StepTime, what `predict` and
+`plan` print: the LLM of a text-only model (a model with encoders is priced by steptime.py; `supports`
+says which). `time_model: operators` under a study's cluster.hardware chooses it (docs/predict.md)."""
+
+from __future__ import annotations
+
+from mimo_jobs.model.arch import padded_vocab
+
+from . import operators as ops
+from .flops import flops_per_sample
+from .hardware import GPU, generation
+from .memory import MemoryPlan
+from .opdata import FITTED_RESIDUAL, OP_GPUS
+from .run import RunShape
+from .steptime import StepTime
+
+TIME_MODELS = ("flops", "operators")  # cluster.hardware.time_model: steptime.py's, or this one
+
+
+def supports(rs: RunShape, gpu: GPU) -> bool:
+    """Whether the operator model prices this run: a text-only model on a GPU opdata.py has figures for."""
+    return rs.preset.encoder is None and not rs.modules and gpu.name in OP_GPUS
+
+
+def residual_for(gpu: GPU) -> ops.Residual:
+    """The fitted residual of the GPU's generation (opdata.FITTED_RESIDUAL), else the physical default."""
+    fitted = FITTED_RESIDUAL.get(generation(gpu.name))
+    return ops.Residual() if fitted is None else ops.Residual(*fitted)
+
+
+def _llm_rank_state(mem: MemoryPlan) -> tuple[float, float]:
+    """(LLM parameters on the fullest rank, bytes the optimizer step touches there: weights, gradients, and
+    the optimizer state read and written)."""
+    params, touched = 0.0, 0.0
+    for c in mem.classes:
+        mods = [m for m in c.modules if m.module == "llm"]
+        p = sum(m.params for m in mods)
+        if p > params:
+            params = p
+            touched = sum(m.weight_bytes + m.grad_bytes + 2 * m.optimizer_bytes for m in mods)
+    return params, touched
+
+
+def op_step(rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual, fp8: bool = False) -> ops.OpStep:
+    """The operator model's iteration for the shape (its LLM; supports() says when that is all of it)."""
+    lay, p = rs.layout, rs.preset.llm
+    params, touched = _llm_rank_state(mem)
+    return ops.step(
+        p,
+        seq=rs.seq_length,
+        mbs=lay.mbs,
+        microbatches=rs.microbatches,
+        tp=lay.llm_tp,
+        pp=lay.llm_pp,
+        cp=lay.llm_cp,
+        ep=lay.llm_ep,
+        dp=lay.llm_dp,
+        vp=rs.virtual_stages,
+        sp=rs.sequence_parallel,
+        recompute=rs.recompute.llm,
+        fp8=fp8,
+        gpu=OP_GPUS[gpu.name],
+        gpus_per_node=lay.gpus_per_node,
+        params_per_rank=params,
+        grad_reduce_bytes=rs.grad_reduce_bytes,
+        distributed_optimizer=rs.distributed_optimizer or rs.fsdp,
+        overlap_dp=rs.overlap_dp or rs.fsdp,
+        optimizer_bytes_per_rank=touched,
+        alpha_s=gpu.step_s,
+        res=res,
+        vocab=padded_vocab(p.vocab_size, lay.llm_tp),
+    )
+
+
+def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual | None = None) -> StepTime:
+    """op_step as the StepTime `predict` prints (parts: compute, tp (with pipeline sends), cp, ep, dp,
+    optimizer)."""
+    s = op_step(rs, mem, gpu, residual_for(gpu) if res is None else res)
+    fl = flops_per_sample(rs.preset, rs.seq_length, 0.0)
+    parts = dict(s.parts)
+    dominant = max(parts, key=lambda k: parts[k])
+    return StepTime(s.iteration_s, 0.0, s.stage_mb_s, parts, "llm", 0.0, dominant, fl, 0.0, parts["compute"])
