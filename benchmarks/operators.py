@@ -135,7 +135,7 @@ def main(argv: list[str]) -> None:
         print()
         print("fresh fit per generation, as opdata.FITTED_RESIDUAL stores it (gemm, comm):")
         for g, r in fit_generations(pr, list(idx)).items():
-            print(f'    "{g}": ({r.gemm:.2f}, {r.comm:.2f}),')
+            print(f'    "{g}": ({r.gemm:.3f}, {r.comm:.2f}),')
 
 
 if __name__ == "__main__":
