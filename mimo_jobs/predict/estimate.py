@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import several
+from . import optime, several
 from .cost import Cost, cost_of, iterations_of, to_budget
 from .hardware import GPU
 from .memory import MemoryPlan, memory_plan
@@ -71,7 +71,16 @@ def predict_shape(rs: RunShape, gpu: GPU, eff: Efficiency, name: str = "", run_i
         mem = several.memory_plan(rs, gpu)
         return Prediction(name, run_id, rs, gpu, mem, several.step_time(rs, mem, gpu, eff))
     mem = memory_plan(rs, gpu)
-    return Prediction(name, run_id, rs, gpu, mem, step_time(rs, mem, gpu, eff))
+    return Prediction(name, run_id, rs, gpu, mem, _step_time(rs, mem, gpu, eff))
+
+
+def _step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepTime:
+    """The operator model where the study chose it (gpu.time_model), it prices the run (optime.supports)
+    and `eff` is the GPU's own (a `--db` calibration or a fit's probe scales the FLOPs model's terms, so
+    keeps that model); else the FLOPs model."""
+    if gpu.time_model == "operators" and optime.supports(rs, gpu) and eff == efficiency_for(gpu):
+        return optime.step_time(rs, mem, gpu)
+    return step_time(rs, mem, gpu, eff)
 
 
 def predict_run(run, gpu: GPU, eff: Efficiency | None = None) -> Prediction:

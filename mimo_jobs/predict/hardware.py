@@ -49,6 +49,9 @@ class GPU:
     # the layer backend its runs use (LAYERS); a CPU runs megatron-core's local layers. Whether the attention
     # keeps its s x s scores depends on trainer.attention too: model/attention.py keeps_scores
     layers: str = "te"
+    # the step-time model a study prices with (cluster.hardware.time_model; estimate.py chooses); "flops" for
+    # a GPU no study names (the published and measured benchmarks' current model)
+    time_model: str = "flops"
 
 
 GPUS: dict[str, GPU] = {
@@ -64,6 +67,8 @@ GPUS: dict[str, GPU] = {
 # experts: what the published runs behind FITTED_EFFICIENCY used) or megatron-core's local layers (the
 # trainer's choice where Transformer Engine is not installed: trainer/model/kernels.py).
 LAYERS: tuple[str, ...] = get_args(HardwareSpec.model_fields["layers"].annotation)  # ("te", "local")
+# The step-time model a study without cluster.hardware.time_model prices with (the spec's default)
+TIME_MODEL_DEFAULT: str = HardwareSpec.model_fields["time_model"].default
 LAYERS_WORDS = {"te": "Transformer Engine layers", "local": "megatron-core's local layers"}
 
 
@@ -174,11 +179,11 @@ def measured_gpu(
 
 
 def _with_figures(gpu: GPU, hw) -> GPU:
-    """`gpu` with a study's cluster.hardware figures in place of the datasheet's (a CPU's too) and priced
-    for its `layers`."""
+    """`gpu` with a study's cluster.hardware figures in place of the datasheet's (a CPU's too), priced for
+    its `layers` with its `time_model` (the spec's default without a hardware section)."""
     if hw is None:
-        return gpu
-    gpu = with_layers(gpu, getattr(hw, "layers", None))
+        return replace(gpu, time_model=TIME_MODEL_DEFAULT)
+    gpu = replace(with_layers(gpu, getattr(hw, "layers", None)), time_model=hw.time_model)
     over = {
         "memory_bytes": int(hw.memory_gib * GIB) if hw.memory_gib else None,
         "peak_flops": hw.peak_tflops * 1e12 if hw.peak_tflops else None,

@@ -19,7 +19,8 @@ megatron-core schedules them (docs/predict.md, "The operator-term time model").
   overlap       as megatron-core runs it: the DP gradient reduce-scatter and parameter all-gather (the
                 distributed optimizer, overlap_grad_reduce / overlap_param_gather) hide behind the last
                 microbatch's backward and the first one's forward, all but one bucket; the CP ring behind
-                the attention it feeds; TP and EP collectives and pipeline sends exposed
+                the attention it feeds; the interleaved schedule's pipeline sends behind the other chunks'
+                compute; TP and EP collectives and 1F1B's sends exposed
   fp8           as Transformer Engine runs it: GEMMs at the FP8 peak (same wave efficiency), attention,
                 element-wise kernels and communication in bf16, plus the cast bytes of every GEMM input
                 (opdata.FP8_CAST_BYTES_PER_ELEMENT) and of the weights once per iteration
@@ -348,6 +349,10 @@ def step(
         act = mbs * seq / cp * p.hidden_size * BF16 / (tp if split.sp else 1)
         bw = link_bytes_per_s(tp * cp * dp * 2, gpus_per_node, gpu)
         send_s = 2 * vp * collective_s("p2p", act, 2, bw, alpha_s) * res.comm
+        if vp > 1:
+            # the interleaved schedule overlaps its sends with the other chunks' compute (Megatron-LM's
+            # overlap_p2p_comm, on unless --no-overlap-p2p-communication)
+            send_s = max(0.0, send_s - stage.compute)
     mb_s = stage.total + send_s
     pipe = (microbatches + (pp - 1) / vp) * mb_s
     dp_span = tp * cp * dp  # DP ranks sit outside TP and CP in megatron-core's order

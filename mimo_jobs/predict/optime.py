@@ -4,13 +4,15 @@ says which). `time_model: operators` under a study's cluster.hardware chooses it
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mimo_jobs.model.arch import padded_vocab
 
 from . import operators as ops
 from .flops import flops_per_sample
-from .hardware import GPU, generation
+from .hardware import GPU, GPUS, generation
 from .memory import MemoryPlan
-from .opdata import FITTED_RESIDUAL, OP_GPUS
+from .opdata import FITTED_RESIDUAL, OP_GPUS, OpGPU
 from .run import RunShape
 from .steptime import StepTime
 
@@ -19,13 +21,30 @@ TIME_MODELS = ("flops", "operators")  # cluster.hardware.time_model: steptime.py
 
 def supports(rs: RunShape, gpu: GPU) -> bool:
     """Whether the operator model prices this run: a text-only model on a GPU opdata.py has figures for."""
-    return rs.preset.encoder is None and not rs.modules and gpu.name in OP_GPUS
+    return rs.preset.encoder is None and not rs.modules and gpu.name in OP_GPUS and gpu.layers == "te"
 
 
 def residual_for(gpu: GPU) -> ops.Residual:
     """The fitted residual of the GPU's generation (opdata.FITTED_RESIDUAL), else the physical default."""
     fitted = FITTED_RESIDUAL.get(generation(gpu.name))
     return ops.Residual() if fitted is None else ops.Residual(*fitted)
+
+
+def op_gpu(gpu: GPU) -> OpGPU:
+    """opdata's figures for the GPU, with the study's cluster.hardware figures where they differ from the
+    datasheet's (hardware.GPUS): its bf16 peak (the FP8 peak scaled with it), NVLink and network rates."""
+    base, sheet = OP_GPUS[gpu.name], GPUS[gpu.name]
+    over = {}
+    if gpu.peak_flops != sheet.peak_flops:
+        scale = gpu.peak_flops / base.bf16_flops
+        over.update(bf16_flops=gpu.peak_flops, fp8_flops=base.fp8_flops * scale)
+    if gpu.hbm_bytes_per_s != sheet.hbm_bytes_per_s:
+        over["hbm_bytes_per_s"] = gpu.hbm_bytes_per_s
+    if gpu.nvlink_bytes_per_s != sheet.nvlink_bytes_per_s:
+        over["nvlink_bytes_per_s"] = gpu.nvlink_bytes_per_s
+    if gpu.ib_bytes_per_s != sheet.ib_bytes_per_s:
+        over["net_bytes_per_s"] = gpu.ib_bytes_per_s
+    return replace(base, **over)
 
 
 def _llm_rank_state(mem: MemoryPlan) -> tuple[float, float]:
@@ -59,7 +78,7 @@ def op_step(rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual, fp8: boo
         sp=rs.sequence_parallel,
         recompute=rs.recompute.llm,
         fp8=fp8,
-        gpu=OP_GPUS[gpu.name],
+        gpu=op_gpu(gpu),
         gpus_per_node=lay.gpus_per_node,
         params_per_rank=params,
         grad_reduce_bytes=rs.grad_reduce_bytes,

@@ -137,6 +137,10 @@ class HardwareSpec(_Strict):
     # the layers the runs are priced for: Transformer Engine's (te) or megatron-core's local ones (local, what
     # the trainer builds where Transformer Engine is not installed): attention memory and compute speed
     layers: Literal["te", "local"] = "te"
+    # the step-time model: `operators` (predict/operators.py: every GEMM, attention, element-wise kernel and
+    # collective from published figures; a text-only model on Transformer Engine layers) or `flops` (the
+    # model's FLOPs at fitted per-generation efficiencies, predict/steptime.py; what prices the rest)
+    time_model: Literal["operators", "flops"] = "operators"
 
 
 class _ClusterCommon(_Strict):
