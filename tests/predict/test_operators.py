@@ -170,3 +170,41 @@ def test_stored_residuals_are_a_fresh_fit_and_hold_out_better_than_the_current_m
     cur_median, cur_worst, _ = bench.stats(cur["held_out"])
     # the planner prices with the operator model because it holds out better on both counts
     assert op_median < cur_median and op_worst < cur_worst
+
+
+def test_a_study_prices_a_text_only_run_with_the_operator_model_unless_it_says_flops():
+    from dataclasses import replace
+
+    from mimo_jobs.predict import optime
+    from mimo_jobs.predict.estimate import predict_shape
+    from mimo_jobs.predict.hardware import GPUS, study_gpu
+    from mimo_jobs.predict.steptime import Efficiency, efficiency_for
+    from mimo_jobs.study.spec import HardwareSpec
+
+    class Cluster:  # what study_gpu reads of a study's cluster section
+        accelerator = "gpu"
+
+        def __init__(self, hardware):
+            self.hardware = hardware
+
+    assert study_gpu(Cluster(None)).time_model == "operators"
+    assert study_gpu(Cluster(HardwareSpec(gpu="A100", time_model="flops"))).time_model == "flops"
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    _, rows = _bench().load_rows()
+    row = next(r for r in rows if r.id == "korthikanti-175b-sp-selective")
+    flops_gpu = GPUS["A100"]
+    ops_gpu = replace(flops_gpu, time_model="operators")
+    mem = predict_shape(row.shape, flops_gpu, efficiency_for(flops_gpu)).memory
+    by_ops = predict_shape(row.shape, ops_gpu, efficiency_for(ops_gpu)).time
+    assert by_ops.iteration_s == optime.step_time(row.shape, mem, ops_gpu).iteration_s
+    by_flops = predict_shape(row.shape, flops_gpu, efficiency_for(flops_gpu)).time
+    assert by_flops.iteration_s != by_ops.iteration_s
+    # a calibration's efficiencies scale the FLOPs model's terms: that model prices them
+    calibrated = predict_shape(row.shape, ops_gpu, Efficiency(encoder=0.3, llm=0.3, network=0.6)).time
+    assert (
+        calibrated.iteration_s
+        == predict_shape(row.shape, flops_gpu, Efficiency(encoder=0.3, llm=0.3, network=0.6)).time.iteration_s
+    )
+    # cluster.hardware figures reach the operator model: a slower NVLink slows the TP-heavy run
+    slow = replace(ops_gpu, nvlink_bytes_per_s=ops_gpu.nvlink_bytes_per_s / 4)
+    assert optime.step_time(row.shape, mem, slow).iteration_s > by_ops.iteration_s
