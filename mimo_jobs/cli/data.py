@@ -82,8 +82,8 @@ def synth_cmd(
 ) -> None:
     """Write DIR/caps (CaptioningSample), DIR/text (TextSample), DIR/vqa (VQASample), DIR/chat
     (ConversationSample), DIR/blend.yaml (use it as trainer.data.path); DIR/multi and DIR/interleaved
-    (several images per sample) and DIR/audio (MediaSample: audio clips, images, both or neither) are
-    datasets of their own."""
+    (several images per sample) and DIR/audio (ConversationSample, as `data prepare` writes: audio clips,
+    images, both or neither) are datasets of their own."""
     import contextlib
     import io
     import shutil

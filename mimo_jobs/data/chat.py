@@ -7,6 +7,7 @@ Two layouts, one rule for the loss: a token is a *target* when the model is trai
   interleaved  BOS, text pieces and image placeholders in order, EOS      targets: every text token + EOS
   marked  BOS, the text with each <image>/<audio> marker replaced by that image's or clip's placeholders,
           EOS                                                     targets: every text token + EOS
+          (also a conversation of assistant turns only, with or without a chat template: nothing prompts it)
 
 The chat layout finds each assistant turn as character spans of the rendered text: the rendering of the
 turns before it with the generation prompt, and the rendering up to and including it, must be prefixes of
@@ -61,6 +62,13 @@ def place_images(turns: list[dict], n_images: int) -> list[dict]:
         first["content"] = (IMAGE_MARKER + "\n") * n_images + first["content"]
         return out
     raise ValueError(f"the text has {n} {IMAGE_MARKER} marker(s) but the sample has {n_images} image(s)")
+
+
+def document_text(turns: list[dict], n_images: int) -> str:
+    """The text of a conversation of assistant turns only, for the marked layout (a document): its
+    turns' contents joined by newlines, with one `<image>` marker per image (place_images: none written, all
+    of them first)."""
+    return "\n".join(t["content"] for t in place_images(turns, n_images))
 
 
 def check_audio_markers(tok: Tokenizer, text: str, n_clips: int) -> None:

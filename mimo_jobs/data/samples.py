@@ -7,7 +7,8 @@
 - ConversationSample: a list of turns and an optional image (or several) and audio clips, for energon's
   dataset.yaml `sample_type: {__module__: mimo_jobs.data.samples, __class__: ConversationSample}`.
 - MediaSample: a text whose `<image>` and `<audio>` markers say where each image and audio clip goes
-  (`sample_type: {__module__: mimo_jobs.data.samples, __class__: MediaSample}`).
+  (`sample_type: {__module__: mimo_jobs.data.samples, __class__: MediaSample}`): what `data synth --audio`
+  wrote before it wrote ConversationSample as `data prepare` does; kept so such datasets still read.
 - Sample loaders for samples with several images or clips, or with some members only on some samples,
   which a field_map (one member per field, on every sample) cannot express: energon's dataset.yaml names
   them with `sample_loader: sample_loader.py:sample_loader` and `part_filter: sample_loader.py:part_filter`

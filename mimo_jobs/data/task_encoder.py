@@ -38,7 +38,15 @@ from megatron.energon import (
 from mimo_jobs.data.batch import IGNORE_INDEX
 
 from .audio import AUDIO_MARKER, AudioSpec, load_clip, npy_shape
-from .chat import IMAGE_MARKER, chat_layout, interleaved_layout, marked_layout, normalize_turns, plain_layout
+from .chat import (
+    IMAGE_MARKER,
+    chat_layout,
+    document_text,
+    interleaved_layout,
+    marked_layout,
+    normalize_turns,
+    plain_layout,
+)
 from .errors import DataError, describe
 from .images import ImageGeometry, decode, header_size
 from .packing import row_layout, select_packs
@@ -238,7 +246,13 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
         if isinstance(sample, ConversationSample):
             turns = normalize_turns(sample.conversation)
             text = " ".join(t["content"] for t in turns if t["role"] == "assistant")
-            return ("chat", turns), text, _image_list(sample.image), _clip_list(sample.audio)
+            images, clips = _image_list(sample.image), _clip_list(sample.audio)
+            if all(t["role"] == "assistant" for t in turns):
+                # nothing prompts it (a caption, a document: `data synth --audio`): BOS, its text, EOS, all
+                # of it learned, with or without a chat template (a template renders no generation prompt
+                # for an empty history, so it could not tell the answer's tokens from the turn's frame)
+                return ("marked", document_text(turns, len(images))), text, images, clips
+            return ("chat", turns), text, images, clips
         return (*self._image_fields(sample), [])
 
     def _image_fields(self, sample: Sample) -> tuple[tuple[str, Any], str, list]:
