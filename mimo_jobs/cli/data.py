@@ -82,8 +82,8 @@ def synth_cmd(
 ) -> None:
     """Write DIR/caps (CaptioningSample), DIR/text (TextSample), DIR/vqa (VQASample), DIR/chat
     (ConversationSample), DIR/blend.yaml (use it as trainer.data.path); DIR/multi and DIR/interleaved
-    (several images per sample) and DIR/audio (MediaSample: audio clips, images, both or neither) are
-    datasets of their own."""
+    (several images per sample) and DIR/audio (ConversationSample, as `data prepare` writes: audio clips,
+    images, both or neither) are datasets of their own."""
     import contextlib
     import io
     import shutil
@@ -277,7 +277,9 @@ def prepare_cmd(
     per = ", ".join(f"{s} {n}" for s, n in res.samples.items())
     shards = sum(len(v) for v in res.shards.values())
     typer.echo(
-        f"{out}: {res.total} samples ({per}) with {res.images} images and {res.audio} audio clips "
+        f"{out}: {res.total} samples ({per}) with {res.images} images"
+        + (f", {res.videos} videos" if res.videos else "")
+        + f" and {res.audio} audio clips "
         f"in {shards} shard(s)"
     )
     for key, n in res.unknown_keys.items():
@@ -592,6 +594,13 @@ def _print_stats(doc: dict) -> None:
             "audio clips per sample: "
             + ", ".join(f"{k}: {v}" for k, v in doc["audio_clips_per_sample"].items())
         )
+    if "video_tokens" in doc:
+        v = doc["video_tokens"]
+        con.print(
+            "videos per sample: "
+            + ", ".join(f"{k}: {n}" for k, n in doc["videos_per_sample"].items())
+            + f"; video tokens per sample mean {v['mean']:.1f}, max {v['max']} (part of image_tokens)"
+        )
     g = doc.get("geometry")
     if g is not None:
         tiling = f"up to {g['max_tiles']} tiles" + (" + thumbnail" if g["thumbnail"] else "")
@@ -603,7 +612,11 @@ def _print_stats(doc: dict) -> None:
         if "items_go_to" in m:
             con.print(f"module {name} ({m['modality']}): its items go to module {m['items_go_to']}")
             continue
-        item = "image(s)" if m["modality"] == "image" else "clip(s)"
+        item = (
+            "clip(s)"
+            if m["modality"] != "image"
+            else "image(s)" + (" and video(s)" * ("video_tokens" in doc))
+        )
         con.print(
             f"module {name} ({m['modality']}): {m['items']} {item} in {m['samples_with']} sample(s); tokens "
             f"per sample mean {m['tokens']['mean']:.1f}, max {m['tokens']['max']}; "

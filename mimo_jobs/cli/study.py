@@ -175,6 +175,7 @@ def _runtime_problems(diag: Diagnosis) -> list:
     """What the trainer would refuse at start-up, once per distinct problem (study/runtime_rules.py owns the
     rules). Tracker packages are judged only without a container: inside one, this environment says
     nothing about the trainer's. A run with its own command does not start the packaged trainer."""
+    from mimo_jobs.data.check import prepared_videos
     from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.predict.run import shape_of
     from mimo_jobs.study.diagnose import Problem
@@ -189,7 +190,7 @@ def _runtime_problems(diag: Diagnosis) -> list:
         # the model as the planner resolves it (several encoders: as the trainer does, the planner's shape
         # holds one)
         model = arch_of(r.trainer.model) if r.layout.several else shape_of(r.layout, r.trainer).preset
-        for p in runtime_problems(r.trainer, cluster.accelerator, installed, model):
+        for p in runtime_problems(r.trainer, cluster.accelerator, installed, model, prepared_videos):
             if (p.path, p.message) not in seen:
                 seen.add((p.path, p.message))
                 out.append(Problem(p.path, p.rule, p.message, p.fit))

@@ -13,7 +13,7 @@ only the trainer and the `data` commands load):
   image_file     one image of a record checked before it is read: where it is, its size, a full decode
   tokenizer      built-in character tokenizer (synthetic data) or a local HuggingFace tokenizer
   chat           plain and chat-template layouts: token ids and which tokens carry loss (pure)
-  samples        JSON-member decoding, the ConversationSample and MediaSample types, sample loaders (energon)
+  samples        JSON-member decoding, the ConversationSample (and, read only, MediaSample) types, sample loaders (energon)
   scan, stats    `data stats`: one pass through the task encoder (energon), and its summary (pure)
   images         image size -> patch-token count and pixel preprocessing shared with the trainer's encoder
   audio          audio clips (log-mel `.npy` members): header checks, loading, the audio encoder's token rule

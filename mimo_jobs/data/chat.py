@@ -7,6 +7,7 @@ Two layouts, one rule for the loss: a token is a *target* when the model is trai
   interleaved  BOS, text pieces and image placeholders in order, EOS      targets: every text token + EOS
   marked  BOS, the text with each <image>/<audio> marker replaced by that image's or clip's placeholders,
           EOS                                                     targets: every text token + EOS
+          (also a conversation of assistant turns only, with or without a chat template: nothing prompts it)
 
 The chat layout finds each assistant turn as character spans of the rendered text: the rendering of the
 turns before it with the generation prompt, and the rendering up to and including it, must be prefixes of
@@ -14,7 +15,8 @@ the whole (true of ChatML-like templates; a template that rewrites earlier turns
 marked from the fast tokenizer's character offsets, so a token is a target exactly when it starts inside an
 assistant span. `<image>` in a turn's text marks where an image's placeholder tokens go, and `<audio>`
 where an audio clip's go (when the tokenizer has an audio placeholder, i.e. the model an audio encoder;
-otherwise `<audio>` is text like any other).
+otherwise `<audio>` is text like any other), and `<video>` where a video's go (image placeholders: the image
+module embeds its frames; one marker per video, never placed by guess).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from .errors import DataError
 from .tokenizer import Tokenizer
 
 IMAGE_MARKER = "<image>"
-_MARKERS = re.compile(f"({re.escape(IMAGE_MARKER)}|{re.escape(AUDIO_MARKER)})")
-_IMAGE_ONLY = re.compile(f"({re.escape(IMAGE_MARKER)})")
+VIDEO_MARKER = "<video>"  # a video's place: its frames go to the image module, its placeholders are images'
+_MARKERS = re.compile(f"({re.escape(IMAGE_MARKER)}|{re.escape(VIDEO_MARKER)}|{re.escape(AUDIO_MARKER)})")
+_IMAGE_ONLY = re.compile(f"({re.escape(IMAGE_MARKER)}|{re.escape(VIDEO_MARKER)})")
+_PICTURES = re.compile(f"{re.escape(IMAGE_MARKER)}|{re.escape(VIDEO_MARKER)}")
 ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
 
 
@@ -63,6 +67,26 @@ def place_images(turns: list[dict], n_images: int) -> list[dict]:
     raise ValueError(f"the text has {n} {IMAGE_MARKER} marker(s) but the sample has {n_images} image(s)")
 
 
+def document_text(turns: list[dict], n_images: int) -> str:
+    """The text of a conversation of assistant turns only, for the marked layout (a document): its
+    turns' contents joined by newlines, with one `<image>` marker per image (place_images: none written, all
+    of them first)."""
+    return "\n".join(t["content"] for t in place_images(turns, n_images))
+
+
+def check_video_markers(text: str, n_videos: int) -> None:
+    """One `<video>` marker per video, in the text (a video is never placed by guess)."""
+    n = text.count(VIDEO_MARKER)
+    if n != n_videos:
+        raise ValueError(f"the text has {n} {VIDEO_MARKER} marker(s) but the sample has {n_videos} video(s)")
+
+
+def picture_order(text: str) -> list[bool]:
+    """Per `<image>` or `<video>` marker of the text, in order: is it a video's (the image module embeds
+    images and videos in this order, as their placeholders stand)."""
+    return [m.group(0) == VIDEO_MARKER for m in _PICTURES.finditer(text)]
+
+
 def check_audio_markers(tok: Tokenizer, text: str, n_clips: int) -> None:
     """One `<audio>` marker per clip, in the text (a clip is never placed by guess); with no audio
     placeholder (no audio encoder) `<audio>` is text and a clip has nowhere to go."""
@@ -83,28 +107,36 @@ def _split(tok: Tokenizer, text: str) -> list[str]:
     return (_IMAGE_ONLY if tok.audio_token_id is None else _MARKERS).split(text)
 
 
-def _placeholders(tok: Tokenizer, marker: str, images, clips) -> list[int]:
+def _placeholders(tok: Tokenizer, marker: str, images, clips, videos=iter(())) -> list[int]:
     if marker == IMAGE_MARKER:
         return [tok.image_token_id] * next(images)
+    if marker == VIDEO_MARKER:  # the image module's placeholders: its embeddings of the frames
+        return [tok.image_token_id] * next(videos)
     return [tok.audio_token_id] * next(clips)
 
 
 def marked_layout(
-    tok: Tokenizer, text: str, image_tokens: list[int], audio_tokens: list[int]
+    tok: Tokenizer,
+    text: str,
+    image_tokens: list[int],
+    audio_tokens: list[int],
+    video_tokens: list[int] = (),
 ) -> tuple[list[int], list[bool]]:
-    """A text whose markers say where each image and clip goes: BOS, text pieces (targets) and, at the i-th
-    `<image>` / j-th `<audio>`, image i's / clip j's placeholders (not targets), EOS (a target)."""
+    """A text whose markers say where each image, clip and video goes: BOS, text pieces (targets) and, at the
+    i-th `<image>` / j-th `<audio>` / k-th `<video>`, image i's / clip j's / video k's placeholders (not
+    targets), EOS (a target)."""
     n_img = text.count(IMAGE_MARKER)
     if n_img != len(image_tokens):
         raise ValueError(
             f"the text has {n_img} {IMAGE_MARKER} marker(s) but the sample has {len(image_tokens)} image(s)"
         )
     check_audio_markers(tok, text, len(audio_tokens))
+    check_video_markers(text, len(video_tokens))
     ids, flags = [tok.bos_id], [False]
-    images, clips = iter(image_tokens), iter(audio_tokens)
+    images, clips, videos = iter(image_tokens), iter(audio_tokens), iter(video_tokens)
     for k, part in enumerate(_split(tok, text)):
         if k % 2:
-            held = _placeholders(tok, part, images, clips)
+            held = _placeholders(tok, part, images, clips, videos)
             ids += held
             flags += [False] * len(held)
         else:
@@ -160,21 +192,27 @@ def _assistant_spans(tok: Tokenizer, turns: list[dict], full: str) -> list[tuple
 
 
 def chat_layout(
-    tok: Tokenizer, turns: list[dict], image_tokens: list[int], audio_tokens: list[int] = ()
+    tok: Tokenizer,
+    turns: list[dict],
+    image_tokens: list[int],
+    audio_tokens: list[int] = (),
+    video_tokens: list[int] = (),
 ) -> tuple[list[int], list[bool]]:
-    """Render turns with the chat template; image i's marker becomes image_tokens[i] placeholder ids, and
-    clip j's `<audio>` marker audio_tokens[j] (one marker per clip, written in the turns)."""
+    """Render turns with the chat template; image i's marker becomes image_tokens[i] placeholder ids, clip
+    j's `<audio>` marker audio_tokens[j] and video k's `<video>` marker video_tokens[k] image placeholders
+    (one marker per clip and per video, written in the turns)."""
     turns = place_images(turns, len(image_tokens))
     check_audio_markers(tok, "".join(t["content"] for t in turns), len(audio_tokens))
+    check_video_markers("".join(t["content"] for t in turns), len(video_tokens))
     full = tok.render_chat(turns, add_generation_prompt=False)
     spans = _assistant_spans(tok, turns, full)
     ids: list[int] = []
     flags: list[bool] = []
     base = 0
-    images, clips = iter(image_tokens), iter(audio_tokens)
+    images, clips, videos = iter(image_tokens), iter(audio_tokens), iter(video_tokens)
     for k, part in enumerate(_split(tok, full)):
         if k % 2:
-            held = _placeholders(tok, part, images, clips)
+            held = _placeholders(tok, part, images, clips, videos)
             ids += held
             flags += [False] * len(held)
         else:

@@ -10,6 +10,7 @@ energon opens it, unless `trainer.data.trust_dataset_code: true` (`data stats --
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +139,26 @@ def check_energon_data(run_spec: Any) -> None:
             f"the built-in tokenizer needs vocab_size >= {len(PRINTABLE) + 5}; preset {t.model!r} has "
             f"{vocab}: give trainer.data.tokenizer"
         )
+
+
+def prepared_videos(path: str, _depth: int = 0) -> int:
+    """The answer study.runtime_rules.runtime_problems asks for as `videos`: the videos `data prepare`
+    recorded (prepare.json's `videos_written`) in a dataset folder, or in every dataset a blend YAML names (relative paths from its
+    folder, as energon resolves them). A dataset without that record (written by another tool) counts none
+    here; the task encoder refuses its first video with the same reason."""
+    p = Path(path)
+    if p.is_dir():
+        try:
+            doc = json.loads((p / "prepare.json").read_text())
+        except (OSError, ValueError):
+            return 0
+        n = doc.get("videos_written", 0) if isinstance(doc, dict) else 0
+        return n if isinstance(n, int) else 0
+    if not p.is_file() or _depth > 8:  # blends nest a few levels, never in a cycle
+        return 0
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return 0
+    subs = [Path(s) if Path(s).is_absolute() else p.parent / s for s in _blend_paths(doc)]
+    return sum(prepared_videos(str(s), _depth + 1) for s in subs)

@@ -113,3 +113,36 @@ def _bomb(rel: str, path: Path, w: int, h: int) -> str:
         f"image {rel!r}: {path} is {w}x{h} = {w * h:,} pixels, over {MAX_PIXELS:,} (a decompression bomb, "
         "or an image to resize first)"
     )
+
+
+VIDEO_DECODERS = "PyAV (`av`), imageio or OpenCV (`cv2`)"
+
+
+def video_members(images: Path, v: int, video) -> list[tuple[str, bytes]]:
+    """(member extension, bytes) of each frame of a record's video `v` (its frames' paths under `images`,
+    in time order), each checked as an image is and all of one size; BadRecord naming the video, the frame
+    and the rule. A video file (a path, not a list of frames) is refused: reading one needs a decoder this
+    installation lacks."""
+    if isinstance(video, str):
+        raise BadRecord(
+            f"video {video!r}: a video file needs a decoder this installation lacks ({VIDEO_DECODERS}); give "
+            f"the video as the list of its frames' image paths (PNG, JPEG or WebP), e.g. extracted with "
+            f"`ffmpeg -i {video} -vf fps=2 frames/%04d.png`"
+        )
+    from .images import header_size
+
+    out, sizes = [], []
+    for f, rel in enumerate(video):
+        try:
+            ext, data = image_member(images, rel)
+        except BadRecord as e:
+            raise BadRecord(f"video {v} frame {f}: {e}") from None
+        out.append((ext, data))
+        sizes.append(header_size(data))
+        if sizes[-1] != sizes[0]:
+            (h0, w0), (h, w) = sizes[0], sizes[-1]
+            raise BadRecord(
+                f"video {v} frame {f} {rel!r} is {h}x{w} px but frame 0 {video[0]!r} is {h0}x{w0}; a video's "
+                "frames share one size (resize them alike)"
+            )
+    return out

@@ -4,13 +4,16 @@ A record is a JSON object on one line:
 
   {"id": "...", "image": "rel/path.jpg" (optional; or a list of paths),
    "audio": "rel/clip.npy" (optional; or a list; `.npy` log-mel or `.wav`: data/audio_input.py),
+   "video": ["rel/f0.png", "rel/f1.png", ...] (optional: one video, its frames in time order; a list of
+            such lists for several; a string is a video file),
    "conversations": [{"from": "human", "value": "<image>\\nWhat ...?"}, {"from": "gpt", "value": "..."}]}
 
 The turns must be what the task encoder trains on (chat.normalize_turns: roles human/gpt/system or
 user/assistant, text content, an assistant turn), and the `<image>` markers must fit the images
 (chat.place_images: one per image, or none and they go before the first user text). An image path is
 relative to the image folder and stays inside it (no absolute path, no `..`); so is an audio path, and the
-`<audio>` markers must be one per clip (never placed by guess). Any other key is reported in `unknown`.
+`<audio>` markers must be one per clip (never placed by guess), and so must the `<video>` markers per video.
+Any other key is reported in `unknown`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from .audio import AUDIO_MARKER
-from .chat import normalize_turns, place_images
+from .chat import VIDEO_MARKER, normalize_turns, place_images
 
 
 class BadRecord(ValueError):
@@ -37,9 +40,11 @@ class Record:
         str, ...
     ] = ()  # audio files (.npy log-mel, .wav), relative to the same folder, in marker order
     unknown: tuple[str, ...] = ()  # keys the record has that nothing reads (warned about, never silent)
+    # videos in `<video>` marker order: each its frames' paths in time order, or (a str) a video file's path
+    videos: tuple = ()
 
 
-KNOWN_KEYS = ("id", "image", "audio", "conversations")
+KNOWN_KEYS = ("id", "image", "audio", "video", "conversations")
 
 
 def _image_paths(value: object, key: str = "image") -> tuple[str, ...]:
@@ -58,6 +63,27 @@ def _image_paths(value: object, key: str = "image") -> tuple[str, ...]:
             raise BadRecord(f"{where} {p!r} leaves the image folder; give a path relative to it")
         out.append(str(pp))
     return tuple(out)
+
+
+def _videos(value: object) -> tuple:
+    """A record's "video": one video (a list of frame paths, or a video file's path) or several (a list of
+    frame lists)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):  # a video file
+        return _image_paths(value, "video")[:1]
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        out = []
+        for i, v in enumerate(value):
+            if not v:
+                raise BadRecord(f'field "video" item {i} is an empty list; a video needs at least one frame')
+            out.append(_image_paths(v, f"video item {i}"))
+        return tuple(out)
+    if isinstance(value, list) and not value:
+        raise BadRecord(
+            'field "video" is an empty list; give its frames, or leave it out for a record without'
+        )
+    return (_image_paths(value, "video"),)
 
 
 def _json(line: str) -> object:
@@ -109,5 +135,12 @@ def parse_record(line: str) -> Record:
             f'the text has {n} {AUDIO_MARKER} marker(s) but field "audio" gives {len(audio)} clip(s); '
             f"write one {AUDIO_MARKER} where each clip goes"
         )
+    videos = _videos(doc.get("video"))
+    n = sum(t["content"].count(VIDEO_MARKER) for t in turns)
+    if n != len(videos):
+        raise BadRecord(
+            f'the text has {n} {VIDEO_MARKER} marker(s) but field "video" gives {len(videos)} video(s); '
+            f"write one {VIDEO_MARKER} where each video goes"
+        )
     unknown = tuple(k for k in doc if k not in KNOWN_KEYS)
-    return Record(doc.get("id"), doc["conversations"], images, audio, unknown)
+    return Record(doc.get("id"), doc["conversations"], images, audio, unknown, videos)

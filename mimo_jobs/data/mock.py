@@ -55,6 +55,7 @@ from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, ModuleInputs, Provider
 from mimo_jobs.data.images import image_module_of
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model import families
+from mimo_jobs.model.arch import frame_groups
 from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.runtime_rules import image_size_problems, towers_room_problem
 
@@ -104,7 +105,7 @@ class MockTower:
         frames: one image's worth per temporal group), an audio module's for its clip of `frames` frames."""
         if self.kind == "audio":
             return self.audio.clip_tokens((n_mels, frames)) if frames else 0
-        groups = -(-video // self.temporal) if video else 1
+        groups = frame_groups(video, self.temporal) if video else 1
         return groups * families.vision(self.family).tokens_for(self, side, side) if side else 0
 
 

@@ -4,7 +4,9 @@ reads (imports energon: called inside the command only).
 Each good record becomes one ConversationSample through samples.py's `conversation_images` loader: members
 `<key>.json` ({"id": the record's id, "conversation": its turns}) and `<key>.0.<ext>`, `<key>.1.<ext>`, ...
 (the image files' own bytes, in the record's order, which is the `<image>` markers' order). The key is the
-record's line number (`l000000012`), unique and free of dots whatever the ids are.
+record's line number (`l000000012`), unique and free of dots whatever the ids are. A record's videos
+(`"video"`: its frames' image files) become `<key>.v0.0.<ext>`, `<key>.v0.1.<ext>`, ... (video 0's frames
+in time order, then `v1`), each frame checked as an image is and all of one video's of one size.
 
 The JSONL is read one line at a time and each sample is written as soon as it is read, so memory does not
 grow with the file. Records are dealt to train/val/test so that after every record each split's count is
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import DataError
-from .image_file import image_member
+from .image_file import image_member, video_members
 from .llava import BadRecord, parse_record
 from .shards import SPLITS, ShardWriter, prepare
 from .synth import CONVERSATION
@@ -69,6 +71,7 @@ class PrepareResult:
     shards: dict[str, list[str]]
     images: int = 0
     audio: int = 0  # audio clips written
+    videos: int = 0  # videos written (each its frames)
     unknown_keys: dict[str, int] = field(default_factory=dict)  # record keys nothing reads -> records
     skipped: int = 0
     skipped_lines: list[dict] = field(default_factory=list)  # the first LISTED_SKIPS: {line, reason}
@@ -195,6 +198,7 @@ def _write(jsonl: Path, images: Path, stage: Path, cfg: PrepareConfig, progress)
                 rec = parse_record(line)
                 members = [image_member(images, rel) for rel in rec.images]
                 clips = _clips(images, rec, cfg)
+                videos = [video_members(images, v, video) for v, video in enumerate(rec.videos)]
             except BadRecord as e:
                 if not cfg.skip_bad:
                     raise DataError(f"{jsonl}:{n}: {e} (or give --skip-bad to skip bad records)") from None
@@ -205,11 +209,17 @@ def _write(jsonl: Path, images: Path, stage: Path, cfg: PrepareConfig, progress)
             files = {"json": json.dumps({"id": rec.id, "conversation": rec.conversations}).encode()}
             files |= {f"{j}.{ext}": data for j, (ext, data) in enumerate(members)}
             files |= {f"{j}.npy": data for j, data in enumerate(clips)}
+            files |= {
+                f"v{v}.{f}.{ext}": data
+                for v, frames in enumerate(videos)
+                for f, (ext, data) in enumerate(frames)
+            }
             split = deal(res.samples, cfg.shares)
             writers[split].add(f"l{n:09d}", files)
             res.samples[split] += 1
             res.images += len(members)
             res.audio += len(clips)
+            res.videos += len(videos)
             for k in rec.unknown:
                 res.unknown_keys[k] = res.unknown_keys.get(k, 0) + 1
     finally:
@@ -232,6 +242,7 @@ def _write(jsonl: Path, images: Path, stage: Path, cfg: PrepareConfig, progress)
         "samples": res.samples,
         "images_written": res.images,
         "audio_written": res.audio,
+        "videos_written": res.videos,
         "unknown_keys": res.unknown_keys,
         "skipped": res.skipped,
         "skipped_lines": res.skipped_lines,

@@ -7,15 +7,18 @@
 - ConversationSample: a list of turns and an optional image (or several) and audio clips, for energon's
   dataset.yaml `sample_type: {__module__: mimo_jobs.data.samples, __class__: ConversationSample}`.
 - MediaSample: a text whose `<image>` and `<audio>` markers say where each image and audio clip goes
-  (`sample_type: {__module__: mimo_jobs.data.samples, __class__: MediaSample}`).
+  (`sample_type: {__module__: mimo_jobs.data.samples, __class__: MediaSample}`): what `data synth --audio`
+  wrote before it wrote ConversationSample as `data prepare` does; kept so such datasets still read.
 - Sample loaders for samples with several images or clips, or with some members only on some samples,
   which a field_map (one member per field, on every sample) cannot express: energon's dataset.yaml names
   them with `sample_loader: sample_loader.py:sample_loader` and `part_filter: sample_loader.py:part_filter`
   (a file in the dataset's .nv-meta that imports these). The members are numbered images (`<key>.0.png`,
   `<key>.1.png`, ...) and audio clips, float32 log-mel `.npy` arrays: numbered (`<key>.0.npy`,
-  `<key>.1.npy`, ...) or, a sample's one clip, `<key>.audio.npy`; and
+  `<key>.1.npy`, ...) or, a sample's one clip, `<key>.audio.npy`, and videos' frames (`<key>.v0.0.png`,
+  `<key>.v0.1.png`, ...: video 0's frames in time order, then `v1`); and
     conversation_images  ConversationSample: JSON (`<key>.json`) {"conversation": turns}; image i goes where
-                         the i-th `<image>` marker is, clip j where the j-th `<audio>` is
+                         the i-th `<image>` marker is, clip j where the j-th `<audio>` is, video k
+                         where the k-th `<video>` is
     interleaved_images   energon's InterleavedSample: JSON {"sequence": [text, {"image": i}, text, ...]}
     media_members        MediaSample: the text `<key>.txt`, and the images and clips (none, some or both)
 """
@@ -32,6 +35,7 @@ from megatron.energon.cache import FileStoreDecoder
 JSON_EXTS = ("json", "jsn")
 NUMBERED_IMAGE = re.compile(r"(\d+)\.(png|jpg|jpeg|webp)")
 NUMBERED_AUDIO = re.compile(r"(\d+)\.npy")
+NUMBERED_FRAME = re.compile(r"v(\d+)\.(\d+)\.(png|jpg|jpeg|webp)")  # video v's frame f: `<key>.v<v>.<f>.png`
 AUDIO_MEMBER = "audio.npy"  # a sample's one clip, when it is not numbered
 TEXT_MEMBER = "txt"
 
@@ -72,6 +76,9 @@ class ConversationSample(Sample):
     image: Any = None
     #: `.npy` audio clips (bytes), a list in `<audio>` marker order; one marker per clip, written in the turns
     audio: Any = None
+    #: videos, a list in `<video>` marker order, each the list of its frames' encoded image bytes in time
+    #: order; one marker per video, written in the turns; the image module embeds them
+    video: Any = None
 
 
 @edataclass
@@ -92,6 +99,7 @@ def part_filter(part: str) -> bool:
         or part in (TEXT_MEMBER, AUDIO_MEMBER)
         or NUMBERED_IMAGE.fullmatch(part) is not None
         or NUMBERED_AUDIO.fullmatch(part) is not None
+        or NUMBERED_FRAME.fullmatch(part) is not None
     )
 
 
@@ -126,13 +134,38 @@ def _clips(raw: dict) -> list:
     return clips
 
 
+def _videos(raw: dict) -> list:
+    """The videos, each its frames in order: `v0.0.png`, `v0.1.png`, ..., `v1.0.png`, ...; videos and each
+    video's frames numbered from 0 without gaps."""
+    found: dict[int, dict[int, Any]] = {}
+    for k in raw:
+        if m := NUMBERED_FRAME.fullmatch(k):
+            found.setdefault(int(m.group(1)), {})[int(m.group(2))] = raw[k]
+    if sorted(found) != list(range(len(found))):
+        raise ValueError(f"video members are numbered {sorted(found)}; expected v0..v{len(found) - 1}")
+    out = []
+    for v in range(len(found)):
+        frames = found[v]
+        if sorted(frames) != list(range(len(frames))):
+            raise ValueError(
+                f"video {v}'s frames are numbered {sorted(frames)}; expected 0..{len(frames) - 1}"
+            )
+        out.append([frames[f] for f in range(len(frames))])
+    return out
+
+
 def conversation_images(raw: dict) -> dict:
-    """sample_loader of a ConversationSample with numbered images."""
+    """sample_loader of a ConversationSample with numbered images (and clips, and videos' frames)."""
     member = _member(raw)
     if "conversation" not in member:
         raise ValueError("the JSON member has no 'conversation'")
     images = _numbered_images(raw)
-    return {"conversation": member["conversation"], "image": images or None, "audio": _clips(raw) or None}
+    return {
+        "conversation": member["conversation"],
+        "image": images or None,
+        "audio": _clips(raw) or None,
+        "video": _videos(raw) or None,
+    }
 
 
 def media_members(raw: dict) -> dict:

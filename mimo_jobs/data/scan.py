@@ -26,17 +26,22 @@ BUILTIN_VOCAB = (
 
 def _stat(s: Any, geometry: ImageGeometry) -> SampleStat:
     """One encoded sample's counts; its images' encoder samples from their headers (the task encoder has
-    already checked them), by the same plan the encoder side cuts."""
-    plans = [geometry.plan(*header_size(bytes(b))) for b in s.images]
+    already checked them), by the same plan the encoder side cuts; a video (its frames, a list) is one
+    encoder sample of all its tokens."""
+    stills = [b for b in s.images if not isinstance(b, list)]
+    plans = [geometry.plan(*header_size(bytes(b))) for b in stills]
+    video_tokens = [n for b, n in zip(s.images, s.image_tokens) if isinstance(b, list)]
     return SampleStat(
         key=s.__key__,
         image_tokens=s.image_token_count,
         text_tokens=len(s.tokens) - s.image_token_count - s.audio_token_count,
         images=len(plans),
-        tiles=sum(p.tiles for p in plans),
-        tile_tokens_sq=sum(p.tiles * p.tokens_per_piece**2 for p in plans),
+        tiles=sum(p.tiles for p in plans) + len(video_tokens),
+        tile_tokens_sq=sum(p.tiles * p.tokens_per_piece**2 for p in plans) + sum(n * n for n in video_tokens),
         audio_tokens=s.audio_token_count,
         audio_clips=len(s.audio),
+        videos=len(video_tokens),
+        video_tokens=sum(video_tokens),
     )
 
 

@@ -1,6 +1,7 @@
 """Token statistics of a dataset (pure): per-sample counts in, the summary the planner and people read out.
 
-Per sample: image tokens (after tiling and the encoder's pixel shuffle: what the LLM reads), audio tokens
+Per sample: image tokens (after tiling and the encoder's pixel shuffle: what the LLM reads; a video's
+tokens are the image module's too, and counted apart as video tokens), audio tokens
 (the audio encoder's token rule over each clip's frames), text tokens (everything else the LLM reads:
 template, prompt, answer, BOS/EOS), images, audio clips, and the encoder samples the images make (tiles, a
 thumbnail included; an untiled image is one). Summary: count, mean, percentiles and maximum
@@ -31,6 +32,8 @@ class SampleStat:
     tile_tokens_sq: int = 0  # sum over those encoder samples of their tokens squared
     audio_tokens: int = 0  # all its audio clips' placeholder tokens
     audio_clips: int = 0
+    videos: int = 0  # its videos (each one encoder sample of the image module; `images` counts stills)
+    video_tokens: int = 0  # its videos' placeholder tokens (part of image_tokens: the image module's)
 
     @property
     def tokens(self) -> int:
@@ -93,7 +96,7 @@ def module_summary(samples: list[SampleStat], modality: str, seq_length: int) ->
     """One encoder module's share of the dataset: its items (images, or audio clips) and the LLM tokens they
     become, per sample, and the share of the LLM's real token slots they fill (the packing figures of the
     whole sequence are the summary's)."""
-    items = [s.images if modality == "image" else s.audio_clips for s in samples]
+    items = [s.images + s.videos if modality == "image" else s.audio_clips for s in samples]
     tokens = [s.image_tokens if modality == "image" else s.audio_tokens for s in samples]
     total = sum(min(s.tokens, seq_length) for s in samples)
     per: dict[int, int] = {}
@@ -138,9 +141,11 @@ def summarize(
     packed = pack_first_fit(lengths, seq_length)
     per_image: dict[int, int] = {}
     per_clip: dict[int, int] = {}
+    per_video: dict[int, int] = {}
     for s in samples:
         per_image[s.images] = per_image.get(s.images, 0) + 1
         per_clip[s.audio_clips] = per_clip.get(s.audio_clips, 0) + 1
+        per_video[s.videos] = per_video.get(s.videos, 0) + 1
     return {
         "format": STATS_FORMAT,
         "samples": len(samples),
@@ -155,6 +160,14 @@ def summarize(
         "images_per_sample": {str(k): v for k, v in sorted(per_image.items())},
         "audio_tokens": describe_values([s.audio_tokens for s in samples]),
         "audio_clips_per_sample": {str(k): v for k, v in sorted(per_clip.items())},
+        **(
+            {
+                "video_tokens": describe_values([s.video_tokens for s in samples]),
+                "videos_per_sample": {str(k): v for k, v in sorted(per_video.items())},
+            }
+            if any(s.videos for s in samples)
+            else {}
+        ),
         "packing": {
             "padded_efficiency": total / (len(samples) * seq_length) if samples else 0.0,
             "packed_sequences": packed,

@@ -1,8 +1,12 @@
-"""A synthetic energon dataset of samples with audio clips, images, both or neither (MediaSample through
-samples.media_members):
+"""A synthetic energon dataset of samples with audio clips, images, both or neither, of the sample type
+`data prepare` writes (ConversationSample through samples.conversation_images), so one task encoder reads
+both:
 
-  DIR/audio/  audio-NNNNNN.tar  <key>.txt, and by sample <key>.0.png ..., <key>.audio.npy (one clip) or
-              <key>.0.npy, <key>.1.npy (two clips)
+  DIR/audio/  audio-NNNNNN.tar  <key>.json {"conversation": [{"role": "assistant", "content": text}]}, and
+              by sample <key>.0.png ..., <key>.audio.npy (one clip) or <key>.0.npy, <key>.1.npy (two clips)
+
+The text is one assistant turn (nothing prompts it), which the task encoder reads as a document: BOS, the
+text with its markers' placeholders, EOS, with or without a chat template.
 
 Sample i is, by i mod 4: audio only (one or two clips), image only, image and audio, text only. A clip is a
 float32 log-mel-like array [n_mels, frames]: its word's fixed band pattern plus noise, so a clip says which
@@ -12,6 +16,7 @@ the same arguments write the same bytes.
 
 from __future__ import annotations
 
+import json
 import random
 import zlib
 from dataclasses import dataclass
@@ -20,13 +25,12 @@ from pathlib import Path
 from .audio import npy_bytes
 from .errors import DataError
 from .shards import prepare, write_shards
-from .synth import COLORS, SHAPES, render_png
+from .synth import COLORS, CONVERSATION, SHAPES, render_png
 
 KINDS = ("audio", "image", "both", "text")
 N_MELS = 80  # Whisper's log-mel bins (the 128-bin large-v3 aside)
 MAX_MELS = 256
 MAX_FRAMES = 3000  # Whisper's 30 s window at 100 frames a second
-MEDIA = {"__module__": "mimo_jobs.data.samples", "__class__": "MediaSample"}
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,8 @@ def audio_sample(seed: int, i: int, cfg: AudioSynthConfig) -> tuple[str, dict, d
         texts.append(" ".join(["<audio>"] * n) + " says " + " ".join(words))
     if kind == "text":
         texts.append(f"just text about {rng.choice(colors)}")
-    files = {"txt": " ".join(texts).encode(), **files}
+    turn = {"role": "assistant", "content": " ".join(texts)}
+    files = {"json": json.dumps({"conversation": [turn]}).encode(), **files}
     return f"aud-{i:07d}", files, record
 
 
@@ -109,5 +114,5 @@ def write_audio(root: str | Path, cfg: AudioSynthConfig, progress=None) -> dict:
         records[key] = record
         tick(1)
     shards = write_shards(root, "audio", samples, cfg.samples_per_shard)
-    prepare(root, shards, {"sample_type": MEDIA}, loader="media_members")
+    prepare(root, shards, {"sample_type": CONVERSATION["sample_type"]}, loader="conversation_images")
     return records

@@ -1,7 +1,8 @@
 """The energon TaskEncoder: raw samples -> the trainer's microbatch contract (see trainer/batch.py).
 
 Per sample (both sides of the bridge, identically): tokenize the text, read the image size from the
-header (no pixel decode) and each audio clip's shape from its `.npy` header (no data loaded), insert one
+header (no pixel decode; a video's frames likewise, one size for all) and each audio clip's shape from its
+`.npy` header (no data loaded), insert one
 placeholder per image token and per audio token (the audio encoder's token rule, `AudioSpec`), build labels
 and the loss mask. Per batch: pad to seq_length and stack; on encoder ranks only, decode the images (flat
 variable-length list with per-sample token counts) and load the clips. Only JSON members are parsed on the
@@ -18,6 +19,7 @@ the LLM side too, so the encoder replica and its lanes skip exactly the same sam
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,7 +40,17 @@ from megatron.energon import (
 from mimo_jobs.data.batch import IGNORE_INDEX
 
 from .audio import AUDIO_MARKER, AudioSpec, load_clip, npy_shape
-from .chat import IMAGE_MARKER, chat_layout, interleaved_layout, marked_layout, normalize_turns, plain_layout
+from .chat import (
+    IMAGE_MARKER,
+    chat_layout,
+    document_text,
+    interleaved_layout,
+    marked_layout,
+    normalize_turns,
+    picture_order,
+    place_images,
+    plain_layout,
+)
 from .errors import DataError, describe
 from .images import ImageGeometry, decode, header_size
 from .packing import row_layout, select_packs
@@ -65,9 +77,11 @@ class EncodeConfig:
 class EncodedSample(Sample):
     tokens: list[int]  # unpadded: BOS first (plain layout) or as the chat template renders
     targets: list[bool]  # per token: the model is trained to produce it (answer/assistant tokens)
-    image_token_count: int  # all its images' tokens
-    images: list  # encoded images (bytes) in placeholder order, decoded later (encoder side only)
-    image_tokens: list  # per image: its placeholder tokens
+    image_token_count: int  # all its images' and videos' tokens (the image module's placeholders)
+    # encoded images (bytes), or a video's frames (a list of bytes), in placeholder order, decoded later
+    # (encoder side only)
+    images: list
+    image_tokens: list  # per image or video: its placeholder tokens
     audio_token_count: int  # all its clips' tokens
     audio: list  # `.npy` clips (bytes) in placeholder order, loaded later (encoder side only)
     audio_tokens: list  # per clip: its placeholder tokens
@@ -226,20 +240,27 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
 
     # ------------------------------------------------------------ per sample
 
-    def _fields(self, sample: Sample) -> tuple[tuple[str, Any], str, list, list]:
-        """((layout, its input), the text trained on, images and audio clips in placeholder order) of a
-        supported sample type: layout "plain" (input: the prompt), "chat" (the turns), "interleaved" (text
-        pieces, None where an image goes) or "marked" (the text with its markers). ValueError when
-        malformed."""
+    def _fields(self, sample: Sample) -> tuple[tuple[str, Any], str, list, list, list]:
+        """((layout, its input), the text trained on, images, audio clips and videos in their markers'
+        order) of a supported sample type: layout "plain" (input: the prompt), "chat" (the turns),
+        "interleaved" (text pieces, None where an image goes) or "marked" (the text with its markers).
+        ValueError when malformed."""
         if isinstance(sample, MediaSample):
             text = _text(sample.text, "text")
             bare = text.replace(IMAGE_MARKER, "").replace(AUDIO_MARKER, "")
-            return ("marked", text), bare, _image_list(sample.image), _clip_list(sample.audio)
+            return ("marked", text), bare, _image_list(sample.image), _clip_list(sample.audio), []
         if isinstance(sample, ConversationSample):
             turns = normalize_turns(sample.conversation)
             text = " ".join(t["content"] for t in turns if t["role"] == "assistant")
-            return ("chat", turns), text, _image_list(sample.image), _clip_list(sample.audio)
-        return (*self._image_fields(sample), [])
+            images, clips = _image_list(sample.image), _clip_list(sample.audio)
+            videos = _clip_list(sample.video)
+            if all(t["role"] == "assistant" for t in turns):
+                # nothing prompts it (a caption, a document: `data synth --audio`): BOS, its text, EOS, all
+                # of it learned, with or without a chat template (a template renders no generation prompt
+                # for an empty history, so it could not tell the answer's tokens from the turn's frame)
+                return ("marked", document_text(turns, len(images))), text, images, clips, videos
+            return ("chat", turns), text, images, clips, videos
+        return (*self._image_fields(sample), [], [])
 
     def _image_fields(self, sample: Sample) -> tuple[tuple[str, Any], str, list]:
         if isinstance(sample, CaptioningSample):
@@ -278,6 +299,39 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             )
         return self.cfg.geometry.tokens(h, w)
 
+    def _video_tokens(self, sample: Sample, frames: Any) -> int:
+        """A video's placeholders: its frames' one size from their headers (no pixel decode), the image
+        module's temporal patch groups (ImageGeometry.video_tokens)."""
+        if not isinstance(frames, (list, tuple)) or not frames:
+            self._bad(sample, "field", "a video has no frames")
+        sizes = []
+        for i, f in enumerate(frames):
+            if not isinstance(f, (bytes, bytearray)):
+                self._bad(
+                    sample, "field", f"video frame {i} has type {type(f).__name__}, expected image bytes"
+                )
+            try:
+                sizes.append(header_size(bytes(f)))
+            except Exception as e:  # noqa: BLE001 -- PIL raises many types for broken files
+                self._bad(sample, "image", f"video frame {i} is corrupt ({type(e).__name__}: {e})")
+        if len(set(sizes)) > 1:
+            i = next(i for i, s in enumerate(sizes) if s != sizes[0])
+            self._bad(
+                sample,
+                "video",
+                f"video frame {i} is {sizes[i][0]}x{sizes[i][1]} but frame 0 is {sizes[0][0]}x{sizes[0][1]}; "
+                "a video's frames share one size",
+            )
+        g = self.cfg.geometry
+        if g is None or g.temporal < 2:
+            # a setting that fits no video sample: skipping would only hide it
+            why = "no image encoder" if g is None else "an image module without a temporal patch"
+            raise DataError(
+                f"{describe(*_source(sample))}: the sample has a video but the model has {why} "
+                "(an image module with temporal_patch_size 2, Qwen2-VL's 3-D patch, embeds a video's frames)"
+            )
+        return g.video_tokens(len(frames), *sizes[0])
+
     def _clip_tokens(self, sample: Sample, clip: Any) -> int:
         if not isinstance(clip, (bytes, bytearray)):
             self._bad(sample, "field", f"audio field has type {type(clip).__name__}, expected .npy bytes")
@@ -295,28 +349,36 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
 
     def encode_sample(self, sample: Sample) -> EncodedSample:
         try:
-            (layout, given), response, images, clips = self._fields(sample)
+            (layout, given), response, images, clips, videos = self._fields(sample)
         except ValueError as e:
             self._bad(sample, "field", str(e))
         if not response.strip():
             self._bad(sample, "empty", "text is empty")
         counts = [self._image_tokens(sample, im) for im in images]
-        n_img = sum(counts)
+        video_counts = [self._video_tokens(sample, v) for v in videos]
+        n_img = sum(counts) + sum(video_counts)
         audio_counts = [self._clip_tokens(sample, c) for c in clips]
         t = self.tok
         try:
             if layout == "plain":  # every image's placeholders lead, in order
                 ids, targets = plain_layout(t, given, response, n_img)
             elif layout == "chat":
-                ids, targets = chat_layout(t, given, counts, audio_counts)
+                ids, targets = chat_layout(t, given, counts, audio_counts, video_counts)
             elif layout == "marked":
-                ids, targets = marked_layout(t, given, counts, audio_counts)
+                ids, targets = marked_layout(t, given, counts, audio_counts, video_counts)
             else:
                 ids, targets = interleaved_layout(t, given, counts)
         except DataError:
             raise  # a setting that fits no sample (e.g. no chat template): skipping would only hide it
         except ValueError as e:
             self._bad(sample, "field", str(e))
+        if videos:  # the image module embeds images and videos as their placeholders stand
+            text = (
+                given
+                if layout == "marked"
+                else "".join(x["content"] for x in place_images(given, len(images)))
+            )
+            images, counts = _pictures(picture_order(text), images, counts, videos, video_counts)
         ids, targets, truncated = self._fit(sample, ids, targets, n_img, sum(audio_counts))
         self._consecutive_skips = 0
         return EncodedSample.derive_from(
@@ -324,7 +386,7 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             tokens=ids,
             targets=targets,
             image_token_count=n_img,
-            images=[bytes(im) for im in images],
+            images=[[bytes(f) for f in im] if isinstance(im, (list, tuple)) else bytes(im) for im in images],
             image_tokens=counts,
             audio_token_count=sum(audio_counts),
             audio=[bytes(c) for c in clips],
@@ -438,8 +500,11 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
             raise _loaded_error(s, f"audio header gives {tokens} tokens but the loaded clip gives {n}")
         return x
 
-    def _decoded(self, s: EncodedSample, image: bytes, tokens: int) -> Any:
-        """One image of sample s, decoded, checked to give the `tokens` its header promised."""
+    def _decoded(self, s: EncodedSample, image: Any, tokens: int) -> Any:
+        """One image of sample s (or a video: its frames), decoded, checked to give the `tokens` its header
+        promised."""
+        if isinstance(image, list):
+            return self._decoded_video(s, image, tokens)
         try:
             img = decode(image, self.cfg.geometry)
         except Exception as e:
@@ -458,6 +523,37 @@ class MimoTaskEncoder(DefaultTaskEncoder[Sample, EncodedSample, EncodedBatch, En
                 f"tokens but the decoded image gives {n}"
             )
         return img
+
+    def _decoded_video(self, s: EncodedSample, frames: list, tokens: int) -> Any:
+        """A video of sample s: its frames, each one piece at its dynamic resolution (never tiled), as one
+        [1, F, C, H, W] input of the image module (the mock provider's form)."""
+        g = dataclasses.replace(self.cfg.geometry, max_tiles=1, thumbnail=False)
+        try:
+            x = torch.stack([decode(f, g) for f in frames])
+        except Exception as e:
+            # The LLM side accepted these frames from their headers; skipping here would misalign the lanes
+            raise DataError(
+                f"{describe(*_source(s))}: a video frame passed the header check but failed to decode "
+                f"({type(e).__name__}: {e}); remove or fix the sample"
+            ) from e
+        n = g.video_tokens_of_pixels(x.shape[0], x.shape[-2], x.shape[-1])
+        if n != tokens:
+            raise DataError(
+                f"{describe(*_source(s))}: the video's frame headers give {tokens} tokens but its decoded "
+                f"frames give {n}"
+            )
+        return x.unsqueeze(0)
+
+
+def _pictures(
+    is_video: list[bool], images: list, counts: list[int], videos: list, video_counts: list[int]
+) -> tuple[list, list[int]]:
+    """Images and videos (and their placeholder counts) merged in their markers' order (`is_video`: per
+    `<image>`/`<video>` marker, chat.picture_order)."""
+    its = iter(zip(images, counts, strict=True))
+    vs = iter(zip(videos, video_counts, strict=True))
+    merged = [next(vs) if v else next(its) for v in is_video]
+    return [m for m, _ in merged], [n for _, n in merged]
 
 
 def _loaded_error(s: EncodedSample, detail: str) -> DataError:

@@ -43,6 +43,12 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
     raise AssertionError("unreachable: a multiple of VOCAB_MULTIPLE * tp divides by tp")
 
 
+def frame_groups(frames: int, temporal_patch_size: int) -> int:
+    """Temporal patch groups of a video of `frames` frames: groups of `temporal_patch_size`, the last padded
+    with its last frame (Qwen2-VL's processor pads so); the one rule of the model, the data and the mock."""
+    return -(-frames // temporal_patch_size)
+
+
 @dataclass(frozen=True)
 class EncoderArch:
     # the name of an image family of model/families (model/registry.py holds them: "clip", "siglip",
@@ -122,7 +128,7 @@ class EncoderArch:
 
     def frame_groups(self, frames: int) -> int:
         """Temporal patch groups of a clip of `frames` frames (the last group padded with its last frame)."""
-        return -(-frames // self.temporal_patch_size)
+        return frame_groups(frames, self.temporal_patch_size)
 
     def video_tokens(self, frames: int, h_px: int, w_px: int) -> int:
         """Tokens a video of `frames` h x w frames gives the LLM: each temporal group of

@@ -91,6 +91,9 @@ class ImageGeometry:
     # the encoder's family (EncoderArch.kind), whose token rule counts each encoder sample and whose pixels'
     # mean/std the data path standardises with (model/families); not part of the geometry's identity
     family: str = field(default="clip", compare=False)
+    # frames one patch spans in time (EncoderArch.temporal_patch_size): 1, the module embeds images only; a
+    # video's frames go in groups of this many, each group one image's worth of tokens
+    temporal: int = field(default=1, compare=False)
 
     def __post_init__(self):
         if not 1 <= self.max_tiles <= MAX_TILES:
@@ -107,6 +110,7 @@ class ImageGeometry:
             max_tiles=max_tiles,
             thumbnail=thumbnail,
             family=encoder.kind,
+            temporal=encoder.temporal_patch_size,
         )
 
     @property
@@ -127,6 +131,17 @@ class ImageGeometry:
         """Tokens of a decoded image: [C, H, W] (one piece) or [T, C, H, W] (T tiles)."""
         pieces = shape[0] if len(shape) == 4 else 1
         return pieces * self.tokens_of_pixels(shape[-2], shape[-1])
+
+    def video_tokens(self, frames: int, h: int, w: int) -> int:
+        """LLM tokens of a video of `frames` h x w frames: every frame one piece at dynamic resolution (a
+        video is never tiled), one such piece's tokens per temporal group (EncoderArch.video_tokens)."""
+        return self.video_tokens_of_pixels(frames, *self.target_hw(h, w))
+
+    def video_tokens_of_pixels(self, frames: int, h_px: int, w_px: int) -> int:
+        """Tokens of a video whose frames are already at their size (decoded pixels)."""
+        from mimo_jobs.model.arch import frame_groups
+
+        return frame_groups(frames, self.temporal) * self.tokens_of_pixels(h_px, w_px)
 
     def target_hw(self, h: int, w: int) -> tuple[int, int]:
         """The one-piece size of an h x w image."""

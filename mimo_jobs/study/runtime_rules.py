@@ -112,6 +112,31 @@ def video_problems(data, encoders: dict, seq_length: int) -> list[RuntimeProblem
     return [room] if room is not None else []
 
 
+def dataset_video_problem(data, encoders: dict, videos: Callable[[str], int]) -> RuntimeProblem | None:
+    """A dataset's videos (`videos(path)`: how many it holds, as `data prepare` recorded) go to the model's
+    first image module, which embeds a video's frames only with a temporal patch (temporal_patch_size > 1:
+    Qwen2-VL's 3-D patch embedding); a 2-D patch takes images only."""
+    if data.provider != "energon" or not data.path:
+        return None
+    n = videos(str(data.path))
+    if not n:
+        return None
+    image = next(((name, e) for name, e in encoders.items() if e.modality == "image"), None)
+    if image is not None and image[1].temporal_patch_size > 1:
+        return None
+    why = (
+        "trainer.model has no image module to embed them"
+        if image is None
+        else f"the image module {image[0]!r} has temporal_patch_size 1: it embeds images, not a video's frames"
+    )
+    return RuntimeProblem(
+        "trainer.data.path",
+        "module-data",
+        f"{data.path} holds {n} video(s) but {why}",
+        "use an image module with temporal_patch_size: 2 (Qwen2-VL's 3-D patch), or a dataset without videos",
+    )
+
+
 def freeze_problem(encoder: bool, llm: bool) -> RuntimeProblem | None:
     if encoder and llm:
         return RuntimeProblem(
@@ -247,11 +272,16 @@ def _picture_tokens(encoder) -> Callable[[int, int], int]:
 
 
 def runtime_problems(
-    trainer, accelerator: str, installed: Callable[[str], bool], model=None
+    trainer,
+    accelerator: str,
+    installed: Callable[[str], bool],
+    model=None,
+    videos: Callable[[str], int] = lambda _path: 0,
 ) -> list[RuntimeProblem]:
     """Every start-up rule above for one run's trainer section (a spec.TrainerSpec) on its accelerator;
     with `model` (the resolved ModelArch) also the rules of its modules: each image module's mock image
-    sizes (patch_size, image_size), each module's data of its kind, the mock data's vocabulary."""
+    sizes (patch_size, image_size), each module's data of its kind, the mock data's vocabulary, a dataset's
+    videos (`videos`: the caller's answer of how many a dataset holds, data.check.prepared_videos)."""
     llm = None if model is None else model.llm
     out = [
         p
@@ -305,6 +335,8 @@ def runtime_problems(
         out += modality_problems(trainer.data, encoders)
         out += audio_clip_problems(trainer.data, encoders)
         out += video_problems(trainer.data, encoders, trainer.seq_length)
+        held = dataset_video_problem(trainer.data, encoders, videos)
+        out += [held] if held else []
     return out + tracker_problems(trainer, installed)
 
 

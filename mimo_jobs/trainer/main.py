@@ -23,6 +23,7 @@ import mimo_jobs.study.topology as topology
 from mimo_jobs.contract.events import TRAINER_ERROR
 from mimo_jobs.contract.manifest import CheckpointError
 from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE
+from mimo_jobs.data.check import prepared_videos
 from mimo_jobs.data.mock import mock_config
 from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model.resolve import arch_of
@@ -95,7 +96,7 @@ def preflight(run, doc: dict, reference: bool) -> list[str]:
     t = run.trainer
     # the rules validate applies; the image sizes are the mock provider's (mock_config below)
     arch = arch_of(t.model)
-    found = runtime_problems(t, run.cluster.accelerator, package_installed, arch)
+    found = runtime_problems(t, run.cluster.accelerator, package_installed, arch, prepared_videos)
     if found:
         raise PreflightError(f"run.yaml: {found[0]}")
     why = unsupported(arch, lay)

@@ -27,9 +27,11 @@ from mimo_jobs.data.energon_provider import EnergonProvider, LoaderConfig
 from mimo_jobs.data.errors import DataError
 from mimo_jobs.data.images import ImageGeometry
 from mimo_jobs.data.shards import prepare, write_shards
-from mimo_jobs.data.synth_audio import MEDIA, AudioSynthConfig, write_audio
+from mimo_jobs.data.synth_audio import AudioSynthConfig, write_audio
 
 GEOM = ImageGeometry(patch_size=4, image_size=16)
+# the sample type `data synth --audio` wrote before it wrote `data prepare`'s: such datasets still read
+MEDIA = {"__module__": "mimo_jobs.data.samples", "__class__": "MediaSample"}
 SIZES = ((8, 8), (12, 12), (16, 8))
 SEQ = 64
 
@@ -326,7 +328,10 @@ def test_cli_synth_audio_and_its_exit_codes(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"{out}/audio: 8 samples with audio clips (64 mel bins x 20, 41 frames)" in r.stdout
     meta = (out / "audio" / ".nv-meta" / "dataset.yaml").read_text()
-    assert "MediaSample" in meta and "sample_loader" in meta
+    assert (
+        "ConversationSample" in meta
+        and "conversation_images" in (out / "audio" / ".nv-meta" / "sample_loader.py").read_text()
+    )
     assert {a.shape[0] for a in _members(out / "audio").values()} == {64}
     assert "audio" not in (out / "blend.yaml").read_text()  # the blend stays image and text
     # the same arguments write the same bytes

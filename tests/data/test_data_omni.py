@@ -312,6 +312,41 @@ def test_prepare_carries_audio_to_the_audio_module(tmp_path, hf_tokenizer):
     assert (mods["vision"]["items"], mods["audio"]["items"]) == (2, 3)
 
 
+def test_synth_audio_and_prepared_data_are_one_sample_type_read_one_way(omni_data, tmp_path, hf_tokenizer):
+    """`data synth --audio` writes the sample type `data prepare` writes: the same dataset.yaml and sample
+    loader, read by one task encoder. A prepared conversation renders through the chat template (its rows
+    hold the turn opener); a synthetic one, one assistant turn that nothing prompts, is a document: BOS, the
+    text with its placeholders, EOS, every text token learned."""
+    from transformers import AutoTokenizer
+
+    from mimo_jobs.data.energon_provider import make_energon_provider
+
+    src = tmp_path / "src"
+    _journey_jsonl(src)
+    out = tmp_path / "ds"
+    assert _prepare(src / "train.jsonl", "-o", out, "--n-mels", 16).returncode == 0
+    for name in ("dataset.yaml", "sample_loader.py"):
+        assert (omni_data / ".nv-meta" / name).read_text() == (out / ".nv-meta" / name).read_text(), name
+    opener = AutoTokenizer.from_pretrained(hf_tokenizer).convert_tokens_to_ids("<|im_start|>")
+    for path in (omni_data, out):
+        spec = _colocated(path, OMNI, hf_tokenizer)
+        p = make_energon_provider(spec, spec.rank_layout(), [0], True, True)
+        try:
+            b = p.next(0)
+        finally:
+            p.close()
+        rows = b.tokens.tolist()
+        assert all((opener in row) == (path == out) for row in rows), path
+        assert any(b.counts("audio")), path
+        if path == omni_data:  # a document: everything after BOS up to EOS is a target but the placeholders
+            for r, row in enumerate(rows):
+                n = row.index(p.tokenizer.eos_id)
+                held = {p.image_token_id, p.audio_token_id}
+                want = [t if t not in held else -100 for t in row[1 : n + 1]]
+                fixed = [-100 if row[t] in held else v for t, v in enumerate(want)]
+                assert b.labels[r, :n].tolist() == fixed, r
+
+
 def test_prepare_refuses_audio_that_does_not_fit_by_file_and_line(tmp_path):
     src = tmp_path / "src"
     _journey_jsonl(src)
