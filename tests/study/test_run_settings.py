@@ -6,6 +6,7 @@ packaged trainer cannot run is refused by the study or by `validate`, naming the
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import yaml
@@ -111,3 +112,6 @@ def test_validate_refuses_fp8_on_a_cpu_study_and_predict_prices_a_command_of_its
     p.write_text(yaml.safe_dump(gpu, sort_keys=False))
     r = runner.invoke(app, ["predict", str(p), "--json"])
     assert r.exit_code == 0, r.output
+    for run in json.loads(r.output)["runs"]:
+        assert run["settings"]["precision"] == "fp8"
+        assert run["settings"]["not_priced"] == ["fp8 GEMM rate (priced as bf16)"]
