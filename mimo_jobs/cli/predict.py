@@ -285,6 +285,9 @@ def predict(
         from mimo_jobs.predict.band import band_note
 
         out.print(band_note(g), markup=False)  # how far such a time held on runs nobody fitted
+    out.print(
+        "settings priced: " + "; ".join(dict.fromkeys(p.shape.settings_words() for p in preds)), markup=False
+    )
     sources = dict.fromkeys(p.shape.data_source for p in preds)  # say which data priced the image tokens
     what = "encoder tokens" if any(p.shape.modules for p in preds) else "image tokens"
     out.print(f"{what}: " + "; ".join(sources), markup=False)

@@ -179,18 +179,21 @@ def _runtime_problems(diag: Diagnosis) -> list:
     from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.predict.run import shape_of
     from mimo_jobs.study.diagnose import Problem
-    from mimo_jobs.study.runtime_rules import package_installed, runtime_problems
+    from mimo_jobs.study.runtime_rules import device_problems, package_installed, runtime_problems
 
     cluster = diag.study.cluster
     installed = package_installed if cluster.container is None else (lambda _name: True)
     seen, out = set(), []
     for r in diag.runs or []:
         if r.point.command or r.trainer.command:
-            continue
-        # the model as the planner resolves it (several encoders: as the trainer does, the planner's shape
-        # holds one)
-        model = arch_of(r.trainer.model) if r.layout.several else shape_of(r.layout, r.trainer).preset
-        for p in runtime_problems(r.trainer, cluster.accelerator, installed, model, prepared_videos):
+            # its own program: only what no program can do on this accelerator
+            found = device_problems(r.trainer, cluster.accelerator, packaged=False)
+        else:
+            # the model as the planner resolves it (several encoders: as the trainer does, the planner's
+            # shape holds one)
+            model = arch_of(r.trainer.model) if r.layout.several else shape_of(r.layout, r.trainer).preset
+            found = runtime_problems(r.trainer, cluster.accelerator, installed, model, prepared_videos)
+        for p in found:
             if (p.path, p.message) not in seen:
                 seen.add((p.path, p.message))
                 out.append(Problem(p.path, p.rule, p.message, p.fit))

@@ -65,6 +65,34 @@ class RunShape:
         e = self.assumed_ends
         return None if e is None else (e[0].image_tokens_mean, e[1].image_tokens_mean)
 
+    def settings_json(self) -> dict:
+        """The run's settings as priced: what predict names for each run."""
+        return {
+            "precision": "fp8" if self.fp8 else "bf16" if self.bf16 else "fp32",
+            "grad_reduce_bytes": self.grad_reduce_bytes,
+            "distributed_optimizer": self.distributed_optimizer,
+            "overlap_dp": self.overlap_dp,
+            "fsdp": self.fsdp,
+            "virtual_stages": self.virtual_stages,
+            "not_priced": [n for n, on in (("fp8 GEMM rate (priced as bf16)", self.fp8),
+                                            ("tp_comm_overlap (TP communication priced exposed)",
+                                             self.tp_comm_overlap)) if on],
+        }  # fmt: skip
+
+    def settings_words(self) -> str:
+        """settings_json in a line."""
+        s = self.settings_json()
+        words = [
+            f"precision {s['precision']}",
+            f"gradients reduced in {'fp32' if s['grad_reduce_bytes'] == 4 else 'bf16'}",
+            "FSDP" if s["fsdp"] else "distributed optimizer" if s["distributed_optimizer"] else "DDP",
+            "DP transfers overlapped" if s["overlap_dp"] else "DP transfers exposed",
+        ]
+        if s["virtual_stages"] > 1:
+            words.append(f"{s['virtual_stages']} virtual stages")
+        out = ", ".join(words)
+        return out + ("; not priced: " + ", ".join(s["not_priced"]) if s["not_priced"] else "")
+
     @property
     def dtype_bytes(self) -> int:
         return 2 if self.bf16 else 4
@@ -98,6 +126,10 @@ class RunShape:
     # under the backward of the last microbatch and the forward of the first; the packaged trainer runs
     # without (trainer/build.py)
     overlap_dp: bool = False
+    # what the study states and the time model does not price yet, named in predict's output (settings_json):
+    # fp8 is priced as bf16 (the GEMM rates are bf16's), TP communication as exposed
+    fp8: bool = False
+    tp_comm_overlap: bool = False
     # a model priced module by module (modmix.by_module: several encoders, or an audio one): each encoder
     # module's tokens per sample (modmix.ModuleMix), in rank order; the image_tokens_* fields above then
     # hold all modules' tokens together (what the LLM receives). Empty: the one image encoder of the rest
@@ -170,7 +202,7 @@ def _run_fields(layout: Layout, trainer, preset: ModelArch, point_command) -> di
         preset=preset,
         seq_length=trainer.seq_length,
         microbatches=0,
-        bf16=trainer.precision == "bf16",
+        **study_settings(trainer),
         distributed_optimizer=trainer.use_distributed_optimizer,
         optimizer=trainer.optimizer.name,
         encoder_inflight=trainer.encoder_inflight,
@@ -181,6 +213,21 @@ def _run_fields(layout: Layout, trainer, preset: ModelArch, point_command) -> di
         train_iters=trainer.train_iters,
         train_samples=trainer.train_samples,
         packaged=not (point_command or trainer.command),
+    )
+
+
+def study_settings(trainer) -> dict:
+    """The RunShape fields of a trainer section's precision and DDP settings (spec.TrainerSpec). fp8 keeps
+    bf16 parameters (Transformer Engine casts to fp8 inside its GEMMs); a bf16 reduce needs them. The time
+    model covers the DP transfers as one (steptime: the gradient reduce under the last backward, the
+    parameter gather under the first forward), so it counts them overlapped where every one of them is."""
+    gathered = trainer.use_distributed_optimizer
+    return dict(
+        bf16=trainer.precision != "fp32",
+        fp8=trainer.precision == "fp8",
+        grad_reduce_bytes=2 if trainer.grad_reduce_dtype == "bf16" else 4,
+        overlap_dp=trainer.overlap_grad_reduce and (trainer.overlap_param_gather or not gathered),
+        tp_comm_overlap=trainer.tp_comm_overlap,
     )
 
 

@@ -145,12 +145,63 @@ def freeze_problem(encoder: bool, llm: bool) -> RuntimeProblem | None:
     return None
 
 
-def precision_problem(precision: str, accelerator: str) -> RuntimeProblem | None:
-    if precision == "bf16" and accelerator == "cpu":
+def precision_problem(precision: str, accelerator: str, packaged: bool = True) -> RuntimeProblem | None:
+    """bf16 needs a GPU (the packaged trainer's rule); fp8 runs Transformer Engine's fp8 GEMMs, which need a
+    GPU whatever the trainer, and the packaged trainer sets no fp8 recipe. `packaged` False: a study's own
+    command, whose precision is its own but for what no CPU can do."""
+    if precision == "bf16" and accelerator == "cpu" and packaged:
         return RuntimeProblem(
             "trainer.precision", "precision", "bf16 needs accelerator=gpu", "use precision: fp32 on CPU"
         )
+    if precision == "fp8" and accelerator == "cpu":
+        return RuntimeProblem(
+            "trainer.precision",
+            "precision",
+            "fp8 runs Transformer Engine's fp8 GEMMs, which need a GPU (accelerator=gpu) and Transformer Engine",
+            "use precision: fp32 on CPU",
+        )
+    if precision == "fp8" and packaged:
+        return RuntimeProblem(
+            "trainer.precision",
+            "precision",
+            "fp8 is priced by predict and plan, but the packaged trainer runs fp32 or bf16 (it sets no fp8 "
+            "recipe)",
+            "use precision: bf16, or a trainer.command that runs fp8 with Transformer Engine",
+        )
     return None
+
+
+def tp_overlap_problem(on: bool, accelerator: str, packaged: bool = True) -> RuntimeProblem | None:
+    """Tensor-parallel communication overlap is Transformer Engine's userbuffers: GPUs only, and the packaged
+    trainer builds none."""
+    if not on:
+        return None
+    if accelerator == "cpu":
+        return RuntimeProblem(
+            "trainer.tp_comm_overlap",
+            "tp-comm-overlap",
+            "true needs Transformer Engine's userbuffers on GPUs (accelerator=gpu); only false runs without "
+            "Transformer Engine and a GPU",
+            "use tp_comm_overlap: false on CPU",
+        )
+    if packaged:
+        return RuntimeProblem(
+            "trainer.tp_comm_overlap",
+            "tp-comm-overlap",
+            "true is priced by predict and plan, but the packaged trainer builds no Transformer Engine "
+            "userbuffers: only false runs it",
+            "use tp_comm_overlap: false, or a trainer.command that runs it (Megatron's --tp-comm-overlap)",
+        )
+    return None
+
+
+def device_problems(trainer, accelerator: str, packaged: bool = True) -> list[RuntimeProblem]:
+    """The precision and TP overlap rules of one run's trainer section on its accelerator."""
+    found = (
+        precision_problem(trainer.precision, accelerator, packaged),
+        tp_overlap_problem(trainer.tp_comm_overlap, accelerator, packaged),
+    )
+    return [p for p in found if p is not None]
 
 
 def tracker_problems(trainer, installed: Callable[[str], bool]) -> list[RuntimeProblem]:
@@ -283,14 +334,8 @@ def runtime_problems(
     sizes (patch_size, image_size), each module's data of its kind, the mock data's vocabulary, a dataset's
     videos (`videos`: the caller's answer of how many a dataset holds, data.check.prepared_videos)."""
     llm = None if model is None else model.llm
-    out = [
-        p
-        for p in (
-            freeze_problem(trainer.freeze.every_encoder(trainer.model), trainer.freeze.llm),
-            precision_problem(trainer.precision, accelerator),
-        )
-        if p is not None
-    ]
+    frozen = freeze_problem(trainer.freeze.every_encoder(trainer.model), trainer.freeze.llm)
+    out = ([frozen] if frozen else []) + device_problems(trainer, accelerator)
     if llm is not None and trainer.data.provider == "mock":
         why = vocab_problem(llm.vocab_size)
         if why:

@@ -509,7 +509,17 @@ class InitSpec(_Strict):
 
 
 class TrainerSpec(_Strict):
-    ID_LATER: ClassVar[frozenset[str]] = frozenset({"command", "init", "attention"})
+    ID_LATER: ClassVar[frozenset[str]] = frozenset(
+        {
+            "command",
+            "init",
+            "attention",
+            "overlap_grad_reduce",
+            "overlap_param_gather",
+            "grad_reduce_dtype",
+            "tp_comm_overlap",
+        }
+    )
     # a preset's name, or {encoder, llm} described by presets, inline fields or HF configs (model/resolve.py);
     # validation replaces a description by its resolved inline fields, so the spec never depends on a file
     model: str | dict[str, Any] = "tiny"
@@ -525,9 +535,23 @@ class TrainerSpec(_Strict):
     checkpoint_dir: str | None = None  # default: <run dir>/checkpoints
     keep_checkpoints: int = Field(2, ge=1, le=1000)
     seed: int = Field(1234, ge=0, lt=2**63)
-    precision: Literal["fp32", "bf16"] = "fp32"
+    # fp8: Transformer Engine's fp8 GEMMs over bf16 parameters (Megatron's --fp8-format); predict and plan
+    # price it, the packaged trainer runs fp32 or bf16 (study/runtime_rules.py)
+    precision: Literal["fp32", "bf16", "fp8"] = "fp32"
     freeze: FreezeSpec = Field(default_factory=FreezeSpec)
     use_distributed_optimizer: bool = False
+    # megatron-core DDP's overlaps (DistributedDataParallelConfig): the gradient reduce starts bucket by
+    # bucket during the last microbatch's backward instead of after it; the distributed optimizer's parameter
+    # all-gather runs under the next iteration's forward instead of after the optimizer step. The packaged
+    # trainer's default is neither (trainer/build.py).
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    # the dtype gradients are accumulated and reduced in: fp32 (megatron-core's grad_reduce_in_fp32, the
+    # packaged trainer's default) or bf16, the parameters' dtype (half the gradient buffer and its traffic)
+    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    # Transformer Engine's tensor-parallel communication overlap (userbuffers, Megatron's --tp-comm-overlap):
+    # priced by the planner; the packaged trainer builds no userbuffers, so only false runs it
+    tp_comm_overlap: bool = False
     timeout_s: int = Field(
         300, ge=10, le=7 * 24 * 3600
     )  # collective timeout; a dead peer ends the job instead of hanging
@@ -622,6 +646,9 @@ class TrainerSpec(_Strict):
                 )
         if (self.train_iters is None) == (self.train_samples is None):
             raise ValueError("give exactly one of trainer.train_iters or trainer.train_samples")
+        why = ddp_setting_problem(self)
+        if why:
+            raise ValueError(why)
         if self.train_iters == 0 and self.init is None:
             raise ValueError(
                 "trainer.train_iters: 0 trains nothing; it converts weights, so it needs trainer.init "
@@ -634,6 +661,24 @@ class TrainerSpec(_Strict):
         """trainer.model was written (not the default preset): a run of its own command is priced only then
         (study/priced.py). run.yaml leaves an unwritten model out, so this survives the round trip."""
         return "model" in self.model_fields_set
+
+
+def ddp_setting_problem(t: TrainerSpec) -> str | None:
+    """What megatron-core's DDP cannot do of a trainer section's settings: a parameter all-gather to overlap
+    exists only with the distributed optimizer; gradients are accumulated in the parameters' dtype unless
+    reduced in fp32, so a bf16 reduce needs bf16 parameters."""
+    if t.overlap_param_gather and not t.use_distributed_optimizer:
+        return (
+            "overlap_param_gather overlaps the distributed optimizer's parameter all-gather, and "
+            "use_distributed_optimizer is false: set use_distributed_optimizer: true, or "
+            "overlap_param_gather: false"
+        )
+    if t.grad_reduce_dtype == "bf16" and t.precision == "fp32":
+        return (
+            "grad_reduce_dtype: bf16 reduces gradients in the parameters' dtype, and precision fp32 keeps "
+            "fp32 parameters: use precision bf16 (or fp8), or grad_reduce_dtype: fp32"
+        )
+    return None
 
 
 def _command_text(v: str | None) -> str | None:

@@ -235,13 +235,22 @@ def _seed_megatron(grids: G.Grids, seed: int) -> None:
     )
 
 
-def _ddp(module, cfg, pgc, spec):
-    dc = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
+def ddp_config(spec) -> DistributedDataParallelConfig:
+    """megatron-core DDP as a trainer section (spec.TrainerSpec) says: the gradient reduce dtype and the
+    overlaps (step/dpsync.py runs them)."""
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=spec.grad_reduce_dtype == "fp32",
+        overlap_grad_reduce=spec.overlap_grad_reduce,
+        overlap_param_gather=spec.overlap_param_gather,
+        # the iteration dispatches every parameter all-gather at its start (dpsync.start_param_gathers): the
+        # forward pre-hooks only wait, and no rank dispatches one from a forward another rank may not run
+        align_param_gather=spec.overlap_param_gather,
         use_distributed_optimizer=spec.use_distributed_optimizer,
     )
-    return DistributedDataParallel(cfg, dc, module, pg_collection=pgc)
+
+
+def _ddp(module, cfg, pgc, spec):
+    return DistributedDataParallel(cfg, ddp_config(spec), module, pg_collection=pgc)
 
 
 def _wrap(

@@ -42,6 +42,7 @@ from mimo_jobs.trainer.observe.memory import rank_facts, write_facts
 from mimo_jobs.trainer.observe.profile import RankProfile
 from mimo_jobs.trainer.observe.trackers import Trackers, trackers_for
 from mimo_jobs.trainer.step import train_step
+from mimo_jobs.trainer.step.dpsync import ddp_words
 from mimo_jobs.trainer.weights.hf_load import HFInitError, check_init
 from mimo_jobs.trainer.weights.megatron_load import MegatronInitError
 
@@ -181,6 +182,7 @@ def run_training(
     plan = run.rank_layout()
     st = build_state(run, plan, reference, timeout)
     n_iters = iters or st.train_iters
+    notes = [*notes, ddp_words(st)] if ddp_words(st) else notes
     log = _iteration_logger(
         run, plan, doc, metrics, reference, backend, st.prec.kernels.describe(), n_iters, quiet, notes
     )

@@ -34,7 +34,13 @@ import yaml
 # router's load-balancing loss is taken per microbatch): the key keeps the microbatch size and, when a
 # microbatch holds more than one sample, the LLM's lanes, which decide how samples are grouped.
 LAYOUT_POINT = ("nodes", "encoder", "encoders", "llm", "colocated", "repeats", "time_limit")
-LAYOUT_TRAINER = ("encoder_inflight", "recompute", "use_distributed_optimizer")
+LAYOUT_TRAINER = (
+    "encoder_inflight",
+    "recompute",
+    "use_distributed_optimizer",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+)
 LAYOUT_CLUSTER = ("gpus_per_node",)
 
 

@@ -1,5 +1,6 @@
 """What the trainer refuses at start-up, `validate` refuses first (mimo_jobs/study/runtime_rules.py owns each
-rule): mock image sizes against the encoder's patch, both modules frozen, bf16 on CPU, a tracker whose package
+rule): mock image sizes against the encoder's patch, both modules frozen, bf16 on CPU, TP communication
+overlap without Transformer Engine's userbuffers, a tracker whose package
 is missing, an encoder module the data gives nothing of its kind, two modules of one kind on a dataset, a mock clip outside an audio
 module's window. Each rule on a study that passes and on the
 same study changed to break it."""
@@ -30,6 +31,7 @@ BREAKS = {
     "image-size": lambda d: d["trainer"].setdefault("data", {}).update(image_sizes=[8, 10]),
     "freeze": lambda d: d["trainer"].update(freeze={"encoder": True, "llm": True}),
     "precision": lambda d: d["trainer"].update(precision="bf16"),
+    "tp-comm-overlap": lambda d: d["trainer"].update(tp_comm_overlap=True),
     # a vocabulary smaller than the mock data's token ids
     "data": lambda d: d["trainer"].update(
         model={"encoder": "tiny", "llm": {"preset": "tiny", "vocab_size": 12}}

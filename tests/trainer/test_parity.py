@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from helpers.runs import reference_key
@@ -183,6 +184,40 @@ def test_one_to_one_dp2_with_distributed_optimizer(shared_runs, tmp_path):
         trainer={"use_distributed_optimizer": True},
     )
     assert "bridge 1:1" in het.stdout
+
+
+@pytest.mark.slow
+def test_overlapped_dp_transfers_match_the_reference_and_save_what_the_unoverlapped_run_saves(
+    shared_runs, tmp_path
+):
+    """megatron-core DDP with overlap_grad_reduce and overlap_param_gather (two microbatches per DP rank: the
+    reduce starts under the last one's backward, the gather runs under the next forward): the same losses
+    and grad norms as the reference, and a final checkpoint holding the updated weights, as the same run
+    without overlap saves them (the world of test_one_to_one_dp2_with_distributed_optimizer)."""
+    kw = {"gpn": 4, "gbs": 4, "enc": {"dp": 2}, "llm": {"dp": 2}}
+    plain = {"use_distributed_optimizer": True}
+    overlap = {**plain, "overlap_grad_reduce": True, "overlap_param_gather": True}
+    _, _, _, het = _parity(shared_runs, tmp_path / "overlap", 4, trainer=overlap, **kw)
+    # the DDP the last LLM rank built
+    assert "| ddp grad reduce fp32, overlap_grad_reduce overlap_param_gather" in het.stdout
+    base = shared_runs.world(make_run_yaml(tmp_path / "plain", trainer=plain, **kw), 4).ok("no overlap")
+    assert "| ddp grad reduce fp32, no overlap" in base.stdout
+    got, want = _final_weights(het.stdout), _final_weights(base.stdout)
+    assert got.keys() == want.keys() and got
+    for name, t in want.items():
+        assert torch.allclose(got[name], t, rtol=RTOL, atol=0), name
+
+
+def _final_weights(stdout: str) -> dict:
+    """Every weight tensor of a run's last checkpoint, by file and name."""
+    saved = re.findall(r"saved checkpoint (\S+) \(iteration (\d+),", stdout)
+    d = Path(saved[-1][0])
+    out = {}
+    for f in sorted(d.glob("*/model-*.pt")):
+        for k, v in torch.load(f, map_location="cpu", weights_only=True).items():
+            if isinstance(v, torch.Tensor):
+                out[f"{f.relative_to(d)}:{k}"] = v
+    return out
 
 
 @pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not

@@ -15,6 +15,7 @@ import mimo_jobs.trainer.checkpoint.files as ckpt
 from mimo_jobs.contract.manifest import CheckpointError, Provenance, iter_name
 from mimo_jobs.contract.requeue import REQUEUE_LOG_LINE
 from mimo_jobs.trainer.checkpoint.files import ModuleParts, Resumed
+from mimo_jobs.trainer.step.dpsync import gather_params
 
 # Test hook: MIMO_CKPT_KILL_AFTER_ITER=<n> SIGKILLs every rank right after iteration n (and its periodic
 # save, if any): a deterministic `kill -9` of the whole job for the resume tests.
@@ -179,6 +180,7 @@ class Checkpointer:
     def save(self, st) -> Path:
         """Collective: save `st` at its current iteration."""
         t0 = time.perf_counter()
+        gather_params(st)
         p = ckpt.save(
             self.dir,
             iteration=st.iteration,

@@ -20,6 +20,8 @@ Modules:
                 in-flight count
   llm_stage     an LLM pipeline stage: each module's embeddings over its bridge (first stage), the loss
                 (last stage), hidden states and gradients between stages
+  dpsync        when the DDP transfers run: the gradient reduce under the last microbatch's backward, the
+                parameter all-gather under the next forward (the trainer section's overlaps)
 """
 
 from mimo_jobs.trainer.step.common import PhaseTimer, StepStats

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from mimo_jobs.trainer.build import TrainState
 from mimo_jobs.trainer.step.common import PhaseTimer, Tally, embed, llm_forward, phase
+from mimo_jobs.trainer.step.dpsync import backward_of
 
 
 def microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: PhaseTimer) -> Tally:
     tally = Tally()
     lane = st.role.dp_rank
-    for mb in batches:
+    for m, mb in enumerate(batches):
         b = mb[lane]
         emb = {}
         for mod in st.encoders:
@@ -28,6 +29,7 @@ def microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: Phase
         a = tm.mark()
         scaled = ls / max(n_tokens, 1.0)
         if scaled.requires_grad:
-            scaled.backward()
+            with backward_of(st, m):
+                scaled.backward()
         tm.add("llm_bwd", a)  # the encoders' backward runs inside it
     return tally

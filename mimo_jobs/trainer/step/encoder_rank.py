@@ -18,6 +18,7 @@ from mimo_jobs.trainer.step.common import (
     replica_samples,
     timed,
 )
+from mimo_jobs.trainer.step.dpsync import backward_of
 
 
 def microbatches(st: TrainState, _batches: list, _n_tokens: float, tm: PhaseTimer) -> Tally:
@@ -93,7 +94,8 @@ def run_encoder(st, forward, backward, tm: PhaseTimer) -> int:
                 peak = max(peak, len(saved))
         else:
             grad = timed(tm, "bridge_wait", st.bridge.collect, incoming.pop(m))
-            backward(saved.pop(m)[0], grad)
+            with backward_of(st, m):
+                backward(saved.pop(m)[0], grad)
         timed(tm, "bridge_wait", post_ready)
     timed(tm, "bridge_wait", st.bridge.finish)
     return peak

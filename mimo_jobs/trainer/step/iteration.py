@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from mimo_jobs.trainer.build import TrainState
-from mimo_jobs.trainer.step import colocated, encoder_rank, llm_stage, reference
+from mimo_jobs.trainer.step import colocated, dpsync, encoder_rank, llm_stage, reference
 from mimo_jobs.trainer.step.common import (
     PhaseTimer,
     StepStats,
@@ -27,6 +27,7 @@ def train_step(st: TrainState) -> StepStats:
     lr = st.schedule(st.consumed_samples)
     st.optimizer.set_lr(lr)
     _zero_grads(st)
+    dpsync.start_param_gathers(st)
     # An encoder rank draws each microbatch when it runs it (its inputs are the memory that matters); the
     # others draw the iteration's token batches first: N, the global batch's loss-bearing tokens, scales
     # every backward and must be known before the first.
@@ -169,6 +170,7 @@ def _set_aux_scale(st: TrainState, n_tokens: float) -> None:
 def _optimizer_step(st: TrainState, tm: PhaseTimer):
     """Per-module gradient reduction, then the world-wide optimizer step (clipping by the global norm)."""
     a = tm.mark()
+    dpsync.before_step(st)
     _finalize(st)
     res = st.optimizer.step(st.run.trainer.optimizer.clip_grad)
     tm.add("optimizer", a)

@@ -10,6 +10,7 @@ import torch
 from mimo_jobs.trainer.build import TrainState
 from mimo_jobs.trainer.parallel.pipeline import one_f_one_b
 from mimo_jobs.trainer.step.common import PhaseTimer, Tally, grads_come_back, llm_forward, timed
+from mimo_jobs.trainer.step.dpsync import backward_of
 
 
 def microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: PhaseTimer) -> Tally:
@@ -85,7 +86,8 @@ def run_stage(st, work, microbatches: int, tm: PhaseTimer) -> None:
             waiting[m], to_next = work.forward(m, got["emb"], got["hidden"])
             produced = {"next": to_next}
         else:
-            to_prev, to_bridge = work.backward(waiting.pop(m), got["grad"])
+            with backward_of(st, m):
+                to_prev, to_bridge = work.backward(waiting.pop(m), got["grad"])
             produced = {"prev": to_prev, "bridge": None if to_bridge is None else (m, to_bridge)}
         got = _stage_exchange(st, work, produced, sched[i + 1] if i + 1 < len(sched) else None, tm)
     if st.link is not None:

@@ -9,12 +9,13 @@ import torch
 from mimo_jobs.trainer.build import TrainState
 from mimo_jobs.trainer.parallel.bridge import segments_of_encoder
 from mimo_jobs.trainer.step.common import PhaseTimer, Tally, embed, llm_forward, phase, replica_samples
+from mimo_jobs.trainer.step.dpsync import backward_of
 
 
 def microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: PhaseTimer) -> Tally:
     tally = Tally()
     lanes = range(st.plan.layout.llm_dp)
-    for mb in batches:
+    for m, mb in enumerate(batches):
         emb: dict[int, dict] = {lane: {} for lane in lanes}
         for mod in st.encoders:
             a = tm.mark()
@@ -31,7 +32,8 @@ def microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: Phase
         tm.add("llm_fwd", a)
         a = tm.mark()
         if total.requires_grad:
-            total.backward()
+            with backward_of(st, m):
+                total.backward()
         tm.add("llm_bwd", a)
     return tally
 
