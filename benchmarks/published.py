@@ -35,6 +35,7 @@ from mimo_jobs.study.topology import Layout
 
 DATA = Path(__file__).resolve().parent / "published" / "runs.yaml"
 FIT_PRECISIONS = ("bf16", "fp16")  # what the time model describes; fp8 rows are shown, not fitted
+KINDS = ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu")  # runs.yaml's figure.kind
 GPUS_PER_NODE = 8  # every published run here is on 8-GPU servers (DGX A100/H100/B200, Grand Teton)
 
 
@@ -52,6 +53,8 @@ class Row:
     # runs.yaml's `memory_not_described`: why the memory model cannot describe what the run kept (its
     # verdict is printed, not held to "fits")
     memory_not_described: str | None = None
+    sweep: str | None = None  # runs.yaml's `sweep`: layouts of one model on one cluster, one source
+    known_miss: str | None = None  # runs.yaml's `known_miss`: why the memory model over-prices this run
 
     @property
     def fitted(self) -> bool:
@@ -121,7 +124,7 @@ def _shape(arch: ModelArch, seq: int, lay: dict, precision: str) -> RunShape:
         overlap_dp=bool(lay.get("overlap_dp", False)),
         sp=bool(lay.get("sequence_parallel", False)),
         fsdp=bool(lay.get("fsdp", False)),
-        grad_reduce_bytes={"fp32": 4, "bf16": 2}[lay.get("grad_reduce", "fp32")],
+        grad_reduce_bytes={"fp32": 4, "bf16": 2, "fp16": 2}[lay.get("grad_reduce", "fp32")],
     )
     # on_layout takes the virtual stages from the layout it is given (the flat one has none): the row's own
     return replace(
@@ -137,12 +140,12 @@ def published_step_s(figure: dict, shape: RunShape) -> float:
         return value
     if kind == "tokens_per_s_per_gpu":
         return lay.gbs * shape.seq_length / (value * lay.world)
+    if kind == "tokens_per_s":
+        return lay.gbs * shape.seq_length / value
     if kind == "tflops_per_gpu":
         flops = flops_per_sample(shape.preset, shape.seq_length, 0.0).llm * lay.gbs
         return flops / (value * 1e12 * lay.world)
-    raise ValueError(
-        f"{DATA}: figure.kind {kind!r} is not one of step_time_s, tokens_per_s_per_gpu, tflops_per_gpu"
-    )
+    raise ValueError(f"{DATA}: figure.kind {kind!r} is not one of {', '.join(KINDS)}")
 
 
 def load_rows(path: Path = DATA) -> tuple[dict, list[Row]]:
@@ -164,6 +167,8 @@ def load_rows(path: Path = DATA) -> tuple[dict, list[Row]]:
                 r.get("peak_memory_gib"),
                 r.get("fit", True),
                 r.get("memory_not_described"),
+                r.get("sweep"),
+                r.get("known_miss"),
             )
         )
     return doc, rows
@@ -291,6 +296,73 @@ def summary_lines(s: dict[str, list[float]]) -> list[str]:
     ]
 
 
+def ranks(xs: list[float]) -> list[float]:
+    """1-based ranks, ties sharing the mean of the ranks they span (as scipy.stats.rankdata's "average")."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    out = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the two rankings (ties averaged)."""
+    if len(xs) != len(ys) or len(xs) < 2:
+        raise ValueError(f"spearman needs two equal-length lists of at least 2, got {len(xs)} and {len(ys)}")
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    vx = sum((a - mx) ** 2 for a in rx)
+    vy = sum((b - my) ** 2 for b in ry)
+    if vx == 0 or vy == 0:
+        raise ValueError("spearman is undefined when every value of one list is the same")
+    return cov / math.sqrt(vx * vy)
+
+
+@dataclass(frozen=True)
+class SweepRank:
+    name: str
+    rows: int
+    rho: float  # Spearman between predicted and published GPU-seconds per token
+    fastest_in_top2: bool  # the published fastest is among the two the planner predicts fastest
+    spread: tuple[float, float]  # published slowest / fastest - 1, predicted slowest / fastest - 1
+
+
+def gpu_s_per_token(r: Row, step_s: float) -> float:
+    """What a layout costs per token trained: within a sweep that holds GPUs and batch fixed it ranks as the
+    step time does, and it stays comparable where a sweep varies them (the planner ranks layouts by it)."""
+    lay = r.shape.layout
+    return step_s * lay.world / (lay.gbs * r.shape.seq_length)
+
+
+def sweep_ranks(rows: list[Row], effs: dict[str, Efficiency]) -> list[SweepRank]:
+    """Per sweep (runs.yaml's `sweep`), how well the planner orders its layouts, with the stored fit."""
+    out = []
+    for name in sorted({r.sweep for r in rows if r.sweep}):
+        members = [r for r in rows if r.sweep == name]
+        pub = [gpu_s_per_token(r, r.published_s) for r in members]
+        pred = [gpu_s_per_token(r, predicted_s(r, effs[generation(r.gpu)])) for r in members]
+        fastest = min(range(len(pub)), key=pub.__getitem__)
+        top2 = sorted(range(len(pred)), key=pred.__getitem__)[:2]
+        spread = (max(pub) / min(pub) - 1, max(pred) / min(pred) - 1)
+        out.append(SweepRank(name, len(members), spearman(pred, pub), fastest in top2, spread))
+    return out
+
+
+def sweep_lines(sweeps: list[SweepRank]) -> list[str]:
+    return [
+        f"sweep {s.name:34} {s.rows:2} layouts: Spearman {s.rho:+.2f}, measured fastest in predicted top 2: "
+        f"{'yes' if s.fastest_in_top2 else 'no'} (spread measured {s.spread[0]:.0%}, predicted {s.spread[1]:.0%})"
+        for s in sweeps
+    ]
+
+
 def main(argv: list[str]) -> None:
     _, rows = load_rows()
     parts = decomposed(rows)
@@ -316,10 +388,14 @@ def main(argv: list[str]) -> None:
         if errs:
             print(f"{label} (not fitted), fitted efficiencies: {_stats(errs)}")
     print()
+    print("ranking within each measured sweep (GPU-seconds per token, fitted efficiencies):")
+    print("\n".join(sweep_lines(sweep_ranks(rows, effs))))
+    print()
     print("memory verdicts: every row ran on its GPU, so each row the memory model describes must fit")
     for r in rows:
         v = memory_verdict(r)
         note = f"  (not described: {r.memory_not_described})" if r.memory_not_described else ""
+        note += f"  (known miss: {r.known_miss})" if r.known_miss else ""
         print(f"{r.id:38} {r.gpu:5} {memory_of(r)['total']:7.1f} GiB  {v}{note}")
     memory_rows = [r for r in rows if r.peak_memory_gib is not None]
     if memory_rows:

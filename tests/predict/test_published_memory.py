@@ -45,10 +45,18 @@ def rows(bench):
 
 
 def test_every_public_layout_the_model_describes_fits(bench, rows):
-    over = [(r.id, bench.memory_verdict(r)) for r in rows if not r.memory_not_described]
+    """A row marked `known_miss` is a described setting the memory model over-prices: it is printed, never
+    passed silently, and must still be over (else the mark is stale)."""
+    described = [r for r in rows if not r.memory_not_described]
+    over = [(r.id, bench.memory_verdict(r)) for r in described if not r.known_miss]
     over = [(i, v) for i, v in over if not v.startswith("fits")]
     assert not over, f"layouts that ran called out of memory: {over}"
-    assert sum(not r.memory_not_described for r in rows) >= 15  # the check is about most of the table
+    for r in described:
+        if r.known_miss:
+            verdict = bench.memory_verdict(r)
+            print(f"known miss: {r.id}: {verdict} ({r.known_miss})")
+            assert not verdict.startswith("fits"), f"{r.id} fits now: take out its known_miss"
+    assert sum(not r.memory_not_described for r in rows) >= 50  # the check is about most of the table
 
 
 def test_rows_marked_not_described_are_still_over(bench, rows):
