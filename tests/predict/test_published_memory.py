@@ -44,11 +44,29 @@ def rows(bench):
     return bench.load_rows()[1]
 
 
-def test_every_public_layout_the_model_describes_fits(bench, rows):
+@pytest.fixture(scope="module")
+def known_miss(bench):
+    """runs.yaml's `known_miss`: described layouts the memory model calls over although they ran, with why."""
+    return {k["id"]: k["reason"] for k in bench.load_rows()[0].get("known_miss", [])}
+
+
+def test_every_public_layout_the_model_describes_fits(bench, rows, known_miss):
     over = [(r.id, bench.memory_verdict(r)) for r in rows if not r.memory_not_described]
-    over = [(i, v) for i, v in over if not v.startswith("fits")]
+    over = [(i, v) for i, v in over if not v.startswith("fits") and i not in known_miss]
     assert not over, f"layouts that ran called out of memory: {over}"
     assert sum(not r.memory_not_described for r in rows) >= 15  # the check is about most of the table
+    for rid, reason in known_miss.items():
+        print(f"known miss {rid}: {reason}")
+
+
+def test_known_misses_are_described_rows_still_over(bench, rows, known_miss):
+    by_id = {r.id: r for r in rows}
+    assert set(known_miss) <= set(by_id), set(known_miss) - set(by_id)
+    assert all(reason.strip() for reason in known_miss.values())
+    described = [by_id[i] for i in known_miss if not by_id[i].memory_not_described]
+    assert len(described) == len(known_miss), "a known miss is a row the memory model describes"
+    fixed = [r.id for r in described if bench.memory_verdict(r).startswith("fits")]
+    assert not fixed, f"rows that fit now: take them out of known_miss: {fixed}"
 
 
 def test_rows_marked_not_described_are_still_over(bench, rows):
