@@ -92,15 +92,15 @@ LOCAL_EXPERTS_SHARE = 0.137
 # (`python benchmarks/published.py --fit` prints it; band.py turns it into the band every predicted time
 # carries). A generation with one source has no figure: nothing is left to hold out against.
 HELD_OUT: dict[str, tuple[float, float, int, int]] = {
-    "ampere": (0.126, 0.166, 9, 2),
-    "blackwell": (0.352, 0.352, 1, 1),
-    "hopper": (0.295, 0.56, 45, 6),
+    "ampere": (0.11, 0.19, 9, 2),
+    "blackwell": (0.36, 0.36, 1, 1),
+    "hopper": (0.305, 0.615, 51, 6),
 }
 
 FITTED_EFFICIENCY: dict[str, tuple[float, float, float]] = {
     "ampere": (0.740, 0.540, 320.0),
-    "blackwell": (0.270, 0.780, 192.0),
-    "hopper": (0.538, 0.875, 320.0),
+    "blackwell": (0.280, 0.860, 448.0),
+    "hopper": (0.566, 0.950, 704.0),
 }
 
 

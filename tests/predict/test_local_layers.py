@@ -96,8 +96,8 @@ def test_transformer_engine_pricing_is_unchanged():
     # Hopper-era public runs of dgxc-benchmarking, AutoModel and llm-foundry joined the published table)
     h200 = study_gpu(load_study(REPO / "benchmarks/gpu/dense_1b.yaml").cluster)
     assert h200.layers == "te"
-    assert efficiency_for(h200) == Efficiency(encoder=0.538, llm=0.538, network=0.875, gemm_half_width=320.0)
-    for study_file, was in (("benchmarks/gpu/dense_1b.yaml", 0.2356), ("benchmarks/gpu/moe_4l.yaml", 0.0790)):
+    assert efficiency_for(h200) == Efficiency(encoder=0.566, llm=0.566, network=0.950, gemm_half_width=704.0)
+    for study_file, was in (("benchmarks/gpu/dense_1b.yaml", 0.2579), ("benchmarks/gpu/moe_4l.yaml", 0.0855)):
         study, run = _run(study_file, "1n-colo-l1x1x1-g8-m2")
         assert predict_run(run, study_gpu(study.cluster)).time.iteration_s == pytest.approx(was, abs=5e-4)
 
