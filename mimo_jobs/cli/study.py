@@ -176,7 +176,6 @@ def _runtime_problems(diag: Diagnosis) -> list:
     rules). Tracker packages are judged only without a container: inside one, this environment says
     nothing about the trainer's. A run with its own command does not start the packaged trainer."""
     from mimo_jobs.model.resolve import arch_of
-    from mimo_jobs.predict.run import shape_of
     from mimo_jobs.study.diagnose import Problem
     from mimo_jobs.study.runtime_rules import package_installed, runtime_problems
 
@@ -186,9 +185,7 @@ def _runtime_problems(diag: Diagnosis) -> list:
     for r in diag.runs or []:
         if r.point.command or r.trainer.command:
             continue
-        # the model as the planner resolves it (several encoders: as the trainer does, the planner's shape
-        # holds one)
-        model = arch_of(r.trainer.model) if r.layout.several else shape_of(r.layout, r.trainer).preset
+        model = arch_of(r.trainer.model)  # as the planner and the trainer resolve it
         for p in runtime_problems(r.trainer, cluster.accelerator, installed, model):
             if (p.path, p.message) not in seen:
                 seen.add((p.path, p.message))

@@ -46,10 +46,10 @@ def test_predict_json_shape():
             "ranks",
             "flops_per_iteration",
         } <= set(run)
-        assert run["bottleneck"] in ("encoder", "llm") and run["fits"] is True
+        assert run["bottleneck"] in ("vision", "llm") and run["fits"] is True
         assert set(run["flops_per_iteration"]) == {"encoder", "llm"}
         for rk in run["ranks"]:
-            assert set(rk) == RANK_KEYS and rk["module"] in ("encoder", "llm") and len(rk["ranks"]) == 2
+            assert set(rk) == RANK_KEYS and rk["module"] in ("vision", "llm") and len(rk["ranks"]) == 2
             parts = rk["weight_bytes"] + rk["grad_bytes"] + rk["optimizer_bytes"] + rk["activation_bytes"]
             assert rk["total_bytes"] == parts
 
@@ -61,7 +61,7 @@ def test_predict_table_and_colocated_cpu_study():
     rj = json.loads(runner.invoke(app, ["predict", str(CPU), "--json"]).output)
     assert rj["gpu"] == "cpu"
     colo = [x for x in rj["runs"] if "colo" in x["name"]][0]
-    assert {rk["module"] for rk in colo["ranks"]} == {"encoder", "llm"}
+    assert {rk["module"] for rk in colo["ranks"]} == {"vision", "llm"}
     assert colo["ranks"][0]["ranks"] == colo["ranks"][1]["ranks"] == [0, 3]  # both modules on every rank
 
 
