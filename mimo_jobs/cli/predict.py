@@ -289,7 +289,8 @@ def predict(
         "settings priced: " + "; ".join(dict.fromkeys(p.shape.settings_words() for p in preds)), markup=False
     )
     sources = dict.fromkeys(p.shape.data_source for p in preds)  # say which data priced the image tokens
-    what = "encoder tokens" if any(p.shape.modules for p in preds) else "image tokens"
+    images = all(m.modality == "image" for p in preds for m in p.shape.modules)
+    what = "image tokens" if images else "encoder tokens"
     out.print(f"{what}: " + "; ".join(sources), markup=False)
     ranges = dict.fromkeys(p.shape.image_range for p in preds if p.shape.image_range)
     if ranges:  # the stated prior priced them: every figure of time rests on it

@@ -177,7 +177,6 @@ def _runtime_problems(diag: Diagnosis) -> list:
     nothing about the trainer's. A run with its own command does not start the packaged trainer."""
     from mimo_jobs.data.check import prepared_videos
     from mimo_jobs.model.resolve import arch_of
-    from mimo_jobs.predict.run import shape_of
     from mimo_jobs.study.diagnose import Problem
     from mimo_jobs.study.runtime_rules import device_problems, package_installed, runtime_problems
 
@@ -189,9 +188,7 @@ def _runtime_problems(diag: Diagnosis) -> list:
             # its own program: only what no program can do on this accelerator
             found = device_problems(r.trainer, cluster.accelerator, packaged=False)
         else:
-            # the model as the planner resolves it (several encoders: as the trainer does, the planner's
-            # shape holds one)
-            model = arch_of(r.trainer.model) if r.layout.several else shape_of(r.layout, r.trainer).preset
+            model = arch_of(r.trainer.model)  # as the planner and the trainer resolve it
             found = runtime_problems(r.trainer, cluster.accelerator, installed, model, prepared_videos)
         for p in found:
             if (p.path, p.message) not in seen:

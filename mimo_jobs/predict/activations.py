@@ -14,10 +14,10 @@ GELU MLP keeps 2 tensors of width f; a gated one keeps fc1's 2f, the activation'
 QK-norm keeps its per-head inputs and statistics; MoE layers price each routed token (top-k copies of h,
 3 tensors of f_e per copy, 2 more when gated), the shared experts like a dense MLP, and the router's
 fp32/int64 bookkeeping; dense and MoE layers as moe_layer_pattern says; the last stage keeps fp32 logits
-(padded vocabulary) for the cross entropy. The encoder's ViT runs over downsample^2 patches per LLM image
-token plus the class token. Transformer Engine's fused (flash) attention and torch's SDPA on the local
-layers (trainer.attention: sdpa, the default) keep no s x s scores, only fp32 softmax statistics, and read
-the query groups as they are; megatron-core's unfused local attention (trainer.attention: unfused, on the
+(padded vocabulary) for the cross entropy. An image module's ViT runs over downsample^2 patches per LLM
+image token plus the class token; an audio module over its mel frames (audio_bytes). Transformer Engine's
+fused (flash) attention and torch's SDPA on the local layers (trainer.attention: sdpa, the default) keep
+no s x s scores, only fp32 softmax statistics, and read the query groups as they are; megatron-core's unfused local attention (trainer.attention: unfused, on the
 CPU or a GPU without Transformer Engine: hardware.GPU.layers) keeps the scores' probabilities, in 16-bit
 precision an fp32 copy of them too (score_bytes), K and V copied to every head, and the boolean mask.
 model/attention.py holds which keeps what.
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from mimo_jobs.model.arch import LLMArch, padded_vocab
 from mimo_jobs.model.attention import expands_groups, keeps_mask, keeps_scores
+from mimo_jobs.study.topology import module_ranges
 
 from .run import RunShape
 
@@ -168,14 +169,25 @@ def llm_bytes(rs: RunShape, stage: int, layers: str) -> int:
     return int(a.chunk * max(1, rs.virtual_stages) + a.extra + a.workspace)
 
 
-def encoder_bytes(rs: RunShape, layers: str) -> int:
-    """One encoder microbatch: its samples' images at full size (the upper bound)."""
-    e, lay, d = rs.preset.encoder, rs.layout, rs.dtype_bytes
-    out_tokens = rs.image_tokens_max * rs.encoder_samples_per_microbatch  # what the projector sees
-    patches = rs.image_tokens_max * e.downsample**2
+def module_bytes(rs: RunShape, i: int, layers: str) -> int:
+    """One microbatch of encoder module `i` (rs.modules[i]) on one of its ranks: its samples per microbatch
+    (topology.module_ranges) at their most tokens, by its architecture's modality."""
+    name, arch = rs.preset.named_encoders[i]
+    mix, mr = rs.modules[i], module_ranges(rs.layout)[i]
+    formula = audio_bytes if arch.modality == "audio" else image_bytes
+    return formula(rs, arch, mix, mr.samples_per_encoder_microbatch, mr.tp, layers)
+
+
+def image_bytes(rs: RunShape, e, mix, samples: int, tp: int, layers: str) -> int:
+    """One image microbatch of `samples` samples, each at its most image tokens (mix.tokens_max, the upper
+    bound): the ViT's layers over downsample^2 patches per token plus the class token, the patch inputs and
+    the projector's."""
+    d = rs.dtype_bytes
+    out_tokens = mix.tokens_max * samples  # what the projector sees
+    patches = mix.tokens_max * e.downsample**2
     n = patches + int(e.class_token)  # the ViT's sequence
-    tokens = n * rs.encoder_samples_per_microbatch
-    tp, h, hl = lay.enc_tp, e.hidden_size, rs.preset.llm.hidden_size
+    tokens = n * samples
+    h, hl = e.hidden_size, rs.preset.llm.hidden_size
     replicated = d * 4 * h + LN_STATS
     shard = d * (3 * h + h) + d * 2 * e.ffn_hidden_size
     shard += _core(rs, layers, e.num_attention_heads, n, rs.recompute.encoder)
@@ -184,12 +196,49 @@ def encoder_bytes(rs: RunShape, layers: str) -> int:
         body = tokens * (e.num_layers * d * h + per_layer)
     else:
         body = tokens * e.num_layers * per_layer
-    patch_inputs = patches * rs.encoder_samples_per_microbatch * d * e.patch_inputs
+    patch_inputs = patches * samples * d * e.patch_inputs
     patch_and_projector = patch_inputs + out_tokens * d * (e.projector_input + 2 * hl / tp)
-    masks = mask_bytes(rs, layers, n) * rs.encoder_samples_per_microbatch
+    masks = mask_bytes(rs, layers, n) * samples
     return int(body + patch_and_projector + masks)
 
 
+def audio_bytes(rs: RunShape, a, mix, samples: int, tp: int, layers: str) -> int:
+    """One audio microbatch of `samples` samples, each at its most audio tokens (mix.tokens_max, in whole
+    clips of mix.frames frames), as image_bytes counts a ViT's: per layer and position the norm inputs and
+    fp32 statistics, the QKV input, Q, K, V, the projection input, the MLP's two tensors of width f, and the
+    scores unless fused or recomputed; before the layers the spectrogram, conv1's output and its GELU's
+    (conv2's input), conv2's output and its GELU's; after them the pool, the final norm and the projector's
+    inputs."""
+    d, h, hl = rs.dtype_bytes, a.hidden_size, rs.preset.llm.hidden_size
+    clips = mix.max_items * samples
+    frames = mix.frames
+    n = a.positions_for_frames(frames) if frames else 0  # positions per clip inside the transformer
+    positions = clips * n
+    replicated = d * 4 * h + LN_STATS
+    shard = d * (3 * h + h) + d * 2 * a.ffn_hidden_size
+    if not keeps_scores(layers, rs.attention):
+        shard += 4 * a.num_attention_heads
+    elif rs.recompute.encoder == "none":
+        shard += d * a.num_attention_heads * n
+    per_layer = replicated + shard / tp
+    if rs.recompute.encoder == "full":
+        body = positions * (a.num_layers * d * h + per_layer)
+    else:
+        body = positions * a.num_layers * per_layer
+    convs = clips * frames * d * (a.num_mel_bins + 2 * h) + positions * d * 2 * h
+    out_tokens = clips * (n // a.pooling)
+    after = positions * d * h * (a.pooling > 1) + out_tokens * (d * h + LN_STATS // 2)
+    projector = out_tokens * d * (a.out_width + 2 * hl / tp)
+    masks = clips * mask_bytes(rs, layers, n)
+    return int(body + convs + after + projector + masks)
+
+
+def bridge_bytes(rs: RunShape, mix, samples: int) -> int:
+    """One module's embeddings of `samples` samples crossing its bridge (one direction), each at its most
+    tokens."""
+    return int(samples * mix.tokens_max * rs.preset.llm.hidden_size * rs.dtype_bytes)
+
+
 def embedding_bytes(rs: RunShape, samples: int) -> int:
-    """Image embeddings of `samples` samples crossing the bridge (one direction)."""
+    """Every module's embeddings of `samples` samples reaching the LLM's first stage (one direction)."""
     return int(samples * rs.image_tokens_max * rs.preset.llm.hidden_size * rs.dtype_bytes)

@@ -1,15 +1,14 @@
 """The verdicts that rest on an assumed image mix (pure): a plan's top layouts priced again at the prior's
-low and high ends (datastats.DataMix.ends, prior.py), and whether the best of them changes from one end to
+low and high ends (modmix.ModuleMix.ends, prior.py), and whether the best of them changes from one end to
 the other: colocated against heterogeneous, or a different encoder share. A cheap re-pricing of the
 candidates the plan already ranked, not a new search; `plan` prints the answer (planning.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mimo_jobs.study.topology import Layout
 
-from .datastats import DataMix
 from .hardware import GPU
 from .layouts import Candidate, free_bytes, price_with_savers, ranked
 from .run import RunShape
@@ -26,27 +25,20 @@ def range_words(span: tuple[float, float]) -> str:
     return f"range {lo:.0f} to {hi:.0f} image tokens a sample"
 
 
-def at_end(shape: RunShape, end: DataMix) -> RunShape:
-    """`shape` with the image tokens of one end of the prior."""
-    return replace(
-        shape,
-        image_tokens_mean=end.image_tokens_mean,
-        tokens_per_image=end.tokens_per_image,
-        image_tokens_max=end.image_tokens_max,
-    )
-
-
 def verdict(c: Candidate | None) -> str:
-    """What a best layout says: "colocated", "heterogeneous (encoder 2 nodes)", or "nothing fits"."""
+    """What a best layout says: "colocated", "heterogeneous (vision 2 nodes)" (each encoder module's share
+    under its name), or "nothing fits"."""
     if c is None:
         return "nothing fits"
     lay = c.layout
     if lay.colocated:
         return "colocated"
-    gpus = lay.enc_tp * lay.enc_pp * lay.enc_dp
     gpn = lay.gpus_per_node
-    n, what = (gpus // gpn, "node") if gpus % gpn == 0 else (gpus, "GPU")
-    return f"heterogeneous (encoder {n} {what}{'s' if n != 1 else ''})"
+    shares = []
+    for m in lay.encoders:
+        n, what = (m.ranks // gpn, "node") if m.ranks % gpn == 0 else (m.ranks, "GPU")
+        shares.append(f"{m.name} {n} {what}{'s' if n != 1 else ''}")
+    return f"heterogeneous ({', '.join(shares)})"
 
 
 @dataclass(frozen=True)
@@ -81,11 +73,10 @@ class EndsVerdict:
 def end_verdict(
     shape: RunShape, end: str, layouts: list[Layout], gpu: GPU, eff: Efficiency, headroom: int
 ) -> EndVerdict:
-    mix = shape.assumed_ends[ENDS.index(end)]
-    rs = at_end(shape, mix)
+    rs = shape.at_end(ENDS.index(end))
     cands = [Candidate(lay, price_with_savers(rs, lay, gpu, eff, headroom)) for lay in layouts]
     fit = ranked([c for c in cands if free_bytes(c.prediction) >= headroom])
-    return EndVerdict(end, mix.image_tokens_mean, fit[0] if fit else None)
+    return EndVerdict(end, rs.image_tokens_mean, fit[0] if fit else None)
 
 
 def ends_verdict(
@@ -93,7 +84,7 @@ def ends_verdict(
 ) -> EndsVerdict | None:
     """The best of `layouts` (a plan's top candidates) at each end of the assumed mix; None when the image
     mix was not assumed (statistics or the mock provider priced it) or there is nothing to compare."""
-    if shape.assumed_ends is None or shape.preset.text_only or not layouts:
+    if not shape.image_assumed or shape.preset.text_only or not layouts:
         return None
     low, high = (end_verdict(shape, e, list(dict.fromkeys(layouts)), gpu, eff, headroom) for e in ENDS)
     return EndsVerdict(low, high)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import optime, several
+from . import optime
 from .cost import Cost, cost_of, iterations_of, to_budget
 from .hardware import GPU
 from .memory import MemoryPlan, memory_plan
 from .modmix import module_flops
 from .run import RunShape, shape_of
-from .steptime import Efficiency, StepTime, efficiency_for, step_time
+from .steptime import LLM, Efficiency, StepTime, efficiency_for, step_time
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,7 @@ class Prediction:
 
 
 def predict_shape(rs: RunShape, gpu: GPU, eff: Efficiency, name: str = "", run_id: str = "") -> Prediction:
-    if rs.modules:  # priced module by module (several encoders, or an audio one)
-        mem = several.memory_plan(rs, gpu)
-        return Prediction(name, run_id, rs, gpu, mem, several.step_time(rs, mem, gpu, eff))
+    """`rs` priced module by module: memory per rank class, then the step's time."""
     mem = memory_plan(rs, gpu)
     return Prediction(name, run_id, rs, gpu, mem, _step_time(rs, mem, gpu, eff))
 
@@ -123,7 +121,8 @@ def to_json(p: Prediction, tokens: float | None = None) -> dict:
         }
         for c in p.memory.classes
         for m in c.modules
-        if not (p.shape.layout.colocated and m.module == "encoder" and c is not p.memory.classes[0])
+        # colocated, every LLM stage's class holds every encoder module: each module once
+        if not (p.shape.layout.colocated and m.module != LLM and c is not p.memory.classes[0])
     ]
     return {
         "name": p.name,
@@ -149,13 +148,13 @@ def to_json(p: Prediction, tokens: float | None = None) -> dict:
         "ranks": ranks,
         "flops_per_iteration": p.flops_per_iteration,
         "cost": cost_json(p, tokens),
-        **({"modules": modules_json(p)} if p.shape.modules else {}),
+        "modules": modules_json(p),
     }
 
 
 def modules_json(p: Prediction) -> list[dict]:
-    """Several encoders: each encoder module's tokens per sample (and where they come from), FLOPs per
-    iteration and one microbatch's seconds on its ranks, then the LLM's (one stage)."""
+    """Each encoder module under its name in the study: its tokens per sample (and where they come from),
+    FLOPs per iteration and one microbatch's seconds on its ranks; then the LLM's (one stage)."""
     gbs, t = p.shape.layout.gbs, p.time
     out = [
         {
@@ -167,5 +166,5 @@ def modules_json(p: Prediction) -> list[dict]:
         }
         for m, (_, a) in zip(p.shape.modules, p.shape.preset.named_encoders)
     ]
-    llm = {"module": "llm", "flops_per_iteration": gbs * t.flops.llm, "microbatch_s": t.modules.get("llm")}
+    llm = {"module": LLM, "flops_per_iteration": gbs * t.flops.llm, "microbatch_s": t.modules.get(LLM)}
     return out + [llm]

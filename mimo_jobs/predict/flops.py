@@ -108,6 +108,11 @@ def audio_clip_flops(a: AudioArch, llm_hidden: int, mel_frames: int) -> float:
     return 2 * conv1 + 3 * (conv2 + a.num_layers * layer + projector)
 
 
+def llm_flops_per_sample(p: LLMArch, seq_length: int, causal_halved: bool = True) -> float:
+    """Training FLOPs of one sample's `seq_length` tokens through the LLM."""
+    return seq_length * llm_flops_per_token(p, seq_length, causal_halved)
+
+
 def full_image_tokens(e: EncoderArch) -> int:
     return e.tokens_per_image
 
@@ -119,11 +124,12 @@ def flops_per_sample(
     tokens_per_image: float | None = None,
     causal_halved: bool = True,
 ) -> SampleFlops:
-    """One sample: `seq_length` LLM tokens, `image_tokens` encoder tokens in images of `tokens_per_image`
-    tokens each (default: one image holding them all)."""
+    """One sample of a model of one image encoder (or none): `seq_length` LLM tokens, `image_tokens` encoder
+    tokens in images of `tokens_per_image` tokens each (default: one image holding them all). The planner
+    prices each encoder module on its own (modmix.sample_flops_by_module); this is the figure of a run's log
+    line and of the report's MFU."""
     per_image = image_tokens if tokens_per_image is None else tokens_per_image
     enc = 0.0
     if preset.encoder is not None:
         enc = image_tokens * encoder_flops_per_token(preset.encoder, preset.llm.hidden_size, per_image)
-    llm = seq_length * llm_flops_per_token(preset.llm, seq_length, causal_halved)
-    return SampleFlops(enc, llm)
+    return SampleFlops(enc, llm_flops_per_sample(preset.llm, seq_length, causal_halved))

@@ -49,7 +49,7 @@ def candidate_layouts(base: Layout, nodes: int, who: Trainer = PACKAGED) -> list
     """Every feasible layout of `base`'s model and batch on `nodes` nodes (heterogeneous and colocated), for
     the model and trainer `who` (a text-only model of a study's own command: pipelined, interleaved and
     context-parallel layouts too, as Megatron-LM runs them)."""
-    out = _several_split_and_colocated(base, nodes) if base.several else _split_and_colocated(base, nodes)
+    out = _split_and_colocated(base, nodes)
     if who.text_only and not who.packaged:
         out += _text_only_megatron(base, nodes)
     return [lay for lay in out if not check(lay, who)]
@@ -75,9 +75,7 @@ def _text_only_megatron(base: Layout, nodes: int) -> list[Layout]:
                                 base,
                                 nodes=nodes,
                                 colocated=True,
-                                enc_tp=ltp,
-                                enc_pp=1,
-                                enc_dp=dp,
+                                encoders=tuple(ModuleShape(m.name, ltp, 1, dp) for m in base.encoders),
                                 llm_tp=ltp,
                                 llm_pp=pp,
                                 llm_vp=vp,
@@ -90,79 +88,26 @@ def _text_only_megatron(base: Layout, nodes: int) -> list[Layout]:
     return out
 
 
-def _split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
-    gpn, experts = base.gpus_per_node, base.num_experts
-    tps = _divisors(gpn)
-    pps = [p for p in _divisors(base.llm_layers or 1) if p <= MAX_PP]
-    eps = _divisors(experts) if experts else [1]
-    enc_dps = _divisors(base.gbs)
-    out = []
-    common = {"nodes": nodes, "enc_pp": 1, "llm_cp": 1}
-    for ltp in tps:
-        for pp in pps:
-            # expert TP: none, or the dense TP (which MoE with PP requires)
-            for ep, etp_ in ((ep, e) for ep in eps for e in sorted({1, ltp} if experts else {1})):
-                colo_dp = derive_llm_dp(nodes, gpn, 0, 1, 1, ltp, pp)
-                if colo_dp and pp == 1:
-                    out.append(
-                        replace(
-                            base,
-                            **common,
-                            colocated=True,
-                            enc_tp=ltp,
-                            enc_dp=colo_dp,
-                            llm_tp=ltp,
-                            llm_pp=1,
-                            llm_dp=colo_dp,
-                            llm_ep=ep,
-                            llm_etp=etp_,
-                        )
-                    )
-                for etp in tps:
-                    for edp in enc_dps:
-                        if etp * edp >= nodes * gpn:
-                            break
-                        dp = derive_llm_dp(nodes, gpn, etp, 1, edp, ltp, pp)
-                        if dp:
-                            out.append(
-                                replace(
-                                    base,
-                                    **common,
-                                    colocated=False,
-                                    enc_tp=etp,
-                                    enc_dp=edp,
-                                    llm_tp=ltp,
-                                    llm_pp=pp,
-                                    llm_dp=dp,
-                                    llm_ep=ep,
-                                    llm_etp=etp_,
-                                )
-                            )
-    return out
-
-
-# Several encoders: the shapes tried per encoder module are its TP (a divisor of the GPUs per node) times
-# its DP (a divisor of the global batch), fewer ranks than the world, at most MAX_MODULE_SHAPES of them:
-# TP 1 at every DP first (an encoder splits its weights only when they do not fit), then TP 2, ... So the
-# split search prices at most (TPs x PPs x EPs) x MAX_MODULE_SHAPES^N heterogeneous layouts for N encoders
-# before topology.check drops those that do not tile (one encoder: _split_and_colocated, every shape).
+# The shapes tried per encoder module are its TP (a divisor of the GPUs per node) times its DP (a divisor of
+# the global batch), fewer ranks than the world: TP 1 at every DP first (an encoder splits its weights only
+# when they do not fit), then TP 2, ... One module is tried with every shape. The combinations of several
+# modules' shapes are a product, which grows ~24x with every module (five modules: 8 million before the
+# LLM's own shapes): the search prices at most MAX_SHAPE_COMBOS of them, as many shapes per module as that
+# allows (two modules keep MAX_MODULE_SHAPES each; three 8; five 3), and says so.
 MAX_MODULE_SHAPES = 24
-# The combinations of the encoder modules' shapes are a product, which grows 24x with every module (five
-# modules: 8 million before the LLM's own shapes): the search prices at most MAX_SHAPE_COMBOS of them, as many
-# shapes per module as that allows (two modules keep all 24; three 8 each; five 3 each), and says so.
 MAX_SHAPE_COMBOS = MAX_MODULE_SHAPES**2
 
 
 def shapes_per_module(modules: int) -> int:
-    """How many of its shapes each of `modules` encoder modules is tried with: the most k <= MAX_MODULE_SHAPES
-    with k ** modules <= MAX_SHAPE_COMBOS (at least 1)."""
-    k = MAX_MODULE_SHAPES
-    while k > 1 and k ** max(1, modules) > MAX_SHAPE_COMBOS:
-        k -= 1
+    """How many of its shapes each of `modules` encoder modules is tried with: the most k with
+    k ** modules <= MAX_SHAPE_COMBOS (at least 1; one module: MAX_SHAPE_COMBOS, in effect every shape)."""
+    k = 1
+    while (k + 1) ** max(1, modules) <= MAX_SHAPE_COMBOS:
+        k += 1
     return k
 
 
-def module_shapes(base: Layout, nodes: int, limit: int = MAX_MODULE_SHAPES) -> list[tuple[int, int]]:
+def module_shapes(base: Layout, nodes: int, limit: int = MAX_SHAPE_COMBOS) -> list[tuple[int, int]]:
     """(tp, dp) tried for one encoder module of `base`'s batch on `nodes` nodes (the first `limit`)."""
     world = nodes * base.gpus_per_node
     shapes = [
@@ -171,9 +116,10 @@ def module_shapes(base: Layout, nodes: int, limit: int = MAX_MODULE_SHAPES) -> l
     return shapes[:limit]
 
 
-def _several_split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
-    """_split_and_colocated over N+1 modules: every encoder module its own TP and DP on its own ranks (the
-    LLM's DP the rest of the world), or every module on every rank with the LLM's TP and DP."""
+def _split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
+    """Every encoder module its own TP and DP on its own ranks (the LLM's DP the rest of the world), or every
+    module on every rank with the LLM's TP and DP; the LLM's TP, PP (dividing its layers), EP (dividing the
+    experts) and expert TP (none, or the dense TP, which MoE with PP requires)."""
     gpn, experts, world = base.gpus_per_node, base.num_experts, nodes * base.gpus_per_node
     names = [m.name for m in base.encoders]
     pps = [p for p in _divisors(base.llm_layers or 1) if p <= MAX_PP]
@@ -309,21 +255,23 @@ def _count(n: int, what: str) -> str:
 
 
 def split_label(lay: Layout, text_only: bool = False) -> str:
-    """Where the GPUs go: "encoder 2 nodes (16 GPUs) | LLM 31 nodes", in GPUs when not whole nodes; a
-    text-only model (no encoder, only colocated layouts) runs its LLM on every GPU."""
+    """Where the GPUs go, each encoder module under its name: "vision 2 nodes (16 GPUs) | LLM 31 nodes", in
+    GPUs when not every side has whole nodes ("vision 4 GPUs + audio 2 GPUs | LLM 10 GPUs"); a text-only
+    model (no encoder, only colocated layouts) runs its LLM on every GPU."""
     gpn = lay.gpus_per_node
     if lay.colocated:
         if text_only:
             return f"LLM on all {_count(lay.nodes, 'node')} (text-only)"
-        return f"colocated: encoder and LLM on all {_count(lay.nodes, 'node')}"
-    enc = lay.encoder_ranks
-    llm = lay.world - enc
-    if lay.several:  # each module's GPUs
+        names = " + ".join(m.name for m in lay.encoders)
+        return f"colocated: {names} and LLM on all {_count(lay.nodes, 'node')}"
+    llm = lay.world - lay.encoder_ranks
+    if llm % gpn or any(m.ranks % gpn for m in lay.encoders):
         mods = " + ".join(f"{m.name} {_count(m.ranks, 'GPU')}" for m in lay.encoders)
-        return f"encoders {mods} | LLM {_count(llm, 'GPU')}"
-    if enc % gpn or llm % gpn:
-        return f"encoder {_count(enc, 'GPU')} | LLM {_count(llm, 'GPU')}"
-    return f"encoder {_count(enc // gpn, 'node')} ({_count(enc, 'GPU')}) | LLM {_count(llm // gpn, 'node')}"
+        return f"{mods} | LLM {_count(llm, 'GPU')}"
+    mods = " + ".join(
+        f"{m.name} {_count(m.ranks // gpn, 'node')} ({_count(m.ranks, 'GPU')})" for m in lay.encoders
+    )
+    return f"{mods} | LLM {_count(llm // gpn, 'node')}"
 
 
 def colocated_gbs(base: Layout, nodes: int) -> list[int]:
@@ -334,16 +282,11 @@ def colocated_gbs(base: Layout, nodes: int) -> list[int]:
     for tp in _divisors(gpn):
         dp = nodes * gpn // tp
         for ep in _divisors(base.num_experts) if base.num_experts else [1]:
-            mods = (
-                {"encoders": tuple(ModuleShape(m.name, tp, 1, dp) for m in base.encoders)}
-                if base.several
-                else {"enc_tp": tp, "enc_pp": 1, "enc_dp": dp}
-            )
             probe = replace(
                 base,
                 nodes=nodes,
                 colocated=True,
-                **mods,
+                encoders=tuple(ModuleShape(m.name, tp, 1, dp) for m in base.encoders),
                 llm_tp=tp,
                 llm_pp=1,
                 llm_dp=dp,
@@ -364,10 +307,11 @@ def colocated_gbs(base: Layout, nodes: int) -> list[int]:
 def point_name(lay: Layout) -> str:
     if lay.colocated:
         enc = "colo"
-    elif lay.several:
-        enc = "-".join(f"{m.name}{m.tp}x{m.dp}" for m in lay.encoders)
+    elif lay.flat:  # the one `vision` module as the `encoder:` form names it
+        (m,) = lay.encoders
+        enc = f"e{m.tp}x{m.dp}"
     else:
-        enc = f"e{lay.enc_tp}x{lay.enc_dp}"
+        enc = "-".join(f"{m.name}{m.tp}x{m.dp}" for m in lay.encoders)
     pp = (f"p{lay.llm_pp}" if lay.llm_pp > 1 else "") + (f"t{lay.llm_etp}" if lay.llm_etp > 1 else "")
     pp += (f"v{lay.llm_vp}" if lay.llm_vp > 1 else "") + (f"c{lay.llm_cp}" if lay.llm_cp > 1 else "")
     return f"{lay.nodes}n-{enc}-l{lay.llm_tp}x{lay.llm_ep}x{lay.llm_dp}{pp}-g{lay.gbs}"
@@ -390,10 +334,11 @@ def point_dict(lay: Layout) -> dict:
     point: dict = {"nodes": lay.nodes}
     if lay.colocated:
         point["colocated"] = True
-    elif lay.several:
-        point["encoders"] = {m.name: {"tp": m.tp, "dp": m.dp} for m in lay.encoders}
+    elif lay.flat:  # a study's `encoder:` form
+        (m,) = lay.encoders
+        point["encoder"] = {"tp": m.tp, "dp": m.dp}
     else:
-        point["encoder"] = {"tp": lay.enc_tp, "dp": lay.enc_dp}
+        point["encoders"] = {m.name: {"tp": m.tp, "dp": m.dp} for m in lay.encoders}
     point["llm"] = llm
     point["gbs"] = lay.gbs
     if lay.mbs > 1:

@@ -1,4 +1,5 @@
-"""Memory per rank class: what an encoder rank and each LLM pipeline stage hold, and whether it fits.
+"""Memory per rank class: what each encoder module's ranks and each LLM pipeline stage hold, and whether it
+fits.
 
 Per module on a rank (docs/predict.md has the sources and the derivation):
   weights     parameters after sharding (params.py) x bytes of the parameter dtype;
@@ -10,7 +11,7 @@ Per module on a rank (docs/predict.md has the sources and the derivation):
   activations bytes autograd keeps per microbatch and model chunk (activations.py) x the chunks the
               pipeline schedule holds at its peak (1F1B, interleaved with virtual stages), plus full
               recompute's one-layer workspace once;
-  bridge      the image embeddings in flight and their gradients.
+  bridge      the embeddings in flight and their gradients, over each module's own bridge.
 Plus a fixed framework allowance per GPU (hardware.GPU.framework_bytes).
 """
 
@@ -21,9 +22,11 @@ import functools
 import math
 from dataclasses import dataclass
 
+from mimo_jobs.study.topology import module_ranges
+
 from . import activations as A
 from .hardware import GIB, GPU
-from .params import Tensor, encoder_tensors, llm_layer_tensors, llm_tensors
+from .params import Tensor, llm_layer_tensors, llm_tensors, module_tensors
 from .run import RunShape
 
 GRAD_BYTES = 4  # the packaged trainer's gradient buffer: grad_reduce_in_fp32 in trainer/build.py
@@ -35,7 +38,7 @@ MAIN_PARAM_BYTES = 4  # fp32 master copy under bf16
 
 @dataclass(frozen=True)
 class ModuleMemory:
-    module: str  # "encoder" | "llm"
+    module: str  # an encoder module's name in the study (`vision`, `audio`), or "llm"
     stage: int
     ranks: tuple[int, int]  # first and last global rank of the class
     params: int
@@ -203,8 +206,8 @@ def _held(tensors: list[Tensor], dp: int, edp: int, state: tuple, frozen: bool) 
 # What a rank holds depends only on how its module is sharded, not on the rest of the layout: `plan` prices
 # hundreds of layouts that share a handful of shardings, so each is counted once.
 @functools.lru_cache(maxsize=4096)
-def _encoder_held(state: tuple, preset, tp: int, dp: int, frozen: bool) -> tuple[int, int, int]:
-    return _held(encoder_tensors(preset, tp), dp, dp, state, frozen)
+def _module_held(state: tuple, arch, llm_hidden: int, tp: int, dp: int, frozen: bool) -> tuple[int, int, int]:
+    return _held(module_tensors(arch, llm_hidden, tp), dp, dp, state, frozen)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -229,14 +232,21 @@ def _module(rs: RunShape, module: str, stage: int, ranks, held, act, bridge, inf
     )
 
 
-def encoder_memory(rs: RunShape, gpu: GPU) -> ModuleMemory:
+def module_memory(rs: RunShape, gpu: GPU, i: int) -> ModuleMemory:
+    """Encoder module `i` (rs.modules[i]) on one of its ranks, under its name in the study: its shard of its
+    encoder and projector over its own TP and DP, the microbatches it keeps (one colocated; else what
+    encoder_inflight lets it run ahead, at most the LLM's stages' worth), and on ranks of its own the
+    embeddings in flight over its bridge and their gradients."""
     lay = rs.layout
+    name, arch = rs.preset.named_encoders[i]
+    mix, mr = rs.modules[i], module_ranges(lay)[i]
     keep = 1 if lay.colocated else min(rs.microbatches, max(rs.encoder_inflight, lay.llm_pp))
-    per_mb = A.encoder_bytes(rs, gpu.layers)
-    bridge = 0 if lay.colocated else 2 * keep * A.embedding_bytes(rs, rs.encoder_samples_per_microbatch)
-    last = lay.enc_ranks - 1 if not lay.colocated else lay.world - 1
-    held = _encoder_held(_state_key(rs), rs.preset, lay.enc_tp, lay.enc_dp, rs.frozen_encoder)
-    return _module(rs, "encoder", 0, (0, last), held, keep * per_mb, bridge, keep)
+    samples = mr.samples_per_encoder_microbatch
+    bridge = 0 if lay.colocated else 2 * keep * A.bridge_bytes(rs, mix, samples)
+    hl = rs.preset.llm.hidden_size
+    held = _module_held(_state_key(rs), arch, hl, mr.tp, mr.dp, rs.frozen_encoder)
+    act = keep * A.module_bytes(rs, i, gpu.layers)
+    return _module(rs, name, 0, (mr.rank_start, mr.rank_end - 1), held, act, bridge, keep)
 
 
 def llm_memory(rs: RunShape, gpu: GPU, stage: int) -> ModuleMemory:
@@ -286,15 +296,15 @@ def _fsdp_module(
 
 
 def memory_plan(rs: RunShape, gpu: GPU) -> MemoryPlan:
-    lay = rs.layout
+    """One rank class per encoder module on ranks of its own, then one per LLM stage (whose first holds the
+    bridge of every module's embeddings); colocated, one class per LLM stage holding every module. A
+    text-only model: the LLM's ranks only (a layout's encoder ranks hold nothing it describes)."""
+    lay, fw = rs.layout, gpu.framework_bytes
+    encs = tuple(module_memory(rs, gpu, i) for i in range(len(rs.modules)))
     stages = [llm_memory(rs, gpu, s) for s in range(lay.llm_pp)]
-    fw = gpu.framework_bytes
-    if rs.preset.encoder is None:
-        # a text-only model: the LLM's ranks only (a layout's encoder ranks hold nothing it describes)
-        return MemoryPlan(tuple(RankClass(s.ranks, (s,), fw) for s in stages), gpu.memory_bytes)
-    enc = encoder_memory(rs, gpu)
     if lay.colocated:
-        classes = tuple(RankClass(s.ranks, (enc, s), fw) for s in stages)
+        classes = tuple(RankClass(s.ranks, (*encs, s), fw) for s in stages)
     else:
-        classes = (RankClass(enc.ranks, (enc,), fw),) + tuple(RankClass(s.ranks, (s,), fw) for s in stages)
+        classes = tuple(RankClass(e.ranks, (e,), fw) for e in encs)
+        classes += tuple(RankClass(s.ranks, (s,), fw) for s in stages)
     return MemoryPlan(classes, gpu.memory_bytes)

@@ -1,6 +1,6 @@
-"""The tokens each encoder module hands the LLM per sample, for a model the planner prices module by module
-(several encoders, or an encoder that reads something other than images): one ModuleMix per module, and
-the one rule of its training FLOPs per sample.
+"""The tokens each encoder module hands the LLM per sample (the planner prices every model module by module:
+one encoder is a model of one module): one ModuleMix per module, and the one rule of its training FLOPs per
+sample.
 
 - an image module: datastats.data_mix's rule (the mock provider's images, dataset statistics, or the stated
   prior of prior.py);
@@ -23,8 +23,8 @@ from mimo_jobs.contract.datastats import StatsFileError, stats_file_for
 from mimo_jobs.model.arch import ModelArch
 from mimo_jobs.model.audio_arch import input_stride
 
-from .datastats import data_mix, stats_at
-from .flops import SampleFlops, audio_clip_flops, encoder_flops_per_token, flops_per_sample
+from .datastats import DataMix, data_mix, stats_at
+from .flops import SampleFlops, audio_clip_flops, encoder_flops_per_token, llm_flops_per_sample
 
 AUDIO_PRIOR = "one full-length clip per sample"
 
@@ -42,18 +42,15 @@ class ModuleMix:
     assumed: bool = False  # the stated prior, not the data
     items_mean: float = 0.0  # audio: clips per sample
     frames: int = 0  # audio: mel frames of the priced clip
+    # images: the text tokens per sample (per row when packed) the data's statistics measure, else None
+    text_tokens_mean: float | None = None
+    # images priced by the stated prior (prior.py): this module at the prior's low and high ends, else None
+    ends: tuple[ModuleMix, ModuleMix] | None = None
 
     @property
     def max_items(self) -> int:
         """Audio: whole clips of `frames` that hold tokens_max tokens."""
         return -(-self.tokens_max // self.tokens_per_item) if self.tokens_per_item else 0
-
-
-def by_module(preset: ModelArch) -> bool:
-    """Whether the planner prices `preset` module by module: several encoders, or one that is not an image
-    encoder (the one-encoder formulas of the rest of predict/ are an image encoder's)."""
-    encs = preset.named_encoders
-    return len(encs) > 1 or any(a.modality != "image" for _, a in encs)
 
 
 def frames_for_tokens(a, tokens: float) -> int:
@@ -144,25 +141,30 @@ def audio_mix(name: str, a, data) -> ModuleMix:
 
 
 def module_mixes(data, preset: ModelArch, seq_length: int) -> tuple[ModuleMix, ...]:
-    """Each encoder module's mix, in rank order."""
+    """Each encoder module's mix, in rank order (none for a text-only model)."""
     out = []
     for name, a in preset.named_encoders:
         if a.modality == "audio":
             out.append(audio_mix(name, a, data))
             continue
-        m = data_mix(data, a, seq_length)
-        out.append(
-            ModuleMix(
-                name,
-                "image",
-                m.image_tokens_mean,
-                m.tokens_per_image,
-                m.image_tokens_max,
-                m.source,
-                m.assumed,
-            )
-        )
+        out.append(image_mix(name, data_mix(data, a, seq_length)))
     return tuple(out)
+
+
+def image_mix(name: str, m: DataMix) -> ModuleMix:
+    """An image module's mix from datastats.data_mix's (its prior's ends too, when assumed)."""
+    ends = (image_mix(name, m.ends[0]), image_mix(name, m.ends[1])) if m.assumed and m.ends else None
+    return ModuleMix(
+        name,
+        "image",
+        m.image_tokens_mean,
+        m.tokens_per_image,
+        m.image_tokens_max,
+        m.source,
+        m.assumed,
+        text_tokens_mean=m.text_tokens_mean,
+        ends=ends,
+    )
 
 
 def module_flops(a, mix: ModuleMix, llm_hidden: int) -> float:
@@ -177,5 +179,4 @@ def sample_flops_by_module(preset: ModelArch, mixes: tuple, seq_length: int) -> 
     together, and the LLM's over seq_length tokens)."""
     hl = preset.llm.hidden_size
     per = {n: module_flops(a, m, hl) for (n, a), m in zip(preset.named_encoders, mixes)}
-    llm = flops_per_sample(ModelArch(preset.name, None, preset.llm), seq_length, 0.0).llm
-    return per, SampleFlops(sum(per.values()), llm)
+    return per, SampleFlops(sum(per.values(), 0.0), llm_flops_per_sample(preset.llm, seq_length))

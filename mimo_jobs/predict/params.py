@@ -22,8 +22,6 @@ from mimo_jobs.model.audio_arch import CONVS, AudioArch, audio_params
 from mimo_jobs.model.splits import experts_apart
 from mimo_jobs.textsafe import visible
 
-from .modmix import by_module
-
 
 @dataclass(frozen=True)
 class Tensor:
@@ -128,11 +126,6 @@ def vit_tensors(e: EncoderArch, tp: int) -> list[Tensor]:
     return out
 
 
-def projector_tensors(preset: ModelArch, tp: int) -> list[Tensor]:
-    """MLP(encoder width x downsample^2 -> LLM width -> LLM width), column- then row-parallel."""
-    return projector_of(preset.encoder.projector_input, preset.llm.hidden_size, tp)
-
-
 def projector_of(hin: int, hl: int, tp: int) -> list[Tensor]:
     """The projector MLP of input width `hin` into an LLM of width `hl` on one TP rank."""
     return [Tensor(hl * hin // tp), Tensor(hl // tp), Tensor(hl * hl // tp), Tensor(hl)]
@@ -162,10 +155,10 @@ def module_tensors(arch, llm_hidden: int, tp: int) -> list[Tensor]:
 
 
 def encoder_tensors(preset: ModelArch, tp: int) -> list[Tensor]:
-    """ViT + projector on one encoder TP rank (none for a text-only model)."""
-    if preset.encoder is None:
-        return []
-    return vit_tensors(preset.encoder, tp) + projector_tensors(preset, tp)
+    """Every encoder module's tensors (encoder + projector, module_tensors) on one TP rank of each, in rank
+    order (none for a text-only model)."""
+    hl = preset.llm.hidden_size
+    return [t for _, a in preset.named_encoders for t in module_tensors(a, hl, tp)]
 
 
 # ------------------------------------------------------------------------------------ model totals
@@ -178,7 +171,7 @@ def vit_params(e: EncoderArch) -> int:
 
 
 def encoder_params(preset: ModelArch) -> int:
-    """What the encoder module trains: the vision tower and the projector (0 for a text-only model)."""
+    """What the encoder modules train: each one's encoder and projector (0 for a text-only model)."""
     return sum(t.numel for t in encoder_tensors(preset, 1))
 
 
@@ -215,46 +208,48 @@ def module_params(arch, llm_hidden: int) -> int:
 
 def model_summary(preset: ModelArch) -> list[str]:
     """One line per module naming it with its parameters, e.g. "llm qwen3-30b-a3b: 30.5B total, 3.3B
-    active" (totals unpadded; the encoder's include its projector; a text-only model says it has none;
-    several encoders: one line each, under its module name)."""
+    active", each encoder module under its name in the study ("encoder vision (image) siglip: 400M";
+    totals unpadded, the encoder's with its projector; a text-only model says it has none)."""
     # a description's names are whatever a study or --model said: shown with their control characters and
     # bidi overrides made visible, never written raw to a terminal
     p = preset.llm
     llm = f"llm {visible(p.name or preset.name)}: {_billions(llm_params(p))} total"
     if p.num_experts:
         llm += f", {_billions(llm_active_params(p))} active"
-    if by_module(preset):
-        return [
-            f"encoder {visible(n)} ({a.modality}) {visible(a.name or a.kind)}: "
-            f"{_billions(module_params(a, p.hidden_size))}"
-            for n, a in preset.named_encoders
-        ] + [llm]
-    e = preset.encoder
-    if e is None:
+    if not preset.named_encoders:
         return ["encoder: none (text-only)", llm]
-    return [f"encoder {visible(e.name or preset.name)}: {_billions(encoder_params(preset))}", llm]
+    return [
+        f"encoder {visible(n)} ({a.modality}) {visible(a.name or a.kind)}: "
+        f"{_billions(module_params(a, p.hidden_size))}"
+        for n, a in preset.named_encoders
+    ] + [llm]
 
 
 def model_json(preset: ModelArch) -> dict:
-    """`predict --json`'s model section: each module's name and unpadded parameter totals (encoder null
-    for a text-only model; several encoders: `encoders`, one entry per module, and encoder null)."""
+    """`predict --json`'s model section: each module's name and unpadded parameter totals: `encoders`, one
+    entry per encoder module under its name in the study (none for a text-only model), and `llm`.
+    `encoder` is what older readers take: the one image encoder of a model of one (null otherwise)."""
     p = preset.llm
-    llm = {"name": p.name or preset.name, "params": llm_params(p), "active_params": llm_active_params(p)}
-    if by_module(preset):
-        encs = [
-            {
-                "module": n,
-                "modality": a.modality,
-                "name": a.name or a.kind,
-                "params": module_params(a, p.hidden_size),
-            }
-            for n, a in preset.named_encoders
-        ]
-        return {"name": preset.name, "encoder": None, "encoders": encs, "llm": llm}
-    e = preset.encoder
+    hl = p.hidden_size
+    encs = [
+        {
+            "module": n,
+            "modality": a.modality,
+            "name": a.name or a.kind,
+            "params": module_params(a, hl),
+        }
+        for n, a in preset.named_encoders
+    ]
+    (n, a), e = (preset.named_encoders[0], encs[0]) if len(encs) == 1 else ((None, None), None)
+    one = (
+        None
+        if e is None or e["modality"] != "image"
+        else {"name": a.name or preset.name, "params": e["params"]}
+    )
     return {
         "name": preset.name,
-        "encoder": None if e is None else {"name": e.name or preset.name, "params": encoder_params(preset)},
+        "encoder": one,
+        "encoders": encs,
         "llm": {
             "name": p.name or preset.name,
             "params": llm_params(p),

@@ -12,8 +12,8 @@ from mimo_jobs.study.spec import RecomputeSpec
 from mimo_jobs.study.topology import Layout, Trainer, rank_layout
 
 from .datastats import DataMix, data_mix
-from .flops import SampleFlops, flops_per_sample
-from .modmix import by_module, module_mixes, sample_flops_by_module
+from .flops import SampleFlops
+from .modmix import module_mixes, sample_flops_by_module
 
 
 @dataclass(frozen=True)
@@ -27,17 +27,33 @@ class RunShape:
     optimizer: str  # adam | sgd
     encoder_inflight: int
     recompute: RecomputeSpec  # per module: none | selective | full
-    image_tokens_mean: float  # encoder tokens per sample, on average (FLOPs, time)
-    tokens_per_image: float  # E[n^2] / E[n] over images: prices the attention core of the mix exactly
-    image_tokens_max: int  # encoder tokens per sample at most (memory)
+    # each encoder module's tokens per sample (modmix.ModuleMix), in rank order: one for a one-encoder
+    # model, none for a text-only one; every figure of the plan is priced from them
+    modules: tuple = ()
     frozen_encoder: bool = False
     frozen_llm: bool = False
-    data_source: str = ""  # where the image tokens come from (datastats.DataMix.source)
+    data_source: str = ""  # where the encoder tokens come from (modmix.ModuleMix.source, by module)
     # tokens a row of the batch carries (text + image, not padding) when the data says; None: a full row
     text_tokens_mean: float | None = None
     train_iters: int | None = None  # the study's length: iterations, or samples (one of the two)
     train_samples: int | None = None
     attention: str = SDPA  # trainer.attention: the local layers' core attention (model/attention.py)
+
+    @property
+    def image_tokens_mean(self) -> float:
+        """Encoder tokens per sample, on average, every module's together (what the LLM receives)."""
+        return sum((m.tokens_mean for m in self.modules), 0.0)
+
+    @property
+    def image_tokens_max(self) -> int:
+        """Encoder tokens per sample at most, every module's together."""
+        return sum(m.tokens_max for m in self.modules)
+
+    @property
+    def tokens_per_image(self) -> float:
+        """E[n^2] / E[n] over the images of a model of one image module (0 otherwise): each module prices
+        the attention core of its own mix."""
+        return self.modules[0].tokens_per_item if len(self.modules) == 1 else 0.0
 
     @property
     def carried_tokens_per_sample(self) -> float:
@@ -51,19 +67,22 @@ class RunShape:
     def carried_source(self) -> str:
         return "dataset statistics" if self.text_tokens_mean is not None else "assumed full rows"
 
-    # the stated prior priced the image tokens (no dataset statistics): its low and high ends, for the
-    # verdicts that depend on it (assumed.py); None when the data said
-    assumed_ends: tuple[DataMix, DataMix] | None = None
-
     @property
     def image_assumed(self) -> bool:
-        return self.assumed_ends is not None
+        """The stated prior priced some module's image tokens (no dataset statistics): the verdicts that
+        depend on it are checked at its low and high ends (assumed.py)."""
+        return any(m.ends for m in self.modules)
+
+    def at_end(self, end: int) -> RunShape:
+        """This shape with every module the prior priced at the prior's low (0) or high (1) end."""
+        return replace(self, modules=tuple(m.ends[end] if m.ends else m for m in self.modules))
 
     @property
     def image_range(self) -> tuple[float, float] | None:
-        """Mean image tokens per sample at the prior's low and high ends (None: not assumed)."""
-        e = self.assumed_ends
-        return None if e is None else (e[0].image_tokens_mean, e[1].image_tokens_mean)
+        """Encoder tokens per sample at the prior's low and high ends (None: not assumed)."""
+        if not self.image_assumed:
+            return None
+        return (self.at_end(0).image_tokens_mean, self.at_end(1).image_tokens_mean)
 
     def settings_json(self) -> dict:
         """The run's settings as priced: what predict names for each run."""
@@ -116,7 +135,6 @@ class RunShape:
     # packaged trainer runs it
     sp: bool | None = None
 
-    encoder_samples_per_microbatch: int = 0  # samples one encoder replica embeds per LLM microbatch
     # model chunks per LLM pipeline stage (Megatron's interleaved 1F1B, --num-layers-per-virtual-pipeline-stage):
     # the layout's llm.vp (on_layout); the packaged trainer runs 1, a study's own command may run more
     virtual_stages: int = 1
@@ -130,10 +148,6 @@ class RunShape:
     # fp8 is priced as bf16 (the GEMM rates are bf16's), TP communication as exposed
     fp8: bool = False
     tp_comm_overlap: bool = False
-    # a model priced module by module (modmix.by_module: several encoders, or an audio one): each encoder
-    # module's tokens per sample (modmix.ModuleMix), in rank order; the image_tokens_* fields above then
-    # hold all modules' tokens together (what the LLM receives). Empty: the one image encoder of the rest
-    modules: tuple = ()
 
 
 TEXT_ONLY = "no images (a text-only model)"
@@ -155,44 +169,33 @@ def image_mix(data, enc: EncoderArch | None, seq_length: int | None = None) -> t
 
 def sample_flops(preset: ModelArch, seq_length: int, data) -> SampleFlops:
     """Training FLOPs of one sample (row) of a study's data (None: data unknown, the stated prior; none for a
-    text-only model): the one way image tokens reach the FLOPs formula."""
-    if by_module(preset):
-        return sample_flops_by_module(preset, module_mixes(data, preset, seq_length), seq_length)[1]
-    mean, per_image, _ = image_mix(data, preset.encoder, seq_length)
-    return flops_per_sample(preset, seq_length, mean, per_image)
+    text-only model): each encoder module's by its mix (modmix), and the LLM's."""
+    return sample_flops_by_module(preset, module_mixes(data, preset, seq_length), seq_length)[1]
 
 
 def shape_of(layout: Layout, trainer, point_command: str | None = None, checked: bool = True) -> RunShape:
-    """A RunShape from a layout and a spec.TrainerSpec (and the point's own command, if any). `checked`
-    False: the layout is only where the model, cluster and batch are read (a plan's start), not checked."""
+    """A RunShape from a layout and a spec.TrainerSpec (and the point's own command, if any): every encoder
+    module's mix, in rank order. `checked` False: the layout is only where the model, cluster and batch are
+    read (a plan's start), not checked."""
     preset = arch_of(trainer.model)
-    if by_module(preset):
-        return _by_module_shape(layout, trainer, preset, point_command, checked)
-    mix = model_mix(trainer.data, preset.encoder, trainer.seq_length)
-    shape = RunShape(
-        **_run_fields(layout, trainer, preset, point_command),
-        image_tokens_mean=mix.image_tokens_mean,
-        tokens_per_image=mix.tokens_per_image,
-        image_tokens_max=mix.image_tokens_max,
-        data_source=mix.source,
-        text_tokens_mean=mix.text_tokens_mean,
-        assumed_ends=mix.ends if mix.assumed else None,
-    )
-    return on_layout(shape, layout) if checked else shape
-
-
-def _by_module_shape(layout: Layout, trainer, preset: ModelArch, point_command, checked: bool) -> RunShape:
-    """shape_of for a model priced module by module: every module's mix, their tokens summed."""
     mixes = module_mixes(trainer.data, preset, trainer.seq_length)
     shape = RunShape(
         **_run_fields(layout, trainer, preset, point_command),
-        image_tokens_mean=sum(m.tokens_mean for m in mixes),
-        tokens_per_image=0.0,
-        image_tokens_max=sum(m.tokens_max for m in mixes),
-        data_source="; ".join(f"{m.name}: {m.source}" for m in mixes),
         modules=mixes,
+        data_source=data_source(mixes),
+        text_tokens_mean=next((m.text_tokens_mean for m in mixes if m.text_tokens_mean is not None), None),
     )
     return on_layout(shape, layout) if checked else shape
+
+
+def data_source(mixes: tuple) -> str:
+    """Where the encoder tokens come from, in words: the one module's source, each module's by its name
+    when there are several; none for a text-only model."""
+    if not mixes:
+        return TEXT_ONLY
+    if len(mixes) == 1:
+        return mixes[0].source
+    return "; ".join(f"{m.name}: {m.source}" for m in mixes)
 
 
 def _run_fields(layout: Layout, trainer, preset: ModelArch, point_command) -> dict:
@@ -244,6 +247,5 @@ def on_layout(shape: RunShape, layout: Layout) -> RunShape:
         shape,
         layout=layout,
         microbatches=plan.num_microbatches,
-        encoder_samples_per_microbatch=plan.samples_per_encoder_microbatch,
         virtual_stages=layout.llm_vp,
     )

@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.topology import Layout, ModuleShape
 
-from .modmix import by_module
 from .run import RunShape, shape_of
 
 
@@ -22,12 +21,10 @@ class Start:
 def start_of(trainer, gpus_per_node: int, gbs: int, mbs: int = 1, command: str | None = None) -> RunShape:
     """The shape a plan prices candidates of: `trainer`'s model and settings, `gpus_per_node`, the batch."""
     arch = arch_of(trainer.model)
-    # each encoder module under its name (one `vision`: the flat sizes every plan started from)
-    mods = {"encoders": tuple(ModuleShape(n) for n, _ in arch.named_encoders)} if by_module(arch) else {}
     lay = Layout(
         nodes=1,
         gpus_per_node=gpus_per_node,
-        **(mods or {"enc_tp": 1, "enc_pp": 1, "enc_dp": 1}),
+        encoders=tuple(ModuleShape(n) for n, _ in arch.named_encoders),  # each module under its name
         llm_tp=1,
         llm_pp=1,
         llm_dp=1,

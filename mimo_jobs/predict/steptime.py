@@ -4,7 +4,8 @@
   tp         per layer and microbatch 4 all-reduces (2 forward, 2 backward; all-gather + reduce-scatter under
              sequence parallelism: the same bytes) of s b h, over NVLink (TP stays inside a node);
   ep         per MoE layer 4 all-to-alls (dispatch and combine, forward and backward) of the routed tokens;
-  bridge     the image embeddings one encoder replica sends per microbatch, and their gradients back;
+  bridge     the embeddings one replica of each encoder module sends per microbatch, and their gradients
+             back, over the module's own bridge;
   dp         after the last microbatch: the gradient reduce-scatter + parameter all-gather (distributed
              optimizer) or all-reduce, dense over DP, experts over expert-DP;
   optimizer  one pass over weights, gradients and optimizer state at HBM bandwidth;
@@ -16,18 +17,25 @@
 Full activation recompute runs each layer's forward again in the backward: compute x 4/3 (forward 1,
 backward 2, plus one forward), for the module that recomputes only (each module has its own setting);
 selective recompute redoes only the attention core, left unpriced.
-The two modules run as a pipeline of microbatches: M x max(encoder, LLM stage) + fill and drain (the
-shorter one once, and the LLM's pp - 1 stage bubble); colocated, every rank runs both in turn.
+Every model is priced module by module (one encoder is a model of one module; a text-only one has none):
+each encoder module with its own architecture, mix (modmix.py), TP, DP and ranks (topology.module_ranges).
+The modules run as a pipeline of microbatches: M x the slowest (an encoder module or an LLM stage) + fill
+and drain (the other side once, and the LLM's pp - 1 stage bubble); colocated, every rank runs every module
+in turn.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from mimo_jobs.contract.modules import LLM
+from mimo_jobs.study.topology import module_ranges
+
 from . import comm
-from .flops import SampleFlops, flops_per_sample
+from .flops import SampleFlops
 from .hardware import FITTED_EFFICIENCY, GPU, LOCAL_COMPUTE_SHARE, LOCAL_EXPERTS_SHARE, generation
 from .memory import MemoryPlan
+from .modmix import sample_flops_by_module
 from .run import RunShape
 
 
@@ -94,16 +102,16 @@ OPS_PER_MICROBATCH = 20
 @dataclass(frozen=True)
 class StepTime:
     iteration_s: float
-    encoder_mb_s: float  # one encoder microbatch on its ranks (compute + tp + bridge)
+    encoder_mb_s: float  # one microbatch of the slowest encoder module on its ranks (compute + tp + bridge)
     llm_mb_s: float  # one microbatch on one LLM stage (compute + tp + ep)
     parts: dict = field(default_factory=dict)  # compute/tp/ep/dp/bridge/optimizer seconds per iteration
-    bottleneck: str = "llm"
-    idle_fraction: float = 0.0  # of the module that waits for the bottleneck
+    bottleneck: str = "llm"  # the module that bounds the step: an encoder module's name, or "llm"
+    idle_fraction: float = 0.0  # of the module that waits longest for the bottleneck
     dominant: str = "compute"
     flops: SampleFlops | None = None  # per sample
     encoder_compute_s: float = 0.0  # parts["compute"] split by module (calibrate.py fits each)
     llm_compute_s: float = 0.0
-    # several encoders (several.py): one microbatch's seconds per module ("llm": one stage), in rank order
+    # one microbatch's seconds per module by its name ("llm": one stage), in rank order
     modules: dict = field(default_factory=dict)
 
     @property
@@ -126,26 +134,29 @@ def _recompute_factor(recompute: str) -> float:
     return 4 / 3 if recompute == "full" else 1.0
 
 
-def _encoder_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
-    lay, e = rs.layout, rs.preset.encoder
-    if e is None:  # a text-only model: no encoder work
-        return {"compute": 0.0, "tp": 0.0, "bridge": 0.0, "latency": 0.0}
-    samples = rs.encoder_samples_per_microbatch
+def _module_mb(rs: RunShape, gpu: GPU, eff: Efficiency, i: int, flops: float) -> dict:
+    """One microbatch of encoder module `i` (rs.modules[i]) on its ranks, by part (`flops`: its training
+    FLOPs per sample): its samples per microbatch over its TP, its layers' TP all-reduces, and on ranks of
+    its own its embeddings and their gradients over its bridge."""
+    lay, arch = rs.layout, rs.preset.named_encoders[i][1]
+    mix, mr = rs.modules[i], module_ranges(lay)[i]
+    samples, tp = mr.samples_per_encoder_microbatch, mr.tp
     rc = _recompute_factor(rs.recompute.encoder)
-    g = gemm_factor(gemm_width(e.hidden_size, lay.enc_tp), eff.gemm_half_width)
-    compute = samples * fl.encoder * rc / (lay.enc_tp * gpu.peak_flops * eff.encoder * g)
-    tokens = samples * rs.image_tokens_mean
-    nvl = _bw(lay.enc_tp, lay.gpus_per_node, gpu, eff)
-    tp = 4 * e.num_layers * comm.all_reduce_s(tokens * e.hidden_size * rs.dtype_bytes, lay.enc_tp, nvl)
-    steps = 4 * e.num_layers * comm.all_reduce_steps(lay.enc_tp)
+    g = gemm_factor(gemm_width(arch.hidden_size, tp), eff.gemm_half_width)
+    compute = samples * flops * rc / (tp * gpu.peak_flops * eff.encoder * g)
+    tokens = samples * mix.tokens_mean
+    nvl = _bw(tp, lay.gpus_per_node, gpu, eff)
+    layers = arch.num_layers
+    tp_s = 4 * layers * comm.all_reduce_s(tokens * arch.hidden_size * rs.dtype_bytes, tp, nvl)
+    steps = 4 * layers * comm.all_reduce_steps(tp)
     bridge = 0.0
     if not lay.colocated:
         nbytes = tokens * rs.preset.llm.hidden_size * rs.dtype_bytes
         bridge = 2 * comm.p2p_s(nbytes, gpu.ib_bytes_per_s * eff.network)
         steps += 2
-    ops = e.num_layers * OPS_PER_LAYER * rc + OPS_PER_MICROBATCH
+    ops = layers * OPS_PER_LAYER * rc + OPS_PER_MICROBATCH
     latency = (ops * gpu.op_s + steps * gpu.step_s) * eff.latency
-    return {"compute": compute, "tp": tp, "bridge": bridge, "latency": latency}
+    return {"compute": compute, "tp": tp_s, "bridge": bridge, "latency": latency}
 
 
 def _llm_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
@@ -188,13 +199,15 @@ def _llm_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
 
 
 def _dp_s(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> tuple[float, float]:
-    """Gradient reduction after the last microbatch, on the slowest module: (bandwidth s, latency s)."""
+    """Gradient reduction after the last microbatch, each module over its own DP group, on the slowest rank
+    class: (bandwidth s, latency s)."""
     lay = rs.layout
+    dps = {m.name: m.dp for m in lay.encoders} | {LLM: lay.llm_dp}
     worst, worst_lat = 0.0, 0.0
     for cls in mem.classes:
         t, steps = 0.0, 0
         for m in cls.modules:
-            dp = lay.enc_dp if m.module == "encoder" else lay.llm_dp
+            dp = dps[m.module]
             span = m.ranks[1] - m.ranks[0] + 1
             bw = _bw(span, lay.gpus_per_node, gpu, eff)
             # what crosses the network: every gradient in the reduce dtype and, sharded, every parameter in
@@ -220,41 +233,70 @@ def _optimizer_s(mem: MemoryPlan, gpu: GPU) -> float:
 
 
 def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepTime:
+    """Each encoder module runs its microbatches on its own ranks and sends its embeddings over its own
+    bridge into the LLM's first stage, all at once, so the step is bounded by the slowest of the modules:
+    M x slowest + the fill of the other side (the slowest encoder's first microbatch when the LLM bounds,
+    the LLM's last when an encoder does) + the LLM's pipeline bubble; colocated, every rank runs every
+    module in turn: M x (every encoder + LLM) + bubble."""
     lay = rs.layout
-    fl = flops_per_sample(rs.preset, rs.seq_length, rs.image_tokens_mean, rs.tokens_per_image)
-    enc, llm = _encoder_mb(rs, gpu, eff, fl), _llm_mb(rs, gpu, eff, fl)
-    e, l_ = sum(enc.values()), sum(llm.values())
+    per, fl = sample_flops_by_module(rs.preset, rs.modules, rs.seq_length)
+    encs = {n: _module_mb(rs, gpu, eff, i, per[n]) for i, n in enumerate(per)}
+    llm = _llm_mb(rs, gpu, eff, fl)
+    times = {n: sum(p.values()) for n, p in encs.items()}
+    l_ = sum(llm.values())
     m = rs.microbatches
     (dp, dp_lat), opt = _dp_s(rs, mem, gpu, eff), _optimizer_s(mem, gpu)
     if rs.overlap_dp:
         # the gradient reduce-scatter hides behind the last microbatch's backward, the parameter all-gather
         # behind the first one's forward: up to one microbatch's compute of each module is cover
-        dp = max(0.0, dp - max(enc["compute"], llm["compute"]))
+        dp = max(0.0, dp - max([llm["compute"]] + [p["compute"] for p in encs.values()]))
     # the 1F1B bubble, (pp - 1) microbatch times, shrinks by the model chunks per stage under the interleaved
     # schedule (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
     # Megatron-LM", section 2.2.2)
     fill = (lay.llm_pp - 1) / rs.virtual_stages
     bubble = fill * l_
+    every = {**times, LLM: l_}
+    # the slowest module bounds the step; of modules equally slow, the LLM
+    bottleneck = max(every, key=lambda n: (every[n], n == LLM))
+    slow = every[bottleneck]
     if lay.colocated:
-        pipe, scale = m * (e + l_) + bubble, {"enc": float(m), "llm": float(m)}
-        bottleneck, idle = ("encoder" if e > l_ else "llm"), 0.0
+        pipe = m * (sum(times.values()) + l_) + bubble
+        scale = dict.fromkeys(every, float(m))
+        idle = 0.0
     else:
-        slow = max(e, l_)
-        pipe = m * slow + min(e, l_) + bubble
-        bottleneck = "encoder" if e > l_ else "llm"
-        idle = 1 - min(e, l_) / slow if slow > 0 else 0.0
-        # the critical path: the bottleneck module's parts M times, the other's once (fill/drain)
-        scale = {"enc": m if e > l_ else 1.0, "llm": m if e <= l_ else 1.0}
-    scale["llm"] += fill
-    enc_c, llm_c = enc["compute"] * scale["enc"], llm["compute"] * scale["llm"]
+        other = l_ if bottleneck != LLM else max(times.values(), default=0.0)
+        pipe = m * slow + other + bubble
+        # the module that waits longest: a text-only model's encoder ranks (no module of its) wait throughout
+        waits = min(every.values()) if times or not lay.encoder_ranks else 0.0
+        idle = 1 - waits / slow if slow > 0 else 0.0
+        # the critical path: the bottleneck module's parts M times; the other side once (fill or drain)
+        scale = dict.fromkeys(every, 1.0)
+        scale[bottleneck] = float(m)
+    scale[LLM] += fill
+    enc_c = sum((p["compute"] * scale[n] for n, p in encs.items()), 0.0)
+    llm_c = llm["compute"] * scale[LLM]
     parts = {
         "compute": enc_c + llm_c,
-        "tp": enc["tp"] * scale["enc"] + llm["tp"] * scale["llm"],
-        "ep": llm["ep"] * scale["llm"],
-        "bridge": enc["bridge"] * scale["enc"],
+        "tp": sum(p["tp"] * scale[n] for n, p in encs.items()) + llm["tp"] * scale[LLM],
+        "ep": llm["ep"] * scale[LLM],
+        "bridge": sum((p["bridge"] * scale[n] for n, p in encs.items()), 0.0),
         "dp": dp,
         "optimizer": opt,
-        "latency": enc["latency"] * scale["enc"] + llm["latency"] * scale["llm"] + dp_lat,
+        "latency": sum(p["latency"] * scale[n] for n, p in encs.items())
+        + llm["latency"] * scale[LLM]
+        + dp_lat,
     }
     dominant = max(("compute", "tp", "ep", "dp", "bridge", "latency"), key=lambda k: parts[k])
-    return StepTime(pipe + dp + dp_lat + opt, e, l_, parts, bottleneck, idle, dominant, fl, enc_c, llm_c)
+    return StepTime(
+        pipe + dp + dp_lat + opt,
+        max(times.values(), default=0.0),
+        l_,
+        parts,
+        bottleneck,
+        idle,
+        dominant,
+        fl,
+        enc_c,
+        llm_c,
+        modules=every,
+    )

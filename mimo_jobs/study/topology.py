@@ -139,6 +139,12 @@ class Layout:
     def several(self) -> bool:
         return len(self.encoders) > 1
 
+    @property
+    def flat(self) -> bool:
+        """One encoder named vision: what a study's `encoder:` form and older records (flat enc_tp/enc_pp/
+        enc_dp) describe."""
+        return len(self.encoders) == 1 and self.encoders[0].name == VISION
+
     def label(self, m: ModuleShape) -> str:
         """Where a module's sizes sit in a point: `encoder` for the one encoder, `encoders.<name>` of several."""
         return f"encoders.{m.name}" if self.several else "encoder"
@@ -172,7 +178,7 @@ class Layout:
         """As run.yaml and a checkpoint's manifest record it: one encoder named vision as the flat
         enc_tp/enc_pp/enc_dp (what every layout was before encoders had names), else `encoders`."""
         d = {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node}
-        if not self.several and self.encoders[0].name == VISION:
+        if self.flat:
             m = self.encoders[0]
             d |= {"enc_tp": m.tp, "enc_pp": m.pp, "enc_dp": m.dp}
         else:

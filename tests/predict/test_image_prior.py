@@ -114,7 +114,7 @@ def test_plan_says_when_the_verdict_flips_within_the_prior(tmp_path, monkeypatch
     # gbs 768 on 8 nodes: colocated at one tile an image, the encoder on nodes of its own at a full row
     assert flips == [
         "# assumed image mix: colocated best at the low end (729 image tokens a sample), heterogeneous "
-        f"(encoder 2 nodes) at the high end (4096): measure with mimo-jobs data stats --study {study}"
+        f"(vision 2 nodes) at the high end (4096): measure with mimo-jobs data stats --study {study}"
     ]
     assert "every verdict below is assumed" in r.output
     j = runner.invoke(app, ["plan", "--from", str(study), "--nodes", "8", "--gbs", "768,128", "--json"])
@@ -122,7 +122,7 @@ def test_plan_says_when_the_verdict_flips_within_the_prior(tmp_path, monkeypatch
     assert doc["image_tokens"]["assumed"] is True and doc["image_tokens"]["range"] == [729, 4096]
     ends = {p["gbs"]: p["assumed_mix"] for p in doc["plans"]}
     assert ends[768]["flips"] and ends[768]["low"]["verdict"] == "colocated"
-    assert ends[768]["high"]["verdict"] == "heterogeneous (encoder 2 nodes)"
+    assert ends[768]["high"]["verdict"] == "heterogeneous (vision 2 nodes)"
     # gbs 128: the same split at both ends, no warning
     assert not ends[128]["flips"] and ends[128]["low"]["verdict"] == ends[128]["high"]["verdict"]
     # the mock provider's images are exact: nothing assumed, nothing re-priced

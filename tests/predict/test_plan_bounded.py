@@ -1,7 +1,7 @@
 """plan's split search over several encoder modules is bounded (predict/layouts.py MAX_SHAPE_COMBOS): the
 product of the modules' shapes grows 24x with every module, so each module is tried with as many of its
-shapes as keep the product under the bound, and plan says when it bounded the search. Two modules keep every
-shape; five answer through the real CLI."""
+shapes as keep the product under the bound, and plan says when it bounded the search. One module keeps every
+shape, two MAX_MODULE_SHAPES each; five answer through the real CLI."""
 
 from __future__ import annotations
 
@@ -23,10 +23,17 @@ FIVE = (
 
 
 def test_each_module_keeps_as_many_shapes_as_the_bound_allows():
-    assert shapes_per_module(1) == shapes_per_module(2) == MAX_MODULE_SHAPES  # one or two: nothing dropped
+    # one module: every shape (a large batch on a wide node has more than MAX_MODULE_SHAPES); two: the bound's
+    # square root each
+    from mimo_jobs.study.topology import Layout
+
+    wide = Layout(nodes=100, gpus_per_node=8, gbs=768)
+    assert len(module_shapes(wide, 100)) > MAX_MODULE_SHAPES
+    assert len(module_shapes(wide, 100, shapes_per_module(1))) == len(module_shapes(wide, 100))
+    assert shapes_per_module(2) == MAX_MODULE_SHAPES
     for n in range(1, 8):
         k = shapes_per_module(n)
-        assert k**n <= MAX_SHAPE_COMBOS and (k == MAX_MODULE_SHAPES or (k + 1) ** n > MAX_SHAPE_COMBOS)
+        assert k**n <= MAX_SHAPE_COMBOS < (k + 1) ** n
 
 
 def test_the_kept_shapes_are_the_first_of_the_full_list():

@@ -38,7 +38,7 @@ def test_plan_several_node_counts_best_split_colocated_and_flags():
         best = p["best_heterogeneous"]
         assert p["best"]["iteration_s"] <= best["iteration_s"]
         assert best["point"]["nodes"] == n and not best["colocated"]
-        assert best["split"].startswith("encoder ") and "| LLM " in best["split"]
+        assert best["split"].startswith("vision ") and "| LLM " in best["split"]
         assert best["fits"] is True and best["free_bytes"] == doc["capacity_bytes"] - max(
             c["bytes"] for c in best["rank_classes"]
         )
@@ -131,10 +131,10 @@ def test_every_candidate_is_feasible_and_the_split_adds_up():
         fit, over = price_layouts(shape_of(run.layout, run.trainer), get_gpu(gpu), nodes, Efficiency())
         assert fit and not any(check(c.layout) for c in fit + over)
     # GPUs inside a node where the topology allows: 1 encoder process feeding 3 LLM lanes
-    assert any(split_label(c.layout) == "encoder 1 GPU | LLM 3 GPUs" for c in fit)
+    assert any(split_label(c.layout) == "vision 1 GPU | LLM 3 GPUs" for c in fit)
     assert (
         split_label(replace(run.layout, nodes=4, enc_tp=4, enc_dp=1))
-        == "encoder 1 node (4 GPUs) | LLM 3 nodes"
+        == "vision 1 node (4 GPUs) | LLM 3 nodes"
     )
 
 
@@ -151,7 +151,7 @@ def test_validate_refuses_a_predicted_oom_with_the_cheapest_fix(tmp_path):
     study, doc = _over_memory_study(tmp_path, 17)  # the 33-node run's encoder ranks need ~19 GiB
     r = runner.invoke(app, ["validate", str(study)], env={"COLUMNS": "250"})
     assert r.exit_code == 2, r.output
-    assert "[memory] predicted out of memory on H100: ranks 0-7 (encoder) over by" in r.output
+    assert "[memory] predicted out of memory on H100: ranks 0-7 (vision) over by" in r.output
     assert "cheapest change that fits: trainer.encoder_inflight: 1" in " ".join(r.output.split())
     j = runner.invoke(app, ["validate", str(study), "--json"])
     assert j.exit_code == 2 and json.loads(j.output)["ok"] is False

@@ -46,10 +46,10 @@ def test_predict_json_shape():
             "ranks",
             "flops_per_iteration",
         } <= set(run)
-        assert run["bottleneck"] in ("encoder", "llm") and run["fits"] is True
+        assert run["bottleneck"] in ("vision", "llm") and run["fits"] is True
         assert set(run["flops_per_iteration"]) == {"encoder", "llm"}
         for rk in run["ranks"]:
-            assert set(rk) == RANK_KEYS and rk["module"] in ("encoder", "llm") and len(rk["ranks"]) == 2
+            assert set(rk) == RANK_KEYS and rk["module"] in ("vision", "llm") and len(rk["ranks"]) == 2
             parts = rk["weight_bytes"] + rk["grad_bytes"] + rk["optimizer_bytes"] + rk["activation_bytes"]
             assert rk["total_bytes"] == parts
 
@@ -61,7 +61,7 @@ def test_predict_table_and_colocated_cpu_study():
     rj = json.loads(runner.invoke(app, ["predict", str(CPU), "--json"]).output)
     assert rj["gpu"] == "cpu"
     colo = [x for x in rj["runs"] if "colo" in x["name"]][0]
-    assert {rk["module"] for rk in colo["ranks"]} == {"encoder", "llm"}
+    assert {rk["module"] for rk in colo["ranks"]} == {"vision", "llm"}
     assert colo["ranks"][0]["ranks"] == colo["ranks"][1]["ranks"] == [0, 3]  # both modules on every rank
 
 
@@ -127,3 +127,38 @@ def test_cluster_hardware_is_checked(tmp_path):
     assert r.exit_code == 2 and "cluster.hardware.gpu" in r.output
     bad = _with_hardware(tmp_path, {"memory_gib": -1})
     assert runner.invoke(app, ["predict", str(bad)]).exit_code == 2
+
+
+def _module_labels(run: dict) -> set[str]:
+    """Every module label of one run of `predict --json`: its rank rows, bottleneck and modules."""
+    return {rk["module"] for rk in run["ranks"]} | {run["bottleneck"]} | {m["module"] for m in run["modules"]}
+
+
+def test_a_one_encoder_study_names_its_module_as_the_study_does(tmp_path):
+    """`predict` and `plan` label a one-encoder model's module by the study's name for it: `vision` for the
+    `encoder:` form, its own name for a one-module `encoders:` map; never `encoder`."""
+    doc = yaml.safe_load(CPU.read_text())
+    doc["trainer"]["model"] = {"encoders": {"eye": "tiny"}, "llm": "tiny"}
+    doc["matrix"]["points"] = [
+        {"encoders": {"eye": {"tp": 1, "dp": 1}}, "llm": {"tp": 1, "dp": 3}},
+        {"colocated": True, "llm": {"tp": 2}},
+    ]
+    eye = tmp_path / "eye.yaml"
+    eye.write_text(yaml.safe_dump(doc, sort_keys=False))
+    for study, name in ((CPU, "vision"), (eye, "eye")):
+        r = runner.invoke(app, ["predict", str(study), "--json"])
+        assert r.exit_code == 0, r.output
+        runs = json.loads(r.output)["runs"]
+        for run in runs:
+            labels = _module_labels(run)
+            assert name in {rk["module"] for rk in run["ranks"]} and labels <= {name, "llm"}, labels
+            assert [m["module"] for m in run["modules"]] == [name, "llm"]
+        table = runner.invoke(app, ["predict", str(study)], env={"COLUMNS": "250"}).output
+        cells = {c.strip() for line in table.splitlines() for c in line.split("│")}
+        assert name in cells and "encoder" not in cells
+        p = runner.invoke(app, ["plan", "--from", str(study), "--nodes", "1", "--top", "2", "--json"])
+        assert p.exit_code == 0, p.output
+        layouts = [c for plan in json.loads(p.output)["plans"] for c in plan["layouts"]]
+        assert layouts and all(name in c["split"] and "encoder" not in c["split"] for c in layouts)
+        classes = {m for c in layouts for rc in c["rank_classes"] for m in rc["modules"]}
+        assert classes == {name, "llm"} and {c["bottleneck"] for c in layouts} <= {name, "llm"}

@@ -68,14 +68,15 @@ def test_one_process_params_flops_and_activations(tmp_path, model):
     from dataclasses import replace
 
     for attention, got in both.items():
+        rs = shape_of(run.layout, run.trainer)
         rs = replace(
-            shape_of(run.layout, run.trainer), seq_length=SEQ, image_tokens_max=tokens, attention=attention
+            rs, seq_length=SEQ, modules=(replace(rs.modules[0], tokens_max=tokens),), attention=attention
         )
         saved = got["saved_peak_bytes"]
         assert A.llm_bytes(rs, 0, "local") == pytest.approx(saved["llm"], rel=0.15), attention
-        assert A.encoder_bytes(rs, "local") == pytest.approx(saved["encoder"], rel=0.15), attention
+        assert A.module_bytes(rs, 0, "local") == pytest.approx(saved["encoder"], rel=0.15), attention
         if model == "tiny":  # the plain model (no GQA, QK-norm or experts): byte for byte
-            assert (A.llm_bytes(rs, 0, "local"), A.encoder_bytes(rs, "local")) == (
+            assert (A.llm_bytes(rs, 0, "local"), A.module_bytes(rs, 0, "local")) == (
                 saved["llm"],
                 saved["encoder"],
             )
@@ -99,14 +100,14 @@ def _check_ranks(shared_runs, ry: Path, nproc: int) -> dict:
     ratios = {}
     for rank, f in facts.items():
         for name, m in f["modules"].items():
-            module = "encoder" if name == "encoder" else "llm"
+            module = "vision" if name == "encoder" else "llm"  # the trainer's slot of the study's vision
             pred = [
                 x
                 for c in mem.classes
                 for x in c.modules
                 if x.module == module and x.ranks[0] <= rank <= x.ranks[1]
             ]
-            pred = [x for x in pred if module == "encoder" or x.stage == f["pp_rank"]][0]
+            pred = [x for x in pred if module == "vision" or x.stage == f["pp_rank"]][0]
             assert m["params"] == pred.params, (rank, name)
             assert m["grad_buffer_bytes"] == pred.grad_bytes, (rank, name)
             from mimo_jobs.predict.memory import buffers_of, optimizer_bytes
@@ -116,7 +117,8 @@ def _check_ranks(shared_runs, ry: Path, nproc: int) -> dict:
                 tensors = llm_tensors(rs.preset, lay.llm_tp, lay.llm_ep, lay.llm_etp, lay.llm_pp, pred.stage)
                 dp, edp = lay.llm_dp, max(1, lay.llm_tp * lay.llm_dp // (lay.llm_ep * lay.llm_etp))
             else:
-                tensors, dp, edp = encoder_tensors(rs.preset, lay.enc_tp), lay.enc_dp, lay.enc_dp
+                (enc,) = lay.encoders
+                tensors, dp, edp = encoder_tensors(rs.preset, enc.tp), enc.dp, enc.dp
             bufs = buffers_of(tensors, dp, edp, rs.distributed_optimizer)
             want = optimizer_bytes(bufs, rs.distributed_optimizer, rs.optimizer, rs.bf16, f["dp_rank"])
             assert m["optimizer_state_bytes"] == want, (rank, name)

@@ -88,13 +88,13 @@ def test_each_module_is_priced_with_its_own_setting(layers, attention):
     uniform = {m: replace(base, recompute=RecomputeSpec.of(m)) for m in MODES}
     for enc, llm in itertools.product(MODES, MODES):
         rs = replace(base, recompute=RecomputeSpec(encoder=enc, llm=llm))
-        assert A.encoder_bytes(rs, layers) == A.encoder_bytes(uniform[enc], layers)
+        assert A.module_bytes(rs, 0, layers) == A.module_bytes(uniform[enc], 0, layers)
         assert A.llm_bytes(rs, 0, layers) == A.llm_bytes(uniform[llm], 0, layers)
         p = predict_shape(rs, H100, Efficiency())
         pe, pl = (predict_shape(uniform[m], H100, Efficiency()) for m in (enc, llm))
         assert p.time.encoder_mb_s == pe.time.encoder_mb_s and p.time.llm_mb_s == pl.time.llm_mb_s
         got = _activations(p)
-        assert got["encoder"] == _activations(pe)["encoder"] and got["llm"] == _activations(pl)["llm"]
+        assert got["vision"] == _activations(pe)["vision"] and got["llm"] == _activations(pl)["llm"]
     # the settings differ where they should: full keeps least and costs time, on its own module only
     full_enc = predict_shape(replace(base, recompute=RecomputeSpec(encoder="full")), H100, Efficiency())
     plain = predict_shape(base, H100, Efficiency())
@@ -102,7 +102,7 @@ def test_each_module_is_priced_with_its_own_setting(layers, attention):
         full_enc.time.encoder_mb_s > plain.time.encoder_mb_s and full_enc.time.llm_mb_s == plain.time.llm_mb_s
     )
     for m, nbytes in (
-        ("encoder", lambda r: A.encoder_bytes(r, layers)),
+        ("vision", lambda r: A.module_bytes(r, 0, layers)),
         ("llm", lambda r: A.llm_bytes(r, 0, layers)),
     ):
         assert nbytes(uniform["full"]) < nbytes(uniform["selective"]) <= nbytes(uniform["none"]), m
@@ -112,7 +112,7 @@ def test_each_module_is_priced_with_its_own_setting(layers, attention):
 
 def _activations(p) -> dict[str, list[int]]:
     """Each module's activation bytes per rank class (the memory plan's figures)."""
-    out: dict[str, list[int]] = {"encoder": [], "llm": []}
+    out: dict[str, list[int]] = {"vision": [], "llm": []}
     for c in p.memory.classes:
         for m in c.modules:
             out[m.module].append(m.activation_bytes)

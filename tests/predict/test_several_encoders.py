@@ -2,7 +2,7 @@
 
 - the audio encoder's parameters (tensor by tensor, in registration order, the frozen position table
   apart) and FLOPs against the trainer's built module (trainer/model/audio_encoder.py) and torch's
-  FlopCounterMode, and its activation term (several.audio_bytes) within ACTIVATION_TOLERANCE of the bytes
+  FlopCounterMode, and its activation term (activations.audio_bytes) within ACTIVATION_TOLERANCE of the bytes
   the trainer's SavedTensorMeter counts autograd keep in the built encoder and projector, as the vision
   encoder's is measured (test_predict_vs_trainer.py), through the worker audio_measure_worker.py (one
   process; a TP2 group under torchrun);
@@ -30,7 +30,7 @@ from mimo_jobs.model.attention import UNFUSED
 from mimo_jobs.model.audio_arch import AudioArch
 from mimo_jobs.model.presets import PRESETS
 from mimo_jobs.model.tiling import ImageGeometry
-from mimo_jobs.predict import several
+from mimo_jobs.predict import activations, steptime
 from mimo_jobs.predict.estimate import modules_json, predict_run, predict_shape
 from mimo_jobs.predict.flops import audio_clip_flops
 from mimo_jobs.predict.hardware import get_gpu
@@ -84,7 +84,7 @@ def test_audio_params_and_flops_equal_the_built_module(tmp_path, pooling, frames
     # one microbatch of one clip, fp32, the CPU's unfused attention, no recompute, TP 1
     rs, mix = _audio_shape(a, frames)
     rs = replace(rs, attention=UNFUSED)  # what audio_measure_worker builds
-    predicted = several.audio_bytes(rs, rs.preset.encoders["audio"], mix, 1, 1, "local")
+    predicted = activations.audio_bytes(rs, rs.preset.encoders["audio"], mix, 1, 1, "local")
     assert predicted == pytest.approx(got["saved_peak_bytes"], rel=ACTIVATION_TOLERANCE)
 
 
@@ -198,7 +198,7 @@ def test_each_module_class_holds_its_own_module(tmp_path):
     one["matrix"] = {"points": [{"nodes": 3, "encoder": {"dp": 4}, "llm": {"dp": 8}, "gbs": 32}]}
     (single,) = runs_of(parse_study(one, env={}))
     ref = predict_run(single, H100).memory.classes[0].modules[0]
-    assert ref.module == "encoder"
+    assert ref.module == "vision"
     assert (vis.params, vis.grad_bytes, vis.optimizer_bytes) == (
         ref.params,
         ref.grad_bytes,
@@ -239,7 +239,7 @@ def test_the_step_is_bounded_by_the_slowest_module(tmp_path):
 
 
 def _dp_latency(p) -> float:
-    return several._dp_s(p.shape, p.memory, p.gpu, efficiency_for(p.gpu))[1]
+    return steptime._dp_s(p.shape, p.memory, p.gpu, efficiency_for(p.gpu))[1]
 
 
 def _stats(tmp: Path, clips: dict, tokens_mean: float, tokens_max: int) -> Path:
@@ -312,10 +312,10 @@ def test_a_one_encoder_model_is_priced_as_it_always_was(tmp_path):
     doc["matrix"] = {"points": [{"nodes": 1, "encoder": {"dp": 4}, "llm": {"dp": 4}, "gbs": 32}]}
     (run,) = runs_of(parse_study(doc, env={}))
     rs = shape_of(run.layout, run.trainer)
-    assert rs.modules == ()  # the one-encoder path of memory.py and steptime.py
+    assert [m.name for m in rs.modules] == ["vision"]  # a model of one module, priced as every model is
     p = predict_shape(rs, H100, efficiency_for(H100))
-    assert [m.module for c in p.memory.classes for m in c.modules] == ["encoder", "llm"]
-    assert p.time.modules == {} and p.time.bottleneck in ("encoder", "llm")
+    assert [m.module for c in p.memory.classes for m in c.modules] == ["vision", "llm"]
+    assert set(p.time.modules) == {"vision", "llm"} and p.time.bottleneck in ("vision", "llm")
 
 
 def test_the_mock_audio_mix_a_study_states_is_priced(tmp_path):

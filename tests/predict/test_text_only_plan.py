@@ -51,11 +51,11 @@ def test_plan_labels_a_text_only_layout_as_the_llm_alone():
 def test_a_model_with_an_encoder_keeps_the_colocated_label():
     (run, *_) = runs_of(load_study(GPT, env={}))
     one = replace(run.layout, nodes=1)
-    assert split_label(run.layout) == "colocated: encoder and LLM on all 2 nodes"
+    assert split_label(run.layout) == "colocated: vision and LLM on all 2 nodes"
     assert split_label(one, text_only=True) == "LLM on all 1 node (text-only)"
     plan = _invoke("plan", "--from", str(REPO / "studies/cpu_local.yaml"), "--nodes", "1", "--json")
     colo = [c for p in json.loads(plan)["plans"] for c in p["layouts"] if c["colocated"]]
-    assert colo and {c["split"] for c in colo} == {"colocated: encoder and LLM on all 1 node"}
+    assert colo and {c["split"] for c in colo} == {"colocated: vision and LLM on all 1 node"}
 
 
 def test_the_megatron_example_describes_the_gpt_its_command_trains():
