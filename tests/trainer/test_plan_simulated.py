@@ -96,7 +96,7 @@ def _check_bridge(plan, enc, llm) -> None:
         assert lanes == plan.lanes_of_encoder(e)
         assert enc.coords(enc.leader_of(e)) == (0, 0, e)
     for lane in range(plan.layout.llm_dp):
-        assert [g.enc_dp for g in segments_of_lane(plan, lane)] == plan.encoders_of_lane(lane)
+        assert [g.replica for g in segments_of_lane(plan, lane)] == plan.encoders_of_lane(lane)
         assert llm.coords(llm.leader_of(lane)) == (0, 0, lane)
 
 
