@@ -130,10 +130,9 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
     if t.freeze.llm and t.freeze.every_encoder(t.model):
         raise ValueError("trainer.freeze: every encoder and the llm are frozen; nothing to train")
     if reference:
-        one, llm_s = G.single_process_shapes(plan)
-        encs = {m.name: one for m in plan.layout.encoders}
+        encs, llm_s = G.single_process_shapes(plan)
     else:
-        encs, llm_s = G.encoder_shapes(plan), G.module_shapes(plan)[1]
+        encs, llm_s = G.encoder_shapes(plan), G.language_shape(plan)
     grids = G.build_grids(encs, llm_s, "nccl" if prec.use_gpu else "gloo", timeout)
     role = grids.role
     own = G.own_module(encs, role.rank)

@@ -324,7 +324,7 @@ def rank_states(
         mbs=mbs,
     )
     plan = topology.rank_layout(lay)
-    encs, llm = G.encoder_shapes(plan), G.module_shapes(plan)[1]
+    encs, llm = G.encoder_shapes(plan), G.language_shape(plan)
     net = Network()
     run = SimpleNamespace(
         trainer=SimpleNamespace(

@@ -9,9 +9,9 @@ from mimo_jobs.trainer.parallel.grids import (
     LANGUAGE,
     ModuleShape,
     encoder_shapes,
+    language_shape,
     module_plan,
     module_plans,
-    module_shapes,
     own_module,
     role_of,
 )
@@ -25,7 +25,7 @@ def test_roles_follow_the_plan():
             nodes=1, gpus_per_node=8, enc_tp=2, enc_pp=1, enc_dp=1, llm_tp=2, llm_pp=1, llm_dp=3, gbs=6, mbs=1
         )
     )
-    enc, llm = module_shapes(plan)
+    enc, llm = encoder_shapes(plan)["vision"], language_shape(plan)
     assert (enc.offset, enc.size, llm.offset, llm.size) == (0, 2, 2, 6)
     r = role_of(5, enc, llm)  # local 3 -> tp 1, dp 1
     assert r.modules == (LANGUAGE,) and (r.tp_rank, r.dp_rank, r.is_leader) == (1, 1, False)
@@ -47,7 +47,7 @@ def test_several_encoder_modules_each_have_their_ranks_roles_and_bridge_plan():
     plan = topology.rank_layout(
         topology.Layout(nodes=1, gpus_per_node=7, encoders=mods, llm_dp=2, gbs=4, mbs=2)
     )
-    encs, llm = encoder_shapes(plan), module_shapes(plan)[1]
+    encs, llm = encoder_shapes(plan), language_shape(plan)
     assert [(n, e.offset, e.size) for n, e in encs.items()] == [("vision", 0, 4), ("audio", 4, 1)]
     assert (llm.offset, llm.size) == (5, 2)
     assert [own_module(encs, r) for r in range(7)] == ["vision"] * 4 + ["audio"] + ["vision"] * 2

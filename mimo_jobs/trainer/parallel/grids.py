@@ -64,14 +64,10 @@ class ModuleShape:
         return self.rank_of(0, 0, dp_rank)
 
 
-def module_shapes(plan: RankLayout) -> tuple[ModuleShape, ModuleShape]:
+def language_shape(plan: RankLayout) -> ModuleShape:
+    """The LLM's shape: after every encoder module's ranks, or on every rank colocated."""
     lay = plan.layout
-    """(the first encoder module's shape, the LLM's): colocated, every encoder module takes the LLM's TP and
-    DP on the same ranks, so one grid serves them all; each on ranks of its own, the first module starts at
-    rank 0 (encoder_shapes has them all)."""
-    m = lay.encoders[0]
-    enc = ModuleShape(ENCODER, 0, m.tp, m.pp, m.dp, 1, m.tp)
-    llm = ModuleShape(
+    return ModuleShape(
         LANGUAGE,
         plan.llm_rank_start,
         lay.llm_tp,
@@ -80,16 +76,16 @@ def module_shapes(plan: RankLayout) -> tuple[ModuleShape, ModuleShape]:
         lay.llm_ep if lay.num_experts else 1,
         lay.llm_etp if lay.num_experts else 1,
     )
-    return enc, llm
 
 
 def encoder_shapes(plan: RankLayout) -> dict[str, ModuleShape]:
     """Every encoder module's shape by its name, in the model's order: each on its own ranks
-    (topology.module_ranges), or, colocated or with one module, the one shape `module_shapes` gives (every
-    name maps to it: one grid serves them all)."""
+    (topology.module_ranges). Colocated, every module takes the LLM's TP and DP on the same ranks, so every
+    name maps to one shape (one grid serves them all)."""
     lay = plan.layout
     if lay.colocated or not lay.several:
-        one = module_shapes(plan)[0]
+        m = lay.encoders[0]
+        one = ModuleShape(ENCODER, 0, m.tp, m.pp, m.dp, 1, m.tp)
         return {m.name: one for m in lay.encoders}
     return {r.name: ModuleShape(ENCODER, r.rank_start, r.tp, r.pp, r.dp, 1, r.tp) for r in module_ranges(lay)}
 
@@ -123,9 +119,11 @@ def module_plans(plan: RankLayout) -> dict[str, RankLayout]:
     return {m.name: module_plan(plan, m.name) for m in plan.layout.encoders}
 
 
-def single_process_shapes(plan: RankLayout) -> tuple[ModuleShape, ModuleShape]:
-    """The reference: both modules colocated on rank 0, every parallel size 1."""
-    return ModuleShape(ENCODER, 0, 1, 1, 1), ModuleShape(LANGUAGE, 0, 1, 1, 1)
+def single_process_shapes(plan: RankLayout) -> tuple[dict[str, ModuleShape], ModuleShape]:
+    """The reference: (every encoder module's shape by its name, the LLM's), all on rank 0, every parallel
+    size 1 (one grid serves every encoder module)."""
+    one = ModuleShape(ENCODER, 0, 1, 1, 1)
+    return {m.name: one for m in plan.layout.encoders}, ModuleShape(LANGUAGE, 0, 1, 1, 1)
 
 
 @dataclass(frozen=True)
