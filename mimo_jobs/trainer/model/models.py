@@ -125,8 +125,8 @@ def unsupported(arch: ModelArch, lay) -> str | None:
         (ModelArch(arch.name, encoder=e, llm=arch.llm), lay.llm_tp if lay.colocated else tps.get(n, only))
         for n, e in arch.named_encoders
     ] or [(arch, lay.llm_tp)]  # text-only: no encoder TP to check
-    for one, enc_tp in pairs:
-        found = tp_problems(one, enc_tp, lay.llm_tp, lay.llm_etp, lay.llm_pp)
+    for one, tp in pairs:
+        found = tp_problems(one, tp, lay.llm_tp, lay.llm_etp, lay.llm_pp)
         if found:
             _, msg, fit = found[0]
             return f"trainer.model: {msg} ({fit})"
