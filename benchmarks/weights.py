@@ -108,7 +108,7 @@ def worker(d: Path, layers: int) -> None:
     tp = dist.get_world_size()
     shape = G.ModuleShape(G.LANGUAGE, 0, tp, 1, 1)
     grids = G.build_grids(
-        G.ModuleShape(G.ENCODER, 0, tp, 1, 1), shape, "gloo", datetime.timedelta(seconds=600)
+        {"vision": G.ModuleShape(G.ENCODER, 0, tp, 1, 1)}, shape, "gloo", datetime.timedelta(seconds=600)
     )
     _seed_megatron(grids, 1)
     arch = _arch(layers)

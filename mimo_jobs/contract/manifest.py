@@ -31,14 +31,12 @@ FORMAT_VERSION = 1
 LATEST = "latest"
 MANIFEST = "manifest.json"
 _ITER_RE = re.compile(r"^iter_(\d{7,})\Z")
-# Layout fields that decide how a checkpoint's files are cut: when they all match, a rank loads its own files
-# (the fast path); otherwise the checkpoint is resharded (trainer/checkpoint/reshard.py).
+# Layout fields that decide how a checkpoint's files are cut, with each encoder module's sizes (cut_keys):
+# when they all match, a rank loads its own files (the fast path); otherwise the checkpoint is resharded
+# (trainer/checkpoint/reshard.py).
 LAYOUT_KEYS = (
     "nodes",
     "gpus_per_node",
-    "enc_tp",
-    "enc_pp",
-    "enc_dp",
     "llm_tp",
     "llm_pp",
     "llm_dp",
@@ -227,9 +225,30 @@ def latest_checkpoint(directory: str | Path) -> CheckpointInfo | None:
     return all_[-1] if all_ else None
 
 
+def cut_keys(layout: dict) -> dict:
+    """A layout record's fields that decide how a checkpoint's files are cut: LAYOUT_KEYS and each encoder
+    module's sizes, `encoders.<name>.tp` (and pp, dp) of a record's `encoders`; a record of one encoder
+    named vision keeps them as its enc_tp/enc_pp/enc_dp (the older form, which Layout.to_dict still writes
+    for it), read as they are."""
+    out = {k: layout.get(k) for k in LAYOUT_KEYS}
+    if "encoders" in layout:
+        for m in layout["encoders"]:
+            out |= {f"encoders.{m.get('name')}.{k}": m.get(k) for k in ("tp", "pp", "dp")}
+    else:
+        out |= {k: layout.get(k) for k in ("enc_tp", "enc_pp", "enc_dp")}
+    return out
+
+
+def layout_diff(saved: dict, now: dict) -> list[tuple[str, object, object]]:
+    """(field, saved, now) of every cut_keys field that differs (a module only one side has: None on the
+    other)."""
+    a, b = cut_keys(saved), cut_keys(now)
+    return [(k, a.get(k), b.get(k)) for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+
+
 def same_layout(info: CheckpointInfo, prov: Provenance) -> bool:
     """Whether this launch cuts its tensors as `info` did (every rank can read its own files)."""
-    return info.world == prov.world and all(info.layout.get(k) == prov.layout.get(k) for k in LAYOUT_KEYS)
+    return info.world == prov.world and not layout_diff(info.layout, prov.layout)
 
 
 def same_names(info: CheckpointInfo, prov: Provenance) -> bool:
@@ -253,10 +272,9 @@ def check_compatible(info: CheckpointInfo, prov: Provenance) -> list[str]:
             f"from that checkpoint with trainer.init.checkpoint: {info.path}"
         )
     if not same_layout(info, prov):
-        diff = [k for k in LAYOUT_KEYS if info.layout.get(k) != prov.layout.get(k)]
         problems.append(
             "it was saved with a different layout ("
-            + ", ".join(f"{k}={info.layout.get(k)} vs now {prov.layout.get(k)}" for k in diff)
+            + ", ".join(f"{k}={a} vs now {b}" for k, a, b in layout_diff(info.layout, prov.layout))
             + f"; {info.world} ranks vs now {prov.world}): a run resumes with its own layout; to continue "
             f"under another one, start a run of that layout with trainer.init.checkpoint: {info.path}"
         )

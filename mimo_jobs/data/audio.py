@@ -121,12 +121,6 @@ def npy_bytes(features) -> bytes:
     return buf.getvalue()
 
 
-def audio_inputs(audio) -> list:
-    """Per-sample audio entries -> the audio encoder's clips in placeholder order: None gives none, a list
-    its clips in turn."""
-    return [clip for row in audio if row for clip in row]
-
-
 def pad_clips(clips: list):
     """Clips [n_mels, f_i] -> (features [N, n_mels, max f] zero-padded on the right, frames [N]): one tensor
     for an encoder that takes a padded batch with lengths."""

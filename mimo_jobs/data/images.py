@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import io
 
-from mimo_jobs.data.batch import flatten
 from mimo_jobs.model.tiling import ImageGeometry, ImagePlan
 
 __all__ = [
     "ImageGeometry",
     "ImagePlan",
     "decode",
-    "encoder_inputs",
     "geometry_of_preset",
     "header_size",
     "image_module_of",
@@ -101,10 +99,3 @@ def decode(data: bytes, geom: ImageGeometry):
     mean, std = torch.tensor(m).view(1, c, 1, 1), torch.tensor(s).view(1, c, 1, 1)
     x = ((x - mean) / std).contiguous()
     return x if len(pieces) > 1 else x[0]
-
-
-def encoder_inputs(images) -> list:
-    """Per-sample image entries -> the encoder's samples, in order: None (text-only) gives none, a [C, H, W]
-    tensor one, a [T, C, H, W] tensor its T tiles, a list or tuple its items in turn (several images): the
-    batch contract's one rule (batch.flatten)."""
-    return flatten(images)

@@ -12,7 +12,7 @@ text is learnable, and an image's caption can only be predicted by looking at th
 - a text-only sample counts up through TEXT_POOL tokens from a random start (wrapping round), which the LLM
   alone can learn.
 
-With an audio encoder (`MockConfig.audio`) a share `audio_fraction` of the samples also carries one clip, a
+With an audio module (an audio tower in `MockConfig.towers`) a share `audio_fraction` of the samples also carries one clip, a
 float32 [n_mels, frames] log-mel-like array of a length from `audio_frames`: a class's fixed random mel
 column repeated over the frames plus noise. Its placeholders follow the image's (the audio encoder's token
 rule gives how many); a clip shows the class the caption names (the image's, or with no image its own), so
@@ -116,37 +116,42 @@ class MockConfig:
     mbs: int
     num_microbatches: int
     vocab_size: int
-    patch_size: int
     channels: int
     image_sizes: tuple[int, ...]
     text_only_fraction: float
+    # the model's encoder modules (placeholders in this order: image modules, then audio ones, each kind in
+    # the model's order)
+    towers: tuple[MockTower, ...]
     lanes: int = 1  # LLM DP lanes sharing one global batch
-    downsample: int = 1  # the encoder's pixel shuffle: s x s patches become one LLM token
-    audio: AudioSpec | None = None  # the audio encoder's token rule; None: no audio
     audio_fraction: float = 0.0  # share of samples that also carry an audio clip
     audio_frames: tuple[int, ...] = ()  # clip lengths drawn from
     n_mels: int = 80  # Whisper's log-mel bins
-    # the model's encoder modules (placeholders in this order: image modules, then audio ones); empty: one
-    # image module "vision" of patch_size/downsample, and an audio module "audio" when `audio` is set
-    towers: tuple[MockTower, ...] = ()
     # the share of image samples whose picture is a video instead (every frame shows the sample's class), and
     # the frame counts drawn from; each image module embeds it in temporal groups
     video_fraction: float = 0.0
     video_frames: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if not self.towers:
-            own = [MockTower("vision", "image", self.patch_size, self.downsample)]
-            if self.audio is not None:
-                own.append(MockTower("audio", "audio", audio=self.audio))
-            self.towers = tuple(own)
         order = {"image": 0, "audio": 1}
         self.towers = tuple(sorted(self.towers, key=lambda t: order.get(t.kind, 2)))  # stable: model order
 
+    @classmethod
+    def one_module(
+        cls, *, patch_size: int, downsample: int = 1, audio: AudioSpec | None = None, **rest
+    ) -> MockConfig:
+        """The older one-module form: one image module `vision` of `patch_size` x `downsample` pixels per
+        token, and an audio module `audio` of the token rule `audio` when given (the one place it becomes
+        towers)."""
+        towers = [MockTower("vision", "image", patch_size, downsample)]
+        if audio is not None:
+            towers.append(MockTower("audio", "audio", audio=audio))
+        return cls(**rest, towers=tuple(towers))
+
     @property
-    def unit(self) -> int:
-        """Pixels per LLM token along a side (patch x downsample)."""
-        return self.patch_size * self.downsample
+    def tile(self) -> int:
+        """The side of a class's pixel tile: the first image module's patch (0: no module reads images)."""
+        images = _of(self, "image")
+        return images[0].patch_size if images else 0
 
     @property
     def gbs(self) -> int:
@@ -157,10 +162,13 @@ def check_mock_config(c: MockConfig, max_image_size: int) -> None:
     if vocab_problem(c.vocab_size):
         raise DataConfigError(vocab_problem(c.vocab_size))
     images = _of(c, "image")
-    first = images[0] if images else MockTower("vision", "image", c.patch_size, c.downsample)
-    found = image_size_problems(
-        c.image_sizes, c.unit, max_image_size, c.seq_length, c.text_only_fraction, first.tokens
-    )  # the rules validate applies to a study
+    found = []
+    if images:  # the rules validate applies to a study, against the first image module's pixels per token
+        first = images[0]
+        unit = first.patch_size * first.downsample
+        found = image_size_problems(
+            c.image_sizes, unit, max_image_size, c.seq_length, c.text_only_fraction, first.tokens
+        )
     video = max(c.video_frames, default=0) if c.video_fraction else 0
     room = towers_room_problem(
         c.image_sizes, {t.name: _tower_tokens(t) for t in images}, c.seq_length, c.text_only_fraction, video
@@ -173,7 +181,7 @@ def check_mock_config(c: MockConfig, max_image_size: int) -> None:
 
 
 def _check_audio(c: MockConfig, max_image_size: int) -> None:
-    if c.audio is None:
+    if not _of(c, "audio"):
         raise DataConfigError(f"audio_fraction={c.audio_fraction}: the model has no audio encoder")
     if not 0.0 <= c.audio_fraction <= 1.0 or not c.audio_frames:
         raise DataConfigError(
@@ -310,15 +318,15 @@ class MockProvider(Provider):
             at += n
         tokens[lead : lead + n_text] = text
         image = clip = None
-        if side and self.need_images:
+        if side and self.need_images and c.tile:
             gi = torch.Generator().manual_seed(_seed_of(c.seed, "image", index))
             noise = torch.randn(c.channels, side, side, generator=gi)
-            reps = side // c.patch_size
-            image = class_tile(k, c.channels, c.patch_size).repeat(1, reps, reps) + IMAGE_NOISE * noise
+            reps = side // c.tile
+            image = class_tile(k, c.channels, c.tile).repeat(1, reps, reps) + IMAGE_NOISE * noise
             if video:  # the frames: the class's pattern under each frame's own noise
                 gv = torch.Generator().manual_seed(_seed_of(c.seed, "video", index))
                 moving = IMAGE_NOISE * torch.randn(video - 1, c.channels, side, side, generator=gv)
-                rest = class_tile(k, c.channels, c.patch_size).repeat(1, reps, reps) + moving
+                rest = class_tile(k, c.channels, c.tile).repeat(1, reps, reps) + moving
                 image = torch.cat([image.unsqueeze(0), rest]).unsqueeze(0)  # [1, F, C, H, W]
         if frames and self.need_images:
             ga = torch.Generator().manual_seed(_seed_of(c.seed, "audio", index))
@@ -392,14 +400,11 @@ def mock_config(run_spec, plan) -> MockConfig:
         mbs=run_spec.layout.mbs,
         num_microbatches=plan.num_microbatches,
         vocab_size=p.llm.vocab_size,
-        patch_size=image.patch_size,
-        downsample=image.downsample,
         channels=image.channels,
         image_sizes=tuple(t.data.image_sizes),
         text_only_fraction=t.data.text_only_fraction,
         lanes=run_spec.layout.llm_dp,
-        # audio samples when the model has an audio encoder and trainer.data asks for them
-        audio=audio,
+        # audio samples when the model has an audio module and trainer.data asks for them
         n_mels=(audio.n_mels if audio is not None and audio.n_mels else MockConfig.n_mels),
         audio_fraction=getattr(t.data, "audio_fraction", 0.0),
         audio_frames=tuple(getattr(t.data, "audio_frames", ())),

@@ -74,6 +74,7 @@ def _from_study(file: Path, run: str) -> tuple[dict, dict]:
         raise IngestError(f"--layout {file}:{run}: no run {run!r} in that study (runs: {names})")
     r = match[0]
     f = r.catalog_fields()
+    # enc_*: the runs table's older one-encoder columns (None for several modules: their `modules` rows)
     keep = ("nodes", "gpus_per_node", "world", "enc_tp", "enc_pp", "enc_dp", "llm_tp", "llm_pp", "llm_ep")
     keep += ("llm_etp", "llm_dp", "gbs", "mbs", "seq_length", "model", "accelerator", "colocated")
     keep += ("modules",)

@@ -19,6 +19,8 @@ CURVE_POINTS = 400
 # At most this many distinct (step, phase) pairs go into the curves' prefilter (each is one modulo per row).
 _PREFILTER_MAX = 8
 
+# enc_*: the runs table's older one-encoder columns, kept in the report's run rows as stores have them (each
+# module's sizes: run_modules)
 _RUN_COLUMNS = """run_id, study, name, nodes, gpus_per_node, world, enc_tp, enc_pp, enc_dp, llm_tp, llm_pp,
     llm_ep, llm_dp, gbs, seq_length, model, accelerator, spec_json, colocated, repeat, pkg_version, git_sha"""
 

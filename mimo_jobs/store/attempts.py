@@ -32,6 +32,8 @@ from pathlib import Path
 from mimo_jobs.contract import submissions
 
 # What the name encodes (study/expand.run_name): a run of another layout is another point, whatever its name.
+# enc_*: the runs table's columns of a one-encoder run (the older form; NULL for several modules, whose
+# sizes run_modules keeps and the name encodes).
 POINT_COLUMNS = (
     "study",
     "name",

@@ -30,7 +30,9 @@ class RunRecord:
     nodes: int
     gpus_per_node: int
     world: int
-    enc_tp: int | None  # the one encoder's sizes (None for several: `modules`)
+    # the runs table's columns of a one-encoder run (the older form, which stores and reports still read;
+    # None for several: `modules`, the run_modules rows every run has)
+    enc_tp: int | None
     enc_pp: int | None
     enc_dp: int | None
     llm_tp: int
@@ -119,7 +121,8 @@ def record_run(
         record_modules(con, r.run_id, r.modules)
 
 
-# The runs columns `ingest --layout/--model` may tell about a run known from its logs.
+# The runs columns `ingest --layout/--model` may tell about a run known from its logs (enc_*: the older
+# one-encoder columns, beside its run_modules rows).
 LOG_LAYOUT_COLUMNS = tuple(
     "nodes gpus_per_node world enc_tp enc_pp enc_dp llm_tp llm_pp llm_ep llm_etp llm_dp gbs mbs seq_length "
     "model accelerator colocated".split()

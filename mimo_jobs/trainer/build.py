@@ -62,7 +62,10 @@ class TrainState:
     device: Any
     reference: bool
     role: G.RankRole
-    enc_shape: G.ModuleShape
+    # every encoder module's ranks (colocated and in the reference one shape for all) and its plan as it meets
+    # the LLM (grids.module_plan), by the module's name, in the model's order
+    module_shapes: dict[str, G.ModuleShape]
+    module_plans: dict[str, RankLayout]
     llm_shape: G.ModuleShape
     encoders: list[Module]  # this rank's encoder modules, in the model's order (none off the encoder ranks)
     language: Module | None
@@ -79,7 +82,6 @@ class TrainState:
     # every bridge this rank talks over, in the model's order: an LLM rank one per encoder module, an encoder
     # rank its own module's (none colocated or in the reference)
     bridges: list = field(default_factory=list)
-    enc_plan: Any = None  # the plan as this rank's encoder module meets the LLM (grids.module_plan)
 
     def module_named(self, name: str) -> Module:
         """This rank's encoder module of that study name (KeyError: not built on this rank)."""
@@ -92,6 +94,12 @@ class TrainState:
         """The input kind an encoder module consumes (its family's modality: image, audio)."""
         return self.preset.encoders[name].modality
 
+    def lanes(self) -> list[int]:
+        """The LLM DP lanes whose data this rank reads (rank_lanes)."""
+        return rank_lanes(
+            self.plan, self.role, self.reference, G.own_module(self.module_shapes, self.role.rank)
+        )
+
     @property
     def modules(self) -> list[Module]:
         """Every module this rank runs: the encoders in order, then the LLM."""
@@ -103,14 +111,15 @@ class TrainState:
         return t.train_iters if t.train_iters is not None else -(-t.train_samples // self.run.layout.gbs)
 
 
-def rank_lanes(plan: RankLayout, role: G.RankRole, reference: bool) -> list[int]:
+def rank_lanes(plan: RankLayout, role: G.RankRole, reference: bool, module: str | None = None) -> list[int]:
     """The LLM DP lanes whose data this rank reads: the reference all of them, an LLM rank its own, an encoder
-    replica the lanes it serves."""
+    replica the lanes it serves as its module (`module`, the model's first by default) meets the LLM."""
     if reference:
         return list(range(plan.layout.llm_dp))
     if role.is_language:
         return [role.dp_rank]
-    return plan.lanes_of_encoder(role.dp_rank)
+    name = module if module is not None else plan.layout.encoders[0].name
+    return G.module_plan(plan, name).lanes_of_encoder(role.dp_rank)
 
 
 def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> TrainState:
@@ -120,23 +129,27 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
     prec, device = _precision_and_device(run)
     if t.freeze.llm and t.freeze.every_encoder(t.model):
         raise ValueError("trainer.freeze: every encoder and the llm are frozen; nothing to train")
-    enc_s, llm_s = G.single_process_shapes(plan) if reference else G.module_shapes(plan)
-    encs = (enc_s,) if reference else G.encoder_shapes(plan)
+    if reference:
+        encs, llm_s = G.single_process_shapes(plan)
+    else:
+        encs, llm_s = G.encoder_shapes(plan), G.language_shape(plan)
     grids = G.build_grids(encs, llm_s, "nccl" if prec.use_gpu else "gloo", timeout)
     role = grids.role
-    own = 0 if reference else G.own_encoder(encs, role.rank)
-    enc_s, enc_plan = encs[own], G.module_plan(plan, own)
+    own = G.own_module(encs, role.rank)
+    plans = G.module_plans(plan)
     _seed_megatron(grids, t.seed)
     # each encoder module on ranks of its own: an encoder rank builds its module alone
-    only = plan.layout.encoders[own].name if len(encs) > 1 else None
-    encoders = _build_encoders(preset, t, grids.encoder.pgc, enc_s, prec, only) if role.is_encoder else []
+    only = own if len(set(encs.values())) > 1 else None
+    encoders = (
+        _build_encoders(preset, t, grids.encoders[own].pgc, encs[own], prec, only) if role.is_encoder else []
+    )
     language = _build_language(preset, t, grids.language.pgc, llm_s, prec, role) if role.is_language else None
     slots = [G.encoder_module(n) for n in preset.encoders] or [G.ENCODER]
     optimizer = _build_optimizer(t, prec, device, slots, [*encoders, language], reference)
     total_samples = run_samples(t.train_iters, t.train_samples, run.layout.gbs)
     schedule = from_spec(t.lr, total_samples)
     provider = make_provider(
-        run, plan, rank_lanes(enc_plan, role, reference), need_images=role.is_encoder, need_text=True
+        run, plan, rank_lanes(plan, role, reference, own), need_images=role.is_encoder, need_text=True
     )
     bridges = []
     if not reference and not plan.layout.colocated:  # colocated: both modules on this rank, no bridge
@@ -156,8 +169,8 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
         device=device,
         reference=reference,
         role=role,
-        enc_shape=enc_s,
-        enc_plan=enc_plan,
+        module_shapes=encs,
+        module_plans=plans,
         llm_shape=llm_s,
         encoders=encoders,
         language=language,
@@ -173,22 +186,22 @@ def _bridges(plan: RankLayout, preset: ModelArch, encs, llm_s, grids, role, prec
     """One bridge per encoder module into the LLM's first stage, on the ranks that talk over it: the
     module's own and the LLM's."""
     out = []
-    for i, (m, shape) in enumerate(zip(plan.layout.encoders, encs)):  # the layout's order is the ranks'
+    for name, shape in encs.items():  # the layout's order is the ranks'
         mine = role.is_encoder and shape.contains(role.rank)
         if not (mine or role.is_language):
             continue
         out.append(
             Bridge(
-                G.module_plan(plan, i),
+                G.module_plan(plan, name),
                 shape,
                 llm_s,
                 role,
-                grids.encoders[i].pgc.tp if mine else None,
+                grids.encoders[name].pgc.tp if mine else None,
                 grids.language.pgc.tp if role.is_language else None,
                 preset.llm.hidden_size,
                 prec.dtype,
                 device,
-                module=m.name,
+                module=name,
             )
         )
     return out
@@ -227,7 +240,7 @@ def _seed_megatron(grids: G.Grids, seed: int) -> None:
     # the buffer is per process, so sharing it between the modules is fine.
     if parallel_state._GLOBAL_MEMORY_BUFFER is None:
         parallel_state._set_global_memory_buffer()
-    pg = (grids.language if grids.role.is_language else grids.encoder).pgc
+    pg = (grids.language if grids.role.is_language else grids.own_encoder()).pgc
     # The model-parallel RNG tracker must exist (attention wraps its dropout in tracker.fork()); passing the
     # tp/ep ranks explicitly keeps it from reading them off parallel_state, which this trainer never sets up.
     model_parallel_cuda_manual_seed(

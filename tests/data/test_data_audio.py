@@ -262,10 +262,10 @@ def test_mock_audio_samples():
         image_sizes=(8, 16),
         text_only_fraction=0.5,
     )
-    cfg = MockConfig(**base, audio=RULE, audio_fraction=0.5, audio_frames=(20, 41))
+    cfg = MockConfig.one_module(**base, audio=RULE, audio_fraction=0.5, audio_frames=(20, 41))
     check_mock_config(cfg, 16)
     enc, llm = MockProvider(cfg, [0], True, True), MockProvider(cfg, [0], False, True)
-    plain = MockProvider(MockConfig(**base), [0], True, True)
+    plain = MockProvider(MockConfig.one_module(**base), [0], True, True)
     img, aud = enc.placeholders["vision"], enc.placeholders["audio"]
     assert (img, aud) == (63, 62)
     kinds = set()
@@ -288,10 +288,13 @@ def test_mock_audio_samples():
     assert kinds == {(False, True), (True, False), (True, True), (False, False)}
     with pytest.raises(Exception, match="seq_length >= 28"):  # 16 image tokens + 10 audio + 2
         check_mock_config(
-            MockConfig(**{**base, "seq_length": 27}, audio=RULE, audio_fraction=0.5, audio_frames=(41,)), 16
+            MockConfig.one_module(
+                **{**base, "seq_length": 27}, audio=RULE, audio_fraction=0.5, audio_frames=(41,)
+            ),
+            16,
         )
     with pytest.raises(Exception, match="no audio encoder"):
-        check_mock_config(MockConfig(**base, audio_fraction=0.5, audio_frames=(41,)), 16)
+        check_mock_config(MockConfig.one_module(**base, audio_fraction=0.5, audio_frames=(41,)), 16)
 
 
 def test_scan_counts_audio_clips_and_tokens(audio_data):

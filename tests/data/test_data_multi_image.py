@@ -16,9 +16,9 @@ import torch
 import yaml
 
 from helpers.launch import trainer, worker_env
-from mimo_jobs.data.batch import IGNORE_INDEX
+from mimo_jobs.data.batch import IGNORE_INDEX, flatten
 from mimo_jobs.data.energon_provider import EnergonProvider, LoaderConfig
-from mimo_jobs.data.images import ImageGeometry, encoder_inputs
+from mimo_jobs.data.images import ImageGeometry
 from mimo_jobs.data.synth_multi import write_interleaved, write_multi_image
 
 GEOM = ImageGeometry(patch_size=4, image_size=16)
@@ -87,7 +87,7 @@ def _check_batches(p: EnergonProvider, record: dict, n_batches: int) -> int:
     checked = 0
     for _ in range(n_batches):
         b = p.next(0)
-        flat = encoder_inputs(b.inputs["vision"].items)
+        flat = flatten(b.inputs["vision"].items)
         # image g's token j embeds as (g, j): recognisable wherever it lands
         counts = [GEOM.tokens_of_decoded(tuple(im.shape)) for im in flat]
         img_emb = torch.cat(

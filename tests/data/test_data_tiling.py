@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from helpers.launch import trainer, worker_env
-from mimo_jobs.data.images import ImageGeometry, decode, encoder_inputs
+from mimo_jobs.data.batch import flatten
+from mimo_jobs.data.images import ImageGeometry, decode
 from mimo_jobs.model.presets import PRESETS
 from mimo_jobs.model.tiling import closest_grid
 
@@ -139,7 +140,7 @@ def test_tiles_are_crops_of_the_resized_image_then_the_thumbnail():
     assert tuple(decode(data, ImageGeometry(**TINY)).shape) == (3, 8, 16)
     # the encoder's samples: tiles in order, text-only entries dropped, several images in turn
     one = torch.zeros(3, 8, 8)
-    flat = encoder_inputs([None, x, one, [one, x]])
+    flat = flatten([None, x, one, [one, x]])
     assert len(flat) == 3 + 1 + 1 + 3 and flat[1] is not None and torch.equal(flat[2], x[2])
 
 
@@ -194,7 +195,7 @@ def test_provider_cuts_tiles_and_counts_their_tokens(large_images):
             if n == 0:
                 assert im is None
                 continue
-            pieces = encoder_inputs([im])
+            pieces = flatten([im])
             assert sum(t.shape[-2] * t.shape[-1] // 16 for t in pieces) == n, key
             seen_tiled += len(pieces) > 1
     assert seen_tiled, "the batches held tiled images"

@@ -276,13 +276,13 @@ class StubStage:
 
 
 def _encoder_stub(st, mbs: int, trace: list | None):
-    segs = segments_of_encoder(st.enc_plan, st.role.dp_rank)
     module = st.bridge.module
+    segs = segments_of_encoder(st.module_plans[module], st.role.dp_rank)
 
     def forward(m: int):
         if trace is not None:
             trace.append(("compute", "F", m))
-        compute_collective(st, st.enc_shape)
+        compute_collective(st, st.module_shapes[module])
         mb = {g.lane: lane_batch(g.lane, m, mbs) for g in segs}
         _inputs, keys, counts = replica_samples(mb, segs, module)
         return torch.zeros(sum(counts), HIDDEN), keys, counts
@@ -290,7 +290,7 @@ def _encoder_stub(st, mbs: int, trace: list | None):
     def backward(flat, grad) -> None:
         if trace is not None:
             trace.append(("compute", "B", None))
-        compute_collective(st, st.enc_shape)
+        compute_collective(st, st.module_shapes[module])
         assert grad.shape == flat.shape
 
     return forward, backward
@@ -324,8 +324,7 @@ def rank_states(
         mbs=mbs,
     )
     plan = topology.rank_layout(lay)
-    encs, llm = G.encoder_shapes(plan), G.module_shapes(plan)[1]
-    modules = ("vision", "audio")
+    encs, llm = G.encoder_shapes(plan), G.language_shape(plan)
     net = Network()
     run = SimpleNamespace(
         trainer=SimpleNamespace(
@@ -336,12 +335,11 @@ def rank_states(
     )
     states = []
     for rank in range(lay.world):
-        own = G.own_encoder(encs, rank)
-        role = G.role_of(rank, encs[own], llm)
+        role = G.role_of(rank, encs[G.own_module(encs, rank)], llm)
         rec = Recorder(net, rank)
         bridges = [
             Bridge(
-                G.module_plan(plan, i),
+                G.module_plan(plan, name),
                 shape,
                 llm,
                 role,
@@ -351,9 +349,9 @@ def rank_states(
                 torch.float32,
                 "cpu",
                 p2p=Exchanger(rec),
-                module=modules[i],
+                module=name,
             )
-            for i, shape in enumerate(encs)
+            for name, shape in encs.items()
             if role.is_language or shape.contains(rank)
         ]
         link = None
@@ -363,9 +361,9 @@ def rank_states(
             SimpleNamespace(
                 run=run,
                 plan=plan,
-                enc_plan=G.module_plan(plan, own),
+                module_plans=G.module_plans(plan),
                 role=role,
-                enc_shape=encs[own],
+                module_shapes=encs,
                 llm_shape=llm,
                 bridge=bridges[0],
                 bridges=bridges,

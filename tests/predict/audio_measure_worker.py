@@ -37,7 +37,7 @@ def main(arch_json: str, frames: int, out: str, tp: int = 1) -> None:
     doc = json.loads(Path(arch_json).read_text())
     a, llm_hidden = AudioArch.from_dict(doc["audio"]), doc["llm_hidden"]
     grids, _, _ = _grids(tp, 1, 1)
-    pgc = grids.encoder.pgc
+    pgc = grids.encoders["vision"].pgc
     # the unfused core attention: FlopCounterMode counts its matrix products, and has no formula for the CPU
     # flash attention of trainer.attention: sdpa
     prec = M.Precision(use_gpu=False, bf16=False, kernels=kernels_for(False, Installed(), "unfused"))

@@ -57,8 +57,8 @@ def roles(rank: int) -> dict:
     from mimo_jobs.trainer.parallel.grids import ENCODER, LANGUAGE, ModuleShape, build_grids, role_of
 
     enc, llm = ModuleShape(ENCODER, 0, 1, 1, 1), ModuleShape(LANGUAGE, 1, 1, 2, 1)
-    g = build_grids(enc, llm, "gloo", None)
-    core = RankRole.build([ENCODER], {ENCODER: g.encoder.grid, LANGUAGE: g.language.grid})
+    g = build_grids({"vision": enc}, llm, "gloo", None)
+    core = RankRole.build([ENCODER], {ENCODER: g.encoders["vision"].grid, LANGUAGE: g.language.grid})
     ours = role_of(rank, enc, llm)
     own = ours.modules[-1]
     return {

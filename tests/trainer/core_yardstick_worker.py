@@ -147,11 +147,11 @@ def iteration_batches(provider, lanes: int, microbatches: int) -> tuple[list, fl
 def as_core_batch(mb: dict, lane: int | None, image_token_id: int) -> dict:
     """A microbatch as MimoModel.forward's arguments: the encoder replica gets every lane's samples in lane
     order (their tokens say where its images go), an LLM replica (`lane`) the text of its own lane."""
-    from mimo_jobs.data.images import encoder_inputs
+    from mimo_jobs.data.batch import flatten
 
     if lane is None:
         tokens = torch.cat([mb[k].tokens for k in sorted(mb)])
-        images = encoder_inputs([im for k in sorted(mb) for im in mb[k].items("vision")])
+        images = flatten([im for k in sorted(mb) for im in mb[k].items("vision")])
         return {
             "input_ids": tokens,
             "modality_inputs": {IMAGES: {"ours": {"images": images}}} if images else None,

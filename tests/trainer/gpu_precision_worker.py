@@ -54,7 +54,7 @@ def main(model: str) -> dict:
 
     parallel_state._set_global_memory_buffer()
     enc_s, llm_s = G.ModuleShape(G.ENCODER, 0, 1, 1, 1), G.ModuleShape(G.LANGUAGE, 0, 1, 1, 1)
-    grids = G.build_grids(enc_s, llm_s, "gloo", datetime.timedelta(seconds=60))
+    grids = G.build_grids({"vision": enc_s}, llm_s, "gloo", datetime.timedelta(seconds=60))
     have = installed()
     prec = M.Precision(use_gpu=True, bf16=True, kernels=kernels_for(True, have))
     preset = get_preset(model)
@@ -63,7 +63,7 @@ def main(model: str) -> dict:
     gpt = M.build_llm(preset, cfg, grids.language.pgc, prec, 32)
     vit_cfg, proj_cfg = M.encoder_configs(preset, 1, prec)
     vit_cfg.use_cpu_initialization = proj_cfg.use_cpu_initialization = True
-    enc = M.build_encoder(preset, vit_cfg, proj_cfg, grids.encoder.pgc, prec)
+    enc = M.build_encoder(preset, vit_cfg, proj_cfg, grids.encoders["vision"].pgc, prec)
     M.canonical_init_(gpt, 1, "language", 0, 1, 0, 1, 0, preset.llm.num_experts or 0)
     fused = ("bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion", "apply_rope_fusion")
     out = {
@@ -79,7 +79,7 @@ def main(model: str) -> dict:
             {type(m).__name__ for n, m in gpt.named_modules() if n.endswith("mlp.experts")}
         ),
         "layer_classes": sorted({type(m).__name__ for m in gpt.modules() if "Linear" in type(m).__name__}),
-        "gelu_gap": gelu_gap(preset, grids.encoder.pgc, prec.kernels),
+        "gelu_gap": gelu_gap(preset, grids.encoders["vision"].pgc, prec.kernels),
     }
     dist.destroy_process_group()
     return out

@@ -140,6 +140,26 @@ def test_compatibility_messages():
     assert len(MF.check_compatible(info, prov(run_id="x", layout={**LAYOUT, "llm_tp": 2}))) == 2
 
 
+def test_a_module_of_other_sizes_is_another_layout():
+    """Each encoder module's sizes decide how its files are cut: two layouts of vision + audio that differ
+    only in the audio module's dp are not the same layout (no rank may read its own files)."""
+    from mimo_jobs.study.topology import Layout, ModuleShape
+
+    def record(audio_dp: int) -> dict:
+        mods = (ModuleShape("vision", 1, 1, 1), ModuleShape("audio", 1, 1, audio_dp))
+        return Layout(nodes=1, gpus_per_node=4, encoders=mods, llm_dp=2, gbs=4, mbs=1).to_dict()
+
+    saved, now = record(1), record(2)
+    info = MF.CheckpointInfo(Path("/c/iter_0000002"), 2, 8, "r1", "s", "n", None, saved, 4, "t")
+    assert MF.same_layout(info, prov(layout=saved, world=4))
+    assert not MF.same_layout(info, prov(layout=now, world=4))
+    (msg,) = MF.check_compatible(info, prov(layout=now, world=4))
+    assert "encoders.audio.dp=1 vs now 2" in msg and "vision" not in msg
+    # the one-vision record keeps its enc_* fields, and the two forms differ field by field
+    assert MF.layout_diff(LAYOUT, saved)[0] == ("gpus_per_node", 3, 4)
+    assert ("enc_tp", 1, None) in MF.layout_diff(LAYOUT, saved)
+
+
 def test_deadline_from_env():
     assert S.deadline_from_env({}) is None
     assert S.deadline_from_env({"SLURM_JOB_END_TIME": "1700000000"}) == 1700000000.0

@@ -9,9 +9,10 @@ from mimo_jobs.trainer.parallel.grids import (
     LANGUAGE,
     ModuleShape,
     encoder_shapes,
+    language_shape,
     module_plan,
-    module_shapes,
-    own_encoder,
+    module_plans,
+    own_module,
     role_of,
 )
 from mimo_jobs.trainer.step.common import check_alignment
@@ -24,7 +25,7 @@ def test_roles_follow_the_plan():
             nodes=1, gpus_per_node=8, enc_tp=2, enc_pp=1, enc_dp=1, llm_tp=2, llm_pp=1, llm_dp=3, gbs=6, mbs=1
         )
     )
-    enc, llm = module_shapes(plan)
+    enc, llm = encoder_shapes(plan)["vision"], language_shape(plan)
     assert (enc.offset, enc.size, llm.offset, llm.size) == (0, 2, 2, 6)
     r = role_of(5, enc, llm)  # local 3 -> tp 1, dp 1
     assert r.modules == (LANGUAGE,) and (r.tp_rank, r.dp_rank, r.is_leader) == (1, 1, False)
@@ -46,14 +47,17 @@ def test_several_encoder_modules_each_have_their_ranks_roles_and_bridge_plan():
     plan = topology.rank_layout(
         topology.Layout(nodes=1, gpus_per_node=7, encoders=mods, llm_dp=2, gbs=4, mbs=2)
     )
-    encs, llm = encoder_shapes(plan), module_shapes(plan)[1]
-    assert [(e.offset, e.size) for e in encs] == [(0, 4), (4, 1)] and (llm.offset, llm.size) == (5, 2)
-    assert [own_encoder(encs, r) for r in range(7)] == [0, 0, 0, 0, 1, 0, 0]
-    r = role_of(3, encs[own_encoder(encs, 3)], llm)
+    encs, llm = encoder_shapes(plan), language_shape(plan)
+    assert [(n, e.offset, e.size) for n, e in encs.items()] == [("vision", 0, 4), ("audio", 4, 1)]
+    assert (llm.offset, llm.size) == (5, 2)
+    assert [own_module(encs, r) for r in range(7)] == ["vision"] * 4 + ["audio"] + ["vision"] * 2
+    r = role_of(3, encs[own_module(encs, 3)], llm)
     assert r.modules == (ENCODER,) and r.dp_rank == 3 and r.is_leader
-    audio = role_of(4, encs[1], llm)
+    audio = role_of(4, encs["audio"], llm)
     assert audio.modules == (ENCODER,) and audio.dp_rank == 0
-    vision_plan, audio_plan = module_plan(plan, 0), module_plan(plan, 1)
+    vision_plan, audio_plan = module_plan(plan, "vision"), module_plan(plan, "audio")
+    assert module_plans(plan) == {"vision": vision_plan, "audio": audio_plan}
+    assert [m.name for m in audio_plan.layout.encoders] == ["audio"]
     assert (vision_plan.fan, vision_plan.encoders_per_lane) == ("in", 2)
     assert (audio_plan.fan, audio_plan.lanes_per_encoder) == ("out", 2)
     assert audio_plan.lanes_of_encoder(0) == [0, 1] and vision_plan.lanes_of_encoder(3) == [1]
@@ -94,3 +98,17 @@ def test_alignment_invariant_is_checked():
         RuntimeError, match=r"module 'vision' placeholder tokens per sample \[2, 0\] != its token counts"
     ):
         check_alignment(b)
+
+
+def test_colocated_modules_share_one_grid_and_each_has_a_plan_of_its_own():
+    # colocated vision + audio on 2 ranks with the LLM's TP1 DP2: one encoder shape serves both names, and
+    # each module's plan holds that module alone, meeting the LLM 1:1 per lane (the reference's replicas)
+    mods = (topology.ModuleShape("vision", 1, 1, 2), topology.ModuleShape("audio", 1, 1, 2))
+    plan = topology.rank_layout(
+        topology.Layout(nodes=1, gpus_per_node=2, encoders=mods, llm_dp=2, gbs=4, mbs=2, colocated=True)
+    )
+    encs = encoder_shapes(plan)
+    assert list(encs) == ["vision", "audio"] and encs["vision"] is encs["audio"]
+    for name, p in module_plans(plan).items():
+        assert [m.name for m in p.layout.encoders] == [name]
+        assert [(g.replica, g.lane, g.n) for g in segments_of_encoder(p, 1)] == [(1, 1, 2)]

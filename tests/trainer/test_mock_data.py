@@ -5,7 +5,7 @@ import torch
 from mimo_jobs.data.batch import IGNORE_INDEX
 from mimo_jobs.data.mock import MockConfig, MockProvider, image_token_id
 
-CFG = MockConfig(
+CFG = MockConfig.one_module(
     seed=7,
     seq_length=32,
     mbs=2,

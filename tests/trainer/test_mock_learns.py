@@ -49,7 +49,7 @@ def _tail(losses: list[float], n: int = 10) -> float:
 
 
 def test_caption_names_the_image_class_and_text_only_counts_up():
-    cfg = D.MockConfig(
+    cfg = D.MockConfig.one_module(
         seed=3,
         seq_length=40,
         mbs=1,

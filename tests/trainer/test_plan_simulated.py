@@ -14,7 +14,13 @@ from mimo_jobs.study.expand import runs_of
 from mimo_jobs.study.load import load_study, parse_study
 from mimo_jobs.trainer.build import rank_lanes
 from mimo_jobs.trainer.parallel.bridge import segments_of_encoder, segments_of_lane
-from mimo_jobs.trainer.parallel.grids import GROUPS, group_enumeration, module_shapes, role_of
+from mimo_jobs.trainer.parallel.grids import (
+    GROUPS,
+    encoder_shapes,
+    group_enumeration,
+    language_shape,
+    role_of,
+)
 
 
 def _runs():
@@ -46,7 +52,8 @@ def test_the_simulated_runs_are_the_production_ones():
 def test_every_rank_builds_consistent_groups_roles_bridge_and_lanes(run):
     plan = run.rank_layout()
     lay, world, gpn = run.layout, plan.world, run.layout.gpus_per_node
-    enc, llm = module_shapes(plan)
+    (enc,) = set(encoder_shapes(plan).values())  # one encoder module (or several colocated: one grid)
+    llm = language_shape(plan)
     roles = [role_of(r, enc, llm) for r in range(world)]
     _check_modules(roles, lay, plan)
     for shape in (enc, llm):
@@ -96,7 +103,7 @@ def _check_bridge(plan, enc, llm) -> None:
         assert lanes == plan.lanes_of_encoder(e)
         assert enc.coords(enc.leader_of(e)) == (0, 0, e)
     for lane in range(plan.layout.llm_dp):
-        assert [g.enc_dp for g in segments_of_lane(plan, lane)] == plan.encoders_of_lane(lane)
+        assert [g.replica for g in segments_of_lane(plan, lane)] == plan.encoders_of_lane(lane)
         assert llm.coords(llm.leader_of(lane)) == (0, 0, lane)
 
 

@@ -37,7 +37,7 @@ def run(spec: dict) -> dict | None:
     )
     arch = arch_of(t.model)
     prec = M.Precision(use_gpu=False, bf16=False)
-    mods = {m.modality: m for m in _build_encoders(arch, t, grids.encoder.pgc, enc_s, prec)}
+    mods = {m.modality: m for m in _build_encoders(arch, t, grids.encoders["vision"].pgc, enc_s, prec)}
     enc = mods["audio"].core.encoder.eval()
     a = enc.arch
     tensors = load_file(os.path.join(spec["dir"], "model.safetensors"))
@@ -54,7 +54,7 @@ def run(spec: dict) -> dict | None:
             res["rel"].append(_rel(got[at : at + want.shape[0]], want))
             res["rows"].append(want.shape[0])
             at += want.shape[0]
-    return res if grids.encoder.pgc.tp.rank() == 0 else None
+    return res if grids.encoders["vision"].pgc.tp.rank() == 0 else None
 
 
 def main(path: str) -> None:

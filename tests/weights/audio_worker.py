@@ -25,7 +25,7 @@ def _module(a, tp: int):
     from mimo_jobs.trainer.model.audio_encoder import audio_config, build_audio_encoder
 
     grids, _, _ = _grids(tp, 1, 1)
-    pgc = grids.encoder.pgc
+    pgc = grids.encoders["vision"].pgc
     prec = M.Precision(use_gpu=False, bf16=False)
     enc = build_audio_encoder(a, audio_config(a, tp, prec), pgc, prec).eval()
     return enc, pgc, {"tp_rank": pgc.tp.rank(), "tp_size": tp}

@@ -35,7 +35,7 @@ def _grids(tp: int, pp: int, ep: int):
     dp = world // (tp * pp)
     enc_s = G.ModuleShape(G.ENCODER, 0, tp, 1, world // tp)
     llm_s = G.ModuleShape(G.LANGUAGE, 0, tp, pp, dp, ep, 1)
-    grids = G.build_grids(enc_s, llm_s, "gloo", datetime.timedelta(seconds=120))
+    grids = G.build_grids({"vision": enc_s}, llm_s, "gloo", datetime.timedelta(seconds=120))
     _seed_megatron(grids, SEED)
     return grids, enc_s, llm_s
 
@@ -140,7 +140,7 @@ def run_encoder(spec: dict) -> dict:
     t = _trainer_spec(spec)
     arch = arch_of(t.model)
     prec = M.Precision(use_gpu=False, bf16=False)
-    mod = _build_encoder("vision", arch, t, grids.encoder.pgc, enc_s, prec)
+    mod = _build_encoder("vision", arch, t, grids.encoders["vision"].pgc, enc_s, prec)
     enc = mod.core.eval()
     e = arch.encoder
     g = torch.Generator().manual_seed(1)

@@ -239,7 +239,7 @@ def load(spec: dict) -> dict | None:
     world = dist.get_world_size()
     enc_s = G.ModuleShape(G.ENCODER, 0, tp, 1, world // tp)
     llm_s = G.ModuleShape(G.LANGUAGE, 0, tp, pp, world // (tp * pp), ep, 1)
-    grids = G.build_grids(enc_s, llm_s, "gloo", datetime.timedelta(seconds=120))
+    grids = G.build_grids({"vision": enc_s}, llm_s, "gloo", datetime.timedelta(seconds=120))
     _seed_megatron(grids, 7)
     t = TrainerSpec(
         model={"encoder": "tiny", "llm": spec.get("llm", spec.get("model", "tiny-swiglu"))},

@@ -117,17 +117,16 @@ def recompute_kwargs(recompute: str) -> dict:
 def unsupported(arch: ModelArch, lay) -> str | None:
     """Why the trainer cannot build this model at this layout (None: it can): the rules validate applies
     (model/splits.py). The trainer's own guard for a run.yaml that skipped validate."""
-    # colocated: every encoder takes the LLM's TP
-    if len(arch.named_encoders) > 1:  # the rules hold for each encoder module with the LLM, at its own TP
-        tps = {m.name: m.tp for m in lay.encoders}
-        pairs = [
-            (ModelArch(arch.name, encoder=e, llm=arch.llm), lay.llm_tp if lay.colocated else tps.get(n, 1))
-            for n, e in arch.named_encoders
-        ]
-    else:
-        pairs = [(arch, lay.llm_tp if lay.colocated else lay.enc_tp)]
-    for one, enc_tp in pairs:
-        found = tp_problems(one, enc_tp, lay.llm_tp, lay.llm_etp, lay.llm_pp)
+    # the rules hold for each encoder module with the LLM, at its own TP (colocated: the LLM's); a layout of
+    # one module gives it its TP whatever the model names it
+    tps = {m.name: m.tp for m in lay.encoders}
+    only = lay.encoders[0].tp if len(lay.encoders) == 1 else 1
+    pairs = [
+        (ModelArch(arch.name, encoder=e, llm=arch.llm), lay.llm_tp if lay.colocated else tps.get(n, only))
+        for n, e in arch.named_encoders
+    ] or [(arch, lay.llm_tp)]  # text-only: no encoder TP to check
+    for one, tp in pairs:
+        found = tp_problems(one, tp, lay.llm_tp, lay.llm_etp, lay.llm_pp)
         if found:
             _, msg, fit = found[0]
             return f"trainer.model: {msg} ({fit})"

@@ -108,9 +108,11 @@ def _fan(fan: str, lanes_per_encoder: int, encoders_per_lane: int) -> str:
 
 
 def _encoder_sizes(lay) -> str:
-    """`tp=1 pp=1 dp=2` of the one encoder; each module's by name when there are several."""
+    """`tp=1 pp=1 dp=2` of a model's one encoder module (the banner's older form, which log readers know);
+    each module's by name when there are several."""
     if not lay.several:
-        return f"tp={lay.enc_tp} pp={lay.enc_pp} dp={lay.enc_dp}"
+        m = lay.encoders[0]
+        return f"tp={m.tp} pp={m.pp} dp={m.dp}"
     return " ".join(f"{m.name}:tp={m.tp},pp={m.pp},dp={m.dp}" for m in lay.encoders)
 
 

@@ -155,7 +155,7 @@ def rank_facts(st, meter: SavedTensorMeter, inflight_peak: int) -> dict:
         if mod.name in meter.module_peak:
             f["saved_activation_peak_bytes"] = meter.module_peak[mod.name]
         modules[mod.name] = f
-    own = st.llm_shape if st.role.is_language else st.enc_shape
+    own = (st.language or st.encoders[0]).shape  # the LLM's stage, else this rank's encoder module's
     out = {
         "rank": st.role.rank,
         "iteration": st.iteration,

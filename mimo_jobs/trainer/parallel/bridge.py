@@ -7,7 +7,7 @@ with image-token counts that differ between replicas every replica gets the wron
 description of what crossed, where ours checks every message against the receiver's own batch.
 
 Model: one LLM microbatch step covers mbs*llm_dp samples in lane order (lane l owns [l*mbs, (l+1)*mbs)).
-Encoder replica e embeds the contiguous range [e*S, (e+1)*S), S = mbs*llm_dp/enc_dp. Every (encoder
+Encoder replica e embeds the contiguous range [e*S, (e+1)*S), S = mbs*llm_dp/dp (the module's dp). Every (encoder
 replica, lane) pair whose ranges overlap exchanges the image tokens of the overlapping samples: fan-out is
 one replica -> k lanes, fan-in is k replicas -> one lane. Only replica leaders (TP rank 0) talk; the
 receiving leader broadcasts to its TP peers. Each message is a header (step, microbatch, sample count,
@@ -52,7 +52,7 @@ class BridgeError(MimoJobsError, RuntimeError):
 class Segment:
     """The samples one (encoder replica, lane) pair exchanges, as offsets in each side's own sample list."""
 
-    enc_dp: int
+    replica: int  # the encoder module's DP rank
     lane: int
     enc_start: int  # offset into the encoder replica's S samples
     lane_start: int  # offset into the lane's mbs samples
@@ -60,11 +60,12 @@ class Segment:
 
 
 def segments(plan: RankLayout) -> list[Segment]:
-    """Every overlapping (encoder replica, lane) pair, ordered by global sample position."""
+    """Every overlapping (encoder replica, lane) pair, ordered by global sample position. `plan` is one
+    module's (grids.module_plan): its layout holds that module alone."""
     lay = plan.layout
     s = plan.samples_per_encoder_microbatch
     out = []
-    for e in range(lay.enc_dp):
+    for e in range(lay.single.dp):
         e0, e1 = e * s, (e + 1) * s
         for lane in range(lay.llm_dp):
             l0, l1 = lane * lay.mbs, (lane + 1) * lay.mbs
@@ -74,8 +75,8 @@ def segments(plan: RankLayout) -> list[Segment]:
     return out
 
 
-def segments_of_encoder(plan: RankLayout, enc_dp: int) -> list[Segment]:
-    return [g for g in segments(plan) if g.enc_dp == enc_dp]
+def segments_of_encoder(plan: RankLayout, replica: int) -> list[Segment]:
+    return [g for g in segments(plan) if g.replica == replica]
 
 
 def segments_of_lane(plan: RankLayout, lane: int) -> list[Segment]:
@@ -201,7 +202,7 @@ class Bridge:
                 Op(
                     True,
                     torch.tensor(table, dtype=torch.int64, device=self.device),
-                    self.enc.leader_of(g.enc_dp),
+                    self.enc.leader_of(g.replica),
                 )
             )
         self.p2p.post(ops)
@@ -248,7 +249,7 @@ class Bridge:
         [sum counts, H] on every TP rank of the lane (None when nothing is received)."""
         segs = segments_of_lane(self.plan, self.role.dp_rank)
         parts = [(g.lane_start, g.n) for g in segs]
-        peers = [self.enc.leader_of(g.enc_dp) for g in segs]
+        peers = [self.enc.leader_of(g.replica) for g in segs]
         inc = self._post(step, send, recv, parts, peers, ("backward", "forward"), self.llm, self.llm_tp_group)
         return self.collect(inc)
 

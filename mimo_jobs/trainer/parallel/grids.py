@@ -64,14 +64,10 @@ class ModuleShape:
         return self.rank_of(0, 0, dp_rank)
 
 
-def module_shapes(plan: RankLayout) -> tuple[ModuleShape, ModuleShape]:
+def language_shape(plan: RankLayout) -> ModuleShape:
+    """The LLM's shape: after every encoder module's ranks, or on every rank colocated."""
     lay = plan.layout
-    """(the first encoder module's shape, the LLM's): colocated, every encoder module takes the LLM's TP and
-    DP on the same ranks, so one grid serves them all; each on ranks of its own, the first module starts at
-    rank 0 (encoder_shapes has them all)."""
-    m = lay.encoders[0] if lay.colocated or lay.several else lay.single
-    enc = ModuleShape(ENCODER, 0, m.tp, m.pp, m.dp, 1, m.tp)
-    llm = ModuleShape(
+    return ModuleShape(
         LANGUAGE,
         plan.llm_rank_start,
         lay.llm_tp,
@@ -80,31 +76,34 @@ def module_shapes(plan: RankLayout) -> tuple[ModuleShape, ModuleShape]:
         lay.llm_ep if lay.num_experts else 1,
         lay.llm_etp if lay.num_experts else 1,
     )
-    return enc, llm
 
 
-def encoder_shapes(plan: RankLayout) -> tuple[ModuleShape, ...]:
-    """Every encoder module's shape, in the model's order: each on its own ranks (topology.module_ranges),
-    or, colocated or with one module, the one shape `module_shapes` gives."""
+def encoder_shapes(plan: RankLayout) -> dict[str, ModuleShape]:
+    """Every encoder module's shape by its name, in the model's order: each on its own ranks
+    (topology.module_ranges). Colocated, every module takes the LLM's TP and DP on the same ranks, so every
+    name maps to one shape (one grid serves them all)."""
     lay = plan.layout
     if lay.colocated or not lay.several:
-        return (module_shapes(plan)[0],)
-    return tuple(ModuleShape(ENCODER, r.rank_start, r.tp, r.pp, r.dp, 1, r.tp) for r in module_ranges(lay))
+        m = lay.encoders[0]
+        one = ModuleShape(ENCODER, 0, m.tp, m.pp, m.dp, 1, m.tp)
+        return {m.name: one for m in lay.encoders}
+    return {r.name: ModuleShape(ENCODER, r.rank_start, r.tp, r.pp, r.dp, 1, r.tp) for r in module_ranges(lay)}
 
 
-def own_encoder(shapes: tuple[ModuleShape, ...], rank: int) -> int:
-    """The index of the encoder module whose ranks hold `rank` (0 off every encoder's ranks)."""
-    return next((i for i, s in enumerate(shapes) if s.contains(rank)), 0)
+def own_module(shapes: dict[str, ModuleShape], rank: int) -> str:
+    """The name of the encoder module whose ranks hold `rank` (the first module off every encoder's ranks)."""
+    return next((n for n, s in shapes.items() if s.contains(rank)), next(iter(shapes)))
 
 
-def module_plan(plan: RankLayout, index: int) -> RankLayout:
-    """The plan as one encoder module meets the LLM: its own sizes and fan (topology.module_ranges), so the
-    bridge's segments and an encoder replica's lanes are that module's."""
+def module_plan(plan: RankLayout, name: str) -> RankLayout:
+    """The plan as the encoder module `name` meets the LLM: its own sizes and fan (topology.module_ranges),
+    so the bridge's segments and an encoder replica's lanes are that module's; its layout holds that module
+    alone."""
     lay = plan.layout
-    if not lay.several or lay.colocated:
+    if not lay.several:
         return plan
-    r = module_ranges(lay)[index]
-    one = replace(lay, encoders=(lay.encoders[index],))
+    r = next(r for r in module_ranges(lay) if r.name == name)
+    one = replace(lay, encoders=tuple(m for m in lay.encoders if m.name == name))
     return replace(
         plan,
         layout=one,
@@ -115,9 +114,16 @@ def module_plan(plan: RankLayout, index: int) -> RankLayout:
     )
 
 
-def single_process_shapes(plan: RankLayout) -> tuple[ModuleShape, ModuleShape]:
-    """The reference: both modules colocated on rank 0, every parallel size 1."""
-    return ModuleShape(ENCODER, 0, 1, 1, 1), ModuleShape(LANGUAGE, 0, 1, 1, 1)
+def module_plans(plan: RankLayout) -> dict[str, RankLayout]:
+    """Every encoder module's plan (module_plan) by its name, in the model's order."""
+    return {m.name: module_plan(plan, m.name) for m in plan.layout.encoders}
+
+
+def single_process_shapes(plan: RankLayout) -> tuple[dict[str, ModuleShape], ModuleShape]:
+    """The reference: (every encoder module's shape by its name, the LLM's), all on rank 0, every parallel
+    size 1 (one grid serves every encoder module)."""
+    one = ModuleShape(ENCODER, 0, 1, 1, 1)
+    return {m.name: one for m in plan.layout.encoders}, ModuleShape(LANGUAGE, 0, 1, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -239,20 +245,26 @@ def _pgc(shape: ModuleShape, backend: str, timeout) -> ModuleGroups:
 
 @dataclass
 class Grids:
-    encoder: ModuleGroups  # this rank's encoder module (the first one off the encoders' ranks)
     language: ModuleGroups
     role: RankRole
-    encoders: tuple = ()  # every encoder module's groups, in the model's order
+    # every encoder module's groups by its name, in the model's order (colocated and in the reference every
+    # name maps to one set of groups)
+    encoders: dict[str, ModuleGroups]
+
+    def own_encoder(self) -> ModuleGroups:
+        """The groups of the encoder module whose ranks hold this rank (the first off every encoder's ranks)."""
+        return self.encoders[own_module({n: g.shape for n, g in self.encoders.items()}, self.role.rank)]
 
 
-def build_grids(enc: ModuleShape | tuple[ModuleShape, ...], llm: ModuleShape, backend: str, timeout) -> Grids:
-    """Every encoder module's grid first (in the model's order), then the language grid, on every rank. The
-    bridges need no extra group: they use point-to-point messages on the world group between replica
-    leaders (see bridge.py)."""
-    encs = enc if isinstance(enc, tuple) else (enc,)
+def build_grids(encs: dict[str, ModuleShape], llm: ModuleShape, backend: str, timeout) -> Grids:
+    """Every encoder module's grid first (in the model's order; modules of one shape share one grid), then
+    the language grid, on every rank. The bridges need no extra group: they use point-to-point messages on
+    the world group between replica leaders (see bridge.py)."""
     rank = dist.get_rank()
-    own = own_encoder(encs, rank)
-    role = role_of(rank, encs[own], llm)
-    es = tuple(_pgc(e, backend, timeout) for e in encs)
+    role = role_of(rank, encs[own_module(encs, rank)], llm)
+    made: dict[ModuleShape, ModuleGroups] = {}
+    for shape in encs.values():
+        if shape not in made:
+            made[shape] = _pgc(shape, backend, timeout)
     lm = _pgc(llm, backend, timeout)
-    return Grids(es[own], lm, role, es)
+    return Grids(lm, role, {n: made[s] for n, s in encs.items()})

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from mimo_jobs.data.batch import flatten
-from mimo_jobs.trainer.build import TrainState, rank_lanes
+from mimo_jobs.trainer.build import TrainState
 
 
 @dataclass
@@ -209,7 +209,7 @@ def draw_microbatch(st: TrainState, tm: PhaseTimer) -> dict:
     """This rank's next microbatch, {lane: LaneBatch}, alignment-checked (lanes are drawn in order, so
     drawing a microbatch at a time gives the same samples as drawing the iteration at once)."""
     a = tm.mark()
-    mb = {lane: st.provider.next(lane) for lane in rank_lanes(st.enc_plan or st.plan, st.role, st.reference)}
+    mb = {lane: st.provider.next(lane) for lane in st.lanes()}
     for b in mb.values():
         check_alignment(b)
     tm.add("data", a)

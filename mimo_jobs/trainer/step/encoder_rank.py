@@ -25,8 +25,8 @@ def microbatches(st: TrainState, _batches: list, _n_tokens: float, tm: PhaseTime
     """The compute of each microbatch (draw, forward; backward from its gradient) under run_encoder's
     schedule and exchanges. This rank's module is its bridge's (each module on ranks of its own)."""
     tally = Tally()
-    segs = segments_of_encoder(st.enc_plan, st.role.dp_rank)
     mod = st.module_named(st.bridge.module)
+    segs = segments_of_encoder(st.module_plans[mod.label], st.role.dp_rank)
     fwd, bwd = phase(st, mod, "fwd"), phase(st, mod, "bwd")
 
     def forward(m: int):

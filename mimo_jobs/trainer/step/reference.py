@@ -39,18 +39,12 @@ def microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: Phase
 
 
 def _module_rows(st: TrainState, mod, mb: dict, tally: Tally) -> dict:
-    """{lane: the module's embeddings of the lane's samples}: the one encoder module of a model computes them
-    replica by replica, the same per-replica batches as its ranks see; each of several modules per lane."""
-    name = mod.label
-    if st.plan.layout.several:
-        out = {}
-        for lane, b in mb.items():
-            out[lane] = embed(st, mod, b.items(name))
-            tally.empty_encoder_microbatches += int(out[lane].shape[0] == 0)
-        return out
+    """{lane: the module's embeddings of the lane's samples}, computed replica by replica: the same
+    per-replica batches as the module's ranks see (its plan as it meets the LLM, grids.module_plan)."""
+    name, plan = mod.label, st.module_plans[mod.label]
     per_lane: dict[int, list] = {}
-    for e in range(st.plan.layout.enc_dp):
-        segs = segments_of_encoder(st.plan, e)
+    for e in range(plan.layout.single.dp):  # a module's plan holds that module alone
+        segs = segments_of_encoder(plan, e)
         items, _keys, _counts = replica_samples(mb, segs, name)
         flat = embed(st, mod, items)
         tally.empty_encoder_microbatches += int(flat.shape[0] == 0)
