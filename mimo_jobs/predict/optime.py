@@ -21,7 +21,7 @@ TIME_MODELS = ("flops", "operators")  # cluster.hardware.time_model: steptime.py
 
 def supports(rs: RunShape, gpu: GPU) -> bool:
     """Whether the operator model prices this run: a text-only model on a GPU opdata.py has figures for."""
-    return rs.preset.encoder is None and not rs.modules and gpu.name in OP_GPUS and gpu.layers == "te"
+    return not rs.preset.named_encoders and not rs.modules and gpu.name in OP_GPUS and gpu.layers == "te"
 
 
 def residual_for(gpu: GPU) -> ops.Residual:

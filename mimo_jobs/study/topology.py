@@ -155,22 +155,6 @@ class Layout:
         return _single(self.encoders, "this part runs one encoder")
 
     @property
-    def enc_tp(self) -> int:
-        return self.single.tp
-
-    @property
-    def enc_pp(self) -> int:
-        return self.single.pp
-
-    @property
-    def enc_dp(self) -> int:
-        return self.single.dp
-
-    @property
-    def enc_ranks(self) -> int:
-        return self.single.ranks
-
-    @property
     def llm_ranks(self) -> int:
         return self.llm_tp * self.llm_cp * self.llm_pp * self.llm_dp
 

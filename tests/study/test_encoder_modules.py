@@ -268,9 +268,9 @@ def test_colocated_runs_every_module_on_every_rank_with_the_llms_tp_and_dp():
 
 def test_the_flat_encoder_sizes_of_several_encoders_are_refused_naming_the_rule():
     with pytest.raises(TopologyError, match=r"\[encoders\] 2 encoders \(vision, audio\)"):
-        _ = lay2().enc_dp
+        _ = lay2().single.dp
     one = Layout(nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=7)
-    assert (one.enc_tp, one.enc_dp, one.enc_ranks) == (1, 1, 1)
+    assert (one.single.tp, one.single.dp, one.single.ranks) == (1, 1, 1)
     assert one.to_dict()["enc_dp"] == 1 and "encoders" not in one.to_dict()
     assert Layout.from_dict(one.to_dict()) == one
     assert Layout.from_dict(lay2().to_dict()) == lay2()

@@ -101,7 +101,7 @@ def test_colocated_points_are_planned_refused_and_named():
     plan = run.rank_layout()
     assert run.name == "2n-colo-l2x1x4-g8"
     assert (plan.enc_rank_start, plan.enc_rank_end, plan.llm_rank_start, plan.llm_rank_end) == (0, 8, 0, 8)
-    assert (run.layout.enc_tp, run.layout.enc_dp, plan.num_microbatches) == (2, 4, 2)
+    assert (run.layout.single.tp, run.layout.single.dp, plan.num_microbatches) == (2, 4, 2)
     # encoder sizes make no sense on a colocated point
     doc["matrix"]["points"] = [{"nodes": 2, "colocated": True, "encoder": {"dp": 2}, "gbs": 8}]
     with pytest.raises(StudyError, match="a colocated point runs the encoder on every rank"):

@@ -264,7 +264,7 @@ def _groups(start: int, tp: int, pp: int, dp: int) -> dict[str, list[list[int]]]
 
 def _independent_pp_violations(lay: Layout) -> set[str]:
     bad = set()
-    if lay.enc_pp != 1:
+    if lay.single.pp != 1:
         bad.add("encoder-pp")
     if lay.llm_layers and lay.llm_layers % lay.llm_pp:
         bad.add("pp-layers")
@@ -276,12 +276,12 @@ def _independent_pp_violations(lay: Layout) -> set[str]:
 def _independent_violations(lay: Layout) -> set[str]:
     """The rules, restated from docs/topology.md without the planner's code (TP checked by enumeration)."""
     bad = set()
-    e = lay.enc_tp * lay.enc_pp * lay.enc_dp
+    e = lay.single.tp * lay.single.pp * lay.single.dp
     llm = lay.llm_tp * lay.llm_pp * lay.llm_dp * lay.llm_cp
     if e + llm != lay.nodes * lay.gpus_per_node:
         bad.add("tiling")
     for start, tp, pp, dp in (
-        (0, lay.enc_tp, lay.enc_pp, lay.enc_dp),
+        (0, lay.single.tp, lay.single.pp, lay.single.dp),
         (e, lay.llm_tp, lay.llm_pp, lay.llm_dp),
     ):
         for g in _groups(start, tp, pp, dp)["tp"]:
@@ -299,9 +299,9 @@ def _independent_violations(lay: Layout) -> set[str]:
     if lay.gbs % (lay.mbs * lay.llm_dp):
         bad.add("gbs")
     bad |= _independent_pp_violations(lay)
-    if lay.enc_dp % lay.llm_dp and lay.llm_dp % lay.enc_dp:
+    if lay.single.dp % lay.llm_dp and lay.llm_dp % lay.single.dp:
         bad.add("bridge-ratio")
-    elif (lay.mbs * lay.llm_dp) % lay.enc_dp:
+    elif (lay.mbs * lay.llm_dp) % lay.single.dp:
         bad.add("bridge-samples")
     return bad
 
@@ -385,7 +385,7 @@ def test_property_accepted_plans_tile_the_world_and_rejections_name_a_broken_rul
                 # module's first rank; hold it to exactly that
                 assert any(
                     lay.gpus_per_node % tp or (start % lay.gpus_per_node) % tp
-                    for tp, start in ((lay.enc_tp, 0), (lay.llm_tp, lay.enc_ranks))
+                    for tp, start in ((lay.single.tp, 0), (lay.llm_tp, lay.single.ranks))
                 )
             else:
                 assert v.rule in independent, (v, independent)
@@ -394,8 +394,8 @@ def test_property_accepted_plans_tile_the_world_and_rejections_name_a_broken_rul
     assert not independent, independent  # accepted => no rule is broken by the independent statement
     p = rank_layout(lay)
     world = lay.nodes * lay.gpus_per_node
-    enc = _groups(0, lay.enc_tp, lay.enc_pp, lay.enc_dp)
-    llm = _groups(lay.enc_tp * lay.enc_pp * lay.enc_dp, lay.llm_tp, lay.llm_pp, lay.llm_dp)
+    enc = _groups(0, lay.single.tp, lay.single.pp, lay.single.dp)
+    llm = _groups(lay.single.tp * lay.single.pp * lay.single.dp, lay.llm_tp, lay.llm_pp, lay.llm_dp)
     ranks = [r for g in enc["tp"] + llm["tp"] for r in g]
     assert sorted(ranks) == list(range(world))  # tiles exactly, no rank twice, no stub rank
     assert list(range(p.enc_rank_start, p.enc_rank_end)) == sorted(r for g in enc["tp"] for r in g)
@@ -406,13 +406,13 @@ def test_property_accepted_plans_tile_the_world_and_rejections_name_a_broken_rul
     assert p.llm_nodes == sorted({r // lay.gpus_per_node for g in llm["tp"] for r in g})
     # integral microbatches and lanes; every lane served by exactly the encoders that claim it
     assert p.num_microbatches * lay.mbs * lay.llm_dp == lay.gbs
-    assert p.samples_per_encoder_microbatch * lay.enc_dp == lay.mbs * lay.llm_dp
-    served = sorted(lane for e in range(lay.enc_dp) for lane in p.lanes_of_encoder(e))
+    assert p.samples_per_encoder_microbatch * lay.single.dp == lay.mbs * lay.llm_dp
+    served = sorted(lane for e in range(lay.single.dp) for lane in p.lanes_of_encoder(e))
     if p.fan == "in":
-        assert p.encoders_per_lane * lay.llm_dp == lay.enc_dp
+        assert p.encoders_per_lane * lay.llm_dp == lay.single.dp
         assert served == sorted(lane for lane in range(lay.llm_dp) for _ in range(p.encoders_per_lane))
     else:
-        assert p.lanes_per_encoder * lay.enc_dp == lay.llm_dp
+        assert p.lanes_per_encoder * lay.single.dp == lay.llm_dp
         assert served == list(range(lay.llm_dp))
     for lane in range(lay.llm_dp):
         assert all(lane in p.lanes_of_encoder(e) for e in p.encoders_of_lane(lane))

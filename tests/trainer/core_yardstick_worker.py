@@ -97,7 +97,7 @@ def build(run, rank: int, image_token_id: int):
     preset = arch_of(t.model)
     prec = M.Precision(use_gpu=False, bf16=False, kernels=kernels_for(False, installed(), t.attention))
     lay = run.layout
-    enc_grid, llm_grid = grid(0, lay.enc_dp), grid(lay.enc_dp, lay.llm_dp)
+    enc_grid, llm_grid = grid(0, lay.single.dp), grid(lay.single.dp, lay.llm_dp)
     pgc = pg_collection(enc_grid) or pg_collection(llm_grid)
     llm_cfg = M.llm_config(preset, 1, 1, 1, prec, "none", 1)
     llm_cfg.variable_seq_lengths = True  # the multi-module schedule exchanges shapes every microbatch
@@ -110,7 +110,7 @@ def build(run, rank: int, image_token_id: int):
     model_parallel_cuda_manual_seed(t.seed, tp_rank=0, ep_rank=0, etp_rank=0, force_reset_rng=True)
     cut = {"tp_rank": 0, "tp_size": 1}
     enc = gpt = None
-    if rank < lay.enc_dp:
+    if rank < lay.single.dp:
         enc = M.build_encoder(preset, vit_cfg, proj_cfg, pgc, prec)
         M.canonical_init_(enc, t.seed, "encoder", **cut)
     else:
@@ -178,8 +178,8 @@ def train(run, rank: int) -> list[float]:
     from mimo_jobs.data.mock import make_provider
 
     t, plan, lay = run.trainer, run.rank_layout(), run.layout
-    on_encoder = rank < lay.enc_dp
-    lane = None if on_encoder else rank - lay.enc_dp
+    on_encoder = rank < lay.single.dp
+    lane = None if on_encoder else rank - lay.single.dp
     lanes = list(range(lay.llm_dp))
     provider = make_provider(run, plan, lanes, need_images=on_encoder, need_text=True)
     model, grids, pgc = build(run, rank, provider.placeholders["vision"])
@@ -269,11 +269,11 @@ def main() -> None:
     rank = dist.get_rank()
     run, _ = load_run_yaml(run_yaml)
     lay = run.layout
-    assert (lay.enc_tp, lay.enc_dp, lay.llm_tp, lay.llm_pp) == (1, 1, 1, 1), (
+    assert (lay.single.tp, lay.single.dp, lay.llm_tp, lay.llm_pp) == (1, 1, 1, 1), (
         "one encoder replica, LLM DP only"
     )
     losses = train(run, rank)
-    if rank == lay.enc_dp:
+    if rank == lay.single.dp:
         out.write_text(json.dumps({"losses": losses}))
     dist.barrier()
     dist.destroy_process_group()

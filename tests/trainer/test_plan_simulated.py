@@ -98,7 +98,7 @@ def _check_bridge(plan, enc, llm) -> None:
     it; with fan-in, each lane's leader hears from exactly its encoder replicas."""
     if plan.layout.colocated:
         return
-    for e in range(plan.layout.enc_dp):
+    for e in range(plan.layout.single.dp):
         lanes = [g.lane for g in segments_of_encoder(plan, e)]
         assert lanes == plan.lanes_of_encoder(e)
         assert enc.coords(enc.leader_of(e)) == (0, 0, e)
@@ -123,7 +123,7 @@ def _check_lanes(plan, roles) -> None:
     if lay.colocated:
         return
     covered = {lane: [0] * lay.mbs for lane in range(lay.llm_dp)}
-    for e in range(lay.enc_dp):
+    for e in range(lay.single.dp):
         for g in segments_of_encoder(plan, e):
             for i in range(g.lane_start, g.lane_start + g.n):
                 covered[g.lane][i] += 1
