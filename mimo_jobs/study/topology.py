@@ -146,8 +146,9 @@ class Layout:
         return len(self.encoders) == 1 and self.encoders[0].name == VISION
 
     def label(self, m: ModuleShape) -> str:
-        """Where a module's sizes sit in a point: `encoder` for the one encoder, `encoders.<name>` of several."""
-        return f"encoders.{m.name}" if self.several else "encoder"
+        """Where a module's sizes sit in a point: `encoder` for the one vision encoder (the study's `encoder:`
+        form), else `encoders.<name>` as the study names it."""
+        return "encoder" if self.flat else f"encoders.{m.name}"
 
     @property
     def single(self) -> ModuleShape:

@@ -266,6 +266,19 @@ def test_colocated_runs_every_module_on_every_rank_with_the_llms_tp_and_dp():
     ]
 
 
+def test_a_rule_broken_by_the_one_module_of_an_encoders_study_names_it_as_the_study_does():
+    """One module the study names `eye` (its `encoders:` form) is `encoders.eye` in a violation; only the one
+    vision encoder of the `encoder:` form is `encoder`."""
+    eye = Layout(
+        nodes=1, gpus_per_node=8, encoders=(ModuleShape("eye", 3, 1, 1),), llm_tp=1, llm_pp=1, llm_dp=5
+    )
+    flat = Layout(nodes=1, gpus_per_node=8, enc_tp=3, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=5)
+    eye_fields = {f for v in check(eye) for f in re.findall(r"encoders?(?:\.\w+)?\.tp", v.message)}
+    flat_fields = {f for v in check(flat) for f in re.findall(r"encoders?(?:\.\w+)?\.tp", v.message)}
+    assert eye_fields == {"encoders.eye.tp"}, [v.message for v in check(eye)]
+    assert flat_fields == {"encoder.tp"}, [v.message for v in check(flat)]
+
+
 def test_the_flat_encoder_sizes_of_several_encoders_are_refused_naming_the_rule():
     with pytest.raises(TopologyError, match=r"\[encoders\] 2 encoders \(vision, audio\)"):
         _ = lay2().single.dp
