@@ -82,7 +82,7 @@ def test_a_colocated_modules_backward_is_its_own_span_with_the_gradients_of_one_
     """The colocated program cuts each encoder module's embeddings from the LLM's graph (step.colocated.Cut):
     the LLM's backward computes no encoder gradient (its span holds only the LLM's), the module's own
     backward does, in its own span, and every gradient is bit for bit what one backward through both gives.
-    A frozen module's embeddings are not cut and time no backward."""
+    A trained module without rows times an empty backward (as on ranks of its own); a frozen one none."""
     from mimo_jobs.trainer.step.colocated import Cut
 
     torch.manual_seed(0)
@@ -107,7 +107,7 @@ def test_a_colocated_modules_backward_is_its_own_span_with_the_gradients_of_one_
         for p in ps:
             p.register_hook(lambda g, side=side: events.append((side,)) or g)
     tm = PhaseTimer("cpu", on_mark=lambda: events.append(("sync",)))
-    cut = Cut.of(enc(images))
+    cut = Cut.of(enc(images), trains=True)
     loss = loss_of(cut.read)
     a = tm.mark()
     loss.backward()
@@ -120,7 +120,10 @@ def test_a_colocated_modules_backward_is_its_own_span_with_the_gradients_of_one_
     assert set(tm.acc) == {"llm_bwd", "vision_bwd"}
 
     with torch.no_grad():
-        frozen = Cut.of(enc(images))
-    assert frozen.rows is None
+        frozen = Cut.of(enc(images), trains=False)
+    assert frozen.rows is None and frozen.read.shape == (4, 4)
     frozen.backward(tm, "audio_bwd")
     assert "audio_bwd" not in tm.acc
+    empty = Cut.of(torch.zeros(0, 4), trains=True)
+    empty.backward(tm, "audio_bwd")
+    assert tm.acc["audio_bwd"] >= 0 and empty.rows is None

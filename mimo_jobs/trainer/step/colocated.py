@@ -23,24 +23,26 @@ from mimo_jobs.trainer.step.common import PhaseTimer, Tally, embed, llm_forward,
 @dataclass
 class Cut:
     """An encoder module's embeddings cut from the LLM's graph: `read` is what the LLM reads (a leaf of its
-    own graph when the module trains, else the embeddings themselves); `rows`, the module's output, is
-    what the module's backward starts from (None: a frozen module, or no rows)."""
+    own graph when the embeddings carry a graph, else the embeddings themselves); `rows`, the module's
+    output, is what the module's backward starts from (None: no graph, as for no rows). A trained module
+    times its backward even without rows, as its ranks of their own do."""
 
     read: torch.Tensor
     rows: torch.Tensor | None
+    trains: bool
 
     @classmethod
-    def of(cls, rows: torch.Tensor) -> Cut:
+    def of(cls, rows: torch.Tensor, trains: bool) -> Cut:
         if not rows.requires_grad:
-            return cls(rows, None)
-        return cls(rows.detach().requires_grad_(True), rows)
+            return cls(rows, None, trains)
+        return cls(rows.detach().requires_grad_(True), rows, trains)
 
     def backward(self, tm: PhaseTimer, name: str) -> None:
         """The module's backward from the gradient the LLM's backward left at the cut, timed as `name`."""
-        if self.rows is None:
+        if not self.trains:
             return
         a = tm.mark()
-        if self.read.grad is not None:
+        if self.rows is not None and self.read.grad is not None:
             self.rows.backward(self.read.grad)
         tm.add(name, a)
 
@@ -56,7 +58,7 @@ def microbatches(st: TrainState, batches: list[dict], n_tokens: float, tm: Phase
             rows = embed(st, mod, b.items(mod.label))
             tally.empty_encoder_microbatches += int(rows.shape[0] == 0)
             tm.add(phase(st, mod, "fwd"), a)
-            cuts[mod.label] = Cut.of(rows)
+            cuts[mod.label] = Cut.of(rows, trains=not mod.frozen)
         tally.consumed(st, b)
         a = tm.mark()
         ls = llm_forward(st, b, {name: c.read for name, c in cuts.items()})
