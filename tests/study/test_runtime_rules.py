@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from helpers import REPO
 from mimo_jobs.cli.app import app
+from mimo_jobs.contract.mocktokens import MIN_VOCAB
 from mimo_jobs.model.arch import EncoderArch
 from mimo_jobs.study.diagnose import diagnose_data
 from mimo_jobs.study.runtime_rules import (
@@ -184,6 +185,35 @@ OMNI_BREAKS = {
         lambda d: d["trainer"]["data"].update(audio_fraction=0.0),
         "trainer.data.audio_fraction: [module-data] the encoder module 'audio' (audio) gets no audio",
     ),
+    # a 16 px image (16 tokens) fits 20 positions and so does a 48-frame clip (12 tokens), not both at once
+    "clip-room": (
+        lambda d: (
+            d["trainer"]["data"].update(image_sizes=[16], audio_frames=[48]),
+            d["trainer"].update(seq_length=20),
+        ),
+        "trainer.seq_length: [audio-clip] 20 cannot hold the largest image (16 tokens) and clip (12 tokens) "
+        "plus 2 text tokens",
+    ),
+    # the image placeholder is the vocabulary's last id, the audio one the id before: one id more than a
+    # vision-only model's least vocabulary
+    "vocab": (
+        lambda d: d["trainer"]["model"].update(llm={"preset": "tiny", "vocab_size": MIN_VOCAB}),
+        f"trainer.model.llm.vocab_size: [data] the mock provider needs a vocabulary of at least {MIN_VOCAB + 1} "
+        "tokens for its text and the placeholders of vision, audio (2 ids at the vocabulary's end), the model "
+        f"has {MIN_VOCAB}",
+    ),
+    # two vision towers on mock data: the second takes the id below the audio placeholder's, kept free
+    "vocab-two-towers": (
+        lambda d: (
+            d["trainer"]["model"].update(
+                encoders={"vision": "tiny", "vision2": "tiny"},
+                llm={"preset": "tiny", "vocab_size": MIN_VOCAB + 1},
+            ),
+            d["trainer"]["data"].update(audio_fraction=0.0, audio_frames=[]),
+        ),
+        f"trainer.model.llm.vocab_size: [data] the mock provider needs a vocabulary of at least {MIN_VOCAB + 2} "
+        "tokens for its text and the placeholders of vision, vision2 (3 ids at the vocabulary's end)",
+    ),
 }
 
 
@@ -211,3 +241,22 @@ def test_the_preflight_refuses_each_omni_case_with_validates_words(case):
         with pytest.raises(PreflightError) as e:
             preflight(run, {}, reference=True)
         assert str(e.value).startswith(f"run.yaml: {path}: {words}"), str(e.value)
+
+
+@pytest.mark.parametrize("rule", ["freeze", "precision"])
+def test_the_trainers_own_build_guard_says_the_rules_words(rule):
+    """build_state refuses a run.yaml that skipped the preflight (both modules frozen, bf16 on a CPU) before
+    any collective, in the words of the rule validate and the preflight apply."""
+    pytest.importorskip("torch")
+    from datetime import timedelta
+
+    from mimo_jobs.trainer.build import build_state
+
+    doc = copy.deepcopy(yaml.safe_load(CPU.read_text()))
+    BREAKS[rule](doc)
+    run = diagnose_data(doc, "s", env={}).runs[0]
+    expected = runtime_problems(run.trainer, "cpu", package_installed, _model_of(run))[0]
+    assert expected.rule == rule
+    with pytest.raises(ValueError) as e:
+        build_state(run, run.rank_layout(), True, timedelta(seconds=5))
+    assert str(e.value) == str(expected)
