@@ -141,6 +141,7 @@ def _path_problems(diag: Diagnosis) -> list:
 
     found = path_problems(diag.study)
     out = [Problem(p.path, p.rule, p.message, p.fit) for p in found]
+    out += _dataset_problems(diag, {p.path for p in found})
     init = diag.study.trainer.init
     if init is None or not diag.runs:
         return out
@@ -168,6 +169,32 @@ def _path_problems(diag: Diagnosis) -> list:
             if str(e) not in seen:
                 seen.add(str(e))
                 out.append(Problem(e.where or "trainer.init", "init", str(e)))
+    return out
+
+
+def _dataset_problems(diag: Diagnosis, bad: set[str]) -> list:
+    """Each energon dataset the runs read, checked as the trainer's energon provider checks it before any
+    loader exists (data/check.py: a prepared dataset or a blend of them, no code beyond this package's
+    unless trusted), in its words; a path already reported missing, or not visible from this machine, is
+    left to the trainer."""
+    from mimo_jobs.data.check import check_data_path
+    from mimo_jobs.data.errors import DataError
+    from mimo_jobs.study.diagnose import Problem
+    from mimo_jobs.study.paths import on_this_host
+
+    out, seen = [], set()
+    for r in diag.runs or []:
+        d = r.trainer.data
+        if d.provider != "energon" or not d.path or "trainer.data.path" in bad:
+            continue
+        host = on_this_host(diag.study, str(d.path))
+        if host is None or (str(host), d.trust_dataset_code) in seen:
+            continue
+        seen.add((str(host), d.trust_dataset_code))
+        try:
+            check_data_path(str(host), d.trust_dataset_code)
+        except DataError as e:
+            out.append(Problem("trainer.data.path", "dataset", str(e)))
     return out
 
 

@@ -260,3 +260,34 @@ def test_the_trainers_own_build_guard_says_the_rules_words(rule):
     with pytest.raises(ValueError) as e:
         build_state(run, run.rank_layout(), True, timedelta(seconds=5))
     assert str(e.value) == str(expected)
+
+
+def _energon_doc(path) -> dict:
+    doc = copy.deepcopy(yaml.safe_load(CPU.read_text()))
+    doc["trainer"]["data"] = {"provider": "energon", "path": str(path)}
+    return doc
+
+
+def test_a_folder_that_is_not_an_energon_dataset_is_refused_by_validate_and_the_provider_alike(tmp_path):
+    """The energon provider checks its path before any loader exists (data/check.py); validate runs the
+    same check and prints its words, once for every run."""
+    from mimo_jobs.data.check import check_data_path
+    from mimo_jobs.data.errors import DataError
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    with pytest.raises(DataError) as want:
+        check_data_path(str(folder))
+    r = _validate(tmp_path, _energon_doc(folder))
+    assert r.exit_code == 2, r.output
+    flat = " ".join(r.output.split())
+    assert flat.count(f"trainer.data.path: [dataset] {want.value}") == 1, r.output
+    assert "is not a prepared energon dataset (no .nv-meta/dataset.yaml)" in str(want.value)
+
+    pytest.importorskip("megatron.energon")
+    from mimo_jobs.data.energon_provider import make_energon_provider
+
+    run = diagnose_data(_energon_doc(folder), "s", env={}).runs[0]
+    with pytest.raises(DataError) as got:
+        make_energon_provider(run, run.rank_layout(), [0], True, True)
+    assert str(got.value) == str(want.value)
