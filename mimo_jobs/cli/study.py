@@ -206,9 +206,11 @@ def _runtime_problems(diag: Diagnosis) -> list:
     from mimo_jobs.predict.run import shape_of
     from mimo_jobs.study.diagnose import Problem
     from mimo_jobs.study.runtime_rules import package_installed, runtime_problems
+    from mimo_jobs.study.spec import HardwareSpec
 
     cluster = diag.study.cluster
     installed = package_installed if cluster.container is None else (lambda _name: True)
+    layers = (cluster.hardware or HardwareSpec()).layers  # what the study is planned on
     seen, out = set(), []
     for r in diag.runs or []:
         if r.point.command or r.trainer.command:
@@ -216,7 +218,7 @@ def _runtime_problems(diag: Diagnosis) -> list:
         # the model as the planner resolves it (several encoders: as the trainer does, the planner's shape
         # holds one)
         model = arch_of(r.trainer.model) if r.layout.several else shape_of(r.layout, r.trainer).preset
-        for p in runtime_problems(r.trainer, cluster.accelerator, installed, model):
+        for p in runtime_problems(r.trainer, cluster.accelerator, installed, model, layers):
             if (p.path, p.message) not in seen:
                 seen.add((p.path, p.message))
                 out.append(Problem(p.path, p.rule, p.message, p.fit))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from mimo_jobs.contract.mocktokens import MIN_VOCAB, vocab_problem
 from mimo_jobs.data.batch import placeholder_ids
+from mimo_jobs.model.attention import keeps_scores
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,31 @@ def clip_room_problem(image_tokens: int, clip_tokens: int, seq_length: int) -> R
         "plus 2 text tokens",
         f"use seq_length >= {need}, or shorter clips or smaller images",
     )
+
+
+def packing_problem(layers: str, attention: str, fused_softmax: bool) -> RuntimeProblem | None:
+    """Packed rows need an attention that honours their block-diagonal mask (trainer/model/packed.py says
+    which does, from megatron-core 0.19's sources): not Transformer Engine's causal attention (`layers`
+    te), nor the fused causal softmax that megatron-core's unfused DotProductAttention (`attention`
+    unfused on the local layers) runs where its kernels are installed (`fused_softmax`)."""
+    if layers == "te":
+        return RuntimeProblem(
+            "trainer.data.packing",
+            "packing",
+            "Transformer Engine's causal attention ignores the packed rows' block-diagonal mask (it needs "
+            "megatron-core's PackedSeqParams, not built)",
+            "run packing on the local layers (a GPU without Transformer Engine, or the CPU)",
+        )
+    if keeps_scores(layers, attention) and fused_softmax:
+        return RuntimeProblem(
+            "trainer.data.packing",
+            "packing",
+            "the fused causal softmax of trainer.attention: unfused ignores the packed rows' block-diagonal "
+            "mask",
+            "use trainer.attention: sdpa (torch's fused attention takes the mask), or run packing where "
+            "scaled_masked_softmax_cuda is not installed",
+        )
+    return None
 
 
 def freeze_problem(encoder: bool, llm: bool) -> RuntimeProblem | None:
@@ -302,17 +328,23 @@ def _clip_room(data, encoders: dict, seq_length: int) -> list[RuntimeProblem]:
 
 
 def runtime_problems(
-    trainer, accelerator: str, installed: Callable[[str], bool], model=None
+    trainer, accelerator: str, installed: Callable[[str], bool], model=None, layers: str | None = None
 ) -> list[RuntimeProblem]:
     """Every start-up rule above for one run's trainer section (a spec.TrainerSpec) on its accelerator;
     with `model` (the resolved ModelArch) also the rules of its modules: each image module's mock image
-    sizes (patch_size, image_size), each module's data of its kind, the mock data's vocabulary."""
+    sizes (patch_size, image_size), each module's data of its kind, the mock data's vocabulary. `layers`:
+    the layers a GPU run is planned on (cluster.hardware.layers), for the packing rule; the trainer asks it
+    of the layers it built (trainer/model/packed.py), whose fused softmax only its host can tell."""
     llm = None if model is None else model.llm
+    packing = None
+    if trainer.data.packing and layers is not None:
+        packing = packing_problem(layers if accelerator == "gpu" else "local", trainer.attention, False)
     out = [
         p
         for p in (
             freeze_problem(trainer.freeze.every_encoder(trainer.model), trainer.freeze.llm),
             precision_problem(trainer.precision, accelerator),
+            packing,
         )
         if p is not None
     ]

@@ -291,3 +291,32 @@ def test_a_folder_that_is_not_an_energon_dataset_is_refused_by_validate_and_the_
     with pytest.raises(DataError) as got:
         make_energon_provider(run, run.rank_layout(), [0], True, True)
     assert str(got.value) == str(want.value)
+
+
+def _packing_doc(path, layers: str | None) -> dict:
+    doc = _energon_doc(path)
+    doc["trainer"]["data"]["packing"] = True
+    doc["cluster"].update(accelerator="gpu")
+    if layers:
+        doc["cluster"]["hardware"] = {"layers": layers}
+    return doc
+
+
+def test_packing_on_transformer_engine_is_refused_by_validate_and_the_preflight_alike(tmp_path):
+    """A GPU study planned on Transformer Engine's layers (the default) cannot pack: validate says so in the
+    words the trainer's preflight says them on a rank with TE; planned on the local layers it passes (their
+    fused softmax, which only the host can tell, stays the preflight's to judge)."""
+    pytest.importorskip("torch")
+    from mimo_jobs.trainer.main import kernel_problem
+    from mimo_jobs.trainer.model.kernels import Installed, kernels_for
+
+    r = _validate(tmp_path, _packing_doc(tmp_path / "ds", None))
+    assert r.exit_code == 2, r.output
+    flat = " ".join(r.output.split())
+    run = diagnose_data(_packing_doc(tmp_path / "ds", None), "s", env={}).runs[0]
+    said = kernel_problem(run, kernels_for(True, Installed(te=True)))
+    path, _, rest = said.partition(": ")
+    assert flat.count(f"{path}: [packing] {rest.replace('; ', ' -> ', 1)}") == 1, (said, r.output)
+    assert "Transformer Engine's causal attention ignores" in said
+    local = " ".join(_validate(tmp_path, _packing_doc(tmp_path / "ds", "local")).output.split())
+    assert "[packing]" not in local
