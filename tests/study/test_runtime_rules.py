@@ -320,3 +320,32 @@ def test_packing_on_transformer_engine_is_refused_by_validate_and_the_preflight_
     assert "Transformer Engine's causal attention ignores" in said
     local = " ".join(_validate(tmp_path, _packing_doc(tmp_path / "ds", "local")).output.split())
     assert "[packing]" not in local
+
+
+def test_a_tp_an_encoder_module_cannot_split_is_named_alike_by_validate_and_the_trainers_guard(tmp_path):
+    """Colocated at LLM TP 4 the audio module (2 heads) cannot split: validate names the module's field
+    (study/expand.split_problems), and the trainer's own guard (models.unsupported, the preflight's check
+    for a run.yaml that skipped validate) says the same words of the same module."""
+    pytest.importorskip("torch")
+    import dataclasses
+
+    from mimo_jobs.model.resolve import arch_of
+    from mimo_jobs.study.topology import ModuleShape
+    from mimo_jobs.trainer.model.models import unsupported
+
+    doc = yaml.safe_load(OMNI.read_text())
+    doc["cluster"]["gpus_per_node"] = 4
+    doc["matrix"]["points"] = [{"colocated": True, "llm": {"tp": 4}}]
+    r = _validate(tmp_path, doc)
+    assert r.exit_code == 2, r.output
+    want = "encoders.audio.tp=4 does not divide encoders.audio.num_attention_heads=2"
+    assert f"[model-tp] {want}" in " ".join(r.output.split()), r.output
+
+    doc["matrix"]["points"] = [{"colocated": True, "llm": {"tp": 2, "dp": 2}}]
+    run = diagnose_data(doc, "s", env={}).runs[0]
+    mods = tuple(ModuleShape(m.name, 4, 1, 1) for m in run.layout.encoders)
+    lay = dataclasses.replace(run.layout, llm_tp=4, llm_dp=1, encoders=mods)
+    said = unsupported(arch_of(run.trainer.model), lay)
+    fit = "encoders.audio.tp in [1, 2] divides it"
+    assert said == f"trainer.model: {want} ({fit})", said
+    assert f"{want} -> {fit}" in " ".join(r.output.split()), r.output
