@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mimo_jobs.contract.mocktokens import MIN_VOCAB, vocab_problem
-from mimo_jobs.data.batch import placeholder_ids
+from mimo_jobs.contract.placeholders import placeholder_ids
 from mimo_jobs.model.attention import keeps_scores
 
 
