@@ -141,6 +141,7 @@ def _path_problems(diag: Diagnosis) -> list:
 
     found = path_problems(diag.study)
     out = [Problem(p.path, p.rule, p.message, p.fit) for p in found]
+    out += _dataset_problems(diag, {p.path for p in found})
     init = diag.study.trainer.init
     if init is None or not diag.runs:
         return out
@@ -171,6 +172,32 @@ def _path_problems(diag: Diagnosis) -> list:
     return out
 
 
+def _dataset_problems(diag: Diagnosis, bad: set[str]) -> list:
+    """Each energon dataset the runs read, checked as the trainer's energon provider checks it before any
+    loader exists (data/check.py: a prepared dataset or a blend of them, no code beyond this package's
+    unless trusted), in its words; a path already reported missing, or not visible from this machine, is
+    left to the trainer."""
+    from mimo_jobs.data.check import check_data_path
+    from mimo_jobs.data.errors import DataError
+    from mimo_jobs.study.diagnose import Problem
+    from mimo_jobs.study.paths import on_this_host
+
+    out, seen = [], set()
+    for r in diag.runs or []:
+        d = r.trainer.data
+        if d.provider != "energon" or not d.path or "trainer.data.path" in bad:
+            continue
+        host = on_this_host(diag.study, str(d.path))
+        if host is None or (str(host), d.trust_dataset_code) in seen:
+            continue
+        seen.add((str(host), d.trust_dataset_code))
+        try:
+            check_data_path(str(host), d.trust_dataset_code)
+        except DataError as e:
+            out.append(Problem("trainer.data.path", "dataset", str(e)))
+    return out
+
+
 def _runtime_problems(diag: Diagnosis) -> list:
     """What the trainer would refuse at start-up, once per distinct problem (study/runtime_rules.py owns the
     rules). Tracker packages are judged only without a container: inside one, this environment says
@@ -179,9 +206,11 @@ def _runtime_problems(diag: Diagnosis) -> list:
     from mimo_jobs.model.resolve import arch_of
     from mimo_jobs.study.diagnose import Problem
     from mimo_jobs.study.runtime_rules import device_problems, package_installed, runtime_problems
+    from mimo_jobs.study.spec import HardwareSpec
 
     cluster = diag.study.cluster
     installed = package_installed if cluster.container is None else (lambda _name: True)
+    layers = (cluster.hardware or HardwareSpec()).layers  # what the study is planned on
     seen, out = set(), []
     for r in diag.runs or []:
         if r.point.command or r.trainer.command:
@@ -189,7 +218,9 @@ def _runtime_problems(diag: Diagnosis) -> list:
             found = device_problems(r.trainer, cluster.accelerator, packaged=False)
         else:
             model = arch_of(r.trainer.model)  # as the planner and the trainer resolve it
-            found = runtime_problems(r.trainer, cluster.accelerator, installed, model, prepared_videos)
+            found = runtime_problems(
+                r.trainer, cluster.accelerator, installed, model, prepared_videos, layers
+            )
         for p in found:
             if (p.path, p.message) not in seen:
                 seen.add((p.path, p.message))

@@ -11,5 +11,6 @@ both sides import these modules, neither imports the other.
   jobstates    what each scheduler state means
   datastats    the dataset statistics file `data stats` writes and the planner reads
   mocktokens   the mock data's token ids and the vocabulary they need
+  placeholders  each encoder module's placeholder token id, by input kind and vocabulary
   modules      the study's module names against the trainer's slot names (one rule, both ways)
 """

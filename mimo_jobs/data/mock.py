@@ -48,7 +48,6 @@ from mimo_jobs.contract.mocktokens import (  # noqa: F401 - the ids are part of 
     TEXT_BASE,
     TEXT_POOL,
     WORD_LEN,
-    vocab_problem,
 )
 from mimo_jobs.data.audio import AudioSpec, audio_spec_of, audio_spec_of_module
 from mimo_jobs.data.batch import IGNORE_INDEX, LaneBatch, ModuleInputs, Provider, placeholder_ids
@@ -57,7 +56,12 @@ from mimo_jobs.errors import MimoJobsError
 from mimo_jobs.model import families
 from mimo_jobs.model.arch import frame_groups
 from mimo_jobs.model.resolve import arch_of
-from mimo_jobs.study.runtime_rules import image_size_problems, towers_room_problem
+from mimo_jobs.study.runtime_rules import (
+    clip_room_problem,
+    image_size_problems,
+    placeholder_vocab_problem,
+    towers_room_problem,
+)
 
 IMAGE_NOISE = 0.5
 
@@ -159,8 +163,11 @@ class MockConfig:
 
 
 def check_mock_config(c: MockConfig, max_image_size: int) -> None:
-    if vocab_problem(c.vocab_size):
-        raise DataConfigError(vocab_problem(c.vocab_size))
+    """The rules validate applies to a study (study/runtime_rules.py), in its words, then the mock's own
+    bounds on a config the study file cannot state."""
+    vocab = placeholder_vocab_problem(c.vocab_size, [(t.name, t.kind) for t in c.towers])
+    if vocab is not None:
+        raise DataConfigError(str(vocab))
     images = _of(c, "image")
     found = []
     if images:  # the rules validate applies to a study, against the first image module's pixels per token
@@ -188,18 +195,13 @@ def _check_audio(c: MockConfig, max_image_size: int) -> None:
             f"audio_fraction={c.audio_fraction}, audio_frames={list(c.audio_frames)}: a share within [0, 1] "
             "and at least one clip length"
         )
-    if vocab_problem(c.vocab_size - 1):  # the audio placeholder takes one more id
-        raise DataConfigError(f"with audio, {vocab_problem(c.vocab_size - 1)} plus the audio placeholder")
     try:
         most = sum(max(t.tokens(frames=f, n_mels=c.n_mels) for f in c.audio_frames) for t in _of(c, "audio"))
     except ValueError as e:
         raise DataConfigError(f"audio_frames: {e}") from None
-    img = _most_image_tokens(c)
-    if img + most + 2 > c.seq_length:
-        raise DataConfigError(
-            f"seq_length={c.seq_length} cannot hold the largest image ({img} tokens) and clip ({most} tokens) "
-            f"plus 2 text tokens; use seq_length >= {img + most + 2}"
-        )
+    room = clip_room_problem(_most_image_tokens(c), most, c.seq_length)
+    if room is not None:
+        raise DataConfigError(str(room))
 
 
 def _tower_tokens(t: MockTower):

@@ -206,7 +206,7 @@ def expand_matrix(
             if arch is not None:
                 # the packaged trainer's own needs (an encoder) only where it is known to run it
                 packaged = study is not None and not (p.command or study.trainer.command)
-                viol += [topology.Violation(*v) for v in _split_problems(arch, lay, p, packaged)]
+                viol += [topology.Violation(*v) for v in split_problems(arch, lay, packaged)]
         p = p.model_copy(update={"llm": p.llm.model_copy(update={"dp": dp})})
         if index + p.repeats > MAX_RUNS:
             problems.append((label, f"with its repeats the study exceeds {MAX_RUNS:,} runs"))
@@ -240,15 +240,17 @@ def expand_matrix(
     return results, problems
 
 
-def _split_problems(arch: ModelArch, lay: topology.Layout, p: PointSpec, packaged: bool) -> list[tuple]:
-    """What the model needs of the point's TP sizes (model/splits.py), for each encoder module under its own
-    name (`encoders.audio.tp`) when there are several; the LLM's problems once."""
+def split_problems(arch: ModelArch, lay: topology.Layout, packaged: bool = True) -> list[tuple]:
+    """What the model needs of the layout's TP sizes (model/splits.py), for each encoder module under its own
+    name (`encoders.audio.tp`) when there are several (colocated: each at the LLM's TP); the LLM's problems
+    once. (rule, message, fit) each; the trainer's own guard (trainer/model/models.unsupported) asks the
+    same."""
     if not lay.several:
-        return tp_problems(arch, lay.encoders[0].tp, p.llm.tp, p.llm.etp, p.llm.pp, packaged)
+        return tp_problems(arch, lay.encoders[0].tp, lay.llm_tp, lay.llm_etp, lay.llm_pp, packaged)
     out: list[tuple] = []
     for m in lay.encoders:
         one = ModelArch(arch.name, arch.encoders[m.name], arch.llm, arch.description)
-        for rule, msg, fit in tp_problems(one, m.tp, p.llm.tp, p.llm.etp, p.llm.pp, packaged):
+        for rule, msg, fit in tp_problems(one, m.tp, lay.llm_tp, lay.llm_etp, lay.llm_pp, packaged):
             v = (rule, _relabel(msg, lay.label(m)), _relabel(fit, lay.label(m)))
             if v not in out:
                 out.append(v)

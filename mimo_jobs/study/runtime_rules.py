@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mimo_jobs.contract.mocktokens import MIN_VOCAB, vocab_problem
+from mimo_jobs.contract.placeholders import placeholder_ids
+from mimo_jobs.model.attention import keeps_scores
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,71 @@ def dataset_video_problem(data, encoders: dict, videos: Callable[[str], int]) ->
         f"{data.path} holds {n} video(s) but {why}",
         "use an image module with temporal_patch_size: 2 (Qwen2-VL's 3-D patch), or a dataset without videos",
     )
+
+
+def placeholder_vocab_problem(vocab_size: int, kinds: list[tuple[str, str]]) -> RuntimeProblem | None:
+    """The mock data's text ids and every encoder module's placeholder must fit the vocabulary apart: the
+    placeholders take ids down from its end (batch.placeholder_ids: the image's the last, the audio's the
+    second-to-last, each further module the next free one below), the text the ids from the start
+    (contract.mocktokens). `kinds`: [(module, input kind)] in the model's order."""
+    ids = placeholder_ids(kinds, vocab_size)
+    span = vocab_size - min([vocab_size - 1, *ids.values()])  # ids reserved at the vocabulary's end
+    why = vocab_problem(vocab_size - span + 1)  # MIN_VOCAB counts one placeholder
+    if why is None:
+        return None
+    need = MIN_VOCAB + span - 1
+    if span > 1:
+        why = (
+            f"the mock provider needs a vocabulary of at least {need} tokens for its text and the placeholders "
+            f"of {', '.join(sorted(ids, key=lambda n: -ids[n]))} ({span} ids at the vocabulary's end), the "
+            f"model has {vocab_size}"
+        )
+    return RuntimeProblem(
+        "trainer.model.llm.vocab_size",
+        "data",
+        why,
+        f"use a vocabulary of at least {need} tokens, or real data (trainer.data.provider)",
+    )
+
+
+def clip_room_problem(image_tokens: int, clip_tokens: int, seq_length: int) -> RuntimeProblem | None:
+    """A mock sample may carry the largest picture and the longest clip together: their placeholders (each
+    summed over the modules of its kind) and two text tokens must fit the sequence."""
+    need = image_tokens + clip_tokens + 2
+    if not clip_tokens or need <= seq_length:
+        return None
+    return RuntimeProblem(
+        "trainer.seq_length",
+        "audio-clip",
+        f"{seq_length} cannot hold the largest image ({image_tokens} tokens) and clip ({clip_tokens} tokens) "
+        "plus 2 text tokens",
+        f"use seq_length >= {need}, or shorter clips or smaller images",
+    )
+
+
+def packing_problem(layers: str, attention: str, fused_softmax: bool) -> RuntimeProblem | None:
+    """Packed rows need an attention that honours their block-diagonal mask (trainer/model/packed.py says
+    which does, from megatron-core 0.19's sources): not Transformer Engine's causal attention (`layers`
+    te), nor the fused causal softmax that megatron-core's unfused DotProductAttention (`attention`
+    unfused on the local layers) runs where its kernels are installed (`fused_softmax`)."""
+    if layers == "te":
+        return RuntimeProblem(
+            "trainer.data.packing",
+            "packing",
+            "Transformer Engine's causal attention ignores the packed rows' block-diagonal mask (it needs "
+            "megatron-core's PackedSeqParams, not built)",
+            "run packing on the local layers (a GPU without Transformer Engine, or the CPU)",
+        )
+    if keeps_scores(layers, attention) and fused_softmax:
+        return RuntimeProblem(
+            "trainer.data.packing",
+            "packing",
+            "the fused causal softmax of trainer.attention: unfused ignores the packed rows' block-diagonal "
+            "mask",
+            "use trainer.attention: sdpa (torch's fused attention takes the mask), or run packing where "
+            "scaled_masked_softmax_cuda is not installed",
+        )
+    return None
 
 
 def freeze_problem(encoder: bool, llm: bool) -> RuntimeProblem | None:
@@ -322,32 +389,45 @@ def _picture_tokens(encoder) -> Callable[[int, int], int]:
     )
 
 
+def _clip_room(data, encoders: dict, seq_length: int) -> list[RuntimeProblem]:
+    """clip_room_problem for the mock data of a model with an audio module: the largest picture (the
+    longest video when there are videos) over the image modules, the longest clip over the audio ones."""
+    audio = [e for e in encoders.values() if e.modality == "audio"]
+    if data.provider != "mock" or not data.audio_fraction or not audio or not data.audio_frames:
+        return []
+    images = [_picture_tokens(e) for e in encoders.values() if e.modality == "image"]
+    video = max(data.video_frames, default=0) if data.video_fraction else 0
+    most_image = max((sum(t(s, video) for t in images) for s in data.image_sizes), default=0)
+    most_clip = sum(max(e.tokens_for_frames(f) for f in data.audio_frames) for e in audio)
+    room = clip_room_problem(most_image, most_clip, seq_length)
+    return [room] if room is not None else []
+
+
 def runtime_problems(
     trainer,
     accelerator: str,
     installed: Callable[[str], bool],
     model=None,
     videos: Callable[[str], int] = lambda _path: 0,
+    layers: str | None = None,
 ) -> list[RuntimeProblem]:
     """Every start-up rule above for one run's trainer section (a spec.TrainerSpec) on its accelerator;
     with `model` (the resolved ModelArch) also the rules of its modules: each image module's mock image
     sizes (patch_size, image_size), each module's data of its kind, the mock data's vocabulary, a dataset's
-    videos (`videos`: the caller's answer of how many a dataset holds, data.check.prepared_videos)."""
+    videos (`videos`: the caller's answer of how many a dataset holds, data.check.prepared_videos). `layers`:
+    the layers a GPU run is planned on (cluster.hardware.layers), for the packing rule; the trainer asks it
+    of the layers it built (trainer/model/packed.py), whose fused softmax only its host can tell."""
     llm = None if model is None else model.llm
+    packing = None
+    if trainer.data.packing and layers is not None:
+        packing = packing_problem(layers if accelerator == "gpu" else "local", trainer.attention, False)
     frozen = freeze_problem(trainer.freeze.every_encoder(trainer.model), trainer.freeze.llm)
-    out = ([frozen] if frozen else []) + device_problems(trainer, accelerator)
-    if llm is not None and trainer.data.provider == "mock":
-        why = vocab_problem(llm.vocab_size)
-        if why:
-            out.append(
-                RuntimeProblem(
-                    "trainer.model.llm.vocab_size",
-                    "data",
-                    why,
-                    f"use a vocabulary of at least {MIN_VOCAB} tokens, or real data (trainer.data.provider)",
-                )
-            )
+    out = [p for p in (frozen, packing) if p is not None] + device_problems(trainer, accelerator)
     encoders = {} if model is None else model.encoders
+    if llm is not None and trainer.data.provider == "mock":
+        kinds = [(n, e.modality) for n, e in encoders.items()] or [("vision", "image")]
+        vocab = placeholder_vocab_problem(llm.vocab_size, kinds)
+        out += [vocab] if vocab is not None else []
     if trainer.data.provider == "mock":
         d = trainer.data
         images = {n: e for n, e in encoders.items() if e.modality == "image"}
@@ -363,22 +443,12 @@ def runtime_problems(
         tokens = {n: _picture_tokens(e) for n, e in images.items()}
         room = towers_room_problem(d.image_sizes, tokens, trainer.seq_length, d.text_only_fraction)
         out += [room] if room is not None and not out else []
-        if llm is not None and len(encoders) > 2 and not vocab_problem(llm.vocab_size):
-            why = vocab_problem(llm.vocab_size - len(encoders) + 1)
-            if why:
-                out.append(
-                    RuntimeProblem(
-                        "trainer.model.llm.vocab_size",
-                        "data",
-                        f"with {len(encoders)} encoder modules (one placeholder each), {why}",
-                        f"use a vocabulary of at least {MIN_VOCAB + len(encoders) - 1} tokens",
-                    )
-                )
     if model is not None:
         twice = modality_twice_problem(encoders, trainer.data.provider)
         out += [twice] if twice else []
         out += modality_problems(trainer.data, encoders)
-        out += audio_clip_problems(trainer.data, encoders)
+        clips = audio_clip_problems(trainer.data, encoders)
+        out += clips or _clip_room(trainer.data, encoders, trainer.seq_length)
         out += video_problems(trainer.data, encoders, trainer.seq_length)
         held = dataset_video_problem(trainer.data, encoders, videos)
         out += [held] if held else []

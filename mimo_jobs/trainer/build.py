@@ -21,6 +21,7 @@ from mimo_jobs.model.arch import ModelArch
 from mimo_jobs.model.resolve import arch_of
 from mimo_jobs.study.lr_rules import run_samples
 from mimo_jobs.study.runspec import RunSpec
+from mimo_jobs.study.runtime_rules import freeze_problem, precision_problem
 from mimo_jobs.study.spec import RecomputeSpec
 from mimo_jobs.study.topology import RankLayout
 from mimo_jobs.trainer.device import runs_on_cpu
@@ -127,8 +128,9 @@ def build_state(run: RunSpec, plan: RankLayout, reference: bool, timeout) -> Tra
     t = run.trainer
     preset = arch_of(t.model)
     prec, device = _precision_and_device(run)
-    if t.freeze.llm and t.freeze.every_encoder(t.model):
-        raise ValueError("trainer.freeze: every encoder and the llm are frozen; nothing to train")
+    frozen = freeze_problem(t.freeze.every_encoder(t.model), t.freeze.llm)  # the preflight's rule
+    if frozen is not None:
+        raise ValueError(str(frozen))
     if reference:
         encs, llm_s = G.single_process_shapes(plan)
     else:
@@ -228,8 +230,10 @@ def _precision_and_device(run: RunSpec):
         bf16=run.trainer.precision == "bf16",
         kernels=kernels_for(use_gpu, installed(), run.trainer.attention),
     )
-    if prec.bf16 and not use_gpu:
-        raise ValueError("trainer.precision=bf16 needs a GPU (accelerator=gpu); use fp32 on CPU")
+    # the preflight's rule by the accelerator the run names; here also a GPU run on a node without CUDA
+    cpu = precision_problem(run.trainer.precision, "gpu" if use_gpu else "cpu")
+    if cpu is not None:
+        raise ValueError(str(cpu))
     device = torch.device("cuda", torch.cuda.current_device()) if use_gpu else "cpu"
     return prec, device
 

@@ -454,3 +454,9 @@ def test_an_omni_team_trains_on_its_own_prepared_data_from_jsonl_to_the_report(
     rep = cli("report", "--db", str(db), "--format", "json")
     assert rep.returncode == 0, rep.stderr
     assert rep.stdout.count("vision") and rep.stdout.count("audio"), rep.stdout[:3000]
+    # the colocated run's phase rows per module: each encoder's forward and its own backward (timed even
+    # where a microbatch of this small dataset has no image or clip for it)
+    col = next(r for r in runs_of(load_study(study)) if r.layout.colocated)
+    rows = {e["module"]: e for e in json.loads(rep.stdout)["encoder_phases"] if e["run_id"] == col.run_id}
+    assert set(rows) == {"vision", "audio", "llm"}, rows
+    assert all(rows[m]["fwd_ms"] is not None and rows[m]["bwd_ms"] is not None for m in rows), rows

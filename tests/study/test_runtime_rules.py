@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from helpers import REPO
 from mimo_jobs.cli.app import app
+from mimo_jobs.contract.mocktokens import MIN_VOCAB
 from mimo_jobs.model.arch import EncoderArch
 from mimo_jobs.study.diagnose import diagnose_data
 from mimo_jobs.study.runtime_rules import (
@@ -186,6 +187,35 @@ OMNI_BREAKS = {
         lambda d: d["trainer"]["data"].update(audio_fraction=0.0),
         "trainer.data.audio_fraction: [module-data] the encoder module 'audio' (audio) gets no audio",
     ),
+    # a 16 px image (16 tokens) fits 20 positions and so does a 48-frame clip (12 tokens), not both at once
+    "clip-room": (
+        lambda d: (
+            d["trainer"]["data"].update(image_sizes=[16], audio_frames=[48]),
+            d["trainer"].update(seq_length=20),
+        ),
+        "trainer.seq_length: [audio-clip] 20 cannot hold the largest image (16 tokens) and clip (12 tokens) "
+        "plus 2 text tokens",
+    ),
+    # the image placeholder is the vocabulary's last id, the audio one the id before: one id more than a
+    # vision-only model's least vocabulary
+    "vocab": (
+        lambda d: d["trainer"]["model"].update(llm={"preset": "tiny", "vocab_size": MIN_VOCAB}),
+        f"trainer.model.llm.vocab_size: [data] the mock provider needs a vocabulary of at least {MIN_VOCAB + 1} "
+        "tokens for its text and the placeholders of vision, audio (2 ids at the vocabulary's end), the model "
+        f"has {MIN_VOCAB}",
+    ),
+    # two vision towers on mock data: the second takes the id below the audio placeholder's, kept free
+    "vocab-two-towers": (
+        lambda d: (
+            d["trainer"]["model"].update(
+                encoders={"vision": "tiny", "vision2": "tiny"},
+                llm={"preset": "tiny", "vocab_size": MIN_VOCAB + 1},
+            ),
+            d["trainer"]["data"].update(audio_fraction=0.0, audio_frames=[]),
+        ),
+        f"trainer.model.llm.vocab_size: [data] the mock provider needs a vocabulary of at least {MIN_VOCAB + 2} "
+        "tokens for its text and the placeholders of vision, vision2 (3 ids at the vocabulary's end)",
+    ),
 }
 
 
@@ -213,3 +243,111 @@ def test_the_preflight_refuses_each_omni_case_with_validates_words(case):
         with pytest.raises(PreflightError) as e:
             preflight(run, {}, reference=True)
         assert str(e.value).startswith(f"run.yaml: {path}: {words}"), str(e.value)
+
+
+@pytest.mark.parametrize("rule", ["freeze", "precision"])
+def test_the_trainers_own_build_guard_says_the_rules_words(rule):
+    """build_state refuses a run.yaml that skipped the preflight (both modules frozen, bf16 on a CPU) before
+    any collective, in the words of the rule validate and the preflight apply."""
+    pytest.importorskip("torch")
+    from datetime import timedelta
+
+    from mimo_jobs.trainer.build import build_state
+
+    doc = copy.deepcopy(yaml.safe_load(CPU.read_text()))
+    BREAKS[rule](doc)
+    run = diagnose_data(doc, "s", env={}).runs[0]
+    expected = runtime_problems(run.trainer, "cpu", package_installed, _model_of(run))[0]
+    assert expected.rule == rule
+    with pytest.raises(ValueError) as e:
+        build_state(run, run.rank_layout(), True, timedelta(seconds=5))
+    assert str(e.value) == str(expected)
+
+
+def _energon_doc(path) -> dict:
+    doc = copy.deepcopy(yaml.safe_load(CPU.read_text()))
+    doc["trainer"]["data"] = {"provider": "energon", "path": str(path)}
+    return doc
+
+
+def test_a_folder_that_is_not_an_energon_dataset_is_refused_by_validate_and_the_provider_alike(tmp_path):
+    """The energon provider checks its path before any loader exists (data/check.py); validate runs the
+    same check and prints its words, once for every run."""
+    from mimo_jobs.data.check import check_data_path
+    from mimo_jobs.data.errors import DataError
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    with pytest.raises(DataError) as want:
+        check_data_path(str(folder))
+    r = _validate(tmp_path, _energon_doc(folder))
+    assert r.exit_code == 2, r.output
+    flat = " ".join(r.output.split())
+    assert flat.count(f"trainer.data.path: [dataset] {want.value}") == 1, r.output
+    assert "is not a prepared energon dataset (no .nv-meta/dataset.yaml)" in str(want.value)
+
+    pytest.importorskip("megatron.energon")
+    from mimo_jobs.data.energon_provider import make_energon_provider
+
+    run = diagnose_data(_energon_doc(folder), "s", env={}).runs[0]
+    with pytest.raises(DataError) as got:
+        make_energon_provider(run, run.rank_layout(), [0], True, True)
+    assert str(got.value) == str(want.value)
+
+
+def _packing_doc(path, layers: str | None) -> dict:
+    doc = _energon_doc(path)
+    doc["trainer"]["data"]["packing"] = True
+    doc["cluster"].update(accelerator="gpu")
+    if layers:
+        doc["cluster"]["hardware"] = {"layers": layers}
+    return doc
+
+
+def test_packing_on_transformer_engine_is_refused_by_validate_and_the_preflight_alike(tmp_path):
+    """A GPU study planned on Transformer Engine's layers (the default) cannot pack: validate says so in the
+    words the trainer's preflight says them on a rank with TE; planned on the local layers it passes (their
+    fused softmax, which only the host can tell, stays the preflight's to judge)."""
+    pytest.importorskip("torch")
+    from mimo_jobs.trainer.main import kernel_problem
+    from mimo_jobs.trainer.model.kernels import Installed, kernels_for
+
+    r = _validate(tmp_path, _packing_doc(tmp_path / "ds", None))
+    assert r.exit_code == 2, r.output
+    flat = " ".join(r.output.split())
+    run = diagnose_data(_packing_doc(tmp_path / "ds", None), "s", env={}).runs[0]
+    said = kernel_problem(run, kernels_for(True, Installed(te=True)))
+    path, _, rest = said.partition(": ")
+    assert flat.count(f"{path}: [packing] {rest.replace('; ', ' -> ', 1)}") == 1, (said, r.output)
+    assert "Transformer Engine's causal attention ignores" in said
+    local = " ".join(_validate(tmp_path, _packing_doc(tmp_path / "ds", "local")).output.split())
+    assert "[packing]" not in local
+
+
+def test_a_tp_an_encoder_module_cannot_split_is_named_alike_by_validate_and_the_trainers_guard(tmp_path):
+    """Colocated at LLM TP 4 the audio module (2 heads) cannot split: validate names the module's field
+    (study/expand.split_problems), and the trainer's own guard (models.unsupported, the preflight's check
+    for a run.yaml that skipped validate) says the same words of the same module."""
+    pytest.importorskip("torch")
+    import dataclasses
+
+    from mimo_jobs.model.resolve import arch_of
+    from mimo_jobs.study.topology import ModuleShape
+    from mimo_jobs.trainer.model.models import unsupported
+
+    doc = yaml.safe_load(OMNI.read_text())
+    doc["cluster"]["gpus_per_node"] = 4
+    doc["matrix"]["points"] = [{"colocated": True, "llm": {"tp": 4}}]
+    r = _validate(tmp_path, doc)
+    assert r.exit_code == 2, r.output
+    want = "encoders.audio.tp=4 does not divide encoders.audio.num_attention_heads=2"
+    assert f"[model-tp] {want}" in " ".join(r.output.split()), r.output
+
+    doc["matrix"]["points"] = [{"colocated": True, "llm": {"tp": 2, "dp": 2}}]
+    run = diagnose_data(doc, "s", env={}).runs[0]
+    mods = tuple(ModuleShape(m.name, 4, 1, 1) for m in run.layout.encoders)
+    lay = dataclasses.replace(run.layout, llm_tp=4, llm_dp=1, encoders=mods)
+    said = unsupported(arch_of(run.trainer.model), lay)
+    fit = "encoders.audio.tp in [1, 2] divides it"
+    assert said == f"trainer.model: {want} ({fit})", said
+    assert f"{want} -> {fit}" in " ".join(r.output.split()), r.output

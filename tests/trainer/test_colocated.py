@@ -27,6 +27,7 @@ def _colocated_parity(shared_runs, tmp_path, nproc: int, **kw) -> list[dict]:
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=RTOL), (a, b)
         assert b["tokens"] == a["tokens"] and b["consumed_samples"] == a["consumed_samples"]
         assert "bridge_wait" not in b["phases_ms"] and b["phases_ms"]["enc_fwd"] > 0
+        assert b["phases_ms"].get("enc_bwd", 0) > 0  # the encoder's backward, apart from llm_bwd
     return c
 
 

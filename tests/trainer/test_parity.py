@@ -330,6 +330,11 @@ def test_the_vision_and_audio_study_matches_the_reference(shared_runs, tmp_path,
     # each module's forward timed under its own name (the one-encoder record's enc_fwd is not written)
     assert all({"vision_fwd", "audio_fwd"} <= set(x["phases_ms"]) for x in h), h[0]["phases_ms"]
     assert not any("enc_fwd" in x["phases_ms"] for x in h)
+    # and each module's backward under its own name, apart from the LLM's (step/colocated.py: its own
+    # autograd call from the embeddings' gradient)
+    assert all(x["phases_ms"].get(f"{m}_bwd", 0) > 0 for x in h for m in ("vision", "audio")), h[0][
+        "phases_ms"
+    ]
     kinds, audio = _sample_kinds(ry)
     assert kinds == {(True, True), (True, False), (False, True), (False, False)}
     for kind in ("image_tokens", "audio_tokens"):

@@ -76,3 +76,54 @@ def test_waits_and_first_reads_sit_in_spans_without_compute(pp, monkeypatch):
         phases = timers[rank].acc
         assert "bridge_wait" in phases
         assert ("pipeline_wait" in phases) == (states[rank].link is not None)
+
+
+def test_a_colocated_modules_backward_is_its_own_span_with_the_gradients_of_one_backward():
+    """The colocated program cuts each encoder module's embeddings from the LLM's graph (step.colocated.Cut):
+    the LLM's backward computes no encoder gradient (its span holds only the LLM's), the module's own
+    backward does, in its own span, and every gradient is bit for bit what one backward through both gives.
+    A trained module without rows times an empty backward (as on ranks of its own); a frozen one none."""
+    from mimo_jobs.trainer.step.colocated import Cut
+
+    torch.manual_seed(0)
+    enc = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4))
+    words, head = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 1)
+    tokens = torch.tensor([[1, 9, 9, 2], [9, 3, 4, 9]])  # 9: the module's placeholder
+    images = torch.randn(4, 3)
+    params = {"enc": list(enc.parameters()), "llm": [*words.parameters(), *head.parameters()]}
+
+    def loss_of(emb):
+        x = words(tokens).masked_scatter((tokens == 9).unsqueeze(-1), emb)
+        return head(x).pow(2).sum()
+
+    loss_of(enc(images)).backward()
+    want = [p.grad.clone() for ps in params.values() for p in ps]
+    for ps in params.values():
+        for p in ps:
+            p.grad = None
+
+    events: list = []
+    for side, ps in params.items():
+        for p in ps:
+            p.register_hook(lambda g, side=side: events.append((side,)) or g)
+    tm = PhaseTimer("cpu", on_mark=lambda: events.append(("sync",)))
+    cut = Cut.of(enc(images), trains=True)
+    loss = loss_of(cut.read)
+    a = tm.mark()
+    loss.backward()
+    tm.add("llm_bwd", a)
+    cut.backward(tm, "vision_bwd")
+    got = [p.grad for ps in params.values() for p in ps]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    segs = _segments(events)  # before, llm_bwd, between, vision_bwd, after
+    assert set(segs[1]) == {("llm",)} and set(segs[3]) == {("enc",)} and not segs[2] + segs[4]
+    assert set(tm.acc) == {"llm_bwd", "vision_bwd"}
+
+    with torch.no_grad():
+        frozen = Cut.of(enc(images), trains=False)
+    assert frozen.rows is None and frozen.read.shape == (4, 4)
+    frozen.backward(tm, "audio_bwd")
+    assert "audio_bwd" not in tm.acc
+    empty = Cut.of(torch.zeros(0, 4), trains=True)
+    empty.backward(tm, "audio_bwd")
+    assert tm.acc["audio_bwd"] >= 0 and empty.rows is None

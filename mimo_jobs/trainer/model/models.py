@@ -38,7 +38,7 @@ from mimo_jobs.model.arch import ModelArch, padded_vocab
 from mimo_jobs.model.attention import SDPA
 from mimo_jobs.model.cuts import strided_blocks
 from mimo_jobs.model.hf_weights import canonical_alias
-from mimo_jobs.model.splits import experts_apart, tp_problems
+from mimo_jobs.model.splits import experts_apart
 from mimo_jobs.trainer.model.kernels import CPU_KERNELS, TE, Kernels, bias_activation_fusion
 from mimo_jobs.trainer.model.sdpa import SDPAttention
 
@@ -116,20 +116,14 @@ def recompute_kwargs(recompute: str) -> dict:
 
 def unsupported(arch: ModelArch, lay) -> str | None:
     """Why the trainer cannot build this model at this layout (None: it can): the rules validate applies
-    (model/splits.py). The trainer's own guard for a run.yaml that skipped validate."""
-    # the rules hold for each encoder module with the LLM, at its own TP (colocated: the LLM's); a layout of
-    # one module gives it its TP whatever the model names it
-    tps = {m.name: m.tp for m in lay.encoders}
-    only = lay.encoders[0].tp if len(lay.encoders) == 1 else 1
-    pairs = [
-        (ModelArch(arch.name, encoder=e, llm=arch.llm), lay.llm_tp if lay.colocated else tps.get(n, only))
-        for n, e in arch.named_encoders
-    ] or [(arch, lay.llm_tp)]  # text-only: no encoder TP to check
-    for one, tp in pairs:
-        found = tp_problems(one, tp, lay.llm_tp, lay.llm_etp, lay.llm_pp)
-        if found:
-            _, msg, fit = found[0]
-            return f"trainer.model: {msg} ({fit})"
+    (study/expand.split_problems over model/splits.py), the first in validate's words. The trainer's own
+    guard for a run.yaml that skipped validate."""
+    from mimo_jobs.study.expand import split_problems
+
+    found = split_problems(arch, lay)
+    if found:
+        _, msg, fit = found[0]
+        return f"trainer.model: {msg} ({fit})"
     return None
 
 

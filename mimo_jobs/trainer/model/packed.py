@@ -54,19 +54,9 @@ def rotary_at(gpt, position_ids: torch.Tensor):
 
 
 def packing_problem(kernels) -> str | None:
-    """Why packed rows cannot run on these kernels (None: they can): see the module doc."""
-    from .kernels import TE  # megatron-core's TE extension module: imported only where kernels exist
+    """Why packed rows cannot run on these kernels (None: they can): study/runtime_rules.packing_problem,
+    the rule validate applies with the layers a study is planned on, asked of the kernels this rank built."""
+    from mimo_jobs.study.runtime_rules import packing_problem as rule
 
-    if kernels.backend == TE:
-        return (
-            "trainer.data.packing: Transformer Engine's causal attention ignores the packed rows' "
-            "block-diagonal mask (it needs megatron-core's PackedSeqParams, not built); run packing on "
-            "the local layers (a GPU without Transformer Engine, or the CPU)"
-        )
-    if kernels.keeps_scores and kernels.on.get("masked_softmax_fusion"):
-        return (
-            "trainer.data.packing: the fused causal softmax of trainer.attention: unfused ignores the packed "
-            "rows' block-diagonal mask; use trainer.attention: sdpa (torch's fused attention takes the mask), "
-            "or run packing where scaled_masked_softmax_cuda is not installed"
-        )
-    return None
+    found = rule(kernels.backend, kernels.attention, bool(kernels.on.get("masked_softmax_fusion")))
+    return None if found is None else str(found)

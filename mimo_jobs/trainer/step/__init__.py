@@ -15,7 +15,8 @@ Modules:
   common        what the programs share: the LLM's forward with each module's embeddings at its own
                 placeholders, a module's forward on its inputs, the data draw and its alignment check
   reference     the one-process reference: each module replica by replica, every lane, no bridge
-  colocated     every module and the LLM on each rank of a lane: one backward through all
+  colocated     every module and the LLM on each rank of a lane: the LLM's backward, then each module's
+                from its embeddings' gradient (each timed apart)
   encoder_rank  a module on ranks of its own: 1F1B across its bridge, saved activations bounded by the
                 in-flight count
   llm_stage     an LLM pipeline stage: each module's embeddings over its bridge (first stage), the loss
