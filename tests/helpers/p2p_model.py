@@ -369,6 +369,7 @@ def rank_states(
                 bridges=bridges,
                 link=link,
                 iteration=3,
+                modules=(),  # no DDP-wrapped module: the step's DP sync has nothing to do
             )
         )
     return net, states
