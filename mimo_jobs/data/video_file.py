@@ -121,11 +121,12 @@ def _count(f, path: Path, rel: str) -> int:
 
 
 def _sampled(f, path: Path, rel: str, wanted: list[int]) -> list[tuple[str, bytes]]:
-    """The frames at the indices `wanted` (ascending, repeats allowed) as PNG bytes, all of one size."""
+    """The frames at the indices `wanted` (ascending) as PNG bytes, all of one size."""
+    keep = set(wanted)  # distinct: a clip has at least as many frames as are sampled, so steps are >= 1
     out: list[tuple[str, bytes]] = []
     size = None
     for i, frame in enumerate(_frames(f, path, rel)):
-        if i not in wanted:
+        if i not in keep:
             continue
         if size is None:
             size = (frame.height, frame.width)
@@ -136,7 +137,7 @@ def _sampled(f, path: Path, rel: str, wanted: list[int]) -> list[tuple[str, byte
             )
         buf = io.BytesIO()
         frame.to_image().save(buf, format="PNG")
-        out += [("png", buf.getvalue())] * wanted.count(i)
+        out.append(("png", buf.getvalue()))
         if len(out) == len(wanted):
             break
     if len(out) != len(wanted):  # the second pass decoded fewer frames than the first counted
