@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
@@ -240,6 +240,12 @@ def prepare_cmd(
         "--n-mels",
         help="Mel bins of the audio clips: the audio encoder's num_mel_bins (Whisper: 80 or 128).",
     ),
+    video_frames: Optional[int] = typer.Option(  # noqa: UP045 (typer needs Optional here)
+        None,
+        "--video-frames",
+        help="Frames sampled uniformly in time from each video file (default 8; a multiple of the image "
+        "module's temporal_patch_size wastes no padding frame).",
+    ),
 ) -> None:
     """Write OUT as an energon dataset of conversations (ConversationSample, the images' own bytes): use it
     as trainer.data.path, with a tokenizer that has a chat template."""
@@ -254,6 +260,8 @@ def prepare_cmd(
     folder = images if images is not None else jsonl.parent
     try:
         cfg = PrepareConfig(parse_split(split), samples_per_shard, skip_bad, n_mels)
+        if video_frames is not None:
+            cfg = replace(cfg, video_frames=video_frames)
         cfg.check()
         check_paths(jsonl, folder, out)
     except DataError as e:

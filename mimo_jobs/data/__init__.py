@@ -11,6 +11,7 @@ only the trainer and the `data` commands load):
   llava          one LLaVA/ShareGPT-style JSONL record, checked (pure)
   prepare        `data prepare`: a JSONL file and its images -> an energon dataset, streamed
   image_file     one image of a record checked before it is read: where it is, its size, a full decode
+  video_file     one video file of a record (PyAV) -> its frames sampled uniformly in time, as PNG frames
   tokenizer      built-in character tokenizer (synthetic data) or a local HuggingFace tokenizer
   chat           plain and chat-template layouts: token ids and which tokens carry loss (pure)
   samples        JSON-member decoding, the ConversationSample (and, read only, MediaSample) types, sample loaders (energon)

@@ -28,25 +28,26 @@ NAME_MAX = 255  # one name in a path
 def image_member(images: Path, rel: str) -> tuple[str, bytes]:
     """(member extension, bytes) of the image `rel` under the folder `images`; BadRecord when it cannot be
     a training image."""
-    path = _inside(images, rel)
+    path = resolve_inside(images, rel)
     data = _read(path, rel)
     return FORMATS[_decode(data, path, rel)], data
 
 
-def _inside(images: Path, rel: str) -> Path:
-    """The real path of `rel`, which must stay inside `images` once every symlink is followed."""
+def resolve_inside(images: Path, rel: str, what: str = "image") -> Path:
+    """The real path of `rel` (an `what`'s path), which must stay inside `images` once every symlink is
+    followed."""
     path = images / rel
     raw = os.fsencode(path)
     if len(raw) >= PATH_MAX or any(len(part) > NAME_MAX for part in raw.split(b"/")):
         raise BadRecord(
-            f"image path of {len(rel):,} characters: a path is under {PATH_MAX} bytes, each name at most "
+            f"{what} path of {len(rel):,} characters: a path is under {PATH_MAX} bytes, each name at most "
             f"{NAME_MAX}"
         )
     root = images.resolve()
     real = path.resolve()
     if not real.is_relative_to(root):
         raise BadRecord(
-            f"image {rel!r}: {path} leads outside the image folder {root} (to {real}) by a symlink"
+            f"{what} {rel!r}: {path} leads outside the image folder {root} (to {real}) by a symlink"
         )
     return real
 
@@ -115,20 +116,10 @@ def _bomb(rel: str, path: Path, w: int, h: int) -> str:
     )
 
 
-VIDEO_DECODERS = "PyAV (`av`), imageio or OpenCV (`cv2`)"
-
-
 def video_members(images: Path, v: int, video) -> list[tuple[str, bytes]]:
     """(member extension, bytes) of each frame of a record's video `v` (its frames' paths under `images`,
     in time order), each checked as an image is and all of one size; BadRecord naming the video, the frame
-    and the rule. A video file (a path, not a list of frames) is refused: reading one needs a decoder this
-    installation lacks."""
-    if isinstance(video, str):
-        raise BadRecord(
-            f"video {video!r}: a video file needs a decoder this installation lacks ({VIDEO_DECODERS}); give "
-            f"the video as the list of its frames' image paths (PNG, JPEG or WebP), e.g. extracted with "
-            f"`ffmpeg -i {video} -vf fps=2 frames/%04d.png`"
-        )
+    and the rule. A video file is video_file.py's."""
     from .images import header_size
 
     out, sizes = [], []

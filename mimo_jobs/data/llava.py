@@ -4,8 +4,9 @@ A record is a JSON object on one line:
 
   {"id": "...", "image": "rel/path.jpg" (optional; or a list of paths),
    "audio": "rel/clip.npy" (optional; or a list; `.npy` log-mel or `.wav`: data/audio_input.py),
-   "video": ["rel/f0.png", "rel/f1.png", ...] (optional: one video, its frames in time order; a list of
-            such lists for several; a string is a video file),
+   "video": ["rel/f0.png", "rel/f1.png", ...] (optional: one video, its frames in time order; or "rel/clip.mp4",
+            a video file; several videos: a list whose items are each a frame list or a video file, or a
+            list of video files only, each named by a VIDEO_SUFFIXES suffix),
    "conversations": [{"from": "human", "value": "<image>\\nWhat ...?"}, {"from": "gpt", "value": "..."}]}
 
 The turns must be what the task encoder trains on (chat.normalize_turns: roles human/gpt/system or
@@ -65,23 +66,45 @@ def _image_paths(value: object, key: str = "image") -> tuple[str, ...]:
     return tuple(out)
 
 
+# How a flat list of paths names video files rather than one video's frames (a frame is a PNG/JPEG/WebP
+# image): FFmpeg's usual containers for camera and web video.
+VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts")
+
+
+def _is_video_file(p: object) -> bool:
+    return isinstance(p, str) and p.lower().endswith(VIDEO_SUFFIXES)
+
+
 def _videos(value: object) -> tuple:
     """A record's "video": one video (a list of frame paths, or a video file's path) or several (a list of
-    frame lists)."""
+    frame lists and video files, or a list of video files only)."""
     if value is None:
         return ()
     if isinstance(value, str):  # a video file
         return _image_paths(value, "video")[:1]
-    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+    if (
+        isinstance(value, list)
+        and value
+        and (any(isinstance(v, list) for v in value) or all(_is_video_file(v) for v in value))
+    ):
         out = []
         for i, v in enumerate(value):
-            if not v:
+            if isinstance(v, list) and not v:
                 raise BadRecord(f'field "video" item {i} is an empty list; a video needs at least one frame')
-            out.append(_image_paths(v, f"video item {i}"))
+            if isinstance(v, list):
+                out.append(_image_paths(v, f"video item {i}"))
+            else:  # a video file
+                out.append(_image_paths(v, f"video item {i}")[0])
         return tuple(out)
     if isinstance(value, list) and not value:
         raise BadRecord(
             'field "video" is an empty list; give its frames, or leave it out for a record without'
+        )
+    if isinstance(value, list) and any(_is_video_file(v) for v in value):
+        i = next(i for i, v in enumerate(value) if _is_video_file(v))
+        raise BadRecord(
+            f'field "video" item {i} {value[i]!r} is a video file among frames; give several videos as a '
+            'list of frame lists and video files (e.g. [["f0.png", "f1.png"], "clip.mp4"])'
         )
     return (_image_paths(value, "video"),)
 

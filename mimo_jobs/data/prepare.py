@@ -5,8 +5,9 @@ Each good record becomes one ConversationSample through samples.py's `conversati
 `<key>.json` ({"id": the record's id, "conversation": its turns}) and `<key>.0.<ext>`, `<key>.1.<ext>`, ...
 (the image files' own bytes, in the record's order, which is the `<image>` markers' order). The key is the
 record's line number (`l000000012`), unique and free of dots whatever the ids are. A record's videos
-(`"video"`: its frames' image files) become `<key>.v0.0.<ext>`, `<key>.v0.1.<ext>`, ... (video 0's frames
-in time order, then `v1`), each frame checked as an image is and all of one video's of one size.
+(`"video"`: its frames' image files, or a video file whose `video_frames` frames are sampled uniformly in
+time: video_file.py) become `<key>.v0.0.<ext>`, `<key>.v0.1.<ext>`, ... (video 0's frames in time order,
+then `v1`), each frame checked as an image is and all of one video's of one size.
 
 The JSONL is read one line at a time and each sample is written as soon as it is read, so memory does not
 grow with the file. Records are dealt to train/val/test so that after every record each split's count is
@@ -32,8 +33,10 @@ from .image_file import image_member, video_members
 from .llava import BadRecord, parse_record
 from .shards import SPLITS, ShardWriter, prepare
 from .synth import CONVERSATION
+from .video_file import video_file_frames
 
 MAX_LINE = 16 << 20  # bytes of one JSONL record: a record is text and image paths, never image data
+MAX_VIDEO_FRAMES = 1024  # --video-frames: above Qwen2-VL's most (768 frames, qwen-vl-utils FPS_MAX_FRAMES)
 LISTED_SKIPS = 100  # skipped records listed in prepare.json (all are counted)
 MANIFEST = "prepare.json"
 
@@ -44,6 +47,8 @@ class PrepareConfig:
     samples_per_shard: int = 1000
     skip_bad: bool = False
     n_mels: int = 80  # mel bins of the log-mel clips (the audio encoder's num_mel_bins; Whisper's 80 or 128)
+    # frames sampled from each video file (video_file.py): 4 temporal groups at Qwen2-VL's temporal patch 2
+    video_frames: int = 8
 
     def check(self) -> None:
         if len(self.split) != 3 or not all(math.isfinite(r) and r >= 0 for r in self.split):
@@ -55,6 +60,11 @@ class PrepareConfig:
             raise DataError(f"split {self.split}: the shares' sum is not a finite number; give e.g. 8,1,1")
         if not 1 <= self.n_mels <= 512:
             raise DataError(f"--n-mels={self.n_mels}: mel bins from 1 to 512 (Whisper reads 80 or 128)")
+        if not 1 <= self.video_frames <= MAX_VIDEO_FRAMES:
+            raise DataError(
+                f"--video-frames={self.video_frames}: frames sampled per video file, from 1 to "
+                f"{MAX_VIDEO_FRAMES} (Qwen2-VL samples at most 768)"
+            )
         if self.samples_per_shard < 1:
             raise DataError(f"samples per shard = {self.samples_per_shard}: need at least 1")
 
@@ -187,6 +197,17 @@ def _clips(folder: Path, rec, cfg: PrepareConfig) -> list[bytes]:
         raise BadRecord(str(e)) from None
 
 
+def _video(folder: Path, v: int, video, cfg: PrepareConfig) -> list[tuple[str, bytes]]:
+    """The record's video `v` as (member extension, bytes) frames: its frame files, or (a str) a video
+    file's `cfg.video_frames` frames sampled uniformly in time."""
+    if not isinstance(video, str):
+        return video_members(folder, v, video)
+    try:
+        return video_file_frames(folder, video, cfg.video_frames)
+    except BadRecord as e:
+        raise BadRecord(f"video {v}: {e}") from None
+
+
 def _write(jsonl: Path, images: Path, stage: Path, cfg: PrepareConfig, progress) -> PrepareResult:
     res = PrepareResult(stage, {s: 0 for s in SPLITS}, {s: [] for s in SPLITS})
     writers = {s: ShardWriter(stage, s, cfg.samples_per_shard) for s in SPLITS}
@@ -198,7 +219,7 @@ def _write(jsonl: Path, images: Path, stage: Path, cfg: PrepareConfig, progress)
                 rec = parse_record(line)
                 members = [image_member(images, rel) for rel in rec.images]
                 clips = _clips(images, rec, cfg)
-                videos = [video_members(images, v, video) for v, video in enumerate(rec.videos)]
+                videos = [_video(images, v, x, cfg) for v, x in enumerate(rec.videos)]
             except BadRecord as e:
                 if not cfg.skip_bad:
                     raise DataError(f"{jsonl}:{n}: {e} (or give --skip-bad to skip bad records)") from None

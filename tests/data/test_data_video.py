@@ -74,6 +74,54 @@ def _source(root):
     return root / "train.jsonl"
 
 
+# Twelve frames of distinct solid colours (hues 30 degrees apart): a decoded frame is matched to its source
+# frame by colour, far beyond the codec's error on a flat colour.
+HUES = [tuple(round(255 * c) for c in __import__("colorsys").hsv_to_rgb(i / 12, 1, 1)) for i in range(12)]
+
+
+def _mp4(path, colours, size: int = 16) -> None:
+    """An MPEG-4 Part 2 video (FFmpeg's own encoder, in every PyAV wheel) of one solid frame per colour."""
+    import av
+    import numpy as np
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=10)
+        stream.width = stream.height = size
+        stream.pix_fmt = "yuv420p"
+        for colour in colours:
+            rgb = np.empty((size, size, 3), np.uint8)
+            rgb[:] = colour
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+        out.mux(stream.encode())
+
+
+def _wav(path) -> None:
+    """A tenth of a second of silence: a file PyAV reads that holds no video stream."""
+    import av
+    import numpy as np
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("pcm_s16le", rate=8000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+        frame.sample_rate = 8000
+        out.mux(stream.encode(frame))
+        out.mux(stream.encode())
+
+
+@pytest.fixture(scope="module")
+def clips(prepared):
+    """Video files beside the frames: a 12-frame clip of HUES, a 3-frame one, bytes that are no video, an
+    audio file, and a sparse file one byte over the size limit (nothing of it is read)."""
+    src, _ = prepared
+    _mp4(src / "clip.mp4", HUES)
+    _mp4(src / "short.mp4", HUES[:3])
+    _wav(src / "sound.wav")
+    (src / "corrupt.mp4").write_bytes(bytes(range(256)) * 16)
+    with (src / "huge.mp4").open("wb") as f:
+        f.truncate((4 << 30) + 1)  # one byte over the 4 GiB a video file may hold (the refusal names it)
+    return src
+
+
 def _data(*args) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "mimo_jobs.cli", "data", *map(str, args)],
@@ -184,6 +232,94 @@ def _check_batch(batch, want: dict, seen: set) -> None:
         assert (batch.counts("audio")[i] > 0) == (rid == 4), rid  # the clip beside the video
 
 
+def _members(ds) -> dict[str, bytes]:
+    """Every member of the dataset's train shards, by name (the tar files read as data)."""
+    import tarfile
+
+    out = {}
+    for shard in sorted((ds / "train").glob("*.tar")) or sorted(ds.rglob("*.tar")):
+        with tarfile.open(shard) as tar:
+            out |= {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    return out
+
+
+def test_a_video_file_becomes_its_frames_sampled_uniformly_in_time(prepared, clips, hf_tokenizer, tmp_path):
+    """`"video": "clip.mp4"` (alone, beside a frame list, and as a list of video files) with --video-frames 3:
+    frames 0, 6 and 11 of the 12 (evenly spread from the first to the last, Qwen2-VL's rule) stored as a
+    frame list's members, their colours the source frames' within the codec's error, and each clip priced
+    EncoderArch.video_tokens(3 frames) placeholders by the energon provider."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from mimo_jobs.data.energon_provider import make_energon_provider
+    from mimo_jobs.model.resolve import arch_of
+
+    records = [
+        {"id": 0, "video": "clip.mp4", "conversations": _turn("<video>\nwhat happens?")},
+        {"id": 1, "video": [["a0.png", "a1.png"], "clip.mp4"], "conversations": _turn("<video> <video>")},
+        {"id": 2, "video": ["clip.mp4", "short.mp4"], "conversations": _turn("<video> and <video>")},
+    ]
+    jsonl = tmp_path / "files.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    ds = tmp_path / "ds"
+    r = _data("prepare", jsonl, "--images", clips, "-o", ds, "--video-frames", 3)
+    assert r.returncode == 0, r.stderr
+    assert "3 samples (train 3, val 0, test 0) with 0 images, 5 videos" in r.stdout, r.stdout
+    members = _members(ds)
+    picked = [0, 6, 11]  # round(k * 11 / 2), k = 0..2 (5.5 rounds half to even, as torch's round does)
+    for key, v, hues in [
+        ("l000000001", 0, picked),
+        ("l000000002", 1, picked),
+        ("l000000003", 0, picked),
+        ("l000000003", 1, [0, 1, 2]),  # all 3 frames of the short clip
+    ]:
+        assert f"{key}.v{v}.3.png" not in members
+        for f, hue in enumerate(hues):
+            with Image.open(io.BytesIO(members[f"{key}.v{v}.{f}.png"])) as im:
+                assert im.format == "PNG" and im.size == (16, 16), (key, v, f)
+                rgb = np.asarray(im.convert("RGB"), dtype=np.int16)
+            err = np.abs(rgb - np.array(HUES[hue], np.int16)).max()
+            assert err <= 8, (key, v, f, hue, err)  # neighbouring hues differ by 127 in a channel
+    for f in (0, 1):  # the frame list beside the file: the frames' own bytes, as before
+        assert members[f"l000000002.v0.{f}.png"] == (clips / f"a{f}.png").read_bytes()
+
+    spec = _spec(_study(ds, VIDEO, hf_tokenizer))
+    enc = arch_of(VIDEO).encoders["vision"]
+    clip = enc.video_tokens(3, 16, 16)
+    assert clip == 2 * 16  # two temporal groups (the last padded) of one 16x16 frame's tokens
+    want = {  # by record id: (frames, placeholders) of each video
+        0: [(3, clip)],
+        1: [(2, enc.video_tokens(2, 8, 8)), (3, clip)],
+        2: [(3, clip), (3, clip)],
+    }
+    p = make_energon_provider(spec, spec.rank_layout(), [0], True, True)
+    seen = set()
+    try:
+        for _ in range(3):
+            batch = p.next(0)
+            vision = batch.inputs["vision"]
+            for i, key in enumerate(batch.sample_keys):
+                rid = int(key[1:]) - 1
+                seen.add(rid)
+                assert _runs(batch.tokens[i].tolist(), vision.token_id) == [n for _, n in want[rid]], rid
+                got = vision.items[i] if isinstance(vision.items[i], list) else [vision.items[i]]
+                assert [tuple(x.shape[:2]) for x in got] == [(1, f) for f, _ in want[rid]], rid
+    finally:
+        p.close()
+    assert seen == set(want)
+
+
+@pytest.mark.parametrize("n", [0, -2, 1025])
+def test_video_frames_outside_1_to_1024_is_refused_before_anything_is_read(n):
+    from mimo_jobs.data.errors import DataError
+    from mimo_jobs.data.prepare import PrepareConfig
+
+    with pytest.raises(DataError, match=f"--video-frames={n}: frames sampled per video file, from 1 to 1024"):
+        PrepareConfig(video_frames=n).check()
+
+
 BAD = [
     ({"video": ["a0.png", "none.png"]}, "<video>", "video 0 frame 1: image 'none.png': no such file"),
     ({"video": ["a0.png", "junk.png"]}, "<video>", "video 0 frame 1: image 'junk.png'"),
@@ -201,10 +337,15 @@ BAD = [
     ),
     ({}, "<video> here", 'the text has 1 <video> marker(s) but field "video" gives 0 video(s)'),
     (
-        {"video": "clip.mp4"},
+        {"video": "corrupt.mp4"},
         "<video>",
-        "video 'clip.mp4': a video file needs a decoder this installation lacks",
+        "video file 'corrupt.mp4': {src}/corrupt.mp4 is not a video PyAV reads",
     ),
+    ({"video": "sound.wav"}, "<video>", "has no video stream (its streams: audio)"),
+    ({"video": "short.mp4"}, "<video>", "has 3 frame(s), fewer than the 8 to sample (--video-frames)"),
+    ({"video": "huge.mp4"}, "<video>", "bytes, over 4,294,967,296 (4 GiB); a training clip is at most"),
+    ({"video": "none.mp4"}, "<video>", "video 0: video file 'none.mp4': no such file"),
+    ({"video": ["a0.png", "clip.mp4"]}, "<video>", "field \"video\" item 1 'clip.mp4' is a video file"),
 ]
 
 
@@ -219,10 +360,15 @@ BAD = [
         "empty-second",
         "no-marker",
         "no-video",
-        "file",
+        "file-corrupt",
+        "file-no-video-stream",
+        "file-too-few-frames",
+        "file-too-big",
+        "file-missing",
+        "file-among-frames",
     ],
 )
-def test_a_bad_video_is_refused_by_file_and_line(prepared, tmp_path, fields, text, says):
+def test_a_bad_video_is_refused_by_file_and_line(prepared, clips, tmp_path, fields, text, says):
     from mimo_jobs.data.errors import DataError
     from mimo_jobs.data.prepare import prepare_jsonl
 
@@ -234,11 +380,12 @@ def test_a_bad_video_is_refused_by_file_and_line(prepared, tmp_path, fields, tex
     jsonl.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     with pytest.raises(DataError) as e:
         prepare_jsonl(jsonl, src, tmp_path / "out")
+    says = says.format(src=src.resolve())
     assert str(e.value).startswith(f"{jsonl}:2: ") and says in str(e.value), str(e.value)
     assert not (tmp_path / "out").exists()
 
 
-def test_skip_bad_skips_and_counts_every_bad_video(prepared, tmp_path):
+def test_skip_bad_skips_and_counts_every_bad_video(prepared, clips, tmp_path):
     src, _ = prepared
     (src / "junk.png").write_bytes(b"\x89PNG not really")
     lines = [{"id": "g", "conversations": _turn("hi")}]
@@ -252,7 +399,7 @@ def test_skip_bad_skips_and_counts_every_bad_video(prepared, tmp_path):
     manifest = json.loads((tmp_path / "out" / "prepare.json").read_text())
     assert manifest["skipped"] == len(BAD) and manifest["samples"]["train"] == 1
     for x, (_, _, says) in zip(manifest["skipped_lines"], BAD, strict=True):
-        assert says in x["reason"], x
+        assert says.format(src=src.resolve()) in x["reason"], x
 
 
 def test_data_stats_counts_video_tokens(prepared, hf_tokenizer, tmp_path):
