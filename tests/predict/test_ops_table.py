@@ -221,3 +221,20 @@ def test_a_missing_or_malformed_table_fails_validate_naming_the_field(tmp_path):
     bad.write_text(yaml.safe_dump(_ops_doc(gemm=[{"m": 1, "n": 1, "k": 1, "dtype": "bf16"}])))
     r = runner.invoke(app, ["validate", _study(tmp_path, ", ops: bad.yaml")])
     assert r.exit_code == 2 and "gemm[0]: no 'ms'" in " ".join(r.output.split())
+
+
+def test_the_smoke_check_prices_each_study_it_ran_from_the_table(tmp_path):
+    spec = importlib.util.spec_from_file_location("ops_check", REPO / "benchmarks/gpu/ops_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    table = tmp_path / "ops.yaml"
+    table.write_text(yaml.safe_dump(_ops_doc()))
+    # the same run ids as the study file itself: the smoke's store measured those
+    assert [r.run_id for r in runs_of(mod.priced_study(GPT, table))] == [
+        r.run_id for r in runs_of(load_study(GPT, env={}))
+    ]
+    gpt = mod.check(table, GPT, tmp_path / "no-store.duckdb")
+    assert "(device NVIDIA H200)" in gpt[0] and len(gpt) == 4
+    assert all("[ops table]" in line and "measured -" in line for line in gpt[1:])
+    tiny = mod.check(table, REPO / "benchmarks/gpu/smoke_tiny.yaml", tmp_path / "no-store.duckdb")
+    assert "FLOPs model (the operator model does not price this run)" in tiny[1]
