@@ -6,7 +6,9 @@
 GEMMs are `a @ b` of [m, k] x [k, n] (2mnk FLOPs); attention is torch's fused
 `scaled_dot_product_attention` on [b, h, s, d] (4·b·h·s²·d FLOPs, half of it when causal), forward only.
 Each shape: warm-up calls, then the median of timed calls (CUDA events on a GPU). Shapes past `--budget-s`
-are skipped and listed, so the table never runs past its time.
+are skipped and listed, so the table never runs past its time. A study names the file as
+`cluster.hardware.ops` and the planner prices GEMMs and attention from it (mimo_jobs/study/opsfile.py reads
+it, mimo_jobs/contract/opstable.py holds the format and in docs/predict.md).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ GEMMS = [
 ATTENTION = [(b, 16, s, 128, c) for (b, s) in ((4, 1024), (2, 4096), (1, 8192)) for c in (True, False)]
 QUICK_GEMMS = [(64, 32, 48), (128, 64, 64)]
 QUICK_ATTENTION = [(1, 2, 32, 16, True), (1, 2, 64, 16, False)]
+DTYPE_WORDS = {torch.bfloat16: "bf16", torch.float32: "fp32"}  # a GEMM row's dtype, as the planner names it
 
 
 @dataclass(frozen=True)
@@ -92,12 +95,12 @@ def table(device: str, dtype, quick: bool, budget_s: float) -> dict:
             continue
         fn = gemm if kind == "gemm" else attention
         r = fn(*shape, dtype, device, warmup, reps)
-        rows[kind].append({**r.shape, "ms": r.ms, "tflops": r.tflops})
+        extra = {"dtype": DTYPE_WORDS[dtype]} if kind == "gemm" else {}
+        rows[kind].append({**r.shape, **extra, "ms": r.ms, "tflops": r.tflops})
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     return {
         "device": name,
         "torch": str(torch.__version__),
-        "dtype": str(dtype).removeprefix("torch."),
         "gemm": rows["gemm"],
         "attention": rows["attention"],
         "skipped": skipped,
@@ -107,18 +110,14 @@ def table(device: str, dtype, quick: bool, budget_s: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument(
-        "--dtype", default=None, choices=("bf16", "fp32"), help="default: bf16 on cuda, fp32 on cpu"
-    )
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="what the planner prices: bf16")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: that the script works")
     ap.add_argument(
         "--budget-s", type=float, default=150.0, help="skip the shapes left after this many seconds"
     )
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[
-        a.dtype or ("bf16" if a.device == "cuda" else "fp32")
-    ]
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     doc = table(a.device, dtype, a.quick, a.budget_s)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -228,6 +228,7 @@ def predict(
     from mimo_jobs.predict.band import band_json
     from mimo_jobs.predict.estimate import predict_run, to_json
     from mimo_jobs.predict.hardware import layers_note
+    from mimo_jobs.predict.optime import ops_note
     from mimo_jobs.predict.params import model_json, model_summary
     from mimo_jobs.predict.steptime import efficiency_for
     from mimo_jobs.study.priced import unpriced
@@ -253,6 +254,7 @@ def predict(
             "layers": g.layers,
             "model": model_json(arch_of(diag.study.trainer.model)) if priced else None,
             "band": None if cal else band_json(g),
+            "ops_file": g.ops.source if g.ops is not None else None,
         }
         doc["runs"] = [to_json(p, budget) for p in preds]
         doc["unpriced"] = [{"name": r.name, "run_id": r.run_id, "why": skipped[r.run_id]} for r in shown
@@ -276,6 +278,9 @@ def predict(
         return
     out.print(_ranks_table(f"{diag.study.name} on {g.name}: memory per rank class (GiB)", preds))
     out.print(_time_table(preds, budget, layers_note(g)))
+    note = ops_note(g, [p.time for p in preds])
+    if note:
+        out.print(note, markup=False)
     if more:
         out.print(more, markup=False)
     if cal is not None:

@@ -10,6 +10,7 @@ both sides import these modules, neither imports the other.
   events       the event kinds ingest stores, with each kind's family and retry worth
   jobstates    what each scheduler state means
   datastats    the dataset statistics file `data stats` writes and the planner reads
+  opstable     the measured operator table benchmarks/gpu/ops.py writes (`cluster.hardware.ops`)
   mocktokens   the mock data's token ids and the vocabulary they need
   placeholders  each encoder module's placeholder token id, by input kind and vocabulary
   modules      the study's module names against the trainer's slot names (one rule, both ways)

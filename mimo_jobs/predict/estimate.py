@@ -144,6 +144,8 @@ def to_json(p: Prediction, tokens: float | None = None) -> dict:
         "idle_fraction": p.time.idle_fraction,
         "dominant": p.time.dominant,
         "parts_s": dict(p.time.parts),
+        "ops_file": p.time.ops_file,  # the measured operator table it was priced from (cluster.hardware.ops)
+        "ops_clamped": [list(c) for c in p.time.ops_clamped],  # its shapes outside that table's range
         "settings": p.shape.settings_json(),
         "ranks": ranks,
         "flops_per_iteration": p.flops_per_iteration,

@@ -52,6 +52,9 @@ class GPU:
     # the step-time model a study prices with (cluster.hardware.time_model; estimate.py chooses); "flops" for
     # a GPU no study names (the published and measured benchmarks' current model)
     time_model: str = "flops"
+    # a measured operator table (predict/optable.py) the operator model prices GEMMs and attention from;
+    # the study's cluster.hardware.ops when it names one for its own GPU
+    ops: object | None = None
 
 
 GPUS: dict[str, GPU] = {
@@ -149,7 +152,8 @@ def study_gpu(cluster, name: str | None = None, layers: str | None = None) -> GP
     """The GPU a study's runs are priced on: `name` (the --gpu option) if given, else the cluster's
     `hardware.gpu` (cpu for an `accelerator: cpu` study, H100 when unset), with the cluster's
     `hardware` overrides applied to either (figures of this cluster, not the datasheet's), priced for
-    `layers` (the --layers option) if given, else the cluster's `hardware.layers`."""
+    `layers` (the --layers option) if given, else the cluster's `hardware.layers`; with the measured
+    operator table of `hardware.ops` (read again here) unless `name` names the GPU."""
     hw = cluster.hardware
     if name:
         gpu = get_gpu(name)
@@ -157,7 +161,12 @@ def study_gpu(cluster, name: str | None = None, layers: str | None = None) -> GP
         gpu = GPUS["cpu"]
     else:
         gpu = GPUS[hw.gpu if hw is not None else "H100"]
-    return with_layers(_with_figures(gpu, hw), layers)
+    gpu = with_layers(_with_figures(gpu, hw), layers)
+    if not name and getattr(hw, "ops", None):  # measured on the study's own GPU, not on one --gpu names
+        from mimo_jobs.study.opsfile import read_ops
+
+        gpu = replace(gpu, ops=read_ops(hw.ops))
+    return gpu
 
 
 def measured_gpu(

@@ -55,6 +55,8 @@ class OpGPU:
     sms: int
     attention_efficiency: float  # of bf16_flops, fused attention forward + backward
     has_fp8: bool = True
+    # a measured operator table (optable.OpsTable): GEMMs and attention priced from it (operators.py)
+    measured: object | None = None
 
 
 OP_GPUS: dict[str, OpGPU] = {

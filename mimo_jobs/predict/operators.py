@@ -32,6 +32,12 @@ core's forward. The logits and the loss run on the last stage, the slowest.
 Two residual constants per generation scale what the published figures leave out (Residual): `gemm`
 divides every GEMM's and the attention's time (1: the peaks as the wave model gives them), `comm`
 multiplies the exposed communication (1: the links at their published rates).
+
+A measured table (OpGPU.measured, `cluster.hardware.ops`) replaces the published figures for the GEMMs of
+its dtypes and the attention: each shape at the rate optable.py interpolates from the device's own times,
+with no residual (they are the device's, not a model's), and no HBM floor (the time measured includes it);
+the backward attention at the forward's measured rate. Communication and element-wise kernels keep the
+model. A shape the table's range does not cover goes into the `clamped` set a caller passes.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from . import optable
 from .opdata import (
     BUCKET_PARAMS,
     BUCKET_PARAMS_PER_DP,
@@ -70,11 +77,22 @@ def wave_efficiency(m: int, n: int, sms: int) -> float:
     return (m * n) / (waves * sms * TILE_M * TILE_N)
 
 
-def gemm_s(m: float, n: float, k: float, gpu: OpGPU, fp8: bool = False, res: Residual = Residual()) -> float:
-    """One (M x K) @ (K x N) GEMM: its FLOPs at the peak x wave efficiency / res.gemm, or its bytes
+def gemm_s(
+    m: float, n: float, k: float, gpu: OpGPU, fp8: bool = False, res: Residual = Residual(),
+    clamped: set | None = None,
+) -> float:  # fmt: skip
+    """One (M x K) @ (K x N) GEMM: its FLOPs at the measured rate of its shape where the GPU has a measured
+    table of its dtype (module docstring), else at the peak x wave efficiency / res.gemm, or its bytes
     (operands and output in bf16) at HBM bandwidth, whichever is longer."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
+    if gpu.measured is not None:
+        dtype = "fp8" if fp8 and gpu.has_fp8 else "bf16"
+        got = optable.gemm_rate(gpu.measured, m, n, k, dtype)
+        if got is not None:
+            if got.clamped and clamped is not None:
+                clamped.add(("gemm", round(m), round(n), round(k)))
+            return 2 * m * n * k / got.rate
     peak = gpu.fp8_flops if fp8 and gpu.has_fp8 else gpu.bf16_flops
     m_i, n_i = max(1, round(m)), max(1, round(n))
     compute = 2 * m * n * k / (peak * wave_efficiency(m_i, n_i, gpu.sms) * res.gemm)
@@ -82,11 +100,13 @@ def gemm_s(m: float, n: float, k: float, gpu: OpGPU, fp8: bool = False, res: Res
     return max(compute, nbytes / gpu.hbm_bytes_per_s)
 
 
-def gemm_train_s(m: float, n: float, k: float, gpu: OpGPU, fp8: bool, res: Residual) -> tuple[float, float]:
+def gemm_train_s(
+    m: float, n: float, k: float, gpu: OpGPU, fp8: bool, res: Residual, clamped: set | None = None
+) -> tuple[float, float]:
     """(forward, backward) of one linear layer on M tokens: forward (M, N, K); backward the data gradient
     (M, K, N) and the weight gradient (K, N, M)."""
-    fwd = gemm_s(m, n, k, gpu, fp8, res)
-    bwd = gemm_s(m, k, n, gpu, fp8, res) + gemm_s(k, n, m, gpu, fp8, res)
+    fwd = gemm_s(m, n, k, gpu, fp8, res, clamped)
+    bwd = gemm_s(m, k, n, gpu, fp8, res, clamped) + gemm_s(k, n, m, gpu, fp8, res, clamped)
     return fwd, bwd
 
 
@@ -98,8 +118,19 @@ def attention_flops(batch: float, heads: float, head_dim: int, s_q: float, s_k: 
 ATTENTION_BACKWARD = 2.5  # backward / forward FLOPs of a fused attention (five products against two)
 
 
-def attention_s(flops_fwd: float, gpu: OpGPU, res: Residual = Residual()) -> tuple[float, float]:
-    """(forward, backward) seconds of a fused attention of `flops_fwd` forward FLOPs."""
+def attention_s(
+    flops_fwd: float, gpu: OpGPU, res: Residual = Residual(), shape: tuple | None = None,
+    clamped: set | None = None,
+) -> tuple[float, float]:  # fmt: skip
+    """(forward, backward) seconds of a fused attention of `flops_fwd` forward FLOPs; `shape` (keys per
+    sequence, head dim, causal) prices it from the GPU's measured table where it has one."""
+    got = None
+    if gpu.measured is not None and shape is not None:
+        got = optable.attention_rate(gpu.measured, *shape)
+    if got is not None:
+        if got.clamped and clamped is not None:
+            clamped.add(("attention", round(shape[0]), shape[1], shape[2]))
+        return flops_fwd / got.rate, ATTENTION_BACKWARD * flops_fwd / got.rate
     rate = gpu.bf16_flops * gpu.attention_efficiency * res.gemm
     return flops_fwd / rate, ATTENTION_BACKWARD * flops_fwd / rate
 
@@ -180,6 +211,13 @@ class Terms:
     def add(self, other: Terms, times: float = 1.0) -> None:
         for k in ("gemm", "attention", "elementwise", "tp", "cp", "ep", "flops"):
             setattr(self, k, getattr(self, k) + times * getattr(other, k))
+        if other.detail.get("clamped"):
+            self.clamped.update(other.detail["clamped"])
+
+    @property
+    def clamped(self) -> set:
+        """The shapes priced from a measured table outside its range (operators' module docstring)."""
+        return self.detail.setdefault("clamped", set())
 
     @property
     def compute(self) -> float:
@@ -196,7 +234,7 @@ class Terms:
 
 def _linear(t: Terms, m: float, n: float, k: float, gpu: OpGPU, fp8: bool, res: Residual, rc: float) -> None:
     """A linear layer on M tokens into `t`: its GEMMs (forward x rc under recompute), FP8 casts, FLOPs."""
-    f, b = gemm_train_s(m, n, k, gpu, fp8, res)
+    f, b = gemm_train_s(m, n, k, gpu, fp8, res, t.clamped)
     t.gemm += rc * f + b
     t.flops += 3 * 2 * m * n * k
     if fp8 and gpu.has_fp8:  # the input cast forward, the output gradient's backward
@@ -218,7 +256,7 @@ def layer_terms(
     # attention block: QKV, core, projection
     _linear(t, tokens, (q + 2 * kv) / tp, h, gpu, fp8, res, rc)
     core = attention_flops(mbs, p.num_attention_heads / tp, d, seq / cp, seq, causal=True)
-    af, ab = attention_s(core, gpu, res)
+    af, ab = attention_s(core, gpu, res, (seq, d, True), t.clamped)
     t.attention += af * (rc if recompute == "full" else 2.0 if recompute == "selective" else 1.0) + ab
     t.flops += 3 * core
     _linear(t, tokens, h, q / tp, gpu, fp8, res, rc)

@@ -44,6 +44,8 @@ def op_gpu(gpu: GPU) -> OpGPU:
         over["nvlink_bytes_per_s"] = gpu.nvlink_bytes_per_s
     if gpu.ib_bytes_per_s != sheet.ib_bytes_per_s:
         over["net_bytes_per_s"] = gpu.ib_bytes_per_s
+    if gpu.ops is not None:  # cluster.hardware.ops: GEMMs and attention from the device's own times
+        over["measured"] = gpu.ops
     return replace(base, **over)
 
 
@@ -93,9 +95,43 @@ def op_step(rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual, fp8: boo
 
 def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual | None = None) -> StepTime:
     """op_step as the StepTime `predict` prints (parts: compute, tp (with pipeline sends), cp, ep, dp,
-    optimizer)."""
+    optimizer; the measured table it priced from and the shapes it clamped)."""
     s = op_step(rs, mem, gpu, residual_for(gpu) if res is None else res)
     fl = flops_per_sample(rs.preset, rs.seq_length, 0.0)
     parts = dict(s.parts)
     dominant = max(parts, key=lambda k: parts[k])
-    return StepTime(s.iteration_s, 0.0, s.stage_mb_s, parts, "llm", 0.0, dominant, fl, 0.0, parts["compute"])
+    st = StepTime(s.iteration_s, 0.0, s.stage_mb_s, parts, "llm", 0.0, dominant, fl, 0.0, parts["compute"])
+    if gpu.ops is None:
+        return st
+    return replace(st, ops_file=gpu.ops.source, ops_clamped=tuple(sorted(s.stage.clamped, key=str)))
+
+
+def ops_note(gpu: GPU, times: list[StepTime]) -> str | None:
+    """What `predict` says of a measured operator table (None without one): the file and device, how many
+    runs it priced, and the shapes it priced outside its range."""
+    t = gpu.ops
+    if t is None:
+        return None
+    priced = [s for s in times if s.ops_file]
+    line = f"operators measured: GEMMs and attention of {len(priced)} of {len(times)} run(s) priced from {t.source} (device {t.device})"
+    if len(priced) < len(times):
+        line += (
+            "; the others by the FLOPs model (a model with encoders, local layers, time_model flops or --db)"
+        )
+    if "bf16" not in t.gemm_dtypes():
+        line += "; the table has no bf16 GEMM rows: bf16 GEMMs at the published figures"
+    clamped = sorted({c for s in priced for c in s.ops_clamped}, key=str)
+    if clamped:
+        shown = ", ".join(_shape_words(c) for c in clamped[:3])
+        line += (
+            f"; {len(clamped)} shape(s) outside the table's range, priced at the nearest measured ({shown}"
+        )
+        line += ", ...)" if len(clamped) > 3 else ")"
+    return line
+
+
+def _shape_words(c: tuple) -> str:
+    """A clamped shape as operators.py records it: ("gemm", m, n, k) or ("attention", s, d, causal)."""
+    if c[0] == "gemm":
+        return f"GEMM m {c[1]} n {c[2]} k {c[3]}"
+    return f"attention s {c[1]} d {c[2]}{' causal' if c[3] else ''}"

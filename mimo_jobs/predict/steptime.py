@@ -113,6 +113,10 @@ class StepTime:
     llm_compute_s: float = 0.0
     # one microbatch's seconds per module by its name ("llm": one stage), in rank order
     modules: dict = field(default_factory=dict)
+    # the measured operator table the step was priced from (cluster.hardware.ops; optime.py), and the
+    # shapes outside its range it priced at the nearest measured ones
+    ops_file: str | None = None
+    ops_clamped: tuple = ()
 
     @property
     def network_s(self) -> float:

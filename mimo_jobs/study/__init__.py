@@ -10,6 +10,7 @@
 - `lr_rules`       rules a learning-rate schedule must keep
 - `runtime_rules`  rules the trainer enforces at start-up that a study file already decides
 - `paths`          the one path rule: relative to the study file, checked, named relative in run ids
+- `opsfile`        reads a measured operator table (`cluster.hardware.ops`) as data
 - `priced`         which runs the planner prices
 - `command`        a run's own training command (`trainer.command`), a Jinja template
 - `render`         run.yaml, launch.sh and sbatch.sh from the Jinja templates

@@ -141,6 +141,22 @@ class HardwareSpec(_Strict):
     # collective from published figures; a text-only model on Transformer Engine layers) or `flops` (the
     # model's FLOPs at fitted per-generation efficiencies, predict/steptime.py; what prices the rest)
     time_model: Literal["operators", "flops"] = "operators"
+    # a measured operator table (benchmarks/gpu/ops.py's YAML; relative paths from the study file): the
+    # operator model prices GEMMs and attention from this device's own times (predict/optable.py)
+    ops: str | None = Field(None, min_length=1, max_length=4096)
+
+    @field_validator("ops")
+    @classmethod
+    def _ops(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # read and checked where a study is read (its context), as data; run.yaml keeps the resolved path
+        # unread: the table is for planning, and the trainer's nodes need not hold it
+        if v is None or info.context is None:
+            return v
+        from mimo_jobs.study.opsfile import read_ops
+
+        p = absolute_path(v, (info.context or {}).get("base_dir"))
+        read_ops(p)  # a missing or malformed table fails here, naming the field it came from
+        return p
 
 
 class _ClusterCommon(_Strict):
