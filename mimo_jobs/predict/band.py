@@ -1,7 +1,7 @@
 """The band a predicted time carries: how far the planner's fitted time model held on public runs it was not
 fitted on (hardware.HELD_OUT, leave-one-source-out over benchmarks/published/runs.yaml), for the GPU
-generation a study is priced on. A time is printed with it ("1.68 s/iter, ±33% held out over 7 hopper runs
-of 2 sources"); `predict --db` narrows it with a study's own runs (its calibration check says by how much).
+generation a study is priced on. A time is printed with it ("1.68 s/iter, ±30% held out over 51 hopper runs
+of 6 sources"); `predict --db` narrows it with a study's own runs (its calibration check says by how much).
 Where no figure exists (the CPU, megatron-core's local layers, a generation without published runs) the
 output says the time is unchecked instead."""
 

@@ -88,4 +88,4 @@ def test_validate_and_predict_print_the_band():
             env=worker_env() | {"COLUMNS": "300"},
         )
         assert p.returncode == 0, p.stderr
-        assert "±33% held out over 7 hopper runs of 2 sources" in p.stdout, cmd
+        assert "±30% held out over 51 hopper runs of 6 sources" in p.stdout, cmd
