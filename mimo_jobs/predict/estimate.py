@@ -144,7 +144,7 @@ def to_json(p: Prediction, tokens: float | None = None) -> dict:
         "idle_fraction": p.time.idle_fraction,
         "dominant": p.time.dominant,
         "parts_s": dict(p.time.parts),
-        "settings": p.shape.settings_json(),
+        "settings": p.shape.settings_json(p.time.model),
         "ranks": ranks,
         "flops_per_iteration": p.flops_per_iteration,
         "cost": cost_json(p, tokens),

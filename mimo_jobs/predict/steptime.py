@@ -113,6 +113,7 @@ class StepTime:
     llm_compute_s: float = 0.0
     # one microbatch's seconds per module by its name ("llm": one stage), in rank order
     modules: dict = field(default_factory=dict)
+    model: str = "flops"  # the time model that priced it: "flops" (this module) or "operators" (optime.py)
 
     @property
     def network_s(self) -> float:
