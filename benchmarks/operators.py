@@ -4,9 +4,12 @@
 python benchmarks/operators.py        per row: published, operator model at its physical defaults and with the
                                       stored residuals (opdata.FITTED_RESIDUAL), held out by source; then
                                       median and worst |error| of both models (default, fitted, leave one
-                                      source out), the fp8 rows, and what each residual constant does to the
+                                      source out), the fp8 rows, both models' ranking of each measured sweep
+                                      (published.sweep_ranks), and what each residual constant does to the
                                       held-out error (fitted vs left at its physical default)
-python benchmarks/operators.py --fit  also the fresh fit per generation, as opdata.FITTED_RESIDUAL stores it
+python benchmarks/operators.py --fit  also the fresh fit per generation, as opdata.FITTED_RESIDUAL stores it,
+                                      and its leave-one-source-out per generation, as opdata.HELD_OUT stores
+                                      it (the band the operator model's times carry: band.py)
 
 The residuals (operators.Residual: gemm, comm) are fitted per GPU generation on the bf16/fp16 rows
 (published.Row.fitted) by a grid search on the sum of squared log errors; fp8 rows are priced (GEMMs at the
@@ -18,14 +21,26 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from published import Row, decomposed, load_rows, row_errors, summary  # noqa: E402
+from published import (  # noqa: E402
+    Row,
+    decomposed,
+    flops_price,
+    held_out_bands,
+    load_rows,
+    row_errors,
+    stored,
+    summary,
+    sweep_lines,
+    sweep_ranks,
+)
 
 from mimo_jobs.predict.estimate import predict_shape  # noqa: E402
-from mimo_jobs.predict.hardware import GPUS, generation  # noqa: E402
+from mimo_jobs.predict.hardware import GPU, GPUS, generation  # noqa: E402
 from mimo_jobs.predict.operators import Residual  # noqa: E402
 from mimo_jobs.predict.optime import op_step, residual_for  # noqa: E402
 from mimo_jobs.predict.steptime import Efficiency  # noqa: E402
@@ -46,6 +61,11 @@ class Priced:
     def seconds(self, i: int, res: Residual) -> float:
         r = self.rows[i]
         return op_step(r.shape, self.mem[i], GPUS[r.gpu], res, fp8=r.precision == "fp8").iteration_s
+
+    def price(self, residual: Callable[[GPU], Residual]) -> Callable[[Row], float]:
+        """A row's step seconds with each GPU's residual (`residual`: optime.residual_for, the stored fit)."""
+        at = {id(r): i for i, r in enumerate(self.rows)}
+        return lambda r: self.seconds(at[id(r)], residual(GPUS[r.gpu]))
 
     def error(self, i: int, res: Residual) -> float:
         return self.seconds(i, res) / self.rows[i].published_s - 1
@@ -108,10 +128,10 @@ def main(argv: list[str]) -> None:
     pr = Priced(rows)
     idx = range(len(rows))
     default = [pr.error(i, Residual()) for i in idx]
-    stored = [pr.error(i, residual_for(GPUS[rows[i].gpu])) for i in idx]
+    fitted = [pr.error(i, residual_for(GPUS[rows[i].gpu])) for i in idx]
     lo = held_out(pr)
     print(f"{'row':38} {'gpu':5} {'prec':5} {'published s':>11} {'default':>8} {'fitted':>8} {'held-out':>8}")
-    for r, d, s, h in zip(rows, default, stored, lo, strict=True):
+    for r, d, s, h in zip(rows, default, fitted, lo, strict=True):
         ho = f"{h:+8.1%}" if h is not None else f"{'(no fit)':>8}"
         print(f"{r.id:38} {r.gpu:5} {r.precision:5} {r.published_s:11.3f} {d:+8.1%} {s:+8.1%} {ho}")
     fit_rows = [i for i, r in enumerate(rows) if r.fitted]
@@ -121,11 +141,18 @@ def main(argv: list[str]) -> None:
     print(line("current model, fitted (hardware.py):", cur["after"]))
     print(line("current model, leave-one-source-out:", cur["held_out"]))
     print(line("operator model, physical defaults:", [default[i] for i in fit_rows]))
-    print(line("operator model, fitted (opdata.FITTED_RESIDUAL):", [stored[i] for i in fit_rows]))
+    print(line("operator model, fitted (opdata.FITTED_RESIDUAL):", [fitted[i] for i in fit_rows]))
     print(line("operator model, leave-one-source-out:", [lo[i] for i in fit_rows]))
     fp8 = [i for i, r in enumerate(rows) if r.precision == "fp8"]
     print(line("fp8 rows, operator model, physical defaults:", [default[i] for i in fp8]))
-    print(line("fp8 rows, operator model, fitted residuals:", [stored[i] for i in fp8]))
+    print(line("fp8 rows, operator model, fitted residuals:", [fitted[i] for i in fp8]))
+    print()
+    print("ranking within each measured sweep (GPU-seconds per token; FLOPs model, then operator model):")
+    flops = sweep_lines(sweep_ranks(rows, flops_price(stored(rows))))
+    op = sweep_lines(sweep_ranks(rows, pr.price(residual_for)))
+    for f, o in zip(flops, op, strict=True):
+        print(f"  FLOPs    {f}")
+        print(f"  operator {o}")
     print()
     print("what each residual does to the held-out error (the other fitted too / left at 1):")
     for free, label in ((("gemm", "comm"), "both fitted"), (("gemm",), "gemm fitted, comm at 1"),
@@ -136,6 +163,12 @@ def main(argv: list[str]) -> None:
         print("fresh fit per generation, as opdata.FITTED_RESIDUAL stores it (gemm, comm):")
         for g, r in fit_generations(pr, list(idx)).items():
             print(f'    "{g}": ({r.gemm:.3f}, {r.comm:.2f}),')
+        print()
+        print(
+            "held out by source per generation, as opdata.HELD_OUT stores it (median, worst, rows, sources):"
+        )
+        for g, b in held_out_bands(rows, lo).items():
+            print(f'    "{g}": {b},')
 
 
 if __name__ == "__main__":

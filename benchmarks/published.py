@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -338,13 +339,19 @@ def gpu_s_per_token(r: Row, step_s: float) -> float:
     return step_s * lay.world / (lay.gbs * r.shape.seq_length)
 
 
-def sweep_ranks(rows: list[Row], effs: dict[str, Efficiency]) -> list[SweepRank]:
-    """Per sweep (runs.yaml's `sweep`), how well the planner orders its layouts, with the stored fit."""
+def flops_price(effs: dict[str, Efficiency]) -> Callable[[Row], float]:
+    """A row's step time by the FLOPs model with the per-generation efficiencies `effs`."""
+    return lambda r: predicted_s(r, effs[generation(r.gpu)])
+
+
+def sweep_ranks(rows: list[Row], price: Callable[[Row], float]) -> list[SweepRank]:
+    """Per sweep (runs.yaml's `sweep`), how well a time model (`price`: a row's predicted step seconds)
+    orders its layouts."""
     out = []
     for name in sorted({r.sweep for r in rows if r.sweep}):
         members = [r for r in rows if r.sweep == name]
         pub = [gpu_s_per_token(r, r.published_s) for r in members]
-        pred = [gpu_s_per_token(r, predicted_s(r, effs[generation(r.gpu)])) for r in members]
+        pred = [gpu_s_per_token(r, price(r)) for r in members]
         fastest = min(range(len(pub)), key=pub.__getitem__)
         top2 = sorted(range(len(pred)), key=pred.__getitem__)[:2]
         spread = (max(pub) / min(pub) - 1, max(pred) / min(pred) - 1)
@@ -386,7 +393,7 @@ def main(argv: list[str]) -> None:
             print(f"{label} (not fitted), fitted efficiencies: {_stats(errs)}")
     print()
     print("ranking within each measured sweep (GPU-seconds per token, fitted efficiencies):")
-    print("\n".join(sweep_lines(sweep_ranks(rows, effs))))
+    print("\n".join(sweep_lines(sweep_ranks(rows, flops_price(effs)))))
     print()
     print("memory verdicts: every row ran on its GPU, so each row the memory model describes must fit")
     for r in rows:

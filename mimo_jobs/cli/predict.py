@@ -225,7 +225,7 @@ def predict(
     """Memory per rank class, iteration time and cost (GPU-hours for the study's length, and to a token
     budget) of every run of a study, before submitting."""
     from mimo_jobs.model.resolve import arch_of
-    from mimo_jobs.predict.band import band_json
+    from mimo_jobs.predict.band import band_json, time_model
     from mimo_jobs.predict.estimate import predict_run, to_json
     from mimo_jobs.predict.hardware import layers_note
     from mimo_jobs.predict.optime import ops_note
@@ -253,7 +253,7 @@ def predict(
             "gpu": g.name,
             "layers": g.layers,
             "model": model_json(arch_of(diag.study.trainer.model)) if priced else None,
-            "band": None if cal else band_json(g),
+            "band": None if cal else band_json(g, time_model(p.time for p in preds)),
             "ops_file": g.ops.source if g.ops is not None else None,
         }
         doc["runs"] = [to_json(p, budget) for p in preds]
@@ -289,9 +289,11 @@ def predict(
     else:
         from mimo_jobs.predict.band import band_note
 
-        out.print(band_note(g), markup=False)  # how far such a time held on runs nobody fitted
+        # how far such a time held on runs nobody fitted, for the model that priced them
+        out.print(band_note(g, time_model(p.time for p in preds)), markup=False)
     out.print(
-        "settings priced: " + "; ".join(dict.fromkeys(p.shape.settings_words() for p in preds)), markup=False
+        "settings priced: " + "; ".join(dict.fromkeys(p.shape.settings_words(p.time.model) for p in preds)),
+        markup=False,
     )
     sources = dict.fromkeys(p.shape.data_source for p in preds)  # say which data priced the image tokens
     images = all(m.modality == "image" for p in preds for m in p.shape.modules)

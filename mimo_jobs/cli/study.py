@@ -316,12 +316,17 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
     gpu = study_gpu(diag.study.cluster)
     shown = {r.run_id for r in runs}
     problems, priced = [], {}
+    for r in diag.runs:  # priced first: the band line above them is the band of the model that priced them
+        shape = None if unpriced(r) else shape_of(r.layout, r.trainer, r.point.command)
+        if shape is not None and shape not in priced:  # repeats and renamed points are priced once
+            priced[shape] = predict_shape(shape, gpu, efficiency_for(gpu))
     if out is not None and any(unpriced(r) is None for r in runs):
-        from mimo_jobs.predict.band import band_for
+        from mimo_jobs.predict.band import band_for, time_model
         from mimo_jobs.predict.hardware import layers_note
 
         where = "" if gpu.name == "cpu" else " (cluster.hardware.layers)"
-        band = band_for(gpu)  # how far such a time held on published runs nobody fitted
+        # how far such a time held on published runs nobody fitted, for the model that priced them
+        band = band_for(gpu, time_model(p.time for p in priced.values()))
         held = f"; times {band.text()}" if band else ""
         out.print(f"memory and time on {gpu.name} {layers_note(gpu)}{where}{held}", markup=False)
     for r in diag.runs:
@@ -330,10 +335,7 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
             if out is not None and r.run_id in shown:
                 out.print(f"run {r.run_id} ({_nodes(r)}): memory not judged: {why}", markup=False)
             continue
-        shape = shape_of(r.layout, r.trainer, r.point.command)
-        if shape not in priced:  # repeats and points that differ only in name are priced once
-            priced[shape] = predict_shape(shape, gpu, efficiency_for(gpu))
-        pred = priced[shape]
+        pred = priced[shape_of(r.layout, r.trainer, r.point.command)]
         if out is not None and r.run_id in shown:
             cost = pred.run_cost()
             length = (

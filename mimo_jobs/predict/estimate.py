@@ -146,7 +146,7 @@ def to_json(p: Prediction, tokens: float | None = None) -> dict:
         "parts_s": dict(p.time.parts),
         "ops_file": p.time.ops_file,  # the measured operator table it was priced from (cluster.hardware.ops)
         "ops_clamped": [list(c) for c in p.time.ops_clamped],  # its shapes outside that table's range
-        "settings": p.shape.settings_json(),
+        "settings": p.shape.settings_json(p.time.model),
         "ranks": ranks,
         "flops_per_iteration": p.flops_per_iteration,
         "cost": cost_json(p, tokens),

@@ -62,8 +62,11 @@ def _llm_rank_state(mem: MemoryPlan) -> tuple[float, float]:
     return params, touched
 
 
-def op_step(rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual, fp8: bool = False) -> ops.OpStep:
-    """The operator model's iteration for the shape (its LLM; supports() says when that is all of it)."""
+def op_step(
+    rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual, fp8: bool | None = None
+) -> ops.OpStep:
+    """The operator model's iteration for the shape (its LLM; supports() says when that is all of it), its
+    GEMMs at the FP8 rate where the study trains in fp8 (`rs.fp8`; `fp8` overrides it)."""
     lay, p = rs.layout, rs.preset.llm
     params, touched = _llm_rank_state(mem)
     return ops.step(
@@ -79,7 +82,7 @@ def op_step(rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual, fp8: boo
         vp=rs.virtual_stages,
         sp=rs.sequence_parallel,
         recompute=rs.recompute.llm,
-        fp8=fp8,
+        fp8=rs.fp8 if fp8 is None else fp8,
         gpu=op_gpu(gpu),
         gpus_per_node=lay.gpus_per_node,
         params_per_rank=params,
@@ -100,7 +103,19 @@ def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual | None 
     fl = flops_per_sample(rs.preset, rs.seq_length, 0.0)
     parts = dict(s.parts)
     dominant = max(parts, key=lambda k: parts[k])
-    st = StepTime(s.iteration_s, 0.0, s.stage_mb_s, parts, "llm", 0.0, dominant, fl, 0.0, parts["compute"])
+    st = StepTime(
+        s.iteration_s,
+        0.0,
+        s.stage_mb_s,
+        parts,
+        "llm",
+        0.0,
+        dominant,
+        fl,
+        0.0,
+        parts["compute"],
+        model="operators",
+    )
     if gpu.ops is None:
         return st
     return replace(st, ops_file=gpu.ops.source, ops_clamped=tuple(sorted(s.stage.clamped, key=str)))

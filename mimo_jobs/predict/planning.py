@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from mimo_jobs.textsafe import visible
 
 from .assumed import EndsVerdict, ends_verdict, range_words
-from .band import band_for, band_json, band_note
+from .band import band_for, band_json, band_note, time_model
 from .cost import Cost, gpu_hours_text, tokens_text
 from .estimate import Prediction, cost_json
 from .hardware import FITTED_EFFICIENCY, GIB, GPU, generation, layers_note
@@ -274,7 +274,7 @@ def plan_json(r: PlanResult) -> dict:
             for p in r.summary_order()
         ],
         "flags": [{"kind": f.kind, "nodes": f.nodes, "gbs": f.gbs, "message": f.message} for f in r.flags],
-        "band": None if r.calibrated else band_json(r.gpu),
+        "band": None if r.calibrated else band_json(r.gpu, _time_model(r)),
     }
 
 
@@ -395,11 +395,16 @@ def plan_text(r: PlanResult, study: str, measure: str = "mimo-jobs data stats") 
     return lines + ([] if r.calibrated else band_lines(r))
 
 
+def _time_model(r: PlanResult) -> str:
+    """The time model that priced the layouts shown (its band is the one they carry)."""
+    return time_model(c.prediction.time for p in r.plans for c in p.ranked)
+
+
 def band_lines(r: PlanResult) -> list[str]:
     """What the times above can and cannot decide: the band of the GPU's generation (band.py), the layouts
     inside it of each node count's best, and whether splitting the encoders off beats colocating them by more
     than it."""
-    b = band_for(r.gpu)
+    b = band_for(r.gpu, _time_model(r))
     if b is None:
         return [f"# band: {band_note(r.gpu)}"]
     lines = [f"# band: times are {b.text()}; layouts closer than that are not told apart by the model"]

@@ -84,8 +84,9 @@ class RunShape:
             return None
         return (self.at_end(0).image_tokens_mean, self.at_end(1).image_tokens_mean)
 
-    def settings_json(self) -> dict:
-        """The run's settings as priced: what predict names for each run."""
+    def settings_json(self, model: str = "flops") -> dict:
+        """The run's settings as priced by the time `model` (StepTime.model): what predict names for each run.
+        The operator model prices fp8 GEMMs at the FP8 rate; the FLOPs model at bf16's."""
         return {
             "precision": "fp8" if self.fp8 else "bf16" if self.bf16 else "fp32",
             "grad_reduce_bytes": self.grad_reduce_bytes,
@@ -93,14 +94,14 @@ class RunShape:
             "overlap_dp": self.overlap_dp,
             "fsdp": self.fsdp,
             "virtual_stages": self.virtual_stages,
-            "not_priced": [n for n, on in (("fp8 GEMM rate (priced as bf16)", self.fp8),
+            "not_priced": [n for n, on in (("fp8 GEMM rate (priced as bf16)", self.fp8 and model == "flops"),
                                             ("tp_comm_overlap (TP communication priced exposed)",
                                              self.tp_comm_overlap)) if on],
         }  # fmt: skip
 
-    def settings_words(self) -> str:
+    def settings_words(self, model: str = "flops") -> str:
         """settings_json in a line."""
-        s = self.settings_json()
+        s = self.settings_json(model)
         words = [
             f"precision {s['precision']}",
             f"gradients reduced in {'fp32' if s['grad_reduce_bytes'] == 4 else 'bf16'}",
@@ -145,7 +146,8 @@ class RunShape:
     # without (trainer/build.py)
     overlap_dp: bool = False
     # what the study states and the time model does not price yet, named in predict's output (settings_json):
-    # fp8 is priced as bf16 (the GEMM rates are bf16's), TP communication as exposed
+    # fp8 is priced as bf16 by the FLOPs model (its GEMM rates are bf16's; the operator model prices the FP8
+    # rate), TP communication as exposed
     fp8: bool = False
     tp_comm_overlap: bool = False
 

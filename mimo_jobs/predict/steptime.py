@@ -117,6 +117,7 @@ class StepTime:
     # shapes outside its range it priced at the nearest measured ones
     ops_file: str | None = None
     ops_clamped: tuple = ()
+    model: str = "flops"  # the time model that priced it: "flops" (this module) or "operators" (optime.py)
 
     @property
     def network_s(self) -> float:

@@ -52,8 +52,11 @@ def test_a_gpu_gets_its_generations_band_and_none_where_nothing_checks_it():
 def test_inside_the_band_is_relative_to_the_slower_time():
     b = Band("hopper", 0.2, 0.5, 7, 2)
     assert b.contains(1.0, 1.25) and not b.contains(1.0, 1.26)
-    assert b.text() == "±20% held out over 7 hopper runs of 2 sources"
-    assert Band("blackwell", 0.157, 0.157, 1, 1).text() == "±16% held out over 1 blackwell run of 1 source"
+    assert b.text() == "±20% held out over 7 hopper runs of 2 sources (FLOPs model)"
+    assert (
+        Band("blackwell", 0.157, 0.157, 1, 1).text()
+        == "±16% held out over 1 blackwell run of 1 source (FLOPs model)"
+    )
 
 
 def _plan(band_median: float):
@@ -67,7 +70,7 @@ def _plan(band_median: float):
 @pytest.mark.parametrize("median", [0.0001, 0.5])
 def test_plan_calls_split_against_colocated_decided_only_outside_the_band(monkeypatch, median):
     result, band = _plan(median)
-    monkeypatch.setattr("mimo_jobs.predict.planning.band_for", lambda gpu: band)
+    monkeypatch.setattr("mimo_jobs.predict.planning.band_for", lambda gpu, model="flops": band)
     (p,) = result.plans
     het, colo = p.best_heterogeneous.prediction.time.iteration_s, p.best_colocated.prediction.time.iteration_s
     assert abs(het / colo - 1) > 0.0001  # the two differ, by less than half
@@ -78,8 +81,20 @@ def test_plan_calls_split_against_colocated_decided_only_outside_the_band(monkey
                          for c in p.ranked)  # fmt: skip
 
 
-def test_validate_and_predict_print_the_band():
-    for cmd in (["validate", str(STUDY)], ["predict", str(STUDY)]):
+# a text-only model on Transformer Engine layers (H100): priced by the operator model, so its band
+TEXT_ONLY = REPO / "studies" / "megatron_gpt_mock.yaml"
+
+
+@pytest.mark.parametrize(
+    "study, band",
+    [
+        # a model with an encoder: the FLOPs model prices it, and its held-out error is the band
+        (STUDY, "±30% held out over 51 hopper runs of 6 sources (FLOPs model)"),
+        (TEXT_ONLY, "±23% held out over 51 hopper runs of 6 sources (operator model)"),
+    ],
+)
+def test_validate_and_predict_print_the_band_of_the_model_that_priced_the_time(study, band):
+    for cmd in (["validate", str(study)], ["predict", str(study)]):
         p = subprocess.run(
             [sys.executable, "-m", "mimo_jobs.cli", *cmd],
             capture_output=True,
@@ -88,4 +103,4 @@ def test_validate_and_predict_print_the_band():
             env=worker_env() | {"COLUMNS": "300"},
         )
         assert p.returncode == 0, p.stderr
-        assert "±33% held out over 7 hopper runs of 2 sources" in p.stdout, cmd
+        assert band in p.stdout, cmd

@@ -185,7 +185,7 @@ def test_every_sweep_is_one_model_on_one_cluster_with_four_layouts(bench, priced
         assert len(members) >= 4, name
         assert len({(r["model"], r["gpu"], r["source"]) for r in members}) == 1, name
         assert len({str(r["layout"]) + str(r["seq_length"]) for r in members}) == len(members), name
-    ranked = bench.sweep_ranks(rows, bench.stored(rows))
+    ranked = bench.sweep_ranks(rows, bench.flops_price(bench.stored(rows)))
     assert {s.name for s in ranked} == set(by_name)
     for s, line in zip(ranked, bench.sweep_lines(ranked), strict=True):
         assert -1.0 <= s.rho <= 1.0 and s.rows == len(by_name[s.name])

@@ -70,3 +70,30 @@ def test_predict_names_the_settings_it_priced(tmp_path):
     r = runner.invoke(app, ["predict", str(p)], env={"COLUMNS": "250"})
     assert "settings priced: precision bf16, gradients reduced in bf16, distributed optimizer, DP transfers " \
         "overlapped" in r.output, r.output  # fmt: skip
+
+
+TEXT_ONLY = REPO / "studies/megatron_gpt_mock.yaml"  # a text-only GPT: the operator model prices it on TE
+
+
+def _predict_json(tmp_path, precision: str, time_model: str | None = None) -> dict:
+    doc = yaml.safe_load(TEXT_ONLY.read_text())
+    doc["cluster"]["hardware"] = {"gpu": "H100"} | ({"time_model": time_model} if time_model else {})
+    doc["trainer"]["precision"] = precision
+    p = tmp_path / f"{precision}-{time_model}.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = runner.invoke(app, ["predict", str(p), "--json"], env={})
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_fp8_is_priced_by_the_operator_model_and_named_unpriced_by_the_flops_model(tmp_path):
+    bf16, fp8 = _predict_json(tmp_path, "bf16"), _predict_json(tmp_path, "fp8")
+    assert fp8["band"]["model"] == bf16["band"]["model"] == "operators"
+    for a, b in zip(bf16["runs"], fp8["runs"], strict=True):
+        # Transformer Engine's FP8 GEMMs run at the FP8 peak (opdata.OP_GPUS): the step is shorter
+        assert b["iteration_s"] < a["iteration_s"], (a["name"], a["iteration_s"], b["iteration_s"])
+        assert b["settings"]["precision"] == "fp8" and b["settings"]["not_priced"] == []
+    flops = _predict_json(tmp_path, "fp8", time_model="flops")
+    assert flops["band"]["model"] == "flops"
+    for one in flops["runs"]:
+        assert one["settings"]["not_priced"] == ["fp8 GEMM rate (priced as bf16)"]
