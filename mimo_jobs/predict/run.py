@@ -14,6 +14,7 @@ from mimo_jobs.study.topology import Layout, Trainer, rank_layout
 from .datastats import DataMix, data_mix
 from .flops import SampleFlops
 from .modmix import module_mixes, sample_flops_by_module
+from .pipesplit import EVEN, PipelineSplit
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,13 @@ class RunShape:
     # model chunks per LLM pipeline stage (Megatron's interleaved 1F1B, --num-layers-per-virtual-pipeline-stage):
     # the layout's llm.vp (on_layout); the packaged trainer runs 1, a study's own command may run more
     virtual_stages: int = 1
+    # megatron-core's account_for_embedding/loss_in_pipeline_split (pipesplit.py), where a run states it:
+    # which layers each stage and model chunk holds; the packaged trainer splits evenly
+    pipeline_split: PipelineSplit = EVEN
+    # megatron-core's bias_activation_fusion on a gated SiLU MLP (activations.fuses_swiglu), which megatron-core
+    # runs on GPUs turn on (the packaged trainer's trainer/model/kernels.py); false for a run of another
+    # framework's layers (torchtitan's FSDP2 rows of benchmarks/published/runs.yaml)
+    fused_swiglu: bool = True
     # the packaged trainer trains it (its limits apply to the layouts priced), or a command of the study's own
     packaged: bool = True
     # megatron-core's overlap_grad_reduce + overlap_param_gather (or FSDP's prefetch): the DP transfers run
