@@ -94,6 +94,7 @@ class RunShape:
             "overlap_dp": self.overlap_dp,
             "fsdp": self.fsdp,
             "virtual_stages": self.virtual_stages,
+            "pipeline_split": self.pipeline_split.words(),
             "not_priced": [n for n, on in (("fp8 GEMM rate (priced as bf16)", self.fp8),
                                             ("tp_comm_overlap (TP communication priced exposed)",
                                              self.tp_comm_overlap)) if on],
@@ -110,6 +111,8 @@ class RunShape:
         ]
         if s["virtual_stages"] > 1:
             words.append(f"{s['virtual_stages']} virtual stages")
+        if self.pipeline_split.extra:
+            words.append(s["pipeline_split"])
         out = ", ".join(words)
         return out + ("; not priced: " + ", ".join(s["not_priced"]) if s["not_priced"] else "")
 
@@ -239,12 +242,17 @@ def study_settings(trainer) -> dict:
         grad_reduce_bytes=2 if trainer.grad_reduce_dtype == "bf16" else 4,
         overlap_dp=trainer.overlap_grad_reduce and (trainer.overlap_param_gather or not gathered),
         tp_comm_overlap=trainer.tp_comm_overlap,
+        pipeline_split=PipelineSplit(
+            trainer.account_for_embedding_in_pipeline_split, trainer.account_for_loss_in_pipeline_split
+        ),
     )
 
 
 def trainer_of(shape: RunShape) -> Trainer:
     """What topology's rules need of a shape: its model is text-only, the packaged trainer trains it."""
-    return Trainer(text_only=shape.preset.text_only, packaged=shape.packaged)
+    return Trainer(
+        text_only=shape.preset.text_only, packaged=shape.packaged, split_layers=shape.pipeline_split.extra
+    )
 
 
 def on_layout(shape: RunShape, layout: Layout) -> RunShape:

@@ -23,7 +23,11 @@ from mimo_jobs.predict.hardware import GPUS
 from mimo_jobs.predict.memory import llm_memory
 from mimo_jobs.predict.optime import op_gpu
 from mimo_jobs.predict.pipesplit import EVEN, PipelineSplit, chunk_layers, slowest_stage_layers, stage_layers
+from mimo_jobs.predict.run import study_settings
 from mimo_jobs.predict.steptime import Efficiency, _llm_mb
+from mimo_jobs.study.runtime_rules import pipeline_split_problem
+from mimo_jobs.study.spec import TrainerSpec
+from mimo_jobs.study.topology import Layout, Trainer, check
 
 REPO = Path(__file__).resolve().parents[2]
 BOTH = PipelineSplit(embedding=True, loss=True)
@@ -164,3 +168,24 @@ def test_fused_swiglu_keeps_fc1_output_only():
     assert fused == x.numel() * 2
     assert plain - fused == 8 * f * 2  # the gate's activation
     assert (A.mlp_tensors(True, False), A.mlp_tensors(True, True)) == (4, 3)
+
+
+def test_a_study_of_its_own_command_states_the_split():
+    """trainer.account_for_embedding/loss_in_pipeline_split reach the planner; topology divides the layers
+    with the two the split counts (126 + 2 over PP 8 x VP 8), and the packaged trainer, which splits evenly,
+    refuses them."""
+    t = TrainerSpec(
+        train_iters=10, account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True
+    )
+    assert study_settings(t)["pipeline_split"] == BOTH
+    lay = Layout(
+        nodes=64, gpus_per_node=8, llm_tp=8, llm_pp=8, llm_dp=8, llm_vp=8, llm_layers=126, colocated=True
+    )
+    own = Trainer(text_only=True, packaged=False, split_layers=t.pipeline_split_layers)
+    assert not [v for v in check(lay, own) if v.rule in ("pp-layers", "vp")]
+    even = [v.rule for v in check(lay, Trainer(text_only=True, packaged=False))]
+    assert "pp-layers" in even and "vp" in even
+    assert pipeline_split_problem(t, packaged=False) is None
+    refused = pipeline_split_problem(t, packaged=True)
+    assert refused.rule == "pipeline-split" and "trainer.command" in refused.fit
+    assert pipeline_split_problem(TrainerSpec(train_iters=10), packaged=True) is None
