@@ -164,7 +164,11 @@ def llm_stage(rs: RunShape, stage: int, layers: str) -> StageActivations:
     tokens = s * b / lay.llm_cp  # context parallelism: each rank keeps its 1/cp of every sequence
     groups = _stage_chunks(rs, stage)
     sp = tp if rs.sequence_parallel else 1
-    per = {i: llm_layer_bytes_per_token(rs, layers, p.is_moe_layer(i)) for g in groups for i in g}
+    # a layer's bytes depend only on whether it is an MoE layer: each kind is counted once
+    kinds = {
+        k: llm_layer_bytes_per_token(rs, layers, k) for k in {p.is_moe_layer(i) for g in groups for i in g}
+    }
+    per = {i: kinds[p.is_moe_layer(i)] for g in groups for i in g}
     workspace = 0.0
     if rs.recompute.llm == "full":
         bodies = [tokens * len(g) * d * p.hidden_size / sp for g in groups]  # each layer's input
