@@ -29,6 +29,7 @@ from mimo_jobs.predict.estimate import predict_shape
 from mimo_jobs.predict.fit import Decomposed, decompose, fit_generations
 from mimo_jobs.predict.flops import flops_per_sample
 from mimo_jobs.predict.hardware import GPUS, generation
+from mimo_jobs.predict.pipesplit import PipelineSplit
 from mimo_jobs.predict.run import RunShape, on_layout
 from mimo_jobs.predict.steptime import Efficiency, efficiency_for, gemm_width
 from mimo_jobs.study.spec import RecomputeSpec
@@ -123,6 +124,9 @@ def _shape(arch: ModelArch, seq: int, lay: dict, precision: str) -> RunShape:
         sp=bool(lay.get("sequence_parallel", False)),
         fsdp=bool(lay.get("fsdp", False)),
         grad_reduce_bytes={"fp32": 4, "bf16": 2, "fp16": 2}[lay.get("grad_reduce", "fp32")],
+        pipeline_split=PipelineSplit(**lay.get("pipeline_split", {})),
+        # FSDP rows are torchtitan's, whose Llama MLP is torch's silu(w1 x) * w3 x: no fused SwiGLU
+        fused_swiglu=not lay.get("fsdp", False),
     )
     # on_layout takes the virtual stages from the layout it is given (the flat one has none): the row's own
     return replace(

@@ -25,12 +25,14 @@ model/attention.py holds which keeps what.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from mimo_jobs.model.arch import LLMArch, padded_vocab
 from mimo_jobs.model.attention import expands_groups, keeps_mask, keeps_scores
 from mimo_jobs.study.topology import module_ranges
 
+from .pipesplit import chunk_layers, stage_layers
 from .run import RunShape
 
 LN_STATS = 16  # two layer norms x (mean, rstd) in fp32, per token
@@ -43,10 +45,23 @@ ROUTER_PER_EXPERT = 9  # fp32 scores + fp32 probabilities + a bool routing map, 
 MOE_IMBALANCE = 1.2
 
 
-def mlp_tensors(gated: bool) -> int:
+def mlp_tensors(gated: bool, fused_swiglu: bool = False) -> int:
     """Width-f tensors one MLP keeps per token: fc1's output and the activation's (gated: fc1's two halves,
-    the activation of the gate and the product)."""
-    return 4 if gated else 2
+    the activation of the gate and the product). megatron-core's fused SwiGLU (fusions/fused_bias_swiglu.py,
+    SwiGLUFunction: save_for_backward(input) only, the gate's activation recomputed in its backward) keeps
+    fc1's two halves and the product fc2 reads: 3. GPU runs fuse it (bias_activation_fusion: the packaged
+    trainer's trainer/model/kernels.py on any GPU, Megatron-LM's --bias-swiglu-fusion default, NeMo's and
+    Megatron-Bridge's Llama configs); the CPU's local layers do not."""
+    if gated:
+        return 3 if fused_swiglu else 4
+    return 2
+
+
+def fuses_swiglu(rs: RunShape, layers: str) -> bool:
+    """A gated SiLU MLP on Transformer Engine layers (a GPU run) runs megatron-core's fused SwiGLU, unless
+    the run says it does not (RunShape.fused_swiglu)."""
+    p = rs.preset.llm
+    return rs.fused_swiglu and layers == "te" and p.gated_linear_unit and p.activation == "silu"
 
 
 def score_bytes(d: int) -> int:
@@ -99,7 +114,7 @@ def llm_layer_bytes_per_token(rs: RunShape, layers: str, moe: bool | None = None
     shard = _attention(rs, layers, q, kv, heads, rs.seq_length, tp)
     if p.qk_layernorm:  # the per-head q and k inputs (and normalised copies) and their fp32 statistics
         shard += (d * (q + kv) * (1 + rms) + 4 * (heads + p.query_groups)) / tp
-    m = mlp_tensors(p.gated_linear_unit)
+    m = mlp_tensors(p.gated_linear_unit, fuses_swiglu(rs, layers))
     if moe if moe is not None else bool(p.num_experts):
         k, fe = p.moe_router_topk, p.expert_ffn
         per_copy = d * h + (3 + 2 * p.gated_linear_unit) * d * fe + 4
@@ -117,14 +132,29 @@ def llm_layer_bytes_per_token(rs: RunShape, layers: str, moe: bool | None = None
 
 @dataclass(frozen=True)
 class StageActivations:
-    """What one LLM pipeline stage keeps: `chunk` bytes per microbatch and model chunk (a stage runs
-    `virtual_stages` chunks of its layers), `extra` bytes per microbatch outside the layers (mask, token ids,
-    logits), and `workspace` bytes held once whatever the microbatches in flight: under full recompute, the
-    one layer being recomputed for its backward."""
+    """What one LLM pipeline stage keeps: `chunks`, bytes per microbatch of each of its model chunks (a stage
+    runs `virtual_stages` chunks of its layers, as pipesplit.py assigns them), `extra` bytes per microbatch
+    outside the layers (mask, token ids, logits), and `workspace` bytes held once whatever the microbatches
+    in flight: under full recompute, the one layer being recomputed for its backward."""
 
-    chunk: float
+    chunks: tuple[float, ...]
     extra: float
     workspace: float
+
+    @property
+    def chunk(self) -> float:
+        """The mean chunk: every chunk's where the layers split evenly."""
+        return sum(self.chunks) / len(self.chunks)
+
+
+def _stage_chunks(rs: RunShape, stage: int) -> list[list[int]]:
+    """The global layer indices of each model chunk of `stage` (pipesplit.py); where megatron-core would
+    refuse the split, the even share num_layers // pp cut into virtual_stages equal chunks."""
+    p, lay, vp = rs.preset.llm, rs.layout, max(1, rs.virtual_stages)
+    chunks = chunk_layers(p.num_layers, lay.llm_pp, vp, rs.pipeline_split)
+    if chunks is not None:
+        return [list(c) for c in chunks[stage]]
+    return [stage_layers(p.num_layers, lay.llm_pp, vp, rs.pipeline_split, stage)]
 
 
 def llm_stage(rs: RunShape, stage: int, layers: str) -> StageActivations:
@@ -132,16 +162,21 @@ def llm_stage(rs: RunShape, stage: int, layers: str) -> StageActivations:
     p, lay, d = rs.preset.llm, rs.layout, rs.dtype_bytes
     s, b, tp = rs.seq_length, lay.mbs, lay.llm_tp
     tokens = s * b / lay.llm_cp  # context parallelism: each rank keeps its 1/cp of every sequence
-    n = p.num_layers // lay.llm_pp
-    mine = range(stage * n, (stage + 1) * n)
-    per = [llm_layer_bytes_per_token(rs, layers, p.is_moe_layer(i)) for i in mine]
+    groups = _stage_chunks(rs, stage)
     sp = tp if rs.sequence_parallel else 1
+    # a layer's bytes depend only on whether it is an MoE layer: each kind is counted once
+    kinds = {
+        k: llm_layer_bytes_per_token(rs, layers, k) for k in {p.is_moe_layer(i) for g in groups for i in g}
+    }
+    per = {i: kinds[p.is_moe_layer(i)] for g in groups for i in g}
     workspace = 0.0
     if rs.recompute.llm == "full":
-        body = tokens * n * d * p.hidden_size / sp  # each layer's input
-        workspace = tokens * max(per)
+        bodies = [tokens * len(g) * d * p.hidden_size / sp for g in groups]  # each layer's input
+        workspace = tokens * max(per.values(), default=0.0)
     else:
-        body = tokens * sum(per)
+        bodies = [tokens * sum(per[i] for i in g) for g in groups]
+    if len(groups) == 1 and rs.virtual_stages > 1:  # the even share, in equal chunks
+        bodies = [bodies[0] / rs.virtual_stages] * rs.virtual_stages
     extra = mask_bytes(rs, layers, s) / lay.llm_cp  # the causal mask each stage builds (its queries' rows)
     if stage == 0:
         extra += 8 * tokens  # the token ids the embedding keeps
@@ -150,7 +185,7 @@ def llm_stage(rs: RunShape, stage: int, layers: str) -> StageActivations:
         vocab = padded_vocab(p.vocab_size, tp)
         rms = layers != "te" and p.normalization == "RMSNorm"
         extra += tokens * (((2 + rms) * d * p.hidden_size + _stats(p) // 2) / sp + 4 * vocab / tp + 9)
-    return StageActivations(body / max(1, rs.virtual_stages), extra, workspace)
+    return StageActivations(tuple(bodies), extra, workspace)
 
 
 def inflight_chunks(pp: int, vp: int, microbatches: int, stage: int) -> int:
@@ -163,10 +198,41 @@ def inflight_chunks(pp: int, vp: int, microbatches: int, stage: int) -> int:
     return max(1, min(microbatches * vp, (pp - stage - 1) * 2 + (vp - 1) * pp + 1))
 
 
+def inflight_chunk_bytes(pp: int, vp: int, microbatches: int, stage: int, chunks: tuple) -> float:
+    """Activation bytes stage `stage` holds at its peak, `chunks` the bytes of one microbatch of each of its
+    model chunks: inflight_chunks times the chunk where the chunks are equal; else the schedule's order
+    played through (interleaved_peak)."""
+    if len(set(chunks)) <= 1:
+        return inflight_chunks(pp, vp, microbatches, stage) * (chunks[0] if chunks else 0.0)
+    return interleaved_peak(pp, vp, microbatches, stage, tuple(chunks))
+
+
+@functools.lru_cache(maxsize=1024)
+def interleaved_peak(pp: int, vp: int, microbatches: int, stage: int, chunks: tuple) -> float:
+    """The most bytes held at once on stage `stage` of megatron-core 0.19.2's interleaved 1F1B
+    (pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving, with
+    microbatch_group_size_per_vp_stage = pp, its default): forward k runs the chunk of get_schedule_table's
+    k-th entry (groups of pp microbatches through chunk 0, then chunk 1, ...), backward k the mirrored chunk
+    (vp - 1 - that chunk); the stage runs inflight_chunks - 1 warm-up forwards, then forward k + warm-up
+    before backward k, then the remaining backwards. The peak is right after a forward."""
+    table = []
+    for low in range(0, microbatches, pp):
+        group = range(low, microbatches if low + pp >= microbatches else low + pp)
+        table += [c for c in range(vp) for _ in group]
+    warmup = inflight_chunks(pp, vp, microbatches, stage) - 1
+    held = peak = sum(chunks[c] for c in table[: warmup + 1])
+    peak = held
+    for k in range(len(table) - warmup - 1):
+        held -= chunks[vp - 1 - table[k]]
+        held += chunks[table[k + warmup + 1]]
+        peak = max(peak, held)
+    return peak
+
+
 def llm_bytes(rs: RunShape, stage: int, layers: str) -> int:
     """One microbatch on LLM pipeline stage `stage` (every chunk of it), with full recompute's workspace."""
     a = llm_stage(rs, stage, layers)
-    return int(a.chunk * max(1, rs.virtual_stages) + a.extra + a.workspace)
+    return int(sum(a.chunks) + a.extra + a.workspace)
 
 
 def module_bytes(rs: RunShape, i: int, layers: str) -> int:

@@ -27,6 +27,7 @@ from mimo_jobs.study.topology import module_ranges
 from . import activations as A
 from .hardware import GIB, GPU
 from .params import Tensor, llm_layer_tensors, llm_tensors, module_tensors
+from .pipesplit import EVEN, stage_layers
 from .run import RunShape
 
 GRAD_BYTES = 4  # the packaged trainer's gradient buffer: grad_reduce_in_fp32 in trainer/build.py
@@ -211,14 +212,15 @@ def _module_held(state: tuple, arch, llm_hidden: int, tp: int, dp: int, frozen: 
 
 
 @functools.lru_cache(maxsize=4096)
-def _llm_held(state: tuple, preset, tp, ep, etp, pp, stage, dp, edp, frozen: bool) -> tuple[int, int, int]:
-    return _held(list(_llm_stage_tensors(preset, tp, ep, etp, pp, stage)), dp, edp, state, frozen)
+def _llm_held(state: tuple, preset, tp, ep, etp, pp, stage, dp, edp, frozen: bool, vp=1, split=EVEN):
+    tensors = list(_llm_stage_tensors(preset, tp, ep, etp, pp, stage, vp, split))
+    return _held(tensors, dp, edp, state, frozen)
 
 
 @functools.lru_cache(maxsize=1024)
-def _llm_stage_tensors(preset, tp, ep, etp, pp, stage) -> tuple:
+def _llm_stage_tensors(preset, tp, ep, etp, pp, stage, vp=1, split=EVEN) -> tuple:
     # one stage's tensors do not depend on DP: layouts that differ only in DP share them
-    return tuple(llm_tensors(preset, tp, ep, etp, pp, stage))
+    return tuple(llm_tensors(preset, tp, ep, etp, pp, stage, vp, split))
 
 
 def _state_key(rs: RunShape) -> tuple:
@@ -259,15 +261,26 @@ def llm_memory(rs: RunShape, gpu: GPU, stage: int) -> ModuleMemory:
     edp = tp * shard // (lay.llm_ep * lay.llm_etp) if rs.preset.llm.num_experts else shard
     keep = max(1, min(rs.microbatches, pp - stage))  # 1F1B: stage s of p runs p - s - 1 warm-up forwards
     a = A.llm_stage(rs, stage, gpu.layers)
-    chunks = A.inflight_chunks(pp, rs.virtual_stages, rs.microbatches, stage)
-    act = int(chunks * a.chunk + keep * a.extra + a.workspace)
+    held = A.inflight_chunk_bytes(pp, rs.virtual_stages, rs.microbatches, stage, a.chunks)
+    act = int(held + keep * a.extra + a.workspace)
     bridge = 2 * keep * A.embedding_bytes(rs, lay.mbs) if stage == 0 and not lay.colocated else 0
     first = lay.llm_offset + tp * stage
     last = first + tp * pp * (dp - 1) + tp - 1
     if rs.fsdp:
         return _fsdp_module(rs, stage, (first, last), shard, act, bridge, keep)
     held = _llm_held(
-        _state_key(rs), rs.preset, tp, lay.llm_ep, lay.llm_etp, pp, stage, shard, edp, rs.frozen_llm
+        _state_key(rs),
+        rs.preset,
+        tp,
+        lay.llm_ep,
+        lay.llm_etp,
+        pp,
+        stage,
+        shard,
+        edp,
+        rs.frozen_llm,
+        rs.virtual_stages,
+        rs.pipeline_split,
     )
     return _module(rs, "llm", stage, (first, last), held, act, bridge, keep)
 
@@ -285,9 +298,19 @@ def _fsdp_module(
     sharded; and, unsharded in the compute dtype, the parameters of the layers being computed and the
     gradients of the layer being reduced."""
     lay, p = rs.layout, rs.preset.llm
-    tensors = _llm_stage_tensors(rs.preset, lay.llm_tp, lay.llm_ep, lay.llm_etp, lay.llm_pp, stage)
+    tensors = _llm_stage_tensors(
+        rs.preset,
+        lay.llm_tp,
+        lay.llm_ep,
+        lay.llm_etp,
+        lay.llm_pp,
+        stage,
+        rs.virtual_stages,
+        rs.pipeline_split,
+    )
     params = sum(t.numel for t in tensors)
-    layer = sum(t.numel for t in llm_layer_tensors(p, stage * (p.num_layers // lay.llm_pp), lay.llm_tp, 1, 1))
+    first = (stage_layers(p.num_layers, lay.llm_pp, rs.virtual_stages, rs.pipeline_split, stage) or [0])[0]
+    layer = sum(t.numel for t in llm_layer_tensors(p, first, lay.llm_tp, 1, 1))
     sharded = -(-params // shard)
     weights = MAIN_PARAM_BYTES * sharded + FSDP_GATHERED_LAYERS * layer * rs.dtype_bytes
     grads = 0 if rs.frozen_llm else rs.grad_reduce_bytes * sharded + layer * rs.dtype_bytes

@@ -362,11 +362,13 @@ def step(
     sp: bool = False, recompute: str = "none", fp8: bool = False, gpu: OpGPU, gpus_per_node: int = 8,
     params_per_rank: float, grad_reduce_bytes: int = 4, distributed_optimizer: bool = True,
     overlap_dp: bool = False, optimizer_bytes_per_rank: float = 0.0, alpha_s: float = 0.0,
-    res: Residual = Residual(), vocab: int | None = None,
+    res: Residual = Residual(), vocab: int | None = None, layers_per_stage: float | None = None,
 ) -> OpStep:  # fmt: skip
-    """One iteration of LLM `p` on a layout (module docstring)."""
+    """One iteration of LLM `p` on a layout (module docstring); `layers_per_stage`: the slowest stage's
+    layers (pipesplit.slowest_stage_layers), by default the mean num_layers / pp."""
     split = Split(tp=tp, cp=cp, ep=ep, sp=sp and tp > 1)
-    layers_per_stage = p.num_layers / pp
+    if layers_per_stage is None:
+        layers_per_stage = p.num_layers / pp
     moe_share = p.moe_layers / p.num_layers if p.num_experts else 0.0
     stage = Terms()
     if moe_share:

@@ -13,6 +13,7 @@ from .flops import flops_per_sample
 from .hardware import GPU, GPUS, generation
 from .memory import MemoryPlan
 from .opdata import FITTED_RESIDUAL, OP_GPUS, OpGPU
+from .pipesplit import slowest_stage_layers
 from .run import RunShape
 from .steptime import StepTime
 
@@ -80,6 +81,7 @@ def op_step(
         ep=lay.llm_ep,
         dp=lay.llm_dp,
         vp=rs.virtual_stages,
+        layers_per_stage=slowest_stage_layers(p.num_layers, lay.llm_pp, rs.virtual_stages, rs.pipeline_split),
         sp=rs.sequence_parallel,
         recompute=rs.recompute.llm,
         fp8=rs.fp8 if fp8 is None else fp8,

@@ -22,6 +22,8 @@ from mimo_jobs.model.audio_arch import CONVS, AudioArch, audio_params
 from mimo_jobs.model.splits import experts_apart
 from mimo_jobs.textsafe import visible
 
+from .pipesplit import EVEN, PipelineSplit, stage_layers
+
 
 @dataclass(frozen=True)
 class Tensor:
@@ -84,13 +86,21 @@ def llm_layer_tensors(p: LLMArch, i: int, tp: int, ep: int, etp: int) -> list[Te
     return out + _mlp(p.hidden_size, p.ffn_hidden_size, tp, p.add_bias_linear, p.gated_linear_unit)
 
 
-def llm_tensors(preset: ModelArch, tp: int, ep: int, etp: int, pp: int, stage: int) -> list[Tensor]:
-    """One LLM pipeline stage on one TP/EP rank."""
+def llm_tensors(
+    preset: ModelArch,
+    tp: int,
+    ep: int,
+    etp: int,
+    pp: int,
+    stage: int,
+    vp: int = 1,
+    split: PipelineSplit = EVEN,
+) -> list[Tensor]:
+    """One LLM pipeline stage on one TP/EP rank: its layers as megatron-core splits them (pipesplit.py)."""
     p = preset.llm
     h, vocab = p.hidden_size, padded_vocab(p.vocab_size, tp)
     out = [Tensor(vocab * h // tp)] if stage == 0 else []
-    per = p.num_layers // pp
-    for i in range(stage * per, (stage + 1) * per):
+    for i in stage_layers(p.num_layers, pp, vp, split, stage):
         out += llm_layer_tensors(p, i, tp, ep, etp)
     if stage == pp - 1:
         out += _norm(h, p.normalization)

@@ -14,6 +14,7 @@ from mimo_jobs.study.topology import Layout, Trainer, rank_layout
 from .datastats import DataMix, data_mix
 from .flops import SampleFlops
 from .modmix import module_mixes, sample_flops_by_module
+from .pipesplit import EVEN, PipelineSplit
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class RunShape:
             "overlap_dp": self.overlap_dp,
             "fsdp": self.fsdp,
             "virtual_stages": self.virtual_stages,
+            "pipeline_split": self.pipeline_split.words(),
             "not_priced": [n for n, on in (("fp8 GEMM rate (priced as bf16)", self.fp8 and model == "flops"),
                                             ("tp_comm_overlap (TP communication priced exposed)",
                                              self.tp_comm_overlap)) if on],
@@ -110,6 +112,8 @@ class RunShape:
         ]
         if s["virtual_stages"] > 1:
             words.append(f"{s['virtual_stages']} virtual stages")
+        if self.pipeline_split.extra:
+            words.append(s["pipeline_split"])
         out = ", ".join(words)
         return out + ("; not priced: " + ", ".join(s["not_priced"]) if s["not_priced"] else "")
 
@@ -139,6 +143,13 @@ class RunShape:
     # model chunks per LLM pipeline stage (Megatron's interleaved 1F1B, --num-layers-per-virtual-pipeline-stage):
     # the layout's llm.vp (on_layout); the packaged trainer runs 1, a study's own command may run more
     virtual_stages: int = 1
+    # megatron-core's account_for_embedding/loss_in_pipeline_split (pipesplit.py), where a run states it:
+    # which layers each stage and model chunk holds; the packaged trainer splits evenly
+    pipeline_split: PipelineSplit = EVEN
+    # megatron-core's bias_activation_fusion on a gated SiLU MLP (activations.fuses_swiglu), which megatron-core
+    # runs on GPUs turn on (the packaged trainer's trainer/model/kernels.py); false for a run of another
+    # framework's layers (torchtitan's FSDP2 rows of benchmarks/published/runs.yaml)
+    fused_swiglu: bool = True
     # the packaged trainer trains it (its limits apply to the layouts priced), or a command of the study's own
     packaged: bool = True
     # megatron-core's overlap_grad_reduce + overlap_param_gather (or FSDP's prefetch): the DP transfers run
@@ -233,12 +244,17 @@ def study_settings(trainer) -> dict:
         grad_reduce_bytes=2 if trainer.grad_reduce_dtype == "bf16" else 4,
         overlap_dp=trainer.overlap_grad_reduce and (trainer.overlap_param_gather or not gathered),
         tp_comm_overlap=trainer.tp_comm_overlap,
+        pipeline_split=PipelineSplit(
+            trainer.account_for_embedding_in_pipeline_split, trainer.account_for_loss_in_pipeline_split
+        ),
     )
 
 
 def trainer_of(shape: RunShape) -> Trainer:
     """What topology's rules need of a shape: its model is text-only, the packaged trainer trains it."""
-    return Trainer(text_only=shape.preset.text_only, packaged=shape.packaged)
+    return Trainer(
+        text_only=shape.preset.text_only, packaged=shape.packaged, split_layers=shape.pipeline_split.extra
+    )
 
 
 def on_layout(shape: RunShape, layout: Layout) -> RunShape:

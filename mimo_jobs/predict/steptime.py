@@ -36,6 +36,7 @@ from .flops import SampleFlops
 from .hardware import FITTED_EFFICIENCY, GPU, LOCAL_COMPUTE_SHARE, LOCAL_EXPERTS_SHARE, generation
 from .memory import MemoryPlan
 from .modmix import sample_flops_by_module
+from .pipesplit import most_stage_layers, splits
 from .run import RunShape
 
 
@@ -167,13 +168,17 @@ def _module_mb(rs: RunShape, gpu: GPU, eff: Efficiency, i: int, flops: float) ->
 def _llm_mb(rs: RunShape, gpu: GPU, eff: Efficiency, fl: SampleFlops) -> dict:
     """One microbatch on one stage (the stages run different microbatches at the same time)."""
     lay, p = rs.layout, rs.preset.llm
-    layers = p.num_layers // lay.llm_pp
+    # the slowest stage holds the most layers (pipesplit.py: megatron-core's split, even unless a run counts
+    # the embedding and the loss as layers); its compute is that share of the layers' FLOPs
+    layers = most_stage_layers(p.num_layers, lay.llm_pp, rs.virtual_stages, rs.pipeline_split)
+    built = splits(p.num_layers, lay.llm_pp, rs.virtual_stages, rs.pipeline_split)
+    share = layers * lay.llm_pp / p.num_layers if built else 1.0
     rc = _recompute_factor(rs.recompute.llm)
     cp = lay.llm_cp  # context parallelism: each rank holds 1/cp of every sequence
     g = gemm_factor(gemm_width(p.hidden_size, lay.llm_tp), eff.gemm_half_width)
     if p.num_experts:
         g *= eff.experts
-    compute = lay.mbs * fl.llm * rc / (lay.llm_tp * cp * lay.llm_pp * gpu.peak_flops * eff.llm * g)
+    compute = share * lay.mbs * fl.llm * rc / (lay.llm_tp * cp * lay.llm_pp * gpu.peak_flops * eff.llm * g)
     tokens = lay.mbs * rs.seq_length / cp
     act = tokens * p.hidden_size * rs.dtype_bytes
     nvl = _bw(lay.llm_tp, lay.gpus_per_node, gpu, eff)

@@ -201,6 +201,7 @@ def expand_matrix(
             who = topology.Trainer(
                 text_only=bool(arch is not None and arch.text_only),
                 packaged=study is None or not (p.command or study.trainer.command),
+                split_layers=study.trainer.pipeline_split_layers if study is not None else 0,
             )
             viol = topology.check(lay, who) + (_lr_violations(study, p.gbs) if study is not None else [])
             if arch is not None:

@@ -141,7 +141,11 @@ def trainer_kind(trainer: TrainerSpec, point_command: str | None = None) -> topo
         text_only = arch_of(trainer.model).text_only
     except (ArchError, ValueError):  # an unresolvable model is reported where the model is read
         text_only = False
-    return topology.Trainer(text_only=text_only, packaged=not (point_command or trainer.command))
+    return topology.Trainer(
+        text_only=text_only,
+        packaged=not (point_command or trainer.command),
+        split_layers=trainer.pipeline_split_layers,
+    )
 
 
 def _model_text(model: str | dict) -> str:

@@ -262,11 +262,31 @@ def tp_overlap_problem(on: bool, accelerator: str, packaged: bool = True) -> Run
     return None
 
 
+def pipeline_split_problem(trainer, packaged: bool = True) -> RuntimeProblem | None:
+    """The packaged trainer splits the LLM's layers evenly; megatron-core's flags that count the embedding
+    and the loss as layers are for a study's own command (predict and plan price them)."""
+    if not packaged or not trainer.pipeline_split_layers:
+        return None
+    on = [
+        f"trainer.{n}"
+        for n in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+        if getattr(trainer, n)
+    ]
+    return RuntimeProblem(
+        on[0],
+        "pipeline-split",
+        f"{' and '.join(on)}: true is priced by predict and plan, but the packaged trainer splits the layers "
+        "evenly: only false runs it",
+        "set them false, or give a trainer.command that runs them (megatron-core's TransformerConfig)",
+    )
+
+
 def device_problems(trainer, accelerator: str, packaged: bool = True) -> list[RuntimeProblem]:
-    """The precision and TP overlap rules of one run's trainer section on its accelerator."""
+    """The precision, TP overlap and pipeline split rules of one run's trainer section on its accelerator."""
     found = (
         precision_problem(trainer.precision, accelerator, packaged),
         tp_overlap_problem(trainer.tp_comm_overlap, accelerator, packaged),
+        pipeline_split_problem(trainer, packaged),
     )
     return [p for p in found if p is not None]
 

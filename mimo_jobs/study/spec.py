@@ -534,6 +534,8 @@ class TrainerSpec(_Strict):
             "overlap_param_gather",
             "grad_reduce_dtype",
             "tp_comm_overlap",
+            "account_for_embedding_in_pipeline_split",
+            "account_for_loss_in_pipeline_split",
         }
     )
     # a preset's name, or {encoder, llm} described by presets, inline fields or HF configs (model/resolve.py);
@@ -568,6 +570,11 @@ class TrainerSpec(_Strict):
     # Transformer Engine's tensor-parallel communication overlap (userbuffers, Megatron's --tp-comm-overlap):
     # priced by the planner; the packaged trainer builds no userbuffers, so only false runs it
     tp_comm_overlap: bool = False
+    # megatron-core's TransformerConfig flags that count the embedding and the loss as layers when the LLM's
+    # layers are split over pipeline stages and model chunks (predict/pipesplit.py): predict and plan price
+    # the split; the packaged trainer splits evenly, so only a study's own command may set them
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
     timeout_s: int = Field(
         300, ge=10, le=7 * 24 * 3600
     )  # collective timeout; a dead peer ends the job instead of hanging
@@ -592,6 +599,13 @@ class TrainerSpec(_Strict):
     @classmethod
     def _command(cls, v: str | None) -> str | None:
         return _command_text(v)
+
+    @property
+    def pipeline_split_layers(self) -> int:
+        """Layers the two pipeline-split flags add to what megatron-core divides over the stages."""
+        return int(self.account_for_embedding_in_pipeline_split) + int(
+            self.account_for_loss_in_pipeline_split
+        )
 
     @field_validator("recompute", mode="before")
     @classmethod

@@ -454,6 +454,7 @@ def _cp(lay: Layout, who: Trainer) -> list[Violation]:
     pipeline stages need a pipeline and whole layers per virtual stage, and a command of the study's own
     (the packaged trainer's schedule is plain 1F1B)."""
     out = []
+    layers = lay.llm_layers + who.split_layers if lay.llm_layers else 0  # what megatron-core splits
     if lay.llm_cp != 1 and who.packaged:
         out.append(
             Violation(
@@ -466,14 +467,14 @@ def _cp(lay: Layout, who: Trainer) -> list[Violation]:
     if lay.llm_vp != 1:
         if lay.llm_pp == 1:
             out.append(Violation("vp", f"llm.vp={lay.llm_vp} needs a pipeline (llm.pp > 1)", "llm.vp=1"))
-        elif lay.llm_layers and lay.llm_layers % (lay.llm_pp * lay.llm_vp):
+        elif layers and layers % (lay.llm_pp * lay.llm_vp):
             out.append(
                 Violation(
                     "vp",
-                    f"llm.vp={lay.llm_vp}: {lay.llm_layers} layers do not split into llm.pp x llm.vp = "
+                    f"llm.vp={lay.llm_vp}: {layers} layers do not split into llm.pp x llm.vp = "
                     f"{lay.llm_pp * lay.llm_vp} equal virtual stages",
-                    f"llm.vp in {[v for v in _divisors(lay.llm_layers // lay.llm_pp) if (lay.llm_layers // lay.llm_pp) % v == 0]}"
-                    if lay.llm_layers % lay.llm_pp == 0
+                    f"llm.vp in {[v for v in _divisors(layers // lay.llm_pp) if (layers // lay.llm_pp) % v == 0]}"
+                    if layers % lay.llm_pp == 0
                     else None,
                 )
             )
@@ -567,7 +568,7 @@ def _bridge(lay: Layout) -> list[Violation]:
     return out
 
 
-def _pp(lay: Layout) -> list[Violation]:
+def _pp(lay: Layout, who: Trainer) -> list[Violation]:
     """`pp-layers`, `encoder-pp`, `moe-pp`: LLM pipeline stages hold whole, equal shares of the layers (and,
     with experts, split them over their own DP ranks: ETP = TP); the encoder is one stage (it runs 1F1B
     against the bridge instead of a pipeline of its own)."""
@@ -592,12 +593,14 @@ def _pp(lay: Layout) -> list[Violation]:
                 f"llm.etp={lay.llm_tp}",
             )
         )
-    if lay.llm_layers and lay.llm_layers % lay.llm_pp:
-        fits = [d for d in _divisors(lay.llm_layers) if d <= lay.llm_layers]
+    layers = lay.llm_layers + who.split_layers if lay.llm_layers else 0
+    if layers and layers % lay.llm_pp:
+        fits = [d for d in _divisors(layers) if d <= layers]
+        counted = f" (with the {who.split_layers} the split counts as layers)" if who.split_layers else ""
         out.append(
             Violation(
                 "pp-layers",
-                f"llm.pp={lay.llm_pp} stages cannot split the LLM's {lay.llm_layers} layers equally",
+                f"llm.pp={lay.llm_pp} stages cannot split the LLM's {layers} layers{counted} equally",
                 f"llm.pp in {fits} fits",
             )
         )
@@ -614,11 +617,15 @@ class Trainer:
 
     text_only: bool = False
     packaged: bool = True
+    # layers megatron-core adds to the pipeline split where a study's own command counts the embedding and
+    # the loss as layers (trainer.account_for_embedding/loss_in_pipeline_split; predict/pipesplit.py holds
+    # the split): pp (x vp) must divide llm_layers + these
+    split_layers: int = 0
 
 
 PACKAGED = Trainer()
 RULES = (_tiling, _tp_within_node, _cp, _moe, _pp, _gbs, _bridge)
-_WHO = {_tiling, _cp}  # the rules that depend on the model and the trainer
+_WHO = {_tiling, _cp, _pp}  # the rules that depend on the model and the trainer
 
 
 def check(lay: Layout, who: Trainer = PACKAGED) -> list[Violation]:
