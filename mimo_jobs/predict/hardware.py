@@ -102,7 +102,7 @@ LOCAL_EXPERTS_SHARE = 0.136
 HELD_OUT: dict[str, tuple[float, float, int, int]] = {
     "ampere": (0.186, 0.375, 44, 6),
     "blackwell": (0.349, 0.349, 1, 1),
-    "hopper": (0.305, 0.615, 51, 6),
+    "hopper": (0.305, 0.647, 51, 6),
 }
 
 FITTED_EFFICIENCY: dict[str, tuple[float, float, float]] = {
