@@ -284,29 +284,34 @@ def layer_terms(
     fwd_bytes = BF16 * (2 * 2 * ew_tokens * h + 2 * 3 * ew_tokens * h + m * act_width)
     fwd_bytes += BF16 * 2 * tokens * (q + kv) / tp
     t.elementwise += bytes_s(fwd_bytes * (rc + 2), gpu)
-    _layer_comm(t, p, tokens, split, gpu, moe, gpus_per_node, alpha_s, res, af + ab)
+    _layer_comm(t, p, tokens, split, gpu, moe, gpus_per_node, alpha_s, res, af + ab, rc)
     return t
 
 
-def _layer_comm(t: Terms, p, tokens, split: Split, gpu: OpGPU, moe, gpn, alpha_s, res, attn_s) -> None:
-    """TP, CP and EP collectives of one layer and microbatch (exposed parts) into `t`."""
+def _layer_comm(
+    t: Terms, p, tokens, split: Split, gpu: OpGPU, moe, gpn, alpha_s, res, attn_s, rc: float = 1.0
+) -> None:
+    """TP, CP and EP collectives of one layer and microbatch (exposed parts) into `t`. `rc` 2: full
+    recompute runs the layer's forward again before its backward, collectives included (megatron-core's
+    CheckpointFunction replays the whole forward of the layers it checkpoints)."""
     tp, cp, ep = split.tp, split.cp, split.ep
     act = tokens * p.hidden_size * BF16
     if tp > 1:
-        # two forward, two backward: all-reduces, or all-gather + reduce-scatter under SP (the same bytes)
+        # two forward (rc times), two backward: all-reduces, or all-gather + reduce-scatter under SP (the
+        # same bytes)
         bw = link_bytes_per_s(tp, gpn, gpu)
-        t.tp += 4 * collective_s("all_reduce", act, tp, bw, alpha_s) * res.comm
+        t.tp += (2 * rc + 2) * collective_s("all_reduce", act, tp, bw, alpha_s) * res.comm
     if cp > 1:
-        # the ring passes every rank's keys and values forward, keys, values and their gradients backward,
-        # behind the attention it feeds
+        # the ring passes every rank's keys and values forward (rc times), keys, values and their gradients
+        # backward, behind the attention it feeds
         kv = 2 * tokens * p.query_groups * p.head_dim * BF16 / tp
         bw = link_bytes_per_s(cp * tp, gpn, gpu)
-        ring = 3 * (cp - 1) * (kv / bw + alpha_s) * res.comm
+        ring = (rc + 2) * (cp - 1) * (kv / bw + alpha_s) * res.comm
         t.cp += max(0.0, ring - attn_s)
     if moe and ep > 1:
         routed = act * p.moe_router_topk / (tp if split.sp else 1)
         bw = link_bytes_per_s(ep * tp, gpn, gpu)
-        t.ep += 4 * collective_s("all_to_all", routed, ep, bw, alpha_s) * res.comm
+        t.ep += (2 * rc + 2) * collective_s("all_to_all", routed, ep, bw, alpha_s) * res.comm
 
 
 def logits_terms(

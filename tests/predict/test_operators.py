@@ -146,6 +146,22 @@ def test_the_cp_ring_hides_behind_the_attention_and_ep_all_to_alls_stay_exposed(
     assert moe.ep == pytest.approx(4 * routed * 7 / 8 / 450e9)
 
 
+def test_full_recompute_runs_the_forward_collectives_again():
+    """Full recompute replays each layer's forward before its backward, its TP collectives and EP
+    all-to-alls with it: 2 forward x 2 + 2 backward = 6 where a layer without recompute runs 4."""
+    # 8192 tokens x 4096 x 2 bytes = 64 MiB all-reduced over TP 8 at 450 GB/s: 2 x 7/8 x 67.1 MB / 450 GB/s
+    one = 2 * 7 / 8 * 8192 * 4096 * 2 / 450e9
+    plain = ops.layer_terms(LLAMA_8B, 1, 8192, ops.Split(tp=8), H100, False)
+    full = ops.layer_terms(LLAMA_8B, 1, 8192, ops.Split(tp=8), H100, False, recompute="full")
+    assert plain.tp == pytest.approx(4 * one, rel=1e-9)
+    assert full.tp == pytest.approx(6 * one, rel=1e-9)
+    selective = ops.layer_terms(LLAMA_8B, 1, 8192, ops.Split(tp=8), H100, False, recompute="selective")
+    assert selective.tp == plain.tp  # selective recompute replays the core attention only: no collective
+    routed = 4096 * 4 * 2880 * 2
+    moe = ops.layer_terms(OSS_120B, 1, 4096, ops.Split(tp=1, ep=8), H100, True, recompute="full")
+    assert moe.ep == pytest.approx(6 * routed * 7 / 8 / 450e9)
+
+
 def _bench():
     path = REPO / "benchmarks" / "operators.py"
     sys.path.insert(0, str(path.parent))
