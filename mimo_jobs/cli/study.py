@@ -345,7 +345,7 @@ def _memory_verdicts(out, diag: Diagnosis, runs: list) -> list:
                 else ""
             )
             # without dataset statistics the images are the stated prior's (docs/predict.md): say so
-            assumed = "; image tokens assumed (no dataset statistics)" if shape.image_assumed else ""
+            assumed = "; image tokens assumed (no dataset statistics)" if pred.shape.image_assumed else ""
             out.print(
                 f"run {r.run_id} ({_nodes(r)}): memory on {gpu.name}: {pred.memory.verdict()}{length}{assumed}",
                 markup=False,

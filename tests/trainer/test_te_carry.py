@@ -200,8 +200,11 @@ def test_the_operator_tables_run_at_tiny_shapes_on_cpu(tmp_path):
     )
     assert p.returncode == 0, p.stderr[-3000:]
     doc = yaml.safe_load(out.read_text())
-    assert doc["device"] == "cpu" and doc["dtype"] == "float32" and doc["skipped"] == []
-    assert [(r["m"], r["n"], r["k"]) for r in doc["gemm"]] == [(64, 32, 48), (128, 64, 64)]
+    assert doc["device"] == "cpu" and doc["skipped"] == []
+    assert [(r["m"], r["n"], r["k"], r["dtype"]) for r in doc["gemm"]] == [
+        (64, 32, 48, "bf16"),
+        (128, 64, 64, "bf16"),
+    ]
     for r in doc["gemm"]:
         assert r["ms"] > 0
         assert r["tflops"] == pytest.approx(2 * r["m"] * r["n"] * r["k"] / (r["ms"] * 1e-3) / 1e12, rel=1e-3)
