@@ -76,6 +76,23 @@ def summary_lines(priced: list[HeldOut]) -> list[str]:
     return out
 
 
+def source_lines(priced: list[HeldOut]) -> list[str]:
+    """Median and worst |error| per source and model: which publisher's runs the constants transfer to."""
+    out = []
+    for src in sorted({p.row.source for p in priced}):
+        mine = [p for p in priced if p.row.source == src and p.row.fitted]
+        for model, errs in (
+            ("operator", [p.operator_error for p in mine]),
+            ("FLOPs", [p.flops_error for p in mine]),
+        ):
+            a = [abs(e) for e in errs]
+            out.append(
+                f"  {src:24} {model:8} median |error| {statistics.median(a):6.1%}, worst {max(a):6.1%} "
+                f"({len(a)} rows, signed median {statistics.median(errs):+6.1%})"
+            )
+    return out
+
+
 def memory_lines(rows: list[Row]) -> list[str]:
     out = []
     for r in rows:
@@ -99,6 +116,8 @@ def main() -> None:
         )
     print()
     print("\n".join(summary_lines(priced)))
+    print("per source:")
+    print("\n".join(source_lines(priced)))
     print()
     print("memory verdicts: every row ran on its GPU, so each row the memory model describes must fit")
     print("\n".join(memory_lines(rows)))
