@@ -91,6 +91,24 @@ def test_holdout_cites_no_source_of_the_fitted_table(bench):
     assert all(r.fitted for r in rows)
     fitted_on = {r.id for r in bench.load_rows()[1]}
     assert not fitted_on & {r.id for r in rows}
+    # nor the same run under another name: one model shape, sequence, layout and GPU in both tables
+    same = _runs(DATA) & _runs(HOLDOUT)
+    assert not same, f"runs in both tables: {same}"
+
+
+def _runs(path) -> set[str]:
+    doc = yaml.safe_load(path.read_text())
+    return {
+        repr(
+            (
+                sorted(doc["models"][r["model"]].items()),
+                r["seq_length"],
+                sorted(r["layout"].items()),
+                r["gpu"],
+            )
+        )
+        for r in doc["rows"]
+    }
 
 
 def test_fitted_rows_span_two_generations_and_fp8_stays_out(priced):
