@@ -28,6 +28,7 @@ first stage, their gradients come back unless it is frozen.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from mimo_jobs.model.arch import LLMArch
 from mimo_jobs.model.audio_arch import CONVS, conv_frames
@@ -36,6 +37,34 @@ from mimo_jobs.study.topology import module_ranges
 from . import operators as ops
 from .opdata import OpGPU
 from .run import RunShape
+
+
+@dataclass(frozen=True)
+class On:
+    """Where and how a module runs: its TP, the GPU's figures, FP8, the residual, its recompute, what its
+    backward computes (operators.GRADS), GPUs per node and the per-step latency of its collectives."""
+
+    tp: int
+    gpu: OpGPU
+    fp8: bool = False
+    res: ops.Residual = ops.Residual()
+    recompute: str = "none"
+    grads: str = "all"
+    gpus_per_node: int = 8
+    alpha_s: float = 0.0
+
+    @property
+    def backward(self) -> bool:
+        return self.grads != "none"
+
+    def linear(self, t: ops.Terms, m: float, n: float, k: float, input_grad: bool = True) -> None:
+        """A linear layer (operators' terms) of the module, outside its recomputed layers."""
+        ops._linear(t, m, n, k, self.gpu, self.fp8, self.res, 1.0, self.grads, input_grad)
+
+    def collective(self, kind: str, nbytes: float) -> float:
+        """One collective over the module's TP group (NVLink: TP stays inside a node)."""
+        bw = ops.link_bytes_per_s(self.tp, self.gpus_per_node, self.gpu)
+        return ops.collective_s(kind, nbytes, self.tp, bw, self.alpha_s) * self.res.comm
 
 
 @functools.lru_cache(maxsize=256)
@@ -61,98 +90,79 @@ def module_grads(rs: RunShape) -> str:
 def module_mb(rs: RunShape, gpu: OpGPU, res: ops.Residual, i: int, alpha_s: float) -> tuple[ops.Terms, float]:
     """(the terms of one microbatch of encoder module `i` on one of its ranks, its bridge's seconds: 0
     colocated)."""
-    name, a = rs.preset.named_encoders[i]
+    _, a = rs.preset.named_encoders[i]
     mix, mr = rs.modules[i], module_ranges(rs.layout)[i]
-    grads = module_grads(rs)
-    llm_hidden = rs.preset.llm.hidden_size
-    gpn = rs.layout.gpus_per_node
-    at = dict(
-        tp=mr.tp, gpu=gpu, fp8=rs.fp8, res=res, recompute=rs.recompute.encoder, grads=grads, gpn=gpn,
-        alpha_s=alpha_s,
-    )  # fmt: skip
+    on = On(mr.tp, gpu, rs.fp8, res, rs.recompute.encoder, module_grads(rs), rs.layout.gpus_per_node, alpha_s)
     samples = mr.samples_per_encoder_microbatch
     if a.modality == "audio":
-        t, tokens = audio_terms(a, samples * mix.items_mean, mix.frames, **at)
+        t, tokens = audio_terms(a, samples * mix.items_mean, mix.frames, on)
     else:
         tokens = samples * mix.tokens_mean
-        t = image_terms(a, tokens, mix.tokens_per_item, **at)
-    projector_terms(t, tokens, a.out_width, llm_hidden, **at)
+        t = image_terms(a, tokens, mix.tokens_per_item, on)
+    llm_hidden = rs.preset.llm.hidden_size
+    projector_terms(t, tokens, a.out_width, llm_hidden, on)
     bridge = 0.0
     if not rs.layout.colocated and tokens > 0:
-        sends = 1 if grads == "none" else 2  # the embeddings, and their gradients back
+        sends = 2 if on.backward else 1  # the embeddings, and their gradients back
         nbytes = tokens * llm_hidden * ops.BF16
         bridge = sends * ops.collective_s("p2p", nbytes, 2, gpu.net_bytes_per_s, alpha_s) * res.comm
     return t, bridge
 
 
-def _layers(
-    t: ops.Terms, a, sequences: float, seq: float, *, tp, gpu, fp8, res, recompute, grads, gpn, alpha_s
-):
+def _layers(t: ops.Terms, a, sequences: float, seq: float, on: On) -> None:
     """The module's transformer layers on `sequences` sequences (images, clips) of `seq` tokens each."""
     layer = ops.layer_terms(
-        layer_arch(a), sequences, seq, ops.Split(tp=tp), gpu, False, recompute, fp8, res, gpn, alpha_s,
-        causal=False, rotary=False, grads=grads,
+        layer_arch(a), sequences, seq, ops.Split(tp=on.tp), on.gpu, False, on.recompute, on.fp8, on.res,
+        on.gpus_per_node, on.alpha_s, causal=False, rotary=False, grads=on.grads,
     )  # fmt: skip
     t.add(layer, a.num_layers)
 
 
-def image_terms(a, tokens: float, per_image: float, **at) -> ops.Terms:
+def image_terms(a, tokens: float, per_image: float, on: On) -> ops.Terms:
     """An image module on `tokens` LLM tokens in images of `per_image` tokens each (module docstring): the
     patch embedding and the layers (the projector apart: projector_terms)."""
     t = ops.Terms()
     if tokens <= 0 or per_image <= 0:
         return t
-    tp, gpu, res, alpha_s = at["tp"], at["gpu"], at["res"], at["alpha_s"]
     h = a.hidden_size
     images = tokens / per_image
-    patches = per_image * a.downsample**2
-    seq = patches + int(a.class_token)
+    patches = images * per_image * a.downsample**2
     # the patch embedding (megatron's ColumnParallelLinear: it computes its input's gradient too)
-    ops._linear(t, images * patches, h / tp, a.patch_inputs, gpu, at["fp8"], res, 1.0, at["grads"])
-    if tp > 1:  # its output gathered forward, its input gradient reduced backward
-        bw = ops.link_bytes_per_s(tp, at["gpn"], gpu)
-        t.tp += ops.collective_s("all_gather", images * patches * h * ops.BF16, tp, bw, alpha_s) * res.comm
-        if at["grads"] != "none":
-            grad_in = images * patches * a.patch_inputs * ops.BF16
-            t.tp += ops.collective_s("all_reduce", grad_in, tp, bw, alpha_s) * res.comm
-    _layers(t, a, images, seq, **at)
+    on.linear(t, patches, h / on.tp, a.patch_inputs)
+    if on.tp > 1:  # its output gathered forward, its input gradient reduced backward
+        t.tp += on.collective("all_gather", patches * h * ops.BF16)
+        if on.backward:
+            t.tp += on.collective("all_reduce", patches * a.patch_inputs * ops.BF16)
+    _layers(t, a, images, per_image * a.downsample**2 + int(a.class_token), on)
     return t
 
 
-def audio_terms(a, clips: float, frames: int, **at) -> tuple[ops.Terms, float]:
+def audio_terms(a, clips: float, frames: int, on: On) -> tuple[ops.Terms, float]:
     """An audio module on `clips` clips of `frames` mel frames (module docstring): the two convolutions and
     the layers (the projector apart), and the tokens the clips hand the LLM."""
     t = ops.Terms()
     if clips <= 0 or frames <= 0:
         return t, 0.0
-    gpu, res, fp8, grads = at["gpu"], at["res"], at["fp8"], at["grads"]
     h = a.hidden_size
     c1, c2 = CONVS
     steps1, steps = c1.out_frames(frames), conv_frames(frames)
-    ops._linear(t, clips * steps1, h, c1.kernel * a.num_mel_bins, gpu, fp8, res, 1.0, grads, input_grad=False)
-    ops._linear(t, clips * steps, h, c2.kernel * h, gpu, fp8, res, 1.0, grads)
+    on.linear(t, clips * steps1, h, c1.kernel * a.num_mel_bins, input_grad=False)
+    on.linear(t, clips * steps, h, c2.kernel * h)
     # a GELU after each convolution: read and write forward, twice backward
     gelu = ops.BF16 * 2 * clips * (steps1 + steps) * h
-    t.elementwise += ops.bytes_s(gelu * (1 + 2 * (grads != "none")), gpu)
-    _layers(t, a, clips, steps, **at)
+    t.elementwise += ops.bytes_s(gelu * (1 + 2 * on.backward), on.gpu)
+    _layers(t, a, clips, steps, on)
     return t, clips * a.tokens_for_frames(frames)
 
 
-def projector_terms(t: ops.Terms, tokens: float, width: int, llm_hidden: int, **at) -> None:
+def projector_terms(t: ops.Terms, tokens: float, width: int, llm_hidden: int, on: On) -> None:
     """The MLP projector on `tokens` tokens of `width` into `t` (module docstring)."""
     if tokens <= 0:
         return
-    tp, gpu, res, fp8, grads = at["tp"], at["gpu"], at["res"], at["fp8"], at["grads"]
-    ops._linear(t, tokens, llm_hidden / tp, width, gpu, fp8, res, 1.0, grads)
-    ops._linear(t, tokens, llm_hidden, llm_hidden / tp, gpu, fp8, res, 1.0, grads)
-    back = grads != "none"
-    t.elementwise += ops.bytes_s(ops.BF16 * 2 * tokens * llm_hidden / tp * (1 + 2 * back), gpu)
-    if tp > 1:
-        bw = ops.link_bytes_per_s(tp, at["gpn"], gpu)
-        t.tp += (
-            ops.collective_s("all_reduce", tokens * llm_hidden * ops.BF16, tp, bw, at["alpha_s"]) * res.comm
-        )
-        if back:
-            t.tp += (
-                ops.collective_s("all_reduce", tokens * width * ops.BF16, tp, bw, at["alpha_s"]) * res.comm
-            )
+    on.linear(t, tokens, llm_hidden / on.tp, width)
+    on.linear(t, tokens, llm_hidden, llm_hidden / on.tp)
+    t.elementwise += ops.bytes_s(ops.BF16 * 2 * tokens * llm_hidden / on.tp * (1 + 2 * on.backward), on.gpu)
+    if on.tp > 1:  # fc2's output reduced forward, fc1's input gradient backward
+        t.tp += on.collective("all_reduce", tokens * llm_hidden * ops.BF16)
+        if on.backward:
+            t.tp += on.collective("all_reduce", tokens * width * ops.BF16)

@@ -44,10 +44,8 @@ STUDY = REPO / "studies" / "scale_33n_68n_100n.yaml"
 WHISPER_SMALL = AudioArch("whisper", 12, 768, 12, 3072, 80, 1500, pooling=2)
 
 
-def _at(tp: int, grads: str = "all") -> dict:
-    return dict(
-        tp=tp, gpu=H100, fp8=False, res=ops.Residual(), recompute="none", grads=grads, gpn=8, alpha_s=0.0
-    )
+def _at(tp: int, grads: str = "all") -> encops.On:
+    return encops.On(tp, H100, grads=grads)
 
 
 @pytest.mark.parametrize("name", ["siglip-so400m-14-384", "clip-vit-l-14-336", "internvit-300m-448"])
@@ -56,8 +54,8 @@ def test_image_module_flops_counted_by_the_operator_terms_equal_the_flops_model(
     a, hl = ENCODERS[name], 4096
     for per_image in (a.tokens_per_image, a.tokens_per_image / 4, 3.0 * a.tokens_per_image):
         tokens = 2.5 * per_image  # images of several sizes: tokens in images of E[n^2]/E[n] each
-        t = encops.image_terms(a, tokens, per_image, **_at(tp))
-        encops.projector_terms(t, tokens, a.out_width, hl, **_at(tp))
+        t = encops.image_terms(a, tokens, per_image, _at(tp))
+        encops.projector_terms(t, tokens, a.out_width, hl, _at(tp))
         want = tokens * encoder_flops_per_token(a, hl, per_image)
         assert t.flops * tp == pytest.approx(want, rel=1e-9)
         assert t.gemm > 0 and t.attention > 0 and t.elementwise > 0 and (t.tp > 0) == (tp > 1)
@@ -68,9 +66,9 @@ def test_audio_module_flops_counted_by_the_operator_terms_equal_the_flops_model(
     a, hl, clips = WHISPER_SMALL, 2048, 1.5
     got = {}
     for tp in (1, 2):
-        t, tokens = encops.audio_terms(a, clips, frames, **_at(tp))
+        t, tokens = encops.audio_terms(a, clips, frames, _at(tp))
         assert tokens == clips * a.tokens_for_frames(frames)
-        encops.projector_terms(t, tokens, a.out_width, hl, **_at(tp))
+        encops.projector_terms(t, tokens, a.out_width, hl, _at(tp))
         got[tp] = t.flops
     assert got[1] == pytest.approx(clips * audio_clip_flops(a, hl, frames), rel=1e-9)
     # the convolutions run whole on every TP rank (conv1 without its input's gradient), the rest is split
@@ -144,8 +142,8 @@ def test_a_frozen_encoder_runs_its_forward_only():
     assert 0.2 < ratio < 0.5, ratio
     assert b.time.iteration_s < a.time.iteration_s
     # no backward GEMM of any kind, no attention backward
-    t = encops.image_terms(ENCODERS["siglip-so400m-14-384"], 729.0, 729.0, **_at(2, "none"))
-    u = encops.image_terms(ENCODERS["siglip-so400m-14-384"], 729.0, 729.0, **_at(2))
+    t = encops.image_terms(ENCODERS["siglip-so400m-14-384"], 729.0, 729.0, _at(2, "none"))
+    u = encops.image_terms(ENCODERS["siglip-so400m-14-384"], 729.0, 729.0, _at(2))
     assert t.flops * 3 == pytest.approx(u.flops, rel=1e-12)
     # the encoder's rank class moves no gradient and steps no optimizer
     og, res = optime.op_gpu(GPU), optime.residual_for(GPU)
