@@ -1,5 +1,7 @@
 """Time `predict` on a generated 1,000-run study and `plan` for 100 nodes with the whole search (splits x LLM
-TP/PP/EP/DP x colocated, microbatch sizes, memory savers; target: under 2 s), pure Python, no torch.
+TP/PP/EP/DP x colocated, microbatch sizes, memory savers; target: under 2 s), pure Python, no torch: priced
+by the FLOPs model, then the same by the operator model (the study's default `time_model: operators`: its
+LLM and encoder module priced by their operators).
 
 python3 benchmarks/predict.py
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -17,7 +20,7 @@ from mimo_jobs.predict.hardware import get_gpu
 from mimo_jobs.predict.layouts import best_layouts
 from mimo_jobs.predict.planning import plan_many
 from mimo_jobs.predict.run import shape_of
-from mimo_jobs.predict.steptime import Efficiency
+from mimo_jobs.predict.steptime import Efficiency, efficiency_for
 from mimo_jobs.study.diagnose import diagnose_data
 
 STUDY = Path(__file__).resolve().parents[1] / "studies" / "scale_33n_68n_100n.yaml"
@@ -52,6 +55,25 @@ def main() -> None:
     many = plan_many(shape_of(run.layout, run.trainer), gpu, [32, 33, 68, 100], [], Efficiency(), 5, 0)
     t_many = time.perf_counter() - t0
     print(f"plan --nodes 32,33,68,100: {sum(p.priced for p in many.plans)} layouts in {t_many:.2f} s")
+    operators(diag.runs, replace(gpu, time_model="operators"))
+
+
+def operators(runs: list, gpu) -> None:
+    """The same timings priced by the operator model (the GPU's own efficiencies: what chooses it)."""
+    eff = efficiency_for(gpu)
+    t0 = time.perf_counter()
+    docs = [predict_run(r, gpu) for r in runs]
+    t_predict = time.perf_counter() - t0
+    models = sorted({p.time.model for p in docs})
+    run = runs[0]
+    t0 = time.perf_counter()
+    best, priced = best_layouts(shape_of(run.layout, run.trainer), gpu, 100, eff, 5)
+    t_plan = time.perf_counter() - t0
+    print(f"operator model ({', '.join(models)}): predict {len(docs)} runs in {t_predict:.2f} s")
+    print(
+        f"operator model: plan --nodes 100: {priced} feasible layouts priced in {t_plan:.2f} s, best "
+        f"{best[0].prediction.time.iteration_s:.3f} s/iter ({best[0].prediction.time.model})"
+    )
 
 
 if __name__ == "__main__":

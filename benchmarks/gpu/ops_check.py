@@ -5,8 +5,8 @@
 Each study is read as written with `cluster.hardware.ops: OPS.yaml` set (its own validation: the table is
 checked as any study's would be; run ids do not change), priced twice, from the table and from the published
 figures alone, and set beside the median steady-state iteration time `mimo-jobs report` measured for the
-same run id. A run the operator model does not price (a model with encoders, local layers) says so: the
-FLOPs model priced it, and the table changed nothing.
+same run id. A run the operator model does not price (local layers) says so: the FLOPs model priced
+it, and the table changed nothing.
 """
 
 from __future__ import annotations

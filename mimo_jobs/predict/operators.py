@@ -104,10 +104,19 @@ def gemm_train_s(
     m: float, n: float, k: float, gpu: OpGPU, fp8: bool, res: Residual, clamped: set | None = None
 ) -> tuple[float, float]:
     """(forward, backward) of one linear layer on M tokens: forward (M, N, K); backward the data gradient
-    (M, K, N) and the weight gradient (K, N, M)."""
+    and the weight gradient (gemm_grads_s)."""
     fwd = gemm_s(m, n, k, gpu, fp8, res, clamped)
-    bwd = gemm_s(m, k, n, gpu, fp8, res, clamped) + gemm_s(k, n, m, gpu, fp8, res, clamped)
-    return fwd, bwd
+    return fwd, sum(gemm_grads_s(m, n, k, gpu, fp8, res, clamped))
+
+
+def gemm_grads_s(
+    m: float, n: float, k: float, gpu: OpGPU, fp8: bool, res: Residual, clamped: set | None = None,
+    data: bool = True, weight: bool = True,
+) -> tuple[float, float]:  # fmt: skip
+    """(data gradient, weight gradient) of one linear layer's (M, N, K) forward: (M, K, N) and (K, N, M);
+    0 for the one not computed (`data`, `weight` False)."""
+    d = gemm_s(m, k, n, gpu, fp8, res, clamped) if data else 0.0
+    return d, gemm_s(k, n, m, gpu, fp8, res, clamped) if weight else 0.0
 
 
 def attention_flops(batch: float, heads: float, head_dim: int, s_q: float, s_k: float, causal: bool) -> float:
@@ -232,96 +241,123 @@ class Terms:
         return self.compute + self.comm
 
 
-def _linear(t: Terms, m: float, n: float, k: float, gpu: OpGPU, fp8: bool, res: Residual, rc: float) -> None:
-    """A linear layer on M tokens into `t`: its GEMMs (forward x rc under recompute), FP8 casts, FLOPs."""
-    f, b = gemm_train_s(m, n, k, gpu, fp8, res, t.clamped)
-    t.gemm += rc * f + b
-    t.flops += 3 * 2 * m * n * k
+# What a layer's backward computes (the `grads` of layer_terms and _linear): "all", data and weight
+# gradients (a trained module); "data", the data gradients only (frozen weights the gradient still flows
+# through to a trained module before it: a frozen LLM under trained encoders); "none", no backward (a
+# frozen encoder module, whose forward the trainer runs under torch.no_grad: step/common.py's embed)
+GRADS = ("all", "data", "none")
+
+
+def _linear(
+    t: Terms, m: float, n: float, k: float, gpu: OpGPU, fp8: bool, res: Residual, rc: float,
+    grads: str = "all", input_grad: bool = True,
+) -> None:  # fmt: skip
+    """A linear layer on M tokens into `t`: its GEMMs (forward x rc under recompute; the backward's as
+    `grads` says, no data gradient where the input needs none: `input_grad` False), FP8 casts, and the
+    FLOPs its GEMMs run (3 x the forward's when it computes both gradients)."""
+    back = grads != "none"
+    data, weight = back and input_grad, grads == "all"
+    dgrad, wgrad = gemm_grads_s(m, n, k, gpu, fp8, res, t.clamped, data, weight)
+    t.gemm += rc * gemm_s(m, n, k, gpu, fp8, res, t.clamped) + (dgrad + wgrad)
+    t.flops += (1 + data + weight) * 2 * m * n * k
     if fp8 and gpu.has_fp8:  # the input cast forward, the output gradient's backward
-        t.elementwise += bytes_s((rc * m * k + m * n) * FP8_CAST_BYTES_PER_ELEMENT, gpu)
+        t.elementwise += bytes_s((rc * m * k + back * m * n) * FP8_CAST_BYTES_PER_ELEMENT, gpu)
 
 
 def layer_terms(
     p, mbs: int, seq: int, split: Split, gpu: OpGPU, moe: bool, recompute: str = "none",
     fp8: bool = False, res: Residual = Residual(), gpus_per_node: int = 8, alpha_s: float = 0.0,
+    causal: bool = True, rotary: bool = True, grads: str = "all",
 ) -> Terms:  # fmt: skip
-    """One transformer layer of LLM `p` (mimo_jobs.model.arch.LLMArch) for one microbatch on one rank."""
+    """One transformer layer of LLM `p` (mimo_jobs.model.arch.LLMArch) for one microbatch of `mbs`
+    sequences of `seq` tokens on one rank. An encoder's layer (encops.py) is one of bidirectional attention
+    (`causal` False) over each image's or clip's own tokens (a sequence each) without rotary embedding;
+    `grads` (GRADS) what its backward computes."""
     tp, cp, ep = split.tp, split.cp, split.ep
     h, d = p.hidden_size, p.head_dim
     q, kv = p.num_attention_heads * d, p.query_groups * d
     tokens = mbs * seq / cp  # this rank's tokens of the microbatch (CP splits the sequence)
     ew_tokens = tokens / tp if split.sp else tokens  # element-wise kernels: SP splits the tokens
-    rc = 2.0 if recompute == "full" else 1.0  # forward GEMMs and kernels run again before the backward
+    back = grads != "none"
+    # forward GEMMs and kernels run again before the backward (none without a backward: no checkpoints)
+    rc = 2.0 if recompute == "full" and back else 1.0
     t = Terms()
     # attention block: QKV, core, projection
-    _linear(t, tokens, (q + 2 * kv) / tp, h, gpu, fp8, res, rc)
-    core = attention_flops(mbs, p.num_attention_heads / tp, d, seq / cp, seq, causal=True)
-    af, ab = attention_s(core, gpu, res, (seq, d, True), t.clamped)
-    t.attention += af * (rc if recompute == "full" else 2.0 if recompute == "selective" else 1.0) + ab
-    t.flops += 3 * core
-    _linear(t, tokens, h, q / tp, gpu, fp8, res, rc)
+    _linear(t, tokens, (q + 2 * kv) / tp, h, gpu, fp8, res, rc, grads)
+    core = attention_flops(mbs, p.num_attention_heads / tp, d, seq / cp, seq, causal=causal)
+    af, ab = attention_s(core, gpu, res, (seq, d, causal), t.clamped)
+    ab = ab if back else 0.0
+    replays = rc if recompute == "full" else 2.0 if recompute == "selective" and back else 1.0
+    t.attention += af * replays + ab
+    t.flops += (1 + 2 * back) * core
+    _linear(t, tokens, h, q / tp, gpu, fp8, res, rc, grads)
     # MLP or experts
     m = 3 if p.gated_linear_unit else 2
     if moe:
-        _linear(t, ew_tokens, p.num_experts, h, gpu, False, res, rc)  # the router, in bf16, on its tokens
+        # the router, in bf16, on its tokens
+        _linear(t, ew_tokens, p.num_experts, h, gpu, False, res, rc, grads)
         local = max(1, p.num_experts // ep)
         per_expert = tokens * p.moe_router_topk * ep / p.num_experts
         e = Terms()
-        _linear(e, per_expert, (m - 1) * p.expert_ffn / tp, h, gpu, fp8, res, rc)
-        _linear(e, per_expert, h, p.expert_ffn / tp, gpu, fp8, res, rc)
+        _linear(e, per_expert, (m - 1) * p.expert_ffn / tp, h, gpu, fp8, res, rc, grads)
+        _linear(e, per_expert, h, p.expert_ffn / tp, gpu, fp8, res, rc, grads)
         t.add(e, local)
         if p.moe_shared_expert_intermediate_size:
             f_s = p.moe_shared_expert_intermediate_size
-            _linear(t, tokens, (m - 1) * f_s / tp, h, gpu, fp8, res, rc)
-            _linear(t, tokens, h, f_s / tp, gpu, fp8, res, rc)
+            _linear(t, tokens, (m - 1) * f_s / tp, h, gpu, fp8, res, rc, grads)
+            _linear(t, tokens, h, f_s / tp, gpu, fp8, res, rc, grads)
         act_width = per_expert * local * p.expert_ffn / tp
     else:
-        _linear(t, tokens, (m - 1) * p.ffn_hidden_size / tp, h, gpu, fp8, res, rc)
-        _linear(t, tokens, h, p.ffn_hidden_size / tp, gpu, fp8, res, rc)
+        _linear(t, tokens, (m - 1) * p.ffn_hidden_size / tp, h, gpu, fp8, res, rc, grads)
+        _linear(t, tokens, h, p.ffn_hidden_size / tp, gpu, fp8, res, rc, grads)
         act_width = tokens * p.ffn_hidden_size / tp
     # element-wise forward bytes: two norms (read, write), two residual adds (two reads, a write), the
     # activation (gated: two reads, a write), rotary embedding on q and k (read, write); backward twice
     fwd_bytes = BF16 * (2 * 2 * ew_tokens * h + 2 * 3 * ew_tokens * h + m * act_width)
-    fwd_bytes += BF16 * 2 * tokens * (q + kv) / tp
-    t.elementwise += bytes_s(fwd_bytes * (rc + 2), gpu)
-    _layer_comm(t, p, tokens, split, gpu, moe, gpus_per_node, alpha_s, res, af + ab, rc)
+    fwd_bytes += BF16 * 2 * tokens * (q + kv) / tp if rotary else 0.0
+    t.elementwise += bytes_s(fwd_bytes * (rc + 2 * back), gpu)
+    _layer_comm(t, p, tokens, split, gpu, moe, gpus_per_node, alpha_s, res, af + ab, rc, back)
     return t
 
 
 def _layer_comm(
-    t: Terms, p, tokens, split: Split, gpu: OpGPU, moe, gpn, alpha_s, res, attn_s, rc: float = 1.0
-) -> None:
+    t: Terms, p, tokens, split: Split, gpu: OpGPU, moe, gpn, alpha_s, res, attn_s, rc: float = 1.0,
+    backward: bool = True,
+) -> None:  # fmt: skip
     """TP, CP and EP collectives of one layer and microbatch (exposed parts) into `t`. `rc` 2: full
     recompute runs the layer's forward again before its backward, collectives included (megatron-core's
-    CheckpointFunction replays the whole forward of the layers it checkpoints)."""
+    CheckpointFunction replays the whole forward of the layers it checkpoints); `backward` False: a forward
+    only (a frozen encoder module)."""
     tp, cp, ep = split.tp, split.cp, split.ep
+    b = 2 if backward else 0  # the backward's collectives per forward pair
     act = tokens * p.hidden_size * BF16
     if tp > 1:
         # two forward (rc times), two backward: all-reduces, or all-gather + reduce-scatter under SP (the
         # same bytes)
         bw = link_bytes_per_s(tp, gpn, gpu)
-        t.tp += (2 * rc + 2) * collective_s("all_reduce", act, tp, bw, alpha_s) * res.comm
+        t.tp += (2 * rc + b) * collective_s("all_reduce", act, tp, bw, alpha_s) * res.comm
     if cp > 1:
         # the ring passes every rank's keys and values forward (rc times), keys, values and their gradients
         # backward, behind the attention it feeds
         kv = 2 * tokens * p.query_groups * p.head_dim * BF16 / tp
         bw = link_bytes_per_s(cp * tp, gpn, gpu)
-        ring = (rc + 2) * (cp - 1) * (kv / bw + alpha_s) * res.comm
+        ring = (rc + b) * (cp - 1) * (kv / bw + alpha_s) * res.comm
         t.cp += max(0.0, ring - attn_s)
     if moe and ep > 1:
         routed = act * p.moe_router_topk / (tp if split.sp else 1)
         bw = link_bytes_per_s(ep * tp, gpn, gpu)
-        t.ep += (2 * rc + 2) * collective_s("all_to_all", routed, ep, bw, alpha_s) * res.comm
+        t.ep += (2 * rc + b) * collective_s("all_to_all", routed, ep, bw, alpha_s) * res.comm
 
 
 def logits_terms(
-    p, mbs: int, seq: int, split: Split, gpu: OpGPU, fp8: bool, res: Residual, vocab: int
-) -> Terms:
+    p, mbs: int, seq: int, split: Split, gpu: OpGPU, fp8: bool, res: Residual, vocab: int,
+    grads: str = "all",
+) -> Terms:  # fmt: skip
     """The output layer and the loss on the last stage: one GEMM (TE keeps it in bf16) and the fp32
     softmax cross entropy (read and write the logits forward, twice backward)."""
     tokens = mbs * seq / split.cp
     t = Terms()
-    _linear(t, tokens, vocab / split.tp, p.hidden_size, gpu, False, res, 1.0)
+    _linear(t, tokens, vocab / split.tp, p.hidden_size, gpu, False, res, 1.0, grads)
     t.elementwise += bytes_s(4 * 4 * tokens * vocab / split.tp, gpu)
     if split.tp > 1:
         t.tp += collective_s("all_reduce", tokens * 4 * 3, split.tp, gpu.nvlink_bytes_per_s) * res.comm
@@ -368,9 +404,11 @@ def step(
     params_per_rank: float, grad_reduce_bytes: int = 4, distributed_optimizer: bool = True,
     overlap_dp: bool = False, optimizer_bytes_per_rank: float = 0.0, alpha_s: float = 0.0,
     res: Residual = Residual(), vocab: int | None = None, layers_per_stage: float | None = None,
+    grads: str = "all",
 ) -> OpStep:  # fmt: skip
     """One iteration of LLM `p` on a layout (module docstring); `layers_per_stage`: the slowest stage's
-    layers (pipesplit.slowest_stage_layers), by default the mean num_layers / pp."""
+    layers (pipesplit.slowest_stage_layers), by default the mean num_layers / pp; `grads` "data": frozen
+    weights (GRADS: no weight gradients, nothing to reduce over DP)."""
     split = Split(tp=tp, cp=cp, ep=ep, sp=sp and tp > 1)
     if layers_per_stage is None:
         layers_per_stage = p.num_layers / pp
@@ -378,16 +416,20 @@ def step(
     stage = Terms()
     if moe_share:
         stage.add(
-            layer_terms(p, mbs, seq, split, gpu, True, recompute, fp8, res, gpus_per_node, alpha_s),
+            layer_terms(
+                p, mbs, seq, split, gpu, True, recompute, fp8, res, gpus_per_node, alpha_s, grads=grads
+            ),
             layers_per_stage * moe_share,
         )
     if moe_share < 1:
         stage.add(
-            layer_terms(p, mbs, seq, split, gpu, False, recompute, fp8, res, gpus_per_node, alpha_s),
+            layer_terms(
+                p, mbs, seq, split, gpu, False, recompute, fp8, res, gpus_per_node, alpha_s, grads=grads
+            ),
             layers_per_stage * (1 - moe_share),
         )
     v = vocab if vocab is not None else p.vocab_size
-    stage.add(logits_terms(p, mbs, seq, split, gpu, fp8, res, v))
+    stage.add(logits_terms(p, mbs, seq, split, gpu, fp8, res, v, grads))
     send_s = 0.0
     if pp > 1:
         # each model chunk sends its activations forward and receives their gradients back
@@ -405,7 +447,7 @@ def step(
     exposed_dp = dp_exposed_s(
         params_per_rank * grad_reduce_bytes, params_per_rank * BF16, params_per_rank, dp * cp, dp_bw,
         overlap_dp, distributed_optimizer, stage.compute, alpha_s, res,
-    )  # fmt: skip
+    ) if grads == "all" else 0.0  # fmt: skip
     optimizer = bytes_s(optimizer_bytes_per_rank, gpu)
     if fp8 and gpu.has_fp8:  # weights cast to FP8 once per iteration
         optimizer += bytes_s(params_per_rank * FP8_CAST_BYTES_PER_ELEMENT, gpu)

@@ -1,28 +1,36 @@
 """A RunShape priced by the operator-term model (operators.py) as a steptime.StepTime, what `predict` and
-`plan` print: the LLM of a text-only model (a model with encoders is priced by steptime.py; `supports`
-says which). `time_model: operators` under a study's cluster.hardware chooses it (docs/predict.md)."""
+`plan` print: the LLM's stages, and each encoder module's microbatch (encops.py) composed with them by
+steptime.compose (the rule the FLOPs model composes by: heterogeneous modules overlapped as a pipeline,
+colocated ones in turn), then every rank class's exposed DP transfers and optimizer pass.
+`time_model: operators` under a study's cluster.hardware chooses it (docs/predict.md); `supports` says
+which runs it prices."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from mimo_jobs.contract.modules import LLM
 from mimo_jobs.model.arch import padded_vocab
+from mimo_jobs.study.topology import module_ranges
 
+from . import encops
 from . import operators as ops
 from .flops import flops_per_sample
 from .hardware import GPU, GPUS, generation
-from .memory import MemoryPlan
+from .memory import MemoryPlan, ModuleMemory
+from .modmix import sample_flops_by_module
 from .opdata import FITTED_RESIDUAL, OP_GPUS, OpGPU
 from .pipesplit import slowest_stage_layers
 from .run import RunShape
-from .steptime import StepTime
+from .steptime import StepTime, compose
 
 TIME_MODELS = ("flops", "operators")  # cluster.hardware.time_model: steptime.py's, or this one
 
 
 def supports(rs: RunShape, gpu: GPU) -> bool:
-    """Whether the operator model prices this run: a text-only model on a GPU opdata.py has figures for."""
-    return not rs.preset.named_encoders and not rs.modules and gpu.name in OP_GPUS and gpu.layers == "te"
+    """Whether the operator model prices this run: any model (text-only, or with image and audio encoder
+    modules) on Transformer Engine layers of a GPU opdata.py has figures for."""
+    return gpu.name in OP_GPUS and gpu.layers == "te"
 
 
 def residual_for(gpu: GPU) -> ops.Residual:
@@ -55,12 +63,18 @@ def _llm_rank_state(mem: MemoryPlan) -> tuple[float, float]:
     the optimizer state read and written)."""
     params, touched = 0.0, 0.0
     for c in mem.classes:
-        mods = [m for m in c.modules if m.module == "llm"]
+        mods = [m for m in c.modules if m.module == LLM]
         p = sum(m.params for m in mods)
         if p > params:
             params = p
-            touched = sum(m.weight_bytes + m.grad_bytes + 2 * m.optimizer_bytes for m in mods)
+            touched = sum(_stepped_bytes(m) for m in mods)
     return params, touched
+
+
+def _stepped_bytes(m: ModuleMemory) -> float:
+    """Bytes the optimizer step reads and writes for a module on a rank: its weights, gradients and state
+    (read and written); none for a frozen module (no gradient buffer: nothing to step)."""
+    return m.weight_bytes + m.grad_bytes + 2 * m.optimizer_bytes if m.grad_bytes else 0.0
 
 
 def op_step(
@@ -95,13 +109,19 @@ def op_step(
         alpha_s=gpu.step_s,
         res=res,
         vocab=padded_vocab(p.vocab_size, lay.llm_tp),
+        # a frozen LLM still passes the gradient down to the trained encoders' embeddings
+        grads="data" if rs.frozen_llm else "all",
     )
 
 
 def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual | None = None) -> StepTime:
     """op_step as the StepTime `predict` prints (parts: compute, tp (with pipeline sends), cp, ep, dp,
-    optimizer; the measured table it priced from and the shapes it clamped)."""
-    s = op_step(rs, mem, gpu, residual_for(gpu) if res is None else res)
+    optimizer; the measured table it priced from and the shapes it clamped); a model with encoder modules
+    as modules_step_time composes it."""
+    res = residual_for(gpu) if res is None else res
+    if rs.preset.named_encoders:
+        return modules_step_time(rs, mem, gpu, res)
+    s = op_step(rs, mem, gpu, res)
     fl = flops_per_sample(rs.preset, rs.seq_length, 0.0)
     parts = dict(s.parts)
     dominant = max(parts, key=lambda k: parts[k])
@@ -123,6 +143,76 @@ def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual | None 
     return replace(st, ops_file=gpu.ops.source, ops_clamped=tuple(sorted(s.stage.clamped, key=str)))
 
 
+def modules_step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual) -> StepTime:
+    """A model with encoder modules: the LLM stage's microbatch (op_step) and each module's (encops.py)
+    composed by steptime.compose, then the slowest rank class's exposed DP transfers and optimizer pass
+    (each module over its own DP group; a colocated rank holds every module's)."""
+    lay, og = rs.layout, op_gpu(gpu)
+    s = op_step(rs, mem, gpu, res)
+    st = s.stage
+    llm = {"compute": st.compute, "tp": st.tp + (s.stage_mb_s - st.total), "cp": st.cp, "ep": st.ep}
+    encs, clamped = {}, set(st.clamped)
+    for i, (name, _) in enumerate(rs.preset.named_encoders):
+        t, bridge = encops.module_mb(rs, og, res, i, gpu.step_s)
+        encs[name] = {"compute": t.compute, "tp": t.tp, "bridge": bridge}
+        clamped |= t.clamped
+    pipe = compose(
+        encs,
+        llm,
+        rs.microbatches,
+        (lay.llm_pp - 1) / rs.virtual_stages,
+        lay.colocated,
+        bool(lay.encoder_ranks),
+    )
+    dp = _worst_class(
+        mem, lambda m: s.parts["dp"] if m.module == LLM else _module_dp_s(rs, og, res, m, encs, gpu.step_s)
+    )
+    opt = _worst_class(
+        mem, lambda m: s.parts["optimizer"] if m.module == LLM else ops.bytes_s(_stepped_bytes(m), og)
+    )
+    parts = {k: pipe.parts.get(k, 0.0) for k in ("compute", "tp", "cp", "ep", "bridge")}
+    parts |= {"dp": dp, "optimizer": opt}
+    _, fl = sample_flops_by_module(rs.preset, rs.modules, rs.seq_length)
+    out = StepTime(
+        pipe.seconds + dp + opt,
+        max((t for n, t in pipe.modules.items() if n != LLM), default=0.0),
+        pipe.modules[LLM],
+        parts,
+        pipe.bottleneck,
+        pipe.idle_fraction,
+        max(parts, key=lambda k: parts[k]),
+        fl,
+        pipe.encoder_compute_s,
+        pipe.llm_compute_s,
+        modules=pipe.modules,
+        model="operators",
+    )
+    if gpu.ops is None:
+        return out
+    return replace(out, ops_file=gpu.ops.source, ops_clamped=tuple(sorted(clamped, key=str)))
+
+
+def _worst_class(mem: MemoryPlan, cost) -> float:
+    """The most seconds any rank class spends on `cost` of the modules it holds (summed: a colocated rank
+    runs every module's in turn)."""
+    return max((sum(cost(m) for m in c.modules) for c in mem.classes), default=0.0)
+
+
+def _module_dp_s(
+    rs: RunShape, gpu: OpGPU, res: ops.Residual, m: ModuleMemory, encs: dict, alpha_s: float
+) -> float:
+    """An encoder module's exposed DP transfers on a rank (operators.dp_exposed_s over its own DP group of
+    TP x DP consecutive ranks; a module's microbatch compute its cover); none when frozen."""
+    if not m.grad_bytes:
+        return 0.0
+    mr = next(r for r in module_ranges(rs.layout) if r.name == m.module)
+    bw = ops.link_bytes_per_s(mr.tp * mr.dp, rs.layout.gpus_per_node, gpu)
+    return ops.dp_exposed_s(
+        m.params * rs.grad_reduce_bytes, m.params * ops.BF16, m.params, mr.dp, bw, rs.overlap_dp or rs.fsdp,
+        rs.distributed_optimizer or rs.fsdp, encs[m.module]["compute"], alpha_s, res,
+    )  # fmt: skip
+
+
 def ops_note(gpu: GPU, times: list[StepTime]) -> str | None:
     """What `predict` says of a measured operator table (None without one): the file and device, how many
     runs it priced, and the shapes it priced outside its range."""
@@ -132,9 +222,7 @@ def ops_note(gpu: GPU, times: list[StepTime]) -> str | None:
     priced = [s for s in times if s.ops_file]
     line = f"operators measured: GEMMs and attention of {len(priced)} of {len(times)} run(s) priced from {t.source} (device {t.device})"
     if len(priced) < len(times):
-        line += (
-            "; the others by the FLOPs model (a model with encoders, local layers, time_model flops or --db)"
-        )
+        line += "; the others by the FLOPs model (local layers, time_model flops or --db)"
     if "bf16" not in t.gemm_dtypes():
         line += "; the table has no bf16 GEMM rows: bf16 GEMMs at the published figures"
     clamped = sorted({c for s in priced for c in s.ops_clamped}, key=str)

@@ -242,19 +242,69 @@ def _optimizer_s(mem: MemoryPlan, gpu: GPU) -> float:
     return touched / gpu.hbm_bytes_per_s
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """The modules' microbatches composed into one iteration (compose): the critical path's seconds, each
+    part's seconds on it (every module's together), and what bounds it."""
+
+    seconds: float
+    parts: dict
+    bottleneck: str  # an encoder module's name, or "llm"
+    idle_fraction: float
+    modules: dict  # one microbatch's seconds per module by its name ("llm": one stage), in rank order
+    encoder_compute_s: float  # parts["compute"] split by module
+    llm_compute_s: float
+
+
+def compose(
+    encs: dict, llm: dict, microbatches: int, fill: float, colocated: bool, encoder_ranks: bool
+) -> Pipeline:
+    """The one rule of how the modules' microbatches make an iteration (both time models call it): `encs`
+    each encoder module's microbatch by part (seconds on its ranks), `llm` one LLM stage's, `fill` the
+    LLM's pipeline bubble in microbatches ((pp - 1) / vp). Each encoder module runs its microbatches on its
+    own ranks and sends its embeddings over its own bridge into the LLM's first stage, all at once, so the
+    step is bounded by the slowest of the modules: M x slowest + the fill of the other side (the slowest
+    encoder's first microbatch when the LLM bounds, the LLM's last when an encoder does) + the LLM's
+    pipeline bubble; colocated, every rank runs every module in turn: M x (every encoder + LLM) + bubble.
+    `encoder_ranks`: the layout has encoder ranks (a text-only model's wait throughout)."""
+    times = {n: sum(p.values()) for n, p in encs.items()}
+    l_ = sum(llm.values())
+    m = microbatches
+    bubble = fill * l_
+    every = {**times, LLM: l_}
+    # the slowest module bounds the step; of modules equally slow, the LLM
+    bottleneck = max(every, key=lambda n: (every[n], n == LLM))
+    slow = every[bottleneck]
+    if colocated:
+        pipe = m * (sum(times.values()) + l_) + bubble
+        scale = dict.fromkeys(every, float(m))
+        idle = 0.0
+    else:
+        other = l_ if bottleneck != LLM else max(times.values(), default=0.0)
+        pipe = m * slow + other + bubble
+        # the module that waits longest: a text-only model's encoder ranks (no module of its) wait throughout
+        waits = min(every.values()) if times or not encoder_ranks else 0.0
+        idle = 1 - waits / slow if slow > 0 else 0.0
+        # the critical path: the bottleneck module's parts M times; the other side once (fill or drain)
+        scale = dict.fromkeys(every, 1.0)
+        scale[bottleneck] = float(m)
+    scale[LLM] += fill
+    keys = list(dict.fromkeys([k for p in (*encs.values(), llm) for k in p]))
+    parts = {
+        k: sum((p.get(k, 0.0) * scale[n] for n, p in encs.items()), 0.0) + llm.get(k, 0.0) * scale[LLM]
+        for k in keys
+    }
+    enc_c = sum((p.get("compute", 0.0) * scale[n] for n, p in encs.items()), 0.0)
+    return Pipeline(pipe, parts, bottleneck, idle, every, enc_c, llm.get("compute", 0.0) * scale[LLM])
+
+
 def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepTime:
-    """Each encoder module runs its microbatches on its own ranks and sends its embeddings over its own
-    bridge into the LLM's first stage, all at once, so the step is bounded by the slowest of the modules:
-    M x slowest + the fill of the other side (the slowest encoder's first microbatch when the LLM bounds,
-    the LLM's last when an encoder does) + the LLM's pipeline bubble; colocated, every rank runs every
-    module in turn: M x (every encoder + LLM) + bubble."""
+    """Every module's microbatch priced from its FLOPs (_module_mb, _llm_mb) and composed into the
+    iteration (compose), then the DP transfers and the optimizer pass."""
     lay = rs.layout
     per, fl = sample_flops_by_module(rs.preset, rs.modules, rs.seq_length)
     encs = {n: _module_mb(rs, gpu, eff, i, per[n]) for i, n in enumerate(per)}
     llm = _llm_mb(rs, gpu, eff, fl)
-    times = {n: sum(p.values()) for n, p in encs.items()}
-    l_ = sum(llm.values())
-    m = rs.microbatches
     (dp, dp_lat), opt = _dp_s(rs, mem, gpu, eff), _optimizer_s(mem, gpu)
     if rs.overlap_dp:
         # the gradient reduce-scatter hides behind the last microbatch's backward, the parameter all-gather
@@ -264,49 +314,27 @@ def step_time(rs: RunShape, mem: MemoryPlan, gpu: GPU, eff: Efficiency) -> StepT
     # schedule (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
     # Megatron-LM", section 2.2.2)
     fill = (lay.llm_pp - 1) / rs.virtual_stages
-    bubble = fill * l_
-    every = {**times, LLM: l_}
-    # the slowest module bounds the step; of modules equally slow, the LLM
-    bottleneck = max(every, key=lambda n: (every[n], n == LLM))
-    slow = every[bottleneck]
-    if lay.colocated:
-        pipe = m * (sum(times.values()) + l_) + bubble
-        scale = dict.fromkeys(every, float(m))
-        idle = 0.0
-    else:
-        other = l_ if bottleneck != LLM else max(times.values(), default=0.0)
-        pipe = m * slow + other + bubble
-        # the module that waits longest: a text-only model's encoder ranks (no module of its) wait throughout
-        waits = min(every.values()) if times or not lay.encoder_ranks else 0.0
-        idle = 1 - waits / slow if slow > 0 else 0.0
-        # the critical path: the bottleneck module's parts M times; the other side once (fill or drain)
-        scale = dict.fromkeys(every, 1.0)
-        scale[bottleneck] = float(m)
-    scale[LLM] += fill
-    enc_c = sum((p["compute"] * scale[n] for n, p in encs.items()), 0.0)
-    llm_c = llm["compute"] * scale[LLM]
+    pipe = compose(encs, llm, rs.microbatches, fill, lay.colocated, bool(lay.encoder_ranks))
     parts = {
-        "compute": enc_c + llm_c,
-        "tp": sum(p["tp"] * scale[n] for n, p in encs.items()) + llm["tp"] * scale[LLM],
-        "ep": llm["ep"] * scale[LLM],
-        "bridge": sum((p["bridge"] * scale[n] for n, p in encs.items()), 0.0),
+        "compute": pipe.parts["compute"],
+        "tp": pipe.parts["tp"],
+        "ep": pipe.parts["ep"],
+        "bridge": pipe.parts.get("bridge", 0.0),
         "dp": dp,
         "optimizer": opt,
-        "latency": sum(p["latency"] * scale[n] for n, p in encs.items())
-        + llm["latency"] * scale[LLM]
-        + dp_lat,
+        "latency": pipe.parts["latency"] + dp_lat,
     }
     dominant = max(("compute", "tp", "ep", "dp", "bridge", "latency"), key=lambda k: parts[k])
     return StepTime(
-        pipe + dp + dp_lat + opt,
-        max(times.values(), default=0.0),
-        l_,
+        pipe.seconds + dp + dp_lat + opt,
+        max((t for n, t in pipe.modules.items() if n != LLM), default=0.0),
+        pipe.modules[LLM],
         parts,
-        bottleneck,
-        idle,
+        pipe.bottleneck,
+        pipe.idle_fraction,
         dominant,
         fl,
-        enc_c,
-        llm_c,
-        modules=every,
+        pipe.encoder_compute_s,
+        pipe.llm_compute_s,
+        modules=pipe.modules,
     )

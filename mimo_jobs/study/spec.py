@@ -138,8 +138,9 @@ class HardwareSpec(_Strict):
     # the trainer builds where Transformer Engine is not installed): attention memory and compute speed
     layers: Literal["te", "local"] = "te"
     # the step-time model: `operators` (predict/operators.py: every GEMM, attention, element-wise kernel and
-    # collective from published figures; a text-only model on Transformer Engine layers) or `flops` (the
-    # model's FLOPs at fitted per-generation efficiencies, predict/steptime.py; what prices the rest)
+    # collective from published figures, the LLM's and every encoder module's; Transformer Engine layers) or
+    # `flops` (the model's FLOPs at fitted per-generation efficiencies, predict/steptime.py; what prices the
+    # rest)
     time_model: Literal["operators", "flops"] = "operators"
     # a measured operator table (benchmarks/gpu/ops.py's YAML; relative paths from the study file): the
     # operator model prices GEMMs and attention from this device's own times (predict/optable.py)

@@ -72,9 +72,11 @@ def test_a_packed_row_carries_its_samples_images(tmp_path):
     assert from_stats(st).image_tokens_mean == 40.0  # unpacked: one sample a row
 
 
-def _study(tmp_path: Path, data: dict, name: str = "prior.yaml") -> Path:
+def _study(tmp_path: Path, data: dict, name: str = "prior.yaml", time_model: str | None = None) -> Path:
     doc = yaml.safe_load(PROD.read_text())
     doc["trainer"]["data"] = data
+    if time_model is not None:
+        doc["cluster"]["hardware"] = {"gpu": "H100", "time_model": time_model}
     doc["cluster"]["partition"] = "batch"
     doc["cluster"]["container"] = {"image": "/images/x.sqsh", "runtime": "pyxis"}
     path = tmp_path / name
@@ -104,10 +106,10 @@ def test_predict_marks_the_image_tokens_assumed(tmp_path):
 
 
 def test_plan_says_when_the_verdict_flips_within_the_prior(tmp_path, monkeypatch):
-    # the flipping case was found on the default efficiencies (steptime.Efficiency): hold them, not the
-    # H100's fitted ones (hardware.FITTED_EFFICIENCY), which move where the verdicts change
+    # the flipping case was found by the FLOPs model on the default efficiencies (steptime.Efficiency): hold
+    # them, not the H100's fitted ones (hardware.FITTED_EFFICIENCY), which move where the verdicts change
     monkeypatch.setattr("mimo_jobs.predict.steptime.FITTED_EFFICIENCY", {})
-    study = _study(tmp_path, TILED)
+    study = _study(tmp_path, TILED, time_model="flops")
     r = runner.invoke(app, ["plan", "--from", str(study), "--nodes", "8", "--gbs", "768,128", "--top", "3"])
     assert r.exit_code == 0, r.output
     flips = [ln for ln in r.output.splitlines() if ln.startswith("# assumed image mix")]

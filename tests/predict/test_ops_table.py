@@ -237,4 +237,5 @@ def test_the_smoke_check_prices_each_study_it_ran_from_the_table(tmp_path):
     assert "(device NVIDIA H200)" in gpt[0] and len(gpt) == 4
     assert all("[ops table]" in line and "measured -" in line for line in gpt[1:])
     tiny = mod.check(table, REPO / "benchmarks/gpu/smoke_tiny.yaml", tmp_path / "no-store.duckdb")
-    assert "FLOPs model (the operator model does not price this run)" in tiny[1]
+    # a model with an encoder module: its encoder and LLM terms priced from the table too
+    assert "[ops table]" in tiny[1] and "FLOPs model" not in tiny[1]

@@ -42,7 +42,13 @@ def _study(recompute=None, llm: str = "dense-1b") -> dict:
         trainer["recompute"] = recompute
     return {
         "name": "enc_heavy",
-        "cluster": {"executor": "local", "gpus_per_node": 8, "accelerator": "gpu"},
+        # the FLOPs model's times (steptime.py), which the headrooms below were found on
+        "cluster": {
+            "executor": "local",
+            "gpus_per_node": 8,
+            "accelerator": "gpu",
+            "hardware": {"gpu": "H100", "time_model": "flops"},
+        },
         "trainer": trainer,
         "matrix": {"points": [{"nodes": 1, "encoder": {"dp": 1}, "llm": {"dp": 7}, "gbs": 56}]},
     }

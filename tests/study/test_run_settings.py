@@ -113,5 +113,12 @@ def test_validate_refuses_fp8_on_a_cpu_study_and_predict_prices_a_command_of_its
     r = runner.invoke(app, ["predict", str(p), "--json"])
     assert r.exit_code == 0, r.output
     for run in json.loads(r.output)["runs"]:
+        # the operator model (the default time model) prices the FP8 GEMM rate, encoder modules too
+        assert run["settings"]["precision"] == "fp8" and run["settings"]["not_priced"] == []
+    gpu["cluster"]["hardware"] = {"time_model": "flops"}
+    p.write_text(yaml.safe_dump(gpu, sort_keys=False))
+    r = runner.invoke(app, ["predict", str(p), "--json"])
+    assert r.exit_code == 0, r.output
+    for run in json.loads(r.output)["runs"]:
         assert run["settings"]["precision"] == "fp8"
         assert run["settings"]["not_priced"] == ["fp8 GEMM rate (priced as bf16)"]
