@@ -360,3 +360,45 @@ def test_the_trainer_preflight_refuses_every_module_frozen(freeze, refused):
         return
     with pytest.raises(PreflightError, match=r"trainer\.freeze: .*nothing to train"):
         preflight(run, {}, reference=True)
+
+
+def test_a_tp_the_one_module_of_an_encoders_model_cannot_split_names_it_as_the_study_does():
+    """The model rules (study/expand.split_problems, what validate and the trainer's guard say) name the one
+    module of an `encoders: {eye: ...}` model `encoders.eye`; only the `encoder:` form's module is `encoder`.
+    Every other word of the message is the same."""
+    from mimo_jobs.model.arch import ModelArch
+    from mimo_jobs.model.presets import PRESETS
+    from mimo_jobs.study.expand import split_problems
+
+    tiny = PRESETS["tiny"]  # an encoder of 4 heads, FFN 64, before an LLM of width 32
+    eye = ModelArch("m", None, tiny.llm, encoders={"eye": tiny.encoder})
+    lay = Layout(nodes=1, gpus_per_node=8, encoders=(ModuleShape("eye", 3, 1, 1),), llm_tp=1, llm_dp=5)
+    said = split_problems(eye, lay)
+    assert said == [
+        (
+            "model-tp",
+            "encoders.eye.tp=3 does not divide encoders.eye.num_attention_heads=4",
+            "encoders.eye.tp in [1, 2] divides it",
+        ),
+        (
+            "model-tp",
+            "encoders.eye.tp=3 does not divide encoders.eye.ffn_hidden_size=64",
+            "encoders.eye.tp in [1, 2] divides it",
+        ),
+        (
+            "model-tp",
+            "encoders.eye.tp=3 does not divide llm.hidden_size (the projector's width)=32",
+            "encoders.eye.tp in [1, 2] divides it",
+        ),
+    ]
+    flat = Layout(nodes=1, gpus_per_node=8, encoders=(ModuleShape("vision", 3, 1, 1),), llm_tp=1, llm_dp=5)
+    assert split_problems(tiny, flat) == [
+        (r, m.replace("encoders.eye.", "encoder."), f.replace("encoders.eye.", "encoder."))
+        for r, m, f in said
+    ]
+    # a text-only model at an LLM TP that splits nothing: the packaged trainer's need of an encoder, once
+    text = ModelArch("t", None, tiny.llm)
+    one = Layout(nodes=1, gpus_per_node=8, llm_tp=3, llm_dp=2)
+    rules = [r for r, _, _ in split_problems(text, one)]
+    assert rules[0] == "model-encoder" and rules.count("model-encoder") == 1 and "model-tp" in rules
+    assert split_problems(text, one, packaged=False) == split_problems(text, one)[1:]
