@@ -272,7 +272,9 @@ def test_a_rule_broken_by_the_one_module_of_an_encoders_study_names_it_as_the_st
     eye = Layout(
         nodes=1, gpus_per_node=8, encoders=(ModuleShape("eye", 3, 1, 1),), llm_tp=1, llm_pp=1, llm_dp=5
     )
-    flat = Layout(nodes=1, gpus_per_node=8, enc_tp=3, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=5)
+    flat = Layout(
+        nodes=1, gpus_per_node=8, encoders=(ModuleShape("vision", 3, 1, 1),), llm_tp=1, llm_pp=1, llm_dp=5
+    )
     eye_fields = {f for v in check(eye) for f in re.findall(r"encoders?(?:\.\w+)?\.tp", v.message)}
     flat_fields = {f for v in check(flat) for f in re.findall(r"encoders?(?:\.\w+)?\.tp", v.message)}
     assert eye_fields == {"encoders.eye.tp"}, [v.message for v in check(eye)]
@@ -282,7 +284,9 @@ def test_a_rule_broken_by_the_one_module_of_an_encoders_study_names_it_as_the_st
 def test_the_flat_encoder_sizes_of_several_encoders_are_refused_naming_the_rule():
     with pytest.raises(TopologyError, match=r"\[encoders\] 2 encoders \(vision, audio\)"):
         _ = lay2().single.dp
-    one = Layout(nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=7)
+    one = Layout(
+        nodes=1, gpus_per_node=8, encoders=(ModuleShape("vision", 1, 1, 1),), llm_tp=1, llm_pp=1, llm_dp=7
+    )
     assert (one.single.tp, one.single.dp, one.single.ranks) == (1, 1, 1)
     assert one.to_dict()["enc_dp"] == 1 and "encoders" not in one.to_dict()
     assert Layout.from_dict(one.to_dict()) == one
