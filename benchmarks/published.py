@@ -33,7 +33,7 @@ from mimo_jobs.predict.pipesplit import PipelineSplit
 from mimo_jobs.predict.run import RunShape, on_layout
 from mimo_jobs.predict.steptime import Efficiency, efficiency_for, gemm_width
 from mimo_jobs.study.spec import RecomputeSpec
-from mimo_jobs.study.topology import Layout
+from mimo_jobs.study.topology import VISION, Layout, ModuleShape
 
 DATA = Path(__file__).resolve().parent / "published" / "runs.yaml"
 FIT_PRECISIONS = ("bf16", "fp16")  # what the time model describes; fp8 rows are shown, not fitted
@@ -81,13 +81,16 @@ def _arch(name: str, m: dict) -> ModelArch:
     return ModelArch(name=name, encoder=None, llm=llm)
 
 
+def _colocated(tp: int, dp: int) -> tuple[ModuleShape, ...]:
+    """The text-only model's placeholder module on every rank, at the LLM's TP and DP (a colocated layout)."""
+    return (ModuleShape(VISION, tp, 1, dp),)
+
+
 def _layout(lay: dict, experts: int) -> Layout:
     return Layout(
         nodes=lay["gpus"] // GPUS_PER_NODE,
         gpus_per_node=GPUS_PER_NODE,
-        enc_tp=lay["tp"],
-        enc_pp=1,
-        enc_dp=lay["dp"],
+        encoders=_colocated(lay["tp"], lay["dp"]),
         llm_tp=lay["tp"],
         llm_pp=lay["pp"],
         llm_dp=lay["dp"],
@@ -108,7 +111,7 @@ def _shape(arch: ModelArch, seq: int, lay: dict, precision: str) -> RunShape:
     full = _layout(lay, arch.llm.num_experts)
     per_node = math.gcd(GPUS_PER_NODE, lay["tp"] * lay["dp"])
     flat = replace(full, llm_pp=1, llm_cp=1, gpus_per_node=per_node, nodes=lay["tp"] * lay["dp"] // per_node)
-    flat = replace(flat, enc_tp=flat.llm_tp, enc_dp=flat.llm_dp)
+    flat = replace(flat, encoders=_colocated(flat.llm_tp, flat.llm_dp))
     base = RunShape(
         layout=flat,
         preset=arch,

@@ -18,6 +18,7 @@ from pathlib import Path
 from mimo_jobs import strictread
 from mimo_jobs.predict.estimate import predict_run
 from mimo_jobs.predict.hardware import study_gpu
+from mimo_jobs.report.steptimes import measured_iteration_s
 from mimo_jobs.study.expand import runs_of
 from mimo_jobs.study.load import parse_study
 
@@ -30,21 +31,6 @@ def priced_study(path: Path, ops: Path):
     return parse_study(data, source=str(path))
 
 
-def measured_s(db: Path, study: str) -> dict[str, float]:
-    """run_id -> the report's median steady-state seconds per iteration (empty without a store)."""
-    if not db.exists():
-        return {}
-    from mimo_jobs.report import build
-    from mimo_jobs.store.connection import connect
-
-    con = connect(db, read_only=True)
-    try:
-        rep = build(con, study)
-    finally:
-        con.close()
-    return {r.run_id: r.t_median_ms / 1000.0 for r in rep.runs if r.t_median_ms}
-
-
 def _err(pred: float, meas: float | None) -> str:
     return "-" if not meas else f"{(pred - meas) / meas:+.1%}"
 
@@ -52,7 +38,7 @@ def _err(pred: float, meas: float | None) -> str:
 def check(ops: Path, study_path: Path, db: Path) -> list[str]:
     study = priced_study(study_path, ops)
     gpu = study_gpu(study.cluster)
-    measured = measured_s(db, study.name)
+    measured = measured_iteration_s(db, study.name)
     lines = [f"{study.name} on {gpu.name} ({gpu.layers} layers), table {ops} (device {gpu.ops.device}):"]
     for run in runs_of(study, str(study_path)):
         table = predict_run(run, gpu)

@@ -43,19 +43,6 @@ def _gib(n: float) -> str:
     return f"{n / 1024**3:.2f}"
 
 
-def _measured(db: Path, study: str) -> dict[str, float]:
-    """run_id -> the report's median steady-state iteration seconds."""
-    from mimo_jobs.report import build
-    from mimo_jobs.store.connection import connect
-
-    con = connect(db, read_only=True)
-    try:
-        rep = build(con, study)
-    finally:
-        con.close()
-    return {r.run_id: r.t_median_ms / 1000.0 for r in rep.runs if r.t_median_ms}
-
-
 def _calibrate(runs: list, g, measured: dict[str, float]):
     from mimo_jobs.predict.measured import Measured, calibrate
     from mimo_jobs.predict.run import shape_of
@@ -75,7 +62,9 @@ def calibration_for(db: Path, diag, g):
     """The study's runs in the store `db` calibrated on `g` (exits 2 without a store or measured run)."""
     if not Path(db).exists():
         fail(f"no store at {db}", where="--db")
-    return _calibrate(diag.runs, g, _measured(db, diag.study.name))
+    from mimo_jobs.report.steptimes import measured_iteration_s
+
+    return _calibrate(diag.runs, g, measured_iteration_s(db, diag.study.name))
 
 
 def _ranks_table(title: str, preds: list):

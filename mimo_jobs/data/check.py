@@ -1,6 +1,9 @@
-"""Cheap checks of an energon data setting before any process group or loader exists (no energon import):
-the trainer's preflight and `validate` can call `check_energon_data(run_spec)` so a wrong path or a
-seq_length too short for the largest image fails once, clearly, instead of on every rank.
+"""Cheap checks of an energon data setting before any process group or loader exists (no energon import).
+`check_data_path` is the rule of a dataset path: `validate` applies it to each run's dataset
+(cli/study.py) and the trainer's energon provider before it opens one (energon_provider.py), so a wrong
+path fails once, clearly, instead of on every rank. `check_energon_data(run_spec)` adds two checks of a run
+spec to it (seq_length against the preset's largest image, the built-in tokenizer's vocabulary); neither
+validate nor the trainer calls it.
 
 A dataset is data, not code, unless its user says otherwise: energon imports the `.nv-meta/dataset.yaml`
 `sample_type` module and runs a `sample_loader:`/`part_filter:` Python file from `.nv-meta` whenever the
@@ -118,6 +121,9 @@ def check_data_path(path: str, trust_code: bool = False) -> None:
 
 
 def check_energon_data(run_spec: Any) -> None:
+    """An energon run spec's dataset path (check_data_path), its seq_length against the preset's largest
+    image plus BOS/EOS, and the built-in tokenizer's vocabulary; DataError naming the first that fails.
+    Nothing else in the package calls it (module docstring)."""
     from mimo_jobs.model.resolve import arch_of
 
     t = run_spec.trainer

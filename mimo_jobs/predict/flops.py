@@ -19,7 +19,8 @@ conv2 2 * 3 h^2 per output step (T = ceil(F / 2) steps), its transformer layers 
 (bidirectional), and the projector per token it hands the LLM (T / pooling). Backward is 2x forward, but
 conv1's input (the spectrogram) needs no gradient, so conv1 costs 2x its forward in all (torch's
 FlopCounterMode counts the same).
-A text-only model (no encoder) has the LLM's FLOPs alone.
+A model of several encoder modules (a vision tower and an audio encoder) sums them; a text-only model (no
+encoder) has the LLM's FLOPs alone.
 """
 
 from __future__ import annotations
@@ -117,19 +118,58 @@ def full_image_tokens(e: EncoderArch) -> int:
     return e.tokens_per_image
 
 
+def module_flops_per_sample(
+    a: EncoderArch | AudioArch,
+    llm_hidden: int,
+    tokens: float,
+    tokens_per_image: float,
+    clip_frames: int | None = None,
+) -> float:
+    """Training FLOPs of the `tokens` tokens one encoder module hands the LLM per sample, with its projector:
+    an image module's in images of `tokens_per_image` tokens each, an audio module's in clips of
+    `clip_frames` mel frames (None: full-length clips, max_frames), as many clips as hold the tokens."""
+    if a.modality == "audio":
+        frames = clip_frames or a.max_frames
+        per_clip = a.tokens_for_frames(frames)
+        return tokens / per_clip * audio_clip_flops(a, llm_hidden, frames) if tokens else 0.0
+    return tokens * encoder_flops_per_token(a, llm_hidden, tokens_per_image)
+
+
+def one_module_per_kind(preset: ModelArch) -> bool:
+    """Whether no two encoder modules of the model embed one kind of input: what flops_per_sample needs,
+    since its token counts are per kind (the trainer counts image and audio embeddings, not modules)."""
+    kinds = [a.modality for _, a in preset.named_encoders]
+    return len(kinds) == len(set(kinds))
+
+
 def flops_per_sample(
     preset: ModelArch,
     seq_length: int,
     image_tokens: float,
     tokens_per_image: float | None = None,
     causal_halved: bool = True,
+    audio_tokens: float = 0.0,
+    clip_frames: int | None = None,
 ) -> SampleFlops:
-    """One sample of a model of one image encoder (or none): `seq_length` LLM tokens, `image_tokens` encoder
-    tokens in images of `tokens_per_image` tokens each (default: one image holding them all). The planner
-    prices each encoder module on its own (modmix.sample_flops_by_module); this is the figure of a run's log
-    line and of the report's MFU."""
+    """One sample of a model (every encoder module of it, or none): `seq_length` LLM tokens; through its
+    image module `image_tokens` tokens in images of `tokens_per_image` tokens each (default: one image
+    holding them all), through its audio module `audio_tokens` tokens in clips of `clip_frames` mel frames
+    (module_flops_per_sample). The counts are per kind of input: a model with two modules of one kind is a
+    ValueError (one_module_per_kind). The planner prices each module from the data's mix
+    (modmix.sample_flops_by_module); this is the figure of a run's log line and of the report's MFU."""
+    if not one_module_per_kind(preset):
+        raise ValueError(
+            f"{preset.name}: two encoder modules of one kind ({', '.join(preset.encoders)}): the image and "
+            "audio token counts do not say which module's tokens they are"
+        )
     per_image = image_tokens if tokens_per_image is None else tokens_per_image
-    enc = 0.0
-    if preset.encoder is not None:
-        enc = image_tokens * encoder_flops_per_token(preset.encoder, preset.llm.hidden_size, per_image)
+    hl = preset.llm.hidden_size
+    tokens = {"image": image_tokens, "audio": audio_tokens}
+    enc = sum(
+        (
+            module_flops_per_sample(a, hl, tokens[a.modality], per_image, clip_frames)
+            for _, a in preset.named_encoders
+        ),
+        0.0,
+    )
     return SampleFlops(enc, llm_flops_per_sample(preset.llm, seq_length, causal_halved))

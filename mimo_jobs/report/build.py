@@ -283,7 +283,7 @@ def _mfu(r: dict, row: RunRow, samples_per_s: float, named: str | None) -> tuple
     figures: predict/hardware.py) and model preset are known. The FLOPs are those of what was carried where
     the trainer counted it (measured image and carried tokens per sample), else of the study's data mix (a
     text-only model: its LLM's FLOPs at seq_length, no images)."""
-    from mimo_jobs.predict.flops import flops_per_sample
+    from mimo_jobs.predict.flops import flops_per_sample, one_module_per_kind
     from mimo_jobs.predict.hardware import measured_gpu
     from mimo_jobs.predict.run import image_mix, sample_flops
 
@@ -300,8 +300,13 @@ def _mfu(r: dict, row: RunRow, samples_per_s: float, named: str | None) -> tuple
     if g is None:
         return None, "GPU peak unknown (pass --gpu H100|H200|A100)"
     data = spec.trainer.data if spec else None
-    if row.carried_tokens_per_sample is not None and row.image_tokens_per_sample is not None:
-        per_image = image_mix(data, preset.encoder)[1]
+    # the store keeps the image tokens a run counted, not its audio tokens nor which module's they are: a
+    # model with an audio module or two image modules is priced from its data's mix (below), module by module
+    kinds = [a.modality for _, a in preset.named_encoders]
+    measured = one_module_per_kind(preset) and "audio" not in kinds
+    if measured and row.carried_tokens_per_sample is not None and row.image_tokens_per_sample is not None:
+        image = next((a for _, a in preset.named_encoders if a.modality == "image"), None)
+        per_image = image_mix(data, image)[1]
         llm_tokens = max(1, round(row.carried_tokens_per_sample))
         fps = flops_per_sample(preset, llm_tokens, row.image_tokens_per_sample, per_image).total
         return figures.mfu(fps, samples_per_s, gpus, g.peak_flops), "FLOPs of the carried tokens (measured)"

@@ -221,3 +221,9 @@ def loss_parity(
     mad = max((abs(d) for d, _ in diffs), default=None)
     mrd = max((abs(r) for _, r in diffs if r is not None), default=None)
     return Parity(points, ys, bs, mad, mrd)
+
+
+def iteration_s(t_median_ms: float | None) -> float | None:
+    """A run's seconds per iteration: its steady-state median (None: it has no steady-state window). What
+    a prediction is set beside (report/predicted.py, report/steptimes.py)."""
+    return t_median_ms / 1000.0 if t_median_ms else None

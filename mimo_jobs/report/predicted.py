@@ -28,6 +28,7 @@ import typing
 from mimo_jobs.contract.modules import LLM, study_name
 from mimo_jobs.predict.calibrate import mean_abs, relative_error
 
+from .figures import iteration_s
 from .model import PredictedMemoryRow, PredictedRow, RunRow
 from .spec import run_spec
 
@@ -136,7 +137,7 @@ def priced_on(gpu: str, layers: str) -> str:
 
 
 def _time_row(row: RunRow, p, encoders: list[str]) -> PredictedRow:
-    measured = row.t_median_ms / 1000.0 if row.t_median_ms else None
+    measured = iteration_s(row.t_median_ms)
     tok = p.tokens_per_s_per_gpu
     return PredictedRow(
         row.study,

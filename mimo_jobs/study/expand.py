@@ -242,15 +242,14 @@ def expand_matrix(
 
 
 def split_problems(arch: ModelArch, lay: topology.Layout, packaged: bool = True) -> list[tuple]:
-    """What the model needs of the layout's TP sizes (model/splits.py), for each encoder module under its own
-    name (`encoders.audio.tp`) when there are several (colocated: each at the LLM's TP); the LLM's problems
-    once. (rule, message, fit) each; the trainer's own guard (trainer/model/models.unsupported) asks the
-    same."""
-    if not lay.several:
-        return tp_problems(arch, lay.encoders[0].tp, lay.llm_tp, lay.llm_etp, lay.llm_pp, packaged)
+    """What the model needs of the layout's TP sizes (model/splits.py), for each encoder module under the
+    name its sizes have in the study (Layout.label: `encoders.eye.tp`, `encoder.tp` for the `encoder:` form;
+    colocated: each at the LLM's TP); the LLM's problems once. (rule, message, fit) each; the trainer's own
+    guard (trainer/model/models.unsupported) asks the same."""
     out: list[tuple] = []
     for m in lay.encoders:
-        one = ModelArch(arch.name, arch.encoders[m.name], arch.llm, arch.description)
+        # the module alone in front of the LLM (none: a text-only model, whose layout keeps a placeholder)
+        one = ModelArch(arch.name, arch.encoders.get(m.name), arch.llm, arch.description)
         for rule, msg, fit in tp_problems(one, m.tp, lay.llm_tp, lay.llm_etp, lay.llm_pp, packaged):
             v = (rule, _relabel(msg, lay.label(m)), _relabel(fit, lay.label(m)))
             if v not in out:

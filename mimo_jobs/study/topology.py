@@ -39,14 +39,15 @@ class ModuleShape:
         return f"{self.tp}x{self.pp}x{self.dp}"
 
 
+# a record's one vision encoder, flat (to_dict writes them, from_dict reads them)
 _FLAT = ("enc_tp", "enc_pp", "enc_dp")
 
 
 @dataclass(frozen=True, init=False)
 class Layout:
-    """One study point's parallel layout (what the user asked for): the encoder modules in rank order, then
-    the LLM. `Layout(..., enc_tp=, enc_pp=, enc_dp=, ...)` is a layout of one encoder (module `vision`);
-    `encoders=(ModuleShape(...), ...)` names each module."""
+    """One study point's parallel layout (what the user asked for): the encoder modules in rank order
+    (`encoders=(ModuleShape(name, tp, pp, dp), ...)`; none given: one module `vision` of 1x1x1), then the
+    LLM. A record's flat enc_tp/enc_pp/enc_dp are read by from_dict alone."""
 
     nodes: int
     gpus_per_node: int
@@ -71,9 +72,6 @@ class Layout:
         self,
         nodes: int,
         gpus_per_node: int,
-        enc_tp: int | None = None,
-        enc_pp: int | None = None,
-        enc_dp: int | None = None,
         llm_tp: int = 1,
         llm_pp: int = 1,
         llm_dp: int = 1,
@@ -89,22 +87,10 @@ class Layout:
         encoders=None,
     ):
         mods = tuple(m if isinstance(m, ModuleShape) else ModuleShape(**m) for m in (encoders or ()))
-        flat = {k: v for k, v in zip(_FLAT, (enc_tp, enc_pp, enc_dp)) if v is not None}
-        if not mods:
-            mods = (ModuleShape(VISION),)
-        if flat:
-            # the one encoder's sizes (also what dataclasses.replace(layout, enc_tp=...) hands over)
-            _single(mods, "enc_tp/enc_pp/enc_dp")
-            m = mods[0]
-            mods = (
-                ModuleShape(
-                    m.name, flat.get("enc_tp", m.tp), flat.get("enc_pp", m.pp), flat.get("enc_dp", m.dp)
-                ),
-            )
         values = dict(
             nodes=nodes,
             gpus_per_node=gpus_per_node,
-            encoders=mods,
+            encoders=mods or (ModuleShape(VISION),),
             llm_tp=llm_tp,
             llm_pp=llm_pp,
             llm_dp=llm_dp,
@@ -174,6 +160,22 @@ class Layout:
 
     @classmethod
     def from_dict(cls, d: dict) -> Layout:
+        """A layout as to_dict records it. Migration: one vision encoder recorded flat (enc_tp/enc_pp/enc_dp:
+        what run.yaml and a manifest keep for it, as every record did before encoders had names) becomes
+        its module here, the one reader of those keys."""
+        d = dict(d)
+        flat = {k: d.pop(k) for k in _FLAT if k in d}
+        if flat:
+            m = _single(
+                tuple(e if isinstance(e, ModuleShape) else ModuleShape(**e) for e in d.get("encoders") or ())
+                or (ModuleShape(VISION),),
+                "enc_tp/enc_pp/enc_dp",
+            )
+            d["encoders"] = (
+                ModuleShape(
+                    m.name, flat.get("enc_tp", m.tp), flat.get("enc_pp", m.pp), flat.get("enc_dp", m.dp)
+                ),
+            )
         return cls(**d)
 
 

@@ -1,11 +1,14 @@
 """The trainer, data, store, ingest, report and contract packages name encoder modules, not one encoder: the
 one-encoder names (a layout's enc_tp/enc_pp/enc_dp/enc_ranks, the trainer state's enc_shape/enc_plan, the
 grids' `encoder`, the images/audio aliases of batch.flatten, the mock config's one-module fields) stay
-retired there. What reads the older form of a store (the runs table's enc_* columns) is named here."""
+retired there. What reads the older form of a store (the runs table's enc_* columns) is named here. A
+Layout is built from its modules everywhere (mimo_jobs, benchmarks, tests): its flat enc_tp/enc_pp/enc_dp
+keywords are gone, and only Layout.from_dict reads them, from a record of one vision encoder."""
 
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 
 import pytest
@@ -41,6 +44,46 @@ def test_the_one_encoder_names_stay_retired(what):
         if RETIRED[what].search(line)
     ]
     assert not found, f"{what}: " + "; ".join(found)
+
+
+FLAT = {"enc_tp", "enc_pp", "enc_dp"}
+# what builds a Layout from keywords: the class and dataclasses.replace of one
+BUILDERS = {"Layout", "replace"}
+
+
+def _callee(call: ast.Call) -> str | None:
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+def test_a_layout_is_built_from_its_modules_not_the_flat_keywords():
+    from mimo_jobs.study.topology import Layout
+
+    assert not FLAT & set(inspect.signature(Layout).parameters), (
+        "Layout takes encoders=(ModuleShape(...), ...)"
+    )
+    found = []
+    for top in ("mimo_jobs", "benchmarks", "tests"):
+        for p in sorted((REPO / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.Call) and _callee(node) in BUILDERS:
+                    flat = sorted(FLAT & {k.arg for k in node.keywords})
+                    if flat:
+                        found.append(
+                            f"{p.relative_to(REPO)}:{node.lineno}: {_callee(node)}({', '.join(flat)}=...)"
+                        )
+    assert not found, "build the module form, encoders=(ModuleShape(name, tp, pp, dp), ...): " + "; ".join(
+        found
+    )
+
+
+def test_only_from_dict_reads_a_records_flat_encoder():
+    from mimo_jobs.study.topology import Layout, ModuleShape
+
+    record = {"nodes": 1, "gpus_per_node": 8, "enc_tp": 2, "enc_pp": 1, "enc_dp": 3, "llm_dp": 2}
+    lay = Layout.from_dict(record)
+    assert lay.encoders == (ModuleShape("vision", 2, 1, 3),) and lay.llm_dp == 2
+    assert Layout.from_dict(lay.to_dict()) == lay and lay.to_dict()["enc_dp"] == 3
 
 
 def _fields(path: str, cls: str) -> set[str]:

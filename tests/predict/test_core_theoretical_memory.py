@@ -66,7 +66,8 @@ def _ours(llm: dict, tp: int, pp: int, dp: int, distributed: bool) -> float:
     (run,) = runs_of(study)
     # the layout set on the run's shape: topology refuses a colocated llm.pp > 1 (a rule about image
     # embeddings, which a text-only model does not have), and these bytes do not depend on the microbatches
-    lay = replace(run.layout, enc_tp=tp, enc_dp=dp, llm_tp=tp, llm_pp=pp, llm_dp=dp)
+    mod = replace(run.layout.single, tp=tp, dp=dp)
+    lay = replace(run.layout, encoders=(mod,), llm_tp=tp, llm_pp=pp, llm_dp=dp)
     m = llm_memory(replace(shape_of(run.layout, run.trainer), layout=lay), get_gpu("H100"), stage=0)
     return m.weight_bytes + m.grad_bytes + m.optimizer_bytes
 

@@ -112,12 +112,10 @@ def test_plan_ranks_node_counts_by_cost_with_the_budget():
 
 
 def _lay(**kw) -> topology.Layout:
-    base = dict(
-        nodes=4, gpus_per_node=8, enc_tp=4, enc_pp=1, llm_tp=4, llm_layers=28, gbs=256, colocated=True
-    )
+    base = dict(nodes=4, gpus_per_node=8, llm_tp=4, llm_layers=28, gbs=256, colocated=True)
     base.update(kw)
     per = base["llm_tp"] * base.get("llm_pp", 1) * base.get("llm_cp", 1)
-    base.setdefault("enc_dp", 32 // per)
+    base.setdefault("encoders", (topology.ModuleShape("vision", 4, 1, 32 // per),))
     base.setdefault("llm_dp", 32 // per)
     base.setdefault("llm_pp", 1)
     return topology.Layout(**base)

@@ -133,7 +133,7 @@ def test_every_candidate_is_feasible_and_the_split_adds_up():
     # GPUs inside a node where the topology allows: 1 encoder process feeding 3 LLM lanes
     assert any(split_label(c.layout) == "vision 1 GPU | LLM 3 GPUs" for c in fit)
     assert (
-        split_label(replace(run.layout, nodes=4, enc_tp=4, enc_dp=1))
+        split_label(replace(run.layout, nodes=4, encoders=(replace(run.layout.single, tp=4, dp=1),)))
         == "vision 1 node (4 GPUs) | LLM 3 nodes"
     )
 

@@ -272,7 +272,9 @@ def test_a_rule_broken_by_the_one_module_of_an_encoders_study_names_it_as_the_st
     eye = Layout(
         nodes=1, gpus_per_node=8, encoders=(ModuleShape("eye", 3, 1, 1),), llm_tp=1, llm_pp=1, llm_dp=5
     )
-    flat = Layout(nodes=1, gpus_per_node=8, enc_tp=3, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=5)
+    flat = Layout(
+        nodes=1, gpus_per_node=8, encoders=(ModuleShape("vision", 3, 1, 1),), llm_tp=1, llm_pp=1, llm_dp=5
+    )
     eye_fields = {f for v in check(eye) for f in re.findall(r"encoders?(?:\.\w+)?\.tp", v.message)}
     flat_fields = {f for v in check(flat) for f in re.findall(r"encoders?(?:\.\w+)?\.tp", v.message)}
     assert eye_fields == {"encoders.eye.tp"}, [v.message for v in check(eye)]
@@ -282,7 +284,9 @@ def test_a_rule_broken_by_the_one_module_of_an_encoders_study_names_it_as_the_st
 def test_the_flat_encoder_sizes_of_several_encoders_are_refused_naming_the_rule():
     with pytest.raises(TopologyError, match=r"\[encoders\] 2 encoders \(vision, audio\)"):
         _ = lay2().single.dp
-    one = Layout(nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=7)
+    one = Layout(
+        nodes=1, gpus_per_node=8, encoders=(ModuleShape("vision", 1, 1, 1),), llm_tp=1, llm_pp=1, llm_dp=7
+    )
     assert (one.single.tp, one.single.dp, one.single.ranks) == (1, 1, 1)
     assert one.to_dict()["enc_dp"] == 1 and "encoders" not in one.to_dict()
     assert Layout.from_dict(one.to_dict()) == one
@@ -360,3 +364,45 @@ def test_the_trainer_preflight_refuses_every_module_frozen(freeze, refused):
         return
     with pytest.raises(PreflightError, match=r"trainer\.freeze: .*nothing to train"):
         preflight(run, {}, reference=True)
+
+
+def test_a_tp_the_one_module_of_an_encoders_model_cannot_split_names_it_as_the_study_does():
+    """The model rules (study/expand.split_problems, what validate and the trainer's guard say) name the one
+    module of an `encoders: {eye: ...}` model `encoders.eye`; only the `encoder:` form's module is `encoder`.
+    Every other word of the message is the same."""
+    from mimo_jobs.model.arch import ModelArch
+    from mimo_jobs.model.presets import PRESETS
+    from mimo_jobs.study.expand import split_problems
+
+    tiny = PRESETS["tiny"]  # an encoder of 4 heads, FFN 64, before an LLM of width 32
+    eye = ModelArch("m", None, tiny.llm, encoders={"eye": tiny.encoder})
+    lay = Layout(nodes=1, gpus_per_node=8, encoders=(ModuleShape("eye", 3, 1, 1),), llm_tp=1, llm_dp=5)
+    said = split_problems(eye, lay)
+    assert said == [
+        (
+            "model-tp",
+            "encoders.eye.tp=3 does not divide encoders.eye.num_attention_heads=4",
+            "encoders.eye.tp in [1, 2] divides it",
+        ),
+        (
+            "model-tp",
+            "encoders.eye.tp=3 does not divide encoders.eye.ffn_hidden_size=64",
+            "encoders.eye.tp in [1, 2] divides it",
+        ),
+        (
+            "model-tp",
+            "encoders.eye.tp=3 does not divide llm.hidden_size (the projector's width)=32",
+            "encoders.eye.tp in [1, 2] divides it",
+        ),
+    ]
+    flat = Layout(nodes=1, gpus_per_node=8, encoders=(ModuleShape("vision", 3, 1, 1),), llm_tp=1, llm_dp=5)
+    assert split_problems(tiny, flat) == [
+        (r, m.replace("encoders.eye.", "encoder."), f.replace("encoders.eye.", "encoder."))
+        for r, m, f in said
+    ]
+    # a text-only model at an LLM TP that splits nothing: the packaged trainer's need of an encoder, once
+    text = ModelArch("t", None, tiny.llm)
+    one = Layout(nodes=1, gpus_per_node=8, llm_tp=3, llm_dp=2)
+    rules = [r for r, _, _ in split_problems(text, one)]
+    assert rules[0] == "model-encoder" and rules.count("model-encoder") == 1 and "model-tp" in rules
+    assert split_problems(text, one, packaged=False) == split_problems(text, one)[1:]

@@ -7,12 +7,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_jobs.study.topology import Layout, TopologyError, check, derive_llm_dp, rank_layout
+from mimo_jobs.study.topology import Layout, ModuleShape, TopologyError, check, derive_llm_dp, rank_layout
 
 
 def lay(**kw) -> Layout:
     base = dict(
-        nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=7, gbs=7, mbs=1
+        nodes=1,
+        gpus_per_node=8,
+        encoders=(ModuleShape("vision", 1, 1, 1),),
+        llm_tp=1,
+        llm_pp=1,
+        llm_dp=7,
+        gbs=7,
+        mbs=1,
     )
     base.update(kw)
     return Layout(**base)
@@ -38,9 +45,7 @@ def test_production_points(nodes, enc_dp, llm_dp, enc_nodes, llm_nodes, lanes, m
         Layout(
             nodes=nodes,
             gpus_per_node=8,
-            enc_tp=1,
-            enc_pp=1,
-            enc_dp=enc_dp,
+            encoders=(ModuleShape("vision", 1, 1, enc_dp),),
             llm_tp=2,
             llm_pp=1,
             llm_dp=llm_dp,
@@ -70,9 +75,7 @@ def test_tiling_too_few_llm_ranks_names_the_gap_and_the_fit():
         Layout(
             nodes=33,
             gpus_per_node=8,
-            enc_tp=1,
-            enc_pp=1,
-            enc_dp=8,
+            encoders=(ModuleShape("vision", 1, 1, 8),),
             llm_tp=2,
             llm_pp=1,
             llm_dp=120,
@@ -86,20 +89,20 @@ def test_tiling_too_few_llm_ranks_names_the_gap_and_the_fit():
 
 
 def test_tiling_too_many_ranks():
-    vs = check(lay(nodes=1, gpus_per_node=8, enc_dp=2, llm_dp=8, gbs=8))
+    vs = check(lay(nodes=1, gpus_per_node=8, encoders=(ModuleShape("vision", 1, 1, 2),), llm_dp=8, gbs=8))
     assert [v.rule for v in vs] == ["tiling"]
     assert "needs 2 GPUs more" in vs[0].message and vs[0].fit == "llm.dp=6 fits"
 
 
 def test_tiling_without_any_fitting_dp():
     # 8 - 3 = 5 LLM GPUs, not a multiple of llm.tp=2 (also a TP problem: rank 3 starts a TP2 block)
-    vs = check(lay(enc_dp=3, llm_tp=2, llm_dp=2, gbs=2))
+    vs = check(lay(encoders=(ModuleShape("vision", 1, 1, 3),), llm_tp=2, llm_dp=2, gbs=2))
     tiling = [v for v in vs if v.rule == "tiling"][0]
     assert "no llm.dp fits" in tiling.fit and "5 LLM GPUs" in tiling.fit
 
 
 def test_tiling_encoder_alone_exceeds_world():
-    vs = check(lay(nodes=1, gpus_per_node=4, enc_dp=4, llm_dp=1, gbs=1))
+    vs = check(lay(nodes=1, gpus_per_node=4, encoders=(ModuleShape("vision", 1, 1, 4),), llm_dp=1, gbs=1))
     tiling = [v for v in vs if v.rule == "tiling"][0]
     assert "use at least 2 nodes" in tiling.fit  # ceil((4 + 1) / 4)
 
@@ -108,7 +111,14 @@ def test_tp_within_node_llm_block_starting_mid_pair():
     # encoder ranks 0-2, LLM TP2 blocks start at 3: ranks 7|8 would straddle nodes 0 and 1
     vs = check(
         Layout(
-            nodes=2, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=3, llm_tp=2, llm_pp=1, llm_dp=6, gbs=6, mbs=1
+            nodes=2,
+            gpus_per_node=8,
+            encoders=(ModuleShape("vision", 1, 1, 3),),
+            llm_tp=2,
+            llm_pp=1,
+            llm_dp=6,
+            gbs=6,
+            mbs=1,
         )
     )
     # 3 + 12 = 15 != 16 is a tiling problem as well; the TP rule is reported next to it
@@ -119,7 +129,14 @@ def test_tp_within_node_llm_block_starting_mid_pair():
 def test_tp_larger_than_node():
     vs = check(
         Layout(
-            nodes=2, gpus_per_node=4, enc_tp=8, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=1, gbs=1, mbs=1
+            nodes=2,
+            gpus_per_node=4,
+            encoders=(ModuleShape("vision", 8, 1, 1),),
+            llm_tp=1,
+            llm_pp=1,
+            llm_dp=1,
+            gbs=1,
+            mbs=1,
         )
     )
     tp = [v for v in vs if v.rule == "tp-within-node"]
@@ -127,7 +144,7 @@ def test_tp_larger_than_node():
 
 
 def test_cp_is_rejected():
-    vs = check(lay(llm_dp=3, llm_cp=2, gbs=3, enc_dp=1, nodes=1))
+    vs = check(lay(llm_dp=3, llm_cp=2, gbs=3, encoders=(ModuleShape("vision", 1, 1, 1),), nodes=1))
     assert "cp" in [v.rule for v in vs]
     assert [v for v in vs if v.rule == "cp"][0].fit == "llm.cp=1"
 
@@ -138,9 +155,7 @@ def test_moe_experts_not_divisible_by_ep():
         Layout(
             nodes=33,
             gpus_per_node=8,
-            enc_tp=1,
-            enc_pp=1,
-            enc_dp=8,
+            encoders=(ModuleShape("vision", 1, 1, 8),),
             llm_tp=2,
             llm_pp=1,
             llm_dp=128,
@@ -157,8 +172,10 @@ def test_moe_experts_not_divisible_by_ep():
 
 def test_moe_expert_dp_not_integral():
     # tp*dp = 1*6 = 6 is not divisible by ep*etp = 4
-    vs = check(lay(enc_dp=2, llm_dp=6, llm_ep=4, num_experts=8, gbs=12))
-    assert rules(lay(enc_dp=2, llm_dp=6, llm_ep=4, num_experts=8, gbs=12)) == ["moe-expert-dp"]
+    vs = check(lay(encoders=(ModuleShape("vision", 1, 1, 2),), llm_dp=6, llm_ep=4, num_experts=8, gbs=12))
+    assert rules(
+        lay(encoders=(ModuleShape("vision", 1, 1, 2),), llm_dp=6, llm_ep=4, num_experts=8, gbs=12)
+    ) == ["moe-expert-dp"]
     assert "llm.tp*llm.dp=6" in vs[0].message and "llm.ep*llm.etp=4" in vs[0].message
     assert vs[0].fit == "llm.ep in [1, 2] fits"  # divisors of 6 that divide 8 experts
 
@@ -168,13 +185,13 @@ def test_moe_dense_model_with_ep():
 
 
 def test_gbs_not_divisible_suggests_neighbours():
-    (v,) = check(lay(enc_dp=1, llm_dp=7, gbs=30))
+    (v,) = check(lay(encoders=(ModuleShape("vision", 1, 1, 1),), llm_dp=7, gbs=30))
     assert v.rule == "gbs" and "mbs*llm.dp=1*7=7" in v.message and v.fit == "gbs=35 or gbs=28 fits"
 
 
 def test_bridge_ratio():
     # world 8 = 3 encoder + 5 LLM ranks, but neither of 3 and 5 divides the other
-    (v,) = check(lay(enc_dp=3, llm_dp=5, gbs=5))
+    (v,) = check(lay(encoders=(ModuleShape("vision", 1, 1, 3),), llm_dp=5, gbs=5))
     assert v.rule == "bridge-ratio" and "encoder.dp=3 and llm.dp=5" in v.message
     assert v.fit == "encoder.dp=1 fits"  # nearest to 3 among divisors of 5 and its multiples: 1 and 5 tie
 
@@ -183,14 +200,28 @@ def test_bridge_samples_fan_in_needs_bigger_mbs():
     # fan-in: 4 encoder replicas feed 2 LLM lanes; 1 sample per lane per microbatch cannot split over 4
     vs = check(
         Layout(
-            nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=4, llm_tp=2, llm_pp=1, llm_dp=2, gbs=8, mbs=1
+            nodes=1,
+            gpus_per_node=8,
+            encoders=(ModuleShape("vision", 1, 1, 4),),
+            llm_tp=2,
+            llm_pp=1,
+            llm_dp=2,
+            gbs=8,
+            mbs=1,
         )
     )
     assert [v.rule for v in vs] == ["bridge-samples"]
     assert vs[0].fit == "mbs=2 (a multiple of 2) fits"
     p = rank_layout(
         Layout(
-            nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=4, llm_tp=2, llm_pp=1, llm_dp=2, gbs=8, mbs=2
+            nodes=1,
+            gpus_per_node=8,
+            encoders=(ModuleShape("vision", 1, 1, 4),),
+            llm_tp=2,
+            llm_pp=1,
+            llm_dp=2,
+            gbs=8,
+            mbs=2,
         )
     )
     assert (p.fan, p.lanes_per_encoder, p.encoders_per_lane) == ("in", 1, 2)
@@ -209,9 +240,7 @@ def test_every_problem_is_reported_at_once():
             Layout(
                 nodes=2,
                 gpus_per_node=8,
-                enc_tp=3,
-                enc_pp=1,
-                enc_dp=3,
+                encoders=(ModuleShape("vision", 3, 1, 3),),
                 llm_tp=1,
                 llm_pp=1,
                 llm_dp=5,
@@ -227,7 +256,7 @@ def test_every_problem_is_reported_at_once():
 
 def test_plan_raises_with_all_violations():
     with pytest.raises(TopologyError) as e:
-        rank_layout(lay(enc_dp=3, llm_dp=5, gbs=7))
+        rank_layout(lay(encoders=(ModuleShape("vision", 1, 1, 3),), llm_dp=5, gbs=7))
     assert {v.rule for v in e.value.violations} == {"gbs", "bridge-ratio"}
 
 
@@ -237,7 +266,14 @@ def test_shared_node_and_derive():
     assert derive_llm_dp(33, 8, 1, 1, 8, 2, 1) == 128
     p = rank_layout(
         Layout(
-            nodes=1, gpus_per_node=4, enc_tp=1, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=3, gbs=6, mbs=1
+            nodes=1,
+            gpus_per_node=4,
+            encoders=(ModuleShape("vision", 1, 1, 1),),
+            llm_tp=1,
+            llm_pp=1,
+            llm_dp=3,
+            gbs=6,
+            mbs=1,
         )
     )
     assert p.encoder_nodes == [0] and p.llm_nodes == [0] and p.shared_nodes == [0]
@@ -328,9 +364,7 @@ def layouts(draw):
     return Layout(
         nodes=nodes,
         gpus_per_node=gpn,
-        enc_tp=enc_tp,
-        enc_pp=enc_pp,
-        enc_dp=enc_dp,
+        encoders=(ModuleShape("vision", enc_tp, enc_pp, enc_dp),),
         llm_tp=llm_tp,
         llm_pp=llm_pp,
         llm_dp=llm_dp,
@@ -358,9 +392,7 @@ def friendly_layouts(draw):
     return Layout(
         nodes=nodes,
         gpus_per_node=gpn,
-        enc_tp=enc_tp,
-        enc_pp=1,
-        enc_dp=enc_dp,
+        encoders=(ModuleShape("vision", enc_tp, 1, enc_dp),),
         llm_tp=llm_tp,
         llm_pp=1,
         llm_dp=llm_dp,

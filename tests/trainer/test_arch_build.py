@@ -159,11 +159,13 @@ def test_pixel_shuffle_merges_each_s_by_s_block_into_one_token():
 
 
 def test_the_trainer_refuses_what_it_cannot_build_by_field():
-    from mimo_jobs.study.topology import Layout
+    from mimo_jobs.study.topology import Layout, ModuleShape
     from mimo_jobs.trainer.model.models import unsupported
 
     def lay(**kw):
-        base = dict(nodes=1, gpus_per_node=8, enc_tp=1, enc_pp=1, enc_dp=1, llm_tp=1, llm_pp=1, llm_dp=1)
+        base = dict(
+            nodes=1, gpus_per_node=8, encoders=(ModuleShape("vision", 1, 1, 1),), llm_tp=1, llm_pp=1, llm_dp=1
+        )
         return Layout(**(base | kw))
 
     swiglu = PRESETS["tiny-swiglu"]

@@ -21,9 +21,7 @@ def _plan(enc_dp, llm_dp, mbs, gbs):
         topology.Layout(
             nodes=1,
             gpus_per_node=enc_dp + llm_dp,
-            enc_tp=1,
-            enc_pp=1,
-            enc_dp=enc_dp,
+            encoders=(topology.ModuleShape("vision", 1, 1, enc_dp),),
             llm_tp=1,
             llm_pp=1,
             llm_dp=llm_dp,

@@ -22,7 +22,14 @@ def test_roles_follow_the_plan():
     # 8 ranks: encoder TP2 DP1 on [0, 2), LLM TP2 DP3 on [2, 8)
     plan = topology.rank_layout(
         topology.Layout(
-            nodes=1, gpus_per_node=8, enc_tp=2, enc_pp=1, enc_dp=1, llm_tp=2, llm_pp=1, llm_dp=3, gbs=6, mbs=1
+            nodes=1,
+            gpus_per_node=8,
+            encoders=(topology.ModuleShape("vision", 2, 1, 1),),
+            llm_tp=2,
+            llm_pp=1,
+            llm_dp=3,
+            gbs=6,
+            mbs=1,
         )
     )
     enc, llm = encoder_shapes(plan)["vision"], language_shape(plan)

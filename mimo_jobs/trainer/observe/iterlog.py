@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from mimo_jobs.contract.iteration import IterationRecord
-from mimo_jobs.predict.flops import flops_per_sample
+from mimo_jobs.predict.flops import flops_per_sample, one_module_per_kind
 
 
 def layout_line(run, plan, mode: str, backend: str, kernels: str = "", notes=()) -> str:
@@ -225,6 +225,17 @@ class IterLogger:
         if self.active and self.metrics_path is not None:
             self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
 
+    def _clip_frames(self, preset) -> int | None:
+        """The mel frames of the clips an audio module's tokens are priced in: the run's data as the planner
+        reads it (modmix.audio_mix: the mock provider's clips, dataset statistics, else full-length clips);
+        None without an audio module. Read once."""
+        if not hasattr(self, "_frames"):
+            from mimo_jobs.predict.modmix import audio_mix
+
+            audio = [(n, a) for n, a in preset.named_encoders if a.modality == "audio"]
+            self._frames = audio_mix(*audio[0], self.run.trainer.data).frames if audio else None
+        return self._frames
+
     def _write(self, rec: IterationRecord) -> None:
         if self.active and self.metrics_path is not None:
             with open(self.metrics_path, "a") as f:
@@ -285,10 +296,17 @@ class IterLogger:
         world = self.plan.world
         el = max(stats.elapsed_s, 1e-9)
         img_per_sample = stats.image_tokens / max(lay.gbs, 1)
-        tflops = None  # several encoders: the FLOPs model prices one encoder, so no MFU figure is claimed
-        if len(preset.named_encoders) <= 1:
-            flops = flops_per_sample(preset, seq_length, round(img_per_sample)).total * lay.gbs
-            tflops = flops / el / world / 1e12
+        tflops = None  # two modules of one kind: the counts do not say whose tokens, so no figure is claimed
+        if one_module_per_kind(preset):
+            audio = stats.audio_tokens / max(lay.gbs, 1)
+            fps = flops_per_sample(
+                preset,
+                seq_length,
+                round(img_per_sample),
+                audio_tokens=audio,
+                clip_frames=self._clip_frames(preset),
+            )
+            tflops = fps.total * lay.gbs / el / world / 1e12
         # the headline: tokens the batch carries (not its padded slots; padding is counted apart)
         carried = stats.carried_tokens or lay.gbs * seq_length
         tok_s = carried / el
