@@ -33,6 +33,7 @@ from published import (  # noqa: E402
     held_out_bands,
     load_rows,
     row_errors,
+    row_gpu,
     stored,
     summary,
     sweep_lines,
@@ -52,15 +53,17 @@ MIN_RUNS = 3  # a generation with fewer fitted rows fits its gemm residual alone
 
 
 class Priced:
-    """Each row's memory plan, computed once (the operator model reads its parameters per rank)."""
+    """Each row's memory plan, computed once (the operator model reads its parameters per rank), and the GPU
+    it is priced on: the datasheet's on the network its source states (published.row_gpu)."""
 
     def __init__(self, rows: list[Row]):
         self.rows = rows
+        self.gpus = [row_gpu(r) for r in rows]
         self.mem = [predict_shape(r.shape, GPUS[r.gpu], Efficiency()).memory for r in rows]
 
     def seconds(self, i: int, res: Residual) -> float:
         r = self.rows[i]
-        return op_step(r.shape, self.mem[i], GPUS[r.gpu], res, fp8=r.precision == "fp8").iteration_s
+        return op_step(r.shape, self.mem[i], self.gpus[i], res, fp8=r.precision == "fp8").iteration_s
 
     def price(self, residual: Callable[[GPU], Residual]) -> Callable[[Row], float]:
         """A row's step seconds with each GPU's residual (`residual`: optime.residual_for, the stored fit)."""

@@ -28,7 +28,7 @@ from mimo_jobs.model.arch import LLMArch, ModelArch
 from mimo_jobs.predict.estimate import predict_shape
 from mimo_jobs.predict.fit import Decomposed, decompose, fit_generations
 from mimo_jobs.predict.flops import flops_per_sample
-from mimo_jobs.predict.hardware import GPUS, generation
+from mimo_jobs.predict.hardware import GPU, GPUS, generation
 from mimo_jobs.predict.pipesplit import PipelineSplit
 from mimo_jobs.predict.run import RunShape, on_layout
 from mimo_jobs.predict.steptime import Efficiency, efficiency_for, gemm_width
@@ -39,6 +39,27 @@ DATA = Path(__file__).resolve().parent / "published" / "runs.yaml"
 FIT_PRECISIONS = ("bf16", "fp16")  # what the time model describes; fp8 rows are shown, not fitted
 KINDS = ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu")  # runs.yaml's figure.kind
 GPUS_PER_NODE = 8  # every published run here is on 8-GPU servers (DGX A100/H100/B200, Grand Teton)
+NETWORK_RATES = ("gbps_per_node", "gbps_per_gpu")  # runs.yaml's network: one of them, in Gb/s one direction
+
+
+class NetworkError(ValueError):
+    """A row whose cluster network is missing or malformed (runs.yaml's header: `network`)."""
+
+
+@dataclass(frozen=True)
+class Network:
+    """The inter-node network a row's run had (runs.yaml's `network`): its rate per GPU, one direction, and
+    whether its source states it (`stated`, the quote) or the DGX datasheet's default stands in (`assumed`)."""
+
+    gbps_per_gpu: float  # Gb/s across nodes per GPU, one direction
+    gpus_per_node: int
+    fabric: str
+    stated: str | None
+    assumed: str | None
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.gbps_per_gpu * 1e9 / 8
 
 
 @dataclass(frozen=True)
@@ -57,10 +78,44 @@ class Row:
     memory_not_described: str | None = None
     sweep: str | None = None  # runs.yaml's `sweep`: layouts of one model on one cluster, one source
     known_miss: str | None = None  # runs.yaml's `known_miss`: why the memory model over-prices this run
+    network: Network | None = None  # runs.yaml's `network`: the cluster's inter-node rate (row_gpu)
 
     @property
     def fitted(self) -> bool:
         return self.in_fit and self.precision in FIT_PRECISIONS
+
+
+def row_gpu(r: Row) -> GPU:
+    """The GPU a row is priced on: the datasheet's (hardware.GPUS) on the network its source states (runs.yaml's
+    `network`); optime.op_gpu carries the rate into the operator model, as it does a study's
+    cluster.hardware.ib_gbps."""
+    gpu = GPUS[r.gpu]
+    return gpu if r.network is None else replace(gpu, ib_bytes_per_s=r.network.bytes_per_s)
+
+
+def network_of(doc: dict, r: dict, path: Path = DATA) -> Network:
+    """The row's `network`, else its source's `network` for the row's GPU (runs.yaml's header); a clear
+    error naming the file, row and rule when it is missing or malformed."""
+    where = f"{path}: row {r.get('id')!r}"
+    net = r.get("network") or doc["sources"].get(r["source"], {}).get("network", {}).get(r["gpu"])
+    if net is None:
+        raise NetworkError(
+            f"{where}: no network: give the row a `network` or its source `{r['source']}` a `network.{r['gpu']}` "
+            "(the rate its source states, or `assumed:` with the DGX datasheet's)"
+        )
+    rates = [k for k in NETWORK_RATES if k in net]
+    rate = net[rates[0]] if len(rates) == 1 else None
+    if not isinstance(rate, (int, float)) or rate <= 0:
+        raise NetworkError(f"{where}: network needs exactly one positive rate of {', '.join(NETWORK_RATES)}")
+    if bool(net.get("stated")) == bool(net.get("assumed")):
+        raise NetworkError(f"{where}: network needs either `stated` (the source's words) or `assumed` (why)")
+    gpn = int(net.get("gpus_per_node", 0))
+    if gpn != GPUS_PER_NODE:
+        raise NetworkError(
+            f"{where}: network.gpus_per_node {gpn}: the loader prices {GPUS_PER_NODE}-GPU nodes"
+        )
+    per_gpu = float(rate) / (gpn if rates[0] == "gbps_per_node" else 1)
+    return Network(per_gpu, gpn, str(net.get("fabric", "")), net.get("stated"), net.get("assumed"))
 
 
 def _arch(name: str, m: dict) -> ModelArch:
@@ -174,6 +229,7 @@ def load_rows(path: Path = DATA) -> tuple[dict, list[Row]]:
                 r.get("memory_not_described"),
                 r.get("sweep"),
                 r.get("known_miss"),
+                network_of(doc, r, path),
             )
         )
     return doc, rows

@@ -85,8 +85,8 @@ FP8_CAST_BYTES_PER_ELEMENT = 2 + 2 * 1
 # bf16/fp16 runs by `python benchmarks/operators.py --fit`; a generation missing here keeps the physical
 # defaults (1, 1).
 FITTED_RESIDUAL: dict[str, tuple[float, float]] = {
-    "ampere": (0.750, 3.0),
-    "blackwell": (0.375, 1.5),
+    "ampere": (0.750, 2.0),
+    "blackwell": (0.325, 1.25),
     "hopper": (0.550, 1.0),
 }
 
@@ -94,7 +94,7 @@ FITTED_RESIDUAL: dict[str, tuple[float, float]] = {
 # |error|, rows, sources) of each generation's fitted published rows priced by a fit made without their
 # source (`python benchmarks/operators.py --fit` prints it); band.py gives it to the times this model prices.
 HELD_OUT: dict[str, tuple[float, float, int, int]] = {
-    "ampere": (0.105, 0.371, 44, 6),
+    "ampere": (0.065, 0.238, 44, 6),
     "blackwell": (0.37, 0.37, 1, 1),
     "hopper": (0.236, 0.332, 51, 6),
 }

@@ -18,6 +18,8 @@ from mimo_jobs.predict import hardware
 from mimo_jobs.predict.estimate import predict_shape
 from mimo_jobs.predict.fit import Decomposed, fit
 from mimo_jobs.predict.hardware import GPUS, generation
+from mimo_jobs.predict.operators import Residual
+from mimo_jobs.predict.optime import op_step
 from mimo_jobs.predict.steptime import Efficiency, efficiency_for, gemm_factor
 
 DATA = REPO / "benchmarks" / "published" / "runs.yaml"
@@ -250,3 +252,68 @@ def test_holdout_check_prints_every_row_both_models_and_memory(capsys):
         for g in (*gens, "all"):
             assert f"held-out set, {model} model, {g}:" in out
     assert out.count("the goal (median 15%, worst 30%)") == 2 * (len(gens) + 1)
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+def test_every_row_is_priced_on_a_network_its_source_states_or_an_assumed_one(bench, table):
+    """Each row's cluster network comes from its own entry or its source's, for its GPU, with the source's
+    words (`stated`) or why the DGX datasheet's figure stands in (`assumed`), never both; it is what the row
+    is priced on (published.row_gpu)."""
+    path = TABLES[table][0]
+    doc = yaml.safe_load(path.read_text())
+    _, rows = bench.load_rows(path)
+    for raw, r in zip(doc["rows"], rows, strict=True):
+        entry = raw.get("network") or doc["sources"][raw["source"]]["network"][raw["gpu"]]
+        assert bool(entry.get("stated")) != bool(entry.get("assumed")), r.id
+        assert r.network.gpus_per_node == 8 and r.network.gbps_per_gpu > 0, r.id
+        assert bench.row_gpu(r).ib_bytes_per_s == r.network.gbps_per_gpu * 1e9 / 8, r.id
+
+
+def test_a_row_without_a_network_is_refused_by_file_row_and_rule(bench, tmp_path):
+    doc = yaml.safe_load(HOLDOUT.read_text())
+    del doc["sources"]["mtnlg2022"]["network"]
+    bad = tmp_path / "holdout.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(bench.NetworkError, match=r"holdout\.yaml: row 'mtnlg-.*no network.*network\.A100"):
+        bench.load_rows(bad)
+    doc = yaml.safe_load(HOLDOUT.read_text())
+    doc["sources"]["mtnlg2022"]["network"]["A100"]["assumed"] = "both"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(bench.NetworkError, match="either `stated`"):
+        bench.load_rows(bad)
+
+
+def test_a_row_on_a_slower_stated_network_prices_its_dp_and_pp_transfers_slower_by_the_ratio(bench):
+    """BLOOM's Jean Zay nodes have 4 Omni-Path links of 100 Gb/s for 8 GPUs (its README), a quarter of a DGX
+    A100's 200 Gb/s per GPU: its DP reduce-scatter and all-gather (DP spans nodes, not overlapped) take 4x
+    the datasheet network's time, and each pipeline send to the next node adds 3x a send's time at the
+    datasheet's rate (2 per microbatch: activations forward, gradients back); the compute and the TP
+    collectives (NVLink, inside a node) do not move. Ring steps are priced at zero latency so the ratio is
+    the bandwidth's alone."""
+    ops = _operators_bench()
+    _, rows = bench.load_rows()
+    r = next(x for x in rows if x.id == "bloom-176b-384gpu")
+    sheet = GPUS[r.gpu]
+    assert r.network.gbps_per_gpu == 50 and sheet.ib_bytes_per_s == 4 * r.network.bytes_per_s
+    mem = predict_shape(r.shape, sheet, Efficiency()).memory
+    slow, fast = (
+        op_step(r.shape, mem, replace(g, step_s=0.0), Residual()).parts for g in (bench.row_gpu(r), sheet)
+    )
+    assert slow["dp"] > 0 and slow["dp"] == pytest.approx(4 * fast["dp"], rel=1e-9)
+    lay, p = r.shape.layout, r.shape.preset.llm
+    send_fast = lay.mbs * r.shape.seq_length * p.hidden_size * 2 / sheet.ib_bytes_per_s
+    pipe = r.shape.microbatches + (lay.llm_pp - 1)
+    assert slow["tp"] - fast["tp"] == pytest.approx(pipe * 2 * 3 * send_fast, rel=1e-9)
+    assert slow["compute"] == fast["compute"]
+    # benchmarks/operators.py (and holdout.py through it) prices the row on its network
+    priced = ops.Priced([r])
+    assert priced.seconds(0, Residual()) == op_step(r.shape, mem, bench.row_gpu(r), Residual()).iteration_s
+    assert priced.seconds(0, Residual()) > op_step(r.shape, mem, sheet, Residual()).iteration_s
+
+
+def _operators_bench():
+    spec = importlib.util.spec_from_file_location("operators_bench_net", REPO / "benchmarks" / "operators.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["operators_bench_net"] = mod
+    spec.loader.exec_module(mod)
+    return mod
