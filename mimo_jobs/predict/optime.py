@@ -95,6 +95,7 @@ def op_step(
         alpha_s=gpu.step_s,
         res=res,
         vocab=padded_vocab(p.vocab_size, lay.llm_tp),
+        tp_comm_overlap=rs.tp_comm_overlap,
     )
 
 
