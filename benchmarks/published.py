@@ -180,6 +180,7 @@ def _shape(arch: ModelArch, seq: int, lay: dict, precision: str) -> RunShape:
         virtual_stages=lay.get("vp", 1),
         overlap_dp=bool(lay.get("overlap_dp", False)),
         sp=bool(lay.get("sequence_parallel", False)),
+        tp_comm_overlap=bool(lay.get("tp_comm_overlap", False)),
         fsdp=bool(lay.get("fsdp", False)),
         grad_reduce_bytes={"fp32": 4, "bf16": 2, "fp16": 2}[lay.get("grad_reduce", "fp32")],
         pipeline_split=PipelineSplit(**lay.get("pipeline_split", {})),

@@ -75,6 +75,21 @@ TILE_M, TILE_N = 256, 128  # output tile per SM (the module docstring's user's g
 BUCKET_PARAMS = 40_000_000
 BUCKET_PARAMS_PER_DP = 1_000_000
 
+# Transformer Engine's userbuffers (tensor-parallel communication overlap, megatron-core's tp_comm_overlap),
+# the defaults of transformer_engine/pytorch/module/base.py, initialize_ub (NVIDIA/TransformerEngine):
+# the all-gathers before QKV and fc1 and of the output gradient before the projection's and fc2's data
+# gradient run as a "ring_exchange" on the copy engines (num_sm 1, no SM margin), the GEMM split into TP
+# chunks; the reduce-scatters after the projection and fc2 run as a "pipeline" of num_splits 4 chunks whose
+# kernels take num_sm 16 SMs, the GEMM launched on the rest (set_sm_margin); the backward all-gather of the
+# input (for the weight gradient) and reduce-scatter of the data gradient around QKV and fc1 run "bulk"
+# beside the data- and weight-gradient GEMMs on num_sm 16 SMs. NeMo's H100 presets
+# (nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py, NVIDIA/NeMo at d2b21556) keep those
+# methods, with 16 to 24 SMs and the margin for the pipelined reduce-scatters and 2 to 24 SMs without a
+# margin for the bulk ones; operators.tp_block_overlap takes 16 for both, the pipelined GEMM on the SMs left,
+# the bulk kernels' SMs taken from their GEMM only while they run.
+UB_PIPELINE_SPLITS = 4
+UB_COMM_SMS = 16
+
 # Transformer Engine's FP8 cast: each GEMM input tensor (activation, and the output gradient backward) is
 # read once in bf16 and written as FP8 with its transpose (Hopper's FP8 GEMMs take both operands K-major:
 # TE's fused cast_transpose writes both; the amax is reduced in the same pass); weights are cast once per

@@ -20,7 +20,9 @@ megatron-core schedules them (docs/predict.md, "The operator-term time model").
                 distributed optimizer, overlap_grad_reduce / overlap_param_gather) hide behind the last
                 microbatch's backward and the first one's forward, all but one bucket; the CP ring behind
                 the attention it feeds; the interleaved schedule's pipeline sends behind the other chunks'
-                compute; TP and EP collectives and 1F1B's sends exposed
+                compute; EP collectives and 1F1B's sends exposed; TP collectives exposed, or under
+                tp_comm_overlap (Transformer Engine's userbuffers, with sequence parallelism) overlapped
+                with the GEMMs that produce or consume them (tp_block_overlap)
   fp8           as Transformer Engine runs it: GEMMs at the FP8 peak (same wave efficiency), attention,
                 element-wise kernels and communication in bf16, plus the cast bytes of every GEMM input
                 (opdata.FP8_CAST_BYTES_PER_ELEMENT) and of the weights once per iteration
@@ -52,6 +54,8 @@ from .opdata import (
     FP8_CAST_BYTES_PER_ELEMENT,
     TILE_M,
     TILE_N,
+    UB_COMM_SMS,
+    UB_PIPELINE_SPLITS,
     OpGPU,
 )
 
@@ -185,6 +189,64 @@ def collective_s(kind: str, nbytes: float, n: int, bw: float, alpha_s: float = 0
     return ring_steps(kind, max(n, 2)) * alpha_s + nbytes * bus_factor(kind, max(n, 2)) / bw
 
 
+# -- tensor-parallel communication overlapped with its GEMMs (Transformer Engine's userbuffers, opdata.UB_*).
+# The decomposition rule of Wang et al. 2023, "Overlap Communication with Dependent Computation via
+# Decomposition in Large Deep Learning Models" (ASPLOS '23): a collective feeding or fed by a GEMM is split
+# into chunks, each transfer running under the GEMM of a chunk already at hand; what stays exposed is the
+# transfer the GEMM chunks cannot cover, and the chunk no GEMM runs beside (the last reduce-scatter chunk).
+
+
+def ring_overlap_s(comm: float, gemm: float, n: int) -> float:
+    """Exposed seconds of an all-gather run as a ring under the GEMM that consumes it, split into the n TP
+    chunks (TE's "ring_exchange"): the GEMM of the local shard starts at once, and each of the n - 1
+    transfers runs under one chunk's GEMM."""
+    if n <= 1:
+        return 0.0
+    return max(0.0, comm - gemm * (n - 1) / n)
+
+
+def pipeline_overlap_s(comm: float, gemm: float, splits: int) -> float:
+    """Exposed seconds of a reduce-scatter of a GEMM's output split into `splits` chunks (TE's "pipeline"):
+    each chunk's transfer runs under the next chunk's GEMM, the last one after all of them."""
+    return comm / splits + max(0.0, comm - gemm) * (splits - 1) / splits
+
+
+def bulk_overlap_s(comm: float, gemm: float) -> float:
+    """Exposed seconds of a collective run whole beside an independent GEMM (TE's "bulk")."""
+    return max(0.0, comm - gemm)
+
+
+def tp_block_overlap(
+    col: tuple, row: tuple, ag_s: float, rs_s: float, tp: int, gpu: OpGPU, fp8: bool, res: Residual,
+    rc: float = 1.0, clamped: set | None = None,
+) -> tuple[float, float]:  # fmt: skip
+    """(exposed communication, GEMM seconds added) of one tensor-parallel block under TE's userbuffers
+    (opdata.UB_*) for one microbatch: a column-parallel linear `col` (QKV, fc1), its input all-gathered, and
+    a row-parallel linear `row` (projection, fc2), its output reduce-scattered, each an (M, N, K) shape;
+    `ag_s` / `rs_s` one all-gather / reduce-scatter of the activations. Forward (rc times): the all-gather
+    as a ring under the column GEMM, the reduce-scatter pipelined after the row GEMM, which runs on the SMs
+    its kernels leave. Backward: the output gradient's all-gather as a ring under the row linear's
+    data-gradient GEMM; the column linear's input all-gathered again (bulk) beside its data-gradient GEMM
+    and that gradient reduce-scattered (bulk) beside its weight-gradient GEMM, their kernels taking SMs from
+    the GEMM while they run. A split GEMM is priced whole: TE runs its chunks round-robin on up to three
+    compute streams (transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp), so one chunk's
+    last wave shares the SMs with the next chunk's first."""
+
+    def g(m: float, n: float, k: float) -> float:
+        return gemm_s(m, n, k, gpu, fp8, res, clamped)
+
+    (mc, nc, kc), (mr, nr, kr) = col, row
+    col_f, row_f, row_d = g(mc, nc, kc), g(mr, nr, kr), g(mr, kr, nr)
+    col_d, col_w = g(mc, kc, nc), g(kc, nc, mc)
+    margin = row_f * UB_COMM_SMS / (gpu.sms - UB_COMM_SMS)  # the row GEMM on the SMs left (set_sm_margin)
+    exposed = rc * (
+        ring_overlap_s(ag_s, col_f, tp) + pipeline_overlap_s(rs_s, row_f + margin, UB_PIPELINE_SPLITS)
+    )
+    exposed += ring_overlap_s(ag_s, row_d, tp) + bulk_overlap_s(ag_s, col_d) + bulk_overlap_s(rs_s, col_w)
+    added = rc * margin + (min(ag_s, col_d) + min(rs_s, col_w)) * UB_COMM_SMS / gpu.sms
+    return exposed, added
+
+
 def bubble_fraction(pp: int, vp: int, microbatches: int) -> float:
     """The pipeline bubble against the microbatches' own time: (pp - 1) / (vp x m)."""
     return (pp - 1) / (vp * microbatches)
@@ -267,12 +329,13 @@ def _linear(
 def layer_terms(
     p, mbs: int, seq: int, split: Split, gpu: OpGPU, moe: bool, recompute: str = "none",
     fp8: bool = False, res: Residual = Residual(), gpus_per_node: int = 8, alpha_s: float = 0.0,
-    causal: bool = True, rotary: bool = True, grads: str = "all",
+    causal: bool = True, rotary: bool = True, grads: str = "all", tp_overlap: bool = False,
 ) -> Terms:  # fmt: skip
     """One transformer layer of LLM `p` (mimo_jobs.model.arch.LLMArch) for one microbatch of `mbs`
     sequences of `seq` tokens on one rank. An encoder's layer (encops.py) is one of bidirectional attention
     (`causal` False) over each image's or clip's own tokens (a sequence each) without rotary embedding;
-    `grads` (GRADS) what its backward computes."""
+    `grads` (GRADS) what its backward computes; `tp_overlap`: its TP collectives overlapped with their
+    GEMMs (tp_block_overlap; sequence parallel and a backward only)."""
     tp, cp, ep = split.tp, split.cp, split.ep
     h, d = p.hidden_size, p.head_dim
     q, kv = p.num_attention_heads * d, p.query_groups * d
@@ -283,14 +346,16 @@ def layer_terms(
     rc = 2.0 if recompute == "full" and back else 1.0
     t = Terms()
     # attention block: QKV, core, projection
-    _linear(t, tokens, (q + 2 * kv) / tp, h, gpu, fp8, res, rc, grads)
+    qkv, proj = (tokens, (q + 2 * kv) / tp, h), (tokens, h, q / tp)
+    _linear(t, *qkv, gpu, fp8, res, rc, grads)
     core = attention_flops(mbs, p.num_attention_heads / tp, d, seq / cp, seq, causal=causal)
     af, ab = attention_s(core, gpu, res, (seq, d, causal), t.clamped)
     ab = ab if back else 0.0
     replays = rc if recompute == "full" else 2.0 if recompute == "selective" and back else 1.0
     t.attention += af * replays + ab
     t.flops += (1 + 2 * back) * core
-    _linear(t, tokens, h, q / tp, gpu, fp8, res, rc, grads)
+    _linear(t, *proj, gpu, fp8, res, rc, grads)
+    blocks = [(qkv, proj)]  # the TP blocks whose collectives userbuffers overlap (the experts' are not)
     # MLP or experts
     m = 3 if p.gated_linear_unit else 2
     if moe:
@@ -308,34 +373,47 @@ def layer_terms(
             _linear(t, tokens, h, f_s / tp, gpu, fp8, res, rc, grads)
         act_width = per_expert * local * p.expert_ffn / tp
     else:
-        _linear(t, tokens, (m - 1) * p.ffn_hidden_size / tp, h, gpu, fp8, res, rc, grads)
-        _linear(t, tokens, h, p.ffn_hidden_size / tp, gpu, fp8, res, rc, grads)
+        fc1, fc2 = (tokens, (m - 1) * p.ffn_hidden_size / tp, h), (tokens, h, p.ffn_hidden_size / tp)
+        _linear(t, *fc1, gpu, fp8, res, rc, grads)
+        _linear(t, *fc2, gpu, fp8, res, rc, grads)
+        blocks.append((fc1, fc2))
         act_width = tokens * p.ffn_hidden_size / tp
     # element-wise forward bytes: two norms (read, write), two residual adds (two reads, a write), the
     # activation (gated: two reads, a write), rotary embedding on q and k (read, write); backward twice
     fwd_bytes = BF16 * (2 * 2 * ew_tokens * h + 2 * 3 * ew_tokens * h + m * act_width)
     fwd_bytes += BF16 * 2 * tokens * (q + kv) / tp if rotary else 0.0
     t.elementwise += bytes_s(fwd_bytes * (rc + 2 * back), gpu)
-    _layer_comm(t, p, tokens, split, gpu, moe, gpus_per_node, alpha_s, res, af + ab, rc, back)
+    # a forward-only layer (a frozen encoder) is priced with its TP collectives exposed
+    overlapped = blocks if tp_overlap and split.sp and grads == "all" else []
+    _layer_comm(
+        t, p, tokens, split, gpu, moe, gpus_per_node, alpha_s, res, af + ab, rc, back, overlapped, fp8
+    )
     return t
 
 
 def _layer_comm(
     t: Terms, p, tokens, split: Split, gpu: OpGPU, moe, gpn, alpha_s, res, attn_s, rc: float = 1.0,
-    backward: bool = True,
+    backward: bool = True, overlapped: list = (), fp8: bool = False,
 ) -> None:  # fmt: skip
     """TP, CP and EP collectives of one layer and microbatch (exposed parts) into `t`. `rc` 2: full
     recompute runs the layer's forward again before its backward, collectives included (megatron-core's
     CheckpointFunction replays the whole forward of the layers it checkpoints); `backward` False: a forward
-    only (a frozen encoder module)."""
+    only (a frozen encoder module). `overlapped`: the TP blocks ((column, row) linear shapes) whose
+    collectives userbuffers overlap (tp_block_overlap), the GEMM time that costs into t.gemm."""
     tp, cp, ep = split.tp, split.cp, split.ep
     b = 2 if backward else 0  # the backward's collectives per forward pair
     act = tokens * p.hidden_size * BF16
     if tp > 1:
-        # two forward (rc times), two backward: all-reduces, or all-gather + reduce-scatter under SP (the
-        # same bytes)
+        # per TP block (attention, MLP) one forward (rc times) and one backward all-reduce, or all-gather +
+        # reduce-scatter under SP (the same bytes)
         bw = link_bytes_per_s(tp, gpn, gpu)
-        t.tp += (2 * rc + b) * collective_s("all_reduce", act, tp, bw, alpha_s) * res.comm
+        ag = collective_s("all_gather", act, tp, bw, alpha_s) * res.comm
+        rs = collective_s("reduce_scatter", act, tp, bw, alpha_s) * res.comm
+        t.tp += (2 - len(overlapped)) * (rc + b / 2) * (ag + rs)
+        for col, row in overlapped:
+            exposed, added = tp_block_overlap(col, row, ag, rs, tp, gpu, fp8, res, rc, t.clamped)
+            t.tp += exposed
+            t.gemm += added
     if cp > 1:
         # the ring passes every rank's keys and values forward (rc times), keys, values and their gradients
         # backward, behind the attention it feeds
@@ -404,11 +482,13 @@ def step(
     params_per_rank: float, grad_reduce_bytes: int = 4, distributed_optimizer: bool = True,
     overlap_dp: bool = False, optimizer_bytes_per_rank: float = 0.0, alpha_s: float = 0.0,
     res: Residual = Residual(), vocab: int | None = None, layers_per_stage: float | None = None,
-    grads: str = "all",
+    grads: str = "all", tp_comm_overlap: bool = False,
 ) -> OpStep:  # fmt: skip
     """One iteration of LLM `p` on a layout (module docstring); `layers_per_stage`: the slowest stage's
     layers (pipesplit.slowest_stage_layers), by default the mean num_layers / pp; `grads` "data": frozen
-    weights (GRADS: no weight gradients, nothing to reduce over DP)."""
+    weights (GRADS: no weight gradients, nothing to reduce over DP); `tp_comm_overlap`: Transformer
+    Engine's userbuffers overlap the TP collectives with their GEMMs (with sequence parallelism, which
+    Megatron-LM requires of --tp-comm-overlap)."""
     split = Split(tp=tp, cp=cp, ep=ep, sp=sp and tp > 1)
     if layers_per_stage is None:
         layers_per_stage = p.num_layers / pp
@@ -417,14 +497,38 @@ def step(
     if moe_share:
         stage.add(
             layer_terms(
-                p, mbs, seq, split, gpu, True, recompute, fp8, res, gpus_per_node, alpha_s, grads=grads
+                p,
+                mbs,
+                seq,
+                split,
+                gpu,
+                True,
+                recompute,
+                fp8,
+                res,
+                gpus_per_node,
+                alpha_s,
+                grads=grads,
+                tp_overlap=tp_comm_overlap,
             ),
             layers_per_stage * moe_share,
         )
     if moe_share < 1:
         stage.add(
             layer_terms(
-                p, mbs, seq, split, gpu, False, recompute, fp8, res, gpus_per_node, alpha_s, grads=grads
+                p,
+                mbs,
+                seq,
+                split,
+                gpu,
+                False,
+                recompute,
+                fp8,
+                res,
+                gpus_per_node,
+                alpha_s,
+                grads=grads,
+                tp_overlap=tp_comm_overlap,
             ),
             layers_per_stage * (1 - moe_share),
         )

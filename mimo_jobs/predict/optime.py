@@ -111,6 +111,7 @@ def op_step(
         vocab=padded_vocab(p.vocab_size, lay.llm_tp),
         # a frozen LLM still passes the gradient down to the trained encoders' embeddings
         grads="data" if rs.frozen_llm else "all",
+        tp_comm_overlap=rs.tp_comm_overlap,
     )
 
 

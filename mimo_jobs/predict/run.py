@@ -97,8 +97,8 @@ class RunShape:
             "virtual_stages": self.virtual_stages,
             "pipeline_split": self.pipeline_split.words(),
             "not_priced": [n for n, on in (("fp8 GEMM rate (priced as bf16)", self.fp8 and model == "flops"),
-                                            ("tp_comm_overlap (TP communication priced exposed)",
-                                             self.tp_comm_overlap)) if on],
+                                            ("tp_comm_overlap (the FLOPs model prices TP communication exposed)",
+                                             self.tp_comm_overlap and model == "flops")) if on],
         }  # fmt: skip
 
     def settings_words(self, model: str = "flops") -> str:
@@ -123,10 +123,13 @@ class RunShape:
 
     @property
     def sequence_parallel(self) -> bool:
-        """The run's own setting where it states one (`sp`); else what the packaged trainer does: models.py
-        turns sequence parallelism on for MoE with TP > 1 only."""
+        """The run's own setting where it states one (`sp`); on with TP > 1 where it states tp_comm_overlap
+        (Megatron-LM's validate_args refuses --tp-comm-overlap without --sequence-parallel); else what the
+        packaged trainer does: models.py turns sequence parallelism on for MoE with TP > 1 only."""
         if self.sp is not None:
             return self.sp and self.layout.llm_tp > 1
+        if self.tp_comm_overlap:
+            return self.layout.llm_tp > 1
         return bool(self.preset.llm.num_experts) and self.layout.llm_tp > 1
 
     # bytes per element of the DDP gradient buffer: 4 with grad_reduce_in_fp32 (the packaged trainer,
@@ -156,9 +159,10 @@ class RunShape:
     # under the backward of the last microbatch and the forward of the first; the packaged trainer runs
     # without (trainer/build.py)
     overlap_dp: bool = False
-    # what the study states and the time model does not price yet, named in predict's output (settings_json):
+    # what the study states and the FLOPs model does not price, named in predict's output (settings_json):
     # fp8 is priced as bf16 by the FLOPs model (its GEMM rates are bf16's; the operator model prices the FP8
-    # rate), TP communication as exposed
+    # rate); tp_comm_overlap (Transformer Engine's userbuffers) exposes the TP communication there, and
+    # overlaps it with its GEMMs in the operator model (operators.tp_block_overlap)
     fp8: bool = False
     tp_comm_overlap: bool = False
 

@@ -79,6 +79,16 @@ def test_every_row_is_traceable_to_its_source(table):
         assert lay.get("grad_reduce", "fp32") in ("fp32", "bf16", "fp16"), where
         if r.get("fit") is False:
             assert r["not_fitted_because"], where
+        if lay.get("tp_comm_overlap"):  # userbuffers need sequence parallelism (runs.yaml's header)
+            assert lay["tp"] > 1 and lay["sequence_parallel"], where
+
+
+def test_rows_whose_recipe_overlaps_tp_communication_are_priced_with_it(priced):
+    rows, _ = priced
+    over = [r for r in rows if r.shape.tp_comm_overlap]
+    assert {r.source for r in over} == {"dgxc-benchmarking", "megatron-bridge"}
+    assert all(r.shape.sequence_parallel for r in over)
+    assert not any(r.shape.tp_comm_overlap for r in rows if r.source in ("torchtitan", "korthikanti2022"))
 
 
 def test_holdout_cites_no_source_of_the_fitted_table(bench):

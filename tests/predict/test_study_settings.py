@@ -97,3 +97,35 @@ def test_fp8_is_priced_by_the_operator_model_and_named_unpriced_by_the_flops_mod
     assert flops["band"]["model"] == "flops"
     for one in flops["runs"]:
         assert one["settings"]["not_priced"] == ["fp8 GEMM rate (priced as bf16)"]
+
+
+def test_tp_comm_overlap_is_priced_by_the_operator_model_and_named_unpriced_by_the_flops_model(tmp_path):
+    def predicted(overlap: bool, time_model: str | None = None) -> dict:
+        doc = yaml.safe_load(TEXT_ONLY.read_text())
+        doc["cluster"]["hardware"] = {"gpu": "H100"} | ({"time_model": time_model} if time_model else {})
+        doc["trainer"]["tp_comm_overlap"] = (
+            overlap  # the study's own command runs Megatron's --tp-comm-overlap
+        )
+        p = tmp_path / f"{overlap}-{time_model}.yaml"
+        p.write_text(yaml.safe_dump(doc, sort_keys=False))
+        r = runner.invoke(app, ["predict", str(p), "--json"], env={})
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)
+
+    plain, over = predicted(False), predicted(True)
+    assert over["band"]["model"] == "operators"
+    tp2 = 0
+    for a, b in zip(plain["runs"], over["runs"], strict=True):
+        assert b["settings"]["not_priced"] == []
+        if a["parts_s"]["tp"] == 0:  # TP 1: nothing to overlap
+            assert b["iteration_s"] == a["iteration_s"], a["name"]
+            continue
+        tp2 += 1
+        # TE's userbuffers hide the TP collectives under their GEMMs (with the sequence parallelism they need)
+        assert b["parts_s"]["tp"] < a["parts_s"]["tp"], (a["name"], a["parts_s"], b["parts_s"])
+        assert b["iteration_s"] < a["iteration_s"]
+    assert tp2 == 2
+    for one in predicted(True, time_model="flops")["runs"]:
+        assert one["settings"]["not_priced"] == [
+            "tp_comm_overlap (the FLOPs model prices TP communication exposed)"
+        ]
