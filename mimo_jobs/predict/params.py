@@ -100,8 +100,12 @@ def llm_tensors(
     p = preset.llm
     h, vocab = p.hidden_size, padded_vocab(p.vocab_size, tp)
     out = [Tensor(vocab * h // tp)] if stage == 0 else []
+    kinds: dict[bool, list[Tensor]] = {}  # a layer's tensors depend only on whether it is an MoE layer
     for i in stage_layers(p.num_layers, pp, vp, split, stage):
-        out += llm_layer_tensors(p, i, tp, ep, etp)
+        moe = p.is_moe_layer(i)
+        if moe not in kinds:
+            kinds[moe] = llm_layer_tensors(p, i, tp, ep, etp)
+        out += kinds[moe]
     if stage == pp - 1:
         out += _norm(h, p.normalization)
         if not (p.tie_word_embeddings and pp == 1):
