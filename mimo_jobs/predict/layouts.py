@@ -46,12 +46,13 @@ CPS = (1, 2, 4, 8)  # context parallel sizes tried for a text-only model of a st
 VPS = (1, 2, 4)  # virtual pipeline stages tried with them
 
 
-def candidate_layouts(base: Layout, nodes: int, who: Trainer = PACKAGED) -> list[Layout]:
+def candidate_layouts(base: Layout, nodes: int, who: Trainer = PACKAGED, prune: bool = True) -> list[Layout]:
     """Every feasible layout of `base`'s model and batch on `nodes` nodes (heterogeneous and colocated), for
     the model and trainer `who` (a text-only model of a study's own command: pipelined, interleaved and
     context-parallel layouts too, as Megatron-LM runs them). A text-only model has no encoder ranks to split
-    off: every GPU is its LLM's, so its layouts are colocated only."""
-    out = _split_and_colocated(base, nodes, who, split=not who.text_only)
+    off: every GPU is its LLM's, so its layouts are colocated only. `prune` False: every split is built and
+    checked (the same layouts, slower: what tests compare the pruned search to)."""
+    out = _split_and_colocated(base, nodes, who, split=not who.text_only, prune=prune)
     if who.text_only and not who.packaged:
         out += _text_only_megatron(base, nodes)
     return [lay for lay in out if not check(lay, who)]
@@ -118,7 +119,9 @@ def module_shapes(base: Layout, nodes: int, limit: int = MAX_SHAPE_COMBOS) -> li
     return shapes[:limit]
 
 
-def _split_and_colocated(base: Layout, nodes: int, who: Trainer, split: bool = True) -> list[Layout]:
+def _split_and_colocated(
+    base: Layout, nodes: int, who: Trainer, split: bool = True, prune: bool = True
+) -> list[Layout]:
     """Every encoder module its own TP and DP on its own ranks (the LLM's DP the rest of the world; only when
     `split`), or every module on every rank with the LLM's TP and DP; the LLM's TP, PP (dividing its layers),
     EP (dividing the experts) and expert TP (none, or the dense TP, which MoE with PP requires). A split whose
@@ -151,9 +154,9 @@ def _split_and_colocated(base: Layout, nodes: int, who: Trainer, split: bool = T
                         continue
                     mods = tuple(ModuleShape(n, t, 1, d) for n, (t, d) in zip(names, c))
                     lay = replace(base, **common, **llm, encoders=mods, colocated=False, llm_pp=pp, llm_dp=dp)
-                    if dp not in llm_holds:
+                    if prune and dp not in llm_holds:
                         llm_holds[dp] = not llm_check(lay, who)
-                    if llm_holds[dp]:
+                    if llm_holds.get(dp, True):
                         out.append(lay)
     return out
 

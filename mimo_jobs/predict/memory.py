@@ -18,6 +18,7 @@ Plus a fixed framework allowance per GPU (hardware.GPU.framework_bytes).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import itertools
 import math
@@ -263,6 +264,23 @@ def _llm_stage_tensors(preset, tp, ep, etp, pp, stage, vp=1, split=EVEN) -> tupl
 @functools.lru_cache(maxsize=1024)
 def _llm_stage_numels(preset, tp, ep, etp, pp, stage, vp=1, split=EVEN) -> tuple:
     return _numels(llm_tensors(preset, tp, ep, etp, pp, stage, vp, split))
+
+
+@contextlib.contextmanager
+def unmemoised():
+    """Inside, this module's memoised functions compute afresh on every call: the baseline benchmarks/predict.py
+    times the plan against, and what tests compare the memoised figures to."""
+    names = globals()
+    cached = {
+        n: f
+        for n, f in names.items()
+        if hasattr(f, "cache_clear") and getattr(f, "__module__", "") == __name__
+    }
+    names.update({n: f.__wrapped__ for n, f in cached.items()})
+    try:
+        yield
+    finally:
+        names.update(cached)
 
 
 def _state_key(rs: RunShape) -> tuple:
