@@ -30,7 +30,7 @@ from mimo_jobs.study.topology import module_ranges
 
 from . import activations as A
 from .hardware import GIB, GPU
-from .params import Tensor, llm_layer_tensors, llm_tensors, module_tensors
+from .params import Tensor, llm_layer_tensors, llm_parts, llm_tensors, module_tensors
 from .pipesplit import EVEN, stage_layers
 from .run import RunShape
 
@@ -263,7 +263,18 @@ def _llm_stage_tensors(preset, tp, ep, etp, pp, stage, vp=1, split=EVEN) -> tupl
 
 @functools.lru_cache(maxsize=1024)
 def _llm_stage_numels(preset, tp, ep, etp, pp, stage, vp=1, split=EVEN) -> tuple:
-    return _numels(llm_tensors(preset, tp, ep, etp, pp, stage, vp, split))
+    """_numels of one stage's tensors (llm_tensors), each of its parts read once: its layers of one kind are
+    one list (params.llm_parts), tens of thousands of expert tensors in an MoE stage."""
+    params, dense, expert = 0, [], []
+    read: dict[int, tuple] = {}  # by the part's identity: the parts list holds every part while it is read
+    for part in llm_parts(preset, tp, ep, etp, pp, stage, vp, split):
+        if id(part) not in read:
+            read[id(part)] = _numels(part)
+        n, d, e = read[id(part)]
+        params += n
+        dense += d
+        expert += e
+    return params, tuple(dense), tuple(expert)
 
 
 @contextlib.contextmanager
