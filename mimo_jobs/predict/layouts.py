@@ -202,18 +202,26 @@ def price_with_savers(shape: RunShape, lay: Layout, gpu: GPU, eff: Efficiency, h
     if free_bytes(first) >= headroom:
         return first
     best: Prediction | None = None
-    tried = {(rs.encoder_inflight, rs.recompute)}
+    # a saver priced like one tried before it cannot beat it (it must be faster by TIE): skipped
+    tried = {settings_priced(rs)}
     for saver in MEMORY_SAVERS:
         alt = replace(rs, **saver)
-        if (alt.encoder_inflight, alt.recompute) in tried:
+        if settings_priced(alt) in tried:
             continue
-        tried.add((alt.encoder_inflight, alt.recompute))
+        tried.add(settings_priced(alt))
         p = predict_shape(alt, gpu, eff, name=point_name(lay))
         if free_bytes(p) >= headroom and (
             best is None or p.time.iteration_s < best.time.iteration_s / (1 + TIE)
         ):
             best = p
     return best or first
+
+
+def settings_priced(rs: RunShape) -> tuple:
+    """The memory savers' settings a prediction of `rs` reads: encoder_inflight and each module's recompute;
+    a text-only model has no encoder, so the LLM's recompute alone (its savers price three settings, not
+    nine; tests/predict/test_plan_memo.py prices every saver to hold the time and memory models to it)."""
+    return (rs.recompute.llm,) if rs.preset.text_only else (rs.encoder_inflight, rs.recompute)
 
 
 def ranked(cands: list[Candidate]) -> list[Candidate]:

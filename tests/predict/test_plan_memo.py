@@ -2,7 +2,8 @@
 memoised functions) against every figure computed afresh (memory.unmemoised), with several studies planned one
 after another in the same process (a later study must not read what an earlier one left); the splits dropped
 by the rules of the LLM alone before they are built (layouts.candidate_layouts) against every split built and
-checked; the one-pass shard count against each DP rank's shard and a buffer laid out tensor by tensor."""
+checked; the memory savers a text-only model skips (layouts.settings_priced) against every saver priced; the
+one-pass shard count against each DP rank's shard and a buffer laid out tensor by tensor."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import yaml
 
 from helpers import REPO
 from mimo_jobs.predict import memory
+from mimo_jobs.predict.estimate import predict_shape
 from mimo_jobs.predict.hardware import study_gpu
-from mimo_jobs.predict.layouts import candidate_layouts, price_layouts
+from mimo_jobs.predict.layouts import MEMORY_SAVERS, candidate_layouts, price_layouts, settings_priced
 from mimo_jobs.predict.planning import candidate_json
-from mimo_jobs.predict.run import trainer_of
+from mimo_jobs.predict.run import on_layout, trainer_of
 from mimo_jobs.predict.start import study_start
 from mimo_jobs.predict.steptime import efficiency_for
 from mimo_jobs.study.diagnose import diagnose_data
@@ -100,6 +102,23 @@ def test_pruned_search_keeps_every_feasible_layout_in_order(key):
         assert {str(v) for v in part} <= {str(v) for v in whole}
         cut += bool(part)
     assert cut or who.text_only
+
+
+@pytest.mark.parametrize("key", ["text_only_moe", "megatron_gpt_mock"])
+def test_a_text_only_model_is_priced_by_its_llms_saver_settings_alone(key):
+    """Every memory saver on every layout of one node: those settings_priced calls alike price alike (the saver
+    loop tries one of each), and the LLM's three recompute settings are told apart."""
+    shape, gpu = _start(key)
+    eff = efficiency_for(gpu)
+    layouts = candidate_layouts(shape.layout, 1, trainer_of(shape))
+    assert len(layouts) > 10
+    for lay in layouts:
+        rs = on_layout(shape, lay)
+        priced: dict[tuple, tuple] = {}
+        for saver in ({}, *MEMORY_SAVERS):
+            p = predict_shape(replace(rs, **saver), gpu, eff)
+            assert priced.setdefault(settings_priced(p.shape), (p.time, p.memory)) == (p.time, p.memory)
+        assert sorted(priced) == [("full",), ("none",), ("selective",)]
 
 
 def _unchecked_splits(base, nodes: int) -> list:
