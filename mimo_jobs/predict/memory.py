@@ -218,8 +218,9 @@ def _numels(tensors) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
 
 # One buffer's padded size and its optimizer state depend only on its tensor sizes, its DP and the optimizer:
 # `plan` prices hundreds of layouts whose ranks share a few dozen buffers (the dense buffer of a stage is the
-# same whatever the expert layout; an encoder's whatever the LLM's), so each is laid out and sharded once.
-@functools.lru_cache(maxsize=4096)
+# same whatever the expert layout; an encoder's whatever the LLM's), so each is laid out and sharded once
+# (1024 of them at most: an MoE stage's buffer lists tens of thousands of tensor sizes).
+@functools.lru_cache(maxsize=1024)
 def _buffer_held(numels: tuple[int, ...], dp: int, distributed: bool, optimizer: str, bf16: bool):
     """(padded elements, optimizer bytes on the fullest DP rank) of one gradient buffer (buffer_of)."""
     b = buffer_of(numels, dp, distributed)
