@@ -269,7 +269,12 @@ class LLMArch:
 
     @property
     def moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+        """How many layers is_moe_layer counts (without a walk over the layers: the planner asks per layout)."""
+        if not self.num_experts:
+            return 0
+        if self.moe_layer_pattern is None:
+            return self.num_layers
+        return sum(bool(x) for x in self.moe_layer_pattern[: self.num_layers])
 
     def to_dict(self) -> dict:
         d = asdict(self)

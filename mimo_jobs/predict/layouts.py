@@ -20,6 +20,7 @@ from mimo_jobs.study.topology import (
     check,
     derive_llm_dp,
     derive_llm_dp_after,
+    llm_check,
 )
 
 from .estimate import Prediction, predict_shape
@@ -45,11 +46,13 @@ CPS = (1, 2, 4, 8)  # context parallel sizes tried for a text-only model of a st
 VPS = (1, 2, 4)  # virtual pipeline stages tried with them
 
 
-def candidate_layouts(base: Layout, nodes: int, who: Trainer = PACKAGED) -> list[Layout]:
+def candidate_layouts(base: Layout, nodes: int, who: Trainer = PACKAGED, prune: bool = True) -> list[Layout]:
     """Every feasible layout of `base`'s model and batch on `nodes` nodes (heterogeneous and colocated), for
     the model and trainer `who` (a text-only model of a study's own command: pipelined, interleaved and
-    context-parallel layouts too, as Megatron-LM runs them)."""
-    out = _split_and_colocated(base, nodes)
+    context-parallel layouts too, as Megatron-LM runs them). A text-only model has no encoder ranks to split
+    off: every GPU is its LLM's, so its layouts are colocated only. `prune` False: every split is built and
+    checked (the same layouts, slower: what tests compare the pruned search to)."""
+    out = _split_and_colocated(base, nodes, who, split=not who.text_only, prune=prune)
     if who.text_only and not who.packaged:
         out += _text_only_megatron(base, nodes)
     return [lay for lay in out if not check(lay, who)]
@@ -116,16 +119,20 @@ def module_shapes(base: Layout, nodes: int, limit: int = MAX_SHAPE_COMBOS) -> li
     return shapes[:limit]
 
 
-def _split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
-    """Every encoder module its own TP and DP on its own ranks (the LLM's DP the rest of the world), or every
-    module on every rank with the LLM's TP and DP; the LLM's TP, PP (dividing its layers), EP (dividing the
-    experts) and expert TP (none, or the dense TP, which MoE with PP requires)."""
+def _split_and_colocated(
+    base: Layout, nodes: int, who: Trainer, split: bool = True, prune: bool = True
+) -> list[Layout]:
+    """Every encoder module its own TP and DP on its own ranks (the LLM's DP the rest of the world; only when
+    `split`), or every module on every rank with the LLM's TP and DP; the LLM's TP, PP (dividing its layers),
+    EP (dividing the experts) and expert TP (none, or the dense TP, which MoE with PP requires). A split whose
+    LLM breaks a rule of the LLM alone (topology.llm_check: the batch does not tile its DP, ...) is dropped
+    with every other split of the same LLM shape, unbuilt: of ten thousand splits, a few hundred tile."""
     gpn, experts, world = base.gpus_per_node, base.num_experts, nodes * base.gpus_per_node
     names = [m.name for m in base.encoders]
     pps = [p for p in _divisors(base.llm_layers or 1) if p <= MAX_PP]
     eps = _divisors(experts) if experts else [1]
-    shapes = module_shapes(base, nodes, shapes_per_module(len(names)))
-    combos = [c for c in itertools.product(shapes, repeat=len(names)) if sum(t * d for t, d in c) < world]
+    shapes = module_shapes(base, nodes, shapes_per_module(len(names))) if split else []
+    combos = [(c, r) for c in itertools.product(shapes, repeat=len(names)) if (r := _ranks(c)) < world]
     common = {"nodes": nodes, "llm_cp": 1}
     out = []
     for ltp in _divisors(gpn):
@@ -140,16 +147,23 @@ def _split_and_colocated(base: Layout, nodes: int) -> list[Layout]:
                             base, **common, **llm, encoders=mods, colocated=True, llm_pp=1, llm_dp=colo_dp
                         )
                     )
-                for c in combos:
-                    dp = derive_llm_dp_after(nodes, gpn, sum(t * d for t, d in c), ltp, pp)
-                    if dp:
-                        mods = tuple(ModuleShape(n, t, 1, d) for n, (t, d) in zip(names, c))
-                        out.append(
-                            replace(
-                                base, **common, **llm, encoders=mods, colocated=False, llm_pp=pp, llm_dp=dp
-                            )
-                        )
+                llm_holds: dict[int, bool] = {}  # by the LLM's DP: whether the rules of the LLM alone hold
+                for c, ranks in combos:
+                    dp = derive_llm_dp_after(nodes, gpn, ranks, ltp, pp)
+                    if not dp or not llm_holds.get(dp, True):
+                        continue
+                    mods = tuple(ModuleShape(n, t, 1, d) for n, (t, d) in zip(names, c))
+                    lay = replace(base, **common, **llm, encoders=mods, colocated=False, llm_pp=pp, llm_dp=dp)
+                    if prune and dp not in llm_holds:
+                        llm_holds[dp] = not llm_check(lay, who)
+                    if llm_holds.get(dp, True):
+                        out.append(lay)
     return out
+
+
+def _ranks(combo: tuple) -> int:
+    """The ranks of one combination of encoder module shapes ((tp, dp) each)."""
+    return sum(t * d for t, d in combo)
 
 
 # Trainer settings that trade time for memory, tried on a layout only when the study's own settings do not
@@ -188,18 +202,26 @@ def price_with_savers(shape: RunShape, lay: Layout, gpu: GPU, eff: Efficiency, h
     if free_bytes(first) >= headroom:
         return first
     best: Prediction | None = None
-    tried = {(rs.encoder_inflight, rs.recompute)}
+    # a saver priced like one tried before it cannot beat it (it must be faster by TIE): skipped
+    tried = {settings_priced(rs)}
     for saver in MEMORY_SAVERS:
         alt = replace(rs, **saver)
-        if (alt.encoder_inflight, alt.recompute) in tried:
+        if settings_priced(alt) in tried:
             continue
-        tried.add((alt.encoder_inflight, alt.recompute))
+        tried.add(settings_priced(alt))
         p = predict_shape(alt, gpu, eff, name=point_name(lay))
         if free_bytes(p) >= headroom and (
             best is None or p.time.iteration_s < best.time.iteration_s / (1 + TIE)
         ):
             best = p
     return best or first
+
+
+def settings_priced(rs: RunShape) -> tuple:
+    """The memory savers' settings a prediction of `rs` reads: encoder_inflight and each module's recompute;
+    a text-only model has no encoder, so the LLM's recompute alone (its savers price three settings, not
+    nine; tests/predict/test_plan_memo.py prices every saver to hold the time and memory models to it)."""
+    return (rs.recompute.llm,) if rs.preset.text_only else (rs.encoder_inflight, rs.recompute)
 
 
 def ranked(cands: list[Candidate]) -> list[Candidate]:
@@ -225,8 +247,6 @@ def price_layouts(
     fit, over = [], []
     who = trainer_of(shape)
     for lay in candidate_layouts(shape.layout, nodes, who):
-        if shape.preset.text_only and not lay.colocated:
-            continue  # a GPT alone: every GPU is the LLM's, no encoder ranks to split off
         c = Candidate(lay, price_with_savers(shape, lay, gpu, eff, headroom))
         (fit if free_bytes(c.prediction) >= headroom else over).append(c)
     fit = ranked(fit)

@@ -18,15 +18,19 @@ Plus a fixed framework allowance per GPU (hardware.GPU.framework_bytes).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
+import itertools
 import math
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mimo_jobs.study.topology import module_ranges
 
 from . import activations as A
 from .hardware import GIB, GPU
-from .params import Tensor, llm_layer_tensors, llm_tensors, module_tensors
+from .params import Tensor, llm_layer_tensors, llm_parts, llm_tensors, module_tensors
 from .pipesplit import EVEN, stage_layers
 from .run import RunShape
 
@@ -119,18 +123,19 @@ def _pad(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def buffer_of(numels: list[int], dp: int, distributed: bool) -> Buffer:
+def buffer_of(numels: Sequence[int], dp: int, distributed: bool) -> Buffer:
     """megatron-core's _ParamAndGradBuffer with one bucket (overlap_grad_reduce is off): tensors in reverse
     order; under the distributed optimizer each starts at a multiple of 64 and the end is padded to a
     multiple of lcm(dp, 128)."""
-    starts, ends, pos = [], [], 0
-    for n in reversed(numels):
-        pos = _pad(pos, 64) if distributed else pos
-        starts.append(pos)
-        pos += n
-        ends.append(pos)
+    order = numels[::-1]
+    # a tensor starts where the one before it starts plus that one's size (padded to 64: the start before it
+    # is a multiple of 64 already), summed in C: plan lays out buffers of thousands of experts
+    steps = list(map({n: -(-n // 64) * 64 for n in set(order)}.__getitem__, order)) if distributed else order
+    starts = tuple(itertools.accumulate(steps[:-1], initial=0)) if order else ()
+    ends = tuple(map(operator.add, starts, order))
+    pos = ends[-1] if ends else 0
     size = _pad(pos, math.lcm(dp, 128)) if distributed and numels else pos
-    return Buffer(tuple(starts), tuple(ends), size, dp)
+    return Buffer(starts, ends, size, dp)
 
 
 def shard_of(buf: Buffer, dp_rank: int) -> tuple[int, int]:
@@ -172,16 +177,22 @@ def optimizer_bytes(
 
 def all_shards(buf: Buffer) -> list[tuple[int, int]]:
     """shard_of for every DP rank in one pass over the tensors (plan prices DP up to hundreds)."""
-    width = buf.size // buf.dp
-    n, pieces = [0] * buf.dp, [0] * buf.dp
-    for s, e in zip(buf.starts, buf.ends):
-        r = s // width if width else buf.dp
-        while r < buf.dp and r * width < e:
-            overlap = min((r + 1) * width, e) - max(r * width, s)
-            if overlap > 0:
-                n[r] += overlap
-                pieces[r] += 1
-            r += 1
+    dp, width = buf.dp, buf.size // buf.dp
+    n, pieces = [0] * dp, [0] * dp
+    for s, e in zip(buf.starts, buf.ends) if width else ():
+        if e <= s:
+            continue  # an empty tensor is a piece of no shard
+        first = s // width
+        hi = (first + 1) * width
+        if e <= hi:  # the whole tensor in one shard: most tensors
+            n[first] += e - s
+            pieces[first] += 1
+            continue
+        n[first] += hi - s  # its head, then every shard it covers, then its tail
+        pieces[first] += 1
+        for r in range(first + 1, min(dp, -(-e // width))):
+            n[r] += min(e, (r + 1) * width) - r * width
+            pieces[r] += 1
     return list(zip(n, pieces))
 
 
@@ -194,14 +205,43 @@ def buffers_of(tensors: list[Tensor], dp: int, edp: int, distributed: bool) -> l
 # -- per module
 
 
+def _numels(tensors) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """(parameters, the dense buffer's tensor sizes, the expert buffer's) of one rank's tensors, in
+    registration order; a frozen tensor has no gradient, so no place in a buffer."""
+    params, dense, expert = 0, [], []
+    for t in tensors:
+        params += t.numel
+        if not t.frozen:
+            (expert if t.expert else dense).append(t.numel)
+    return params, tuple(dense), tuple(expert)
+
+
+# One buffer's padded size and its optimizer state depend only on its tensor sizes, its DP and the optimizer:
+# `plan` prices hundreds of layouts whose ranks share a few dozen buffers (the dense buffer of a stage is the
+# same whatever the expert layout; an encoder's whatever the LLM's), so each is laid out and sharded once
+# (1024 of them at most: an MoE stage's buffer lists tens of thousands of tensor sizes).
+@functools.lru_cache(maxsize=1024)
+def _buffer_held(numels: tuple[int, ...], dp: int, distributed: bool, optimizer: str, bf16: bool):
+    """(padded elements, optimizer bytes on the fullest DP rank) of one gradient buffer (buffer_of)."""
+    b = buffer_of(numels, dp, distributed)
+    return b.size, optimizer_bytes([b], distributed, optimizer, bf16)
+
+
+def _held_numels(numels: tuple, dp: int, edp: int, state: tuple, frozen: bool) -> tuple[int, int, int]:
+    """(parameters, gradient bytes, optimizer bytes) of one rank's tensors given as _numels; `state`:
+    _state_key. The dense buffer is sharded over `dp`, the expert buffer (if any) over `edp`."""
+    distributed, optimizer, bf16, grad_bytes = state
+    params, dense, expert = numels
+    if frozen:
+        return params, 0, 0
+    bufs = [(dense, dp)] + ([(expert, edp)] if expert else [])
+    held = [_buffer_held(n, d, distributed, optimizer, bf16) for n, d in bufs]
+    return params, sum(size for size, _ in held) * grad_bytes, sum(opt for _, opt in held)
+
+
 def _held(tensors: list[Tensor], dp: int, edp: int, state: tuple, frozen: bool) -> tuple[int, int, int]:
     """(parameters, gradient bytes, optimizer bytes) of one rank's tensors; `state`: _state_key."""
-    distributed, optimizer, bf16, grad_bytes = state
-    params = sum(t.numel for t in tensors)
-    bufs = buffers_of(tensors, dp, edp, distributed)
-    grads = 0 if frozen else sum(b.size for b in bufs) * grad_bytes
-    opt = 0 if frozen else optimizer_bytes(bufs, distributed, optimizer, bf16)
-    return params, grads, opt
+    return _held_numels(_numels(tensors), dp, edp, state, frozen)
 
 
 # What a rank holds depends only on how its module is sharded, not on the rest of the layout: `plan` prices
@@ -213,14 +253,46 @@ def _module_held(state: tuple, arch, llm_hidden: int, tp: int, dp: int, frozen: 
 
 @functools.lru_cache(maxsize=4096)
 def _llm_held(state: tuple, preset, tp, ep, etp, pp, stage, dp, edp, frozen: bool, vp=1, split=EVEN):
-    tensors = list(_llm_stage_tensors(preset, tp, ep, etp, pp, stage, vp, split))
-    return _held(tensors, dp, edp, state, frozen)
+    return _held_numels(_llm_stage_numels(preset, tp, ep, etp, pp, stage, vp, split), dp, edp, state, frozen)
 
 
 @functools.lru_cache(maxsize=1024)
 def _llm_stage_tensors(preset, tp, ep, etp, pp, stage, vp=1, split=EVEN) -> tuple:
     # one stage's tensors do not depend on DP: layouts that differ only in DP share them
     return tuple(llm_tensors(preset, tp, ep, etp, pp, stage, vp, split))
+
+
+@functools.lru_cache(maxsize=1024)
+def _llm_stage_numels(preset, tp, ep, etp, pp, stage, vp=1, split=EVEN) -> tuple:
+    """_numels of one stage's tensors (llm_tensors), each of its parts read once: its layers of one kind are
+    one list (params.llm_parts), tens of thousands of expert tensors in an MoE stage."""
+    params, dense, expert = 0, [], []
+    read: dict[int, tuple] = {}  # by the part's identity: the parts list holds every part while it is read
+    for part in llm_parts(preset, tp, ep, etp, pp, stage, vp, split):
+        if id(part) not in read:
+            read[id(part)] = _numels(part)
+        n, d, e = read[id(part)]
+        params += n
+        dense += d
+        expert += e
+    return params, tuple(dense), tuple(expert)
+
+
+@contextlib.contextmanager
+def unmemoised():
+    """Inside, this module's memoised functions compute afresh on every call: the baseline benchmarks/predict.py
+    times the plan against, and what tests compare the memoised figures to."""
+    names = globals()
+    cached = {
+        n: f
+        for n, f in names.items()
+        if hasattr(f, "cache_clear") and getattr(f, "__module__", "") == __name__
+    }
+    names.update({n: f.__wrapped__ for n, f in cached.items()})
+    try:
+        yield
+    finally:
+        names.update(cached)
 
 
 def _state_key(rs: RunShape) -> tuple:

@@ -97,16 +97,37 @@ def llm_tensors(
     split: PipelineSplit = EVEN,
 ) -> list[Tensor]:
     """One LLM pipeline stage on one TP/EP rank: its layers as megatron-core splits them (pipesplit.py)."""
+    return [t for part in llm_parts(preset, tp, ep, etp, pp, stage, vp, split) for t in part]
+
+
+def llm_parts(
+    preset: ModelArch,
+    tp: int,
+    ep: int,
+    etp: int,
+    pp: int,
+    stage: int,
+    vp: int = 1,
+    split: PipelineSplit = EVEN,
+) -> list[list[Tensor]]:
+    """llm_tensors in parts, in order: the embedding (first stage), each layer, the final norm and the output
+    layer (last stage). A layer's tensors depend only on whether it is an MoE layer: the layers of one kind
+    are one list, repeated (what reads them reads each kind once)."""
     p = preset.llm
     h, vocab = p.hidden_size, padded_vocab(p.vocab_size, tp)
-    out = [Tensor(vocab * h // tp)] if stage == 0 else []
+    parts = [[Tensor(vocab * h // tp)]] if stage == 0 else []
+    kinds: dict[bool, list[Tensor]] = {}
     for i in stage_layers(p.num_layers, pp, vp, split, stage):
-        out += llm_layer_tensors(p, i, tp, ep, etp)
+        moe = p.is_moe_layer(i)
+        if moe not in kinds:
+            kinds[moe] = llm_layer_tensors(p, i, tp, ep, etp)
+        parts.append(kinds[moe])
     if stage == pp - 1:
-        out += _norm(h, p.normalization)
+        tail = _norm(h, p.normalization)
         if not (p.tie_word_embeddings and pp == 1):
-            out.append(Tensor(vocab * h // tp))
-    return out
+            tail.append(Tensor(vocab * h // tp))
+        parts.append(tail)
+    return parts
 
 
 def vit_tensors(e: EncoderArch, tp: int) -> list[Tensor]:

@@ -570,10 +570,9 @@ def _bridge(lay: Layout) -> list[Violation]:
     return out
 
 
-def _pp(lay: Layout, who: Trainer) -> list[Violation]:
-    """`pp-layers`, `encoder-pp`, `moe-pp`: LLM pipeline stages hold whole, equal shares of the layers (and,
-    with experts, split them over their own DP ranks: ETP = TP); the encoder is one stage (it runs 1F1B
-    against the bridge instead of a pipeline of its own)."""
+def _encoder_pp(lay: Layout) -> list[Violation]:
+    """`encoder-pp`: the encoder is one stage (it runs 1F1B against the bridge instead of a pipeline of its
+    own)."""
     out = []
     for m in lay.encoders:
         if m.pp != 1:
@@ -586,6 +585,13 @@ def _pp(lay: Layout, who: Trainer) -> list[Violation]:
                     f"{pp}=1",
                 )
             )
+    return out
+
+
+def _llm_pp(lay: Layout, who: Trainer) -> list[Violation]:
+    """`moe-pp`, `pp-layers`: LLM pipeline stages hold whole, equal shares of the layers (and, with experts,
+    split them over their own DP ranks: ETP = TP)."""
+    out = []
     if lay.num_experts and lay.llm_pp > 1 and lay.llm_etp != lay.llm_tp:
         out.append(
             Violation(
@@ -626,8 +632,11 @@ class Trainer:
 
 
 PACKAGED = Trainer()
-RULES = (_tiling, _tp_within_node, _cp, _moe, _pp, _gbs, _bridge)
-_WHO = {_tiling, _cp, _pp}  # the rules that depend on the model and the trainer
+RULES = (_tiling, _tp_within_node, _cp, _moe, _encoder_pp, _llm_pp, _gbs, _bridge)
+_WHO = {_tiling, _cp, _llm_pp}  # the rules that depend on the model and the trainer
+# The rules that read only the LLM's sizes, its layers and the batch (not the encoders, not where any rank
+# sits): a layout that breaks one breaks it whatever its encoders are.
+LLM_RULES = (_cp, _moe, _llm_pp, _gbs)
 
 
 def check(lay: Layout, who: Trainer = PACKAGED) -> list[Violation]:
@@ -637,6 +646,13 @@ def check(lay: Layout, who: Trainer = PACKAGED) -> list[Violation]:
     if bad_sizes:
         return bad_sizes
     return [v for rule in RULES for v in (rule(lay, who) if rule in _WHO else rule(lay))]
+
+
+def llm_check(lay: Layout, who: Trainer = PACKAGED) -> list[Violation]:
+    """The violations of LLM_RULES alone: for a layout of sizes >= 1, a part of what `check` reports, the
+    same for every layout with these LLM sizes and this batch (plan asks once per LLM shape, not once per
+    encoder split)."""
+    return [v for rule in LLM_RULES for v in (rule(lay, who) if rule in _WHO else rule(lay))]
 
 
 def rank_layout(lay: Layout, who: Trainer = PACKAGED) -> RankLayout:
