@@ -101,14 +101,14 @@ LOCAL_EXPERTS_SHARE = 0.136
 # carries). A generation with one source has no figure: nothing is left to hold out against.
 HELD_OUT: dict[str, tuple[float, float, int, int]] = {
     "ampere": (0.186, 0.375, 44, 6),
-    "blackwell": (0.349, 0.349, 1, 1),
-    "hopper": (0.305, 0.647, 51, 6),
+    "blackwell": (0.38, 0.38, 1, 1),
+    "hopper": (0.299, 0.732, 45, 5),
 }
 
 FITTED_EFFICIENCY: dict[str, tuple[float, float, float]] = {
     "ampere": (0.666, 0.600, 448.0),
-    "blackwell": (0.300, 0.765, 512.0),
-    "hopper": (0.566, 0.950, 704.0),
+    "blackwell": (0.296, 0.825, 576.0),
+    "hopper": (0.628, 1.000, 1024.0),
 }
 
 

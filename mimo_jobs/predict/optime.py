@@ -7,12 +7,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mimo_jobs.model.arch import padded_vocab
+from mimo_jobs.model.attention import attention_kernel
 
 from . import operators as ops
 from .flops import flops_per_sample
 from .hardware import GPU, GPUS, generation
 from .memory import MemoryPlan
-from .opdata import FITTED_RESIDUAL, OP_GPUS, OpGPU
+from .opdata import FITTED_RESIDUAL, OP_GPUS, UNFUSED, OpGPU
 from .pipesplit import slowest_stage_layers
 from .run import RunShape
 from .steptime import StepTime
@@ -63,11 +64,21 @@ def _llm_rank_state(mem: MemoryPlan) -> tuple[float, float]:
     return params, touched
 
 
+def attention_for(rs: RunShape, gpu: GPU) -> ops.Attention:
+    """The core attention the packaged trainer runs on the GPU's layers (model/attention.py
+    attention_kernel): its attention dropout is 0 (trainer/model/models.py), and megatron-core's unfused
+    local attention softmaxes an fp32 copy with torch (masked_softmax_fusion off)."""
+    kernel = attention_kernel(gpu.layers, rs.attention)
+    return ops.Attention(kernel, dropout=False, softmax_fp32=kernel == UNFUSED)
+
+
 def op_step(
-    rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual, fp8: bool | None = None
-) -> ops.OpStep:
+    rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual, fp8: bool | None = None,
+    attention: ops.Attention | None = None,
+) -> ops.OpStep:  # fmt: skip
     """The operator model's iteration for the shape (its LLM; supports() says when that is all of it), its
-    GEMMs at the FP8 rate where the study trains in fp8 (`rs.fp8`; `fp8` overrides it)."""
+    GEMMs at the FP8 rate where the study trains in fp8 (`rs.fp8`; `fp8` overrides it), its attention by
+    the kernel the packaged trainer runs (attention_for; `attention` overrides it: a published run's own)."""
     lay, p = rs.layout, rs.preset.llm
     params, touched = _llm_rank_state(mem)
     return ops.step(
@@ -95,6 +106,7 @@ def op_step(
         alpha_s=gpu.step_s,
         res=res,
         vocab=padded_vocab(p.vocab_size, lay.llm_tp),
+        attention=attention_for(rs, gpu) if attention is None else attention,
     )
 
 
