@@ -43,9 +43,9 @@ a study's by model/attention.py attention_kernel), ATTENTION_KERNELS:
 FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608), section 4.1, Figures 5 and 6: BF16 on an H100 80GB
 SXM5, head dimension 128, 16k tokens a batch (batch x sequence) and hidden size 2048, sequence lengths 512 to
 16k, TFLOP/s counted as the paper counts them (4 b a d s^2 forward, halved under the causal mask; backward
-2.5x the forward). Forward: the causal-mask panel at head dim 128 (the one whose standard attention runs at
-26-35 TFLOP/s); backward: the paper's backward panel at head dim 128 (measured without the causal mask; the
-paper's backward figure has no causal panel). The values, per sequence length 512, 1k, 2k, 4k, 8k, 16k:
+2.5x the forward). Forward: the head-dim-128 panel with the causal mask (the one whose standard attention
+runs at 26-35 TFLOP/s; without the mask it runs at 74-139); backward: the head-dim-128 backward panel
+without the causal mask (the one restated here). The values, per sequence length 512, 1k, 2k, 4k, 8k, 16k:
   forward   FlashAttention-2 191, 260, 298, 319, 333, 335; cuDNN 315, 410, 484, 518, 529, 539;
             FlashAttention-3 292, 423, 521, 579, 602, 616
   backward  FlashAttention-2 214, 260, 291, 310, 318, 322; cuDNN 305, 408, 465, 499, 518, 516;
