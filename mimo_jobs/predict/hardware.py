@@ -87,7 +87,7 @@ GENERATION = {"A100": "ampere", "H100": "hopper", "H200": "hopper", "GH200": "ho
 # H200, torch 2.11.0+cu130, megatron-core 0.19.2, no Transformer Engine): the dense-1b run fixes the compute
 # share, the 4-layer moe-8x1b run the experts share. One GPU and one run per model kind: every generation is
 # priced with these shares (docs/predict.md, "Transformer Engine or local layers").
-LOCAL_COMPUTE_SHARE = 0.182
+LOCAL_COMPUTE_SHARE = 0.184
 LOCAL_EXPERTS_SHARE = 0.136
 
 # (compute, network, GEMM half width) per generation: steptime.Efficiency's llm (and encoder) and network
