@@ -13,7 +13,9 @@ python benchmarks/operators.py --fit  also the fresh fit per generation, as opda
 
 The residuals (operators.Residual: gemm, comm) are fitted per GPU generation on the bf16/fp16 rows
 (published.Row.fitted) by a grid search on the sum of squared log errors; fp8 rows are priced (GEMMs at the
-FP8 peak, as Transformer Engine runs them) and shown, not fitted.
+FP8 peak, as Transformer Engine runs them) and shown, not fitted; so are the rows whose source says it does
+not know its GPUs' peak (runs.yaml's peak_not_known), priced at the datasheet's. Each row's attention is
+priced by the kernel it ran (runs.yaml's attention; published.row_attention).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from published import (  # noqa: E402
     flops_price,
     held_out_bands,
     load_rows,
+    row_attention,
     row_errors,
     row_gpu,
     stored,
@@ -63,7 +66,9 @@ class Priced:
 
     def seconds(self, i: int, res: Residual) -> float:
         r = self.rows[i]
-        return op_step(r.shape, self.mem[i], self.gpus[i], res, fp8=r.precision == "fp8").iteration_s
+        return op_step(
+            r.shape, self.mem[i], self.gpus[i], res, fp8=r.precision == "fp8", attention=row_attention(r)
+        ).iteration_s
 
     def price(self, residual: Callable[[GPU], Residual]) -> Callable[[Row], float]:
         """A row's step seconds with each GPU's residual (`residual`: optime.residual_for, the stored fit)."""
@@ -149,6 +154,8 @@ def main(argv: list[str]) -> None:
     fp8 = [i for i, r in enumerate(rows) if r.precision == "fp8"]
     print(line("fp8 rows, operator model, physical defaults:", [default[i] for i in fp8]))
     print(line("fp8 rows, operator model, fitted residuals:", [fitted[i] for i in fp8]))
+    unknown = [i for i, r in enumerate(rows) if r.peak_not_known is not None and r.precision != "fp8"]
+    print(line("rows on GPUs of unknown peak, datasheet peak, fitted:", [fitted[i] for i in unknown]))
     print()
     print("ranking within each measured sweep (GPU-seconds per token; FLOPs model, then operator model):")
     flops = sweep_lines(sweep_ranks(rows, flops_price(stored(rows))))

@@ -29,6 +29,8 @@ from mimo_jobs.predict.estimate import predict_shape
 from mimo_jobs.predict.fit import Decomposed, decompose, fit_generations
 from mimo_jobs.predict.flops import flops_per_sample
 from mimo_jobs.predict.hardware import GPU, GPUS, generation
+from mimo_jobs.predict.opdata import ATTENTION_KERNELS, UNFUSED
+from mimo_jobs.predict.operators import Attention
 from mimo_jobs.predict.pipesplit import PipelineSplit
 from mimo_jobs.predict.run import RunShape, on_layout
 from mimo_jobs.predict.steptime import Efficiency, efficiency_for, gemm_width
@@ -79,10 +81,22 @@ class Row:
     sweep: str | None = None  # runs.yaml's `sweep`: layouts of one model on one cluster, one source
     known_miss: str | None = None  # runs.yaml's `known_miss`: why the memory model over-prices this run
     network: Network | None = None  # runs.yaml's `network`: the cluster's inter-node rate (row_gpu)
+    attention: str = "cudnn"  # runs.yaml's `attention`: the core attention kernel the run used
+    # runs.yaml's `peak_not_known`: the source's words that its GPUs' peak is not the datasheet's and unknown
+    peak_not_known: str | None = None
 
     @property
     def fitted(self) -> bool:
-        return self.in_fit and self.precision in FIT_PRECISIONS
+        """In the fit and the bf16 held-out figures: a bf16/fp16 row the source keeps in, on a GPU whose peak
+        is known."""
+        return self.in_fit and self.precision in FIT_PRECISIONS and self.peak_not_known is None
+
+
+def row_attention(r: Row) -> Attention:
+    """The core attention the operator model prices a row with: its kernel (runs.yaml's `attention`); the
+    unfused rows are Megatron's, with its fused 16-bit softmax kernel and attention dropout at Megatron's
+    default 0.1 (runs.yaml's header)."""
+    return Attention(r.attention, dropout=r.attention == UNFUSED)
 
 
 def row_gpu(r: Row) -> GPU:
@@ -214,6 +228,11 @@ def load_rows(path: Path = DATA) -> tuple[dict, list[Row]]:
     archs = {name: _arch(name, m) for name, m in doc["models"].items()}
     rows = []
     for r in doc["rows"]:
+        if r.get("attention") not in ATTENTION_KERNELS:
+            raise ValueError(
+                f"{path}: row {r.get('id')!r}: attention {r.get('attention')!r} is not one of "
+                f"{', '.join(ATTENTION_KERNELS)} (runs.yaml's header says which kernel each source ran)"
+            )
         arch = archs[r["model"]]
         shape = _shape(arch, r["seq_length"], r["layout"], r["precision"])
         rows.append(
@@ -231,6 +250,8 @@ def load_rows(path: Path = DATA) -> tuple[dict, list[Row]]:
                 r.get("sweep"),
                 r.get("known_miss"),
                 network_of(doc, r, path),
+                r["attention"],
+                r.get("peak_not_known"),
             )
         )
     return doc, rows
@@ -451,6 +472,7 @@ def main(argv: list[str]) -> None:
     for label, keep in (
         ("fp8 rows", lambda r: r.precision == "fp8"),
         ("rows kept out", lambda r: not r.in_fit),
+        ("rows on GPUs of unknown peak", lambda r: r.peak_not_known is not None and r.precision != "fp8"),
     ):
         errs = [a for r, a in zip(rows, after, strict=True) if keep(r)]
         if errs:

@@ -5,7 +5,8 @@ prices them by it) share.
 `trainer.attention` chooses for megatron-core's local layers (the CPU, and a GPU without Transformer
 Engine): `sdpa`, torch's fused scaled_dot_product_attention (trainer/model/sdpa.py), which keeps the output
 and the fp32 log-sum-exp per query row; or `unfused`, megatron-core's DotProductAttention, which computes and
-keeps every s x s score matrix. Transformer Engine's layers always run its fused attention.
+keeps every s x s score matrix. Transformer Engine's layers always run its fused attention. Which kernel
+the step-time model prices each as: attention_kernel.
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ from typing import Literal, get_args
 
 Attention = Literal["sdpa", "unfused"]
 SDPA, UNFUSED = get_args(Attention)
+
+
+def attention_kernel(layers: str, attention: str) -> str:
+    """The kernel the step-time model prices the core attention as (predict/opdata.py ATTENTION_KERNELS):
+    Transformer Engine's layers run cuDNN's fused attention; the local layers torch's SDPA (its flash
+    backend, FlashAttention-2, on a GPU) or megatron-core's unfused DotProductAttention."""
+    if layers == "local":
+        return "unfused" if attention == UNFUSED else "flash2"
+    return "cudnn"
 
 
 def keeps_scores(layers: str, attention: str) -> bool:

@@ -87,7 +87,7 @@ GENERATION = {"A100": "ampere", "H100": "hopper", "H200": "hopper", "GH200": "ho
 # H200, torch 2.11.0+cu130, megatron-core 0.19.2, no Transformer Engine): the dense-1b run fixes the compute
 # share, the 4-layer moe-8x1b run the experts share. One GPU and one run per model kind: every generation is
 # priced with these shares (docs/predict.md, "Transformer Engine or local layers").
-LOCAL_COMPUTE_SHARE = 0.182
+LOCAL_COMPUTE_SHARE = 0.184
 LOCAL_EXPERTS_SHARE = 0.136
 
 # (compute, network, GEMM half width) per generation: steptime.Efficiency's llm (and encoder) and network
@@ -101,14 +101,14 @@ LOCAL_EXPERTS_SHARE = 0.136
 # carries). A generation with one source has no figure: nothing is left to hold out against.
 HELD_OUT: dict[str, tuple[float, float, int, int]] = {
     "ampere": (0.186, 0.375, 44, 6),
-    "blackwell": (0.349, 0.349, 1, 1),
-    "hopper": (0.305, 0.647, 51, 6),
+    "blackwell": (0.38, 0.38, 1, 1),
+    "hopper": (0.299, 0.732, 45, 5),
 }
 
 FITTED_EFFICIENCY: dict[str, tuple[float, float, float]] = {
     "ampere": (0.666, 0.600, 448.0),
-    "blackwell": (0.300, 0.765, 512.0),
-    "hopper": (0.566, 0.950, 704.0),
+    "blackwell": (0.296, 0.825, 576.0),
+    "hopper": (0.628, 1.000, 1024.0),
 }
 
 

@@ -23,12 +23,56 @@ Sources:
          Blackwell architecture technical brief, B200: two dies of 74 SMs enabled).
 NVLink figures are both directions together; a collective's bus bandwidth is one direction, half.
 
-The attention efficiency per generation is the fraction of the bf16 peak a fused attention kernel reaches
-forward and backward together: FlashAttention-2 (Dao 2023, arXiv:2307.08691, abstract and section 4.1)
-reaches 50-73% of the A100's peak, its backward at the lower end; FlashAttention-3 (Shah et al. 2024,
-arXiv:2407.08608, abstract) reaches 75% forward on H100 in FP16/BF16, with the backward (2.5x the
-forward's FLOPs: five matrix products against two) well below it. Both take the lower end, 0.50; Blackwell
-has no figure restated here and takes Hopper's.
+The core attention is priced by the kernel the run uses (operators.core_attention_s; runs.yaml's `attention`,
+a study's by model/attention.py attention_kernel), ATTENTION_KERNELS:
+  flash1   FlashAttention (Dao et al. 2022). FlashAttention-2 (Dao 2023, arXiv:2307.08691, abstract): the
+           first FlashAttention reaches "only 25-40% of the theoretical maximum FLOPs/s" of the A100; priced
+           at the lower end, 0.25 of the bf16 peak forward and backward.
+  flash2   FlashAttention-2 (torch's SDPA flash backend too). On Ampere the same abstract: "50-73% of the
+           theoretical maximum FLOPs/s on A100", the backward at the lower end; priced at 0.50 forward and
+           backward. On Hopper the FlashAttention-3 paper's measurements below.
+  cudnn    cuDNN's fused attention, what Transformer Engine runs on Hopper (NeMo, Megatron-Bridge, the
+           packaged trainer's TE layers). Hopper: the FlashAttention-3 paper's measurements below; Ampere
+           has no cuDNN figure restated here and takes FlashAttention-2's.
+  flash3   FlashAttention-3 (Hopper only: its kernels use Hopper's asynchronous tensor-core and TMA
+           instructions). The FlashAttention-3 paper's measurements below.
+  unfused  the score matrix materialised (Megatron-LM's and Megatron-DeepSpeed's CoreAttention before flash
+           attention, megatron-core's local DotProductAttention): two batched GEMMs (Q K^T and the
+           probabilities times V, each backward two more) priced as GEMMs (operators.gemm_s), plus the s x s
+           scores' element-wise passes at HBM bandwidth (UNFUSED_SCORE_BYTES).
+FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608), section 4.1, Figures 5 and 6: BF16 on an H100 80GB
+SXM5, head dimension 128, 16k tokens a batch (batch x sequence) and hidden size 2048, sequence lengths 512 to
+16k, TFLOP/s counted as the paper counts them (4 b a d s^2 forward, halved under the causal mask; backward
+2.5x the forward). Forward: the head-dim-128 panel with the causal mask (the one whose standard attention
+runs at 26-35 TFLOP/s; without the mask it runs at 74-139); backward: the head-dim-128 backward panel
+without the causal mask (the one restated here). The values, per sequence length 512, 1k, 2k, 4k, 8k, 16k:
+  forward   FlashAttention-2 191, 260, 298, 319, 333, 335; cuDNN 315, 410, 484, 518, 529, 539;
+            FlashAttention-3 292, 423, 521, 579, 602, 616
+  backward  FlashAttention-2 214, 260, 291, 310, 318, 322; cuDNN 305, 408, 465, 499, 518, 516;
+            FlashAttention-3 316, 424, 501, 542, 559, 561
+Each becomes a share of the H100 SXM's dense BF16 peak (989.5 TFLOP/s), applied to the priced GPU's own
+peak, interpolated in log sequence length (the query block each rank's kernel sees) and held at the ends.
+Blackwell has no figure restated here and takes Hopper's shares.
+
+The unfused attention's score passes (UNFUSED_SCORE_BYTES, bytes per score element, forward and backward;
+the GEMMs' own reads and writes of the scores are the GEMMs' HBM floor): Megatron's fused scale-mask-softmax
+kernel (megatron/fused_kernels, 16-bit in and out) reads and writes each score once forward (4) and reads the
+output and its gradient and writes the input gradient backward (6); attention dropout reads and writes each
+probability and writes a one-byte mask forward (5), reads the gradient and the mask and writes backward (5);
+megatron-core's local DotProductAttention with torch's softmax on an fp32 copy (attention_softmax_in_fp32,
+fusions/fused_softmax.py forward_torch_softmax) casts to fp32 (2 + 4), masks (4 + 1 + 4), softmaxes (4 + 4)
+and casts back (4 + 2) forward, 29, and the same passes backward with the softmax gradient reading two fp32
+tensors, 33.
+Those passes run at UNFUSED_PASS_HBM_SHARE of the HBM bandwidth, a share derived from a published kernel
+measurement, not from the runs the model is checked on: the FlashAttention-3 paper's "standard attention"
+(PyTorch: a batched GEMM, softmax, a batched GEMM; 16-bit, no dropout, no mask) at head dim 128 and sequence
+8k on the H100 SXM5 (batch 2, 16 heads) runs 139 TFLOP/s forward and 181 backward (Figures 5 and 6, the
+panels without the causal mask): 23.1 ms forward and backward together, of which the model's GEMMs at the
+peaks above take 7.8 ms, leaving 21.5 GB of score passes 15.3 ms, 0.42 of 3.35 TB/s. A check on another
+machine: Azure/AI-benchmarking-guide, Azure_Results/ND_H100_v5_results.md, "Flash Attention 2.0" (its
+Benchmarks/FlashAttention.py runs flash-attention's benchmarks/benchmark_flash_attention.py, batch 2,
+sequence 8192, head dim 128 as the table says): standard attention (PyTorch) 145.1 TFLOPS, FlashAttention-2
+327.9 on an ND H100 v5, 2.26x (tests/predict/test_attention_kernels.py holds the model to it).
 
 The GEMM tile the wave count uses: NVIDIA's "Matrix Multiplication Background User's Guide" (Deep Learning
 Performance Documentation, sections "Tile Quantization" and "Wave Quantization") works its examples with
@@ -53,18 +97,18 @@ class OpGPU:
     nvlink_bytes_per_s: float  # one direction, per GPU
     net_bytes_per_s: float  # one direction, per GPU, across nodes
     sms: int
-    attention_efficiency: float  # of bf16_flops, fused attention forward + backward
+    generation: str  # the architecture the attention kernels' figures are keyed by (ATTENTION_SHARES)
     has_fp8: bool = True
     # a measured operator table (optable.OpsTable): GEMMs and attention priced from it (operators.py)
     measured: object | None = None
 
 
 OP_GPUS: dict[str, OpGPU] = {
-    "A100": OpGPU("A100", 312e12, 312e12, 2.039e12, 300 * GB, 25 * GB, 108, 0.50, has_fp8=False),
-    "H100": OpGPU("H100", 989.5e12, 1979e12, 3.35e12, 450 * GB, 50 * GB, 132, 0.50),
-    "H200": OpGPU("H200", 989.5e12, 1979e12, 4.8e12, 450 * GB, 50 * GB, 132, 0.50),
-    "GH200": OpGPU("GH200", 989.5e12, 1979e12, 4.0e12, 450 * GB, 50 * GB, 132, 0.50),
-    "B200": OpGPU("B200", 2.25e15, 4.5e15, 8.0e12, 900 * GB, 50 * GB, 148, 0.50),
+    "A100": OpGPU("A100", 312e12, 312e12, 2.039e12, 300 * GB, 25 * GB, 108, "ampere", has_fp8=False),
+    "H100": OpGPU("H100", 989.5e12, 1979e12, 3.35e12, 450 * GB, 50 * GB, 132, "hopper"),
+    "H200": OpGPU("H200", 989.5e12, 1979e12, 4.8e12, 450 * GB, 50 * GB, 132, "hopper"),
+    "GH200": OpGPU("GH200", 989.5e12, 1979e12, 4.0e12, 450 * GB, 50 * GB, 132, "hopper"),
+    "B200": OpGPU("B200", 2.25e15, 4.5e15, 8.0e12, 900 * GB, 50 * GB, 148, "blackwell"),
 }
 
 TILE_M, TILE_N = 256, 128  # output tile per SM (the module docstring's user's guide)
@@ -101,15 +145,58 @@ FP8_CAST_BYTES_PER_ELEMENT = 2 + 2 * 1
 # defaults (1, 1).
 FITTED_RESIDUAL: dict[str, tuple[float, float]] = {
     "ampere": (0.750, 2.0),
-    "blackwell": (0.325, 1.25),
-    "hopper": (0.550, 1.0),
+    "blackwell": (0.375, 1.5),
+    "hopper": (0.625, 1.0),
 }
 
 # How far the residuals above hold on runs they were not fitted on, per generation: (median |error|, worst
 # |error|, rows, sources) of each generation's fitted published rows priced by a fit made without their
 # source (`python benchmarks/operators.py --fit` prints it); band.py gives it to the times this model prices.
 HELD_OUT: dict[str, tuple[float, float, int, int]] = {
-    "ampere": (0.065, 0.238, 44, 6),
-    "blackwell": (0.37, 0.37, 1, 1),
-    "hopper": (0.236, 0.332, 51, 6),
+    "ampere": (0.134, 0.328, 44, 6),
+    "blackwell": (0.331, 0.331, 1, 1),
+    "hopper": (0.17, 0.285, 45, 5),
+}
+
+# The core attention kernels (module docstring) and, for the fused ones, each generation's (forward, backward)
+# TFLOP/s by sequence length as measured on the GPU whose peak MEASURED_ON_PEAK gives (or a flat share of
+# the peak where the source gives one figure).
+ATTENTION_KERNELS: tuple[str, ...] = ("flash1", "flash2", "cudnn", "flash3", "unfused")
+UNFUSED = "unfused"
+ATTENTION_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+_H100_PEAK = 989.5e12
+_FA3_PAPER = {  # FlashAttention-3 paper, H100 SXM5 BF16, head dim 128 (module docstring)
+    "flash2": ((191, 260, 298, 319, 333, 335), (214, 260, 291, 310, 318, 322)),
+    "cudnn": ((315, 410, 484, 518, 529, 539), (305, 408, 465, 499, 518, 516)),
+    "flash3": ((292, 423, 521, 579, 602, 616), (316, 424, 501, 542, 559, 561)),
+}
+
+
+def _shares(fwd_bwd: tuple[tuple, tuple], peak: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return tuple(t * 1e12 / peak for t in fwd_bwd[0]), tuple(t * 1e12 / peak for t in fwd_bwd[1])
+
+
+def _flat(share: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return (share,) * len(ATTENTION_SEQS), (share,) * len(ATTENTION_SEQS)
+
+
+_HOPPER = {k: _shares(v, _H100_PEAK) for k, v in _FA3_PAPER.items()}
+# (kernel, generation) -> (forward shares, backward shares) of the bf16 peak at ATTENTION_SEQS
+ATTENTION_SHARES: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]] = {
+    ("flash1", "ampere"): _flat(0.25),
+    ("flash2", "ampere"): _flat(0.50),
+    ("cudnn", "ampere"): _flat(0.50),  # no cuDNN figure for Ampere here: FlashAttention-2's
+    **{(k, "hopper"): v for k, v in _HOPPER.items()},
+    **{(k, "blackwell"): v for k, v in _HOPPER.items() if k != "flash3"},  # Hopper's shares
+}
+
+# The share of the HBM bandwidth the unfused attention's score passes reach (module docstring: derived from
+# the FlashAttention-3 paper's standard attention at head dim 128, sequence 8k, on an H100 SXM5)
+UNFUSED_PASS_HBM_SHARE = 0.42
+
+# Bytes per s x s score element the unfused attention's element-wise passes move (forward, backward)
+UNFUSED_SCORE_BYTES = {
+    "softmax_fused16": (4, 6),  # Megatron's fused scale-mask-softmax kernel, 16-bit scores
+    "softmax_fp32": (29, 33),  # torch's softmax on an fp32 copy with the mask (megatron-core local layers)
+    "dropout": (5, 5),  # attention dropout: the probabilities and a one-byte mask
 }

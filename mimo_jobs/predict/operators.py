@@ -5,8 +5,11 @@ megatron-core schedules them (docs/predict.md, "The operator-term time model").
   GEMM          2 M N K FLOPs at the dtype's tensor peak x the wave efficiency (tiles / (waves x SMs), an
                 output tile of opdata.TILE_M x TILE_N per SM), and never faster than its operands and
                 output at HBM bandwidth; backward two GEMMs of the same FLOPs (data and weight gradients)
-  attention     4 b a d s_q s_k FLOPs forward (QK^T and AV), halved under the causal mask, backward 2.5x
-                the forward (five products against two), at the generation's attention efficiency
+  attention     by the run's kernel (Attention; opdata.ATTENTION_KERNELS): a fused one's 4 b a d s_q s_k FLOPs
+                forward (QK^T and AV), halved under the causal mask, backward 2.5x the forward (five
+                products against two), at that kernel's published share of the peak on this generation at
+                this sequence length over the GEMM residual; the unfused one as its batched GEMMs plus its
+                s x s scores' passes
   element-wise  norms, residual adds, the MLP activation, rotary embedding, the loss: bytes moved / HBM
                 bandwidth (backward twice the forward's bytes)
   collectives   the ring (alpha-beta) model: time = steps x alpha + bytes x factor / bus bandwidth, factor
@@ -32,7 +35,7 @@ sequence, EP the experts. Full recompute adds each layer's forward again; select
 core's forward. The logits and the loss run on the last stage, the slowest.
 
 Two residual constants per generation scale what the published figures leave out (Residual): `gemm`
-divides every GEMM's and the attention's time (1: the peaks as the wave model gives them), `comm`
+divides every GEMM's and fused attention kernel's time (the unfused attention's GEMMs included) (1: the peaks as the wave model gives them), `comm`
 multiplies the exposed communication (1: the links at their published rates).
 
 A measured table (OpGPU.measured, `cluster.hardware.ops`) replaces the published figures for the GEMMs of
@@ -49,6 +52,9 @@ from dataclasses import dataclass, field
 
 from . import optable
 from .opdata import (
+    ATTENTION_KERNELS,
+    ATTENTION_SEQS,
+    ATTENTION_SHARES,
     BUCKET_PARAMS,
     BUCKET_PARAMS_PER_DP,
     FP8_CAST_BYTES_PER_ELEMENT,
@@ -56,6 +62,9 @@ from .opdata import (
     TILE_N,
     UB_COMM_SMS,
     UB_PIPELINE_SPLITS,
+    UNFUSED,
+    UNFUSED_PASS_HBM_SHARE,
+    UNFUSED_SCORE_BYTES,
     OpGPU,
 )
 
@@ -131,21 +140,84 @@ def attention_flops(batch: float, heads: float, head_dim: int, s_q: float, s_k: 
 ATTENTION_BACKWARD = 2.5  # backward / forward FLOPs of a fused attention (five products against two)
 
 
+@dataclass(frozen=True)
+class Attention:
+    """The core attention kernel a run uses (opdata.ATTENTION_KERNELS) and, for the unfused one, which
+    element-wise passes its s x s scores take (opdata.UNFUSED_SCORE_BYTES)."""
+
+    kernel: str = "cudnn"
+    dropout: bool = False  # attention dropout on the probabilities (a pass of its own when unfused)
+    softmax_fp32: bool = False  # unfused: torch's softmax on an fp32 copy, not Megatron's fused kernel
+
+    def __post_init__(self) -> None:
+        if self.kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"attention kernel {self.kernel!r} is not one of {', '.join(ATTENTION_KERNELS)}")
+
+
+def kernel_shares(kernel: str, generation: str, seq: float) -> tuple[float, float]:
+    """(forward, backward) share of the bf16 peak a fused kernel reaches on sequences of `seq` queries
+    (opdata.ATTENTION_SHARES, interpolated in log sequence length, held at the measured ends)."""
+    got = ATTENTION_SHARES.get((kernel, generation))
+    if got is None:
+        have = ", ".join(k for k, g in ATTENTION_SHARES if g == generation)
+        raise ValueError(f"no published figures for {kernel} attention on {generation} GPUs (there: {have})")
+    x = math.log(min(max(seq, ATTENTION_SEQS[0]), ATTENTION_SEQS[-1]))
+    xs = [math.log(v) for v in ATTENTION_SEQS]
+    i = max(0, min(len(xs) - 2, sum(1 for v in xs if v <= x) - 1))
+    w = (x - xs[i]) / (xs[i + 1] - xs[i])
+    return tuple(c[i] + w * (c[i + 1] - c[i]) for c in got)  # type: ignore[return-value]
+
+
 def attention_s(
-    flops_fwd: float, gpu: OpGPU, res: Residual = Residual(), shape: tuple | None = None,
+    flops_fwd: float, gpu: OpGPU, shape: tuple, kernel: str = "cudnn", res: Residual = Residual(),
     clamped: set | None = None,
 ) -> tuple[float, float]:  # fmt: skip
-    """(forward, backward) seconds of a fused attention of `flops_fwd` forward FLOPs; `shape` (keys per
-    sequence, head dim, causal) prices it from the GPU's measured table where it has one."""
-    got = None
-    if gpu.measured is not None and shape is not None:
-        got = optable.attention_rate(gpu.measured, *shape)
+    """(forward, backward) seconds of a fused attention of `flops_fwd` forward FLOPs; `shape` (queries per
+    sequence, keys per sequence, head dim, causal): from the GPU's measured table where it has one, else at
+    the kernel's published shares of the peak at that many queries over the GEMM residual (the kernels'
+    figures are short benchmarks, as the GEMMs' peaks are; held out, the published runs say the residual
+    applies to both: docs/predict.md)."""
+    s_q, s_k, d, causal = shape
+    got = optable.attention_rate(gpu.measured, s_k, d, causal) if gpu.measured is not None else None
     if got is not None:
         if got.clamped and clamped is not None:
-            clamped.add(("attention", round(shape[0]), shape[1], shape[2]))
+            clamped.add(("attention", round(s_k), d, causal))
         return flops_fwd / got.rate, ATTENTION_BACKWARD * flops_fwd / got.rate
-    rate = gpu.bf16_flops * gpu.attention_efficiency * res.gemm
-    return flops_fwd / rate, ATTENTION_BACKWARD * flops_fwd / rate
+    fwd, bwd = kernel_shares(kernel, gpu.generation, s_q)
+    rate = gpu.bf16_flops * res.gemm
+    return flops_fwd / (rate * fwd), ATTENTION_BACKWARD * flops_fwd / (rate * bwd)
+
+
+def unfused_attention_s(
+    batch_heads: float, d: int, s_q: float, s_k: float, gpu: OpGPU, att: Attention, res: Residual = Residual(),
+    clamped: set | None = None,
+) -> tuple[float, float]:  # fmt: skip
+    """(forward, backward) seconds of the attention with its scores materialised, for `batch_heads`
+    (sequence, head) pairs: Q K^T and P V as batched GEMMs (the batch's rows stacked, one wave count for
+    all), backward dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q; the whole s_q x s_k scores however
+    the mask falls; plus the scores' element-wise passes (opdata.UNFUSED_SCORE_BYTES) at the share of HBM
+    bandwidth such passes reach (opdata.UNFUSED_PASS_HBM_SHARE)."""
+    mq, mk = batch_heads * s_q, batch_heads * s_k
+    scores_n, pv = gemm_s(mq, s_k, d, gpu, False, res, clamped), gemm_s(mq, d, s_k, gpu, False, res, clamped)
+    to_kv = gemm_s(mk, d, s_q, gpu, False, res, clamped)
+    passes = [UNFUSED_SCORE_BYTES["softmax_fp32" if att.softmax_fp32 else "softmax_fused16"]]
+    if att.dropout:
+        passes.append(UNFUSED_SCORE_BYTES["dropout"])
+    elements = batch_heads * s_q * s_k / UNFUSED_PASS_HBM_SHARE
+    fwd = scores_n + pv + bytes_s(elements * sum(p[0] for p in passes), gpu)
+    bwd = scores_n + pv + 2 * to_kv + bytes_s(elements * sum(p[1] for p in passes), gpu)
+    return fwd, bwd
+
+
+def core_attention_s(
+    att: Attention, gpu: OpGPU, res: Residual, batch: float, heads: float, d: int, s_q: float, s_k: float,
+    causal: bool, clamped: set | None = None,
+) -> tuple[float, float]:  # fmt: skip
+    """(forward, backward) seconds of the core attention as the run's kernel prices it (module docstring)."""
+    if att.kernel == UNFUSED:
+        return unfused_attention_s(batch * heads, d, s_q, s_k, gpu, att, res, clamped)
+    flops = attention_flops(batch, heads, d, s_q, s_k, causal)
+    return attention_s(flops, gpu, (s_q, s_k, d, causal), att.kernel, res, clamped)
 
 
 def bytes_s(nbytes: float, gpu: OpGPU) -> float:
@@ -330,6 +402,7 @@ def layer_terms(
     p, mbs: int, seq: int, split: Split, gpu: OpGPU, moe: bool, recompute: str = "none",
     fp8: bool = False, res: Residual = Residual(), gpus_per_node: int = 8, alpha_s: float = 0.0,
     causal: bool = True, rotary: bool = True, grads: str = "all", tp_overlap: bool = False,
+    attention: Attention = Attention(),
 ) -> Terms:  # fmt: skip
     """One transformer layer of LLM `p` (mimo_jobs.model.arch.LLMArch) for one microbatch of `mbs`
     sequences of `seq` tokens on one rank. An encoder's layer (encops.py) is one of bidirectional attention
@@ -349,7 +422,9 @@ def layer_terms(
     qkv, proj = (tokens, (q + 2 * kv) / tp, h), (tokens, h, q / tp)
     _linear(t, *qkv, gpu, fp8, res, rc, grads)
     core = attention_flops(mbs, p.num_attention_heads / tp, d, seq / cp, seq, causal=causal)
-    af, ab = attention_s(core, gpu, res, (seq, d, causal), t.clamped)
+    af, ab = core_attention_s(
+        attention, gpu, res, mbs, p.num_attention_heads / tp, d, seq / cp, seq, causal, t.clamped
+    )
     ab = ab if back else 0.0
     replays = rc if recompute == "full" else 2.0 if recompute == "selective" and back else 1.0
     t.attention += af * replays + ab
@@ -482,7 +557,7 @@ def step(
     params_per_rank: float, grad_reduce_bytes: int = 4, distributed_optimizer: bool = True,
     overlap_dp: bool = False, optimizer_bytes_per_rank: float = 0.0, alpha_s: float = 0.0,
     res: Residual = Residual(), vocab: int | None = None, layers_per_stage: float | None = None,
-    grads: str = "all", tp_comm_overlap: bool = False,
+    grads: str = "all", tp_comm_overlap: bool = False, attention: Attention = Attention(),
 ) -> OpStep:  # fmt: skip
     """One iteration of LLM `p` on a layout (module docstring); `layers_per_stage`: the slowest stage's
     layers (pipesplit.slowest_stage_layers), by default the mean num_layers / pp; `grads` "data": frozen
@@ -510,6 +585,7 @@ def step(
                 alpha_s,
                 grads=grads,
                 tp_overlap=tp_comm_overlap,
+                attention=attention,
             ),
             layers_per_stage * moe_share,
         )
@@ -529,6 +605,7 @@ def step(
                 alpha_s,
                 grads=grads,
                 tp_overlap=tp_comm_overlap,
+                attention=attention,
             ),
             layers_per_stage * (1 - moe_share),
         )

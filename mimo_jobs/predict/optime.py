@@ -12,6 +12,7 @@ from dataclasses import replace
 from mimo_jobs.contract.modules import LLM
 from mimo_jobs.model.arch import padded_vocab
 from mimo_jobs.study.topology import module_ranges
+from mimo_jobs.model.attention import attention_kernel
 
 from . import encops
 from . import operators as ops
@@ -19,7 +20,7 @@ from .flops import flops_per_sample
 from .hardware import GPU, GPUS, generation
 from .memory import MemoryPlan, ModuleMemory
 from .modmix import sample_flops_by_module
-from .opdata import FITTED_RESIDUAL, OP_GPUS, OpGPU
+from .opdata import FITTED_RESIDUAL, OP_GPUS, UNFUSED, OpGPU
 from .pipesplit import slowest_stage_layers
 from .run import RunShape
 from .steptime import StepTime, compose
@@ -77,11 +78,21 @@ def _stepped_bytes(m: ModuleMemory) -> float:
     return m.weight_bytes + m.grad_bytes + 2 * m.optimizer_bytes if m.grad_bytes else 0.0
 
 
+def attention_for(rs: RunShape, gpu: GPU) -> ops.Attention:
+    """The core attention the packaged trainer runs on the GPU's layers (model/attention.py
+    attention_kernel): its attention dropout is 0 (trainer/model/models.py), and megatron-core's unfused
+    local attention softmaxes an fp32 copy with torch (masked_softmax_fusion off)."""
+    kernel = attention_kernel(gpu.layers, rs.attention)
+    return ops.Attention(kernel, dropout=False, softmax_fp32=kernel == UNFUSED)
+
+
 def op_step(
-    rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual, fp8: bool | None = None
-) -> ops.OpStep:
+    rs: RunShape, mem: MemoryPlan, gpu: GPU, res: ops.Residual, fp8: bool | None = None,
+    attention: ops.Attention | None = None,
+) -> ops.OpStep:  # fmt: skip
     """The operator model's iteration for the shape (its LLM; supports() says when that is all of it), its
-    GEMMs at the FP8 rate where the study trains in fp8 (`rs.fp8`; `fp8` overrides it)."""
+    GEMMs at the FP8 rate where the study trains in fp8 (`rs.fp8`; `fp8` overrides it), its attention by
+    the kernel the packaged trainer runs (attention_for; `attention` overrides it: a published run's own)."""
     lay, p = rs.layout, rs.preset.llm
     params, touched = _llm_rank_state(mem)
     return ops.step(
@@ -112,6 +123,7 @@ def op_step(
         # a frozen LLM still passes the gradient down to the trained encoders' embeddings
         grads="data" if rs.frozen_llm else "all",
         tp_comm_overlap=rs.tp_comm_overlap,
+        attention=attention_for(rs, gpu) if attention is None else attention,
     )
 
 
