@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from mimo_jobs.contract.modules import LLM
 from mimo_jobs.model.arch import padded_vocab
-from mimo_jobs.study.topology import module_ranges
 from mimo_jobs.model.attention import attention_kernel
+from mimo_jobs.study.topology import module_ranges
 
 from . import encops
 from . import operators as ops
