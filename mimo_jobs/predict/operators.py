@@ -203,7 +203,7 @@ def unfused_attention_s(
     passes = [UNFUSED_SCORE_BYTES["softmax_fp32" if att.softmax_fp32 else "softmax_fused16"]]
     if att.dropout:
         passes.append(UNFUSED_SCORE_BYTES["dropout"])
-    elements = batch_heads * s_q * s_k / UNFUSED_PASS_HBM_SHARE
+    elements = batch_heads * s_q * s_k / (UNFUSED_PASS_HBM_SHARE if att.softmax_fp32 else 1.0)
     fwd = scores_n + pv + bytes_s(elements * sum(p[0] for p in passes), gpu)
     bwd = scores_n + pv + 2 * to_kv + bytes_s(elements * sum(p[1] for p in passes), gpu)
     return fwd, bwd
