@@ -144,8 +144,8 @@ FP8_CAST_BYTES_PER_ELEMENT = 2 + 2 * 1
 # bf16/fp16 runs by `python benchmarks/operators.py --fit`; a generation missing here keeps the physical
 # defaults (1, 1).
 FITTED_RESIDUAL: dict[str, tuple[float, float]] = {
-    "ampere": (0.750, 2.0),
-    "blackwell": (0.375, 1.5),
+    "ampere": (0.725, 1.0),
+    "blackwell": (0.300, 1.0),
     "hopper": (0.600, 1.0),
 }
 
@@ -153,9 +153,9 @@ FITTED_RESIDUAL: dict[str, tuple[float, float]] = {
 # |error|, rows, sources) of each generation's fitted published rows priced by a fit made without their
 # source (`python benchmarks/operators.py --fit` prints it); band.py gives it to the times this model prices.
 HELD_OUT: dict[str, tuple[float, float, int, int]] = {
-    "ampere": (0.082, 0.328, 44, 6),
-    "blackwell": (0.265, 0.265, 1, 1),
-    "hopper": (0.122, 0.379, 45, 5),
+    "ampere": (0.1, 0.277, 44, 6),
+    "blackwell": (0.396, 0.396, 1, 1),
+    "hopper": (0.122, 0.285, 45, 5),
 }
 
 # The core attention kernels (module docstring) and, for the fused ones, each generation's (forward, backward)
