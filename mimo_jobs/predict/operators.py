@@ -148,6 +148,10 @@ class Attention:
     kernel: str = "cudnn"
     dropout: bool = False  # attention dropout on the probabilities (a pass of its own when unfused)
     softmax_fp32: bool = False  # unfused: torch's softmax on an fp32 copy, not Megatron's fused kernel
+    # unfused: the score passes as Megatron's fused scale-mask-softmax kernel runs them (at the HBM
+    # bandwidth), or as torch's eager kernels (at opdata.UNFUSED_PASS_HBM_SHARE of it: the share measured on
+    # PyTorch's standard attention); torch's fp32 softmax is eager
+    fused_softmax: bool = True
 
     def __post_init__(self) -> None:
         if self.kernel not in ATTENTION_KERNELS:
@@ -195,15 +199,17 @@ def unfused_attention_s(
     """(forward, backward) seconds of the attention with its scores materialised, for `batch_heads`
     (sequence, head) pairs: Q K^T and P V as batched GEMMs (the batch's rows stacked, one wave count for
     all), backward dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q; the whole s_q x s_k scores however
-    the mask falls; plus the scores' element-wise passes (opdata.UNFUSED_SCORE_BYTES) at the share of HBM
-    bandwidth such passes reach (opdata.UNFUSED_PASS_HBM_SHARE)."""
+    the mask falls; plus the scores' element-wise passes (opdata.UNFUSED_SCORE_BYTES): Megatron's fused
+    kernel at the HBM bandwidth, torch's eager passes at the share of it they were measured to reach
+    (opdata.UNFUSED_PASS_HBM_SHARE; Attention.fused_softmax)."""
     mq, mk = batch_heads * s_q, batch_heads * s_k
     scores_n, pv = gemm_s(mq, s_k, d, gpu, False, res, clamped), gemm_s(mq, d, s_k, gpu, False, res, clamped)
     to_kv = gemm_s(mk, d, s_q, gpu, False, res, clamped)
     passes = [UNFUSED_SCORE_BYTES["softmax_fp32" if att.softmax_fp32 else "softmax_fused16"]]
     if att.dropout:
         passes.append(UNFUSED_SCORE_BYTES["dropout"])
-    elements = batch_heads * s_q * s_k / (UNFUSED_PASS_HBM_SHARE if att.softmax_fp32 else 1.0)
+    eager = att.softmax_fp32 or not att.fused_softmax
+    elements = batch_heads * s_q * s_k / (UNFUSED_PASS_HBM_SHARE if eager else 1.0)
     fwd = scores_n + pv + bytes_s(elements * sum(p[0] for p in passes), gpu)
     bwd = scores_n + pv + 2 * to_kv + bytes_s(elements * sum(p[1] for p in passes), gpu)
     return fwd, bwd
