@@ -9,7 +9,7 @@ the uncalibrated one. That error is what calibration buys on a run it has not se
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .calibrate import Point, Scales, fit, mean_abs, relative_error
 from .estimate import Prediction, predict_shape
@@ -91,7 +91,10 @@ def _folds(runs: list[Measured]) -> tuple[str, list[list[int]]]:
 
 
 def calibrate(runs: list[Measured], gpu: GPU, base: Efficiency | None = None) -> Calibration:
-    """Fit on `runs` (each with a measured time > 0), and hold each fold out in turn."""
+    """Fit on `runs` (each with a measured time > 0), and hold each fold out in turn. The fit scales the
+    FLOPs model's terms (fit.py), so every time here is the FLOPs model's, whatever the GPU's time_model:
+    points taken from the operator model would be scaled as if they were the FLOPs model's terms."""
+    gpu = replace(gpu, time_model="flops")
     base = base or efficiency_for(gpu)
     runs = [m for m in runs if m.measured_s > 0]
     if not runs:
