@@ -1,9 +1,7 @@
 """Cheap checks of an energon data setting before any process group or loader exists (no energon import).
 `check_data_path` is the rule of a dataset path: `validate` applies it to each run's dataset
 (cli/study.py) and the trainer's energon provider before it opens one (energon_provider.py), so a wrong
-path fails once, clearly, instead of on every rank. `check_energon_data(run_spec)` adds two checks of a run
-spec to it (seq_length against the preset's largest image, the built-in tokenizer's vocabulary); neither
-validate nor the trainer calls it.
+path fails once, clearly, instead of on every rank.
 
 A dataset is data, not code, unless its user says otherwise: energon imports the `.nv-meta/dataset.yaml`
 `sample_type` module and runs a `sample_loader:`/`part_filter:` Python file from `.nv-meta` whenever the
@@ -20,9 +18,7 @@ from typing import Any
 import yaml
 
 from .errors import DataError
-from .images import geometry_of_preset
 from .shards import LOADER
-from .tokenizer import PRINTABLE
 
 # samples.py's sample loaders, the only ones shards.prepare names in a sample_loader.py
 OWN_LOADERS = ("conversation_images", "media_members", "interleaved_images")
@@ -118,33 +114,6 @@ def check_data_path(path: str, trust_code: bool = False) -> None:
                 _dataset_dir(q, f"{path}: splits.train path {sub!r}", trust_code)
     else:
         _dataset_dir(p, f"trainer.data.path={path!r}", trust_code)
-
-
-def check_energon_data(run_spec: Any) -> None:
-    """An energon run spec's dataset path (check_data_path), its seq_length against the preset's largest
-    image plus BOS/EOS, and the built-in tokenizer's vocabulary; DataError naming the first that fails.
-    Nothing else in the package calls it (module docstring)."""
-    from mimo_jobs.model.resolve import arch_of
-
-    t = run_spec.trainer
-    d = t.data
-    if d.provider != "energon":
-        return
-    check_data_path(str(d.path), d.trust_dataset_code)
-    geom = geometry_of_preset(t.model)
-    need = (geom.max_tokens if geom is not None else 0) + 2  # BOS + the largest image + at least EOS
-    if geom is not None and need > t.seq_length:
-        raise DataError(
-            f"trainer.seq_length={t.seq_length} cannot hold the largest image of preset {t.model!r} "
-            f"({geom.image_size}x{geom.image_size} px = {geom.max_tokens} tokens) plus BOS/EOS; "
-            f"use seq_length >= {need}"
-        )
-    vocab = arch_of(t.model).llm.vocab_size
-    if not d.tokenizer and vocab < len(PRINTABLE) + 5:
-        raise DataError(
-            f"the built-in tokenizer needs vocab_size >= {len(PRINTABLE) + 5}; preset {t.model!r} has "
-            f"{vocab}: give trainer.data.tokenizer"
-        )
 
 
 def prepared_videos(path: str, _depth: int = 0) -> int:

@@ -144,22 +144,17 @@ def test_blend_image_share_matches_its_weight(tmp_path):
     assert tot.image_samples == sum(k.startswith("cap-") for k in keys) and tot.samples == 1600
 
 
-def test_check_energon_data_before_any_loader(synth_blend, tmp_path):
-    from helpers.data import run_spec
-    from mimo_jobs.data.check import check_energon_data
+def test_check_data_path_before_any_loader(synth_blend):
+    from mimo_jobs.data.check import check_data_path
 
     res, _ = synth_blend
-    check_energon_data(run_spec(res.blend, gpus_per_node=2, enc_dp=1, llm_dp=1, mbs=1, gbs=1))  # fine
+    check_data_path(str(res.blend))  # fine
     with pytest.raises(DataError, match=r"use .*blend\.yaml"):
-        check_energon_data(run_spec(res.root, gpus_per_node=2, enc_dp=1, llm_dp=1, mbs=1, gbs=1))
-    with pytest.raises(DataError, match="seq_length >= 18"):  # tiny: 16x16 px / patch 4 = 16 tokens + 2
-        check_energon_data(
-            run_spec(res.blend, gpus_per_node=2, enc_dp=1, llm_dp=1, mbs=1, gbs=1, seq_length=16)
-        )
+        check_data_path(str(res.root))
     broken = res.root / "broken-blend.yaml"  # next to caps/ and text/, one entry pointing nowhere
     broken.write_text(res.blend.read_text().replace("./text", "./nowhere"))
     with pytest.raises(DataError, match=r"splits\.train path './nowhere'.*does not exist"):
-        check_energon_data(run_spec(broken, gpus_per_node=2, enc_dp=1, llm_dp=1, mbs=1, gbs=1))
+        check_data_path(str(broken))
 
 
 def _data(*args: str) -> subprocess.CompletedProcess:
