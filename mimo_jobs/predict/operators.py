@@ -575,46 +575,13 @@ def step(
         layers_per_stage = p.num_layers / pp
     moe_share = p.moe_layers / p.num_layers if p.num_experts else 0.0
     stage = Terms()
-    if moe_share:
-        stage.add(
-            layer_terms(
-                p,
-                mbs,
-                seq,
-                split,
-                gpu,
-                True,
-                recompute,
-                fp8,
-                res,
-                gpus_per_node,
-                alpha_s,
-                grads=grads,
-                tp_overlap=tp_comm_overlap,
-                attention=attention,
-            ),
-            layers_per_stage * moe_share,
-        )
-    if moe_share < 1:
-        stage.add(
-            layer_terms(
-                p,
-                mbs,
-                seq,
-                split,
-                gpu,
-                False,
-                recompute,
-                fp8,
-                res,
-                gpus_per_node,
-                alpha_s,
-                grads=grads,
-                tp_overlap=tp_comm_overlap,
-                attention=attention,
-            ),
-            layers_per_stage * (1 - moe_share),
-        )
+    for moe, share in ((True, moe_share), (False, 1 - moe_share)):  # the MoE layers, then the dense ones
+        if share > 0:
+            layer = layer_terms(
+                p, mbs, seq, split, gpu, moe, recompute, fp8, res, gpus_per_node, alpha_s, grads=grads,
+                tp_overlap=tp_comm_overlap, attention=attention,
+            )  # fmt: skip
+            stage.add(layer, layers_per_stage * share)
     v = vocab if vocab is not None else p.vocab_size
     stage.add(logits_terms(p, mbs, seq, split, gpu, fp8, res, v, grads))
     send_s = 0.0
