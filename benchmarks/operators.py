@@ -71,12 +71,17 @@ class Priced:
         self.rows = rows
         self.gpus = [row_gpu(r) for r in rows]
         self.mem = [predict_shape(r.shape, GPUS[r.gpu], Efficiency()).memory for r in rows]
+        self._seconds: dict[tuple[int, Residual], float] = {}
 
     def seconds(self, i: int, res: Residual) -> float:
-        r = self.rows[i]
-        return op_step(
-            r.shape, self.mem[i], self.gpus[i], res, fp8=r.precision == "fp8", attention=row_attention(r)
-        ).iteration_s
+        """Memoised: leave-one-source-out refits price the same (row, residual) pairs once per source."""
+        key = (i, res)
+        if key not in self._seconds:
+            r = self.rows[i]
+            self._seconds[key] = op_step(
+                r.shape, self.mem[i], self.gpus[i], res, fp8=r.precision == "fp8", attention=row_attention(r)
+            ).iteration_s
+        return self._seconds[key]
 
     def price(self, residual: Callable[[GPU], Residual]) -> Callable[[Row], float]:
         """A row's step seconds with each GPU's residual (`residual`: optime.residual_for, the stored fit)."""

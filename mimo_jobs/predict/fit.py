@@ -55,8 +55,25 @@ def decompose(step_s: Callable[[Efficiency], float], width: float) -> Decomposed
     return Decomposed(a, b, one - a - b, width)
 
 
-def _loss(parts: list[Decomposed], measured: list[float], c: float, n: float, w: float) -> float:
-    return sum(math.log(p.at(c, n, w) / m) ** 2 for p, m in zip(parts, measured, strict=True))
+class _Loss:
+    """The squared log error of `parts` against `measured` at (compute, network, half width): each part's
+    gemm factor is taken once per half width, the same sums Decomposed.at makes (a grid search asks for the
+    same few half widths thousands of times)."""
+
+    def __init__(self, parts: list[Decomposed], measured: list[float]):
+        if len(parts) != len(measured):
+            raise ValueError(f"{len(parts)} runs, {len(measured)} measured times")
+        self.parts, self.measured = parts, measured
+        self._terms: dict[float, list[tuple[float, float, float, float, float]]] = {}
+
+    def __call__(self, c: float, n: float, w: float) -> float:
+        terms = self._terms.get(w)
+        if terms is None:
+            terms = self._terms[w] = [
+                (p.compute_s, gemm_factor(p.width, w), p.network_s, p.fixed_s, m)
+                for p, m in zip(self.parts, self.measured, strict=True)
+            ]
+        return sum(math.log((a / (c * g) + b / n + f) / m) ** 2 for a, g, b, f, m in terms)
 
 
 def _grid(lo: float, hi: float, step: float) -> list[float]:
@@ -77,7 +94,8 @@ def fit(parts: list[Decomposed], measured: list[float]) -> tuple[float, float, f
         for n in _grid(*NETWORK_RANGE, 0.05)
         for w in HALF_WIDTHS[::4]
     ]
-    c0, n0, w0 = min(cands, key=lambda x: _loss(parts, measured, *x))
+    loss = _Loss(parts, measured)
+    c0, n0, w0 = min(cands, key=lambda x: loss(*x))
     widths = [w for w in HALF_WIDTHS if abs(w - w0) <= 256]
     fine = [
         (c, n, w)
@@ -85,14 +103,15 @@ def fit(parts: list[Decomposed], measured: list[float]) -> tuple[float, float, f
         for n in _near(n0, 0.05, NETWORK_RANGE)
         for w in widths
     ]
-    c, n, w = min(fine, key=lambda x: _loss(parts, measured, *x))
+    c, n, w = min(fine, key=lambda x: loss(*x))
     return round(c, 3), round(n, 3), w
 
 
 def fit_compute(parts: list[Decomposed], measured: list[float], network: float, half_width: float) -> float:
     """The compute fraction alone, the other two given."""
-    c0 = min(_grid(*COMPUTE_RANGE, 0.02), key=lambda c: _loss(parts, measured, c, network, half_width))
-    c = min(_near(c0, 0.02, COMPUTE_RANGE), key=lambda c: _loss(parts, measured, c, network, half_width))
+    loss = _Loss(parts, measured)
+    c0 = min(_grid(*COMPUTE_RANGE, 0.02), key=lambda c: loss(c, network, half_width))
+    c = min(_near(c0, 0.02, COMPUTE_RANGE), key=lambda c: loss(c, network, half_width))
     return round(c, 3)
 
 

@@ -190,16 +190,20 @@ def test_orphaned_job_still_ends_at_its_time_limit_before_any_retry(ws):
 
 @pytest.mark.slow  # multi-process or real jobs: CI runs it, the fast local default does not
 def test_orphaned_job_that_ends_is_retried_only_after_its_processes_are_gone(ws):
+    release = str(ws["dir"] / "release")
     study = write_study(
         ws["dir"] / "n.yaml",
         "orph_end",
         [{"nodes": 1}],
         max_retries=1,
-        env={"FAKE_SLEEP": 4, "FAKE_MESSAGE": SLEPT_TO_ITS_END},
+        # the workload ends when the test says so (the release file), after its runner is killed: a fixed
+        # sleep could run out first on a busy machine, and the job would end under its runner
+        env={"FAKE_WAIT_FILE": release, "FAKE_MESSAGE": SLEPT_TO_ITS_END},
     )
     submit(ws, study)
     (row,) = wait_until(ws["db"], "orph_end", started, 30, ws["env"], every=0.3)
     job = kill_runner(ws, row)
+    Path(release).touch()
     rows = wait_until(
         ws["db"], "orph_end", lambda rs: len(rs) == 2 and all_ended(rs), 60, ws["env"], every=0.5
     )
@@ -209,7 +213,7 @@ def test_orphaned_job_that_ends_is_retried_only_after_its_processes_are_gone(ws)
     assert (second["attempt"], second["state"]) == (1, "COMPLETED")
     # the first attempt was seen ending (its processes gone) before the retry was submitted
     assert first["end_time"] <= second["submit_time"]
-    # it ran its 4 s orphaned, to its own end (launch.sh prints FAKE_MESSAGE after its sleep), not killed
+    # it ran orphaned, to its own end (launch.sh prints FAKE_MESSAGE after its sleep), not killed
     out = RunDir(Path(first["run_dir"])).local_out(first["job_id"]).read_text()
     assert SLEPT_TO_ITS_END in out, out
     assert not any(running(p) for p in job)
