@@ -148,15 +148,23 @@ def start(run_yaml: Path, *args: str, env: dict | None = None, log: Path) -> sub
         )
 
 
-def children(pid: int) -> list[int]:
-    """Direct child pids (the torchrun workers) from /proc."""
-    out = []
-    for t in Path(f"/proc/{pid}/task").iterdir():
+def ranks_of(proc: subprocess.Popen) -> dict[int, int]:
+    """{rank: pid} of the worker processes the torchrun `proc` started, found by their environment (RANK and
+    this launch's MASTER_PORT) from /proc: under the tests' zygote torchrun runs in a fork of it, so its
+    workers are not `proc`'s children. A signal sent to such a worker reaches the trainer process it stands in
+    for (helpers/zygote.py)."""
+    port = proc.args[proc.args.index("--master-port") + 1]
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
         try:
-            out += [int(x) for x in (t / "children").read_text().split()]
+            env = dict(x.split("=", 1) for x in (d / "environ").read_text().split("\0") if "=" in x)
         except OSError:
-            pass
-    return sorted(out)
+            continue
+        if env.get("MASTER_PORT") == port and "RANK" in env:
+            out[int(env["RANK"])] = int(d.name)
+    return out
 
 
 def cmdline(pid: int) -> str:

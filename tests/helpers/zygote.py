@@ -1,10 +1,12 @@
 """A preloaded interpreter for the trainer processes the tests start: torch, megatron-core and the trainer are
 imported once, and each `python -m mimo_jobs.trainer ...` that a test starts (alone, or as a rank under a real
-torchrun) runs the real trainer in a fork of it instead of importing them again.
+torchrun) runs the real trainer in a fork of it instead of importing them again; so does each `python -m
+torch.distributed.run ...` (torchrun itself: ~3 s of CPU to import per world it launches).
 
 On this suite's 2-core machines importing them is ~5 s of CPU per process against well under a second of
 training, and the suite starts hundreds of trainer processes. What runs is unchanged: the same `__main__`
-of mimo_jobs.trainer, with the process's own argv, environment, working directory and standard streams.
+of the module, with the process's own argv, environment, working directory, standard streams and the
+signals it was started ignoring (launch.sh starts torchrun with USR1 and USR2 ignored).
 
     client (the process torchrun or the test started; tests/sitecustomize.py hands it over)
       -> connects to the zygote's socket, sends argv/env/cwd and its stdin/stdout/stderr
@@ -32,35 +34,56 @@ import sys
 
 ENV = "MIMO_JOBS_TEST_ZYGOTE"  # the socket path; unset or empty: no zygote
 MODULE = "mimo_jobs.trainer"
+SERVED = (MODULE, "torch.distributed.run")  # the modules a process started as `python -m M` hands over
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
-PRELOAD = ("torch", "torch.distributed", "megatron.core", "mimo_jobs.trainer.main")
+# torchrun's own imports, not torch.distributed.run itself: runpy warns when the module it runs as __main__ was
+# imported before
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.launcher.api",
+    "megatron.core",
+    "mimo_jobs.trainer.main",
+)
 
 
 # ---------------------------------------------------------------------------------------------- client
 
 
-def trainer_args(orig_argv: list[str]) -> list[str] | None:
-    """The trainer's arguments when this interpreter was started as `python [opts] -m mimo_jobs.trainer ...`."""
+def served(orig_argv: list[str]) -> tuple[str, list[str]] | None:
+    """(module, its arguments) when this interpreter was started as `python [opts] -m M ...` for a module M
+    of SERVED; None for anything else."""
     for i, a in enumerate(orig_argv[1:], 1):
         if a == "-m":
-            return orig_argv[i + 2 :] if orig_argv[i + 1 : i + 2] == [MODULE] else None
+            module = orig_argv[i + 1] if i + 1 < len(orig_argv) else None
+            return (module, orig_argv[i + 2 :]) if module in SERVED else None
         if not a.startswith("-"):
             return None  # a script, or -c
     return None
 
 
-def hand_over(path: str, args: list[str]) -> None:
-    """Run the trainer in the zygote at `path` and end this process as it ended; returns only when no zygote
-    answers (the caller then runs the trainer itself)."""
+def hand_over(path: str, module: str, args: list[str]) -> None:
+    """Run `module` in the zygote at `path` and end this process as it ended; returns only when no zygote
+    answers (the caller then runs the module itself)."""
+    # the signals this process was started ignoring (an ignored signal stays ignored across exec): the
+    # module's process starts ignoring them too, as it would have here
+    ignored = [int(s) for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)
-        head = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+        req = {
+            "module": module,
+            "args": args,
+            "env": dict(os.environ),
+            "cwd": os.getcwd(),
+            "ignored": ignored,
+        }
+        head = json.dumps(req).encode()
         socket.send_fds(conn, [struct.pack("!I", len(head)) + head], [0, 1, 2])
         pid = int(_line(conn).split()[1])
     except (OSError, ValueError, IndexError):
         return
-    try:  # from here on this process only stands in for the trainer process: it never runs anything itself
+    try:  # from here on this process only stands in for the module's process: it never runs anything itself
         for s in FORWARDED:
             signal.signal(s, lambda sig, _frame: _forward(pid, sig))
         try:
@@ -123,7 +146,7 @@ def serve(path: str) -> None:
 
 
 def _keep(conn: socket.socket) -> None:
-    """The keeper: start the trainer process for this client, wait for it, report how it ended."""
+    """The keeper: start the module's process for this client, wait for it, report how it ended."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
         msg, fds, _, _ = socket.recv_fds(conn, 4, 3)
@@ -137,7 +160,7 @@ def _keep(conn: socket.socket) -> None:
     pid = os.fork()
     if pid == 0:
         conn.close()
-        _run_trainer(req, fds)
+        _run_module(req, fds)
     for fd in fds:
         os.close(fd)
     conn.sendall(f"pid {pid}\n".encode())
@@ -159,24 +182,27 @@ def _keep(conn: socket.socket) -> None:
     os._exit(0)
 
 
-def _run_trainer(req: dict, fds: list[int]) -> None:
-    """The trainer process: the client's streams, directory, environment and argv, then mimo_jobs.trainer's
-    __main__; it ends by unwinding to the interpreter's own exit (exit handlers, thread joins, the exit code
-    or the traceback of an uncaught exception), as a fresh `python -m mimo_jobs.trainer` would."""
+def _run_module(req: dict, fds: list[int]) -> None:
+    """The module's process: the client's streams, directory, environment, argv and ignored signals, then the
+    module's __main__; it ends by unwinding to the interpreter's own exit (exit handlers, thread joins, the
+    exit code or the traceback of an uncaught exception), as a fresh `python -m M` would."""
     import runpy
 
     os.setsid()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    for s in (*FORWARDED, signal.SIGCHLD, signal.SIGPIPE):
+    for s in (*FORWARDED, signal.SIGCHLD):
         signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as every Python interpreter starts
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for s in req["ignored"]:
+        signal.signal(s, signal.SIG_IGN)
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
-    sys.argv = [MODULE, *req["args"]]
-    runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+    sys.argv = [req["module"], *req["args"]]
+    runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
     sys.exit(0)
 
 

@@ -1,6 +1,6 @@
 """The tests' preloaded interpreter (helpers/zygote.py) runs the trainer exactly as a fresh interpreter does:
 the same metrics bit for bit, the same exit code, the same death by a signal, the caller's working directory
-and environment; a process started as anything else than `python -m mimo_jobs.trainer` is not handed over."""
+and environment; torchrun is handed over too, and a process started as anything else is not."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from helpers import launch
 from helpers.launch import trainer, worker_env
 from helpers.trainer import make_run_yaml
-from helpers.zygote import trainer_args
+from helpers.zygote import served
 
 pytestmark = pytest.mark.slow  # trainer processes: CI runs it, the fast local default does not
 
@@ -53,10 +53,36 @@ def test_exit_codes_and_signals_pass_through(tmp_path):
     assert p.returncode != 0 and "Signal 9 (SIGKILL) received by PID" in p.stderr, p.stderr[-3000:]
 
 
-def test_only_the_trainer_module_is_handed_over():
+def test_only_the_trainer_and_torchrun_are_handed_over():
     alone = trainer(Path("r.yaml"), "--reference")  # [python, -m, the trainer, r.yaml, --reference]
-    assert trainer_args(alone) == ["r.yaml", "--reference"]
-    assert trainer_args([alone[0], "-u", *alone[1:]]) == ["r.yaml", "--reference"]  # as torchrun starts it
-    assert trainer_args(trainer(Path("r.yaml"), nproc=2)) is None  # torchrun itself
-    assert trainer_args([alone[0], "script.py", *alone[1:]]) is None
-    assert trainer_args([alone[0], "-c", "print(1)"]) is None
+    assert served(alone) == ("mimo_jobs.trainer", ["r.yaml", "--reference"])
+    # as torchrun starts each rank
+    assert served([alone[0], "-u", *alone[1:]]) == ("mimo_jobs.trainer", ["r.yaml", "--reference"])
+    under = trainer(Path("r.yaml"), nproc=2)  # torchrun itself, with its own arguments
+    assert served(under) == ("torch.distributed.run", under[3:])
+    assert served([alone[0], "script.py", *alone[1:]]) is None
+    assert served([alone[0], "-c", "print(1)"]) is None
+    assert served([alone[0], "-m", "mimo_jobs.cli", "report"]) is None
+    assert served([alone[0], "-m"]) is None
+
+
+def test_a_torchrun_started_ignoring_usr2_ignores_it_in_the_zygote_too(tmp_path):
+    """launch.sh starts torchrun with USR1 and USR2 ignored (the warning signal is for the trainer): handed
+    over, torchrun still ignores them, and a USR2 sent to it does not kill it, as it does not a fresh one."""
+    import signal
+    import time
+
+    script = tmp_path / "wait.py"
+    script.write_text("import time\ntime.sleep(4)\nprint('rank slept')\n")
+    ended = {}
+    for name, zygote in (("fresh", False), ("zygote", True)):
+        cmd = launch.torchrun(1, str(script))
+        ignoring = f"trap '' USR2; exec {' '.join(cmd)}"
+        p = subprocess.Popen(
+            ["bash", "-c", ignoring], env=worker_env(zygote=zygote), stdout=subprocess.PIPE, text=True
+        )
+        time.sleep(2)  # torchrun has started (a USR2 before that hits bash, which ignores it too)
+        p.send_signal(signal.SIGUSR2)
+        out, _ = p.communicate(timeout=300)
+        ended[name] = (p.returncode, "rank slept" in out)
+    assert ended["zygote"] == ended["fresh"] == (0, True), ended

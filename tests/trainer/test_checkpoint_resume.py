@@ -127,15 +127,7 @@ def test_sigusr2_on_one_rank_checkpoints_and_requeues(straight_fanout, tmp_path)
             assert proc.poll() is None and time.time() < deadline, (tmp_path / "out.log").read_text()[-3000:]
             time.sleep(0.2)
         # deliver SIGUSR2 to the worker of rank 1 only: the world must still stop together
-        workers = {
-            int(
-                dict(
-                    x.split("=", 1) for x in Path(f"/proc/{c}/environ").read_text().split("\0") if "=" in x
-                ).get("RANK", -1)
-            ): c
-            for c in H.children(proc.pid)
-        }
-        os.kill(workers[1], signal.SIGUSR2)
+        os.kill(H.ranks_of(proc)[1], signal.SIGUSR2)
         proc.wait(timeout=240)
     finally:
         if proc.poll() is None:
