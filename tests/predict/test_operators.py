@@ -44,6 +44,26 @@ def test_ring_all_reduce_takes_the_bus_bandwidth_formula_time():
     assert ops.collective_s("p2p", 1e9, 2, 50e9) == pytest.approx(20e-3)
 
 
+def test_a_collective_inside_a_gb200_nvl72_rack_runs_at_nvlink_rate_and_across_racks_at_the_network():
+    """GB200 NVL72 joins 72 GPUs in one NVLink domain over compute trays (nodes) of 4 (the DGX GB200 user
+    guide; opdata.py): a 1 GB all-reduce over 16 GPUs (4 trays) runs at NVLink's 900 GB/s one way,
+    1.875 x 1e9 / 900e9 = 2.083 ms; over 144 GPUs (two racks) at the network's 400 Gb/s = 50 GB/s per GPU,
+    2 x 143 / 144 x 1e9 / 50e9 = 39.72 ms. The same 16 GPUs of 8-GPU H100 nodes cross the network."""
+    gb200 = OP_GPUS["GB200"]
+    inside, across = ops.link_bytes_per_s(16, 4, gb200), ops.link_bytes_per_s(144, 4, gb200)
+    assert (inside, across) == (900e9, 50e9)
+    assert ops.collective_s("all_reduce", 1e9, 16, inside) == pytest.approx(2.0833e-3, rel=1e-4)
+    assert ops.collective_s("all_reduce", 1e9, 144, across) == pytest.approx(39.722e-3, rel=1e-4)
+    assert ops.link_bytes_per_s(72, 4, gb200) == 900e9 and ops.link_bytes_per_s(73, 4, gb200) == 50e9
+    assert ops.link_bytes_per_s(16, 8, H100) == 50e9
+    # the FLOPs model's links follow the same rule (hardware.nvlink_reach), at its network efficiency
+    from mimo_jobs.predict.hardware import GPUS
+    from mimo_jobs.predict.steptime import Efficiency, _bw
+
+    eff = Efficiency(network=1.0)
+    assert (_bw(16, 4, GPUS["GB200"], eff), _bw(144, 4, GPUS["GB200"], eff)) == (900e9, 50e9)
+
+
 def test_a_gemm_filling_whole_waves_runs_at_its_peak():
     # 3072 x 1408 output = 12 x 11 = 132 tiles of 256 x 128: one full wave of H100's 132 SMs
     m, n, k = 3072, 1408, 16384
