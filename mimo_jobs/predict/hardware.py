@@ -123,13 +123,13 @@ LOCAL_EXPERTS_SHARE = 0.136
 # carries). A generation with one source has no figure: nothing is left to hold out against.
 HELD_OUT: dict[str, tuple[float, float, int, int]] = {
     "ampere": (0.186, 0.375, 44, 6),
-    "blackwell": (0.38, 0.472, 3, 1),
+    "blackwell": (0.511, 0.607, 6, 2),
     "hopper": (0.299, 0.732, 45, 5),
 }
 
 FITTED_EFFICIENCY: dict[str, tuple[float, float, float]] = {
     "ampere": (0.666, 0.600, 448.0),
-    "blackwell": (0.396, 0.605, 768.0),
+    "blackwell": (1.000, 0.515, 3008.0),
     "hopper": (0.628, 1.000, 1024.0),
 }
 
