@@ -40,7 +40,6 @@ from mimo_jobs.study.topology import VISION, Layout, ModuleShape
 DATA = Path(__file__).resolve().parent / "published" / "runs.yaml"
 FIT_PRECISIONS = ("bf16", "fp16")  # what the time model describes; fp8 rows are shown, not fitted
 KINDS = ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu")  # runs.yaml's figure.kind
-GPUS_PER_NODE = 8  # every published run here is on 8-GPU servers (DGX A100/H100/B200, Grand Teton)
 NETWORK_RATES = ("gbps_per_node", "gbps_per_gpu")  # runs.yaml's network: one of them, in Gb/s one direction
 
 
@@ -123,10 +122,10 @@ def network_of(doc: dict, r: dict, path: Path = DATA) -> Network:
         raise NetworkError(f"{where}: network needs exactly one positive rate of {', '.join(NETWORK_RATES)}")
     if bool(net.get("stated")) == bool(net.get("assumed")):
         raise NetworkError(f"{where}: network needs either `stated` (the source's words) or `assumed` (why)")
-    gpn = int(net.get("gpus_per_node", 0))
-    if gpn != GPUS_PER_NODE:
+    gpn, gpus = int(net.get("gpus_per_node", 0)), int(r["layout"]["gpus"])
+    if gpn <= 0 or gpus % gpn:
         raise NetworkError(
-            f"{where}: network.gpus_per_node {gpn}: the loader prices {GPUS_PER_NODE}-GPU nodes"
+            f"{where}: network.gpus_per_node {gpn}: the row's {gpus} GPUs must fill whole nodes of that many"
         )
     per_gpu = float(rate) / (gpn if rates[0] == "gbps_per_node" else 1)
     return Network(per_gpu, gpn, str(net.get("fabric", "")), net.get("stated"), net.get("assumed"))
@@ -155,10 +154,14 @@ def _colocated(tp: int, dp: int) -> tuple[ModuleShape, ...]:
     return (ModuleShape(VISION, tp, 1, dp),)
 
 
-def _layout(lay: dict, experts: int) -> Layout:
+# a DGX server's GPUs, for a shape built without its row's network (which states the node, runs.yaml's header)
+DGX_GPUS_PER_NODE = 8
+
+
+def _layout(lay: dict, experts: int, gpus_per_node: int = DGX_GPUS_PER_NODE) -> Layout:
     return Layout(
-        nodes=lay["gpus"] // GPUS_PER_NODE,
-        gpus_per_node=GPUS_PER_NODE,
+        nodes=lay["gpus"] // gpus_per_node,
+        gpus_per_node=gpus_per_node,
         encoders=_colocated(lay["tp"], lay["dp"]),
         llm_tp=lay["tp"],
         llm_pp=lay["pp"],
@@ -172,13 +175,15 @@ def _layout(lay: dict, experts: int) -> Layout:
     )
 
 
-def _shape(arch: ModelArch, seq: int, lay: dict, precision: str) -> RunShape:
+def _shape(
+    arch: ModelArch, seq: int, lay: dict, precision: str, gpus_per_node: int = DGX_GPUS_PER_NODE
+) -> RunShape:
     """The row as the planner's RunShape. Topology's rank_layout derives the microbatches; it refuses
     llm.pp > 1 and llm.cp > 1 on a text-only (colocated) layout of the packaged trainer, which these
     published runs had, so it is asked about the same DP and TP without them (CP splits each sequence and PP
     each sample's layers, neither the batch) and the shape then takes the published layout."""
-    full = _layout(lay, arch.llm.num_experts)
-    per_node = math.gcd(GPUS_PER_NODE, lay["tp"] * lay["dp"])
+    full = _layout(lay, arch.llm.num_experts, gpus_per_node)
+    per_node = math.gcd(gpus_per_node, lay["tp"] * lay["dp"])
     flat = replace(full, llm_pp=1, llm_cp=1, gpus_per_node=per_node, nodes=lay["tp"] * lay["dp"] // per_node)
     flat = replace(flat, encoders=_colocated(flat.llm_tp, flat.llm_dp))
     base = RunShape(
@@ -234,7 +239,8 @@ def load_rows(path: Path = DATA) -> tuple[dict, list[Row]]:
                 f"{', '.join(ATTENTION_KERNELS)} (runs.yaml's header says which kernel each source ran)"
             )
         arch = archs[r["model"]]
-        shape = _shape(arch, r["seq_length"], r["layout"], r["precision"])
+        network = network_of(doc, r, path)
+        shape = _shape(arch, r["seq_length"], r["layout"], r["precision"], network.gpus_per_node)
         rows.append(
             Row(
                 r["id"],
@@ -249,7 +255,7 @@ def load_rows(path: Path = DATA) -> tuple[dict, list[Row]]:
                 r.get("memory_not_described"),
                 r.get("sweep"),
                 r.get("known_miss"),
-                network_of(doc, r, path),
+                network,
                 r["attention"],
                 r.get("peak_not_known"),
             )

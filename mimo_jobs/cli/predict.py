@@ -11,7 +11,7 @@ import typer
 from .output import DB_HELP, TABLE_ROWS, console, fail, print_json, reports_errors, table_runs
 
 GPU_HELP = (
-    "GPU to price the runs on: H100, H200, GH200, B200, A100 or cpu (default: the study's cluster.hardware.gpu, "
+    "GPU to price the runs on: H100, H200, GH200, B200, GB200, A100 or cpu (default: the study's cluster.hardware.gpu, "
     "else H100; cpu for a CPU study). The study's cluster.hardware figures apply to it."
 )
 

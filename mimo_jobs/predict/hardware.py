@@ -4,9 +4,15 @@ Sources (public datasheets): NVIDIA H100 Tensor Core GPU datasheet (SXM5: 80 GB 
 dense BF16, NVLink 900 GB/s); NVIDIA GH200 Grace Hopper Superchip datasheet (96 GB HBM3, 4 TB/s, the H100's
 989 TFLOP/s); NVIDIA H200 datasheet (141 GB HBM3e, 4.8 TB/s, 989 TFLOP/s, NVLink 900 GB/s);
 NVIDIA DGX B200 / HGX B200 datasheet (180 GB HBM3e, 8 TB/s, 2.25 PFLOP/s dense BF16 per GPU, NVLink 5
-1.8 TB/s); NVIDIA A100 datasheet (SXM 80 GB, 2.0 TB/s, 312 TFLOP/s, NVLink 600 GB/s). NVLink figures are
-bidirectional: one direction is half. InfiniBand: one ConnectX-7 NDR 400 Gb/s port per GPU (DGX H100/H200/
-B200), HDR 200 Gb/s per GPU on DGX A100. `cpu` is a nominal laptop-class figure for the CPU (gloo) runs.
+1.8 TB/s); GB200 (a GPU of a GB200 NVL72 rack) as NVIDIA/dgxc-benchmarking states it (README.md at
+6be5ea0e, "GB200 Reference Architecture": a GB200 superchip's 2 Blackwell GPUs have 16 TB/s of HBM and
+3.6 TB/s of NVLink 5, so 8 TB/s and 1.8 TB/s a GPU; llama3.1/README.md: GPUs of 186 GB, BF16 peak 2,450
+TFLOP/s) and the DGX GB200 user guide (docs.nvidia.com/dgx/dgxgb200-user-guide, "Hardware": racks of
+72-GPU NVLink domains, compute trays of 4 GPUs); NVIDIA A100 datasheet (SXM 80 GB, 2.0 TB/s, 312 TFLOP/s,
+NVLink 600 GB/s). NVLink figures are bidirectional: one direction is half. InfiniBand: one ConnectX-7 NDR
+400 Gb/s port per GPU (DGX H100/H200/B200; DGX GB200 user guide, Hardware: a compute tray of 4 GPUs has 4
+ConnectX-7 single-port 400G NICs), HDR 200 Gb/s per GPU on DGX A100. `cpu` is a nominal laptop-class
+figure for the CPU (gloo) runs.
 
 Per-call latencies (the time model's alpha terms, calibrated by `--db` like the efficiencies): `op_s` is one
 kernel launch on a GPU (a few microseconds: NVIDIA's CUDA C++ Best Practices Guide counts kernel launch
@@ -55,6 +61,14 @@ class GPU:
     # a measured operator table (predict/optable.py) the operator model prices GEMMs and attention from;
     # the study's cluster.hardware.ops when it names one for its own GPU
     ops: object | None = None
+    # GPUs one NVLink fabric joins across nodes (GB200 NVL72: the rack's 72); 0: the node's own NVLink only
+    nvlink_domain: int = 0
+
+
+def nvlink_reach(gpus_per_node: int, nvlink_domain: int) -> int:
+    """How many consecutive GPUs a collective can span and still run over NVLink: the node's, or the whole
+    NVLink domain where the GPUs have one beyond the node (GPU.nvlink_domain)."""
+    return max(gpus_per_node, nvlink_domain)
 
 
 GPUS: dict[str, GPU] = {
@@ -62,6 +76,7 @@ GPUS: dict[str, GPU] = {
     "H200": GPU("H200", 141 * GB, 989e12, 4.8e12, 450 * GB, 50 * GB, 3 * GIB),
     "GH200": GPU("GH200", 96 * GB, 989e12, 4.0e12, 450 * GB, 50 * GB, 3 * GIB),
     "B200": GPU("B200", 180 * GB, 2.25e15, 8.0e12, 900 * GB, 50 * GB, 3 * GIB),
+    "GB200": GPU("GB200", 186 * GB, 2.45e15, 8.0e12, 900 * GB, 50 * GB, 3 * GIB, nvlink_domain=72),
     "A100": GPU("A100", 80 * GB, 312e12, 2.0e12, 300 * GB, 25 * GB, 3 * GIB),
     "cpu": GPU("cpu", 16 * GIB, 1e11, 2e10, 1e10, 1e9, 0, op_s=2e-5, step_s=5e-5, layers="local"),
 }
@@ -77,7 +92,14 @@ LAYERS_WORDS = {"te": "Transformer Engine layers", "local": "megatron-core's loc
 
 # The GPU generation each GPU's time-model efficiencies are fitted for: the same chip with more or faster
 # memory (H200, GH200 beside H100) shares its generation's fraction of peak.
-GENERATION = {"A100": "ampere", "H100": "hopper", "H200": "hopper", "GH200": "hopper", "B200": "blackwell"}
+GENERATION = {
+    "A100": "ampere",
+    "H100": "hopper",
+    "H200": "hopper",
+    "GH200": "hopper",
+    "B200": "blackwell",
+    "GB200": "blackwell",
+}
 
 # A run on megatron-core's local layers (no Transformer Engine) reaches these shares of its generation's
 # fitted figures: LOCAL_COMPUTE_SHARE of the compute fraction (unfused attention that writes and reads every
@@ -101,13 +123,13 @@ LOCAL_EXPERTS_SHARE = 0.136
 # carries). A generation with one source has no figure: nothing is left to hold out against.
 HELD_OUT: dict[str, tuple[float, float, int, int]] = {
     "ampere": (0.186, 0.375, 44, 6),
-    "blackwell": (0.38, 0.472, 3, 1),
+    "blackwell": (0.511, 0.607, 6, 2),
     "hopper": (0.299, 0.732, 45, 5),
 }
 
 FITTED_EFFICIENCY: dict[str, tuple[float, float, float]] = {
     "ampere": (0.666, 0.600, 448.0),
-    "blackwell": (0.396, 0.605, 768.0),
+    "blackwell": (1.000, 0.515, 3008.0),
     "hopper": (0.628, 1.000, 1024.0),
 }
 

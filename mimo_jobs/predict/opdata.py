@@ -21,6 +21,12 @@ Sources:
          36 PFLOP/s BF16 (dense is one half: per GPU 4.5 and 2.25 PFLOP/s), HBM3e 64 TB/s for 8 GPUs
          (8 TB/s each), NVLink 5 1.8 TB/s per GPU; DGX B200: 8 x ConnectX-7 400 Gb/s. SMs: 148 (NVIDIA
          Blackwell architecture technical brief, B200: two dies of 74 SMs enabled).
+  GB200  a GPU of a GB200 NVL72 rack, as NVIDIA/dgxc-benchmarking states it at 6be5ea0e (llama3.1/README.md,
+         "Peak theoretical throughput": BF16 2,450 and FP8 4,900 TFLOP/s; README.md, "GB200 Reference
+         Architecture": 16 TB/s of HBM and 3.6 TB/s of NVLink 5 for a superchip's 2 GPUs, 8 and 1.8 TB/s
+         each); DGX GB200 user guide (docs.nvidia.com/dgx/dgxgb200-user-guide, "Hardware"): racks of 72-GPU
+         NVLink domains (nvlink_domain), compute trays of 4 GPUs with 4 ConnectX-7 single-port 400G NICs
+         (400 Gb/s per GPU). SMs: the B200's 148 (the same Blackwell GPU).
 NVLink figures are both directions together; a collective's bus bandwidth is one direction, half.
 
 The core attention is priced by the kernel the run uses (operators.core_attention_s; runs.yaml's `attention`,
@@ -99,6 +105,8 @@ class OpGPU:
     sms: int
     generation: str  # the architecture the attention kernels' figures are keyed by (ATTENTION_SHARES)
     has_fp8: bool = True
+    # GPUs one NVLink fabric joins across nodes (hardware.GPU.nvlink_domain); 0: the node's own NVLink only
+    nvlink_domain: int = 0
     # a measured operator table (optable.OpsTable): GEMMs and attention priced from it (operators.py)
     measured: object | None = None
 
@@ -109,6 +117,7 @@ OP_GPUS: dict[str, OpGPU] = {
     "H200": OpGPU("H200", 989.5e12, 1979e12, 4.8e12, 450 * GB, 50 * GB, 132, "hopper"),
     "GH200": OpGPU("GH200", 989.5e12, 1979e12, 4.0e12, 450 * GB, 50 * GB, 132, "hopper"),
     "B200": OpGPU("B200", 2.25e15, 4.5e15, 8.0e12, 900 * GB, 50 * GB, 148, "blackwell"),
+    "GB200": OpGPU("GB200", 2.45e15, 4.9e15, 8.0e12, 900 * GB, 50 * GB, 148, "blackwell", nvlink_domain=72),
 }
 
 TILE_M, TILE_N = 256, 128  # output tile per SM (the module docstring's user's guide)
@@ -145,7 +154,7 @@ FP8_CAST_BYTES_PER_ELEMENT = 2 + 2 * 1
 # defaults (1, 1).
 FITTED_RESIDUAL: dict[str, tuple[float, float]] = {
     "ampere": (0.725, 1.0),
-    "blackwell": (0.300, 1.0),
+    "blackwell": (0.475, 1.0),
     "hopper": (0.600, 1.0),
 }
 
@@ -154,7 +163,7 @@ FITTED_RESIDUAL: dict[str, tuple[float, float]] = {
 # source (`python benchmarks/operators.py --fit` prints it); band.py gives it to the times this model prices.
 HELD_OUT: dict[str, tuple[float, float, int, int]] = {
     "ampere": (0.1, 0.277, 44, 6),
-    "blackwell": (0.396, 0.514, 3, 1),
+    "blackwell": (0.617, 0.785, 6, 2),
     "hopper": (0.122, 0.285, 45, 5),
 }
 

@@ -15,8 +15,8 @@ megatron-core schedules them (docs/predict.md, "The operator-term time model").
   collectives   the ring (alpha-beta) model: time = steps x alpha + bytes x factor / bus bandwidth, factor
                 2 (n - 1) / n for an all-reduce, (n - 1) / n for a reduce-scatter, all-gather or all-to-all
                 of the full buffer, 1 for a send (NVIDIA nccl-tests doc/PERFORMANCE.md: busbw = algbw x that
-                factor); the bus bandwidth NVLink's while the group stays in one node, the network's per GPU
-                once it spans nodes
+                factor); the bus bandwidth NVLink's while the group stays in one node (or in the GPUs'
+                NVLink domain, GB200 NVL72's 72), the network's per GPU once it spans more
   pipeline      (microbatches + (pp - 1) / vp) x one stage's microbatch time (Narayanan et al. 2021,
                 "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", 2.2.2)
   overlap       as megatron-core runs it: the DP gradient reduce-scatter and parameter all-gather (the
@@ -51,6 +51,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import optable
+from .hardware import nvlink_reach
 from .opdata import (
     ATTENTION_KERNELS,
     ATTENTION_SEQS,
@@ -254,9 +255,11 @@ def ring_steps(kind: str, n: int) -> int:
 
 
 def link_bytes_per_s(span: int, gpus_per_node: int, gpu: OpGPU) -> float:
-    """The bus bandwidth of a group spanning `span` consecutive ranks: NVLink inside a node, else the
-    network per GPU (a ring across nodes runs at its slowest link)."""
-    return gpu.nvlink_bytes_per_s if span <= gpus_per_node else gpu.net_bytes_per_s
+    """The bus bandwidth of a group spanning `span` consecutive ranks: NVLink inside a node or the GPUs'
+    NVLink domain (hardware.nvlink_reach), else the network per GPU (a ring across nodes runs at its slowest
+    link)."""
+    inside = span <= nvlink_reach(gpus_per_node, gpu.nvlink_domain)
+    return gpu.nvlink_bytes_per_s if inside else gpu.net_bytes_per_s
 
 
 def collective_s(kind: str, nbytes: float, n: int, bw: float, alpha_s: float = 0.0) -> float:

@@ -33,7 +33,14 @@ from mimo_jobs.study.topology import module_ranges
 
 from . import comm
 from .flops import SampleFlops
-from .hardware import FITTED_EFFICIENCY, GPU, LOCAL_COMPUTE_SHARE, LOCAL_EXPERTS_SHARE, generation
+from .hardware import (
+    FITTED_EFFICIENCY,
+    GPU,
+    LOCAL_COMPUTE_SHARE,
+    LOCAL_EXPERTS_SHARE,
+    generation,
+    nvlink_reach,
+)
 from .memory import MemoryPlan
 from .modmix import sample_flops_by_module
 from .pipesplit import most_stage_layers, splits
@@ -132,8 +139,9 @@ class StepTime:
 
 
 def _bw(span_gpus: int, gpn: int, gpu: GPU, eff: Efficiency) -> float:
-    """NVLink while a group stays inside a node, InfiniBand once it spans nodes."""
-    return (gpu.nvlink_bytes_per_s if span_gpus <= gpn else gpu.ib_bytes_per_s) * eff.network
+    """NVLink while a group stays inside a node or the GPUs' NVLink domain, InfiniBand once it spans more."""
+    inside = span_gpus <= nvlink_reach(gpn, gpu.nvlink_domain)
+    return (gpu.nvlink_bytes_per_s if inside else gpu.ib_bytes_per_s) * eff.network
 
 
 def _recompute_factor(recompute: str) -> float:

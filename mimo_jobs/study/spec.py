@@ -129,7 +129,7 @@ class HardwareSpec(_Strict):
 
     # Lower bounds: a thousandth of the slowest part anyone trains on (a laptop CPU: ~0.1 TFLOP/s, ~1 GB/s);
     # below them the planner's times overflow to infinity and its ratios to NaN.
-    gpu: Literal["H100", "H200", "GH200", "B200", "A100"] = "H100"
+    gpu: Literal["H100", "H200", "GH200", "B200", "GB200", "A100"] = "H100"
     memory_gib: float | None = Field(None, ge=0.001, le=4096)  # usable GPU memory
     peak_tflops: float | None = Field(None, ge=0.0001, le=100_000)  # dense BF16 per GPU
     nvlink_gbps: float | None = Field(None, ge=0.001, le=100_000)  # GB/s per GPU, one direction

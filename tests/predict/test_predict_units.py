@@ -43,7 +43,7 @@ def test_distributed_optimizer_padding_and_shards():
 
 def test_unknown_gpu():
     assert get_gpu("h100").name == "H100"
-    with pytest.raises(UnknownGPU, match="known: H100, H200, GH200, B200, A100, cpu"):
+    with pytest.raises(UnknownGPU, match="known: H100, H200, GH200, B200, GB200, A100, cpu"):
         get_gpu("X100")
 
 

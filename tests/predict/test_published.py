@@ -275,7 +275,8 @@ def test_every_row_is_priced_on_a_network_its_source_states_or_an_assumed_one(be
     for raw, r in zip(doc["rows"], rows, strict=True):
         entry = raw.get("network") or doc["sources"][raw["source"]]["network"][raw["gpu"]]
         assert bool(entry.get("stated")) != bool(entry.get("assumed")), r.id
-        assert r.network.gpus_per_node == 8 and r.network.gbps_per_gpu > 0, r.id
+        assert r.network.gpus_per_node == r.shape.layout.gpus_per_node and r.network.gbps_per_gpu > 0, r.id
+        assert r.shape.layout.nodes * r.shape.layout.gpus_per_node == raw["layout"]["gpus"], r.id
         assert bench.row_gpu(r).ib_bytes_per_s == r.network.gbps_per_gpu * 1e9 / 8, r.id
 
 
@@ -290,6 +291,13 @@ def test_a_row_without_a_network_is_refused_by_file_row_and_rule(bench, tmp_path
     doc["sources"]["mtnlg2022"]["network"]["A100"]["assumed"] = "both"
     bad.write_text(yaml.safe_dump(doc))
     with pytest.raises(bench.NetworkError, match="either `stated`"):
+        bench.load_rows(bad)
+    doc = yaml.safe_load(HOLDOUT.read_text())
+    doc["sources"]["mtnlg2022"]["network"]["A100"]["gpus_per_node"] = 48
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(
+        bench.NetworkError, match=r"gpus_per_node 48: the row's \d+ GPUs must fill whole nodes"
+    ):
         bench.load_rows(bad)
 
 
