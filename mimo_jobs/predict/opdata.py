@@ -80,6 +80,20 @@ Benchmarks/FlashAttention.py runs flash-attention's benchmarks/benchmark_flash_a
 sequence 8192, head dim 128 as the table says): standard attention (PyTorch) 145.1 TFLOPS, FlashAttention-2
 327.9 on an ND H100 v5, 2.26x (tests/predict/test_attention_kernels.py holds the model to it).
 
+MoE token reordering (operators.moe_reorder_bytes): megatron-core's all-to-all token dispatcher
+(NVIDIA/Megatron-LM, megatron/core/transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher, as
+megatron-core 0.19.2 ships it; the reorderings in megatron/core/transformer/moe/moe_utils.py) moves each MoE
+layer's token rows through HBM four times besides the all-to-alls and the experts' GEMMs: dispatch_preprocess
+permutes the rank's tokens into one copy per routed expert (permute: Transformer Engine's fused
+moe_permute_with_probs under moe_permute_fusion, an index_select without it); with more than one local expert
+dispatch_postprocess sorts the rows the all-to-all brought by local expert (sort_chunks_by_idxs) and
+combine_preprocess sorts them back (MOE_SORT_PASSES); combine_postprocess unpermutes, summing each token's
+copies weighted by its routing probabilities (unpermute: TE's moe_unpermute with merging_probs, fused). Each
+reordering reads its input and writes its output once (the fused kernels; the unfused path's extra passes,
+its separate probability multiply and zero-filled scatter-add, are not priced). The router's softmax and
+top-k run on tokens x experts fp32 scores, under 1% of those rows' bytes for every model here, and are not
+priced.
+
 The GEMM tile the wave count uses: NVIDIA's "Matrix Multiplication Background User's Guide" (Deep Learning
 Performance Documentation, sections "Tile Quantization" and "Wave Quantization") works its examples with
 256 x 128 output tiles, one per SM at a time.
@@ -122,6 +136,10 @@ OP_GPUS: dict[str, OpGPU] = {
 
 TILE_M, TILE_N = 256, 128  # output tile per SM (the module docstring's user's guide)
 
+# The all-to-all dispatcher's sorts of the received token rows by local expert: one after the dispatch
+# all-to-all, one back before the combine (module docstring, "MoE token reordering")
+MOE_SORT_PASSES = 2
+
 # Megatron-core's DDP bucket when the gradient reduce overlaps the backward: max(40M, 1M x DP) parameters
 # (Megatron-LM megatron/training/training.py, get_model: ddp_bucket_size defaults to
 # max(40000000, 1000000 * data-parallel size) under --overlap-grad-reduce)
@@ -163,8 +181,8 @@ FITTED_RESIDUAL: dict[str, tuple[float, float]] = {
 # source (`python benchmarks/operators.py --fit` prints it); band.py gives it to the times this model prices.
 HELD_OUT: dict[str, tuple[float, float, int, int]] = {
     "ampere": (0.1, 0.277, 44, 6),
-    "blackwell": (0.617, 0.785, 6, 2),
-    "hopper": (0.122, 0.285, 45, 5),
+    "blackwell": (0.614, 0.785, 6, 2),
+    "hopper": (0.1, 0.278, 45, 5),
 }
 
 # The core attention kernels (module docstring) and, for the fused ones, each generation's (forward, backward)

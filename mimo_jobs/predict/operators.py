@@ -30,7 +30,8 @@ megatron-core schedules them (docs/predict.md, "The operator-term time model").
                 element-wise kernels and communication in bf16, plus the cast bytes of every GEMM input
                 (opdata.FP8_CAST_BYTES_PER_ELEMENT) and of the weights once per iteration
 Per transformer layer: QKV, attention, projection, MLP (gated or not) or MoE experts (grouped, per local
-expert), two norms, with TP splitting the heads and the MLP width, SP the element-wise tokens, CP the
+expert, each GEMM by its own shape; the router's GEMM; the token dispatcher's reorderings at HBM bandwidth:
+moe_reorder_bytes), two norms, with TP splitting the heads and the MLP width, SP the element-wise tokens, CP the
 sequence, EP the experts. Full recompute adds each layer's forward again; selective adds the attention
 core's forward. The logits and the loss run on the last stage, the slowest.
 
@@ -59,6 +60,7 @@ from .opdata import (
     BUCKET_PARAMS,
     BUCKET_PARAMS_PER_DP,
     FP8_CAST_BYTES_PER_ELEMENT,
+    MOE_SORT_PASSES,
     TILE_M,
     TILE_N,
     UB_COMM_SMS,
@@ -456,6 +458,8 @@ def layer_terms(
             _linear(t, tokens, (m - 1) * f_s / tp, h, gpu, fp8, res, rc, grads)
             _linear(t, tokens, h, f_s / tp, gpu, fp8, res, rc, grads)
         act_width = per_expert * local * p.expert_ffn / tp
+        fwd, bwd = moe_reorder_bytes(ew_tokens, p.moe_router_topk, per_expert * local, local, h)
+        t.elementwise += bytes_s(rc * fwd + back * bwd, gpu)
     else:
         fc1, fc2 = (tokens, (m - 1) * p.ffn_hidden_size / tp, h), (tokens, h, p.ffn_hidden_size / tp)
         _linear(t, *fc1, gpu, fp8, res, rc, grads)
@@ -473,6 +477,22 @@ def layer_terms(
         t, p, tokens, split, gpu, moe, gpus_per_node, alpha_s, res, af + ab, rc, back, overlapped, fp8
     )
     return t
+
+
+def moe_reorder_bytes(
+    tokens: float, topk: int, received: float, local_experts: int, hidden: int
+) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of megatron-core's all-to-all token dispatcher reordering one MoE
+    layer's token rows of `hidden` bf16 elements (opdata.py, "MoE token reordering"): permute reads the
+    rank's `tokens` and writes their `topk` copies; with more than one local expert the `received` rows
+    are sorted by expert after the dispatch all-to-all and back before the combine (each read and
+    written); unpermute reads the copies and writes each token's weighted sum. The backward runs each
+    reordering's inverse on the gradients (the same rows read and written) and unpermute's backward reads
+    the expert outputs once more for the routing probabilities' gradient."""
+    routed = tokens * topk
+    sorts = MOE_SORT_PASSES * 2 * received if local_experts > 1 else 0.0
+    forward = (tokens + routed) + sorts + (routed + tokens)
+    return BF16 * hidden * forward, BF16 * hidden * (forward + routed)
 
 
 def _layer_comm(

@@ -90,8 +90,8 @@ TEXT_ONLY = REPO / "studies" / "megatron_gpt_mock.yaml"
     [
         # a model with encoder modules on TE layers: the operator model prices it too (its modules by their
         # operators), and its held-out error is the band
-        (STUDY, "±12% held out over 45 hopper runs of 5 sources (operator model)"),
-        (TEXT_ONLY, "±12% held out over 45 hopper runs of 5 sources (operator model)"),
+        (STUDY, "±10% held out over 45 hopper runs of 5 sources (operator model)"),
+        (TEXT_ONLY, "±10% held out over 45 hopper runs of 5 sources (operator model)"),
     ],
 )
 def test_validate_and_predict_print_the_band_of_the_model_that_priced_the_time(study, band):

@@ -169,6 +169,49 @@ def test_the_cp_ring_hides_behind_the_attention_and_ep_all_to_alls_stay_exposed(
     assert moe.ep == pytest.approx(4 * routed * 7 / 8 / 450e9)
 
 
+def test_moe_experts_run_one_gemm_per_local_expert_on_its_own_tokens():
+    """gpt-oss-120b at EP 8: 4096 tokens x top-4 spread over 128 experts, 8 ranks' tokens to each rank's 16
+    experts: 1024 tokens per expert, each expert's fc1 (1024 x 5760 x 2880) and fc2 (1024 x 2880 x 2880) a
+    GEMM of its own shape (its waves counted alone), 16 of each; beside them QKV (4096 x 5120 x 2880), the
+    projection (4096 x 2880 x 4096) and the router (4096 x 128 x 2880)."""
+    res = ops.Residual()
+
+    def train(m, n, k):
+        return sum(ops.gemm_train_s(m, n, k, H100, False, res))
+
+    dense = train(4096, 5120, 2880) + train(4096, 2880, 4096) + train(4096, 128, 2880)
+    experts = 16 * (train(1024, 5760, 2880) + train(1024, 2880, 2880))
+    moe = ops.layer_terms(OSS_120B, 1, 4096, ops.Split(tp=1, ep=8), H100, True)
+    assert moe.gemm == pytest.approx(dense + experts, rel=1e-12)
+    # one GEMM of all 16384 expert tokens would fill its waves better: the per-expert ones take longer
+    assert experts > train(16384, 5760, 2880) + train(16384, 2880, 2880)
+
+
+def test_moe_token_reordering_moves_its_rows_through_hbm_as_the_all_to_all_dispatcher_does():
+    """megatron-core's all-to-all dispatcher (opdata.py, "MoE token reordering"), gpt-oss-120b on one rank of
+    EP 8: 4096 tokens, top-4, 16 local experts. Forward, in rows of 2880 bf16 elements: permute reads 4096
+    and writes 16384; the sort by local expert and the sort back read and write the 16384 received rows each
+    (65536); unpermute reads 16384 and writes 4096: 106,496 rows. Backward the same reorderings inverted
+    plus the expert outputs read again for the probabilities' gradient (16384): 122,880 rows."""
+    fwd, bwd = ops.moe_reorder_bytes(4096, 4, 16384, 16, 2880)
+    assert (fwd, bwd) == (106496 * 2880 * 2, 122880 * 2880 * 2)
+    # one local expert: nothing to sort, 4096 + 16384 + 16384 + 4096 = 40960 rows forward
+    assert ops.moe_reorder_bytes(4096, 4, 16384, 1, 2880)[0] == 40960 * 2880 * 2
+    # in the layer: EP 8 (16 local experts) against EP 128 (one) differ by the sorts alone (the same 16384
+    # expert rows, the same activation), forward and backward, at the H100's 3.35 TB/s
+    many = ops.layer_terms(OSS_120B, 1, 4096, ops.Split(tp=1, ep=8), H100, True)
+    one = ops.layer_terms(OSS_120B, 1, 4096, ops.Split(tp=1, ep=128), H100, True)
+    assert many.elementwise - one.elementwise == pytest.approx(2 * 65536 * 2880 * 2 / 3.35e12, rel=1e-9)
+    # full recompute runs every element-wise forward pass again before the backward, the reorderings too
+    full = ops.layer_terms(OSS_120B, 1, 4096, ops.Split(tp=1, ep=8), H100, True, recompute="full")
+    assert full.elementwise - many.elementwise == pytest.approx(
+        ops.bytes_s(fwd, H100)
+        + ops.bytes_s(2 * 2 * 4096 * 2880 * 2 + 2 * 3 * 4096 * 2880 * 2, H100)
+        + ops.bytes_s(3 * 16384 * 2880 * 2 + 2 * 4096 * (4096 + 512) * 2, H100),
+        rel=1e-9,
+    )
+
+
 def test_full_recompute_runs_the_forward_collectives_again():
     """Full recompute replays each layer's forward before its backward, its TP collectives and EP
     all-to-alls with it: 2 forward x 2 + 2 backward = 6 where a layer without recompute runs 4."""
