@@ -14,4 +14,5 @@ both sides import these modules, neither imports the other.
   mocktokens   the mock data's token ids and the vocabulary they need
   placeholders  each encoder module's placeholder token id, by input kind and vocabulary
   modules      the study's module names against the trainer's slot names (one rule, both ways)
+  ports        the rendezvous port of a run alone on one machine (launch.sh and the tests' launches)
 """

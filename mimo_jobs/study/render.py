@@ -26,6 +26,7 @@ import jinja2
 import yaml
 
 from mimo_jobs import __version__
+from mimo_jobs.contract import ports
 from mimo_jobs.contract.requeue import REQUEUE_EXIT_CODE, REQUEUE_MARKER
 from mimo_jobs.contract.rundir import RunDir
 from mimo_jobs.errors import MimoJobsError
@@ -303,6 +304,7 @@ def context(spec: RunSpec, rd: RunDir, pet_rendezvous: bool = False) -> dict:
         "container": container,
         "port_base": PORT_BASE,
         "port_span": PORT_SPAN,
+        "port_probe": ports.probe_source(),
         # requeue contract (trainer/signals.py; literals so rendering imports no trainer module)
         "time_limit_s": spec.cluster.model_copy(update={"time_limit": spec.time_limit}).time_limit_seconds(),
         "requeue_marker": str(rd.checkpoint_dir(spec.trainer.checkpoint_dir) / REQUEUE_MARKER),

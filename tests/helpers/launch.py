@@ -11,7 +11,6 @@ interpreter when one is up (helpers/zygote.py): the same trainer, without import
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -42,9 +41,10 @@ def worker_env(extra: dict | None = None, zygote: bool = True) -> dict[str, str]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a torchrun's rendezvous, by the rule launch.sh follows (mimo_jobs/contract/ports.py)."""
+    from mimo_jobs.contract.ports import free_port as pick
+
+    return pick()
 
 
 def torchrun(nproc: int, *target: str) -> list[str]:

@@ -48,7 +48,30 @@ else
   NODE_RANK=0
   MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
   if [[ -z "${MASTER_PORT:-}" ]]; then
-    MASTER_PORT="$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    # a free port below the kernel's ephemeral range (mimo_jobs/contract/ports.py says why)
+    MASTER_PORT="$("$PYTHON" -c 'def free_port() -> int:
+    import random
+    import socket
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    ports = list(range(10000, min(20000, low)))
+    random.shuffle(ports)
+    for port in [*ports[:200], 0]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free port on 127.0.0.1")
+
+
+print(free_port())
+')"
   fi
   MIMO_JOBS_JOB_ID="${MIMO_JOBS_JOB_ID:-local}"
   MIMO_JOBS_ATTEMPT="${MIMO_JOBS_ATTEMPT:-0}"
