@@ -126,12 +126,16 @@ def _end(kind: str, value: int) -> None:
 
 
 def serve(path: str) -> None:
+    import gc
     import importlib
     import warnings
 
     warnings.filterwarnings("ignore")
     for m in PRELOAD:
         importlib.import_module(m)
+    # what was imported stays out of every fork's garbage collections: walking it would copy the shared
+    # pages into each fork and cost each collection the whole preloaded heap
+    gc.freeze()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
